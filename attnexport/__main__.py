@@ -1,0 +1,3 @@
+from attnexport.cli import main
+
+main()

@@ -1,0 +1,122 @@
+"""The command line: parses, calls the library, formats. No logic of its own."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from attnexport import golden as golden_mod
+from attnexport import variants as V
+from attnexport.errors import AttnExportError
+
+console = Console()
+
+
+def _fail(message: str, code: int):
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def reports_errors(fn):
+    """Turns the library's typed errors into one line on stderr and the error's exit code."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except AttnExportError as e:
+            _fail(str(e), e.exit_code)
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="attnexport")
+def main():
+    """attnexport: attention layers exported to ONNX, checked against golden outputs, timed."""
+
+
+def _option_text(opt: V.Option) -> str:
+    if opt.type is bool:
+        return opt.flag
+    if opt.choices:
+        return f"{opt.flag} {{{'|'.join(opt.choices)}}}={opt.default}"
+    return f"{opt.flag}={opt.default}"
+
+
+def _spec_text(spec: V.TensorSpec) -> str:
+    return f"{spec.name}[{', '.join(map(str, spec.dims))}]"
+
+
+@main.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
+def list_cmd(as_json):
+    """List the attention variants, their inputs, outputs and options.
+
+    Example: attnexport list --json
+    """
+    rows = []
+    for v in V.VARIANTS.values():
+        o = v.resolve()
+        # Optional inputs/outputs show up when the options that enable them are on.
+        full = dict(o, **{k: True for k in o if v.option(k).type is bool})
+        for opt in v.options:
+            if opt.choices and "none" in opt.choices:
+                full[opt.name] = opt.choices[-1]
+        rows.append({
+            "name": v.name,
+            "summary": v.summary,
+            "dot_product_core": v.dot_product_core,
+            "inputs": [{"name": s.name, "dims": list(s.dims), "dtype": s.dtype,
+                        "optional": s.name not in {t.name for t in v.input_specs(o)}}
+                       for s in v.input_specs(full)],
+            "outputs": [{"name": s.name, "dims": list(s.dims), "dtype": s.dtype,
+                         "optional": s.name not in {t.name for t in v.output_specs(o)}}
+                        for s in v.output_specs(full)],
+            "options": [{"name": opt.name, "flag": opt.flag, "type": opt.type.__name__,
+                         "default": opt.default, "choices": list(opt.choices) if opt.choices else None,
+                         "help": opt.help} for opt in v.options],
+            "dynamic_axes": list(v.dynamic),
+        })
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    table = Table(title=f"{len(rows)} attention variants", show_lines=True)
+    for col in ("variant", "inputs -> outputs", "options"):
+        table.add_column(col)
+    for r, v in zip(rows, V.VARIANTS.values()):
+        ins = ", ".join(("[" + i["name"] + "]") if i["optional"] else i["name"] for i in r["inputs"])
+        outs = ", ".join(("[" + i["name"] + "]") if i["optional"] else i["name"] for i in r["outputs"])
+        table.add_row(f"[bold]{r['name']}[/bold]\n{escape(r['summary'])}", escape(f"{ins} -> {outs}"),
+                      escape(" ".join(_option_text(opt) for opt in v.options)))
+    console.print(table)
+
+
+@main.command()
+@click.option("--check", "mode", flag_value="check", default=True,
+              help="Regenerate every case in memory and report drift (the default).")
+@click.option("--write", "mode", flag_value="write", help="Regenerate and write every golden file.")
+@click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
+              help="Golden folder (default: the one shipped with attnexport).")
+@reports_errors
+def golden(mode, directory):
+    """Check (or write) the golden cases against the float64 NumPy reference.
+
+    Example: attnexport golden --check
+    """
+    if mode == "write":
+        paths = golden_mod.write(directory)
+        click.echo(f"wrote {len(paths)} golden cases and {golden_mod.MANIFEST} to "
+                   f"{paths[0].parent if paths else directory}")
+        return
+    drift = golden_mod.check(directory)
+    for d in drift:
+        click.echo(f"drift: {d}")
+    if drift:
+        _fail(f"{len(drift)} of {len(golden_mod.CASES)} golden cases drifted from the reference", 1)
+    click.echo(f"golden: {len(golden_mod.CASES)} cases match the reference "
+               f"(manifest {golden_mod.manifest_hash(directory)[:12]})")

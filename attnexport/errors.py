@@ -1,0 +1,31 @@
+"""Typed errors: each carries what the user needs to act; the CLI maps them to exit codes."""
+
+
+class AttnExportError(Exception):
+    """Base class. `exit_code` is what the CLI exits with."""
+
+    exit_code = 2
+
+
+class UsageError(AttnExportError):
+    """Bad input: an unknown name, an option the variant does not take, a bad value or path."""
+
+
+class UnknownVariantError(UsageError):
+    pass
+
+
+class GoldenIntegrityError(AttnExportError):
+    """A golden file is missing or its sha256 does not match the manifest."""
+
+
+class ExportError(AttnExportError):
+    """The export ran but its result is not what was asked for (e.g. no fused op)."""
+
+    exit_code = 1
+
+
+class CheckFailed(AttnExportError):
+    """A check ran and found a mismatch (golden drift, parity failure)."""
+
+    exit_code = 1

@@ -1,0 +1,400 @@
+"""Golden cases: their definitions, file format, manifest, loading with integrity, regeneration.
+
+A golden case is one `.npz` file holding the inputs, the parameters (so every runtime loads the
+same weights), the expected outputs from the float64 NumPy reference, and a JSON `meta` entry
+with its provenance. `MANIFEST.json` maps each file to its sha256. Files are written only by
+`write()` (the `attnexport golden --write` command); `check()` regenerates every case in memory
+and reports drift.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from attnexport import __version__
+from attnexport import variants as V
+from attnexport.errors import CheckFailed, GoldenIntegrityError, UsageError
+
+MANIFEST = "MANIFEST.json"
+FORMAT = 1
+
+
+def default_dir() -> Path:
+    """The golden folder: inside the installed package, else the source tree's `golden/`."""
+    env = os.environ.get("ATTNEXPORT_GOLDEN")
+    if env:
+        return Path(env)
+    packaged = Path(__file__).parent / "golden"
+    if (packaged / MANIFEST).exists():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "golden"
+
+
+# --- case definitions ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CaseDef:
+    name: str
+    variant: str
+    options: dict
+    seed: int
+    source: str  # where the case comes from: a worked example, or "seeded"
+    make: Callable[[dict], tuple[dict, dict]] | None = None  # options -> (params, inputs)
+    notes: dict = field(default_factory=dict)  # printed values and their relation, etc.
+
+
+def _words(*vecs):
+    """2-number word vectors as 4-dim vectors whose last two coordinates are 0 (dim = 4)."""
+    x = np.zeros((1, len(vecs), 4), np.float32)
+    x[0, :, :2] = np.array(vecs, np.float32)
+    return x
+
+
+# The word vectors of the cat/milk/it/{sweet,hungry} example. Q = K = V = X (identity
+# projections), d_k = 4. The source's own 2-number vectors could not be recovered for this
+# project; these stand in for them and the printed value is kept as a record (see notes).
+_CAT, _MILK, _IT = (2.0, 0.0), (0.0, 2.0), (1.0, 1.0)
+_SWEET, _HUNGRY = (0.0, 1.5), (1.5, 0.0)
+
+
+def _identity_self(x):
+    def make(o):
+        eye = np.eye(o["dim"], dtype=np.float32)
+        return {"W_q": eye, "W_k": eye, "W_v": eye}, {"x": x}
+    return make
+
+
+def _nadaraya_watson(o):
+    rng = np.random.default_rng(7)
+    f = lambda x: 2 * np.sin(x) + x**0.8  # noqa: E731
+    x_train = np.sort(rng.uniform(0, 5, o["kv_seq"]))
+    y_train = f(x_train) + rng.normal(0.0, 0.5, o["kv_seq"])
+    x_test = np.arange(0, 5, 0.1)[: o["seq"]]
+    params = {"w": np.array([1.5], np.float32)} if o["learnable_bandwidth"] else {}
+    return params, {"queries": x_test[None].astype(np.float32), "keys": x_train[None].astype(np.float32),
+                    "values": y_train[None].astype(np.float32)}
+
+
+def _additive_example(o):
+    rng = np.random.default_rng(3)
+    params = V.init_params(V.get("additive"), o, 3)
+    values = np.tile(np.arange(40, dtype=np.float32).reshape(1, 10, 4), (2, 1, 1))
+    return params, {"query": rng.standard_normal((2, 1, 20)).astype(np.float32),
+                    "key": np.ones((2, 10, 2), np.float32), "value": values,
+                    "valid_lens": np.array([2, 6], np.int64)}
+
+
+def _masked_softmax_example(valid_lens, seed):
+    def make(o):
+        rng = np.random.default_rng(seed)
+        return {}, {"scores": rng.random((2, 2, 4)).astype(np.float32),
+                    "valid_lens": np.array(valid_lens, np.int64)}
+    return make
+
+
+def _tied_example(o):
+    params = V.init_params(V.get("mha-tied"), o, 10)
+    inputs = V.make_inputs(V.get("mha-tied"), dict(o, mask="none"), 10)
+    # A decoder-style (lower-triangular) target mask, as the example's trg mask.
+    inputs["mask"] = np.broadcast_to(np.tril(np.ones((5, 5), bool)), (3, 5, 5)).copy()
+    return params, inputs
+
+
+def _i_love_you(o):
+    # Source "I love you" and its 3-word translation "ich liebe dich": word j of the
+    # translation queries with a vector close to source word j, so the weights align.
+    D = o["dim"]
+    src = np.zeros((1, 3, D), np.float32)
+    tgt = np.zeros((1, 3, D), np.float32)
+    for j in range(3):
+        src[0, j, j] = 3.0
+        tgt[0, j, j] = 3.0
+        tgt[0, j, 3] = 0.5  # a feature the source lacks: alignment must survive it
+    eye, zero = np.eye(D, dtype=np.float32), np.zeros(D, np.float32)
+    params = {f"{p}.{k}": (eye if k == "weight" else zero)
+              for p in ("q_proj", "k_proj", "v_proj", "out_proj") for k in ("weight", "bias")}
+    return params, {"query": tgt, "memory": src}
+
+
+def _padding_empty(o):
+    params = V.init_params(V.get("mha"), o, 4)
+    inputs = V.make_inputs(V.get("mha"), o, 4)
+    inputs["mask"][1, :] = False  # the second sequence is all padding: its rows attend to nothing
+    return params, inputs
+
+
+def _sdpa_fully_masked(o):
+    inputs = V.make_inputs(V.get("sdpa"), o, 5)
+    inputs["attn_mask"][0, 0, 1, :] = False
+    inputs["attn_mask"][1, 0, 3, :] = False
+    return {}, inputs
+
+
+def _posenc_zeros(o):
+    return {}, {"x": np.zeros((1, o["seq"], o["dim"]), np.float32)}
+
+
+def _case_defs() -> tuple[CaseDef, ...]:
+    cases = [CaseDef(f"{name}-seeded", name, {}, 100 + i, "seeded")
+             for i, name in enumerate(V.VARIANTS)]
+    for i, mode in enumerate(("sqrt", "none", "norm", "cosine", "length")):
+        cases.append(CaseDef(f"self-scaling-{mode}", "self", {"scaling": mode, "weights": True}, 200 + i, "seeded"))
+        cases.append(CaseDef(f"mha-scaling-{mode}", "mha", {"scaling": mode, "weights": True, "mask": "padding"},
+                             300 + i, "seeded"))
+    milk_printed = [0.089, 1.911]
+    for word, vec in (("sweet", _SWEET), ("hungry", _HUNGRY)):
+        cases.append(CaseDef(
+            f"self-cat-milk-it-{word}", "self", {"batch": 1, "seq": 4, "dim": 4, "weights": True}, 0,
+            f"worked example: 'the cat drank the milk because it was {word}'; tokens cat, milk, it, "
+            f"{word}; Q = K = V = X, d_k = 4, output = softmax(QK^T / sqrt(d_k)) V",
+            make=_identity_self(_words(_CAT, _MILK, _IT, vec)),
+            notes={"tokens": ["cat", "milk", "it", word],
+                   "printed": {"milk": milk_printed},
+                   "relation": "unverified: the source's 2-number word vectors are not available to "
+                               "this project, so the printed milk -> (0.089, 1.911) cannot be related "
+                               "to these stand-in vectors; the expected values follow the formula"}))
+    cases += [
+        CaseDef("sdpa-gqa-causal-bool", "sdpa",
+                {"kv_heads": 2, "seq": 5, "kv_seq": 9, "causal": True, "mask": "bool", "weights": True}, 11, "seeded"),
+        CaseDef("sdpa-softcap-float-mask", "sdpa",
+                {"softcap": 2.0, "scale": 0.3, "mask": "float", "v_head_dim": 24, "heads": 4, "kv_heads": 4}, 12, "seeded"),
+        CaseDef("sdpa-causal-long-query", "sdpa", {"seq": 12, "kv_seq": 7, "causal": True, "weights": True},
+                13, "seeded: causal with more queries than keys"),
+        CaseDef("sdpa-fully-masked-rows", "sdpa", {"mask": "bool", "weights": True}, 5,
+                "seeded, with two query rows whose mask is all False", make=_sdpa_fully_masked),
+        CaseDef("mha-causal-gqa", "mha", {"causal": True, "kv_heads": 2, "mask": "padding", "weights": True},
+                14, "seeded"),
+        CaseDef("mha-padding-all-masked", "mha", {"mask": "padding", "weights": True}, 4,
+                "seeded, with one sequence that is entirely padding", make=_padding_empty),
+        CaseDef("self-64d-single-head", "self", {"batch": 1, "seq": 10, "dim": 64}, 64,
+                "worked example: 64-dim single-head self-attention, batch 1, length 10"),
+        CaseDef("mha-tied-10d-2h", "mha-tied", {"batch": 3, "seq": 5, "kv_seq": 5, "dim": 10, "heads": 2, "mask": "bool"},
+                10, "worked example: 10-dim, 2-head tied-projection attention, batch 3, length 5, "
+                "with a lower-triangular target mask", make=_tied_example),
+        CaseDef("cross-i-love-you", "cross", {"batch": 1, "seq": 3, "kv_seq": 3, "dim": 4, "kv_dim": 4, "heads": 1,
+                                              "weights": True}, 0,
+                "worked example: alignment of 'I love you' to 'ich liebe dich'", make=_i_love_you,
+                notes={"source_tokens": ["I", "love", "you"], "target_tokens": ["ich", "liebe", "dich"],
+                       "relation": "target word j attends most to source word j"}),
+        CaseDef("additive-valid-lens", "additive", {"batch": 2, "seq": 1, "kv_seq": 10, "dim": 20, "kv_dim": 2,
+                                                    "value_dim": 4, "hidden": 8, "weights": True}, 3,
+                "worked example: additive attention, keys all ones, values 0..39, valid lengths 2 and 6",
+                make=_additive_example,
+                notes={"printed": {"output": [[[2.0, 3.0, 4.0, 5.0]], [[10.0, 11.0, 12.0, 13.0]]]},
+                       "relation": "identical keys give uniform weights over the valid keys, so the "
+                                   "output is the mean of the first valid_len values: equal to the "
+                                   "printed numbers"}),
+        CaseDef("additive-zero-length", "additive", {"weights": True}, 8, "seeded, valid length 0 in batch 0",
+                make=lambda o: (V.init_params(V.get("additive"), o, 8),
+                                dict(V.make_inputs(V.get("additive"), o, 8), valid_lens=np.array([0, 7], np.int64)))),
+        CaseDef("masked-softmax-valid-lens", "masked-softmax", {}, 2,
+                "worked example: masked softmax of 2x2x4 uniform scores, valid lengths 2 and 3",
+                make=_masked_softmax_example([2, 3], 2)),
+        CaseDef("masked-softmax-zero-length", "masked-softmax", {}, 9, "seeded, valid lengths 0 and 4",
+                make=_masked_softmax_example([0, 4], 9)),
+        CaseDef("kernel-nadaraya-watson", "kernel", {"weights": True}, 7,
+                "worked example: Nadaraya-Watson regression of f(x) = 2 sin(x) + x^0.8, 50 noisy "
+                "training points (sigma 0.5) on [0, 5), queries 0, 0.1, ..., 4.9", make=_nadaraya_watson),
+        CaseDef("kernel-learnable-bandwidth", "kernel", {"learnable_bandwidth": True}, 7,
+                "worked example: the same regression with bandwidth w = 1.5", make=_nadaraya_watson),
+        CaseDef("posenc-table", "posenc", {"batch": 1, "seq": 60, "dim": 32}, 0,
+                "worked example: the encoding table itself (zeros in), 60 steps, 32 dims", make=_posenc_zeros),
+        CaseDef("encoder-padding", "encoder", {"mask": "padding"}, 15, "seeded"),
+        CaseDef("decoder-padding", "decoder", {"mask": "padding"}, 16, "seeded"),
+        CaseDef("cross-padding", "cross", {"mask": "padding", "weights": True}, 17, "seeded"),
+    ]
+    return tuple(cases)
+
+
+CASES: dict[str, CaseDef] = {c.name: c for c in _case_defs()}
+
+
+# --- in-memory cases -------------------------------------------------------------------------
+
+@dataclass
+class GoldenCase:
+    name: str
+    variant: str
+    options: dict
+    inputs: dict[str, np.ndarray]
+    params: dict[str, np.ndarray]
+    expected: dict[str, np.ndarray]
+    meta: dict
+
+
+def generate(case: CaseDef) -> GoldenCase:
+    """Builds a case in memory: inputs and parameters, then the expected outputs from the reference."""
+    variant = V.get(case.variant)
+    o = variant.resolve(case.options)
+    if case.make is not None:
+        params, inputs = case.make(o)
+    else:
+        params, inputs = V.init_params(variant, o, case.seed), V.make_inputs(variant, o, case.seed)
+    expected = {k: np.asarray(v, np.float64) for k, v in variant.reference(params, inputs, o).items()}
+    meta = {"format": FORMAT, "name": case.name, "variant": case.variant, "options": o, "seed": case.seed,
+            "source": case.source, "notes": case.notes,
+            "provenance": {"generated_by": f"attnexport {__version__}", "numpy": np.__version__,
+                           "reference": f"attnexport.reference.ref_{case.variant.replace('-', '_')}"}}
+    return GoldenCase(case.name, case.variant, o, inputs, params, expected, meta)
+
+
+# --- files ---------------------------------------------------------------------------------
+
+def _to_bytes(case: GoldenCase) -> bytes:
+    """A deterministic .npz: fixed entry order and timestamps, so equal cases give equal bytes."""
+    entries = [("meta", np.array(json.dumps(case.meta, sort_keys=True)))]
+    entries += [(f"inputs:{k}", v) for k, v in case.inputs.items()]
+    entries += [(f"params:{k}", v) for k, v in sorted(case.params.items())]
+    entries += [(f"expected:{k}", v) for k, v in case.expected.items()]
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for key, arr in entries:
+            info = zipfile.ZipInfo(f"{key}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            data = io.BytesIO()
+            np.lib.format.write_array(data, np.ascontiguousarray(arr), allow_pickle=False)
+            z.writestr(info, data.getvalue())
+    return buf.getvalue()
+
+
+def _from_bytes(data: bytes) -> GoldenCase:
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        meta = json.loads(str(z["meta"].reshape(-1)[0]))
+        parts = {"inputs": {}, "params": {}, "expected": {}}
+        for key in z.files:
+            if ":" in key:
+                kind, name = key.split(":", 1)
+                parts[kind][name] = z[key]
+    # Inputs keep the order of the variant's input specs (the npz keeps insertion order too).
+    return GoldenCase(meta["name"], meta["variant"], meta["options"], parts["inputs"], parts["params"],
+                      parts["expected"], meta)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _atomic_write(path: Path, data: bytes):
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def write(directory: Path | None = None) -> list[Path]:
+    """Regenerates every case and writes it, then the manifest. The only writer of golden files."""
+    directory = Path(directory or default_dir())
+    directory.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for case in CASES.values():
+        data = _to_bytes(generate(case))
+        path = directory / f"{case.name}.npz"
+        _atomic_write(path, data)
+        files[path.name] = _sha256(data)
+    for stale in directory.glob("*.npz"):
+        if stale.name not in files:
+            stale.unlink()
+    manifest = {"format": FORMAT, "files": dict(sorted(files.items()))}
+    _atomic_write(directory / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
+    return [directory / n for n in files]
+
+
+def read_manifest(directory: Path | None = None) -> dict[str, str]:
+    directory = Path(directory or default_dir())
+    path = directory / MANIFEST
+    if not path.exists():
+        raise GoldenIntegrityError(f"golden manifest missing: {path} (run `attnexport golden --write`)")
+    try:
+        return json.loads(path.read_text())["files"]
+    except (ValueError, KeyError) as e:
+        raise GoldenIntegrityError(f"golden manifest unreadable: {path}: {e}") from None
+
+
+def manifest_hash(directory: Path | None = None) -> str:
+    """sha256 of the manifest file: one value that pins every golden file."""
+    directory = Path(directory or default_dir())
+    return _sha256((directory / MANIFEST).read_bytes())
+
+
+def load(name: str, directory: Path | None = None) -> GoldenCase:
+    """Loads one case, checking its sha256 against the manifest first."""
+    directory = Path(directory or default_dir())
+    files = read_manifest(directory)
+    fname = f"{name}.npz"
+    if fname not in files:
+        raise UsageError(f"no golden case {name!r} in {directory}")
+    path = directory / fname
+    if not path.exists():
+        raise GoldenIntegrityError(f"golden file missing: {path}")
+    data = path.read_bytes()
+    if _sha256(data) != files[fname]:
+        raise GoldenIntegrityError(f"golden file damaged: {path} (sha256 does not match {MANIFEST})")
+    try:
+        return _from_bytes(data)
+    except Exception as e:  # a file that hashes right but does not parse was written wrong
+        raise GoldenIntegrityError(f"golden file unreadable: {path}: {e}") from None
+
+
+def load_all(directory: Path | None = None, variants: list[str] | None = None) -> list[GoldenCase]:
+    directory = Path(directory or default_dir())
+    names = [n[: -len(".npz")] for n in read_manifest(directory)]
+    cases = [load(n, directory) for n in names]
+    return [c for c in cases if variants is None or c.variant in variants]
+
+
+@dataclass
+class Drift:
+    case: str
+    what: str
+
+    def __str__(self):
+        return f"{self.case}: {self.what}"
+
+
+def check(directory: Path | None = None) -> list[Drift]:
+    """Regenerates every case in memory and compares it with the stored one; returns the drift."""
+    directory = Path(directory or default_dir())
+    files = read_manifest(directory)
+    drift = []
+    for name in sorted(set(CASES) | {n[:-4] for n in files}):
+        if name not in CASES:
+            drift.append(Drift(name, "stored but no longer defined"))
+            continue
+        if f"{name}.npz" not in files:
+            drift.append(Drift(name, "defined but not stored"))
+            continue
+        stored, fresh = load(name, directory), generate(CASES[name])
+        if stored.options != json.loads(json.dumps(fresh.options)):
+            drift.append(Drift(name, f"options differ: {stored.options} != {fresh.options}"))
+            continue
+        for kind in ("inputs", "params", "expected"):
+            a, b = getattr(stored, kind), getattr(fresh, kind)
+            if set(a) != set(b):
+                drift.append(Drift(name, f"{kind} names differ: {sorted(a)} != {sorted(b)}"))
+                continue
+            for key in a:
+                x, y = np.asarray(a[key]), np.asarray(b[key])
+                if x.shape != y.shape:
+                    drift.append(Drift(name, f"{kind} {key}: shape {x.shape} != {y.shape}"))
+                elif kind == "expected":
+                    # The reference is float64; allow last-bit differences between BLAS builds.
+                    if not np.allclose(x, y, rtol=1e-10, atol=1e-12, equal_nan=False):
+                        drift.append(Drift(name, f"expected {key}: max diff {np.max(np.abs(x - y)):.3g}"))
+                elif not np.array_equal(x, y):
+                    drift.append(Drift(name, f"{kind} {key} differs"))
+    return drift
+
+
+def check_or_raise(directory: Path | None = None) -> int:
+    drift = check(directory)
+    if drift:
+        raise CheckFailed(f"{len(drift)} golden case(s) drifted: " + "; ".join(map(str, drift)))
+    return len(CASES)

@@ -1,0 +1,1 @@
+"""PyTorch modules for every attention variant, one file per family."""

@@ -1,0 +1,213 @@
+"""Float64 NumPy reference for every variant: the source of golden outputs. Imports no torch.
+
+Each `ref_<variant>(params, inputs, options)` takes the module's parameters as arrays (named as
+in its state_dict), the named inputs and the variant's options, and returns the named outputs.
+It shares no code with `attnexport.models`: the two are written from the math independently,
+so a bug in one is not silently copied into the other.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+NEG_INF = -np.inf
+
+
+def _f64(x):
+    return np.asarray(x, dtype=np.float64)
+
+
+def softmax_rows(scores, bias=None):
+    """Softmax over the last axis; a row whose bias is -inf everywhere becomes zeros.
+
+    The guard is decided on the bias, not on the scores, as the ONNX Attention operator does.
+    """
+    z = scores if bias is None else scores + bias
+    zmax = np.max(z, axis=-1, keepdims=True)
+    dead = np.isneginf(zmax) if bias is None else np.isneginf(np.max(bias, axis=-1, keepdims=True))
+    e = np.exp(z - np.where(np.isfinite(zmax), zmax, 0.0))
+    s = np.sum(e, axis=-1, keepdims=True)
+    p = e / np.where(s == 0, 1.0, s)
+    return np.where(dead, 0.0, p)
+
+
+def sdpa(q, k, v, mask=None, *, scale=None, causal=False, softcap=0.0):
+    """ONNX Attention (opset 23) on 4-D inputs, in float64. Returns (output, weights)."""
+    q, k, v = _f64(q), _f64(k), _f64(v)
+    hq, hkv = q.shape[1], k.shape[1]
+    if hq != hkv:
+        k = np.repeat(k, hq // hkv, axis=1)
+        v = np.repeat(v, hq // hkv, axis=1)
+    if scale is None:
+        scale = 1.0 / np.sqrt(q.shape[-1])
+    s = np.einsum("bhqd,bhkd->bhqk", q, k) * scale
+    if softcap and softcap > 0:
+        s = softcap * np.tanh(s / softcap)
+    tq, tk = s.shape[-2:]
+    bias = np.zeros((tq, tk))
+    if mask is not None:
+        mask = np.asarray(mask)
+        bias = bias + (np.where(mask, 0.0, NEG_INF) if mask.dtype == np.bool_ else _f64(mask))
+    if causal:
+        bias = bias + np.where(np.tril(np.ones((tq, tk), dtype=bool)), 0.0, NEG_INF)
+    bias = np.broadcast_to(bias, s.shape)
+    p = softmax_rows(s, bias)
+    return np.einsum("bhqk,bhkd->bhqd", p, v), p
+
+
+def _scale_qk(q, k, scaling, temperature):
+    """Mirrors the scaling modes from their definitions (see the README's table)."""
+    d = q.shape[-1]
+    if scaling == "sqrt":
+        return q, k, 1.0 / np.sqrt(d)
+    if scaling == "none":
+        return q, k, 1.0
+    if scaling == "norm":
+        scores = np.einsum("bhqd,bhkd->bhqk", q, k)
+        return q / np.sqrt(np.sum(scores**2, axis=(-2, -1), keepdims=True)), k, 1.0
+    if scaling == "cosine":
+        qn = q / np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), 1e-12)
+        kn = k / np.maximum(np.linalg.norm(k, axis=-1, keepdims=True), 1e-12)
+        return qn, kn, 1.0 / temperature
+    if scaling == "length":
+        return q, k, 1.0 / (np.sqrt(d) * np.sqrt(k.shape[-2]))
+    raise ValueError(scaling)
+
+
+def _linear(x, params, name):
+    y = x @ _f64(params[f"{name}.weight"]).T
+    b = params.get(f"{name}.bias")
+    return y if b is None else y + _f64(b)
+
+
+def _heads(x, h):
+    B, T, C = x.shape
+    return x.reshape(B, T, h, C // h).transpose(0, 2, 1, 3)
+
+
+def _merge(x):
+    B, h, T, d = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(B, T, h * d)
+
+
+def _mha(params, prefix, x, kv, heads, kv_heads, key_padding=None, causal=False,
+         scaling="sqrt", temperature=0.1):
+    q = _heads(_linear(x, params, f"{prefix}q_proj"), heads)
+    k = _heads(_linear(kv, params, f"{prefix}k_proj"), kv_heads)
+    v = _heads(_linear(kv, params, f"{prefix}v_proj"), kv_heads)
+    if heads != kv_heads:
+        k = np.repeat(k, heads // kv_heads, axis=1)
+        v = np.repeat(v, heads // kv_heads, axis=1)
+    q, k, scale = _scale_qk(q, k, scaling, temperature)
+    mask = None if key_padding is None else np.asarray(key_padding, bool)[:, None, None, :]
+    out, w = sdpa(q, k, v, mask, scale=scale, causal=causal)
+    return _linear(_merge(out), params, f"{prefix}out_proj"), w
+
+
+def _layer_norm(x, params, name, eps=1e-5):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * _f64(params[f"{name}.weight"]) + _f64(params[f"{name}.bias"])
+
+
+def _ffn(x, params, prefix):
+    return _linear(np.maximum(_linear(x, params, f"{prefix}dense1"), 0.0), params, f"{prefix}dense2")
+
+
+def _masked_softmax(scores, valid_lens):
+    keep = np.arange(scores.shape[-1])[None, None, :] < np.asarray(valid_lens)[:, None, None]
+    bias = np.broadcast_to(np.where(keep, 0.0, NEG_INF), scores.shape)
+    return softmax_rows(scores, bias)
+
+
+# --- one function per variant -------------------------------------------------------------
+
+def ref_sdpa(params, inputs, o):
+    out, w = sdpa(inputs["query"], inputs["key"], inputs["value"], inputs.get("attn_mask"),
+                  scale=o["scale"], causal=o["causal"], softcap=o["softcap"])
+    return {"output": out, "weights": w} if o["weights"] else {"output": out}
+
+
+def ref_self(params, inputs, o):
+    x = _f64(inputs["x"])
+    q, k, v = (x @ _f64(params[n]) for n in ("W_q", "W_k", "W_v"))
+    q, k, scale = _scale_qk(q[:, None], k[:, None], o["scaling"], o["temperature"])
+    mask = inputs.get("mask")
+    out, w = sdpa(q, k, v[:, None], None if mask is None else _f64(mask)[:, None], scale=scale)
+    return {"output": out[:, 0], "weights": w[:, 0]} if o["weights"] else {"output": out[:, 0]}
+
+
+def ref_mha(params, inputs, o):
+    x = _f64(inputs["x"])
+    out, w = _mha(params, "", x, x, o["heads"], o["kv_heads"], inputs.get("mask"), o["causal"],
+                  o["scaling"], o["temperature"])
+    return {"output": out, "weights": w} if o["weights"] else {"output": out}
+
+
+def ref_mha_tied(params, inputs, o):
+    h, E = o["heads"], o["dim"]
+    proj = {n: _heads(_f64(inputs[n]), h) @ _f64(params[f"{p}.weight"]).T
+            for n, p in (("values", "values"), ("keys", "keys"), ("query", "queries"))}
+    mask = inputs.get("mask")
+    mask = None if mask is None else np.asarray(mask, bool)[:, None]
+    out, _ = sdpa(proj["query"], proj["keys"], proj["values"], mask, scale=1.0 / np.sqrt(E))
+    return {"output": _linear(_merge(out), params, "fc_out")}
+
+
+def ref_cross(params, inputs, o):
+    out, w = _mha(params, "", _f64(inputs["query"]), _f64(inputs["memory"]), o["heads"],
+                  o["heads"], inputs.get("memory_mask"))
+    return {"output": out, "weights": w} if o["weights"] else {"output": out}
+
+
+def ref_additive(params, inputs, o):
+    q = _f64(inputs["query"]) @ _f64(params["W_q.weight"]).T  # (B, Tq, h)
+    k = _f64(inputs["key"]) @ _f64(params["W_k.weight"]).T  # (B, Tk, h)
+    feats = np.tanh(q[:, :, None, :] + k[:, None, :, :])
+    scores = feats @ _f64(params["w_v.weight"])[0]  # (B, Tq, Tk)
+    w = _masked_softmax(scores, inputs["valid_lens"])
+    out = w @ _f64(inputs["value"])
+    return {"output": out, "weights": w} if o["weights"] else {"output": out}
+
+
+def ref_masked_softmax(params, inputs, o):
+    return {"probs": _masked_softmax(_f64(inputs["scores"]), inputs["valid_lens"])}
+
+
+def ref_kernel(params, inputs, o):
+    q, k, v = _f64(inputs["queries"]), _f64(inputs["keys"]), _f64(inputs["values"])
+    d = q[:, :, None] - k[:, None, :]
+    if "w" in params:
+        d = d * _f64(params["w"])[0]
+    w = softmax_rows(-(d**2) / 2)
+    out = np.einsum("bqk,bk->bq", w, v)
+    return {"output": out, "weights": w} if o["weights"] else {"output": out}
+
+
+def positional_table(T, D):
+    """P (T, D): sin at even columns, cos at odd ones, angle t / 10000^(2i/D)."""
+    t = np.arange(T, dtype=np.float64)[:, None]
+    two_i = (np.arange(D) // 2 * 2).astype(np.float64)[None, :]
+    angle = t / np.power(10000.0, two_i / D)
+    return np.where(np.arange(D) % 2 == 0, np.sin(angle), np.cos(angle))
+
+
+def ref_posenc(params, inputs, o):
+    x = _f64(inputs["x"])
+    return {"output": x + positional_table(x.shape[1], x.shape[2])[None]}
+
+
+def ref_encoder(params, inputs, o):
+    x = _f64(inputs["x"])
+    a, _ = _mha(params, "attn.", x, x, o["heads"], o["heads"], inputs.get("mask"))
+    y = _layer_norm(x + a, params, "norm1")
+    return {"output": _layer_norm(y + _ffn(y, params, "ffn."), params, "norm2")}
+
+
+def ref_decoder(params, inputs, o):
+    x, mem = _f64(inputs["x"]), _f64(inputs["memory"])
+    a, _ = _mha(params, "self_attn.", x, x, o["heads"], o["heads"], causal=True)
+    y = _layer_norm(x + a, params, "norm1")
+    c, _ = _mha(params, "cross_attn.", y, mem, o["heads"], o["heads"], inputs.get("memory_mask"))
+    z = _layer_norm(y + c, params, "norm2")
+    return {"output": _layer_norm(z + _ffn(z, params, "ffn."), params, "norm3")}

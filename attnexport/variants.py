@@ -1,0 +1,465 @@
+"""The variant registry: name -> frozen spec. It drives the CLI, export, golden cases and tests."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from attnexport import reference as ref
+from attnexport.errors import UnknownVariantError, UsageError
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # python name; the CLI flag is --name-with-dashes
+    type: type  # int, float, bool or str
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None = None  # for str options
+    optional: bool = False  # None is a valid value (and may be the default)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dims: tuple[str | int, ...]  # option names (symbolic sizes) or fixed ints
+    dtype: str  # "float", "bool" or "int64"
+    kind: str = "data"  # how example values are made: data, bool_mask, additive_mask, padding, valid_lens, sorted
+
+    def shape(self, o: dict) -> tuple[int, ...]:
+        return tuple(d if isinstance(d, int) else o[d] for d in self.dims)
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    summary: str
+    options: tuple[Option, ...]
+    build: Callable[[dict], Any]  # options -> torch.nn.Module (parameters uninitialized)
+    inputs: Callable[[dict], tuple[TensorSpec, ...]]
+    outputs: Callable[[dict], tuple[TensorSpec, ...]]
+    reference: Callable[[dict, dict, dict], dict]  # (params, inputs, options) -> outputs
+    flops: Callable[[dict], int]
+    dot_product_core: bool  # True: the attention core is scaled dot-product attention
+    dynamic: tuple[str, ...] = ("batch", "seq")  # option names whose sizes are symbolic in ONNX
+    checks: tuple[Callable[[dict], str | None], ...] = field(default=())
+
+    def option(self, name: str) -> Option:
+        return {o.name: o for o in self.options}[name]
+
+    def resolve(self, given: dict | None = None) -> dict:
+        """Fills defaults, rejects unknown options and bad values; returns the full options."""
+        given = {k: v for k, v in (given or {}).items() if v is not None}
+        known = {o.name: o for o in self.options}
+        for name in given:
+            if name not in known:
+                flag = "--" + name.replace("_", "-")
+                valid = ", ".join(o.flag for o in self.options)
+                raise UsageError(f"{flag} is not an option of variant {self.name!r}; its options: {valid}")
+        o = {}
+        for opt in self.options:
+            value = given.get(opt.name, opt.default)
+            if value is not None and not isinstance(value, opt.type) and not (
+                opt.type is float and isinstance(value, int) and not isinstance(value, bool)
+            ):
+                raise UsageError(f"{opt.flag} must be {opt.type.__name__}, got {value!r}")
+            if value is not None and opt.type is float:
+                value = float(value)
+            if opt.choices and value not in opt.choices:
+                raise UsageError(f"{opt.flag} must be one of {', '.join(opt.choices)}; got {value!r}")
+            if opt.type is int and value is not None and value < 1:
+                raise UsageError(f"{opt.flag} must be a positive integer, got {value}")
+            o[opt.name] = value
+        if "kv_heads" in o and o["kv_heads"] is None:
+            o["kv_heads"] = o["heads"]
+        for check in self.checks:
+            problem = check(o)
+            if problem:
+                raise UsageError(f"variant {self.name!r}: {problem}")
+        return o
+
+    def input_specs(self, o: dict) -> tuple[TensorSpec, ...]:
+        return self.inputs(o)
+
+    def output_specs(self, o: dict) -> tuple[TensorSpec, ...]:
+        return self.outputs(o)
+
+
+# --- options shared by several variants ---------------------------------------------------
+
+def _size(name, default, help):
+    return Option(name, int, default, help)
+
+
+BATCH = lambda d=2: _size("batch", d, "batch size")  # noqa: E731
+SEQ = lambda d=16: _size("seq", d, "sequence length (queries)")  # noqa: E731
+KV_SEQ = lambda d=16: _size("kv_seq", d, "key/value sequence length")  # noqa: E731
+DIM = lambda d=64: _size("dim", d, "model (embedding) dimension")  # noqa: E731
+HEADS = lambda d=4: _size("heads", d, "number of (query) heads")  # noqa: E731
+WEIGHTS = Option("weights", bool, False, "also output the attention weights")
+SCALING = Option("scaling", str, "sqrt", "score scaling", ("sqrt", "none", "norm", "cosine", "length"))
+TEMPERATURE = Option("temperature", float, 0.1, "cosine scaling: scores are cos(q, k) / temperature")
+CAUSAL = Option("causal", bool, False, "causal mask: query i attends keys 0..i")
+
+
+def _divides(a, b):
+    def check(o):
+        if o[b] % o[a]:
+            return f"--{a.replace('_', '-')} ({o[a]}) must divide --{b.replace('_', '-')} ({o[b]})"
+        return None
+    return check
+
+
+def _positive(name):
+    def check(o):
+        return None if o[name] > 0 else f"--{name} must be > 0, got {o[name]}"
+    return check
+
+
+def _with_weights(o, outputs):
+    return outputs if o["weights"] else outputs[:1]
+
+
+def _mha_flops(B, Tq, Tk, D, H, hd, kv_dim=None, kv_heads=None):
+    kv_dim, kv_heads = kv_dim or D, kv_heads or H
+    proj = 2 * B * Tq * D * H * hd + 2 * 2 * B * Tk * kv_dim * kv_heads * hd + 2 * B * Tq * H * hd * D
+    return proj + 2 * B * H * Tq * Tk * 2 * hd
+
+
+# --- builders (torch is imported lazily so that `list` and the reference stay light) -------
+
+def _build_sdpa(o):
+    from attnexport.models.dot_product import ScaledDotProductAttention
+    return ScaledDotProductAttention(o["causal"], o["scale"], o["softcap"], o["weights"])
+
+
+def _build_self(o):
+    from attnexport.models.dot_product import SelfAttention
+    return SelfAttention(o["dim"], o["scaling"], o["temperature"], o["weights"])
+
+
+def _build_mha(o):
+    from attnexport.models.multi_head import MultiHeadAttention
+    return MultiHeadAttention(o["dim"], o["heads"], o["kv_heads"], causal=o["causal"],
+                              scaling=o["scaling"], temperature=o["temperature"], weights=o["weights"])
+
+
+def _build_tied(o):
+    from attnexport.models.multi_head import TiedMultiHeadAttention
+    return TiedMultiHeadAttention(o["dim"], o["heads"])
+
+
+def _build_cross(o):
+    from attnexport.models.multi_head import CrossAttention
+    return CrossAttention(o["dim"], o["heads"], kv_dim=o["kv_dim"], weights=o["weights"])
+
+
+def _build_additive(o):
+    from attnexport.models.additive import AdditiveAttention
+    return AdditiveAttention(o["dim"], o["kv_dim"], o["hidden"], o["weights"])
+
+
+def _build_masked_softmax(o):
+    from attnexport.models.additive import MaskedSoftmax
+    return MaskedSoftmax()
+
+
+def _build_kernel(o):
+    from attnexport.models.kernel import KernelRegression
+    return KernelRegression(o["learnable_bandwidth"], o["weights"])
+
+
+def _build_posenc(o):
+    from attnexport.models.transformer import PositionalEncoding
+    return PositionalEncoding()
+
+
+def _build_encoder(o):
+    from attnexport.models.transformer import EncoderLayer
+    return EncoderLayer(o["dim"], o["heads"], o["ffn_dim"])
+
+
+def _build_decoder(o):
+    from attnexport.models.transformer import DecoderLayer
+    return DecoderLayer(o["dim"], o["heads"], o["ffn_dim"])
+
+
+T = TensorSpec
+
+_VARIANTS = (
+    Variant(
+        name="sdpa",
+        summary="scaled dot-product attention with the ONNX Attention (opset 23) semantics",
+        options=(BATCH(), HEADS(8), _size("kv_heads", 8, "key/value heads (grouped-query when fewer)"),
+                 SEQ(), KV_SEQ(), _size("head_dim", 32, "query/key head size"),
+                 _size("v_head_dim", 32, "value head size"), CAUSAL,
+                 Option("scale", float, None, "scale of QK^T (default 1/sqrt(head_dim))", optional=True),
+                 Option("softcap", float, 0.0, "if > 0: scores = softcap * tanh(scores / softcap)"),
+                 Option("mask", str, "none", "attention mask input", ("none", "bool", "float")), WEIGHTS),
+        build=_build_sdpa,
+        inputs=lambda o: (
+            T("query", ("batch", "heads", "seq", "head_dim"), "float"),
+            T("key", ("batch", "kv_heads", "kv_seq", "head_dim"), "float"),
+            T("value", ("batch", "kv_heads", "kv_seq", "v_head_dim"), "float"),
+        ) + ({"none": (), "bool": (T("attn_mask", ("batch", 1, "seq", "kv_seq"), "bool", "bool_mask"),),
+              "float": (T("attn_mask", ("batch", 1, "seq", "kv_seq"), "float", "additive_mask"),)}[o["mask"]]),
+        outputs=lambda o: _with_weights(o, (
+            T("output", ("batch", "heads", "seq", "v_head_dim"), "float"),
+            T("weights", ("batch", "heads", "seq", "kv_seq"), "float"))),
+        reference=ref.ref_sdpa,
+        flops=lambda o: 2 * o["batch"] * o["heads"] * o["seq"] * o["kv_seq"] * (o["head_dim"] + o["v_head_dim"]),
+        dot_product_core=True,
+        dynamic=("batch", "heads", "kv_heads", "seq", "kv_seq", "head_dim", "v_head_dim"),
+        checks=(_divides("kv_heads", "heads"),
+                lambda o: None if o["softcap"] >= 0 else "--softcap must be >= 0",
+                lambda o: None if o["scale"] is None or o["scale"] > 0 else "--scale must be > 0"),
+    ),
+    Variant(
+        name="self",
+        summary="single-head self-attention, Q = X W_q, K = X W_k, V = X W_v (W: D x D)",
+        options=(BATCH(), SEQ(10), DIM(), SCALING, TEMPERATURE,
+                 Option("mask", str, "none", "additive mask input (B, T, T)", ("none", "additive")), WEIGHTS),
+        build=_build_self,
+        inputs=lambda o: (T("x", ("batch", "seq", "dim"), "float"),) + (
+            (T("mask", ("batch", "seq", "seq"), "float", "additive_mask"),) if o["mask"] == "additive" else ()),
+        outputs=lambda o: _with_weights(o, (T("output", ("batch", "seq", "dim"), "float"),
+                                            T("weights", ("batch", "seq", "seq"), "float"))),
+        reference=ref.ref_self,
+        flops=lambda o: 3 * 2 * o["batch"] * o["seq"] * o["dim"] ** 2 + 2 * o["batch"] * o["seq"] ** 2 * 2 * o["dim"],
+        dot_product_core=True,
+        checks=(_positive("temperature"),),
+    ),
+    Variant(
+        name="mha",
+        summary="multi-head self-attention with output projection; padding and causal masks",
+        options=(BATCH(), SEQ(), DIM(), HEADS(),
+                 Option("kv_heads", int, None, "key/value heads (default: --heads)", optional=True),
+                 CAUSAL, SCALING, TEMPERATURE,
+                 Option("mask", str, "none", "key padding mask input (B, T), True = token", ("none", "padding")),
+                 WEIGHTS),
+        build=_build_mha,
+        inputs=lambda o: (T("x", ("batch", "seq", "dim"), "float"),) + (
+            (T("mask", ("batch", "seq"), "bool", "padding"),) if o["mask"] == "padding" else ()),
+        outputs=lambda o: _with_weights(o, (T("output", ("batch", "seq", "dim"), "float"),
+                                            T("weights", ("batch", "heads", "seq", "seq"), "float"))),
+        reference=ref.ref_mha,
+        flops=lambda o: _mha_flops(o["batch"], o["seq"], o["seq"], o["dim"], o["heads"],
+                                   o["dim"] // o["heads"], kv_heads=o["kv_heads"]),
+        dot_product_core=True,
+        checks=(_divides("heads", "dim"), _divides("kv_heads", "heads"), _positive("temperature")),
+    ),
+    Variant(
+        name="mha-tied",
+        summary="multi-head attention with Q/K/V projections shared by all heads, scores / sqrt(E)",
+        options=(BATCH(3), SEQ(5), KV_SEQ(5), DIM(10), HEADS(2),
+                 Option("mask", str, "none", "bool mask input (B, Tq, Tk), True = attend", ("none", "bool"))),
+        build=_build_tied,
+        inputs=lambda o: (T("values", ("batch", "kv_seq", "dim"), "float"),
+                          T("keys", ("batch", "kv_seq", "dim"), "float"),
+                          T("query", ("batch", "seq", "dim"), "float")) + (
+            (T("mask", ("batch", "seq", "kv_seq"), "bool", "bool_mask"),) if o["mask"] == "bool" else ()),
+        outputs=lambda o: (T("output", ("batch", "seq", "dim"), "float"),),
+        reference=ref.ref_mha_tied,
+        flops=lambda o: (2 * o["batch"] * (o["seq"] + 2 * o["kv_seq"]) * o["dim"] * (o["dim"] // o["heads"])
+                         + 2 * o["batch"] * o["seq"] * o["kv_seq"] * 2 * o["dim"]
+                         + 2 * o["batch"] * o["seq"] * o["dim"] ** 2),
+        dot_product_core=True,
+        dynamic=("batch", "seq", "kv_seq"),
+        checks=(_divides("heads", "dim"),),
+    ),
+    Variant(
+        name="cross",
+        summary="cross-attention: queries from one sequence, keys/values from another",
+        options=(BATCH(), SEQ(3), KV_SEQ(5), DIM(32), _size("kv_dim", 48, "memory feature size"), HEADS(),
+                 Option("mask", str, "none", "memory padding mask input (B, Tk)", ("none", "padding")), WEIGHTS),
+        build=_build_cross,
+        inputs=lambda o: (T("query", ("batch", "seq", "dim"), "float"),
+                          T("memory", ("batch", "kv_seq", "kv_dim"), "float")) + (
+            (T("memory_mask", ("batch", "kv_seq"), "bool", "padding"),) if o["mask"] == "padding" else ()),
+        outputs=lambda o: _with_weights(o, (T("output", ("batch", "seq", "dim"), "float"),
+                                            T("weights", ("batch", "heads", "seq", "kv_seq"), "float"))),
+        reference=ref.ref_cross,
+        flops=lambda o: _mha_flops(o["batch"], o["seq"], o["kv_seq"], o["dim"], o["heads"],
+                                   o["dim"] // o["heads"], kv_dim=o["kv_dim"]),
+        dot_product_core=True,
+        dynamic=("batch", "seq", "kv_seq"),
+        checks=(_divides("heads", "dim"),),
+    ),
+    Variant(
+        name="additive",
+        summary="additive (Bahdanau) attention with a masked softmax over valid lengths",
+        options=(BATCH(), SEQ(1), KV_SEQ(10), _size("dim", 20, "query feature size"),
+                 _size("kv_dim", 2, "key feature size"), _size("value_dim", 4, "value feature size"),
+                 _size("hidden", 8, "hidden units of the scoring MLP"), WEIGHTS),
+        build=_build_additive,
+        inputs=lambda o: (T("query", ("batch", "seq", "dim"), "float"),
+                          T("key", ("batch", "kv_seq", "kv_dim"), "float"),
+                          T("value", ("batch", "kv_seq", "value_dim"), "float"),
+                          T("valid_lens", ("batch",), "int64", "valid_lens")),
+        outputs=lambda o: _with_weights(o, (T("output", ("batch", "seq", "value_dim"), "float"),
+                                            T("weights", ("batch", "seq", "kv_seq"), "float"))),
+        reference=ref.ref_additive,
+        flops=lambda o: (2 * o["batch"] * (o["seq"] * o["dim"] + o["kv_seq"] * o["kv_dim"]) * o["hidden"]
+                         + 3 * o["batch"] * o["seq"] * o["kv_seq"] * o["hidden"]
+                         + 2 * o["batch"] * o["seq"] * o["kv_seq"] * o["value_dim"]),
+        dot_product_core=False,
+        dynamic=("batch", "seq", "kv_seq"),
+    ),
+    Variant(
+        name="masked-softmax",
+        summary="softmax over the last axis ignoring positions past each row's valid length",
+        options=(BATCH(), SEQ(2), KV_SEQ(4)),
+        build=_build_masked_softmax,
+        inputs=lambda o: (T("scores", ("batch", "seq", "kv_seq"), "float"),
+                          T("valid_lens", ("batch",), "int64", "valid_lens")),
+        outputs=lambda o: (T("probs", ("batch", "seq", "kv_seq"), "float"),),
+        reference=ref.ref_masked_softmax,
+        flops=lambda o: 5 * o["batch"] * o["seq"] * o["kv_seq"],
+        dot_product_core=False,
+        dynamic=("batch", "seq", "kv_seq"),
+    ),
+    Variant(
+        name="kernel",
+        summary="Nadaraya-Watson kernel regression as attention: softmax(-(x_q - x_k)^2 / 2)",
+        options=(BATCH(1), SEQ(50), KV_SEQ(50),
+                 Option("learnable_bandwidth", bool, False, "a learnable bandwidth w: -((x_q - x_k) w)^2 / 2"),
+                 WEIGHTS),
+        build=_build_kernel,
+        inputs=lambda o: (T("queries", ("batch", "seq"), "float", "sorted"),
+                          T("keys", ("batch", "kv_seq"), "float", "sorted"),
+                          T("values", ("batch", "kv_seq"), "float")),
+        outputs=lambda o: _with_weights(o, (T("output", ("batch", "seq"), "float"),
+                                            T("weights", ("batch", "seq", "kv_seq"), "float"))),
+        reference=ref.ref_kernel,
+        flops=lambda o: 7 * o["batch"] * o["seq"] * o["kv_seq"],
+        dot_product_core=False,
+        dynamic=("batch", "seq", "kv_seq"),
+    ),
+    Variant(
+        name="posenc",
+        summary="sinusoidal positional encoding added to embeddings",
+        options=(BATCH(1), SEQ(60), DIM(32)),
+        build=_build_posenc,
+        inputs=lambda o: (T("x", ("batch", "seq", "dim"), "float"),),
+        outputs=lambda o: (T("output", ("batch", "seq", "dim"), "float"),),
+        reference=ref.ref_posenc,
+        flops=lambda o: 4 * o["batch"] * o["seq"] * o["dim"],
+        dot_product_core=False,
+    ),
+    Variant(
+        name="encoder",
+        summary="Transformer encoder layer: self-attention, feed-forward, residuals, layer norms",
+        options=(BATCH(), SEQ(12), DIM(), HEADS(), _size("ffn_dim", 128, "feed-forward hidden size"),
+                 Option("mask", str, "none", "key padding mask input (B, T)", ("none", "padding"))),
+        build=_build_encoder,
+        inputs=lambda o: (T("x", ("batch", "seq", "dim"), "float"),) + (
+            (T("mask", ("batch", "seq"), "bool", "padding"),) if o["mask"] == "padding" else ()),
+        outputs=lambda o: (T("output", ("batch", "seq", "dim"), "float"),),
+        reference=ref.ref_encoder,
+        flops=lambda o: (_mha_flops(o["batch"], o["seq"], o["seq"], o["dim"], o["heads"], o["dim"] // o["heads"])
+                         + 4 * o["batch"] * o["seq"] * o["dim"] * o["ffn_dim"]),
+        dot_product_core=True,
+        checks=(_divides("heads", "dim"),),
+    ),
+    Variant(
+        name="decoder",
+        summary="Transformer decoder layer: causal self-attention, cross-attention, feed-forward",
+        options=(BATCH(), SEQ(10), KV_SEQ(12), DIM(), HEADS(), _size("ffn_dim", 128, "feed-forward hidden size"),
+                 Option("mask", str, "none", "memory padding mask input (B, Tk)", ("none", "padding"))),
+        build=_build_decoder,
+        inputs=lambda o: (T("x", ("batch", "seq", "dim"), "float"),
+                          T("memory", ("batch", "kv_seq", "dim"), "float")) + (
+            (T("memory_mask", ("batch", "kv_seq"), "bool", "padding"),) if o["mask"] == "padding" else ()),
+        outputs=lambda o: (T("output", ("batch", "seq", "dim"), "float"),),
+        reference=ref.ref_decoder,
+        flops=lambda o: (_mha_flops(o["batch"], o["seq"], o["seq"], o["dim"], o["heads"], o["dim"] // o["heads"])
+                         + _mha_flops(o["batch"], o["seq"], o["kv_seq"], o["dim"], o["heads"], o["dim"] // o["heads"])
+                         + 4 * o["batch"] * o["seq"] * o["dim"] * o["ffn_dim"]),
+        dot_product_core=True,
+        dynamic=("batch", "seq", "kv_seq"),
+        checks=(_divides("heads", "dim"),),
+    ),
+)
+
+VARIANTS: dict[str, Variant] = {v.name: v for v in _VARIANTS}
+
+
+def get(name: str) -> Variant:
+    """Returns the variant called `name`; an unknown name lists the valid ones and the closest."""
+    try:
+        return VARIANTS[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, VARIANTS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UnknownVariantError(
+            f"unknown variant {name!r}{hint}; valid: {', '.join(VARIANTS)}") from None
+
+
+# --- example inputs and parameters from a seed ---------------------------------------------
+
+def make_inputs(variant: Variant, o: dict, seed: int) -> dict[str, np.ndarray]:
+    """Seeded example inputs: float32 data, masks as the spec's kind says."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for spec in variant.input_specs(o):
+        shape = spec.shape(o)
+        if spec.kind == "data":
+            out[spec.name] = rng.standard_normal(shape).astype(np.float32)
+        elif spec.kind == "sorted":
+            out[spec.name] = np.sort(rng.uniform(0, 5, shape), axis=-1).astype(np.float32)
+        elif spec.kind in ("bool_mask", "additive_mask"):
+            keep = rng.random(shape) < 0.8
+            if spec.kind == "bool_mask":
+                out[spec.name] = keep
+            else:
+                # -inf, not -1e9: -1e9 overflows to -inf in fp16 anyway and hides the intent.
+                small = 0.5 * rng.standard_normal(shape)
+                out[spec.name] = np.where(keep, small, -np.inf).astype(np.float32)
+        elif spec.kind == "padding":
+            B, T_ = shape
+            lens = rng.integers(1, T_ + 1, size=B)
+            out[spec.name] = np.arange(T_)[None, :] < lens[:, None]
+        elif spec.kind == "valid_lens":
+            limit = o["kv_seq"]
+            out[spec.name] = rng.integers(1, limit + 1, size=shape).astype(np.int64)
+        else:
+            raise ValueError(f"unknown input kind {spec.kind!r}")
+    return out
+
+
+def init_params(variant: Variant, o: dict, seed: int) -> dict[str, np.ndarray]:
+    """Seeded float32 parameters for the module, named as in its state_dict.
+
+    Drawn with NumPy from the parameter shapes, so that golden cases do not depend on torch's
+    random number generator (which may change between torch releases).
+    """
+    module = variant.build(o)
+    rng = np.random.default_rng(seed)
+    params = {}
+    for name, t in module.state_dict().items():
+        shape = tuple(t.shape)
+        if len(shape) >= 2:
+            value = rng.standard_normal(shape) / math.sqrt(shape[-1])
+        elif name.endswith(".weight"):  # layer norm gain
+            value = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif name.endswith(".bias"):
+            value = 0.1 * rng.standard_normal(shape)
+        else:  # scalar parameters such as the kernel bandwidth
+            value = rng.uniform(0.5, 2.0, shape)
+        params[name] = value.astype(np.float32)
+    return params
+
+
+def load_params(module, params: dict[str, np.ndarray]):
+    """Loads NumPy parameters into a module (strict: every name must match)."""
+    import torch
+    module.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in params.items()}, strict=True)
+    return module

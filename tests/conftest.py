@@ -1,0 +1,27 @@
+import numpy as np
+import pytest
+import torch
+
+from attnexport import golden, variants as V
+
+torch.set_num_threads(2)
+
+
+def to_torch(inputs: dict, dtype=torch.float32):
+    """NumPy inputs -> torch tensors; floats cast to `dtype`, bools and ints kept."""
+    return [torch.from_numpy(np.ascontiguousarray(a)).to(dtype) if a.dtype.kind == "f"
+            else torch.from_numpy(np.ascontiguousarray(a)) for a in inputs.values()]
+
+
+def run_module(variant, o, params, inputs, dtype=torch.float32):
+    """Runs the torch module; returns {output name: float64 array}."""
+    module = V.load_params(variant.build(o), params).to(dtype).eval()
+    with torch.no_grad():
+        out = module(*to_torch(inputs, dtype))
+    out = out if isinstance(out, tuple) else (out,)
+    return {s.name: t.double().numpy() for s, t in zip(variant.output_specs(o), out)}
+
+
+@pytest.fixture(scope="session")
+def golden_cases():
+    return golden.load_all()

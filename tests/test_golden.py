@@ -1,0 +1,76 @@
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from attnexport import golden
+from attnexport.errors import GoldenIntegrityError
+
+
+def test_check_is_clean():
+    assert golden.check() == []
+
+
+def test_every_variant_and_scaling_mode_has_a_case():
+    from attnexport import variants as V
+    covered = {c.variant for c in golden.CASES.values()}
+    assert covered == set(V.VARIANTS)
+    for mode in ("sqrt", "none", "norm", "cosine", "length"):
+        assert any(c.options.get("scaling") == mode for c in golden.CASES.values())
+
+
+def test_write_is_deterministic(tmp_path):
+    golden.write(tmp_path)
+    stored = golden.read_manifest()
+    assert golden.read_manifest(tmp_path) == stored
+
+
+def test_cases_carry_provenance():
+    case = golden.load("kernel-nadaraya-watson")
+    assert case.meta["seed"] == 7 and "2 sin(x) + x^0.8" in case.meta["source"]
+    assert case.meta["provenance"]["reference"] == "attnexport.reference.ref_kernel"
+    assert set(case.inputs) == {"queries", "keys", "values"}
+
+
+@pytest.fixture
+def golden_copy(tmp_path):
+    d = tmp_path / "golden"
+    shutil.copytree(golden.default_dir(), d)
+    return d
+
+
+def test_damaged_file_is_caught(golden_copy):
+    path = golden_copy / "mha-seeded.npz"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(GoldenIntegrityError, match="mha-seeded.npz.*sha256"):
+        golden.load("mha-seeded", golden_copy)
+
+
+def test_missing_file_is_caught(golden_copy):
+    (golden_copy / "kernel-seeded.npz").unlink()
+    with pytest.raises(GoldenIntegrityError, match="missing.*kernel-seeded.npz"):
+        golden.load("kernel-seeded", golden_copy)
+
+
+def test_drift_is_reported(golden_copy):
+    case = golden.load("posenc-seeded", golden_copy)
+    case.expected["output"] = case.expected["output"] + 1e-3
+    data = golden._to_bytes(case)
+    (golden_copy / "posenc-seeded.npz").write_bytes(data)
+    manifest = json.loads((golden_copy / golden.MANIFEST).read_text())
+    manifest["files"]["posenc-seeded.npz"] = golden._sha256(data)
+    (golden_copy / golden.MANIFEST).write_text(json.dumps(manifest))
+    drift = golden.check(golden_copy)
+    assert [d.case for d in drift] == ["posenc-seeded"]
+    assert "max diff 0.001" in drift[0].what
+
+
+def test_expected_values_come_from_the_reference_not_torch():
+    """Regenerating a case must not import the modules' forward code paths' results."""
+    case = golden.generate(golden.CASES["sdpa-seeded"])
+    from attnexport import reference as ref
+    out, _ = ref.sdpa(case.inputs["query"], case.inputs["key"], case.inputs["value"])
+    np.testing.assert_array_equal(case.expected["output"], out)
