@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from attnexport import export as export_mod
 from attnexport import golden as golden_mod
 from attnexport import variants as V
 from attnexport.errors import AttnExportError
@@ -120,3 +121,83 @@ def golden(mode, directory):
         _fail(f"{len(drift)} of {len(golden_mod.CASES)} golden cases drifted from the reference", 1)
     click.echo(f"golden: {len(golden_mod.CASES)} cases match the reference "
                f"(manifest {golden_mod.manifest_hash(directory)[:12]})")
+
+
+def _variant_options(fn):
+    """Adds every variant option in the registry as a CLI option (None unless given)."""
+    seen = {}
+    for v in V.VARIANTS.values():
+        for opt in v.options:
+            seen.setdefault(opt.name, opt)
+    for opt in reversed(list(seen.values())):
+        if opt.type is bool:
+            deco = click.option(opt.flag, opt.name, flag_value=True, default=None, help=opt.help)
+        else:
+            deco = click.option(opt.flag, opt.name, type=opt.type, default=None,
+                                help=f"{opt.help} (where the variant takes it)")
+        fn = deco(fn)
+    return fn
+
+
+def _given(kwargs) -> dict:
+    return {k: v for k, v in kwargs.items() if v is not None}
+
+
+@main.command()
+@click.option("--variant", required=True, help="The variant to export (see `attnexport list`).")
+@click.option("--flavor", default=export_mod.DEFAULT_FLAVOR, show_default=True,
+              help="primitives | attention | ort.")
+@click.option("--opset", type=int, default=None, help="Opset (primitives/ort: 17-18, attention: 23).")
+@click.option("--dtype", default="fp32", show_default=True, help="fp32 | fp16.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the parameters.")
+@click.option("-o", "--output", type=click.Path(), default=None,
+              help="Output file (default: models/<variant>.onnx).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@_variant_options
+@reports_errors
+def export(variant, flavor, opset, dtype, seed, output, as_json, **options):
+    """Export a variant to ONNX (checked, with metadata, written atomically).
+
+    Example: attnexport export --variant mha --heads 8 --flavor ort -o mha.onnx
+    """
+    result = export_mod.export(variant, _given(options), flavor, opset, dtype, output, seed=seed)
+    if as_json:
+        click.echo(json.dumps({"path": str(result.path), "variant": result.variant, "options": result.options,
+                               "flavor": result.flavor, "graph_flavor": result.graph_flavor,
+                               "opset": result.opset, "dtype": result.dtype,
+                               "attention_op": result.attention_op, "size": result.size, "note": result.note}))
+    else:
+        click.echo(result.summary())
+
+
+@main.command()
+@click.argument("model", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the description as JSON.")
+@reports_errors
+def inspect(model, as_json):
+    """Describe an ONNX file: opset, IR version, inputs/outputs, ops, attention op, metadata.
+
+    Example: attnexport inspect models/mha.onnx
+    """
+    from attnexport.inspect import describe
+    d = describe(model)
+    if as_json:
+        click.echo(json.dumps(d, indent=1))
+        return
+    opsets = ", ".join(f"{k} {v}" for k, v in d["opsets"].items())
+    console.print(f"[bold]{escape(d['path'])}[/bold]: IR {d['ir_version']}, opsets {escape(opsets)}, "
+                  f"{d['nodes']} nodes, {d['parameters']} parameters, {d['size']} bytes")
+    console.print(f"attention op: [bold]{escape(d['attention_op'])}[/bold]")
+    table = Table(show_header=True)
+    for col in ("", "name", "dtype", "dims"):
+        table.add_column(col)
+    for kind in ("inputs", "outputs"):
+        for t in d[kind]:
+            table.add_row(kind[:-1], t["name"], t["dtype"], escape(str(t["dims"])))
+    console.print(table)
+    console.print("ops: " + escape(", ".join(f"{k} x{v}" for k, v in d["op_counts"].items())))
+    if d["attnexport"]:
+        for k, v in d["attnexport"].items():
+            console.print(f"  {k}: {escape(json.dumps(v) if isinstance(v, dict) else str(v))}")
+    else:
+        console.print("no attnexport metadata")

@@ -66,3 +66,56 @@ def test_golden_write(tmp_path):
     r = run("golden", "--write", "--dir", str(tmp_path))
     assert r.exit_code == 0
     assert golden.read_manifest(tmp_path) == golden.read_manifest()
+
+
+def test_export_and_inspect(tmp_path):
+    out = tmp_path / "m" / "cross.onnx"
+    r = run("export", "--variant", "cross", "--flavor", "ort", "--heads", "2", "-o", str(out))
+    assert r.exit_code == 0, r.output
+    assert r.output.count("\n") == 1
+    assert "flavor ort" in r.output and "com.microsoft.MultiHeadAttention" in r.output
+    r = run("inspect", str(out), "--json")
+    assert r.exit_code == 0
+    d = json.loads(r.output)
+    assert d["attention_op"] == "com.microsoft.MultiHeadAttention"
+    assert d["attnexport"]["variant"] == "cross" and d["attnexport"]["options"]["heads"] == 2
+    assert d["inputs"][0]["dims"] == ["batch", "seq", 32]
+    r = run("inspect", str(out))
+    assert r.exit_code == 0 and "com.microsoft.MultiHeadAttention" in r.output
+
+
+def test_export_no_core_says_so(tmp_path):
+    r = run("export", "--variant", "kernel", "--flavor", "attention", "-o", str(tmp_path / "k.onnx"))
+    assert r.exit_code == 0 and "no dot-product core" in r.output
+
+
+def _one_line_error(r, code):
+    assert r.exit_code == code, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.output
+    assert "Traceback" not in r.output
+
+
+def test_export_errors(tmp_path):
+    o = str(tmp_path / "x.onnx")
+    _one_line_error(run("export", "--variant", "nope", "-o", o), 2)
+    _one_line_error(run("export", "--variant", "mha", "--heads", "5", "-o", o), 2)
+    _one_line_error(run("export", "--variant", "posenc", "--causal", "-o", o), 2)
+    _one_line_error(run("export", "--variant", "mha", "--flavor", "attention", "--opset", "17", "-o", o), 2)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    _one_line_error(run("export", "--variant", "mha", "-o", str(blocker / "x.onnx")), 2)
+    _one_line_error(run("export", "--variant", "sdpa", "--flavor", "ort", "--softcap", "1", "-o", o), 1)
+    assert not (tmp_path / "x.onnx").exists()
+
+
+def test_inspect_errors(tmp_path):
+    _one_line_error(run("inspect", str(tmp_path / "missing.onnx")), 2)
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    _one_line_error(run("inspect", str(tmp_path / "empty.onnx")), 2)
+    (tmp_path / "text.onnx").write_text("hello, not a model")
+    _one_line_error(run("inspect", str(tmp_path / "text.onnx")), 2)
+    good = tmp_path / "good.onnx"
+    assert run("export", "--variant", "posenc", "-o", str(good)).exit_code == 0
+    (tmp_path / "cut.onnx").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    _one_line_error(run("inspect", str(tmp_path / "cut.onnx")), 2)

@@ -17,7 +17,7 @@ def masked_softmax(scores, valid_lens):
     keep = positions[None, None, :] < valid_lens[:, None, None]  # (B, 1, Tk)
     # -inf (not -1e6) so fp16 cannot overflow; the all-masked row is zeroed explicitly.
     probs = torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1)
-    return probs.masked_fill(~keep.any(dim=-1, keepdim=True), 0.0)
+    return probs.masked_fill((valid_lens <= 0)[:, None, None], 0.0)  # length 0: nothing to attend
 
 
 class MaskedSoftmax(nn.Module):

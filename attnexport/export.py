@@ -1,0 +1,292 @@
+"""torch -> ONNX for every variant and flavour: export, checks, metadata, atomic write."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import tempfile
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from attnexport import __version__, golden
+from attnexport import variants as V
+from attnexport.errors import ExportError, UsageError
+
+FLAVORS = ("primitives", "attention", "ort")
+# The standard Attention op: one fused node any opset-23 runtime runs, fast on ONNX Runtime's
+# CUDA provider, with no vendor lock-in (see the README).
+DEFAULT_FLAVOR = "attention"
+DEFAULT_OPSET = {"primitives": 18, "attention": 23, "ort": 18}
+OPSET_RANGE = {"primitives": (17, 18), "attention": (23, 23), "ort": (17, 18)}
+DTYPES = ("fp32", "fp16")
+ATTENTION_OPS = {("", "Attention"): "Attention",
+                 ("com.microsoft", "MultiHeadAttention"): "com.microsoft.MultiHeadAttention",
+                 ("com.microsoft", "Attention"): "com.microsoft.Attention",
+                 ("com.microsoft", "GroupQueryAttention"): "com.microsoft.GroupQueryAttention"}
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    path: Path
+    variant: str
+    options: dict
+    flavor: str  # the flavour asked for
+    graph_flavor: str  # the flavour the graph has (primitives for variants without a dot-product core)
+    opset: int
+    dtype: str
+    attention_op: str  # the attention op in the graph, "MatMul+Softmax", or "none"
+    size: int  # bytes
+    note: str = ""
+
+    def summary(self) -> str:
+        line = (f"{self.path}: {self.variant}, flavor {self.flavor}, opset {self.opset}, {self.dtype}, "
+                f"attention op {self.attention_op}, {_human(self.size)}")
+        return f"{line} ({self.note})" if self.note else line
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024 or unit == "MiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def attention_op_of(model: onnx.ModelProto) -> str:
+    """Names the attention op in a graph: a fused op, MatMul+Softmax, or none."""
+    ops = Counter((n.domain, n.op_type) for n in model.graph.node)
+    fused = [name for key, name in ATTENTION_OPS.items() if ops.get(key)]
+    if fused:
+        return ", ".join(fused)
+    if ops.get(("", "Softmax")) and ops.get(("", "MatMul")):
+        return "MatMul+Softmax"
+    return "none"
+
+
+def graph_flavor(variant: V.Variant, flavor: str) -> str:
+    return flavor if variant.dot_product_core else "primitives"
+
+
+def example_sizes(variant: V.Variant, o: dict) -> dict:
+    """Options with every symbolic size at least 2, so the exporter keeps it symbolic."""
+    return {**o, **{k: max(o[k], 2) for k in variant.dynamic}}
+
+
+def _dtype_torch(dtype: str):
+    import torch
+    return {"fp32": torch.float32, "fp16": torch.float16}[dtype]
+
+
+def _validate(variant, flavor, opset, dtype):
+    if flavor not in FLAVORS:
+        raise UsageError(f"unknown flavor {flavor!r}; valid: {', '.join(FLAVORS)}")
+    if dtype not in DTYPES:
+        raise UsageError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+    gf = graph_flavor(variant, flavor)
+    lo, hi = OPSET_RANGE[gf]
+    opset = DEFAULT_OPSET[gf] if opset is None else opset
+    if not lo <= opset <= hi:
+        allowed = str(lo) if lo == hi else f"{lo} to {hi}"
+        raise UsageError(f"--opset {opset} is not available for the {gf} flavor (allowed: {allowed})")
+    return gf, opset
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Keeps the exporter's progress lines and library warnings away from the user."""
+    loggers = [logging.getLogger(n) for n in ("torch", "torch.onnx", "torch.export", "onnxscript")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def build_model(variant_name: str, options: dict | None = None, flavor: str = DEFAULT_FLAVOR,
+                opset: int | None = None, dtype: str = "fp32", params: dict | None = None,
+                seed: int = 0) -> tuple[onnx.ModelProto, ExportResult]:
+    """Exports a variant to an in-memory ONNX model; returns it with a result (path unset).
+
+    Args:
+        options: the variant's options (defaults fill the rest).
+        params: parameters as NumPy arrays (default: seeded ones from `seed`).
+    """
+    import torch
+
+    from attnexport.models import core
+    from attnexport.onnx_attention import TRANSLATIONS
+
+    variant = V.get(variant_name)
+    o = variant.resolve(options)
+    gf, opset = _validate(variant, flavor, opset, dtype)
+    params = V.init_params(variant, o, seed) if params is None else params
+    module = V.load_params(variant.build(o), params).to(_dtype_torch(dtype)).eval()
+
+    ex = example_sizes(variant, o)
+    inputs = V.make_inputs(variant, ex, seed)
+    tdtype = _dtype_torch(dtype)
+    args = tuple(torch.from_numpy(a).to(tdtype) if a.dtype.kind == "f" else torch.from_numpy(a)
+                 for a in inputs.values())
+    dims = {name: torch.export.Dim(name, min=1) for name in variant.dynamic}
+    dynamic_shapes = tuple({axis: dims[d] for axis, d in enumerate(spec.dims) if d in dims}
+                           for spec in variant.input_specs(ex))
+    out_specs = variant.output_specs(o)
+    attn, attn_w = TRANSLATIONS[gf]
+    table = {torch.ops.attnexport.attention.default: attn,
+             torch.ops.attnexport.attention_weights.default: attn_w}
+    assert core.attention is not None  # the custom ops are registered by importing core
+
+    try:
+        with _quiet(), torch.no_grad():
+            # The translations are written for opset 18 (23 for Attention); an older opset is
+            # reached by onnx's version converter below.
+            program = torch.onnx.export(
+                module, args, dynamo=True, opset_version=max(opset, 18), dynamic_shapes=dynamic_shapes,
+                input_names=[s.name for s in variant.input_specs(ex)],
+                output_names=[s.name for s in out_specs], custom_translation_table=table,
+                optimize=True, verbose=False, report=False)
+    except ExportError:
+        raise
+    except Exception as e:
+        cause = e
+        while cause.__cause__ is not None or cause.__context__ is not None:
+            nxt = cause.__cause__ or cause.__context__
+            if isinstance(nxt, ExportError):
+                raise nxt from None
+            cause = nxt
+        raise ExportError(f"torch.onnx could not export {variant.name} ({gf}): "
+                          f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}") from None
+    model = program.model_proto
+    if opset < 18:
+        model = _convert_opset(model, opset, variant, gf)
+    _finish(model, variant, o, flavor, gf, opset, dtype, seed)
+    op_name = attention_op_of(model)
+    _check_flavor(variant, flavor, gf, op_name)
+    note = "" if variant.dot_product_core or flavor == "primitives" else \
+        f"{variant.name} has no dot-product core: exported as primitives"
+    return model, ExportResult(Path(), variant.name, o, flavor, gf, opset, dtype, op_name, 0, note)
+
+
+def _convert_opset(model, opset, variant, gf):
+    from onnx import version_converter
+    try:
+        with _quiet():
+            return version_converter.convert_version(model, opset)
+    except Exception as e:
+        raise ExportError(f"cannot convert the {variant.name} ({gf}) model to opset {opset}: "
+                          f"{str(e).splitlines()[0]}") from None
+
+
+def _finish(model, variant, o, flavor, gf, opset, dtype, seed):
+    """Strips exporter noise, sets the lowest IR version, records metadata, checks the model."""
+    import torch
+
+    for node in model.graph.node:
+        del node.metadata_props[:]
+        node.doc_string = ""
+    for coll in (model.graph.input, model.graph.output, model.graph.value_info):
+        for vi in coll:
+            del vi.metadata_props[:]
+            vi.doc_string = ""
+    for init in model.graph.initializer:
+        del init.metadata_props[:]
+    del model.metadata_props[:]
+    model.doc_string = ""
+    model.graph.doc_string = ""
+    model.producer_name, model.producer_version = "attnexport", __version__
+    # onnx's default IR version is newer than many ONNX Runtime releases accept: use the lowest
+    # the opsets allow.
+    model.ir_version = onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    meta = {
+        "attnexport.variant": variant.name,
+        "attnexport.options": json.dumps(o, sort_keys=True),
+        "attnexport.flavor": flavor,
+        "attnexport.graph_flavor": gf,
+        "attnexport.opset": str(opset),
+        "attnexport.dtype": dtype,
+        "attnexport.seed": str(seed),
+        "attnexport.version": __version__,
+        "attnexport.torch_version": torch.__version__.split("+")[0],
+        "attnexport.golden_manifest_sha256": golden.manifest_hash(),
+    }
+    for k, v in meta.items():
+        model.metadata_props.add(key=k, value=v)
+    try:
+        onnx.checker.check_model(model, full_check=True)
+        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+    except Exception as e:
+        raise ExportError(f"the exported {variant.name} ({gf}) model fails onnx checks: "
+                          f"{str(e).splitlines()[0]}") from None
+
+
+def _check_flavor(variant, flavor, gf, op_name):
+    if not variant.dot_product_core:
+        return
+    want = {"primitives": ("MatMul+Softmax",), "attention": ("Attention",),
+            "ort": ("com.microsoft.MultiHeadAttention", "com.microsoft.Attention",
+                    "com.microsoft.GroupQueryAttention")}[gf]
+    if op_name not in want:
+        raise ExportError(f"the {flavor} flavor of {variant.name} should use {' or '.join(want)}, "
+                          f"but the exported graph has {op_name}")
+
+
+def _atomic_write(path: Path, data: bytes):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def export(variant_name: str, options: dict | None = None, flavor: str = DEFAULT_FLAVOR,
+           opset: int | None = None, dtype: str = "fp32", output: str | Path | None = None,
+           params: dict | None = None, seed: int = 0) -> ExportResult:
+    """Exports a variant to an ONNX file (default `models/<variant>.onnx`), written atomically."""
+    path = Path(output) if output is not None else Path("models") / f"{variant_name}.onnx"
+    if path.exists() and path.is_dir():
+        raise UsageError(f"output path is a folder: {path}")
+    V.get(variant_name)  # an unknown name fails before any work
+    _check_writable(path)
+    model, result = build_model(variant_name, options, flavor, opset, dtype, params, seed)
+    data = model.SerializeToString(deterministic=True)
+    try:
+        _atomic_write(path, data)
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
+    return ExportResult(path, result.variant, result.options, result.flavor, result.graph_flavor,
+                        result.opset, result.dtype, result.attention_op, len(data), result.note)
+
+
+def _check_writable(path: Path):
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK) or (path.parent.exists() and not path.parent.is_dir()):
+        raise UsageError(f"cannot write {path}: {parent} is not a writable folder")
+
+
+def example_feed(model_or_variant, options: dict, seed: int, dtype: str = "fp32") -> dict[str, np.ndarray]:
+    """Seeded inputs for a variant at the given options, cast for an ONNX session."""
+    variant = V.get(model_or_variant) if isinstance(model_or_variant, str) else model_or_variant
+    feed = V.make_inputs(variant, variant.resolve(options), seed)
+    np_dtype = {"fp32": np.float32, "fp16": np.float16}[dtype]
+    return {k: (a.astype(np_dtype) if a.dtype.kind == "f" else a) for k, a in feed.items()}

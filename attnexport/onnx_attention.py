@@ -1,0 +1,227 @@
+"""ONNX translations of the attention core (`attnexport::attention`), one per export flavour.
+
+Each translation is an onnxscript function the torch exporter calls in place of the custom op.
+All three compute the same function as the op's eager implementation, edge cases included:
+grouped-query heads, top-left causal masks with different query and key lengths, softcap, bool
+or additive masks, and fully masked rows, which give zeros.
+"""
+
+from __future__ import annotations
+
+import math
+
+import onnx
+from onnx.defs import OpSchema
+from onnxscript import ir, opset18 as op, opset23 as op23
+from onnxscript.values import Op, Opset
+
+from attnexport.errors import ExportError
+
+
+def _msft_mha() -> Op:
+    """com.microsoft.MultiHeadAttention as onnxscript can call it.
+
+    The onnx package holds no schemas of ONNX Runtime's contrib ops, so the exporter is given
+    one that declares the inputs, outputs and attributes this project uses.
+    """
+    P, A = OpSchema.FormalParameter, OpSchema.Attribute
+    single, opt = OpSchema.FormalParameterOption.Single, OpSchema.FormalParameterOption.Optional
+    names = ("query", "key", "value", "bias", "key_padding_mask", "attention_bias")
+    schema = OpSchema(
+        "MultiHeadAttention", "com.microsoft", 1,
+        inputs=[P(n, "M" if n == "key_padding_mask" else "T", param_option=single if i == 0 else opt)
+                for i, n in enumerate(names)],
+        outputs=[P("output", "T")],
+        type_constraints=[("T", ["tensor(float)", "tensor(float16)"], ""), ("M", ["tensor(int32)"], "")],
+        attributes=[A("num_heads", onnx.AttributeProto.INT, "", required=True),
+                    A("scale", onnx.AttributeProto.FLOAT, "", required=False),
+                    A("unidirectional", onnx.AttributeProto.INT, "", required=False),
+                    A("mask_filter_value", onnx.AttributeProto.FLOAT, "", required=False)])
+    return Op(Opset("com.microsoft", 1), "MultiHeadAttention", schema)
+
+
+_MultiHeadAttention = _msft_mha()
+
+# --- helpers (opset 18) --------------------------------------------------------------------
+
+
+def _static(dim) -> int | None:
+    return dim if isinstance(dim, int) else None
+
+
+def _const(value, like):
+    return op.CastLike(op.Constant(value_float=float(value)), like)
+
+
+def _shape(x, start, end=None):
+    return op.Shape(x, start=start) if end is None else op.Shape(x, start=start, end=end)
+
+
+def _bias(attn_mask, is_causal, query, key, like):
+    """The additive bias, float, broadcastable to (B, Hq, Tq, Tk); None if there is none."""
+    bias = None
+    if attn_mask is not None:
+        if attn_mask.dtype == ir.DataType.BOOL:
+            bias = op.Where(attn_mask, _const(0.0, like), _const(-math.inf, like))
+        else:
+            bias = op.CastLike(attn_mask, like)
+    if is_causal:
+        tq = op.Squeeze(_shape(query, -2, -1))
+        tk = op.Squeeze(_shape(key, -2, -1))
+        rows = op.Unsqueeze(op.Range(op.Constant(value_int=0), tq, op.Constant(value_int=1)), [-1])
+        cols = op.Range(op.Constant(value_int=0), tk, op.Constant(value_int=1))
+        causal = op.Where(op.LessOrEqual(cols, rows), _const(0.0, like), _const(-math.inf, like))
+        bias = causal if bias is None else op.Add(bias, causal)
+    return bias
+
+
+def _dead_rows(bias):
+    """True where a row's bias is -inf everywhere: that query attends to nothing."""
+    # Counts the keys a row may attend to. ReduceSum (not ReduceMax) keeps the graph the same in
+    # opsets 13-18, and Equal (not IsInf) works on fp16 before opset 20.
+    visible = op.Cast(op.Not(op.Equal(bias, _const(-math.inf, bias))), to=ir.DataType.FLOAT)
+    return op.Equal(op.ReduceSum(visible, [-1], keepdims=1), op.Constant(value_float=0.0))
+
+
+def _needs_guard(attn_mask) -> bool:
+    # A causal mask alone never empties a row (key 0 is always visible); any explicit mask can.
+    return attn_mask is not None
+
+
+def _repeat_kv(x, groups_known, query):
+    """(B, Hkv, T, d) -> (B, Hq, T, d), each key/value head repeated for its query-head group."""
+    if groups_known == 1:
+        return x
+    hq = _shape(query, 1, 2)
+    hkv = _shape(x, 1, 2)
+    g = op.Div(hq, hkv)
+    one = op.Constant(value_ints=[1])
+    x5 = op.Unsqueeze(x, [2])  # (B, Hkv, 1, T, d)
+    target = op.Concat(_shape(x, 0, 2), g, _shape(x, 2), axis=0)
+    expanded = op.Expand(x5, target)  # (B, Hkv, G, T, d)
+    return op.Reshape(expanded, op.Concat(_shape(x, 0, 1), hq, _shape(x, 2), axis=0))
+
+
+def _groups(query, key) -> int | None:
+    hq, hkv = _static(query.shape[1]), _static(key.shape[1])
+    return hq // hkv if hq is not None and hkv is not None else None
+
+
+def _scale_query(query, scale):
+    if scale is None:  # 1/sqrt(head size) read at run time: sdpa's head size is symbolic
+        d = op.CastLike(_shape(query, -1), query)
+        return op.Div(query, op.Sqrt(d))
+    return op.Mul(query, _const(scale, query))
+
+
+# --- primitives: MatMul + Softmax, opset 18 --------------------------------------------------
+
+def _primitives(query, key, value, attn_mask, scale, is_causal, softcap):
+    groups = _groups(query, key)
+    key, value = _repeat_kv(key, groups, query), _repeat_kv(value, groups, query)
+    scores = op.MatMul(_scale_query(query, scale), op.Transpose(key, perm=[0, 1, 3, 2]))
+    if softcap and softcap > 0:
+        scores = op.Mul(op.Tanh(op.Div(scores, _const(softcap, scores))), _const(softcap, scores))
+    bias = _bias(attn_mask, is_causal, query, key, scores)
+    if bias is not None:
+        scores = op.Add(scores, bias)
+    probs = op.Softmax(scores, axis=-1)
+    if _needs_guard(attn_mask):
+        # Softmax of an all -inf row is NaN (the mean of V in some kernels): select zeros.
+        probs = op.Where(_dead_rows(bias), _const(0.0, probs), probs)
+    return op.MatMul(probs, value), probs
+
+
+def primitives_attention(query, key, value, attn_mask=None, scale=None, is_causal=False, softcap=0.0):
+    return _primitives(query, key, value, attn_mask, scale, is_causal, softcap)[0]
+
+
+def primitives_attention_weights(query, key, value, attn_mask=None, scale=None, is_causal=False, softcap=0.0):
+    return _primitives(query, key, value, attn_mask, scale, is_causal, softcap)
+
+
+# --- attention: the standard Attention op, opset 23 ----------------------------------------
+
+def _standard(query, key, value, attn_mask, scale, is_causal, softcap, weights):
+    if attn_mask is not None and attn_mask.shape is not None and attn_mask.shape[-2] != query.shape[2]:
+        # The spec broadcasts the mask, but ONNX Runtime's kernel wants its query axis to be
+        # Tq: expand a padding mask (B, 1, 1, Tk) to (B, 1, Tq, Tk).
+        lead = _shape(attn_mask, 0, len(attn_mask.shape) - 2)
+        attn_mask = op.Expand(attn_mask, op.Concat(lead, _shape(query, 2, 3), _shape(attn_mask, -1), axis=0))
+    attrs = {"is_causal": int(bool(is_causal))}
+    if scale is not None:
+        attrs["scale"] = float(scale)
+    if softcap and softcap > 0:
+        attrs["softcap"] = float(softcap)
+    if weights:
+        attrs["qk_matmul_output_mode"] = 3  # the fourth output holds the softmax weights
+    y, _, _, w = op23.Attention(query, key, value, attn_mask, **attrs)
+    return y, w
+
+
+def standard_attention(query, key, value, attn_mask=None, scale=None, is_causal=False, softcap=0.0):
+    return _standard(query, key, value, attn_mask, scale, is_causal, softcap, False)[0]
+
+
+def standard_attention_weights(query, key, value, attn_mask=None, scale=None, is_causal=False, softcap=0.0):
+    return _standard(query, key, value, attn_mask, scale, is_causal, softcap, True)
+
+
+# --- ort: com.microsoft.MultiHeadAttention --------------------------------------------------
+
+def ort_attention(query, key, value, attn_mask=None, scale=None, is_causal=False, softcap=0.0):
+    if softcap and softcap > 0:
+        raise ExportError("the ort flavor cannot express --softcap: com.microsoft.MultiHeadAttention "
+                          "has no softcap; use --flavor attention or primitives")
+    heads = _static(query.shape[1])
+    groups = _groups(query, key)
+    same_length = query.shape[2] == key.shape[2]  # the same symbolic length: self-attention
+    key, value = _repeat_kv(key, groups, query), _repeat_kv(value, groups, query)
+    bias = _bias(attn_mask, is_causal and not same_length, query, key, query)
+    attrs = {"num_heads": heads or 1}
+    if scale is not None:
+        attrs["scale"] = float(scale)
+    if is_causal and same_length:
+        attrs["unidirectional"] = 1  # the kernel's own causal mask: no bias tensor to read
+    if heads is not None:
+        # (B, H, T, d) -> (B, T, H*d): the layout the kernel wants; the exporter's transposes
+        # around it cancel with the module's own.
+        q3 = op.Reshape(op.Transpose(query, perm=[0, 2, 1, 3]), [0, 0, -1])
+        k3 = op.Reshape(op.Transpose(key, perm=[0, 2, 1, 3]), [0, 0, -1])
+        v3 = op.Reshape(op.Transpose(value, perm=[0, 2, 1, 3]), [0, 0, -1])
+        if bias is not None:
+            bias = op.Expand(bias, op.Concat(op.Constant(value_ints=[1, 1]), _shape(query, 2, 3),
+                                             _shape(key, 2, 3), axis=0))  # (B|1, 1, Tq, Tk)
+        out = _MultiHeadAttention(q3, k3, v3, None, None, bias, **attrs)
+        out = op.Transpose(op.Reshape(out, op.Concat(op.Constant(value_ints=[0, 0]), _shape(query, 1, 2),
+                                                     op.Constant(value_ints=[-1]), axis=0)), perm=[0, 2, 1, 3])
+    else:
+        # Symbolic head count (sdpa): fold the heads into the batch and run one head.
+        minus1 = op.Constant(value_ints=[-1])
+        q3 = op.Reshape(query, op.Concat(minus1, _shape(query, 2), axis=0))  # (B*H, Tq, d)
+        k3 = op.Reshape(key, op.Concat(minus1, _shape(key, 2), axis=0))
+        v3 = op.Reshape(value, op.Concat(minus1, _shape(value, 2), axis=0))
+        if bias is not None:
+            full = op.Concat(_shape(query, 0, 3), _shape(key, 2, 3), axis=0)  # (B, H, Tq, Tk)
+            bias = op.Reshape(op.Expand(bias, full), op.Concat(minus1, op.Constant(value_ints=[1]),
+                                                               _shape(query, 2, 3), _shape(key, 2, 3), axis=0))
+        out = _MultiHeadAttention(q3, k3, v3, None, None, bias, **attrs)
+        out = op.Reshape(out, op.Concat(_shape(query, 0, 3), minus1, axis=0))  # (B, H, Tq, dv)
+    if _needs_guard(attn_mask):
+        # Rows can be emptied by the mask and the causal mask together: guard on both.
+        full_bias = _bias(attn_mask, is_causal, query, key, out)
+        out = op.Where(_dead_rows(full_bias), _const(0.0, out), out)
+    return out
+
+
+def ort_attention_weights(*args, **kwargs):
+    raise ExportError("the ort flavor cannot output attention weights (--weights): "
+                      "com.microsoft.MultiHeadAttention does not expose the softmax; "
+                      "use --flavor attention or primitives")
+
+
+TRANSLATIONS = {
+    "primitives": (primitives_attention, primitives_attention_weights),
+    "attention": (standard_attention, standard_attention_weights),
+    "ort": (ort_attention, ort_attention_weights),
+}

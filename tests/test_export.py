@@ -1,0 +1,192 @@
+"""Every variant x flavour exports, passes onnx checks, and runs on ONNX Runtime's CPU provider at
+shapes other than the export's, matching torch and the reference."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from attnexport import export as E, variants as V
+from attnexport.compare import compare, tolerance
+from attnexport.errors import ExportError, UsageError
+from conftest import run_module
+
+ort.set_default_logger_severity(3)
+
+# Options that switch on the masks and other paths worth exporting, per variant.
+RICH = {
+    "sdpa": {"mask": "bool", "kv_heads": 2, "causal": True},
+    "self": {"mask": "additive", "scaling": "length"},
+    "mha": {"mask": "padding", "kv_heads": 2, "causal": True, "scaling": "norm"},
+    "mha-tied": {"mask": "bool"},
+    "cross": {"mask": "padding"},
+    "encoder": {"mask": "padding"},
+    "decoder": {"mask": "padding"},
+    "kernel": {"learnable_bandwidth": True},
+}
+# Shapes other than the export's example shapes, length 1 included.
+SHAPES = [{"batch": 3, "seq": 17, "kv_seq": 6, "heads": 4, "kv_heads": 2, "head_dim": 5, "v_head_dim": 3},
+          {"batch": 1, "seq": 1, "kv_seq": 1, "heads": 2, "kv_heads": 1, "head_dim": 1, "v_head_dim": 2}]
+COMBOS = [(v, f) for v in V.VARIANTS for f in E.FLAVORS]
+
+
+def _at(variant, base, shape):
+    """Options at another shape: symbolic sizes change, weight shapes do not."""
+    sizes = {k: x for k, x in shape.items() if k in variant.dynamic}
+    return variant.resolve({**base, **sizes})
+
+
+@pytest.fixture(scope="module")
+def exported():
+    cache = {}
+
+    def get(name, flavor, dtype="fp32", options=None):
+        key = (name, flavor, dtype)
+        if key not in cache:
+            cache[key] = E.build_model(name, RICH.get(name, {}) if options is None else options, flavor,
+                                       dtype=dtype)
+        return cache[key]
+    return get
+
+
+def _session(model):
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("name, flavor", COMBOS)
+def test_fp32_matches_torch_and_reference_at_other_shapes(exported, name, flavor):
+    model, result = exported(name, flavor)
+    variant = V.get(name)
+    sess = _session(model)
+    params = V.init_params(variant, result.options, 0)  # build_model's default seed
+    for shape in SHAPES:
+        o = _at(variant, RICH.get(name, {}), shape)
+        inputs = V.make_inputs(variant, o, 11)
+        if "attn_mask" in inputs:
+            inputs["attn_mask"][0, 0, 0, :] = False  # a fully masked row in every run
+        got = dict(zip([s.name for s in variant.output_specs(o)], sess.run(None, inputs)))
+        want_ref = variant.reference(params, inputs, o)
+        want_torch = run_module(variant, o, params, inputs, torch.float32)
+        for out in want_ref:
+            c_ref = compare(out, got[out], want_ref[out], tolerance("fp32"))
+            c_torch = compare(out, got[out], want_torch[out], tolerance("fp32"))
+            assert c_ref and c_torch, f"{name}/{flavor} at {shape}: vs reference {c_ref}; vs torch {c_torch}"
+
+
+@pytest.mark.parametrize("name, flavor", COMBOS)
+def test_fp16_runs_on_cpu_provider(exported, name, flavor):
+    model, result = exported(name, flavor, "fp16")
+    variant = V.get(name)
+    o = result.options
+    feed = E.example_feed(variant, o, 5, "fp16")
+    expected = variant.reference(V.init_params(variant, o, 0), V.make_inputs(variant, o, 5), o)
+    got = _session(model).run(None, feed)
+    for spec, g in zip(variant.output_specs(o), got):
+        assert g.dtype == np.float16
+        c = compare(spec.name, g, expected[spec.name], tolerance("fp16"))
+        assert c, f"{name}/{flavor} fp16: {c}"
+
+
+@pytest.mark.parametrize("name, flavor", COMBOS)
+def test_model_hygiene(exported, name, flavor):
+    model, result = exported(name, flavor)
+    variant = V.get(name)
+    onnx.checker.check_model(model, full_check=True)
+    onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    assert model.ir_version == onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert meta["attnexport.variant"] == name and meta["attnexport.flavor"] == flavor
+    assert json.loads(meta["attnexport.options"]) == result.options
+    for key in ("opset", "version", "torch_version", "golden_manifest_sha256", "dtype"):
+        assert meta[f"attnexport.{key}"]
+    ex = E.example_sizes(variant, result.options)
+    assert [i.name for i in model.graph.input] == [s.name for s in variant.input_specs(ex)]
+    assert [o.name for o in model.graph.output] == [s.name for s in variant.output_specs(ex)]
+    for vi, spec in zip(model.graph.input, variant.input_specs(ex)):
+        dims = vi.type.tensor_type.shape.dim
+        for d, sym in zip(dims, spec.dims):
+            if sym in variant.dynamic:
+                assert d.dim_param, f"{vi.name}: {sym} should be symbolic"
+            else:
+                assert d.dim_value == spec.shape(ex)[list(spec.dims).index(sym)]
+    op = result.attention_op
+    if variant.dot_product_core:
+        assert op == {"primitives": "MatMul+Softmax", "attention": "Attention",
+                      "ort": "com.microsoft.MultiHeadAttention"}[flavor]
+    else:
+        assert op in ("MatMul+Softmax", "none") and result.graph_flavor == "primitives"
+        assert (flavor == "primitives") or "no dot-product core" in result.note
+
+
+def test_primitives_opset_17():
+    model, result = E.build_model("mha", {"mask": "padding"}, "primitives", opset=17)
+    assert {o.domain: o.version for o in model.opset_import}[""] == 17
+    assert model.ir_version == 8
+
+
+def test_reexport_gives_the_same_bytes(tmp_path):
+    a = E.export("mha", {"causal": True}, "ort", output=tmp_path / "a.onnx")
+    b = E.export("mha", {"causal": True}, "ort", output=tmp_path / "b.onnx")
+    assert a.path.read_bytes() == b.path.read_bytes()
+
+
+def test_failed_export_leaves_nothing(tmp_path):
+    target = tmp_path / "out" / "sdpa.onnx"
+    with pytest.raises(ExportError, match="cannot output attention weights"):
+        E.export("sdpa", {"weights": True}, "ort", output=target)
+    assert not target.exists()
+    assert not any(tmp_path.rglob("*.tmp"))
+
+
+def test_flavor_whose_op_is_missing_fails(monkeypatch):
+    from attnexport import onnx_attention as OA
+    monkeypatch.setitem(OA.TRANSLATIONS, "ort", OA.TRANSLATIONS["primitives"])
+    with pytest.raises(ExportError, match="should use com.microsoft"):
+        E.build_model("mha", {}, "ort")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"variant_name": "nope"}, "unknown variant 'nope'"),
+    ({"variant_name": "mha", "options": {"heads": 7}}, "must divide --dim"),
+    ({"variant_name": "posenc", "options": {"heads": 2}}, "--heads is not an option"),
+    ({"variant_name": "mha", "flavor": "fast"}, "unknown flavor"),
+    ({"variant_name": "mha", "flavor": "attention", "opset": 18}, "--opset 18 is not available"),
+    ({"variant_name": "mha", "dtype": "int8"}, "unknown dtype"),
+])
+def test_bad_arguments(kwargs, message, tmp_path):
+    with pytest.raises(UsageError, match=message):
+        E.export(output=tmp_path / "x.onnx", **kwargs)
+
+
+def _readme_snippet() -> str:
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    section = text.split("## Deploying an exported model", 1)[1]
+    return section.split("```python", 1)[1].split("```", 1)[0]
+
+
+def test_readme_deployment_snippet_runs_with_onnxruntime_alone(tmp_path):
+    """Exports models/mha.onnx as the README says, then runs the README's snippet in a fresh
+    interpreter that cannot import attnexport."""
+    from click.testing import CliRunner
+    from attnexport.cli import main
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        r = CliRunner().invoke(main, ["export", "--variant", "mha"])
+    finally:
+        os.chdir(cwd)
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "models" / "mha.onnx").exists()
+    guard = "import sys\nsys.modules['attnexport'] = None  # the app must not need attnexport\n"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", guard + _readme_snippet()], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "(3, 17, 64)" in proc.stdout
