@@ -201,3 +201,98 @@ def inspect(model, as_json):
             console.print(f"  {k}: {escape(json.dumps(v) if isinstance(v, dict) else str(v))}")
     else:
         console.print("no attnexport metadata")
+
+
+@main.command()
+@click.argument("models", nargs=-1, type=click.Path())
+@click.option("--variant", "variants", multiple=True,
+              help="Only these variants (repeatable); with MODEL files: the variant of a model without metadata.")
+@click.option("--flavor", "flavors", multiple=True, help="Only these flavors (repeatable; default: all).")
+@click.option("--runtimes", default=None,
+              help="Comma-separated: torch,torch-cuda,onnx-ref,ort-cpu,ort-cuda (default: all available).")
+@click.option("--dtype", default="fp32", show_default=True, help="fp32 | fp16.")
+@click.option("--golden", "golden_dir", type=click.Path(), default=None, help="Golden folder to use.")
+@click.option("--rtol", type=float, default=None, help="Override the dtype's relative tolerance.")
+@click.option("--atol", type=float, default=None, help="Override the dtype's absolute tolerance.")
+@click.option("--skip-unavailable", is_flag=True, help="Skip requested runtimes that cannot run here.")
+@click.option("--strict-placement", is_flag=True, help="Fail when ort-cuda runs a compute node on the CPU.")
+@click.option("--seed", type=int, default=0, help="Parameters' seed of a model without metadata.")
+@click.option("--details", is_flag=True, help="Show one line per case x flavor x runtime.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document and nothing else.")
+@reports_errors
+def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, skip_unavailable,
+           strict_placement, seed, details, as_json):
+    """Check exported models against the golden cases on every runtime; exit 1 on any mismatch.
+
+    With no MODEL: exports every selected golden case in every selected flavor and runs it.
+    With MODEL files: runs the golden cases of each model's variant and options through it.
+
+    Example: attnexport verify --runtimes torch,ort-cpu --flavor attention
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from attnexport import verify as verify_mod
+
+    model_variant = variants[0] if models and variants else None
+    kwargs = dict(variants=None if models else (list(variants) or None), flavors=list(flavors) or None,
+                  runtimes=verify_mod.parse_runtimes(runtimes), dtype=dtype, golden_dir=golden_dir,
+                  models=list(models) or None, rtol=rtol, atol=atol, skip_unavailable=skip_unavailable,
+                  strict_placement=strict_placement, model_variant=model_variant, seed=seed)
+    err_console = Console(stderr=True)
+    if as_json or not err_console.is_terminal:
+        report = verify_mod.verify(**kwargs)
+    else:
+        columns = (TextColumn("verify"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.description}"))
+        with Progress(*columns, console=err_console, transient=True) as bar:
+            task = bar.add_task("", total=None)
+            report = verify_mod.verify(
+                **kwargs, progress=lambda i, n, what: bar.update(task, completed=i, total=n, description=what))
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), default=float))
+    else:
+        _print_verify(report, details)
+    if not report.ok:
+        sys.exit(1)
+
+
+def _print_verify(report, details):
+    for r in report.runtimes:
+        if not r["available"]:
+            console.print(f"[yellow]skipped[/yellow] {r['name']}: {escape(r['reason'])}")
+    rows = report.rows if details else report.failures
+    if rows:
+        table = Table(title="failures" if not details else "results")
+        for col in ("case", "flavor", "runtime", "result", "max abs", "max rel", "tolerance (rtol/atol)",
+                    "passes with atol", "ms"):
+            table.add_column(col, justify="right" if col in ("max abs", "max rel", "ms") else "left")
+        for r in rows:
+            w = r.worst or {}
+            result = "n/a" if r.skipped else ("[green]pass[/green]" if r.passed else "[red]FAIL[/red]")
+            table.add_row(escape(r.case), r.flavor, r.runtime, result,
+                          f"{w['max_abs']:.2e}" if w else "", f"{w['max_rel']:.2e}" if w else "",
+                          f"{w['rtol']:g}/{w['atol']:g}" if w else "",
+                          f"{w['needed_atol']:.2e}" if w else escape(r.skipped or r.error)[:60],
+                          f"{r.median_ms:.3f}" if r.median_ms is not None else "")
+        console.print(table)
+    summary = Table(title=f"verify {report.dtype}: {len(report.rows)} runs")
+    for col in ("runtime", "flavor", "passed", "failed", "n/a", "worst max abs", "needs atol", "total ms"):
+        summary.add_column(col, justify="left" if col in ("runtime", "flavor") else "right")
+    groups = {}
+    for r in report.rows:
+        groups.setdefault((r.runtime, r.flavor), []).append(r)
+    for (rt, fl), rs in groups.items():
+        worst = [r.worst for r in rs if r.worst]
+        wmax = max((w["max_abs"] for w in worst), default=0.0)
+        need = max((w["needed_atol"] for w in worst), default=0.0)
+        failed = sum(1 for r in rs if not r.passed and not r.skipped)
+        summary.add_row(rt, fl, str(sum(r.passed for r in rs)), f"[red]{failed}[/red]" if failed else "0",
+                        str(sum(bool(r.skipped) for r in rs)), f"{wmax:.2e}", f"{need:.2e}",
+                        f"{sum(r.median_ms or 0 for r in rs):.1f}")
+    console.print(summary)
+    for r in report.failures:
+        click.echo(f"FAIL {r.describe()}")
+    s = report.summary()
+    verdict = "all passed" if report.ok else f"{s['failed']} failed"
+    click.echo(f"verify: {s['passed']} passed, {s['failed']} failed, {s['not_applicable']} not applicable "
+               f"({verdict})")

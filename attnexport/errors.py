@@ -25,7 +25,19 @@ class ExportError(AttnExportError):
     exit_code = 1
 
 
+class UnsupportedByFlavor(ExportError):
+    """The options ask for something the flavour's fused op cannot express (e.g. weights)."""
+
+
 class CheckFailed(AttnExportError):
     """A check ran and found a mismatch (golden drift, parity failure)."""
 
     exit_code = 1
+
+
+class ProviderUnavailableError(AttnExportError):
+    """A runtime that was asked for cannot run here; the message says why."""
+
+
+class VerificationError(CheckFailed):
+    """Verify found a mismatch."""

@@ -165,7 +165,7 @@ def build_model(variant_name: str, options: dict | None = None, flavor: str = DE
         cause = e
         while cause.__cause__ is not None or cause.__context__ is not None:
             nxt = cause.__cause__ or cause.__context__
-            if isinstance(nxt, ExportError):
+            if isinstance(nxt, ExportError):  # e.g. UnsupportedByFlavor from a translation
                 raise nxt from None
             cause = nxt
         raise ExportError(f"torch.onnx could not export {variant.name} ({gf}): "

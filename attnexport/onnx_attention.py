@@ -15,7 +15,7 @@ from onnx.defs import OpSchema
 from onnxscript import ir, opset18 as op, opset23 as op23
 from onnxscript.values import Op, Opset
 
-from attnexport.errors import ExportError
+from attnexport.errors import UnsupportedByFlavor
 
 
 def _msft_mha() -> Op:
@@ -171,7 +171,7 @@ def standard_attention_weights(query, key, value, attn_mask=None, scale=None, is
 
 def ort_attention(query, key, value, attn_mask=None, scale=None, is_causal=False, softcap=0.0):
     if softcap and softcap > 0:
-        raise ExportError("the ort flavor cannot express --softcap: com.microsoft.MultiHeadAttention "
+        raise UnsupportedByFlavor("the ort flavor cannot express --softcap: com.microsoft.MultiHeadAttention "
                           "has no softcap; use --flavor attention or primitives")
     heads = _static(query.shape[1])
     groups = _groups(query, key)
@@ -214,10 +214,11 @@ def ort_attention(query, key, value, attn_mask=None, scale=None, is_causal=False
     return out
 
 
-def ort_attention_weights(*args, **kwargs):
-    raise ExportError("the ort flavor cannot output attention weights (--weights): "
-                      "com.microsoft.MultiHeadAttention does not expose the softmax; "
-                      "use --flavor attention or primitives")
+def ort_attention_weights(query, key, value, attn_mask=None, scale=None, is_causal=False, softcap=0.0):
+    # The fused op does not expose its softmax: the output comes from it, the weights from a
+    # MatMul+Softmax branch on the same inputs (paid only when --weights is asked for).
+    out = ort_attention(query, key, value, attn_mask, scale, is_causal, softcap)
+    return out, _primitives(query, key, value, attn_mask, scale, is_causal, softcap)[1]
 
 
 TRANSLATIONS = {

@@ -1,0 +1,213 @@
+"""One small adapter per runtime, same interface, strict about providers.
+
+`torch` and `torch-cuda` run the PyTorch module; `onnx-ref`, `ort-cpu` and `ort-cuda` run an
+exported ONNX model. A runtime that cannot run here says why (`status()`); `ort-cuda` also
+proves where every node ran, because ONNX Runtime falls back to the CPU silently.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from attnexport import variants as V
+from attnexport.errors import ProviderUnavailableError
+
+RUNTIMES = ("torch", "torch-cuda", "onnx-ref", "ort-cpu", "ort-cuda")
+ONNX_RUNTIMES = ("onnx-ref", "ort-cpu", "ort-cuda")
+# Nodes ONNX Runtime's CUDA provider deliberately leaves on the CPU: they compute shapes only.
+SHAPE_OPS = frozenset({"Shape", "Size"})
+
+
+@dataclass(frozen=True)
+class Status:
+    name: str
+    available: bool
+    reason: str = ""  # why not, when not available; a short description otherwise
+
+
+@dataclass
+class Prepared:
+    """A runtime ready to run one model (or module)."""
+
+    runtime: str
+    run: callable  # dict of NumPy inputs -> list of NumPy outputs
+    providers: list[str] = field(default_factory=list)
+    placement: dict[str, list[str]] = field(default_factory=dict)  # provider -> "op_type:name"
+
+    @property
+    def cpu_nodes(self) -> list[str]:
+        """Compute nodes that an accelerator runtime left on the CPU."""
+        if self.runtime != "ort-cuda":
+            return []
+        return [n for n in self.placement.get("CPUExecutionProvider", []) if n.split(":")[0] not in SHAPE_OPS]
+
+    def timed(self, feed: dict, warmup: int = 1, iters: int = 5) -> tuple[list[np.ndarray], float]:
+        """Runs `warmup` times, then `iters` times; returns the outputs and the median ms."""
+        for _ in range(warmup):
+            outs = self.run(feed)
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            outs = self.run(feed)
+            times.append((time.perf_counter() - t0) * 1e3)
+        return outs, statistics.median(times)
+
+
+# --- availability ----------------------------------------------------------------------------
+
+@functools.cache
+def _ort():
+    import onnxruntime as ort
+    ort.set_default_logger_severity(3)
+    return ort
+
+
+@functools.cache
+def _torch_cuda_status() -> Status:
+    import torch
+    if torch.version.cuda is None:
+        return Status("torch-cuda", False, f"this torch build has no CUDA (torch {torch.__version__})")
+    if not torch.cuda.is_available():
+        return Status("torch-cuda", False, f"torch {torch.__version__} sees no CUDA device")
+    return Status("torch-cuda", True, torch.cuda.get_device_name(0))
+
+
+@functools.cache
+def _ort_cuda_status() -> Status:
+    ort = _ort()
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return Status("ort-cuda", False, f"onnxruntime {ort.__version__} is built without the CUDA provider "
+                                         "(install onnxruntime-gpu)")
+    lib = os.path.join(os.path.dirname(ort.__file__), "capi", "libonnxruntime_providers_cuda.so")
+    if os.path.exists(lib):
+        try:
+            ctypes.CDLL(lib)
+        except OSError as e:
+            return Status("ort-cuda", False, f"the CUDA provider library failed to load: {e}")
+    # The library loads: does a session really get the CUDA provider (a device, a driver)?
+    from onnx import TensorProto, helper
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    try:
+        s = ort.InferenceSession(m.SerializeToString(), providers=["CUDAExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - any failure is the reason
+        return Status("ort-cuda", False, f"the CUDA provider failed to start: {str(e).splitlines()[0]}")
+    if "CUDAExecutionProvider" not in s.get_providers():
+        return Status("ort-cuda", False, "the CUDA provider did not start (no CUDA device or driver?)")
+    return Status("ort-cuda", True, "CUDAExecutionProvider")
+
+
+def status(name: str) -> Status:
+    if name not in RUNTIMES:
+        raise ValueError(name)
+    if name == "torch-cuda":
+        return _torch_cuda_status()
+    if name == "ort-cuda":
+        return _ort_cuda_status()
+    return Status(name, True, {"torch": "PyTorch eager, CPU", "onnx-ref": "onnx.reference.ReferenceEvaluator",
+                               "ort-cpu": "CPUExecutionProvider"}[name])
+
+
+def require(name: str) -> None:
+    s = status(name)
+    if not s.available:
+        raise ProviderUnavailableError(f"runtime {name} is not available: {s.reason}")
+
+
+# --- torch -----------------------------------------------------------------------------------
+
+def prepare_torch(name: str, variant: V.Variant, options: dict, params: dict, dtype: str) -> Prepared:
+    import torch
+    require(name)
+    device = "cuda" if name == "torch-cuda" else "cpu"
+    tdtype = {"fp32": torch.float32, "fp16": torch.float16}[dtype]
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 parity: no TF32
+        torch.backends.cudnn.allow_tf32 = False
+    module = V.load_params(variant.build(options), params).to(device=device, dtype=tdtype).eval()
+
+    def run(feed):
+        args = [torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=tdtype if a.dtype.kind == "f" else None)
+                for a in feed.values()]
+        with torch.no_grad():
+            out = module(*args)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        out = out if isinstance(out, tuple) else (out,)
+        return [t.float().cpu().numpy() for t in out]
+
+    return Prepared(name, run, [device])
+
+
+# --- ONNX ------------------------------------------------------------------------------------
+
+def _mha_reference_op():
+    """com.microsoft.MultiHeadAttention for onnx's ReferenceEvaluator (the subset attnexport emits)."""
+    from onnx.reference.op_run import OpRun
+
+    class MultiHeadAttention(OpRun):
+        op_domain = "com.microsoft"
+
+        def _run(self, query, key=None, value=None, bias=None, key_padding_mask=None, attention_bias=None,
+                 *unused, num_heads=None, scale=None, unidirectional=None, mask_filter_value=None):
+            B, S, D = query.shape
+            L, N = key.shape[1], num_heads
+            q = query.reshape(B, S, N, D // N).transpose(0, 2, 1, 3)
+            k = key.reshape(B, L, N, -1).transpose(0, 2, 1, 3)
+            v = value.reshape(B, L, N, -1).transpose(0, 2, 1, 3)
+            s = (q @ k.transpose(0, 1, 3, 2)) * (scale if scale else 1.0 / np.sqrt(D // N))
+            if attention_bias is not None:
+                s = s + attention_bias
+            if unidirectional:
+                s = s + np.where(np.tril(np.ones((S, L), bool)), 0, -np.inf).astype(s.dtype)
+            with np.errstate(invalid="ignore"):
+                e = np.exp(s - s.max(-1, keepdims=True))
+                p = (e / e.sum(-1, keepdims=True)).astype(query.dtype)
+            out = (p @ v).transpose(0, 2, 1, 3).reshape(B, S, -1)
+            return (out.astype(query.dtype),)
+
+    return MultiHeadAttention
+
+
+def prepare_onnx(name: str, model: onnx.ModelProto, dtype: str = "fp32") -> Prepared:
+    require(name)
+    if name == "onnx-ref":
+        from onnx.reference import ReferenceEvaluator
+        ev = ReferenceEvaluator(model, new_ops=[_mha_reference_op()])
+
+        def run_ref(feed):
+            with np.errstate(all="ignore"):  # fully masked rows make NaN before the guard selects 0
+                return [np.asarray(o) for o in ev.run(None, feed)]
+        return Prepared(name, run_ref, ["ReferenceEvaluator"])
+
+    ort = _ort()
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    if name == "ort-cpu":
+        providers = ["CPUExecutionProvider"]
+    else:
+        # fp32 parity needs full fp32 matmuls: TF32 off.
+        providers = [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+    session = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
+    got = session.get_providers()
+    if name == "ort-cuda" and "CUDAExecutionProvider" not in got:
+        raise ProviderUnavailableError(f"runtime ort-cuda: the session fell back to {got}")
+    placement: dict[str, list[str]] = {}
+    for sub in session.get_provider_graph_assignment_info():
+        placement.setdefault(sub.ep_name, []).extend(f"{n.op_type}:{n.name}" for n in sub.get_nodes())
+    names = [o.name for o in session.get_outputs()]
+
+    def run_ort(feed):
+        return session.run(names, feed)
+    return Prepared(name, run_ort, got, placement)

@@ -1,0 +1,208 @@
+"""verify: golden cases on every runtime and flavour, integrity, model files, failure modes."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from attnexport import golden, runtimes as R, verify as VF
+from attnexport.cli import main
+from attnexport.errors import GoldenIntegrityError, ProviderUnavailableError, UsageError
+
+CPU_RUNTIMES = ["torch", "onnx-ref", "ort-cpu"]
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+@pytest.mark.parametrize("variant", list(__import__("attnexport.variants", fromlist=["VARIANTS"]).VARIANTS))
+def test_every_golden_case_passes_everywhere(variant):
+    """All golden cases of the variant pass on torch, onnx-ref and ort-cpu in every flavour."""
+    report = VF.verify(variants=[variant], runtimes=CPU_RUNTIMES)
+    assert report.ok, "\n".join(r.describe() for r in report.failures)
+    cases = {c.name for c in golden.load_all(variants=[variant])}
+    assert {r.case for r in report.rows} == cases
+    for r in report.rows:
+        if r.skipped:  # only the fused ort op's missing softcap is allowed to be not applicable
+            assert r.flavor == "ort" and "softcap" in r.skipped, r.describe()
+        else:
+            assert r.median_ms is not None and r.median_ms > 0
+    assert {(r.runtime, r.flavor) for r in report.rows if r.runtime != "torch"} == \
+        {(rt, f) for rt in ("onnx-ref", "ort-cpu") for f in ("primitives", "attention", "ort")}
+
+
+@pytest.fixture
+def golden_copy(tmp_path):
+    d = tmp_path / "golden"
+    shutil.copytree(golden.default_dir(), d)
+    return d
+
+
+def _tamper(directory, name, update_manifest):
+    case = golden.load(name, directory)
+    case.expected["output"] = case.expected["output"].copy()
+    case.expected["output"].flat[3] += 0.5
+    data = golden._to_bytes(case)
+    (directory / f"{name}.npz").write_bytes(data)
+    if update_manifest:
+        m = json.loads((directory / golden.MANIFEST).read_text())
+        m["files"][f"{name}.npz"] = golden._sha256(data)
+        (directory / golden.MANIFEST).write_text(json.dumps(m))
+
+
+def test_changed_expected_value_with_manifest_updated_exits_1(golden_copy):
+    _tamper(golden_copy, "posenc-seeded", update_manifest=True)
+    r = run("verify", "--variant", "posenc", "--runtimes", "torch,ort-cpu", "--golden", str(golden_copy))
+    assert r.exit_code == 1, r.output
+    assert "FAIL posenc-seeded / primitives / ort-cpu: output max abs 0.5" in r.output
+    assert "posenc-table" not in r.output.split("FAIL", 1)[1]
+
+
+def test_changed_expected_value_without_manifest_exits_2(golden_copy):
+    _tamper(golden_copy, "posenc-seeded", update_manifest=False)
+    r = run("verify", "--variant", "posenc", "--runtimes", "ort-cpu", "--golden", str(golden_copy))
+    assert r.exit_code == 2
+    assert r.output.strip().splitlines() == [f"error: golden file damaged: {golden_copy / 'posenc-seeded.npz'} "
+                                             "(sha256 does not match MANIFEST.json)"]
+
+
+def test_missing_golden_file_exits_2(golden_copy):
+    (golden_copy / "kernel-seeded.npz").unlink()
+    r = run("verify", "--variant", "kernel", "--runtimes", "ort-cpu", "--golden", str(golden_copy))
+    assert r.exit_code == 2 and "golden file missing" in r.output and "kernel-seeded.npz" in r.output
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such file"),
+    (b"", "is empty"),
+    (b"plain text, not a model", "is not an ONNX model"),
+    ("truncated", "is not"),
+])
+def test_bad_model_files_exit_2(tmp_path, content, message):
+    path = tmp_path / "m.onnx"
+    if content == "truncated":
+        from attnexport import export as E
+        E.export("mha", {}, "primitives", output=tmp_path / "good.onnx")
+        data = (tmp_path / "good.onnx").read_bytes()
+        path.write_bytes(data[: len(data) // 3])
+    elif content is not None:
+        path.write_bytes(content)
+    r = run("verify", str(path), "--runtimes", "ort-cpu")
+    assert r.exit_code == 2, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.output
+
+
+def test_ort_cuda_without_cuda_exits_2_with_the_reason():
+    s = R.status("ort-cuda")
+    if s.available:
+        pytest.skip("this machine has a working CUDA provider")
+    r = run("verify", "--variant", "masked-softmax", "--runtimes", "ort-cuda")
+    assert r.exit_code == 2
+    assert r.output.startswith("error: runtime ort-cuda is not available: ") and s.reason in r.output
+
+
+def test_ort_cuda_skipped_under_skip_unavailable():
+    s = R.status("ort-cuda")
+    if s.available:
+        pytest.skip("this machine has a working CUDA provider")
+    r = run("verify", "--variant", "masked-softmax", "--runtimes", "ort-cpu,ort-cuda", "--skip-unavailable",
+            "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    skipped = {t["name"]: t for t in doc["runtimes"]}["ort-cuda"]
+    assert skipped["used"] is False and skipped["reason"] == s.reason
+    assert {row["runtime"] for row in doc["results"]} == {"ort-cpu"}
+
+
+def test_torch_cuda_without_cuda_is_an_error():
+    if R.status("torch-cuda").available:
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ProviderUnavailableError, match="torch-cuda is not available"):
+        VF.verify(variants=["posenc"], runtimes=["torch-cuda"])
+
+
+def test_json_document(tmp_path):
+    r = run("verify", "--variant", "kernel", "--runtimes", "torch,onnx-ref,ort-cpu", "--flavor", "primitives",
+            "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)  # stdout holds the JSON document and nothing else
+    assert {"results", "runtimes", "versions", "device", "summary", "dtype"} <= set(doc)
+    assert doc["summary"]["ok"] and doc["summary"]["failed"] == 0
+    assert set(doc["summary"]["by_runtime"]) == {"torch", "onnx-ref", "ort-cpu"}
+    row = doc["results"][0]
+    assert {"case", "flavor", "runtime", "passed", "median_ms", "outputs"} <= set(row)
+    out = row["outputs"][0]
+    assert {"max_abs", "max_rel", "nan_diff", "inf_diff", "rtol", "atol", "needed_atol", "needed_rtol",
+            "passed"} <= set(out)
+    assert {"torch", "onnx", "onnxruntime", "numpy"} <= set(doc["versions"])
+
+
+def test_tolerance_override_can_fail_a_run():
+    r = run("verify", "--variant", "encoder", "--runtimes", "ort-cpu", "--flavor", "attention",
+            "--rtol", "0", "--atol", "1e-12")
+    assert r.exit_code == 1
+    assert "needs atol>=" in r.output
+
+
+def test_fp16_verify():
+    report = VF.verify(variants=["mha", "sdpa"], runtimes=["torch", "ort-cpu"], dtype="fp16")
+    assert report.ok, "\n".join(r.describe() for r in report.failures)
+    assert all(r.outputs[0]["rtol"] == 1e-3 for r in report.rows if r.outputs)
+
+
+def test_model_file_with_metadata(tmp_path):
+    path = tmp_path / "mha.onnx"
+    assert run("export", "--variant", "mha", "--flavor", "ort", "-o", str(path)).exit_code == 0
+    r = run("verify", str(path), "--runtimes", "torch,onnx-ref,ort-cpu", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert {row["case"] for row in doc["results"]} == {"mha.onnx:mha-seeded"}
+    # Exported with seed 0, the model's weights differ from the golden case's: the reference
+    # recomputes the expected outputs for them.
+    assert all(row["expected"].startswith("reference") for row in doc["results"])
+
+
+def test_model_file_with_wrong_weights_fails(tmp_path):
+    import onnx
+    from onnx import numpy_helper
+    path = tmp_path / "mha.onnx"
+    assert run("export", "--variant", "mha", "--flavor", "attention", "-o", str(path)).exit_code == 0
+    model = onnx.load(path)
+    init = next(i for i in model.graph.initializer if np.prod(i.dims) > 100)
+    arr = numpy_helper.to_array(init).copy()
+    arr.flat[0] += 1.0
+    init.CopyFrom(numpy_helper.from_array(arr, init.name))
+    onnx.save(model, path)
+    r = run("verify", str(path), "--runtimes", "ort-cpu")
+    assert r.exit_code == 1 and "FAIL mha.onnx:mha-seeded" in r.output
+
+
+def test_model_without_metadata_needs_a_variant(tmp_path):
+    import onnx
+    path = tmp_path / "bare.onnx"
+    assert run("export", "--variant", "posenc", "-o", str(path)).exit_code == 0
+    model = onnx.load(path)
+    del model.metadata_props[:]
+    onnx.save(model, path)
+    r = run("verify", str(path), "--runtimes", "ort-cpu")
+    assert r.exit_code == 2 and "has no attnexport metadata" in r.output
+    r = run("verify", str(path), "--variant", "posenc", "--runtimes", "torch,ort-cpu")
+    assert r.exit_code == 0, r.output
+
+
+def test_unknown_runtime_and_flavor():
+    with pytest.raises(UsageError, match="unknown runtime 'gpu'"):
+        VF.parse_runtimes("ort-cpu,gpu")
+    r = run("verify", "--flavor", "fast", "--runtimes", "ort-cpu")
+    assert r.exit_code == 2 and "unknown flavor" in r.output
+
+
+def test_strict_placement_counts_cpu_nodes_only_on_ort_cuda():
+    p = R.Prepared("ort-cuda", lambda feed: [], ["CUDAExecutionProvider", "CPUExecutionProvider"],
+                   {"CPUExecutionProvider": ["Shape:n1", "MatMul:n2"], "CUDAExecutionProvider": ["Softmax:n3"]})
+    assert p.cpu_nodes == ["MatMul:n2"]
+    assert R.Prepared("ort-cpu", None, [], {"CPUExecutionProvider": ["MatMul:n"]}).cpu_nodes == []
