@@ -14,7 +14,7 @@ from rich.table import Table
 from attnexport import export as export_mod
 from attnexport import golden as golden_mod
 from attnexport import variants as V
-from attnexport.errors import AttnExportError
+from attnexport.errors import AttnExportError, UsageError
 
 console = Console()
 
@@ -123,12 +123,15 @@ def golden(mode, directory):
                f"(manifest {golden_mod.manifest_hash(directory)[:12]})")
 
 
-def _variant_options(fn):
+def _variant_options(fn=None, *, exclude=()):
     """Adds every variant option in the registry as a CLI option (None unless given)."""
+    if fn is None:
+        return functools.partial(_variant_options, exclude=exclude)
     seen = {}
     for v in V.VARIANTS.values():
         for opt in v.options:
-            seen.setdefault(opt.name, opt)
+            if opt.name not in exclude:
+                seen.setdefault(opt.name, opt)
     for opt in reversed(list(seen.values())):
         if opt.type is bool:
             deco = click.option(opt.flag, opt.name, flag_value=True, default=None, help=opt.help)
@@ -296,3 +299,90 @@ def _print_verify(report, details):
     verdict = "all passed" if report.ok else f"{s['failed']} failed"
     click.echo(f"verify: {s['passed']} passed, {s['failed']} failed, {s['not_applicable']} not applicable "
                f"({verdict})")
+
+
+def _int_list(flag, text):
+    if text is None:
+        return None
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} takes integers separated by commas, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise UsageError(f"{flag} takes positive integers, got {text!r}")
+    return values
+
+
+@main.command()
+@click.option("--variant", required=True, help="The variant to time (see `attnexport list`).")
+@click.option("--batch", default=None, help="Batch size, or several separated by commas.")
+@click.option("--seq", default=None, help="Sequence length, or several: --seq 512,2048,8192.")
+@click.option("--kv-seq", "kv_seq", default=None, help="Key/value length, or several.")
+@click.option("--runtimes", default="torch,ort-cpu", show_default=True,
+              help="Comma-separated: torch, torch-cuda, ort-cpu, ort-cuda.")
+@click.option("--flavor", "flavors", multiple=True, help="Flavors to time (repeatable; default: all).")
+@click.option("--dtype", default="fp32", show_default=True, help="fp32 | fp16.")
+@click.option("--warmup", type=int, default=5, show_default=True, help="Untimed runs first.")
+@click.option("--iters", type=int, default=30, show_default=True, help="Timed runs (median, p10, p90).")
+@click.option("--cuda-graph", is_flag=True, help="Also time torch in a CUDA graph; ONNX Runtime with CUDA graphs.")
+@click.option("--threads", type=int, default=None, help="CPU threads for torch and ONNX Runtime (default: all).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of parameters and inputs.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON list and nothing else.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a latency chart (PNG).")
+@_variant_options(exclude=("batch", "seq", "kv_seq"))
+@reports_errors
+def bench(variant, batch, seq, kv_seq, runtimes, flavors, dtype, warmup, iters, cuda_graph, threads, seed,
+          as_json, plot, **options):
+    """Time a variant on every runtime and flavor against PyTorch eager.
+
+    Example: attnexport bench --variant mha --runtimes torch,ort-cpu --batch 8 --seq 512 --dim 512 --heads 8
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from attnexport import bench as bench_mod
+
+    opts = _given(options)
+    for name, text in (("batch", batch), ("seq", seq), ("kv_seq", kv_seq)):
+        values = _int_list("--" + name.replace("_", "-"), text)
+        if values:
+            opts[name] = values
+    kwargs = dict(runtimes=[r.strip() for r in runtimes.split(",") if r.strip()], flavors=list(flavors) or None,
+                  dtype=dtype, warmup=warmup, iters=iters, cuda_graph=cuda_graph, threads=threads, seed=seed)
+    err_console = Console(stderr=True)
+    if as_json or not err_console.is_terminal:
+        rows = bench_mod.bench(variant, opts, **kwargs)
+    else:
+        columns = (TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.description}"))
+        with Progress(*columns, console=err_console, transient=True) as bar:
+            task = bar.add_task("exporting and calibrating", total=None)
+            rows = bench_mod.bench(variant, opts, **kwargs,
+                                   progress=lambda i, n, what: bar.update(task, completed=i, total=n,
+                                                                          description=what))
+    if plot:
+        bench_mod.plot(rows, plot, f"{variant} {dtype}, median latency")
+    if as_json:
+        click.echo(json.dumps(bench_mod.to_json(rows), default=float))
+        return
+    table = Table(title=f"bench {variant} {dtype}, {rows[0].threads if rows else '?'} CPU threads")
+    heads = ("runtime", "flavor", "mode", "shape", "median ms", "p10", "p90", "TFLOP/s", "peak", "x torch",
+             "max err", "note")
+    for h in heads:
+        table.add_column(h, justify="left" if h in ("runtime", "flavor", "mode", "shape", "note") else "right")
+    for r in rows:
+        if r.median_ms != r.median_ms:
+            table.add_row(r.runtime, r.flavor, "-", "-", *[""] * 7, escape(r.note))
+            continue
+        note = r.note
+        if r.cpu_nodes:
+            note = f"{len(r.cpu_nodes)} node(s) on CPU: {', '.join(r.cpu_nodes[:3])}"
+        if r.peak_mem_bytes is not None:
+            note = f"peak mem {r.peak_mem_bytes / 2**20:.0f} MiB" + (f"; {note}" if note else "")
+        table.add_row(r.runtime, r.flavor, r.mode, r.shape_label, f"{r.median_ms:.3f}", f"{r.p10_ms:.3f}",
+                      f"{r.p90_ms:.3f}", f"{r.tflops:.3f}", f"{r.peak_fraction:.2f}",
+                      f"{r.ratio_to_torch:.2f}", f"{r.max_abs_err:.1e}", escape(note))
+    console.print(table)
+    for rt, shape, flavor, ms in bench_mod.fastest(rows):
+        click.echo(f"fastest on {rt} at {shape}: {flavor} ({ms:.3f} ms)")
+    if plot:
+        click.echo(f"plot: {plot}")

@@ -54,6 +54,31 @@ def _attention_impl(
     return probs @ value, probs  # (B, Hq, Tq, Dv), (B, Hq, Tq, Tk)
 
 
+def _fused_impl(query, key, value, attn_mask, scale, is_causal):
+    """The same function through torch's fused scaled_dot_product_attention kernels."""
+    F = torch.nn.functional
+    tq, tk = query.shape[-2], key.shape[-2]
+    mask = attn_mask
+    if mask is not None and is_causal:
+        # torch takes a mask or is_causal, not both: fold the (top-left) causal mask in.
+        allowed = torch.ones((tq, tk), dtype=torch.bool, device=query.device).tril()
+        if mask.dtype == torch.bool:
+            mask = mask & allowed
+        else:
+            mask = mask.to(query.dtype).masked_fill(~allowed, float("-inf"))
+        is_causal = False
+    elif mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(query.dtype)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                         enable_gqa=query.shape[1] != key.shape[1])
+    if attn_mask is not None:
+        # torch leaves NaN in a row with nothing to attend to; the semantics say zeros.
+        bias_max = mask if mask.dtype == torch.bool else ~torch.isneginf(mask)
+        dead = ~bias_max.any(dim=-1, keepdim=True)  # (..., Tq, 1)
+        out = out.masked_fill(dead, 0.0)
+    return out
+
+
 @torch.library.custom_op("attnexport::attention", mutates_args=())
 def attention(
     query: torch.Tensor,
@@ -76,7 +101,9 @@ def attention(
         is_causal: top-left causal mask (query i attends keys j <= i).
         softcap: if > 0, scores become softcap * tanh(scores / softcap) before the mask.
     """
-    return _attention_impl(query, key, value, attn_mask, scale, is_causal, softcap)[0]
+    if softcap > 0:  # torch's fused kernels have no softcap
+        return _attention_impl(query, key, value, attn_mask, scale, is_causal, softcap)[0]
+    return _fused_impl(query, key, value, attn_mask, scale, is_causal)
 
 
 @attention.register_fake

@@ -1,0 +1,375 @@
+"""bench: time every runtime and flavour against PyTorch eager, with FLOP/s and a roofline.
+
+Method: one export per flavour (its symbolic axes serve every shape), seeded inputs, `warmup`
+untimed runs, then `iters` timed runs; median, p10 and p90. Throughput comes from the
+registry's FLOP count; `peak_fraction` divides it by the dense matrix-multiply throughput of
+the same device and dtype, measured by a calibration run in this process. Every row also
+reports its max error against torch eager on the same inputs, so a fast wrong result cannot hide.
+On CUDA, inputs and outputs live in device memory (IO binding for ONNX Runtime) and CUDA events
+time the runs.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from attnexport import export as E
+from attnexport import runtimes as R
+from attnexport import variants as V
+from attnexport.errors import UnsupportedByFlavor, UsageError
+
+BENCH_RUNTIMES = ("torch", "torch-cuda", "ort-cpu", "ort-cuda")
+SIZE_LISTS = ("batch", "seq", "kv_seq")  # options that take comma-separated lists
+ROUNDS = 3  # timed runs are split into this many blocks per candidate
+
+
+@dataclass
+class BenchRow:
+    variant: str
+    runtime: str
+    flavor: str  # "-" for torch
+    mode: str  # eager, cuda-graph, compile, io-binding, ...
+    dtype: str
+    shape: dict
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    tflops: float
+    peak_fraction: float
+    ratio_to_torch: float | None
+    max_abs_err: float | None  # against torch eager on the same inputs
+    peak_mem_bytes: int | None  # CUDA runtimes only
+    threads: int
+    cpu_nodes: list[str] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def shape_label(self) -> str:
+        return "x".join(str(self.shape[k]) for k in ("batch", "seq") if k in self.shape)
+
+
+def _stats(ms: list[float]) -> tuple[float, float, float]:
+    a = np.asarray(ms)
+    return float(np.median(a)), float(np.percentile(a, 10)), float(np.percentile(a, 90))
+
+
+def shapes_from(options: dict) -> list[dict]:
+    """Expands comma-separated size lists; lists of equal length pair up, single values repeat."""
+    lists = {k: v for k, v in options.items() if k in SIZE_LISTS and isinstance(v, (list, tuple))}
+    n = max((len(v) for v in lists.values()), default=1)
+    for k, v in lists.items():
+        if len(v) not in (1, n):
+            raise UsageError(f"--{k.replace('_', '-')} has {len(v)} values; the size lists must have "
+                             f"the same length ({n}) or one value")
+    out = []
+    for i in range(n):
+        o = dict(options)
+        for k, v in lists.items():
+            o[k] = v[i] if len(v) > 1 else v[0]
+        out.append(o)
+    return out
+
+
+def calibrate_matmul(device: str, dtype: str, threads: int, n: int | None = None, iters: int = 10) -> float:
+    """Dense matmul throughput (FLOP/s) of this device for `dtype`, measured with torch."""
+    import torch
+    tdtype = {"fp32": torch.float32, "fp16": torch.float16}[dtype]
+    n = n or (8192 if device == "cuda" else 2048)
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=tdtype, generator=g)
+    b = torch.randn(n, n, device=device, dtype=tdtype, generator=g)
+    ms = _time_torch(lambda: a @ b, device, warmup=3, iters=iters)
+    return 2 * n**3 / (statistics.median(ms) / 1e3)
+
+
+def _time_torch(fn: Callable, device: str, warmup: int, iters: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    return [_time_one(fn, device) for _ in range(iters)]
+
+
+def _ort_session(runtime: str, model, dtype: str, threads: int, cuda_graph: bool):
+    ort = R._ort()
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = threads
+    so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    if runtime == "ort-cpu":
+        providers = ["CPUExecutionProvider"]
+    else:
+        opts = {"use_tf32": "0" if dtype == "fp32" else "1"}
+        if cuda_graph:
+            opts["enable_cuda_graph"] = "1"
+        providers = [("CUDAExecutionProvider", opts), "CPUExecutionProvider"]
+    s = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
+    if runtime == "ort-cuda" and "CUDAExecutionProvider" not in s.get_providers():
+        from attnexport.errors import ProviderUnavailableError
+        raise ProviderUnavailableError(f"ort-cuda fell back to {s.get_providers()}")
+    placement = {}
+    for sub in s.get_provider_graph_assignment_info():
+        placement.setdefault(sub.ep_name, []).extend(f"{n.op_type}:{n.name}" for n in sub.get_nodes())
+    cpu_nodes = R.Prepared(runtime, None, [], placement).cpu_nodes
+    return s, cpu_nodes
+
+
+def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | None = None,
+          flavors: list[str] | None = None, dtype: str = "fp32", warmup: int = 5, iters: int = 30,
+          cuda_graph: bool = False, threads: int | None = None, seed: int = 0,
+          progress: Callable[[int, int, str], None] | None = None) -> list[BenchRow]:
+    """Times the variant on each runtime and flavour at each shape; see the module docstring."""
+    import torch
+
+    variant = V.get(variant_name)
+    if dtype not in E.DTYPES:
+        raise UsageError(f"unknown dtype {dtype!r}; valid: {', '.join(E.DTYPES)}")
+    if warmup < 0 or iters < 1:
+        raise UsageError("--warmup must be >= 0 and --iters >= 1")
+    runtimes = list(runtimes or ["torch", "ort-cpu"])
+    for rt in runtimes:
+        if rt not in BENCH_RUNTIMES:
+            raise UsageError(f"unknown runtime {rt!r} for bench; valid: {', '.join(BENCH_RUNTIMES)}")
+        R.require(rt)
+    flavors = list(flavors or E.FLAVORS)
+    for f in flavors:
+        if f not in E.FLAVORS:
+            raise UsageError(f"unknown flavor {f!r}; valid: {', '.join(E.FLAVORS)}")
+    threads = threads or os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    shapes = [variant.resolve(s) for s in shapes_from(dict(options or {}))]
+    base = shapes[0]
+    params = V.init_params(variant, base, seed)
+    tdtype = {"fp32": torch.float32, "fp16": torch.float16}[dtype]
+
+    # One export per graph flavour: the symbolic axes serve every shape.
+    models, notes = {}, {}
+    onnx_rts = [r for r in runtimes if r.startswith("ort")]
+    for f in flavors if onnx_rts else []:
+        gf = E.graph_flavor(variant, f)
+        try:
+            models[f] = E.build_model(variant.name, base, gf, dtype=dtype, params=params)[0]
+        except UnsupportedByFlavor as e:
+            notes[f] = str(e)
+
+    devices = {"cuda" if rt.endswith("cuda") else "cpu" for rt in runtimes}
+    peak = {d: calibrate_matmul(d, dtype, threads) for d in devices}
+
+    rows: list[BenchRow] = []
+    for i, o in enumerate(shapes):
+        if progress:
+            progress(i, len(shapes), f"shape {i + 1} of {len(shapes)}")
+        rows += _bench_shape(variant, o, params, inputs_seed=seed + 1, runtimes=runtimes, models=models,
+                             dtype=dtype, tdtype=tdtype, devices=devices, peak=peak, warmup=warmup,
+                             iters=iters, cuda_graph=cuda_graph, threads=threads)
+    if progress:
+        progress(len(shapes), len(shapes), "done")
+    for f, why in notes.items():
+        rows.append(BenchRow(variant.name, ",".join(onnx_rts), f, "-", dtype, {}, float("nan"), float("nan"),
+                             float("nan"), float("nan"), float("nan"), None, None, None, threads, note=why))
+    return rows
+
+
+@dataclass
+class _Candidate:
+    runtime: str
+    flavor: str
+    mode: str
+    device: str
+    fn: Callable  # one timed run
+    outputs: Callable  # -> list of NumPy outputs after the runs
+    cpu_nodes: list[str] = field(default_factory=list)
+    memory: Callable | None = None  # -> peak device bytes
+    times: list[float] = field(default_factory=list)
+
+
+def _bench_shape(variant, o, params, inputs_seed, runtimes, models, dtype, tdtype, devices, peak, warmup,
+                 iters, cuda_graph, threads):
+    """Times every candidate at one shape, in rounds: each round gives every candidate one untimed
+    run and then a block of timed runs. A slow drift of the machine (clock, a noisy neighbour)
+    then affects all candidates alike, while runs within a block stay back to back: interleaving
+    single runs would make torch's and ONNX Runtime's spinning thread pools fight over the cores."""
+    import torch
+    shape = {k: o[k] for k in variant.dynamic}
+    inputs = V.make_inputs(variant, o, inputs_seed)
+    cands: list[_Candidate] = []
+    for dev in sorted(devices):
+        rt = "torch-cuda" if dev == "cuda" else "torch"
+        module = V.load_params(variant.build(o), params).to(device=dev, dtype=tdtype).eval()
+        args = [torch.from_numpy(np.ascontiguousarray(a)).to(dev, tdtype if a.dtype.kind == "f" else None)
+                for a in inputs.values()]
+
+        def call(module=module, args=args):
+            with torch.no_grad():
+                out = module(*args)
+            return out if isinstance(out, tuple) else (out,)
+        # torch eager is the baseline of every ratio and error, so it always runs on its device.
+        cands.append(_Candidate(rt, "-", "eager", dev, call,
+                                lambda call=call: [t.float().cpu().numpy() for t in call()],
+                                memory=(torch.cuda.max_memory_allocated if dev == "cuda" else None)))
+        if dev == "cuda" and cuda_graph:
+            cands.append(_torch_graph_candidate(call))
+    for f, model in models.items():
+        for rt in [r for r in runtimes if r.startswith("ort")]:
+            cands.append(_ort_candidate(rt, f, model, inputs, dtype, threads, cuda_graph, cands))
+    for c in cands:
+        for _ in range(warmup):
+            c.fn()
+    rounds = min(ROUNDS, iters)
+    for r in range(rounds):
+        block = iters // rounds + (1 if r < iters % rounds else 0)
+        for c in cands:
+            c.fn()  # after another candidate ran: settle the caches and thread pools, untimed
+            c.times += [_time_one(c.fn, c.device) for _ in range(block)]
+    base = {c.device: c for c in cands if c.runtime.startswith("torch") and c.mode == "eager"}
+    ref_out = {d: c.outputs() for d, c in base.items()}
+    flops = variant.flops(o)
+    rows = []
+    for c in cands:
+        if c.runtime.startswith("torch") and c.runtime not in runtimes:
+            continue
+        out = c.outputs()
+        err = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+                  for a, b in zip(out, ref_out[c.device]))
+        row = _row(variant, c.runtime, c.flavor, c.mode, dtype, shape, c.times, flops, peak[c.device],
+                   statistics.median(base[c.device].times), err, c.memory() if c.memory else None, threads)
+        row.cpu_nodes = c.cpu_nodes
+        if c.flavor != "-" and E.graph_flavor(variant, c.flavor) != c.flavor:
+            row.note = "no dot-product core: primitives graph"
+        rows.append(row)
+    return rows
+
+
+def _time_one(fn, device) -> float:
+    import torch
+    if device == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _ort_candidate(rt, flavor, model, inputs, dtype, threads, cuda_graph, cands):
+    import torch
+    feed = {k: (a.astype(np.float16 if dtype == "fp16" else np.float32) if a.dtype.kind == "f" else a)
+            for k, a in inputs.items()}
+    session, cpu_nodes = _ort_session(rt, model, dtype, threads, cuda_graph and rt == "ort-cuda")
+    names = [x.name for x in session.get_outputs()]
+    if rt == "ort-cpu":
+        return _Candidate(rt, flavor, "eager", "cpu", lambda: session.run(names, feed),
+                          lambda: session.run(names, feed), cpu_nodes)
+    # CUDA: inputs and outputs bound to device memory, so host copies are not timed.
+    binding = session.io_binding()
+    np_of = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
+    keep = []
+    for k, a in feed.items():
+        t = torch.from_numpy(np.ascontiguousarray(a)).cuda()
+        keep.append(t)
+        binding.bind_input(k, "cuda", 0, np_of[t.dtype], list(t.shape), t.data_ptr())
+    ref = next(c for c in cands if c.runtime == "torch-cuda" and c.mode == "eager").outputs()
+    outs = []
+    for name, r in zip(names, ref):
+        t = torch.empty(r.shape, dtype={"fp32": torch.float32, "fp16": torch.float16}[dtype], device="cuda")
+        outs.append(t)
+        binding.bind_output(name, "cuda", 0, np_of[t.dtype], list(t.shape), t.data_ptr())
+    state = {"free0": torch.cuda.mem_get_info()[0], "low": torch.cuda.mem_get_info()[0]}
+
+    def run():
+        session.run_with_iobinding(binding)
+        state["low"] = min(state["low"], torch.cuda.mem_get_info()[0])
+    return _Candidate(rt, flavor, "io-binding" + (" cuda-graph" if cuda_graph else ""), "cuda", run,
+                      lambda: [t.float().cpu().numpy() for t in outs], cpu_nodes,
+                      memory=lambda: max(0, state["free0"] - state["low"]), times=[])
+
+
+def _torch_graph_candidate(call):
+    import torch
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    return _Candidate("torch-cuda", "-", "cuda-graph", "cuda", graph.replay,
+                      lambda: [t.float().cpu().numpy() for t in out], memory=torch.cuda.max_memory_allocated)
+
+
+def _row(variant, rt, flavor, mode, dtype, shape, ms, flops, peak, torch_median, err, mem, threads):
+    med, p10, p90 = _stats(ms)
+    tflops = flops / (med / 1e3) / 1e12
+    return BenchRow(variant.name, rt, flavor, mode, dtype, shape, med, p10, p90, tflops,
+                    tflops * 1e12 / peak, med / torch_median, err, mem, threads)
+
+
+def fastest(rows: list[BenchRow]) -> list[tuple[str, str, str, float]]:
+    """For each runtime and shape: the fastest flavour (runtime, shape, flavour, median ms)."""
+    best = {}
+    for r in rows:
+        if r.flavor == "-" or r.median_ms != r.median_ms:  # torch rows, or NaN (not applicable)
+            continue
+        key = (r.runtime, r.shape_label)
+        if key not in best or r.median_ms < best[key][1]:
+            best[key] = (r.flavor, r.median_ms)
+    return [(rt, shape, f, ms) for (rt, shape), (f, ms) in best.items()]
+
+
+def to_json(rows: list[BenchRow]) -> list[dict]:
+    out = []
+    for r in rows:
+        d = asdict(r)
+        d["shape"] = r.shape
+        out.append(d)
+    return out
+
+
+def plot(rows: list[BenchRow], path: str, title: str):
+    """Latency across shapes, one line per runtime and flavour."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'attnexport[plot]'") from None
+    series = {}
+    labels = []
+    for r in rows:
+        if r.median_ms != r.median_ms:
+            continue
+        if r.shape_label not in labels:
+            labels.append(r.shape_label)
+        name = r.runtime if r.flavor == "-" else f"{r.runtime} {r.flavor}"
+        if r.mode not in ("eager", "io-binding"):
+            name += f" ({r.mode})"
+        series.setdefault(name, {})[r.shape_label] = (r.median_ms, r.p10_ms, r.p90_ms)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    x = np.arange(len(labels))
+    for name, pts in series.items():
+        xs = [i for i, lab in enumerate(labels) if lab in pts]
+        med = [pts[labels[i]][0] for i in xs]
+        lo = [pts[labels[i]][0] - pts[labels[i]][1] for i in xs]
+        hi = [pts[labels[i]][2] - pts[labels[i]][0] for i in xs]
+        ax.errorbar(xs, med, yerr=[lo, hi], marker="o", capsize=3, label=name)
+    ax.set_xticks(x, labels)
+    ax.set_xlabel("batch x sequence")
+    ax.set_ylabel("median latency (ms), p10-p90 bars")
+    ax.set_yscale("log")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = f"{path}.tmp.png"
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)
