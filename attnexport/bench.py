@@ -26,7 +26,7 @@ from attnexport.errors import UnsupportedByFlavor, UsageError
 
 BENCH_RUNTIMES = ("torch", "torch-cuda", "ort-cpu", "ort-cuda")
 SIZE_LISTS = ("batch", "seq", "kv_seq")  # options that take comma-separated lists
-ROUNDS = 3  # timed runs are split into this many blocks per candidate
+ROUNDS = 5  # timed runs are split into this many blocks per candidate
 
 
 @dataclass
@@ -42,6 +42,7 @@ class BenchRow:
     p90_ms: float
     tflops: float
     peak_fraction: float
+    peak_tflops: float  # the calibrated dense matmul throughput it is a fraction of
     ratio_to_torch: float | None
     max_abs_err: float | None  # against torch eager on the same inputs
     peak_mem_bytes: int | None  # CUDA runtimes only
@@ -169,8 +170,9 @@ def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | 
     if progress:
         progress(len(shapes), len(shapes), "done")
     for f, why in notes.items():
-        rows.append(BenchRow(variant.name, ",".join(onnx_rts), f, "-", dtype, {}, float("nan"), float("nan"),
-                             float("nan"), float("nan"), float("nan"), None, None, None, threads, note=why))
+        nan = float("nan")
+        rows.append(BenchRow(variant.name, ",".join(onnx_rts), f, "-", dtype, {}, nan, nan, nan, nan, nan, nan,
+                             None, None, None, threads, note=why))
     return rows
 
 
@@ -310,7 +312,7 @@ def _row(variant, rt, flavor, mode, dtype, shape, ms, flops, peak, torch_median,
     med, p10, p90 = _stats(ms)
     tflops = flops / (med / 1e3) / 1e12
     return BenchRow(variant.name, rt, flavor, mode, dtype, shape, med, p10, p90, tflops,
-                    tflops * 1e12 / peak, med / torch_median, err, mem, threads)
+                    tflops * 1e12 / peak, peak / 1e12, med / torch_median, err, mem, threads)
 
 
 def fastest(rows: list[BenchRow]) -> list[tuple[str, str, str, float]]:

@@ -1,0 +1,26 @@
+"""Renders committed bench JSON files as Markdown tables: python benchmarks/table.py FILE.json ..."""
+
+import json
+import sys
+
+
+def fmt(x, spec):
+    return "" if x is None or x != x else format(x, spec)
+
+
+def table(path):
+    rows = json.load(open(path))
+    lines = ["| runtime | flavor | batch x seq | median ms | p10 | p90 | TFLOP/s | peak fraction | x torch eager | max abs err vs torch |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        shape = "x".join(str(r["shape"][k]) for k in ("batch", "seq") if k in r["shape"])
+        lines.append(f"| {r['runtime']} | {r['flavor']} | {shape} | {fmt(r['median_ms'], '.2f')} | "
+                     f"{fmt(r['p10_ms'], '.2f')} | {fmt(r['p90_ms'], '.2f')} | {fmt(r['tflops'], '.3f')} | "
+                     f"{fmt(r['peak_fraction'], '.2f')} | {fmt(r['ratio_to_torch'], '.3f')} | "
+                     f"{fmt(r['max_abs_err'], '.1e')} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    for p in sys.argv[1:]:
+        print(f"`{p}`\n\n{table(p)}\n")

@@ -1,0 +1,102 @@
+"""bench: a quick smoke test of the method and the command (timings are not asserted)."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from attnexport import bench as B, runtimes as R
+from attnexport.cli import main
+from attnexport.errors import ProviderUnavailableError, UsageError
+
+SMALL = {"batch": 2, "seq": [8, 16], "dim": 32, "heads": 4}
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return B.bench("mha", SMALL, ["torch", "ort-cpu"], warmup=1, iters=3, threads=1)
+
+
+def test_rows_cover_every_runtime_flavor_and_shape(rows):
+    got = {(r.runtime, r.flavor, r.shape["seq"]) for r in rows}
+    want = {("torch", "-", s) for s in (8, 16)} | {("ort-cpu", f, s) for f in ("primitives", "attention", "ort")
+                                                  for s in (8, 16)}
+    assert got == want
+
+
+def test_row_fields(rows):
+    for r in rows:
+        assert 0 < r.p10_ms <= r.median_ms <= r.p90_ms
+        assert r.tflops > 0 and 0 < r.peak_fraction
+        assert r.threads == 1
+        assert r.max_abs_err < 1e-4, "ONNX Runtime must agree with torch on the same inputs"
+        if r.runtime == "torch":
+            assert r.ratio_to_torch == 1.0 and r.max_abs_err == 0.0
+        else:
+            assert r.ratio_to_torch > 0
+        assert r.tflops == pytest.approx(B.V.get("mha").flops(B.V.get("mha").resolve(
+            {**SMALL, "seq": r.shape["seq"]})) / (r.median_ms / 1e3) / 1e12)
+
+
+def test_fastest_picks_the_minimum(rows):
+    for rt, shape, flavor, ms in B.fastest(rows):
+        same = [r.median_ms for r in rows if r.runtime == rt and r.shape_label == shape and r.flavor != "-"]
+        assert ms == min(same)
+
+
+def test_shapes_from_pairs_lists():
+    shapes = B.shapes_from({"batch": [8, 4, 1], "seq": [512, 2048, 8192], "dim": 64})
+    assert [(s["batch"], s["seq"]) for s in shapes] == [(8, 512), (4, 2048), (1, 8192)]
+    assert [s["batch"] for s in B.shapes_from({"batch": [2], "seq": [1, 2]})] == [2, 2]
+    with pytest.raises(UsageError, match="same length"):
+        B.shapes_from({"batch": [1, 2], "seq": [1, 2, 3]})
+
+
+def test_unsupported_flavor_is_a_note():
+    rows = B.bench("sdpa", {"softcap": 2.0, "seq": 8, "kv_seq": 8}, ["ort-cpu"], flavors=["ort", "attention"],
+                   warmup=0, iters=1, threads=1)
+    note = [r for r in rows if r.flavor == "ort"]
+    assert len(note) == 1 and "softcap" in note[0].note and note[0].median_ms != note[0].median_ms
+
+
+def test_calibration_is_plausible():
+    flops = B.calibrate_matmul("cpu", "fp32", 1, n=256, iters=3)
+    assert 1e8 < flops < 1e13
+
+
+def test_cli_json_and_plot(tmp_path):
+    png = tmp_path / "lat.png"
+    r = CliRunner().invoke(main, ["bench", "--variant", "mha", "--runtimes", "torch,ort-cpu", "--batch", "2",
+                                  "--seq", "8,16", "--dim", "32", "--heads", "4", "--warmup", "1", "--iters", "2",
+                                  "--threads", "1", "--json", "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)
+    for row in rows:
+        assert {"runtime", "flavor", "dtype", "shape", "median_ms", "p90_ms", "tflops", "peak_fraction",
+                "ratio_to_torch", "max_abs_err"} <= set(row)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_table(tmp_path):
+    r = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["bench", "--variant", "posenc", "--seq", "8", "--warmup", "0", "--iters", "1",
+                                  "--flavor", "attention"])
+    assert r.exit_code == 0, r.output
+    assert "fastest on ort-cpu" in r.output and "no dot-product core" in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--runtimes", "tpu"], "unknown runtime"),
+    (["--seq", "8,x"], "integers separated by commas"),
+    (["--batch", "1,2", "--seq", "1,2,3"], "same length"),
+    (["--iters", "0"], "--iters"),
+])
+def test_cli_errors(args, message):
+    r = CliRunner().invoke(main, ["bench", "--variant", "mha", *args])
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
+
+
+def test_cuda_runtime_without_cuda():
+    if R.status("ort-cuda").available:
+        pytest.skip("this machine has a working CUDA provider")
+    with pytest.raises(ProviderUnavailableError, match="ort-cuda is not available"):
+        B.bench("mha", {}, ["ort-cuda"])
