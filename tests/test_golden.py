@@ -74,3 +74,17 @@ def test_expected_values_come_from_the_reference_not_torch():
     from attnexport import reference as ref
     out, _ = ref.sdpa(case.inputs["query"], case.inputs["key"], case.inputs["value"])
     np.testing.assert_array_equal(case.expected["output"], out)
+
+
+def test_installed_wheel_ships_the_golden_cases():
+    """The golden folder travels inside the wheel, so verify works from any directory."""
+    from importlib import metadata
+    try:
+        files = metadata.files("attnexport") or []
+    except metadata.PackageNotFoundError:
+        pytest.skip("attnexport is not installed as a distribution here")
+    shipped = {str(f) for f in files}
+    if not any(f.endswith(".pth") for f in shipped):  # an editable install points at the source tree
+        assert "attnexport/golden/MANIFEST.json" in shipped
+        assert len([f for f in shipped if f.startswith("attnexport/golden/") and f.endswith(".npz")]) == \
+            len(golden.CASES)
