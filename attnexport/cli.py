@@ -73,11 +73,11 @@ def list_cmd(as_json):
             "summary": v.summary,
             "dot_product_core": v.dot_product_core,
             "inputs": [{"name": s.name, "dims": list(s.dims), "dtype": s.dtype,
-                        "optional": s.name not in {t.name for t in v.input_specs(o)}}
-                       for s in v.input_specs(full)],
+                        "optional": s.name not in {t.name for t in v.inputs(o)}}
+                       for s in v.inputs(full)],
             "outputs": [{"name": s.name, "dims": list(s.dims), "dtype": s.dtype,
-                         "optional": s.name not in {t.name for t in v.output_specs(o)}}
-                        for s in v.output_specs(full)],
+                         "optional": s.name not in {t.name for t in v.outputs(o)}}
+                        for s in v.outputs(full)],
             "options": [{"name": opt.name, "flag": opt.flag, "type": opt.type.__name__,
                          "default": opt.default, "choices": list(opt.choices) if opt.choices else None,
                          "help": opt.help} for opt in v.options],

@@ -143,8 +143,8 @@ def build_model(variant_name: str, options: dict | None = None, flavor: str = DE
                  for a in inputs.values())
     dims = {name: torch.export.Dim(name, min=1) for name in variant.dynamic}
     dynamic_shapes = tuple({axis: dims[d] for axis, d in enumerate(spec.dims) if d in dims}
-                           for spec in variant.input_specs(ex))
-    out_specs = variant.output_specs(o)
+                           for spec in variant.inputs(ex))
+    out_specs = variant.outputs(o)
     attn, attn_w = TRANSLATIONS[gf]
     table = {torch.ops.attnexport.attention.default: attn,
              torch.ops.attnexport.attention_weights.default: attn_w}
@@ -156,7 +156,7 @@ def build_model(variant_name: str, options: dict | None = None, flavor: str = DE
             # reached by onnx's version converter below.
             program = torch.onnx.export(
                 module, args, dynamo=True, opset_version=max(opset, 18), dynamic_shapes=dynamic_shapes,
-                input_names=[s.name for s in variant.input_specs(ex)],
+                input_names=[s.name for s in variant.inputs(ex)],
                 output_names=[s.name for s in out_specs], custom_translation_table=table,
                 optimize=True, verbose=False, report=False)
     except ExportError:
@@ -284,9 +284,9 @@ def _check_writable(path: Path):
         raise UsageError(f"cannot write {path}: {parent} is not a writable folder")
 
 
-def example_feed(model_or_variant, options: dict, seed: int, dtype: str = "fp32") -> dict[str, np.ndarray]:
+def example_feed(variant: V.Variant | str, options: dict, seed: int, dtype: str = "fp32") -> dict[str, np.ndarray]:
     """Seeded inputs for a variant at the given options, cast for an ONNX session."""
-    variant = V.get(model_or_variant) if isinstance(model_or_variant, str) else model_or_variant
+    variant = V.get(variant) if isinstance(variant, str) else variant
     feed = V.make_inputs(variant, variant.resolve(options), seed)
     np_dtype = {"fp32": np.float32, "fp16": np.float16}[dtype]
     return {k: (a.astype(np_dtype) if a.dtype.kind == "f" else a) for k, a in feed.items()}

@@ -95,7 +95,6 @@ def _repeat_kv(x, groups_known, query):
     hq = _shape(query, 1, 2)
     hkv = _shape(x, 1, 2)
     g = op.Div(hq, hkv)
-    one = op.Constant(value_ints=[1])
     x5 = op.Unsqueeze(x, [2])  # (B, Hkv, 1, T, d)
     target = op.Concat(_shape(x, 0, 2), g, _shape(x, 2), axis=0)
     expanded = op.Expand(x5, target)  # (B, Hkv, G, T, d)

@@ -86,12 +86,6 @@ class Variant:
                 raise UsageError(f"variant {self.name!r}: {problem}")
         return o
 
-    def input_specs(self, o: dict) -> tuple[TensorSpec, ...]:
-        return self.inputs(o)
-
-    def output_specs(self, o: dict) -> tuple[TensorSpec, ...]:
-        return self.outputs(o)
-
 
 # --- options shared by several variants ---------------------------------------------------
 
@@ -409,7 +403,7 @@ def make_inputs(variant: Variant, o: dict, seed: int) -> dict[str, np.ndarray]:
     """Seeded example inputs: float32 data, masks as the spec's kind says."""
     rng = np.random.default_rng(seed)
     out = {}
-    for spec in variant.input_specs(o):
+    for spec in variant.inputs(o):
         shape = spec.shape(o)
         if spec.kind == "data":
             out[spec.name] = rng.standard_normal(shape).astype(np.float32)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import platform
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -234,7 +233,7 @@ def _plan_golden(cases, flavors, used):
 def _execute(step, tol, dtype, strict):
     case, flavor, rt, how, expected, kind = step
     variant = V.get(case.variant)
-    names = [s.name for s in variant.output_specs(case.options)]
+    names = [s.name for s in variant.outputs(case.options)]
     try:
         if how[0] == "module":
             prepared = R.prepare_torch(rt, variant, case.options, how[1], dtype)

@@ -71,7 +71,7 @@ def test_fp32_matches_torch_and_reference_at_other_shapes(exported, name, flavor
         inputs = V.make_inputs(variant, o, 11)
         if "attn_mask" in inputs:
             inputs["attn_mask"][0, 0, 0, :] = False  # a fully masked row in every run
-        got = dict(zip([s.name for s in variant.output_specs(o)], sess.run(None, inputs)))
+        got = dict(zip([s.name for s in variant.outputs(o)], sess.run(None, inputs)))
         want_ref = variant.reference(params, inputs, o)
         want_torch = run_module(variant, o, params, inputs, torch.float32)
         for out in want_ref:
@@ -88,7 +88,7 @@ def test_fp16_runs_on_cpu_provider(exported, name, flavor):
     feed = E.example_feed(variant, o, 5, "fp16")
     expected = variant.reference(V.init_params(variant, o, 0), V.make_inputs(variant, o, 5), o)
     got = _session(model).run(None, feed)
-    for spec, g in zip(variant.output_specs(o), got):
+    for spec, g in zip(variant.outputs(o), got):
         assert g.dtype == np.float16
         c = compare(spec.name, g, expected[spec.name], tolerance("fp16"))
         assert c, f"{name}/{flavor} fp16: {c}"
@@ -107,9 +107,9 @@ def test_model_hygiene(exported, name, flavor):
     for key in ("opset", "version", "torch_version", "golden_manifest_sha256", "dtype"):
         assert meta[f"attnexport.{key}"]
     ex = E.example_sizes(variant, result.options)
-    assert [i.name for i in model.graph.input] == [s.name for s in variant.input_specs(ex)]
-    assert [o.name for o in model.graph.output] == [s.name for s in variant.output_specs(ex)]
-    for vi, spec in zip(model.graph.input, variant.input_specs(ex)):
+    assert [i.name for i in model.graph.input] == [s.name for s in variant.inputs(ex)]
+    assert [o.name for o in model.graph.output] == [s.name for s in variant.outputs(ex)]
+    for vi, spec in zip(model.graph.input, variant.inputs(ex)):
         dims = vi.type.tensor_type.shape.dim
         for d, sym in zip(dims, spec.dims):
             if sym in variant.dynamic:

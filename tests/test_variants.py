@@ -17,7 +17,7 @@ def test_defaults_resolve_and_describe(name):
     o = v.resolve()
     assert all(opt.name in o for opt in v.options)
     assert v.flops(o) > 0
-    specs = v.input_specs(o)
+    specs = v.inputs(o)
     assert specs and all(len(s.shape(o)) == len(s.dims) for s in specs)
     assert set(v.dynamic) <= set(o), "dynamic axes must name size options"
 

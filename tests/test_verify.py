@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from attnexport import golden, runtimes as R, verify as VF
 from attnexport.cli import main
-from attnexport.errors import GoldenIntegrityError, ProviderUnavailableError, UsageError
+from attnexport.errors import ProviderUnavailableError, UsageError
 
 CPU_RUNTIMES = ["torch", "onnx-ref", "ort-cpu"]
 
