@@ -131,7 +131,8 @@ def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | 
         raise UsageError(f"unknown dtype {dtype!r}; valid: {', '.join(E.DTYPES)}")
     if warmup < 0 or iters < 1:
         raise UsageError("--warmup must be >= 0 and --iters >= 1")
-    runtimes = list(runtimes or ["torch", "ort-cpu"])
+    # Default: every runtime that can run here.
+    runtimes = list(runtimes or [r for r in BENCH_RUNTIMES if R.status(r).available])
     for rt in runtimes:
         if rt not in BENCH_RUNTIMES:
             raise UsageError(f"unknown runtime {rt!r} for bench; valid: {', '.join(BENCH_RUNTIMES)}")
@@ -185,7 +186,7 @@ class _Candidate:
     fn: Callable  # one timed run
     outputs: Callable  # -> list of NumPy outputs after the runs
     cpu_nodes: list[str] = field(default_factory=list)
-    memory: Callable | None = None  # -> peak device bytes
+    memory: int | None = None  # peak device bytes, measured alone when the candidate was built
     times: list[float] = field(default_factory=list)
 
 
@@ -209,10 +210,16 @@ def _bench_shape(variant, o, params, inputs_seed, runtimes, models, dtype, tdtyp
             with torch.no_grad():
                 out = module(*args)
             return out if isinstance(out, tuple) else (out,)
+        memory = None
+        if dev == "cuda":  # weights, inputs and the activations of one run
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            call()
+            torch.cuda.synchronize()
+            memory = torch.cuda.max_memory_allocated()
         # torch eager is the baseline of every ratio and error, so it always runs on its device.
         cands.append(_Candidate(rt, "-", "eager", dev, call,
-                                lambda call=call: [t.float().cpu().numpy() for t in call()],
-                                memory=(torch.cuda.max_memory_allocated if dev == "cuda" else None)))
+                                lambda call=call: [t.float().cpu().numpy() for t in call()], memory=memory))
         if dev == "cuda" and cuda_graph:
             cands.append(_torch_graph_candidate(call))
     for f, model in models.items():
@@ -238,7 +245,7 @@ def _bench_shape(variant, o, params, inputs_seed, runtimes, models, dtype, tdtyp
         err = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
                   for a, b in zip(out, ref_out[c.device]))
         row = _row(variant, c.runtime, c.flavor, c.mode, dtype, shape, c.times, flops, peak[c.device],
-                   statistics.median(base[c.device].times), err, c.memory() if c.memory else None, threads)
+                   statistics.median(base[c.device].times), err, c.memory, threads)
         row.cpu_nodes = c.cpu_nodes
         if c.flavor != "-" and E.graph_flavor(variant, c.flavor) != c.flavor:
             row.note = "no dot-product core: primitives graph"
@@ -264,33 +271,36 @@ def _ort_candidate(rt, flavor, model, inputs, dtype, threads, cuda_graph, cands)
     import torch
     feed = {k: (a.astype(np.float16 if dtype == "fp16" else np.float32) if a.dtype.kind == "f" else a)
             for k, a in inputs.items()}
-    session, cpu_nodes = _ort_session(rt, model, dtype, threads, cuda_graph and rt == "ort-cuda")
-    names = [x.name for x in session.get_outputs()]
     if rt == "ort-cpu":
+        session, cpu_nodes = _ort_session(rt, model, dtype, threads, False)
+        names = [x.name for x in session.get_outputs()]
         return _Candidate(rt, flavor, "eager", "cpu", lambda: session.run(names, feed),
                           lambda: session.run(names, feed), cpu_nodes)
     # CUDA: inputs and outputs bound to device memory, so host copies are not timed.
-    binding = session.io_binding()
-    np_of = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
-    keep = []
-    for k, a in feed.items():
-        t = torch.from_numpy(np.ascontiguousarray(a)).cuda()
-        keep.append(t)
-        binding.bind_input(k, "cuda", 0, np_of[t.dtype], list(t.shape), t.data_ptr())
     ref = next(c for c in cands if c.runtime == "torch-cuda" and c.mode == "eager").outputs()
-    outs = []
-    for name, r in zip(names, ref):
-        t = torch.empty(r.shape, dtype={"fp32": torch.float32, "fp16": torch.float16}[dtype], device="cuda")
-        outs.append(t)
+    np_of = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
+    ins = {k: torch.from_numpy(np.ascontiguousarray(a)).cuda() for k, a in feed.items()}
+    outs = [torch.empty(r.shape, dtype={"fp32": torch.float32, "fp16": torch.float16}[dtype], device="cuda")
+            for r in ref]
+    torch.cuda.synchronize()
+    free_before = torch.cuda.mem_get_info()[0]
+    session, cpu_nodes = _ort_session(rt, model, dtype, threads, cuda_graph)
+    binding = session.io_binding()
+    for k, t in ins.items():
+        binding.bind_input(k, "cuda", 0, np_of[t.dtype], list(t.shape), t.data_ptr())
+    names = [x.name for x in session.get_outputs()]
+    for name, t in zip(names, outs):
         binding.bind_output(name, "cuda", 0, np_of[t.dtype], list(t.shape), t.data_ptr())
-    state = {"free0": torch.cuda.mem_get_info()[0], "low": torch.cuda.mem_get_info()[0]}
 
     def run():
         session.run_with_iobinding(binding)
-        state["low"] = min(state["low"], torch.cuda.mem_get_info()[0])
+    run()  # the first run grows ONNX Runtime's arena (and captures the CUDA graph, if asked)
+    torch.cuda.synchronize()
+    # The session's own device memory: weights, arena, workspace (inputs and outputs excluded,
+    # as torch's number includes them: compare with care when inputs are large).
+    memory = max(0, free_before - torch.cuda.mem_get_info()[0])
     return _Candidate(rt, flavor, "io-binding" + (" cuda-graph" if cuda_graph else ""), "cuda", run,
-                      lambda: [t.float().cpu().numpy() for t in outs], cpu_nodes,
-                      memory=lambda: max(0, state["free0"] - state["low"]), times=[])
+                      lambda: [t.float().cpu().numpy() for t in outs], cpu_nodes, memory=memory)
 
 
 def _torch_graph_candidate(call):
@@ -302,10 +312,12 @@ def _torch_graph_candidate(call):
             call()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
+    torch.cuda.reset_peak_memory_stats()
     with torch.cuda.graph(graph):
         out = call()
+    torch.cuda.synchronize()
     return _Candidate("torch-cuda", "-", "cuda-graph", "cuda", graph.replay,
-                      lambda: [t.float().cpu().numpy() for t in out], memory=torch.cuda.max_memory_allocated)
+                      lambda: [t.float().cpu().numpy() for t in out], memory=torch.cuda.max_memory_allocated())
 
 
 def _row(variant, rt, flavor, mode, dtype, shape, ms, flops, peak, torch_median, err, mem, threads):

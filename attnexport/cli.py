@@ -318,8 +318,8 @@ def _int_list(flag, text):
 @click.option("--batch", default=None, help="Batch size, or several separated by commas.")
 @click.option("--seq", default=None, help="Sequence length, or several: --seq 512,2048,8192.")
 @click.option("--kv-seq", "kv_seq", default=None, help="Key/value length, or several.")
-@click.option("--runtimes", default="torch,ort-cpu", show_default=True,
-              help="Comma-separated: torch, torch-cuda, ort-cpu, ort-cuda.")
+@click.option("--runtimes", default=None,
+              help="Comma-separated: torch, torch-cuda, ort-cpu, ort-cuda (default: every available one).")
 @click.option("--flavor", "flavors", multiple=True, help="Flavors to time (repeatable; default: all).")
 @click.option("--dtype", default="fp32", show_default=True, help="fp32 | fp16.")
 @click.option("--warmup", type=int, default=5, show_default=True, help="Untimed runs first.")
@@ -346,7 +346,8 @@ def bench(variant, batch, seq, kv_seq, runtimes, flavors, dtype, warmup, iters, 
         values = _int_list("--" + name.replace("_", "-"), text)
         if values:
             opts[name] = values
-    kwargs = dict(runtimes=[r.strip() for r in runtimes.split(",") if r.strip()], flavors=list(flavors) or None,
+    kwargs = dict(runtimes=[r.strip() for r in runtimes.split(",") if r.strip()] if runtimes else None,
+                  flavors=list(flavors) or None,
                   dtype=dtype, warmup=warmup, iters=iters, cuda_graph=cuda_graph, threads=threads, seed=seed)
     err_console = Console(stderr=True)
     if as_json or not err_console.is_terminal:
