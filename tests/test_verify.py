@@ -206,3 +206,13 @@ def test_strict_placement_counts_cpu_nodes_only_on_ort_cuda():
                    {"CPUExecutionProvider": ["Shape:n1", "MatMul:n2"], "CUDAExecutionProvider": ["Softmax:n3"]})
     assert p.cpu_nodes == ["MatMul:n2"]
     assert R.Prepared("ort-cpu", None, [], {"CPUExecutionProvider": ["MatMul:n"]}).cpu_nodes == []
+
+
+def test_model_file_with_options_no_golden_case_has(tmp_path):
+    path = tmp_path / "mha8.onnx"
+    assert run("export", "--variant", "mha", "--heads", "8", "--causal", "-o", str(path)).exit_code == 0
+    r = run("verify", str(path), "--runtimes", "torch,ort-cpu", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert {row["case"] for row in doc["results"]} == {"mha8.onnx:seeded-2x7", "mha8.onnx:seeded-1x1"}
+    assert all(row["expected"].endswith("seeded inputs") for row in doc["results"])
