@@ -340,12 +340,7 @@ def fastest(rows: list[BenchRow]) -> list[tuple[str, str, str, float]]:
 
 
 def to_json(rows: list[BenchRow]) -> list[dict]:
-    out = []
-    for r in rows:
-        d = asdict(r)
-        d["shape"] = r.shape
-        out.append(d)
-    return out
+    return [asdict(r) for r in rows]
 
 
 def plot(rows: list[BenchRow], path: str, title: str):

@@ -38,6 +38,3 @@ class CheckFailed(AttnExportError):
 class ProviderUnavailableError(AttnExportError):
     """A runtime that was asked for cannot run here; the message says why."""
 
-
-class VerificationError(CheckFailed):
-    """Verify found a mismatch."""

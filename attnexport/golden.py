@@ -22,7 +22,7 @@ import numpy as np
 
 from attnexport import __version__
 from attnexport import variants as V
-from attnexport.errors import CheckFailed, GoldenIntegrityError, UsageError
+from attnexport.errors import GoldenIntegrityError, UsageError
 
 MANIFEST = "MANIFEST.json"
 FORMAT = 1
@@ -392,9 +392,3 @@ def check(directory: Path | None = None) -> list[Drift]:
                     drift.append(Drift(name, f"{kind} {key} differs"))
     return drift
 
-
-def check_or_raise(directory: Path | None = None) -> int:
-    drift = check(directory)
-    if drift:
-        raise CheckFailed(f"{len(drift)} golden case(s) drifted: " + "; ".join(map(str, drift)))
-    return len(CASES)

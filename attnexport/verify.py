@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -102,9 +103,9 @@ def device() -> dict:
                 break
     except OSError:
         pass
-    import os
-    gpu = R.status("torch-cuda").reason if R.status("torch-cuda").available else None
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "gpu": gpu, "platform": platform.platform()}
+    cuda = R.status("torch-cuda")
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "gpu": cuda.reason if cuda.available else None,
+            "platform": platform.platform()}
 
 
 def parse_runtimes(text: str | None) -> list[str] | None:
@@ -221,12 +222,11 @@ def _plan_golden(cases, flavors, used):
         for rt in used:
             if rt.startswith("torch"):
                 plan.append((case, "-", rt, ("module", case.params), case.expected, "golden"))
-        seen = {}
         for flavor in flavors:
             gf = E.graph_flavor(variant, flavor)
             for rt in used:
                 if rt in R.ONNX_RUNTIMES:
-                    plan.append((case, flavor, rt, ("export", gf, seen), case.expected, "golden"))
+                    plan.append((case, flavor, rt, ("export", gf), case.expected, "golden"))
     return plan
 
 
@@ -259,7 +259,7 @@ _EXPORTS: dict = {}
 def _model_for(case, how, dtype):
     if how[0] == "model":
         return how[1]
-    _, gf, _ = how
+    gf = how[1]
     key = (case.name, json.dumps(case.options, sort_keys=True), gf, dtype,
            hash(tuple(sorted((k, v.tobytes()) for k, v in case.params.items()))))
     if key not in _EXPORTS:
