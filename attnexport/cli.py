@@ -210,47 +210,53 @@ def inspect(model, as_json):
 @click.argument("models", nargs=-1, type=click.Path())
 @click.option("--variant", "variants", multiple=True,
               help="Only these variants (repeatable); with MODEL files: the variant of a model without metadata.")
-@click.option("--flavor", "flavors", multiple=True, help="Only these flavors (repeatable; default: all).")
+@click.option("--flavor", "flavors", multiple=True,
+              help="Only these flavors (repeatable; default: all); with a MODEL: its flavor, checked.")
 @click.option("--runtimes", default=None,
               help="Comma-separated: torch,torch-cuda,onnx-ref,ort-cpu,ort-cuda (default: all available).")
-@click.option("--dtype", default="fp32", show_default=True, help="fp32 | fp16.")
+@click.option("--dtype", default=None, help="fp32 | fp16 (default: fp32; a MODEL's own dtype).")
 @click.option("--golden", "golden_dir", type=click.Path(), default=None, help="Golden folder to use.")
-@click.option("--rtol", type=float, default=None, help="Override the dtype's relative tolerance.")
-@click.option("--atol", type=float, default=None, help="Override the dtype's absolute tolerance.")
+@click.option("--rtol", type=float, default=None, help="Override the relative tolerance (finite, >= 0).")
+@click.option("--atol", type=float, default=None, help="Override the absolute tolerance (finite, >= 0).")
 @click.option("--skip-unavailable", is_flag=True, help="Skip requested runtimes that cannot run here.")
 @click.option("--strict-placement", is_flag=True, help="Fail when ort-cuda runs a compute node on the CPU.")
-@click.option("--seed", type=int, default=0, help="Parameters' seed of a model without metadata.")
-@click.option("--details", is_flag=True, help="Show one line per case x flavor x runtime.")
+@click.option("--seed", type=int, default=None, help="Parameters' seed of a MODEL without metadata (default 0).")
+@click.option("--localize", is_flag=True,
+              help="Compare every intermediate value with the export; name the first diverging node.")
+@click.option("--save-baseline", type=click.Path(), default=None,
+              help="Write every run's inputs and outputs to this folder (a known-good baseline).")
+@click.option("--baseline", "baseline_dir", type=click.Path(), default=None,
+              help="Fail runs whose error grew more than --max-growth times since this baseline.")
+@click.option("--max-growth", type=float, default=10.0, show_default=True,
+              help="Allowed growth of the max abs error against --baseline.")
+@click.option("--details", is_flag=True, help="Show every run with its error statistics.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document and nothing else.")
+@_variant_options
 @reports_errors
 def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, skip_unavailable,
-           strict_placement, seed, details, as_json):
+           strict_placement, seed, localize, save_baseline, baseline_dir, max_growth, details, as_json,
+           **options):
     """Check exported models against the golden cases on every runtime; exit 1 on any mismatch.
 
     With no MODEL: exports every selected golden case in every selected flavor and runs it.
-    With MODEL files: runs the golden cases of each model's variant and options through it.
+    With MODEL files: takes each model's variant, options, dtype and weights from the file
+    (a model without metadata: --variant and its options, e.g. --heads 8) and runs the golden
+    cases with those options, or seeded inputs at two shapes, through it.
 
     Example: attnexport verify --runtimes torch,ort-cpu --flavor attention
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from attnexport import verify as verify_mod
 
+    if models and len(variants) > 1:
+        raise UsageError("a MODEL takes one --variant")
     model_variant = variants[0] if models and variants else None
     kwargs = dict(variants=None if models else (list(variants) or None), flavors=list(flavors) or None,
                   runtimes=verify_mod.parse_runtimes(runtimes), dtype=dtype, golden_dir=golden_dir,
                   models=list(models) or None, rtol=rtol, atol=atol, skip_unavailable=skip_unavailable,
-                  strict_placement=strict_placement, model_variant=model_variant, seed=seed)
-    err_console = Console(stderr=True)
-    if as_json or not err_console.is_terminal:
-        report = verify_mod.verify(**kwargs)
-    else:
-        columns = (TextColumn("verify"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("{task.description}"))
-        with Progress(*columns, console=err_console, transient=True) as bar:
-            task = bar.add_task("", total=None)
-            report = verify_mod.verify(
-                **kwargs, progress=lambda i, n, what: bar.update(task, completed=i, total=n, description=what))
+                  strict_placement=strict_placement, model_variant=model_variant,
+                  model_options=_given(options) or None, seed=seed, localize=localize,
+                  baseline=baseline_dir, save_baseline=save_baseline, max_growth=max_growth)
+    report = _with_progress("verify", as_json, lambda progress: verify_mod.verify(**kwargs, progress=progress))
     if as_json:
         click.echo(json.dumps(report.to_dict(), default=float))
     else:
@@ -259,42 +265,94 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
         sys.exit(1)
 
 
-def _print_verify(report, details):
+def _with_progress(label, quiet, work):
+    """Runs work(progress) with a progress bar on stderr when it is a terminal."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    err_console = Console(stderr=True)
+    if quiet or not err_console.is_terminal:
+        return work(None)
+    columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.description}"))
+    with Progress(*columns, console=err_console, transient=True) as bar:
+        task = bar.add_task("", total=None)
+        return work(lambda i, n, what: bar.update(task, completed=i, total=n, description=what))
+
+
+def _e(x) -> str:
+    return "-" if x is None or x != x or x == float("inf") else f"{x:.2e}"
+
+
+def _table(title, columns, numeric):
+    """A table that fits 80 columns: no vertical rules, text columns fold, numbers never cut."""
+    from rich import box
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for col in columns:
+        if col in numeric:
+            table.add_column(col, justify="right", no_wrap=True)
+        else:
+            table.add_column(col, overflow="fold")
+    return table
+
+
+def _result(r) -> str:
+    return "n/a" if r.skipped else ("[green]pass[/green]" if r.passed else "[red]FAIL[/red]")
+
+
+def _print_verify(report, details, out=None):
+    out = out or console
     for r in report.runtimes:
         if not r["available"]:
-            console.print(f"[yellow]skipped[/yellow] {r['name']}: {escape(r['reason'])}")
-    rows = report.rows if details else report.failures
-    if rows:
-        table = Table(title="failures" if not details else "results")
-        for col in ("case", "flavor", "runtime", "result", "max abs", "max rel", "tolerance (rtol/atol)",
-                    "passes with atol", "ms"):
-            table.add_column(col, justify="right" if col in ("max abs", "max rel", "ms") else "left")
-        for r in rows:
-            w = r.worst or {}
-            result = "n/a" if r.skipped else ("[green]pass[/green]" if r.passed else "[red]FAIL[/red]")
-            table.add_row(escape(r.case), r.flavor, r.runtime, result,
-                          f"{w['max_abs']:.2e}" if w else "", f"{w['max_rel']:.2e}" if w else "",
-                          f"{w['rtol']:g}/{w['atol']:g}" if w else "",
-                          f"{w['needed_atol']:.2e}" if w else escape(r.skipped or r.error)[:60],
-                          f"{r.median_ms:.3f}" if r.median_ms is not None else "")
-        console.print(table)
-    summary = Table(title=f"verify {report.dtype}: {len(report.rows)} runs")
-    for col in ("runtime", "flavor", "passed", "failed", "n/a", "worst max abs", "needs atol", "total ms"):
-        summary.add_column(col, justify="left" if col in ("runtime", "flavor") else "right")
+            click.echo(f"skipped {r['name']}: {r['reason']}", err=True)
+    if details:
+        table = _table(f"verify {report.dtype}: every run", ("run", "ok", "output", "max abs\n@ index",
+                                                             "mean\nmedian", "p99", "atol\nneeds", "ms"),
+                       ("max abs\n@ index", "mean\nmedian", "p99", "atol\nneeds", "ms"))
+        for r in report.rows:
+            run = escape(f"{r.label}\n{r.flavor} {r.runtime}")
+            if not r.comparisons:
+                table.add_row(run, _result(r), escape((r.skipped or r.error)[:120]), "", "", "", "", "")
+                continue
+            for i, c in enumerate(r.comparisons):
+                idx = ",".join(map(str, c.argmax))
+                table.add_row(run if i == 0 else "", _result(r) if i == 0 else "", escape(c.problem or c.name),
+                              f"{_e(c.max_abs)}\n@{idx}", f"{_e(c.mean_abs)}\n{_e(c.median_abs)}", _e(c.p99_abs),
+                              f"{_e(c.atol)}\n{_e(c.needed_atol)}",
+                              f"{r.median_ms:.2f}" if (i == 0 and r.median_ms is not None) else "")
+        out.print(table)
+    elif report.failures:
+        table = _table("failures", ("run", "output", "max abs", "atol", "needs atol"),
+                       ("max abs", "atol", "needs atol"))
+        for r in report.failures:
+            c = r.worst
+            table.add_row(escape(f"{r.label}\n{r.flavor} {r.runtime}"),
+                          escape(c.name if c is not None else (r.error or "compared nothing")[:60]),
+                          _e(c.max_abs) if c is not None else "-", _e(c.atol) if c is not None else "-",
+                          _e(c.needed_atol) if c is not None else "-")
+        out.print(table)
+    summary = _table(f"verify {report.dtype}: {len(report.rows)} runs",
+                     ("runtime", "flavor", "pass", "fail", "n/a", "worst abs", "needs atol", "ms"),
+                     ("pass", "fail", "n/a", "worst abs", "needs atol", "ms"))
     groups = {}
     for r in report.rows:
         groups.setdefault((r.runtime, r.flavor), []).append(r)
     for (rt, fl), rs in groups.items():
-        worst = [r.worst for r in rs if r.worst]
-        wmax = max((w["max_abs"] for w in worst), default=0.0)
-        need = max((w["needed_atol"] for w in worst), default=0.0)
+        # Only values that were compared count: a failed run with no comparison shows "-".
+        cs = [c for r in rs for c in r.comparisons if not c.problem]
         failed = sum(1 for r in rs if not r.passed and not r.skipped)
         summary.add_row(rt, fl, str(sum(r.passed for r in rs)), f"[red]{failed}[/red]" if failed else "0",
-                        str(sum(bool(r.skipped) for r in rs)), f"{wmax:.2e}", f"{need:.2e}",
+                        str(sum(bool(r.skipped) for r in rs)),
+                        _e(max((c.max_abs for c in cs), default=None)),
+                        _e(max((c.needed_atol for c in cs), default=None)),
                         f"{sum(r.median_ms or 0 for r in rs):.1f}")
-    console.print(summary)
+    out.print(summary)
+    bases = sorted({r.tolerance.basis for r in report.rows if r.tolerance is not None})
+    if report.dtype == "fp16" and bases:
+        click.echo(f"fp16 tolerances: derived per case ({len(bases)} bases; see --details or --json), "
+                   "atol = max(policy, 4 x the error of the fp16-emulated reference)")
     for r in report.failures:
         click.echo(f"FAIL {r.describe()}")
+    if report.saved_baseline:
+        click.echo(f"baseline saved: {report.saved_baseline}")
     s = report.summary()
     verdict = "all passed" if report.ok else f"{s['failed']} failed"
     click.echo(f"verify: {s['passed']} passed, {s['failed']} failed, {s['not_applicable']} not applicable "

@@ -7,8 +7,6 @@ import importlib
 import io
 import json
 import logging
-import os
-import tempfile
 import warnings
 from collections import Counter
 from dataclasses import dataclass
@@ -18,7 +16,9 @@ import numpy as np
 import onnx
 
 from attnexport import __version__, golden
+from attnexport import files as F
 from attnexport import variants as V
+from attnexport import weights as W
 from attnexport.errors import ExportError, UsageError
 
 FLAVORS = ("primitives", "attention", "ort")
@@ -132,7 +132,8 @@ def build_model(variant_name: str, options: dict | None = None, flavor: str = DE
     variant = V.get(variant_name)
     o = variant.resolve(options)
     gf, opset = _validate(variant, flavor, opset, dtype)
-    params = V.init_params(variant, o, seed) if params is None else params
+    params_source = "seed" if params is None else "given"
+    params = V.init_params(variant, o, seed) if params is None else W.validate(variant, o, params)
     module = V.load_params(variant.build(o), params).to(_dtype_torch(dtype)).eval()
 
     ex = example_sizes(variant, o)
@@ -171,7 +172,8 @@ def build_model(variant_name: str, options: dict | None = None, flavor: str = DE
     model = program.model_proto
     if opset < 18:
         model = _convert_opset(model, opset, variant, gf)
-    _finish(model, variant, o, flavor, gf, opset, dtype, seed)
+    entries = W.record(model, params, np.float16 if dtype == "fp16" else np.float32)
+    _finish(model, variant, o, flavor, gf, opset, dtype, seed, params_source, entries)
     op_name = attention_op_of(model)
     _check_flavor(variant, flavor, gf, op_name)
     note = "" if variant.dot_product_core or flavor == "primitives" else \
@@ -189,7 +191,7 @@ def _convert_opset(model, opset, variant, gf):
                           f"{str(e).splitlines()[0]}") from None
 
 
-def _finish(model, variant, o, flavor, gf, opset, dtype, seed):
+def _finish(model, variant, o, flavor, gf, opset, dtype, seed, params_source, entries):
     """Strips exporter noise, sets the lowest IR version, records metadata, checks the model."""
     import torch
 
@@ -217,6 +219,11 @@ def _finish(model, variant, o, flavor, gf, opset, dtype, seed):
         "attnexport.opset": str(opset),
         "attnexport.dtype": dtype,
         "attnexport.seed": str(seed),
+        # "seed": the parameters come from the seed; "given": the caller's own (params=).
+        "attnexport.params_source": params_source,
+        # Per parameter: the initializer holding it, its layout and the sha256 of its bytes.
+        "attnexport.params": json.dumps(entries, sort_keys=True),
+        "attnexport.params_sha256": W.total_sha256(entries),
         "attnexport.version": __version__,
         "attnexport.torch_version": torch.__version__.split("+")[0],
         "attnexport.golden_manifest_sha256": golden.manifest_hash(),
@@ -242,44 +249,18 @@ def _check_flavor(variant, flavor, gf, op_name):
                           f"but the exported graph has {op_name}")
 
 
-def _atomic_write(path: Path, data: bytes):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
 def export(variant_name: str, options: dict | None = None, flavor: str = DEFAULT_FLAVOR,
            opset: int | None = None, dtype: str = "fp32", output: str | Path | None = None,
            params: dict | None = None, seed: int = 0) -> ExportResult:
     """Exports a variant to an ONNX file (default `models/<variant>.onnx`), written atomically."""
     path = Path(output) if output is not None else Path("models") / f"{variant_name}.onnx"
-    if path.exists() and path.is_dir():
-        raise UsageError(f"output path is a folder: {path}")
     V.get(variant_name)  # an unknown name fails before any work
-    _check_writable(path)
+    F.resolve_target(path)  # and so does a target that cannot or must not be written
     model, result = build_model(variant_name, options, flavor, opset, dtype, params, seed)
     data = model.SerializeToString(deterministic=True)
-    try:
-        _atomic_write(path, data)
-    except OSError as e:
-        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
+    F.atomic_write(path, data)
     return ExportResult(path, result.variant, result.options, result.flavor, result.graph_flavor,
                         result.opset, result.dtype, result.attention_op, len(data), result.note)
-
-
-def _check_writable(path: Path):
-    parent = path.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not os.access(parent, os.W_OK) or (path.parent.exists() and not path.parent.is_dir()):
-        raise UsageError(f"cannot write {path}: {parent} is not a writable folder")
 
 
 def example_feed(variant: V.Variant | str, options: dict, seed: int, dtype: str = "fp32") -> dict[str, np.ndarray]:

@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from attnexport import __version__
+from attnexport import files as F
 from attnexport import variants as V
 from attnexport.errors import GoldenIntegrityError, UsageError
 
@@ -255,6 +256,11 @@ def _to_bytes(case: GoldenCase) -> bytes:
     entries += [(f"inputs:{k}", v) for k, v in case.inputs.items()]
     entries += [(f"params:{k}", v) for k, v in sorted(case.params.items())]
     entries += [(f"expected:{k}", v) for k, v in case.expected.items()]
+    return npz_bytes(entries)
+
+
+def npz_bytes(entries: list[tuple[str, np.ndarray]]) -> bytes:
+    """A deterministic .npz of (key, array) entries, in order, with fixed timestamps."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
         for key, arr in entries:
@@ -279,14 +285,8 @@ def _from_bytes(data: bytes) -> GoldenCase:
                       parts["expected"], meta)
 
 
-def _sha256(data: bytes) -> str:
+def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _atomic_write(path: Path, data: bytes):
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def write(directory: Path | None = None) -> list[Path]:
@@ -297,13 +297,13 @@ def write(directory: Path | None = None) -> list[Path]:
     for case in CASES.values():
         data = _to_bytes(generate(case))
         path = directory / f"{case.name}.npz"
-        _atomic_write(path, data)
-        files[path.name] = _sha256(data)
+        F.atomic_write(path, data)
+        files[path.name] = sha256(data)
     for stale in directory.glob("*.npz"):
         if stale.name not in files:
             stale.unlink()
     manifest = {"format": FORMAT, "files": dict(sorted(files.items()))}
-    _atomic_write(directory / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
+    F.atomic_write(directory / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
     return [directory / n for n in files]
 
 
@@ -321,7 +321,7 @@ def read_manifest(directory: Path | None = None) -> dict[str, str]:
 def manifest_hash(directory: Path | None = None) -> str:
     """sha256 of the manifest file: one value that pins every golden file."""
     directory = Path(directory or default_dir())
-    return _sha256((directory / MANIFEST).read_bytes())
+    return sha256((directory / MANIFEST).read_bytes())
 
 
 def load(name: str, directory: Path | None = None) -> GoldenCase:
@@ -335,7 +335,7 @@ def load(name: str, directory: Path | None = None) -> GoldenCase:
     if not path.exists():
         raise GoldenIntegrityError(f"golden file missing: {path}")
     data = path.read_bytes()
-    if _sha256(data) != files[fname]:
+    if sha256(data) != files[fname]:
         raise GoldenIntegrityError(f"golden file damaged: {path} (sha256 does not match {MANIFEST})")
     try:
         return _from_bytes(data)

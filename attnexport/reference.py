@@ -8,13 +8,40 @@ so a bug in one is not silently copied into the other.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 NEG_INF = -np.inf
 
+# The precision every value is rounded to after it is computed: None (float64, the golden
+# outputs) or a narrower NumPy dtype while `rounded_to` is active. Rounding the inputs, the
+# weights and each intermediate result the way an implementation in that dtype must store
+# them gives the error a correct implementation can reach: the basis of fp16 tolerances.
+_ROUND_TO = None
+
+
+@contextlib.contextmanager
+def rounded_to(dtype):
+    """Within the block, every reference function rounds its values to `dtype` (e.g. np.float16)."""
+    global _ROUND_TO
+    before, _ROUND_TO = _ROUND_TO, dtype
+    try:
+        yield
+    finally:
+        _ROUND_TO = before
+
+
+def _r(x):
+    """x rounded to the emulated precision, kept as float64."""
+    if _ROUND_TO is None:
+        return x
+    with np.errstate(over="ignore"):
+        return np.asarray(x).astype(_ROUND_TO).astype(np.float64)
+
 
 def _f64(x):
-    return np.asarray(x, dtype=np.float64)
+    return _r(np.asarray(x, dtype=np.float64))
 
 
 def softmax_rows(scores, bias=None):
@@ -28,7 +55,7 @@ def softmax_rows(scores, bias=None):
     e = np.exp(z - np.where(np.isfinite(zmax), zmax, 0.0))
     s = np.sum(e, axis=-1, keepdims=True)
     p = e / np.where(s == 0, 1.0, s)
-    return np.where(dead, 0.0, p)
+    return _r(np.where(dead, 0.0, p))
 
 
 def sdpa(q, k, v, mask=None, *, scale=None, causal=False, softcap=0.0):
@@ -40,9 +67,9 @@ def sdpa(q, k, v, mask=None, *, scale=None, causal=False, softcap=0.0):
         v = np.repeat(v, hq // hkv, axis=1)
     if scale is None:
         scale = 1.0 / np.sqrt(q.shape[-1])
-    s = np.einsum("bhqd,bhkd->bhqk", q, k) * scale
+    s = _r(_r(np.einsum("bhqd,bhkd->bhqk", q, k)) * scale)
     if softcap and softcap > 0:
-        s = softcap * np.tanh(s / softcap)
+        s = _r(softcap * np.tanh(s / softcap))
     tq, tk = s.shape[-2:]
     bias = np.zeros((tq, tk))
     if mask is not None:
@@ -52,7 +79,7 @@ def sdpa(q, k, v, mask=None, *, scale=None, causal=False, softcap=0.0):
         bias = bias + np.where(np.tril(np.ones((tq, tk), dtype=bool)), 0.0, NEG_INF)
     bias = np.broadcast_to(bias, s.shape)
     p = softmax_rows(s, bias)
-    return np.einsum("bhqk,bhkd->bhqd", p, v), p
+    return _r(np.einsum("bhqk,bhkd->bhqd", p, v)), p
 
 
 def _scale_qk(q, k, scaling, temperature):
@@ -63,11 +90,11 @@ def _scale_qk(q, k, scaling, temperature):
     if scaling == "none":
         return q, k, 1.0
     if scaling == "norm":
-        scores = np.einsum("bhqd,bhkd->bhqk", q, k)
-        return q / np.sqrt(np.sum(scores**2, axis=(-2, -1), keepdims=True)), k, 1.0
+        scores = _r(np.einsum("bhqd,bhkd->bhqk", q, k))
+        return _r(q / _r(np.sqrt(np.sum(scores**2, axis=(-2, -1), keepdims=True)))), k, 1.0
     if scaling == "cosine":
-        qn = q / np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), 1e-12)
-        kn = k / np.maximum(np.linalg.norm(k, axis=-1, keepdims=True), 1e-12)
+        qn = _r(q / np.maximum(_r(np.linalg.norm(q, axis=-1, keepdims=True)), 1e-12))
+        kn = _r(k / np.maximum(_r(np.linalg.norm(k, axis=-1, keepdims=True)), 1e-12))
         return qn, kn, 1.0 / temperature
     if scaling == "length":
         return q, k, 1.0 / (np.sqrt(d) * np.sqrt(k.shape[-2]))
@@ -75,9 +102,9 @@ def _scale_qk(q, k, scaling, temperature):
 
 
 def _linear(x, params, name):
-    y = x @ _f64(params[f"{name}.weight"]).T
+    y = _r(x @ _f64(params[f"{name}.weight"]).T)
     b = params.get(f"{name}.bias")
-    return y if b is None else y + _f64(b)
+    return y if b is None else _r(y + _f64(b))
 
 
 def _heads(x, h):
@@ -107,7 +134,7 @@ def _mha(params, prefix, x, kv, heads, kv_heads, key_padding=None, causal=False,
 def _layer_norm(x, params, name, eps=1e-5):
     mu = x.mean(-1, keepdims=True)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + eps) * _f64(params[f"{name}.weight"]) + _f64(params[f"{name}.bias"])
+    return _r((x - mu) / np.sqrt(var + eps) * _f64(params[f"{name}.weight"]) + _f64(params[f"{name}.bias"]))
 
 
 def _ffn(x, params, prefix):
@@ -130,7 +157,7 @@ def ref_sdpa(params, inputs, o):
 
 def ref_self(params, inputs, o):
     x = _f64(inputs["x"])
-    q, k, v = (x @ _f64(params[n]) for n in ("W_q", "W_k", "W_v"))
+    q, k, v = (_r(x @ _f64(params[n])) for n in ("W_q", "W_k", "W_v"))
     q, k, scale = _scale_qk(q[:, None], k[:, None], o["scaling"], o["temperature"])
     mask = inputs.get("mask")
     out, w = sdpa(q, k, v[:, None], None if mask is None else _f64(mask)[:, None], scale=scale)
@@ -146,7 +173,7 @@ def ref_mha(params, inputs, o):
 
 def ref_mha_tied(params, inputs, o):
     h, E = o["heads"], o["dim"]
-    proj = {n: _heads(_f64(inputs[n]), h) @ _f64(params[f"{p}.weight"]).T
+    proj = {n: _r(_heads(_f64(inputs[n]), h) @ _f64(params[f"{p}.weight"]).T)
             for n, p in (("values", "values"), ("keys", "keys"), ("query", "queries"))}
     mask = inputs.get("mask")
     mask = None if mask is None else np.asarray(mask, bool)[:, None]
@@ -161,12 +188,12 @@ def ref_cross(params, inputs, o):
 
 
 def ref_additive(params, inputs, o):
-    q = _f64(inputs["query"]) @ _f64(params["W_q.weight"]).T  # (B, Tq, h)
-    k = _f64(inputs["key"]) @ _f64(params["W_k.weight"]).T  # (B, Tk, h)
-    feats = np.tanh(q[:, :, None, :] + k[:, None, :, :])
-    scores = feats @ _f64(params["w_v.weight"])[0]  # (B, Tq, Tk)
+    q = _r(_f64(inputs["query"]) @ _f64(params["W_q.weight"]).T)  # (B, Tq, h)
+    k = _r(_f64(inputs["key"]) @ _f64(params["W_k.weight"]).T)  # (B, Tk, h)
+    feats = _r(np.tanh(_r(q[:, :, None, :] + k[:, None, :, :])))
+    scores = _r(feats @ _f64(params["w_v.weight"])[0])  # (B, Tq, Tk)
     w = _masked_softmax(scores, inputs["valid_lens"])
-    out = w @ _f64(inputs["value"])
+    out = _r(w @ _f64(inputs["value"]))
     return {"output": out, "weights": w} if o["weights"] else {"output": out}
 
 
@@ -176,11 +203,11 @@ def ref_masked_softmax(params, inputs, o):
 
 def ref_kernel(params, inputs, o):
     q, k, v = _f64(inputs["queries"]), _f64(inputs["keys"]), _f64(inputs["values"])
-    d = q[:, :, None] - k[:, None, :]
+    d = _r(q[:, :, None] - k[:, None, :])
     if "w" in params:
-        d = d * _f64(params["w"])[0]
-    w = softmax_rows(-(d**2) / 2)
-    out = np.einsum("bqk,bk->bq", w, v)
+        d = _r(d * _f64(params["w"])[0])
+    w = softmax_rows(_r(-(d**2) / 2))
+    out = _r(np.einsum("bqk,bk->bq", w, v))
     return {"output": out, "weights": w} if o["weights"] else {"output": out}
 
 
@@ -194,20 +221,20 @@ def positional_table(T, D):
 
 def ref_posenc(params, inputs, o):
     x = _f64(inputs["x"])
-    return {"output": x + positional_table(x.shape[1], x.shape[2])[None]}
+    return {"output": _r(x + _r(positional_table(x.shape[1], x.shape[2]))[None])}
 
 
 def ref_encoder(params, inputs, o):
     x = _f64(inputs["x"])
     a, _ = _mha(params, "attn.", x, x, o["heads"], o["heads"], inputs.get("mask"))
-    y = _layer_norm(x + a, params, "norm1")
-    return {"output": _layer_norm(y + _ffn(y, params, "ffn."), params, "norm2")}
+    y = _layer_norm(_r(x + a), params, "norm1")
+    return {"output": _layer_norm(_r(y + _ffn(y, params, "ffn.")), params, "norm2")}
 
 
 def ref_decoder(params, inputs, o):
     x, mem = _f64(inputs["x"]), _f64(inputs["memory"])
     a, _ = _mha(params, "self_attn.", x, x, o["heads"], o["heads"], causal=True)
-    y = _layer_norm(x + a, params, "norm1")
+    y = _layer_norm(_r(x + a), params, "norm1")
     c, _ = _mha(params, "cross_attn.", y, mem, o["heads"], o["heads"], inputs.get("memory_mask"))
-    z = _layer_norm(y + c, params, "norm2")
-    return {"output": _layer_norm(z + _ffn(z, params, "ffn."), params, "norm3")}
+    z = _layer_norm(_r(y + c), params, "norm2")
+    return {"output": _layer_norm(_r(z + _ffn(z, params, "ffn.")), params, "norm3")}

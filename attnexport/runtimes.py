@@ -38,7 +38,7 @@ class Prepared:
     """A runtime ready to run one model (or module)."""
 
     runtime: str
-    run: callable  # dict of NumPy inputs -> list of NumPy outputs
+    run: callable  # dict of NumPy inputs -> dict of NumPy outputs, by output name
     providers: list[str] = field(default_factory=list)
     placement: dict[str, list[str]] = field(default_factory=dict)  # provider -> "op_type:name"
 
@@ -49,7 +49,7 @@ class Prepared:
             return []
         return [n for n in self.placement.get("CPUExecutionProvider", []) if n.split(":")[0] not in SHAPE_OPS]
 
-    def timed(self, feed: dict, warmup: int = 1, iters: int = 5) -> tuple[list[np.ndarray], float]:
+    def timed(self, feed: dict, warmup: int = 1, iters: int = 5) -> tuple[dict[str, np.ndarray], float]:
         """Runs `warmup` times, then `iters` times; returns the outputs and the median ms."""
         for _ in range(warmup):
             outs = self.run(feed)
@@ -127,6 +127,8 @@ def require(name: str) -> None:
 # --- torch -----------------------------------------------------------------------------------
 
 def prepare_torch(name: str, variant: V.Variant, options: dict, params: dict, dtype: str) -> Prepared:
+    """The variant's module on CPU or CUDA; outputs are named by the variant's declared outputs
+    (a module returning more than it declares gets the extras as `<unnamed i>`)."""
     import torch
     require(name)
     device = "cuda" if name == "torch-cuda" else "cpu"
@@ -135,6 +137,7 @@ def prepare_torch(name: str, variant: V.Variant, options: dict, params: dict, dt
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 parity: no TF32
         torch.backends.cudnn.allow_tf32 = False
     module = V.load_params(variant.build(options), params).to(device=device, dtype=tdtype).eval()
+    declared = [s.name for s in variant.outputs(options)]
 
     def run(feed):
         args = [torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=tdtype if a.dtype.kind == "f" else None)
@@ -144,14 +147,16 @@ def prepare_torch(name: str, variant: V.Variant, options: dict, params: dict, dt
         if device == "cuda":
             torch.cuda.synchronize()
         out = out if isinstance(out, tuple) else (out,)
-        return [t.float().cpu().numpy() for t in out]
+        arrays = [t.float().cpu().numpy() for t in out]
+        names = declared + [f"<unnamed {i}>" for i in range(len(declared), len(arrays))]
+        return dict(zip(names, arrays))
 
     return Prepared(name, run, [device])
 
 
 # --- ONNX ------------------------------------------------------------------------------------
 
-def _mha_reference_op():
+def mha_reference_op():
     """com.microsoft.MultiHeadAttention for onnx's ReferenceEvaluator (the subset attnexport emits)."""
     from onnx.reference.op_run import OpRun
 
@@ -179,20 +184,25 @@ def _mha_reference_op():
     return MultiHeadAttention
 
 
-def prepare_onnx(name: str, model: onnx.ModelProto, dtype: str = "fp32") -> Prepared:
+def prepare_onnx(name: str, model: onnx.ModelProto, optimize: bool = True) -> Prepared:
+    """A session of `model` on an ONNX runtime; `optimize=False` keeps every node as it is
+    (ONNX Runtime's graph optimizations off), for localization."""
     require(name)
     if name == "onnx-ref":
         from onnx.reference import ReferenceEvaluator
-        ev = ReferenceEvaluator(model, new_ops=[_mha_reference_op()])
+        ev = ReferenceEvaluator(model, new_ops=[mha_reference_op()])
+        ref_names = list(ev.output_names)
 
         def run_ref(feed):
             with np.errstate(all="ignore"):  # fully masked rows make NaN before the guard selects 0
-                return [np.asarray(o) for o in ev.run(None, feed)]
+                return {n: np.asarray(o) for n, o in zip(ref_names, ev.run(None, feed))}
         return Prepared(name, run_ref, ["ReferenceEvaluator"])
 
     ort = _ort()
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    if not optimize:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     if name == "ort-cpu":
         providers = ["CPUExecutionProvider"]
@@ -209,5 +219,5 @@ def prepare_onnx(name: str, model: onnx.ModelProto, dtype: str = "fp32") -> Prep
     names = [o.name for o in session.get_outputs()]
 
     def run_ort(feed):
-        return session.run(names, feed)
+        return dict(zip(names, session.run(names, feed)))
     return Prepared(name, run_ort, got, placement)

@@ -1,55 +1,173 @@
-"""verify: run golden cases through every flavour and runtime, compare in float64, time, report."""
+"""verify: run golden cases through every flavour and runtime, compare in float64, localize, report.
+
+Two modes share the execution and differ in planning:
+- golden mode (no model files): every selected golden case is exported in every selected
+  flavour and run on every runtime against its stored expected outputs;
+- model mode: each file's variant, options, dtype and parameters are taken from the file itself
+  (its metadata and its initializers, checked against the weight fingerprints of the export),
+  and the golden cases with those options (or seeded inputs at two shapes) are run through it.
+A run passes only when every output the variant declares was compared, by name, then shape,
+then values; a run that compared nothing fails.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import onnx
 
 from attnexport import __version__, golden
+from attnexport import baseline as B
 from attnexport import export as E
+from attnexport import reference as ref
 from attnexport import runtimes as R
 from attnexport import variants as V
-from attnexport.compare import compare, tolerance
+from attnexport import weights as W
+from attnexport.compare import TOLERANCES, Comparison, Tolerance, check_tolerance_values, compare_outputs, \
+    derived_tolerance, tolerance
 from attnexport.errors import AttnExportError, ProviderUnavailableError, UnsupportedByFlavor, UsageError
+from attnexport.localize import Localization, locate
+
+AUTO_LOCALIZE_LIMIT = 20  # failing runs localized without --localize, per verify call
+
+
+# --- what one run is ---------------------------------------------------------------------------
+
+class ModelSource:
+    """Where a run's ONNX model comes from: a file's model, or an export made here (memoized).
+
+    `known_good()` is what localization compares the model with: for a file, the torch module
+    exported afresh with the same variant, options, flavour, opset, dtype and parameters (those
+    the export wrote, when the file's weights changed since); for an export made here, the
+    export itself, run on the reference evaluator.
+    """
+
+    def __init__(self, variant: str, options: dict, graph_flavor: str, opset: int | None, dtype: str,
+                 params: dict, model: onnx.ModelProto | None = None, good_params: dict | None = None):
+        self.variant, self.options, self.graph_flavor = variant, options, graph_flavor
+        self.opset, self.dtype, self.params = opset, dtype, params
+        self.good_params = params if good_params is None else good_params
+        self.from_file = model is not None
+        self._model, self._good = model, None
+
+    def get(self) -> onnx.ModelProto:
+        if self._model is None:
+            self._model = _export(self.variant, self.options, self.graph_flavor, self.opset, self.dtype, self.params)
+        if isinstance(self._model, Exception):
+            raise self._model
+        return self._model
+
+    def known_good(self) -> onnx.ModelProto:
+        if not self.from_file:
+            return self.get()
+        if self._good is None:
+            self._good = _export(self.variant, self.options, self.graph_flavor, self.opset, self.dtype,
+                                 self.good_params)
+        if isinstance(self._good, Exception):
+            raise self._good
+        return self._good
+
+
+_EXPORTS: dict = {}
+
+
+def _export(variant, options, gf, opset, dtype, params):
+    """One export per content (variant, options, flavour, opset, dtype, parameters) per process."""
+    key = (variant, json.dumps(options, sort_keys=True), gf, opset, dtype,
+           tuple(sorted((k, W.sha256_of(v)) for k, v in params.items())))
+    if key not in _EXPORTS:
+        try:
+            _EXPORTS[key] = E.build_model(variant, options, gf, opset=opset, dtype=dtype, params=params)[0]
+        except UnsupportedByFlavor as e:
+            _EXPORTS[key] = e  # the same answer for every runtime, without exporting again
+    return _EXPORTS[key]
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """One run: a case on one runtime (and flavour), with what it is compared against."""
+
+    case: golden.GoldenCase
+    flavor: str  # "-" for the torch runtimes, which run the module itself
+    runtime: str
+    dtype: str
+    tol: Tolerance
+    expected: dict
+    expected_kind: str  # "golden", or "reference (...)" when recomputed for a model's own parameters
+    params: dict  # the torch module's parameters
+    source: ModelSource | None = None  # None for the torch runtimes
+    model: str = ""  # the model file's name in model mode
+    problem: str = ""  # a failure known before running (changed weights)
 
 
 @dataclass
 class Row:
     case: str
     variant: str
-    flavor: str  # "-" for the torch runtimes, which run the module itself
+    flavor: str
     runtime: str
     dtype: str
-    passed: bool
-    outputs: list[dict] = field(default_factory=list)  # Comparison.to_dict() per output
+    model: str = ""
+    passed: bool = False
+    comparisons: list[Comparison] = field(default_factory=list)
+    tolerance: Tolerance | None = None
     median_ms: float | None = None
-    expected: str = "golden"  # or "reference" when recomputed for a model's own parameters
+    expected_kind: str = "golden"
     cpu_nodes: list[str] = field(default_factory=list)
     error: str = ""
     skipped: str = ""  # why this flavour does not apply to the case's options (not a failure)
+    localization: Localization | None = None
+    baseline: dict | None = None
+    # Kept for baselines and localization; not serialized.
+    inputs: dict = field(default_factory=dict, repr=False)
+    expected: dict = field(default_factory=dict, repr=False)
+    arrays: dict = field(default_factory=dict, repr=False)
 
     @property
-    def worst(self) -> dict | None:
-        return max(self.outputs, key=lambda c: c["max_abs"], default=None)
+    def label(self) -> str:
+        return f"{self.model}:{self.case}" if self.model else self.case
+
+    @property
+    def worst(self) -> Comparison | None:
+        """The failing comparison if any, else the one with the largest error."""
+        bad = [c for c in self.comparisons if not c.passed]
+        return (bad or sorted(self.comparisons, key=lambda c: -c.max_abs) or [None])[0]
 
     def describe(self) -> str:
-        where = f"{self.case} / {self.flavor} / {self.runtime}"
+        where = f"{self.label} / {self.flavor} / {self.runtime}"
         if self.skipped:
             return f"{where}: not applicable: {self.skipped}"
-        if self.error:
-            return f"{where}: {self.error}"
-        bad = [c for c in self.outputs if not c["passed"]]
-        c = (bad or self.outputs)[0]
-        if c["problem"]:
-            return f"{where}: {c['name']}: {c['problem']}"
-        return (f"{where}: {c['name']} max abs {c['max_abs']:.3g}, max rel {c['max_rel']:.3g}, "
-                f"tolerance rtol={c['rtol']:g} atol={c['atol']:g}, needs atol>={c['needed_atol']:.3g}")
+        text = f"{where}: {self.error}" if self.error else None
+        if text is None:
+            c = self.worst
+            if c is None:
+                text = f"{where}: compared nothing"
+            elif c.problem:
+                text = f"{where}: {c.name}: {c.problem}"
+            else:
+                text = (f"{where}: {c.name} max abs {c.max_abs:.3g} at {list(c.argmax)}, max rel {c.max_rel:.3g}, "
+                        f"tolerance rtol={c.rtol:g} atol={c.atol:g}, needs atol>={c.needed_atol:.3g}")
+        if self.baseline and not self.baseline["passed"]:
+            text += f"; baseline: {self.baseline['problem']}"
+        if self.localization is not None and self.localization.diverged:
+            text += f"; localized: {self.localization.describe()}"
+        return text
+
+    def to_dict(self) -> dict:
+        return {"case": self.case, "model": self.model, "variant": self.variant, "flavor": self.flavor,
+                "runtime": self.runtime, "dtype": self.dtype, "passed": self.passed,
+                "outputs": [c.to_dict() for c in self.comparisons],
+                "tolerance": None if self.tolerance is None else vars(self.tolerance).copy(),
+                "median_ms": self.median_ms, "expected": self.expected_kind, "cpu_nodes": self.cpu_nodes,
+                "error": self.error, "skipped": self.skipped,
+                "localization": None if self.localization is None else self.localization.to_dict(),
+                "baseline": self.baseline}
 
 
 @dataclass
@@ -59,6 +177,8 @@ class Report:
     dtype: str
     flavors: list[str]
     models: list[str]
+    baseline: str | None = None
+    saved_baseline: str | None = None
 
     @property
     def failures(self) -> list[Row]:
@@ -82,15 +202,16 @@ class Report:
 
     def to_dict(self) -> dict:
         return {"attnexport": __version__, "dtype": self.dtype, "flavors": self.flavors, "models": self.models,
+                "baseline": self.baseline, "saved_baseline": self.saved_baseline,
                 "versions": versions(), "device": device(), "runtimes": self.runtimes,
-                "summary": self.summary(), "results": [asdict(r) for r in self.rows]}
+                "summary": self.summary(), "results": [r.to_dict() for r in self.rows]}
 
 
 def versions() -> dict:
-    import onnx
+    import onnx as onnx_
     import onnxruntime
     import torch
-    return {"python": platform.python_version(), "torch": torch.__version__, "onnx": onnx.__version__,
+    return {"python": platform.python_version(), "torch": torch.__version__, "onnx": onnx_.__version__,
             "onnxruntime": onnxruntime.__version__, "numpy": np.__version__}
 
 
@@ -107,6 +228,8 @@ def device() -> dict:
     return {"cpu": cpu, "cpu_count": os.cpu_count(), "gpu": cuda.reason if cuda.available else None,
             "platform": platform.platform()}
 
+
+# --- arguments ---------------------------------------------------------------------------------
 
 def parse_runtimes(text: str | None) -> list[str] | None:
     if text is None:
@@ -144,137 +267,139 @@ def _select_runtimes(requested, skip_unavailable):
     return used, table
 
 
-def _cast_feed(inputs: dict, dtype: str) -> dict:
-    np_dtype = {"fp32": np.float32, "fp16": np.float16}[dtype]
-    return {k: (a.astype(np_dtype) if a.dtype.kind == "f" else a) for k, a in inputs.items()}
+def case_tolerance(variant: V.Variant, params: dict, inputs: dict, options: dict, expected: dict, dtype: str,
+                   rtol: float | None = None, atol: float | None = None) -> Tolerance:
+    """The tolerance of one case: the policy's (fp32), an override, or derived (fp16, see compare)."""
+    if rtol is not None or atol is not None or dtype != "fp16":
+        return tolerance(dtype, rtol, atol)
+    with ref.rounded_to(np.float16):
+        emulated = variant.reference(params, inputs, options)
+    err = 0.0
+    for name, e in expected.items():
+        a, e = np.asarray(emulated[name], np.float64), np.asarray(e, np.float64)
+        if (np.isfinite(a) != np.isfinite(e)).any():
+            base = TOLERANCES[dtype]
+            return Tolerance(base.rtol, base.atol, "policy (the fp16 emulation of this case overflows)")
+        fin = np.isfinite(e)
+        err = max(err, float(np.abs(a[fin] - e[fin]).max(initial=0.0)))
+    return derived_tolerance(dtype, err)
 
 
-def _compare_outputs(names, got, expected: dict, tol) -> list:
-    results = []
-    for name in expected:
-        if name not in names:
-            results.append({"name": name, "passed": False, "max_abs": float("inf"), "max_rel": float("inf"),
-                            "nan_diff": 0, "inf_diff": 0, "rtol": tol.rtol, "atol": tol.atol,
-                            "needed_atol": float("inf"), "needed_rtol": float("inf"),
-                            "problem": "output missing"})
-            continue
-        results.append(compare(name, got[names.index(name)], expected[name], tol).to_dict())
-    return results
-
-
-def _run_row(case, flavor, runtime, prepared, feed, names, expected, tol, dtype, expected_kind, strict):
-    row = Row(case.name, case.variant, flavor, runtime, dtype, False, expected=expected_kind)
-    try:
-        got, ms = prepared.timed(feed, warmup=1, iters=3 if runtime == "onnx-ref" else 5)
-    except Exception as e:  # noqa: BLE001 - a runtime failing on a model is a verification failure
-        row.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        return row
-    row.median_ms = ms
-    row.outputs = _compare_outputs(names, got, expected, tol)
-    row.cpu_nodes = prepared.cpu_nodes
-    row.passed = all(c["passed"] for c in row.outputs)
-    if strict and row.cpu_nodes:
-        row.passed = False
-        row.error = f"{len(row.cpu_nodes)} node(s) ran on the CPU: {', '.join(row.cpu_nodes[:5])}"
-    return row
-
+# --- the entry point ---------------------------------------------------------------------------
 
 def verify(variants: list[str] | None = None, flavors: list[str] | None = None,
-           runtimes: list[str] | None = None, dtype: str = "fp32", golden_dir: str | Path | None = None,
+           runtimes: list[str] | None = None, dtype: str | None = None, golden_dir: str | Path | None = None,
            models: list[str | Path] | None = None, rtol: float | None = None, atol: float | None = None,
            skip_unavailable: bool = False, strict_placement: bool = False, model_variant: str | None = None,
-           model_options: dict | None = None, seed: int = 0,
-           progress: Callable[[int, int, str], None] | None = None) -> Report:
-    """Runs golden cases on the selected flavours and runtimes; returns a report (never raises on a
-    mismatch: `report.ok` says whether everything passed)."""
-    if dtype not in E.DTYPES:
+           model_options: dict | None = None, seed: int | None = None, localize: bool = False,
+           baseline: str | Path | None = None, save_baseline: str | Path | None = None,
+           max_growth: float = 10.0, progress: Callable[[int, int, str], None] | None = None) -> Report:
+    """Runs golden cases (or model files) on the selected flavours and runtimes; returns a report.
+
+    Never raises on a mismatch (`report.ok` says whether everything passed); raises a UsageError
+    (exit 2) on bad input: an unknown name, a tolerance that is not finite, a model whose
+    interface does not fit its variant, a `--variant`/`--flavor` that contradicts a model's
+    metadata.
+
+    Args:
+        dtype: fp32 or fp16; default fp32 for golden cases, the model's own for model files.
+        model_variant, model_options, seed: the variant, options and parameter seed of a model
+            file without metadata (refused, when they disagree, for one that has it).
+        flavors: golden mode: the flavours to export; model mode: at most one, checked against
+            the model's.
+        localize: localize every ONNX run, not only failing ones; a divergence fails the run.
+        baseline, save_baseline, max_growth: compare with / write a known-good baseline folder.
+    """
+    if dtype is not None and dtype not in E.DTYPES:
         raise UsageError(f"unknown dtype {dtype!r}; valid: {', '.join(E.DTYPES)}")
+    check_tolerance_values(rtol, atol)
+    if not (isinstance(max_growth, (int, float)) and np.isfinite(max_growth) and max_growth >= 1):
+        raise UsageError(f"--max-growth must be a finite number >= 1, got {max_growth}")
     for name in variants or []:
         V.get(name)
+    if not models and (model_variant or model_options or seed is not None):
+        raise UsageError("variant options and --seed describe a MODEL file without metadata: give the file")
+    if models and variants:
+        raise UsageError("give the variant of a model file with model_variant")
     flavors = parse_flavors(flavors)
+    if models and len(flavors) > 1 and flavors != list(E.FLAVORS):
+        raise UsageError("a model file has one flavor: give at most one --flavor")
+    entries = B.load(baseline) if baseline is not None else None
+    if save_baseline is not None:
+        _check_folder(save_baseline)
     used, table = _select_runtimes(runtimes, skip_unavailable)
-    tol = tolerance(dtype, rtol, atol)
     if models:
-        plan = _plan_models(models, used, golden_dir, model_variant, model_options, seed)
-        flavors_used = sorted({p[1] for p in plan})
+        model_flavor = flavors[0] if flavors != list(E.FLAVORS) else None
+        plan, dtypes = [], set()
+        for path in models:
+            steps, mdtype = _plan_model(path, used, golden_dir, dtype, model_variant, model_flavor,
+                                        model_options, seed, rtol, atol)
+            plan += steps
+            dtypes.add(mdtype)
+        flavors_used = sorted({s.flavor for s in plan if s.flavor != "-"})
+        dtype = "/".join(sorted(dtypes))
     else:
+        dtype = dtype or "fp32"
         cases = golden.load_all(golden_dir, variants)
         if not cases:
             raise UsageError(f"no golden cases for {', '.join(variants or [])}")
-        plan = _plan_golden(cases, flavors, used)
+        plan = _plan_golden(cases, flavors, used, dtype, rtol, atol)
         flavors_used = flavors
-    rows = []
+    rows, localized = [], 0
     for i, step in enumerate(plan):
         if progress:
-            progress(i, len(plan), f"{step[0].name} {step[1]} {step[2]}")
-        rows.append(_execute(step, tol, dtype, strict_placement))
+            progress(i, len(plan), f"{step.case.name} {step.flavor} {step.runtime}")
+        row = _execute(step, strict_placement)
+        if step.source is not None and not row.skipped and (localize or (not row.passed and
+                                                                          localized < AUTO_LOCALIZE_LIMIT)):
+            localized += 1
+            _localize(row, step, fail_on_divergence=localize)
+        if entries is not None and not row.skipped:
+            row.baseline = B.check(row, entries.get(B.key(row.case, row.flavor, row.runtime)), max_growth)
+            row.passed = row.passed and row.baseline["passed"]
+        rows.append(row)
     if progress:
         progress(len(plan), len(plan), "done")
-    return Report(rows, table, dtype, flavors_used, [str(m) for m in models or []])
+    report = Report(rows, table, dtype, flavors_used, [str(m) for m in models or []],
+                    baseline=None if baseline is None else str(baseline))
+    if save_baseline is not None:
+        report.saved_baseline = str(B.save(rows, save_baseline))
+    return report
 
 
-# A plan step: (case, flavor, runtime, how to prepare, expected outputs, expected kind)
+def _check_folder(path):
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"--save-baseline {p}: not a folder")
+    parent = p if p.exists() else p.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--save-baseline {p}: {parent} is not writable")
 
-def _plan_golden(cases, flavors, used):
+
+# --- planning ----------------------------------------------------------------------------------
+
+def _plan_golden(cases, flavors, used, dtype, rtol, atol) -> list[Step]:
     plan = []
     for case in cases:
         variant = V.get(case.variant)
+        tol = case_tolerance(variant, case.params, case.inputs, case.options, case.expected, dtype, rtol, atol)
         for rt in used:
             if rt.startswith("torch"):
-                plan.append((case, "-", rt, ("module", case.params), case.expected, "golden"))
+                plan.append(Step(case, "-", rt, dtype, tol, case.expected, "golden", case.params))
         for flavor in flavors:
-            gf = E.graph_flavor(variant, flavor)
+            source = ModelSource(case.variant, case.options, E.graph_flavor(variant, flavor), None, dtype,
+                                 case.params)
             for rt in used:
                 if rt in R.ONNX_RUNTIMES:
-                    plan.append((case, flavor, rt, ("export", gf), case.expected, "golden"))
+                    plan.append(Step(case, flavor, rt, dtype, tol, case.expected, "golden", case.params, source))
     return plan
 
 
-def _execute(step, tol, dtype, strict):
-    case, flavor, rt, how, expected, kind = step
-    variant = V.get(case.variant)
-    names = [s.name for s in variant.outputs(case.options)]
-    try:
-        if how[0] == "module":
-            prepared = R.prepare_torch(rt, variant, case.options, how[1], dtype)
-        else:
-            model = _model_for(case, how, dtype)
-            prepared = R.prepare_onnx(rt, model, dtype)
-    except UnsupportedByFlavor as e:
-        return Row(case.name, case.variant, flavor, rt, dtype, False, skipped=str(e), expected=kind)
-    except AttnExportError as e:
-        if isinstance(e, ProviderUnavailableError):
-            raise
-        return Row(case.name, case.variant, flavor, rt, dtype, False, error=str(e), expected=kind)
-    except Exception as e:  # noqa: BLE001 - a model a runtime cannot load fails verification
-        return Row(case.name, case.variant, flavor, rt, dtype, False, expected=kind,
-                   error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    feed = _cast_feed(case.inputs, dtype)
-    return _run_row(case, flavor, rt, prepared, feed, names, expected, tol, dtype, kind, strict)
-
-
-_EXPORTS: dict = {}
-
-
-def _model_for(case, how, dtype):
-    if how[0] == "model":
-        return how[1]
-    gf = how[1]
-    key = (case.name, json.dumps(case.options, sort_keys=True), gf, dtype,
-           hash(tuple(sorted((k, v.tobytes()) for k, v in case.params.items()))))
-    if key not in _EXPORTS:
-        try:
-            _EXPORTS[key] = E.build_model(case.variant, case.options, gf, dtype=dtype, params=case.params)[0]
-        except UnsupportedByFlavor as e:
-            _EXPORTS[key] = e  # the same answer for every runtime, without exporting again
-    if isinstance(_EXPORTS[key], Exception):
-        raise _EXPORTS[key]
-    return _EXPORTS[key]
-
-
-# --- model files -----------------------------------------------------------------------------
-
 _PROBE_SIZES = ({"batch": 2, "seq": 7, "kv_seq": 5}, {"batch": 1, "seq": 1, "kv_seq": 1})
+_ELEM = {"bool": onnx.TensorProto.BOOL, "int64": onnx.TensorProto.INT64}
+_FLOAT = {"fp32": onnx.TensorProto.FLOAT, "fp16": onnx.TensorProto.FLOAT16}
 
 
 def _seeded_case(variant, options, sizes, i):
@@ -284,49 +409,192 @@ def _seeded_case(variant, options, sizes, i):
                              {"source": "seeded inputs (no stored golden case has these options)"})
 
 
-def _plan_models(models, used, golden_dir, model_variant, model_options, seed):
+def flavor_of(model: onnx.ModelProto) -> str:
+    """The flavour a graph has, read from its attention op."""
+    op = E.attention_op_of(model)
+    return "attention" if op == "Attention" else "ort" if op.startswith("com.microsoft") else "primitives"
+
+
+def dtype_of(model: onnx.ModelProto) -> str:
+    """fp16 when the model's float inputs are float16, else fp32."""
+    inits = {i.name for i in model.graph.initializer}
+    for i in model.graph.input:
+        if i.name not in inits and i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16:
+            return "fp16"
+    return "fp32"
+
+
+def check_interface(path, model: onnx.ModelProto, variant: V.Variant, options: dict, dtype: str) -> None:
+    """The model's inputs must be the variant's, by name, rank and dtype; else a one-line UsageError."""
+    inits = {i.name for i in model.graph.initializer}
+    have = {i.name: i for i in model.graph.input if i.name not in inits}
+    specs = variant.inputs(options)
+    want = [s.name for s in specs]
+    if set(have) != set(want):
+        raise UsageError(f"{path}: its inputs ({', '.join(have) or 'none'}) do not fit {variant.name} with "
+                         f"these options, which takes {', '.join(want)}")
+    names = {v: k for k, v in onnx.TensorProto.DataType.items()}
+    for s in specs:
+        t = have[s.name].type.tensor_type
+        elem = _FLOAT[dtype] if s.dtype == "float" else _ELEM[s.dtype]
+        if t.elem_type != elem:
+            raise UsageError(f"{path}: input {s.name!r} is {names.get(t.elem_type, '?').lower()}, "
+                             f"{variant.name} ({dtype}) takes {names[elem].lower()}")
+        if t.HasField("shape") and len(t.shape.dim) != len(s.dims):
+            raise UsageError(f"{path}: input {s.name!r} has rank {len(t.shape.dim)}, {variant.name} takes "
+                             f"rank {len(s.dims)} {list(s.dims)}")
+
+
+def _plan_model(path, used, golden_dir, dtype, model_variant, model_flavor, model_options, seed, rtol, atol):
+    """The runs of one model file; returns (steps, the model's dtype)."""
     from attnexport.inspect import attnexport_metadata, load_model
-    plan = []
-    for path in models:
-        model = load_model(path)
-        meta = attnexport_metadata(model)
-        if meta.get("variant"):
-            variant = V.get(meta["variant"])
-            options = meta["options"]
-            seed_ = int(meta.get("seed", 0))
-            flavor = meta.get("flavor", "?")
-        elif model_variant:
-            variant = V.get(model_variant)
-            options = variant.resolve(model_options or {})
-            seed_, flavor = seed, "external"
+    model = load_model(path)
+    meta = attnexport_metadata(model)
+    name = Path(path).name
+    changed, good_params = [], None
+    if meta.get("variant"):
+        variant = V.get(meta["variant"])
+        options = meta["options"]
+        for flag, given, has in (("--variant", model_variant, meta["variant"]), ("--flavor", model_flavor,
+                                                                                  meta.get("flavor"))):
+            if given is not None and given != has:
+                raise UsageError(f"{path}: {flag} {given} disagrees with the model's metadata ({has})")
+        for k, v in (model_options or {}).items():
+            if options.get(k) != v:
+                raise UsageError(f"{path}: --{k.replace('_', '-')} {v} disagrees with the model's metadata "
+                                 f"({options.get(k)})")
+        if seed is not None and str(seed) != meta.get("seed"):
+            raise UsageError(f"{path}: --seed {seed} disagrees with the model's metadata ({meta.get('seed')})")
+        flavor, gf = meta.get("flavor", "?"), meta.get("graph_flavor", flavor_of(model))
+        mdtype, opset = meta.get("dtype", dtype_of(model)), int(meta.get("opset", 0)) or None
+        seed_params = V.init_params(variant, options, int(meta.get("seed", 0)))
+        entries = W.from_metadata(meta)
+        if entries is None:  # exported before fingerprints: the parameters of its seed
+            params, kind = seed_params, f"reference (parameters of seed {meta.get('seed', 0)})"
         else:
-            raise UsageError(f"{path} has no attnexport metadata: name its variant (--variant) and options "
-                             "to compare it with the torch module")
-        static = {k: v for k, v in options.items() if k not in variant.dynamic}
-        cases = [c for c in golden.load_all(golden_dir, [variant.name])
-                 if {k: v for k, v in c.options.items() if k not in variant.dynamic} == static]
-        if not cases:
-            # No stored case has these options (e.g. --heads 8): seeded inputs at two shapes,
-            # one of length 1, with the reference computing the expected outputs.
-            cases = [_seeded_case(variant, options, sizes, i) for i, sizes in enumerate(_PROBE_SIZES)]
-        params = V.init_params(variant, options, seed_)
-        for case in cases:
-            same = set(params) == set(case.params) and all(np.array_equal(params[k], case.params[k]) for k in params)
-            if same:
-                expected, kind = case.expected, "golden"
+            params, changed = W.read(model, entries)
+            params = {**{k: v for k, v in seed_params.items() if k not in params}, **params}
+            kind = "reference (the model's own parameters)"
+            if changed and meta.get("params_source") == "seed":
+                good_params = seed_params  # localization compares with what the export wrote
+    elif model_variant:
+        variant = V.get(model_variant)
+        options = variant.resolve(model_options or {})
+        flavor = model_flavor or flavor_of(model)
+        gf = E.graph_flavor(variant, flavor)
+        mdtype = dtype_of(model)
+        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+        seed = seed or 0
+        params, kind = V.init_params(variant, options, seed), f"reference (parameters of seed {seed})"
+    else:
+        raise UsageError(f"{path} has no attnexport metadata: name its variant and options "
+                         "(e.g. --variant mha --heads 8 --seed 0)")
+    if dtype is not None and dtype != mdtype:
+        raise UsageError(f"{path}: --dtype {dtype} disagrees with the model, which is {mdtype}")
+    check_interface(path, model, variant, options, mdtype)
+    problem = f"weights changed since export: {', '.join(changed)}" if changed else ""
+
+    static = {k: v for k, v in options.items() if k not in variant.dynamic}
+    cases = [c for c in golden.load_all(golden_dir, [variant.name])
+             if {k: v for k, v in c.options.items() if k not in variant.dynamic} == static]
+    if not cases:
+        # No stored case has these options (e.g. --heads 8): seeded inputs at two shapes, one of
+        # length 1, with the reference computing the expected outputs.
+        cases = [_seeded_case(variant, options, sizes, i) for i, sizes in enumerate(_PROBE_SIZES)]
+    source = ModelSource(variant.name, options, gf, opset, mdtype, params, model, good_params)
+    steps = []
+    for case in cases:
+        same = set(params) == set(case.params) and all(np.array_equal(params[k], case.params[k]) for k in params)
+        if same and case.expected:
+            expected, ekind = case.expected, "golden"
+        else:
+            expected = {k: np.asarray(v, np.float64) for k, v in variant.reference(params, case.inputs,
+                                                                                  case.options).items()}
+            ekind = kind + (", seeded inputs" if not case.params else "")
+        tol = case_tolerance(variant, params, case.inputs, case.options, expected, mdtype, rtol, atol)
+        mcase = golden.GoldenCase(case.name, case.variant, case.options, case.inputs, params, expected, case.meta)
+        for rt in used:
+            if rt.startswith("torch"):
+                steps.append(Step(mcase, "-", rt, mdtype, tol, expected, ekind, params, None, name, problem))
             else:
-                # The model has its own (seeded) parameters: the float64 reference recomputes the
-                # expected outputs for them on the golden inputs.
-                expected = {k: np.asarray(v, np.float64)
-                            for k, v in variant.reference(params, case.inputs, case.options).items()}
-                kind = f"reference (parameters of seed {seed_})"
-                if not case.params:
-                    kind += ", seeded inputs"
-            mcase = golden.GoldenCase(f"{Path(path).name}:{case.name}", case.variant, case.options,
-                                      case.inputs, params, expected, case.meta)
-            for rt in used:
-                if rt.startswith("torch"):
-                    plan.append((mcase, "-", rt, ("module", params), expected, kind))
-                else:
-                    plan.append((mcase, flavor, rt, ("model", model), expected, kind))
-    return plan
+                steps.append(Step(mcase, flavor, rt, mdtype, tol, expected, ekind, params, source, name, problem))
+    return steps, mdtype
+
+
+# --- execution ---------------------------------------------------------------------------------
+
+def _cast_feed(inputs: dict, dtype: str) -> dict:
+    np_dtype = {"fp32": np.float32, "fp16": np.float16}[dtype]
+    return {k: (a.astype(np_dtype) if a.dtype.kind == "f" else a) for k, a in inputs.items()}
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _execute(step: Step, strict: bool) -> Row:
+    case = step.case
+    variant = V.get(case.variant)
+    dtype = step.dtype
+    row = Row(case.name, case.variant, step.flavor, step.runtime, dtype, step.model, tolerance=step.tol,
+              expected_kind=step.expected_kind, inputs=case.inputs, expected=step.expected)
+    if step.problem:
+        row.error = step.problem
+        return row
+    try:
+        if step.source is None:
+            prepared = R.prepare_torch(step.runtime, variant, case.options, step.params, dtype)
+        else:
+            prepared = R.prepare_onnx(step.runtime, step.source.get())
+    except UnsupportedByFlavor as e:
+        row.skipped = str(e)
+        return row
+    except ProviderUnavailableError:
+        raise
+    except AttnExportError as e:
+        row.error = str(e)
+        return row
+    except Exception as e:  # noqa: BLE001 - a model a runtime cannot load fails verification
+        row.error = _first_line(e)
+        return row
+    feed = _cast_feed(case.inputs, dtype)
+    try:
+        # One untimed run, then a few timed ones: verify is a check, bench is the timing tool.
+        got, ms = prepared.timed(feed, warmup=0 if step.runtime == "onnx-ref" else 1,
+                                 iters=1 if step.runtime == "onnx-ref" else 3)
+    except Exception as e:  # noqa: BLE001 - a runtime failing on a model is a verification failure
+        row.error = _first_line(e)
+        return row
+    row.median_ms, row.arrays = ms, got
+    declared = [s.name for s in variant.outputs(case.options)]
+    row.comparisons = compare_outputs(declared, got, step.expected, step.tol)
+    row.cpu_nodes = prepared.cpu_nodes
+    if not row.comparisons:
+        row.error = "compared nothing: no output was declared or produced"
+        return row
+    row.passed = all(c.passed for c in row.comparisons)
+    if strict and row.cpu_nodes:
+        row.passed = False
+        row.error = f"{len(row.cpu_nodes)} node(s) ran on the CPU: {', '.join(row.cpu_nodes[:5])}"
+    return row
+
+
+def _localize(row: Row, step: Step, fail_on_divergence: bool) -> None:
+    """Attaches the first diverging node; with --localize a divergence fails the run."""
+    feed = _cast_feed(step.case.inputs, row.dtype)
+    try:
+        model, good = step.source.get(), step.source.known_good()
+        if model is good and row.runtime == "onnx-ref":
+            row.localization = Localization(note="this run is the reference evaluator on the export itself: "
+                                                 "nothing independent to compare with")
+            return
+        row.localization = locate(model, good, feed, row.runtime, row.dtype)
+    except UnsupportedByFlavor:
+        return
+    except Exception as e:  # noqa: BLE001 - localization is a diagnosis; its failure is reported
+        row.localization = Localization(note=f"localization failed: {_first_line(e)}")
+        return
+    if fail_on_divergence and row.localization.diverged and row.passed:
+        row.passed = False
+        row.error = "intermediate values diverge from the export (--localize)"

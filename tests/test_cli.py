@@ -45,7 +45,7 @@ def test_golden_check_drift_exits_1(tmp_path):
     data = golden._to_bytes(case)
     (d / "kernel-seeded.npz").write_bytes(data)
     m = json.loads((d / golden.MANIFEST).read_text())
-    m["files"]["kernel-seeded.npz"] = golden._sha256(data)
+    m["files"]["kernel-seeded.npz"] = golden.sha256(data)
     (d / golden.MANIFEST).write_text(json.dumps(m))
     r = run("golden", "--check", "--dir", str(d))
     assert r.exit_code == 1

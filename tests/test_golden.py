@@ -61,7 +61,7 @@ def test_drift_is_reported(golden_copy):
     data = golden._to_bytes(case)
     (golden_copy / "posenc-seeded.npz").write_bytes(data)
     manifest = json.loads((golden_copy / golden.MANIFEST).read_text())
-    manifest["files"]["posenc-seeded.npz"] = golden._sha256(data)
+    manifest["files"]["posenc-seeded.npz"] = golden.sha256(data)
     (golden_copy / golden.MANIFEST).write_text(json.dumps(manifest))
     drift = golden.check(golden_copy)
     assert [d.case for d in drift] == ["posenc-seeded"]

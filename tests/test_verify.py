@@ -49,7 +49,7 @@ def _tamper(directory, name, update_manifest):
     (directory / f"{name}.npz").write_bytes(data)
     if update_manifest:
         m = json.loads((directory / golden.MANIFEST).read_text())
-        m["files"][f"{name}.npz"] = golden._sha256(data)
+        m["files"][f"{name}.npz"] = golden.sha256(data)
         (directory / golden.MANIFEST).write_text(json.dumps(m))
 
 

@@ -1,0 +1,77 @@
+"""Writing the user's files without harming them: checked targets, atomic replace, the user's umask.
+
+Every file attnexport writes (models, golden cases, baselines, plots) goes through here:
+- a target that exists must be a regular file: a device, a FIFO or a folder is refused (exit 2);
+  a symbolic link is written through, so the link stays and its target gets the new content;
+- the data goes to a short temporary name in the target's folder, then is renamed into place,
+  so an interrupted write (Ctrl-C included) leaves the old file or none, never half of one;
+- the new file gets the mode a plain `open(path, "w")` would give (0666 less the umask), or
+  keeps the mode of the file it replaces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+from attnexport.errors import UsageError
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def resolve_target(path: str | Path) -> Path:
+    """The path to write for `path`, checked before any work: UsageError when it cannot be written."""
+    path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))  # write through the link, keep it
+    if path.exists():
+        mode = path.stat().st_mode
+        if stat.S_ISDIR(mode):
+            raise UsageError(f"cannot write {path}: it is a folder")
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if (stat.S_ISCHR(mode) or stat.S_ISBLK(mode)) \
+                else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+            raise UsageError(f"refusing to write {path}: it is {kind}, not a regular file")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"cannot write {path}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write {path}: the folder {parent} is not writable")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise UsageError(f"cannot write {path}: {path.parent} is not a folder")
+    if len(path.name.encode()) > 255:
+        raise UsageError(f"cannot write {path}: the file name is longer than 255 bytes")
+    return path
+
+
+def atomic_write(path: str | Path, data: bytes) -> Path:
+    """Writes `data` to `path` atomically (see the module docstring); returns the path written."""
+    path = resolve_target(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~_umask()
+        # A short temporary name: one derived from a long target name can exceed NAME_MAX.
+        fd, tmp = tempfile.mkstemp(prefix=".attnexport-", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
+        raise
+    return path

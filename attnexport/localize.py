@@ -1,0 +1,174 @@
+"""Localization: the first node of a model whose output diverges from a known-good graph.
+
+Every intermediate value of the model under test is exposed on the runtime under test (ONNX
+Runtime: each node output made a graph output; the reference evaluator: `intermediate=True`)
+and compared, in the model's node order, with the same value of a known-good graph run on the
+ONNX reference evaluator. The known-good graph is the torch module's exported program: the same
+variant, options, flavour, opset, dtype and parameters exported afresh, so its values carry the
+same names. Values are matched by name; a graph whose names differ is matched node by node when
+its op sequence is the same. Initializers and node attributes are compared as well, so a changed
+weight or a changed attribute is named even where the numbers alone would only point near it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from attnexport import runtimes as R
+from attnexport.compare import divergence
+
+
+@dataclass
+class Localization:
+    node: str = ""  # the first node whose output diverges ("" when none does)
+    op_type: str = ""
+    output: str = ""  # its diverging output
+    error: float = 0.0  # max abs error of that output against the known-good value
+    scale: float = 0.0  # the value's scale (max |known-good|, at least 1)
+    before: float = 0.0  # the largest error among its inputs: small when the node itself is at fault
+    inputs: list[dict] = field(default_factory=list)  # name, kind, error
+    changed_initializers: list[str] = field(default_factory=list)
+    changed_attributes: list[str] = field(default_factory=list)
+    missing_nodes: list[str] = field(default_factory=list)  # known-good nodes with no counterpart
+    compared: int = 0  # intermediate values compared
+    matched_by: str = "name"  # "name" or "position"
+    note: str = ""
+
+    @property
+    def diverged(self) -> bool:
+        return bool(self.node or self.changed_initializers or self.changed_attributes or self.missing_nodes)
+
+    def describe(self) -> str:
+        if not self.diverged:
+            return f"no intermediate value diverges ({self.compared} compared){'; ' + self.note if self.note else ''}"
+        parts = []
+        if self.node:
+            ins = ", ".join(f"{i['name']} ({i['kind']}, err {_fmt(i['error'])})" for i in self.inputs)
+            parts.append(f"first divergence at {self.op_type} node {self.node!r} output {self.output!r}: "
+                         f"max abs {_fmt(self.error)} (scale {self.scale:.3g}), inputs max abs "
+                         f"{_fmt(self.before)}: {ins}")
+        if self.changed_initializers:
+            parts.append("initializers differ from the export: " + ", ".join(self.changed_initializers))
+        if self.changed_attributes:
+            parts.append("attributes differ: " + "; ".join(self.changed_attributes))
+        if self.missing_nodes:
+            parts.append("nodes of the export missing here: " + ", ".join(self.missing_nodes[:5]))
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _fmt(x: float) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3g}"
+
+
+def intermediates(model: onnx.ModelProto, runtime: str, feed: dict) -> dict[str, np.ndarray]:
+    """Every node output of `model` computed on `runtime`, by name."""
+    if runtime == "onnx-ref":
+        from onnx.reference import ReferenceEvaluator
+        ev = ReferenceEvaluator(model, new_ops=[R.mha_reference_op()])
+        with np.errstate(all="ignore"):
+            values = ev.run(None, feed, intermediate=True)
+        return {k: np.asarray(v) for k, v in values.items() if k and v is not None}
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    names = {o.name for o in exposed.graph.output}
+    for node in exposed.graph.node:
+        for out in node.output:
+            if out and out not in names:
+                vi = onnx.ValueInfoProto()
+                vi.name = out  # no type: ONNX Runtime infers it
+                exposed.graph.output.append(vi)
+                names.add(out)
+    prepared = R.prepare_onnx(runtime, exposed, optimize=False)
+    return prepared.run(feed)
+
+
+def _attrs(node) -> dict:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _align(model, good):
+    """Pairs each node of `model` with its known-good node: by output names, else by position."""
+    good_by_out = {o: n for n in good.graph.node for o in n.output if o}
+    pairs = [(n, good_by_out.get(n.output[0])) for n in model.graph.node if n.output]
+    matched = sum(1 for _, g in pairs if g is not None)
+    if matched >= 0.8 * max(len(good.graph.node), 1):
+        return pairs, "name", None
+    ops = [n.op_type for n in model.graph.node]
+    if ops == [n.op_type for n in good.graph.node]:
+        return list(zip(model.graph.node, good.graph.node)), "position", None
+    return pairs, "name", ("the graph's value names and op sequence differ from the export: "
+                           "only same-named values were compared")
+
+
+def locate(model: onnx.ModelProto, known_good: onnx.ModelProto, feed: dict, runtime: str,
+           dtype: str) -> Localization:
+    """Names the first node of `model` on `runtime` whose output diverges from `known_good`."""
+    loc = Localization()
+    pairs, loc.matched_by, note = _align(model, known_good)
+    loc.note = note or ""
+    good_inits = {i.name: numpy_helper.to_array(i) for i in known_good.graph.initializer}
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    for name, arr in inits.items():
+        g = good_inits.get(name)
+        if g is not None and (g.shape != arr.shape or not np.array_equal(g, arr, equal_nan=True)):
+            loc.changed_initializers.append(name)  # even one ulp: these are not the export's weights
+    have = {o for n in model.graph.node for o in n.output}
+    if loc.matched_by == "name":
+        loc.missing_nodes = [f"{g.op_type}:{g.name}" for g in known_good.graph.node
+                             if g.output and g.output[0] not in have]
+    for node, good in pairs:
+        if good is None:
+            continue
+        if node.op_type != good.op_type:
+            loc.changed_attributes.append(f"{node.name}: op {node.op_type}, export has {good.op_type}")
+            continue
+        a, b = _attrs(node), _attrs(good)
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                loc.changed_attributes.append(f"{node.op_type} {node.name!r} {key}={a.get(key)!r} "
+                                              f"(export: {b.get(key)!r})")
+
+    values = intermediates(model, runtime, feed)
+    good_values = intermediates(known_good, "onnx-ref", feed)
+    good_values.update(good_inits)
+    rename = {}
+    if loc.matched_by == "position":
+        for node, good in pairs:
+            rename.update(zip(node.output, good.output))
+    errors: dict[str, float] = {}
+    for node, _ in pairs:
+        for out in node.output:
+            ref_name = rename.get(out, out)
+            if not out or out not in values or ref_name not in good_values:
+                continue
+            loc.compared += 1
+            bad, err, scale = divergence(values[out], good_values[ref_name], dtype)
+            errors[out] = err
+            if bad and not loc.node:
+                loc.node, loc.op_type, loc.output, loc.error, loc.scale = node.name, node.op_type, out, err, scale
+                loc.inputs = [_input_info(i, model, inits, values, good_values, errors, rename, dtype)
+                              for i in node.input if i]
+                loc.before = max((i["error"] for i in loc.inputs if i["error"] is not None), default=0.0)
+    return loc
+
+
+def _input_info(name, model, inits, values, good_values, errors, rename, dtype) -> dict:
+    graph_inputs = {i.name for i in model.graph.input}
+    kind = "initializer" if name in inits else "graph input" if name in graph_inputs else "value"
+    if name in errors:
+        err = errors[name]
+    elif name in graph_inputs:
+        err = 0.0  # the same feed on both sides
+    else:
+        mine = inits.get(name, values.get(name))
+        ref = good_values.get(rename.get(name, name))
+        err = None if mine is None or ref is None else divergence(mine, ref, dtype)[1]
+    return {"name": name, "kind": kind, "error": err}

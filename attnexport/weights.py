@@ -1,0 +1,124 @@
+"""Parameters in and out of ONNX files: validation, sha256 fingerprints, recovery from initializers.
+
+The exporter folds a parameter into an initializer of its own name (a bias) or of a generated
+name, transposed (a Linear weight read by MatMul). At export, each parameter is found among the
+initializers and recorded in the metadata with its initializer, layout and the sha256 of the
+stored bytes. `verify` then recomputes the hashes from the file: a changed weight is named before
+any number is compared, and the parameters it runs the reference with are the model's own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from attnexport import variants as V
+from attnexport.errors import UsageError
+
+LAYOUTS = ("as-is", "transposed")
+
+
+def sha256_of(arr: np.ndarray) -> str:
+    """sha256 of an array's dtype, shape and bytes (C order, little-endian)."""
+    a = np.ascontiguousarray(arr)
+    a = a.astype(a.dtype.newbyteorder("<"), copy=False)
+    h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
+    h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def total_sha256(entries: dict[str, dict]) -> str:
+    """One hash over every parameter's (name, hash), in name order."""
+    h = hashlib.sha256()
+    for name in sorted(entries):
+        h.update(f"{name}={entries[name]['sha256']};".encode())
+    return h.hexdigest()
+
+
+def validate(variant: V.Variant, options: dict, params: dict) -> dict[str, np.ndarray]:
+    """Checks user parameters against the module's: same names, same shapes, finite values.
+
+    Returns them as float32 arrays; anything else is a UsageError naming the problem.
+    """
+    want = {k: tuple(t.shape) for k, t in variant.build(options).state_dict().items()}
+    missing, extra = sorted(set(want) - set(params)), sorted(set(params) - set(want))
+    if missing or extra:
+        parts = ([f"missing {', '.join(missing)}"] if missing else []) + \
+                ([f"unknown {', '.join(extra)}"] if extra else [])
+        raise UsageError(f"params for {variant.name}: {'; '.join(parts)} (expected {', '.join(want)})")
+    out = {}
+    for name, shape in want.items():
+        try:
+            a = np.asarray(params[name], dtype=np.float32)
+        except (TypeError, ValueError):
+            raise UsageError(f"params[{name!r}] is not numeric") from None
+        if a.shape != shape:
+            raise UsageError(f"params[{name!r}] has shape {a.shape}, the module needs {shape}")
+        if not np.isfinite(a).all():
+            raise UsageError(f"params[{name!r}] has {int((~np.isfinite(a)).sum())} non-finite values")
+        out[name] = a
+    return out
+
+
+def record(model: onnx.ModelProto, params: dict[str, np.ndarray], np_dtype) -> dict[str, dict]:
+    """Finds every parameter among the model's initializers; returns its metadata entry.
+
+    A parameter the exporter did not keep as one initializer (folded into another constant) is
+    recorded with layout "folded" and the hash of its own value: it is fingerprinted, but
+    `read` cannot check it in the file.
+    """
+    inits = [(i.name, numpy_helper.to_array(i)) for i in model.graph.initializer]
+    entries = {}
+    for name in sorted(params):
+        p = np.asarray(params[name]).astype(np_dtype)
+        found = None
+        for iname, arr in inits:
+            if arr.dtype == p.dtype and arr.shape == p.shape and np.array_equal(arr, p):
+                found = (iname, "as-is", arr)
+                break
+        if found is None and p.ndim == 2:
+            pt = p.T
+            for iname, arr in inits:
+                if arr.dtype == p.dtype and arr.shape == pt.shape and np.array_equal(arr, pt):
+                    found = (iname, "transposed", arr)
+                    break
+        if found is None:
+            entries[name] = {"initializer": None, "layout": "folded", "sha256": sha256_of(p)}
+        else:
+            iname, layout, arr = found
+            entries[name] = {"initializer": iname, "layout": layout, "sha256": sha256_of(arr)}
+    return entries
+
+
+def read(model: onnx.ModelProto, entries: dict[str, dict]) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The model's own parameters (float32, in the module's layout) and the names whose hash changed.
+
+    A parameter whose initializer is gone counts as changed.
+    """
+    inits = {i.name: i for i in model.graph.initializer}
+    params, changed = {}, []
+    for name, e in sorted(entries.items()):
+        if e["layout"] == "folded":
+            continue
+        init = inits.get(e["initializer"])
+        if init is None:
+            changed.append(name)
+            continue
+        arr = numpy_helper.to_array(init)
+        if sha256_of(arr) != e["sha256"]:
+            changed.append(name)
+        value = arr.T if e["layout"] == "transposed" else arr
+        params[name] = np.ascontiguousarray(value).astype(np.float32)
+    return params, changed
+
+
+def from_metadata(meta: dict) -> dict[str, dict] | None:
+    """The parameter entries recorded at export, or None for a model exported without them."""
+    text = meta.get("params")
+    if text is None:
+        return None
+    return json.loads(text) if isinstance(text, str) else text
