@@ -26,7 +26,7 @@ FORMAT = 1
 # Errors below this many units in the last place of the output's scale are rounding: growth is
 # measured from this floor, so a baseline error of exactly 0 does not make every change infinite.
 EPS = {"fp32": float(np.finfo(np.float32).eps), "fp16": float(np.finfo(np.float16).eps)}
-FLOOR_ULPS = 4
+FLOOR_ULPS = 1
 
 
 def key(case: str, flavor: str, runtime: str) -> str:

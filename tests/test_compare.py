@@ -1,0 +1,77 @@
+"""compare: tolerances, NaN/inf/shape paths, name matching, error statistics, divergence."""
+
+import math
+
+import numpy as np
+import pytest
+
+from attnexport.compare import (FP16_FACTOR, TOLERANCES, compare, compare_outputs, derived_tolerance, divergence,
+                                tolerance)
+from attnexport.errors import UsageError
+
+TOL = TOLERANCES["fp32"]
+
+
+def test_pass_and_statistics():
+    e = np.zeros((2, 3))
+    a = e.copy()
+    a[1, 2] = 4e-6
+    a[0, 0] = 1e-6
+    c = compare("y", a, e, TOL)
+    assert c and c.max_abs == pytest.approx(4e-6) and c.argmax == (1, 2)
+    assert c.mean_abs == pytest.approx(5e-6 / 6) and c.median_abs == 0.0
+    assert c.compared == 6 and c.needed_atol == pytest.approx(4e-6)
+
+
+def test_fail_reports_the_tolerance_that_would_pass():
+    c = compare("y", [1.0, 2.0 + 1e-3], [1.0, 2.0], TOL)
+    assert not c and c.needed_atol == pytest.approx(1e-3 - 2e-4)
+    assert "passes with atol>=" in str(c)
+
+
+def test_nan_never_passes_even_where_expected_is_nan():
+    assert not compare("y", [np.nan], [np.nan], TOL)
+    c = compare("y", [np.nan, 1.0], [0.0, 1.0], TOL)
+    assert not c and "NaN never passes" in c.problem and c.nan_diff == 1
+
+
+def test_infinities_must_match():
+    assert compare("y", [np.inf, 1.0], [np.inf, 1.0], TOL)
+    assert not compare("y", [-np.inf], [np.inf], TOL)
+    assert compare("y", [np.inf], [1.0], TOL).problem == "infinities differ"
+
+
+def test_shape_mismatch_fails():
+    c = compare("y", np.zeros((2, 3)), np.zeros((3, 2)), TOL)
+    assert not c and "shape (2, 3) != expected (3, 2)" in c.problem
+
+
+def test_outputs_matched_by_name_missing_and_extra_fail():
+    got = {"weights": np.zeros(2), "extra": np.zeros(1)}
+    cs = {c.name: c for c in compare_outputs(["output", "weights"], got, {"output": np.zeros(2),
+                                                                         "weights": np.zeros(2)}, TOL)}
+    assert cs["weights"] and not cs["output"] and cs["output"].problem == "output missing"
+    assert not cs["extra"] and "unexpected output" in cs["extra"].problem
+    assert not compare_outputs(["output"], {"output": np.zeros(1)}, {}, TOL)[0]
+
+
+def test_tolerance_overrides_must_be_finite_and_non_negative():
+    assert tolerance("fp32", atol=0.0).atol == 0.0 and tolerance("fp32", rtol=1e-3).basis == "override"
+    for bad in (math.nan, math.inf, -1e-6):
+        with pytest.raises(UsageError):
+            tolerance("fp32", atol=bad)
+        with pytest.raises(UsageError):
+            tolerance("fp32", rtol=bad)
+
+
+def test_fp16_tolerance_is_derived_with_the_policy_as_floor():
+    t = derived_tolerance("fp16", 0.01)
+    assert t.atol == pytest.approx(FP16_FACTOR * 0.01) and "0.01 x 4" in t.basis
+    assert derived_tolerance("fp16", 1e-6).atol == TOLERANCES["fp16"].atol
+
+
+def test_divergence_is_relative_to_the_tensor_scale():
+    assert not divergence(np.full(4, 100.0) + 1e-4, np.full(4, 100.0), "fp32")[0]
+    assert divergence(np.full(4, 100.0) + 1e-2, np.full(4, 100.0), "fp32")[0]
+    assert divergence([np.nan], [0.0], "fp32")[0] and not divergence([np.nan], [np.nan], "fp32")[0]
+    assert divergence(np.zeros(2), np.zeros(3), "fp32")[0]
