@@ -350,7 +350,9 @@ def _print_verify(report, details, out=None):
         click.echo(f"fp16 tolerances: derived per case ({len(bases)} bases; see --details or --json), "
                    "atol = max(policy, 4 x the error of the fp16-emulated reference)")
     for r in report.failures:
-        click.echo(f"FAIL {r.describe()}")
+        click.echo(f"FAIL {r.describe(localization=False)}")
+        if r.localization is not None and (r.localization.diverged or r.localization.note):
+            click.echo(f"  where: {r.localization.describe()}")
     if report.saved_baseline:
         click.echo(f"baseline saved: {report.saved_baseline}")
     s = report.summary()

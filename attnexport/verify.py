@@ -139,7 +139,7 @@ class Row:
         bad = [c for c in self.comparisons if not c.passed]
         return (bad or sorted(self.comparisons, key=lambda c: -c.max_abs) or [None])[0]
 
-    def describe(self) -> str:
+    def describe(self, localization: bool = True) -> str:
         where = f"{self.label} / {self.flavor} / {self.runtime}"
         if self.skipped:
             return f"{where}: not applicable: {self.skipped}"
@@ -155,7 +155,7 @@ class Row:
                         f"tolerance rtol={c.rtol:g} atol={c.atol:g}, needs atol>={c.needed_atol:.3g}")
         if self.baseline and not self.baseline["passed"]:
             text += f"; baseline: {self.baseline['problem']}"
-        if self.localization is not None and self.localization.diverged:
+        if localization and self.localization is not None and self.localization.diverged:
             text += f"; localized: {self.localization.describe()}"
         return text
 
