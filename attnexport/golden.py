@@ -47,24 +47,55 @@ class CaseDef:
     name: str
     variant: str
     options: dict
-    seed: int
-    source: str  # where the case comes from: a worked example, or "seeded"
+    seed: int | None = None  # default: derived from the name (see seed_of)
+    source: str = "seeded"  # where the case comes from: a worked example (naming its file), or "seeded"
     make: Callable[[dict], tuple[dict, dict]] | None = None  # options -> (params, inputs)
     notes: dict = field(default_factory=dict)  # printed values and their relation, etc.
 
+    @property
+    def case_seed(self) -> int:
+        return seed_of(self.name) if self.seed is None else self.seed
 
-def _words(*vecs):
-    """2-number word vectors as 4-dim vectors whose last two coordinates are 0 (dim = 4)."""
-    x = np.zeros((1, len(vecs), 4), np.float32)
-    x[0, :, :2] = np.array(vecs, np.float32)
+
+SRC_SELF = "000_abe9b2a049dfe229.txt"  # the source texts (shared/seeds), cited by file name
+SRC_KERNEL = "001_efde4ef825fe046a.txt"
+SRC_TIED = "002_349328470132ab37.txt"
+SRC_CROSS = "003_61fe5aa5f14f9ed0.txt"
+SRC_SIMPLE = "004_0a0a73ca3f6cf3e6.txt"
+
+
+def seed_of(name: str) -> int:
+    """A case's seed from its name: adding or moving a case re-seeds no other."""
+    return int(hashlib.sha256(name.encode()).hexdigest()[:8], 16)
+
+
+# The cat/milk/it/{sweet,hungry} example (SRC_SELF): 4-dim word vectors of which the source prints
+# the two middle coordinates, "(..., 2, 2, ...)", and replaces the "..." by 0. Q = K = V = X.
+WORDS = {"cat": (2.0, 2.0), "milk": (1.0, 3.0), "it": (2.0, 2.0), "sweet": (0.0, 4.0), "hungry": (4.0, 0.0)}
+# The source's printed rows of "Softmax(Q K^T / sqrt(d)) V", in the order cat, milk, it, <word>.
+PRINTED_ROWS = {"sweet": [[0.625, 1.375], [0.089, 1.911], [0.625, 1.375], [0.010, 1.990]],
+                "hungry": [[1.125, 0.875], [0.609, 1.391], [1.125, 0.875], [1.999, 0.001]]}
+PRINTED_SCORES = {"sweet": [[8, 8, 8, 8], [8, 10, 8, 12], [8, 8, 8, 8], [8, 12, 8, 16]],
+                  "hungry": [[8, 8, 8, 8], [8, 10, 8, 4], [8, 8, 8, 8], [8, 4, 8, 16]]}
+# The relation the printed rows follow (all eight, to the printed three decimals): the softmax
+# is taken of the unscaled scores, and the output is divided by sqrt(d_k) = 2 instead.
+PRINTED_RELATION = "printed = softmax(Q K^T) V / sqrt(d_k): the scaling applied to the output, not the scores"
+# The sim(...) lines after each example, as printed, and what they follow from.
+PRINTED_SIM = {
+    "sweet": {"sim(it, milk)": "0.0625 x 0.089 + 1.375 x 1.911 = 2.68",
+              "sim(it, cat)": "0.0625 x 0.0625 + 1.375 x 1.375 = 2.28",
+              "misprint": "0.0625 should read 0.625 (it -> (0.625, 1.375)): with 0.625 the products give the "
+                          "printed 2.68 and 2.28; with 0.0625 they would give 2.63 and 1.89"},
+    "hungry": {"sim(it, milk)": "1.125 x 0.609 + 0.875 x 1.391 = 1.90",
+               "sim(it, cat)": "1.125 x 1.125 + 0.875 x 0.875 = 2.03"},
+}
+
+
+def _words(*names):
+    """The words' 4-dim vectors, printed coordinates in the middle, zeros for the '...'."""
+    x = np.zeros((1, len(names), 4), np.float32)
+    x[0, :, 1:3] = np.array([WORDS[n] for n in names], np.float32)
     return x
-
-
-# The word vectors of the cat/milk/it/{sweet,hungry} example. Q = K = V = X (identity
-# projections), d_k = 4. The source's own 2-number vectors could not be recovered for this
-# project; these stand in for them and the printed value is kept as a record (see notes).
-_CAT, _MILK, _IT = (2.0, 0.0), (0.0, 2.0), (1.0, 1.0)
-_SWEET, _HUNGRY = (0.0, 1.5), (1.5, 0.0)
 
 
 def _identity_self(x):
@@ -75,14 +106,15 @@ def _identity_self(x):
 
 
 def _nadaraya_watson(o):
-    rng = np.random.default_rng(7)
+    # As SRC_KERNEL prints it: 100 sorted samples of U[0, 5), y = f(x) + N(0, 0.5), and every
+    # sample queries the same samples as keys (the source's "each query uses its own keys").
+    rng = np.random.default_rng(seed_of("kernel-nadaraya-watson"))
     f = lambda x: 2 * np.sin(x) + x**0.8  # noqa: E731
-    x_train = np.sort(rng.uniform(0, 5, o["kv_seq"]))
-    y_train = f(x_train) + rng.normal(0.0, 0.5, o["kv_seq"])
-    x_test = np.arange(0, 5, 0.1)[: o["seq"]]
+    x = np.sort(rng.uniform(0, 5, o["kv_seq"]))
+    y = f(x) + rng.normal(0.0, 0.5, o["kv_seq"])
     params = {"w": np.array([1.5], np.float32)} if o["learnable_bandwidth"] else {}
-    return params, {"queries": x_test[None].astype(np.float32), "keys": x_train[None].astype(np.float32),
-                    "values": y_train[None].astype(np.float32)}
+    return params, {"queries": x[None].astype(np.float32), "keys": x[None].astype(np.float32),
+                    "values": y[None].astype(np.float32)}
 
 
 def _additive_example(o):
@@ -102,17 +134,26 @@ def _masked_softmax_example(valid_lens, seed):
     return make
 
 
-def _tied_example(o):
-    params = V.init_params(V.get("mha-tied"), o, 10)
-    inputs = V.make_inputs(V.get("mha-tied"), dict(o, mask="none"), 10)
-    # A decoder-style (lower-triangular) target mask, as the example's trg mask.
-    inputs["mask"] = np.broadcast_to(np.tril(np.ones((5, 5), bool)), (3, 5, 5)).copy()
+def _tied_causal(o):
+    seed = seed_of("mha-tied-causal-mask")
+    params = V.init_params(V.get("mha-tied"), o, seed)
+    inputs = V.make_inputs(V.get("mha-tied"), dict(o, mask="none"), seed)
+    # A decoder-style (lower-triangular) target mask.
+    inputs["mask"] = np.broadcast_to(np.tril(np.ones((o["seq"], o["kv_seq"]), bool)),
+                                     (o["batch"], o["seq"], o["kv_seq"])).copy()
     return params, inputs
 
 
+def _simple_64d(o):
+    # SRC_SIMPLE draws q, k and v with torch.rand: uniform on [0, 1).
+    seed = seed_of("self-64d-single-head")
+    rng = np.random.default_rng(seed)
+    return V.init_params(V.get("self"), o, seed), {"x": rng.random((1, 10, 64)).astype(np.float32)}
+
+
 def _i_love_you(o):
-    # Source "I love you" and its 3-word translation "ich liebe dich": word j of the
-    # translation queries with a vector close to source word j, so the weights align.
+    # SRC_CROSS: source "I love you", target "我 爱 你"; 我 attends to I, 爱 to love, 你 to you.
+    # Target word j queries with a vector close to source word j, so the weights align.
     D = o["dim"]
     src = np.zeros((1, 3, D), np.float32)
     tgt = np.zeros((1, 3, D), np.float32)
@@ -145,73 +186,86 @@ def _posenc_zeros(o):
 
 
 def _case_defs() -> tuple[CaseDef, ...]:
-    cases = [CaseDef(f"{name}-seeded", name, {}, 100 + i, "seeded")
-             for i, name in enumerate(V.VARIANTS)]
-    for i, mode in enumerate(("sqrt", "none", "norm", "cosine", "length")):
-        cases.append(CaseDef(f"self-scaling-{mode}", "self", {"scaling": mode, "weights": True}, 200 + i, "seeded"))
+    cases = [CaseDef(f"{name}-seeded", name, {}, source="seeded") for name in V.VARIANTS]
+    for mode in ("sqrt", "none", "norm", "cosine", "length"):
+        cases.append(CaseDef(f"self-scaling-{mode}", "self", {"scaling": mode, "weights": True},
+                             source=f"seeded: the {mode} scaling mode of {SRC_SELF}"))
         cases.append(CaseDef(f"mha-scaling-{mode}", "mha", {"scaling": mode, "weights": True, "mask": "padding"},
-                             300 + i, "seeded"))
-    milk_printed = [0.089, 1.911]
-    for word, vec in (("sweet", _SWEET), ("hungry", _HUNGRY)):
+                             source=f"seeded: the {mode} scaling mode of {SRC_SELF}"))
+    for word, other in (("sweet", "hungry"), ("hungry", "sweet")):
         cases.append(CaseDef(
-            f"self-cat-milk-it-{word}", "self", {"batch": 1, "seq": 4, "dim": 4, "weights": True}, 0,
-            f"worked example: 'the cat drank the milk because it was {word}'; tokens cat, milk, it, "
-            f"{word}; Q = K = V = X, d_k = 4, output = softmax(QK^T / sqrt(d_k)) V",
-            make=_identity_self(_words(_CAT, _MILK, _IT, vec)),
-            notes={"tokens": ["cat", "milk", "it", word],
-                   "printed": {"milk": milk_printed},
-                   "relation": "unverified: the source's 2-number word vectors are not available to "
-                               "this project, so the printed milk -> (0.089, 1.911) cannot be related "
-                               "to these stand-in vectors; the expected values follow the formula"}))
+            f"self-cat-milk-it-{word}", "self", {"batch": 1, "seq": 4, "dim": 4, "weights": True},
+            source=f"worked example of {SRC_SELF}: 'The cat drank the milk because it was {word}.'; words "
+                   f"cat, milk, it, {word} as printed, 4-dim with the '...' coordinates 0; Q = K = V = X, "
+                   "d_k = 4; expected = the formula softmax(QK^T / sqrt(d_k)) V",
+            make=_identity_self(_words("cat", "milk", "it", word)),
+            notes={"tokens": ["cat", "milk", "it", word], "vectors": {w: list(WORDS[w]) for w in
+                                                                     ("cat", "milk", "it", word)},
+                   "printed": {"scores": PRINTED_SCORES[word], "rows": PRINTED_ROWS[word],
+                               **PRINTED_SIM[word]},
+                   "relation": PRINTED_RELATION}))
     cases += [
         CaseDef("sdpa-gqa-causal-bool", "sdpa",
-                {"kv_heads": 2, "seq": 5, "kv_seq": 9, "causal": True, "mask": "bool", "weights": True}, 11, "seeded"),
+                {"kv_heads": 2, "seq": 5, "kv_seq": 9, "causal": True, "mask": "bool", "weights": True},
+                source="seeded"),
         CaseDef("sdpa-softcap-float-mask", "sdpa",
-                {"softcap": 2.0, "scale": 0.3, "mask": "float", "v_head_dim": 24, "heads": 4, "kv_heads": 4}, 12, "seeded"),
+                {"softcap": 2.0, "scale": 0.3, "mask": "float", "v_head_dim": 24, "heads": 4, "kv_heads": 4},
+                source="seeded"),
         CaseDef("sdpa-causal-long-query", "sdpa", {"seq": 12, "kv_seq": 7, "causal": True, "weights": True},
-                13, "seeded: causal with more queries than keys"),
-        CaseDef("sdpa-fully-masked-rows", "sdpa", {"mask": "bool", "weights": True}, 5,
-                "seeded, with two query rows whose mask is all False", make=_sdpa_fully_masked),
+                source="seeded: causal with more queries than keys"),
+        CaseDef("sdpa-fully-masked-rows", "sdpa", {"mask": "bool", "weights": True},
+                source="seeded, with two query rows whose mask is all False", make=_sdpa_fully_masked),
         CaseDef("mha-causal-gqa", "mha", {"causal": True, "kv_heads": 2, "mask": "padding", "weights": True},
-                14, "seeded"),
-        CaseDef("mha-padding-all-masked", "mha", {"mask": "padding", "weights": True}, 4,
-                "seeded, with one sequence that is entirely padding", make=_padding_empty),
-        CaseDef("self-64d-single-head", "self", {"batch": 1, "seq": 10, "dim": 64}, 64,
-                "worked example: 64-dim single-head self-attention, batch 1, length 10"),
-        CaseDef("mha-tied-10d-2h", "mha-tied", {"batch": 3, "seq": 5, "kv_seq": 5, "dim": 10, "heads": 2, "mask": "bool"},
-                10, "worked example: 10-dim, 2-head tied-projection attention, batch 3, length 5, "
-                "with a lower-triangular target mask", make=_tied_example),
+                source="seeded"),
+        CaseDef("mha-padding-all-masked", "mha", {"mask": "padding", "weights": True},
+                source="seeded, with one sequence that is entirely padding", make=_padding_empty),
+        CaseDef("self-64d-single-head", "self", {"batch": 1, "seq": 10, "dim": 64, "weights": True},
+                source=f"worked example of {SRC_SIMPLE}: d_model 64, batch 1, length 10, one head, scores "
+                       "scaled by 1/sqrt(64), inputs uniform on [0, 1) as the source's torch.rand. The source "
+                       "projects three separate tensors q, k, v with biased linear layers; the self variant "
+                       "projects one x without bias (q = k = v = x)", make=_simple_64d),
+        CaseDef("mha-tied-10d-2h", "mha-tied", {"batch": 3, "seq": 5, "kv_seq": 5, "dim": 10, "heads": 2},
+                source=f"worked example of {SRC_TIED}: embed size 10, 2 heads, 3 sequences of length 5, "
+                       "values, keys and query drawn from a standard normal (torch.randn), no mask"),
+        CaseDef("mha-tied-causal-mask", "mha-tied", {"batch": 3, "seq": 5, "kv_seq": 5, "dim": 10, "heads": 2,
+                                                     "mask": "bool"},
+                source=f"seeded: the sizes of {SRC_TIED}'s example with a lower-triangular mask",
+                make=_tied_causal),
         CaseDef("cross-i-love-you", "cross", {"batch": 1, "seq": 3, "kv_seq": 3, "dim": 4, "kv_dim": 4, "heads": 1,
-                                              "weights": True}, 0,
-                "worked example: alignment of 'I love you' to 'ich liebe dich'", make=_i_love_you,
-                notes={"source_tokens": ["I", "love", "you"], "target_tokens": ["ich", "liebe", "dich"],
-                       "relation": "target word j attends most to source word j"}),
+                                              "weights": True},
+                source=f"worked example of {SRC_CROSS}: cross-attention of the target \"我 爱 你\" over the "
+                       "source \"I love you\"", make=_i_love_you,
+                notes={"source_tokens": ["I", "love", "you"], "target_tokens": ["我", "爱", "你"],
+                       "relation": "target word j attends most to source word j: 我 -> I, 爱 -> love, 你 -> you"}),
         CaseDef("additive-valid-lens", "additive", {"batch": 2, "seq": 1, "kv_seq": 10, "dim": 20, "kv_dim": 2,
-                                                    "value_dim": 4, "hidden": 8, "weights": True}, 3,
-                "worked example: additive attention, keys all ones, values 0..39, valid lengths 2 and 6",
+                                                    "value_dim": 4, "hidden": 8, "weights": True}, seed=3,
+                source=f"seeded: additive attention with a masked softmax as {SRC_KERNEL} defines them (it "
+                       "prints no example values); keys all ones, values 0..39, valid lengths 2 and 6",
                 make=_additive_example,
-                notes={"printed": {"output": [[[2.0, 3.0, 4.0, 5.0]], [[10.0, 11.0, 12.0, 13.0]]]},
+                notes={"analytic": {"output": [[[2.0, 3.0, 4.0, 5.0]], [[10.0, 11.0, 12.0, 13.0]]]},
                        "relation": "identical keys give uniform weights over the valid keys, so the "
-                                   "output is the mean of the first valid_len values: equal to the "
-                                   "printed numbers"}),
-        CaseDef("additive-zero-length", "additive", {"weights": True}, 8, "seeded, valid length 0 in batch 0",
+                                   "output is the mean of the first valid_len values"}),
+        CaseDef("additive-zero-length", "additive", {"weights": True}, seed=8, source="seeded, valid length 0 in batch 0",
                 make=lambda o: (V.init_params(V.get("additive"), o, 8),
                                 dict(V.make_inputs(V.get("additive"), o, 8), valid_lens=np.array([0, 7], np.int64)))),
-        CaseDef("masked-softmax-valid-lens", "masked-softmax", {}, 2,
-                "worked example: masked softmax of 2x2x4 uniform scores, valid lengths 2 and 3",
+        CaseDef("masked-softmax-valid-lens", "masked-softmax", {},
+                source=f"seeded: the masked softmax of {SRC_KERNEL} on 2x2x4 uniform scores, valid lengths 2 and 3",
                 make=_masked_softmax_example([2, 3], 2)),
-        CaseDef("masked-softmax-zero-length", "masked-softmax", {}, 9, "seeded, valid lengths 0 and 4",
+        CaseDef("masked-softmax-zero-length", "masked-softmax", {}, source="seeded, valid lengths 0 and 4",
                 make=_masked_softmax_example([0, 4], 9)),
-        CaseDef("kernel-nadaraya-watson", "kernel", {"weights": True}, 7,
-                "worked example: Nadaraya-Watson regression of f(x) = 2 sin(x) + x^0.8, 50 noisy "
-                "training points (sigma 0.5) on [0, 5), queries 0, 0.1, ..., 4.9", make=_nadaraya_watson),
-        CaseDef("kernel-learnable-bandwidth", "kernel", {"learnable_bandwidth": True}, 7,
-                "worked example: the same regression with bandwidth w = 1.5", make=_nadaraya_watson),
-        CaseDef("posenc-table", "posenc", {"batch": 1, "seq": 60, "dim": 32}, 0,
-                "worked example: the encoding table itself (zeros in), 60 steps, 32 dims", make=_posenc_zeros),
-        CaseDef("encoder-padding", "encoder", {"mask": "padding"}, 15, "seeded"),
-        CaseDef("decoder-padding", "decoder", {"mask": "padding"}, 16, "seeded"),
-        CaseDef("cross-padding", "cross", {"mask": "padding", "weights": True}, 17, "seeded"),
+        CaseDef("kernel-nadaraya-watson", "kernel", {"seq": 100, "kv_seq": 100, "weights": True},
+                source=f"worked example of {SRC_KERNEL}: Nadaraya-Watson regression of f(x) = 2 sin(x) + x^0.8 "
+                       "from 100 samples x ~ U[0, 5), sorted, y = f(x) + N(0, 0.5); every sample is a query "
+                       "over the same samples as keys", make=_nadaraya_watson),
+        CaseDef("kernel-learnable-bandwidth", "kernel", {"seq": 100, "kv_seq": 100, "learnable_bandwidth": True},
+                source=f"seeded: the data of {SRC_KERNEL}'s regression with a learnable bandwidth w = 1.5 "
+                       "(the source fits the fixed kernel only)", make=_nadaraya_watson),
+        CaseDef("posenc-table", "posenc", {"batch": 1, "seq": 60, "dim": 32},
+                source=f"the sinusoidal encoding of {SRC_CROSS}: the table itself (zeros in), 60 steps, 32 dims",
+                make=_posenc_zeros),
+        CaseDef("encoder-padding", "encoder", {"mask": "padding"}, source="seeded"),
+        CaseDef("decoder-padding", "decoder", {"mask": "padding"}, source="seeded"),
+        CaseDef("cross-padding", "cross", {"mask": "padding", "weights": True}, source="seeded"),
     ]
     return tuple(cases)
 
@@ -239,9 +293,9 @@ def generate(case: CaseDef) -> GoldenCase:
     if case.make is not None:
         params, inputs = case.make(o)
     else:
-        params, inputs = V.init_params(variant, o, case.seed), V.make_inputs(variant, o, case.seed)
+        params, inputs = V.init_params(variant, o, case.case_seed), V.make_inputs(variant, o, case.case_seed)
     expected = {k: np.asarray(v, np.float64) for k, v in variant.reference(params, inputs, o).items()}
-    meta = {"format": FORMAT, "name": case.name, "variant": case.variant, "options": o, "seed": case.seed,
+    meta = {"format": FORMAT, "name": case.name, "variant": case.variant, "options": o, "seed": case.case_seed,
             "source": case.source, "notes": case.notes,
             "provenance": {"generated_by": f"attnexport {__version__}", "numpy": np.__version__,
                            "reference": f"attnexport.reference.ref_{case.variant.replace('-', '_')}"}}

@@ -59,10 +59,10 @@ def test_positional_table_known_values():
 
 # --- the worked examples' relations ---------------------------------------------------------
 
-def test_additive_example_matches_its_printed_output():
+def test_additive_example_follows_its_analytic_output():
     case = golden.load("additive-valid-lens")
-    printed = np.array(case.meta["notes"]["printed"]["output"])
-    np.testing.assert_allclose(case.expected["output"], printed, atol=1e-12)
+    assert golden.SRC_KERNEL in case.meta["source"] and "printed" not in case.meta["notes"]
+    np.testing.assert_allclose(case.expected["output"], case.meta["notes"]["analytic"]["output"], atol=1e-12)
     # The relation: uniform weights over the valid keys.
     w = case.expected["weights"]
     np.testing.assert_allclose(w[0, 0, :2], 0.5)
@@ -71,32 +71,80 @@ def test_additive_example_matches_its_printed_output():
 
 
 def test_cross_attention_aligns_i_love_you():
-    w = golden.load("cross-i-love-you").expected["weights"][0, 0]
+    case = golden.load("cross-i-love-you")
+    assert case.meta["notes"]["target_tokens"] == ["我", "爱", "你"] and golden.SRC_CROSS in case.meta["source"]
+    w = case.expected["weights"][0, 0]
     assert list(w.argmax(axis=-1)) == [0, 1, 2]
     assert (np.diag(w) > 0.9).all()
 
 
-def test_kernel_regression_follows_the_function():
+def test_kernel_regression_is_the_printed_setup_and_follows_the_function():
     case = golden.load("kernel-nadaraya-watson")
     x = case.inputs["queries"][0].astype(np.float64)
+    # As printed: 100 sorted samples of [0, 5), each a query over the same samples as keys.
+    assert x.shape == (100,) and (np.diff(x) >= 0).all() and 0 <= x.min() and x.max() < 5
+    np.testing.assert_array_equal(case.inputs["keys"], case.inputs["queries"])
     f = 2 * np.sin(x) + x**0.8
-    # Kernel smoothing of noisy samples (sigma 0.5): close to f, far better than predicting 0.
+    noise = case.inputs["values"][0] - f
+    assert 0.35 < noise.std() < 0.65  # N(0, 0.5) noise
+    # Kernel smoothing of noisy samples: close to f, far better than predicting 0.
     err = np.abs(case.expected["output"][0] - f).mean()
-    assert err < 0.7 and err < 0.3 * np.abs(f).mean()
+    assert err < 0.5 and err < 0.3 * np.abs(f).mean()
 
 
-def test_cat_milk_it_follows_the_formula_and_context():
-    for word in ("sweet", "hungry"):
-        case = golden.load(f"self-cat-milk-it-{word}")
-        X = case.inputs["x"][0].astype(np.float64)
-        S = X @ X.T / np.sqrt(4)
-        W = np.exp(S) / np.exp(S).sum(-1, keepdims=True)
-        np.testing.assert_allclose(case.expected["output"][0], W @ X, atol=1e-12)
-        assert case.meta["notes"]["printed"]["milk"] == [0.089, 1.911]
-    # The context word moves 'it': towards milk's direction with 'sweet', cat's with 'hungry'.
-    it_sweet = golden.load("self-cat-milk-it-sweet").expected["output"][0, 2]
-    it_hungry = golden.load("self-cat-milk-it-hungry").expected["output"][0, 2]
-    assert it_sweet[1] > it_sweet[0] and it_hungry[0] > it_hungry[1]
+@pytest.mark.parametrize("word", ["sweet", "hungry"])
+def test_cat_milk_it_uses_the_printed_vectors_and_follows_the_formula(word):
+    case = golden.load(f"self-cat-milk-it-{word}")
+    assert golden.SRC_SELF in case.meta["source"]
+    X = case.inputs["x"][0].astype(np.float64)
+    printed = {w: golden.WORDS[w] for w in ("cat", "milk", "it", word)}
+    np.testing.assert_array_equal(X[:, 1:3], list(printed.values()))
+    assert (X[:, [0, 3]] == 0).all()
+    np.testing.assert_array_equal(X @ X.T, case.meta["notes"]["printed"]["scores"])
+    # The expected value is the formula's: softmax(QK^T / sqrt(d_k)) V with d_k = 4.
+    S = X @ X.T / np.sqrt(4)
+    W = np.exp(S) / np.exp(S).sum(-1, keepdims=True)
+    np.testing.assert_allclose(case.expected["output"][0], W @ X, atol=1e-12)
+
+
+@pytest.mark.parametrize("word", ["sweet", "hungry"])
+def test_cat_milk_it_printed_rows_follow_the_stated_relation(word):
+    """All eight printed rows are softmax(QK^T) V / sqrt(d_k), to the printed three decimals,
+    and differ from the formula's value: the source scaled the output, not the scores."""
+    case = golden.load(f"self-cat-milk-it-{word}")
+    X = case.inputs["x"][0].astype(np.float64)
+    S = X @ X.T
+    W = np.exp(S - S.max(-1, keepdims=True))
+    W /= W.sum(-1, keepdims=True)
+    related = (W @ X / np.sqrt(4))[:, 1:3]
+    printed = np.array(case.meta["notes"]["printed"]["rows"])
+    np.testing.assert_array_equal(np.round(related, 3), printed)
+    assert np.abs(case.expected["output"][0][:, 1:3] - printed).max() > 0.4
+    assert case.meta["notes"]["relation"] == golden.PRINTED_RELATION
+
+
+def test_cat_milk_it_sim_lines_and_their_misprint():
+    rows = {w: np.array(golden.PRINTED_ROWS[w]) for w in ("sweet", "hungry")}
+    it, milk, cat = rows["sweet"][2], rows["sweet"][1], rows["sweet"][0]
+    # Printed: sim(it, milk) = 2.68, sim(it, cat) = 2.28 with "0.0625" for it's first coordinate.
+    assert round(float(it @ milk), 2) == 2.68 and round(float(it @ cat), 2) == 2.28
+    misread = np.array([0.0625, 1.375])
+    assert round(float(misread @ milk), 2) != 2.68 and round(float(misread @ np.array([0.0625, 1.375])), 2) != 2.28
+    it, milk, cat = rows["hungry"][2], rows["hungry"][1], rows["hungry"][0]
+    assert round(float(it @ milk), 2) == 1.90 and round(float(it @ cat), 2) == 2.03
+    assert "0.0625 should read 0.625" in golden.PRINTED_SIM["sweet"]["misprint"]
+
+
+def test_worked_examples_cite_their_source_file():
+    for name, file in (("self-cat-milk-it-sweet", golden.SRC_SELF), ("kernel-nadaraya-watson", golden.SRC_KERNEL),
+                       ("mha-tied-10d-2h", golden.SRC_TIED), ("cross-i-love-you", golden.SRC_CROSS),
+                       ("self-64d-single-head", golden.SRC_SIMPLE)):
+        case = golden.load(name)
+        assert case.meta["source"].startswith(f"worked example of {file}")
+    tied = golden.load("mha-tied-10d-2h")
+    assert tied.options["mask"] == "none" and tied.inputs["query"].shape == (3, 5, 10)
+    simple = golden.load("self-64d-single-head").inputs["x"]
+    assert simple.shape == (1, 10, 64) and 0 <= simple.min() and simple.max() < 1
 
 
 def test_masked_softmax_zero_length_row_is_zero():
