@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import io
 import json
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from attnexport import __version__, golden
+from attnexport import __version__, cache, golden
 from attnexport import files as F
 from attnexport import variants as V
 from attnexport import weights as W
@@ -115,25 +116,53 @@ def _quiet():
             lg.setLevel(level)
 
 
+@functools.cache
+def _reuse_torchlib_table() -> None:
+    """torch.onnx rebuilds its table of about 500 ONNX functions on every export (0.3-0.7 s here,
+    a third of a small export). The table does not change within a process: build it once."""
+    with contextlib.suppress(Exception):  # torch internals: without them, exports are only slower
+        from torch.onnx._internal.exporter import _registration
+        apis = _registration.onnxscript_apis
+        apis.get_torchlib_ops = functools.cache(apis.get_torchlib_ops)
+
+
 def build_model(variant_name: str, options: dict | None = None, flavor: str = DEFAULT_FLAVOR,
                 opset: int | None = None, dtype: str = "fp32", params: dict | None = None,
-                seed: int = 0) -> tuple[onnx.ModelProto, ExportResult]:
+                seed: int = 0, use_cache: bool = True) -> tuple[onnx.ModelProto, ExportResult]:
     """Exports a variant to an in-memory ONNX model; returns it with a result (path unset).
 
     Args:
         options: the variant's options (defaults fill the rest).
         params: parameters as NumPy arrays (default: seeded ones from `seed`).
+        use_cache: reuse an identical earlier export from the export cache (see `attnexport.cache`).
     """
-    import torch
-
-    importlib.import_module("attnexport.models.core")  # registers the attnexport::attention custom ops
-    from attnexport.onnx_attention import TRANSLATIONS
-
     variant = V.get(variant_name)
     o = variant.resolve(options)
     gf, opset = _validate(variant, flavor, opset, dtype)
     params_source = "seed" if params is None else "given"
     params = V.init_params(variant, o, seed) if params is None else W.validate(variant, o, params)
+    request = {"variant": variant.name, "options": o, "flavor": flavor, "graph_flavor": gf, "opset": opset,
+               "dtype": dtype, "seed": seed, "params_source": params_source,
+               "params": {k: W.sha256_of(v) for k, v in sorted(params.items())}}
+    key = cache.key(request) if use_cache else None
+    hit = cache.get(key) if key else None
+    if hit is not None:
+        model, info = hit
+        return model, ExportResult(Path(), variant.name, o, flavor, gf, opset, dtype, info["attention_op"], 0,
+                                   info["note"])
+    model, result = _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed)
+    if key:
+        cache.put(key, model, {"attention_op": result.attention_op, "note": result.note})
+    return model, result
+
+
+def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed):
+    import torch
+
+    importlib.import_module("attnexport.models.core")  # registers the attnexport::attention custom ops
+    from attnexport.onnx_attention import TRANSLATIONS
+
+    _reuse_torchlib_table()
     module = V.load_params(variant.build(o), params).to(_dtype_torch(dtype)).eval()
 
     ex = example_sizes(variant, o)

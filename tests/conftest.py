@@ -1,9 +1,20 @@
+import atexit
+import os
+import shutil
+import tempfile
+
 import numpy as np
 import torch
 
 from attnexport import variants as V
 
 torch.set_num_threads(2)
+
+# One export cache for the whole session, starting empty: tests share identical exports (as
+# verify and bench do for a user) and never read a cache left by an earlier run.
+_CACHE = tempfile.mkdtemp(prefix="attnexport-test-cache-")
+os.environ["ATTNEXPORT_CACHE"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 
 def to_torch(inputs: dict, dtype=torch.float32):

@@ -131,10 +131,30 @@ def test_primitives_opset_17():
     assert model.ir_version == 8
 
 
-def test_reexport_gives_the_same_bytes(tmp_path):
-    a = E.export("mha", {"causal": True}, "ort", output=tmp_path / "a.onnx")
-    b = E.export("mha", {"causal": True}, "ort", output=tmp_path / "b.onnx")
-    assert a.path.read_bytes() == b.path.read_bytes()
+def test_reexport_gives_the_same_bytes():
+    a = E.build_model("mha", {"causal": True}, "ort", use_cache=False)[0]
+    b = E.build_model("mha", {"causal": True}, "ort", use_cache=False)[0]
+    assert a.SerializeToString(deterministic=True) == b.SerializeToString(deterministic=True)
+
+
+def test_export_cache_returns_what_a_fresh_export_writes(tmp_path, monkeypatch):
+    from attnexport import cache
+    monkeypatch.setenv("ATTNEXPORT_CACHE", str(tmp_path / "cache"))
+    fresh = E.build_model("posenc", {}, "primitives", use_cache=False)[0].SerializeToString(deterministic=True)
+    first = E.build_model("posenc", {}, "primitives")[0]  # a miss: exports and stores
+    entries = sorted((tmp_path / "cache").glob("*.onnx"))
+    assert len(entries) == 1 and entries[0].read_bytes() == fresh
+    hit, result = E.build_model("posenc", {}, "primitives")
+    assert hit.SerializeToString(deterministic=True) == fresh == first.SerializeToString(deterministic=True)
+    assert result.attention_op == "none"
+    # Other parameters, dtype or options are another key; a damaged entry is a miss, then replaced.
+    E.build_model("posenc", {"dim": 16}, "primitives")
+    assert len(list((tmp_path / "cache").glob("*.onnx"))) == 2
+    entries[0].write_bytes(b"damaged")
+    assert cache.get(entries[0].stem) is None
+    assert E.build_model("posenc", {}, "primitives")[0].SerializeToString(deterministic=True) == fresh
+    monkeypatch.setenv("ATTNEXPORT_CACHE", "off")
+    assert cache.directory() is None
 
 
 def test_failed_export_leaves_nothing(tmp_path):
