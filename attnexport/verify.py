@@ -74,19 +74,37 @@ class ModelSource:
         return self._good
 
 
-_EXPORTS: dict = {}
+_GRAPHS: dict = {}
 
 
 def _export(variant, options, gf, opset, dtype, params):
-    """One export per content (variant, options, flavour, opset, dtype, parameters) per process."""
-    key = (variant, json.dumps(options, sort_keys=True), gf, opset, dtype,
-           tuple(sorted((k, W.sha256_of(v)) for k, v in params.items())))
-    if key not in _EXPORTS:
+    """The model of a variant with these options and parameters.
+
+    One export per graph: variant, the options that shape the graph (sizes are symbolic), flavour,
+    opset and dtype. Cases that differ only in sizes or parameters get that export with their
+    parameters put into its initializers (`weights.reweight`), which is what a fresh export with
+    them would hold; where that cannot be done, they are exported afresh.
+    """
+    v = V.get(variant)
+    static = {k: x for k, x in options.items() if k not in v.dynamic}
+    key = (variant, json.dumps(static, sort_keys=True), gf, opset, dtype)
+    if key not in _GRAPHS:
         try:
-            _EXPORTS[key] = E.build_model(variant, options, gf, opset=opset, dtype=dtype, params=params)[0]
+            _GRAPHS[key] = E.build_model(variant, options, gf, opset=opset, dtype=dtype)[0]
         except UnsupportedByFlavor as e:
-            _EXPORTS[key] = e  # the same answer for every runtime, without exporting again
-    return _EXPORTS[key]
+            _GRAPHS[key] = e  # the same answer for every case and runtime, without exporting again
+    graph = _GRAPHS[key]
+    if isinstance(graph, Exception):
+        return graph
+    from attnexport.inspect import attnexport_metadata
+    entries = W.from_metadata(attnexport_metadata(graph))
+    model = W.reweight(graph, entries, params) if entries is not None else None
+    if model is None:
+        try:
+            model = E.build_model(variant, options, gf, opset=opset, dtype=dtype, params=params)[0]
+        except UnsupportedByFlavor as e:
+            return e
+    return model
 
 
 @dataclass(frozen=True, eq=False)

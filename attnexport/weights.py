@@ -122,3 +122,41 @@ def from_metadata(meta: dict) -> dict[str, dict] | None:
     if text is None:
         return None
     return json.loads(text) if isinstance(text, str) else text
+
+
+def reweight(model: onnx.ModelProto, entries: dict[str, dict], params: dict[str, np.ndarray]) -> onnx.ModelProto | None:
+    """A copy of `model` holding `params` in place of the parameters `entries` records.
+
+    The graph of an export does not depend on its parameters' values, so one export serves any
+    parameters of the same shapes: the initializers are replaced (in their recorded layout and
+    dtype) and the fingerprints recomputed. None when that is not possible (a folded parameter,
+    one initializer shared by two parameters, another parameter set).
+    """
+    if set(entries) != set(params):
+        return None
+    holders = [e["initializer"] for e in entries.values()]
+    if any(e["layout"] not in LAYOUTS for e in entries.values()) or len(set(holders)) != len(holders):
+        return None
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    inits = {i.name: i for i in out.graph.initializer}
+    new = {}
+    for name, e in entries.items():
+        init = inits.get(e["initializer"])
+        if init is None:
+            return None
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(init.data_type)
+        value = np.asarray(params[name], dtype=np.float32)
+        value = np.ascontiguousarray(value.T if e["layout"] == "transposed" else value).astype(dtype)
+        if tuple(init.dims) != value.shape:
+            return None
+        init.CopyFrom(numpy_helper.from_array(value, init.name))
+        new[name] = {**e, "sha256": sha256_of(value)}
+    for p in out.metadata_props:
+        if p.key == "attnexport.params":
+            p.value = json.dumps(new, sort_keys=True)
+        elif p.key == "attnexport.params_sha256":
+            p.value = total_sha256(new)
+        elif p.key == "attnexport.params_source":
+            p.value = "given"
+    return out

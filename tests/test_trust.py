@@ -304,3 +304,18 @@ def test_localize_on_a_good_model_finds_nothing(models):
     assert report.ok
     for r in report.rows:
         assert r.localization is not None and not r.localization.diverged and r.localization.compared > 10
+
+
+def test_reweighted_export_holds_what_a_fresh_export_with_those_parameters_holds():
+    from attnexport import weights as W
+    from attnexport.inspect import attnexport_metadata
+    variant = V.get("decoder")
+    o = variant.resolve({"mask": "padding"})
+    other = V.init_params(variant, o, 7)
+    base = E.build_model("decoder", o, "ort")[0]
+    moved = W.reweight(base, W.from_metadata(attnexport_metadata(base)), other)
+    fresh = E.build_model("decoder", o, "ort", params=other)[0]
+    assert moved.graph.SerializeToString(deterministic=True) == fresh.graph.SerializeToString(deterministic=True)
+    assert attnexport_metadata(moved)["params_sha256"] == attnexport_metadata(fresh)["params_sha256"]
+    # Another parameter set (a missing name) cannot be put in: the caller exports afresh.
+    assert W.reweight(base, W.from_metadata(attnexport_metadata(base)), dict(list(other.items())[1:])) is None
