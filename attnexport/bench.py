@@ -100,6 +100,9 @@ def _ort_session(runtime: str, model, dtype: str, threads: int, cuda_graph: bool
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.intra_op_num_threads = threads
+    # ONNX Runtime's pool spins for a while after each run; on the CPU that spinning takes the
+    # cores torch's pool needs when the candidates take turns, and torch's time grows 2-300x.
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     if runtime == "ort-cpu":
         providers = ["CPUExecutionProvider"]

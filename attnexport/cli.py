@@ -12,11 +12,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from attnexport import export as export_mod
+from attnexport import files as F
 from attnexport import golden as golden_mod
 from attnexport import variants as V
 from attnexport.errors import AttnExportError, UsageError
 
-console = Console()
+
+
+def _console() -> Console:
+    """A console made per command, so that the width is the terminal's (or $COLUMNS) now."""
+    return Console()
 
 
 def _fail(message: str, code: int):
@@ -94,7 +99,7 @@ def list_cmd(as_json):
         outs = ", ".join(("[" + i["name"] + "]") if i["optional"] else i["name"] for i in r["outputs"])
         table.add_row(f"[bold]{r['name']}[/bold]\n{escape(r['summary'])}", escape(f"{ins} -> {outs}"),
                       escape(" ".join(_option_text(opt) for opt in v.options)))
-    console.print(table)
+    _console().print(table)
 
 
 @main.command()
@@ -188,22 +193,22 @@ def inspect(model, as_json):
         click.echo(json.dumps(d, indent=1))
         return
     opsets = ", ".join(f"{k} {v}" for k, v in d["opsets"].items())
-    console.print(f"[bold]{escape(d['path'])}[/bold]: IR {d['ir_version']}, opsets {escape(opsets)}, "
+    _console().print(f"[bold]{escape(d['path'])}[/bold]: IR {d['ir_version']}, opsets {escape(opsets)}, "
                   f"{d['nodes']} nodes, {d['parameters']} parameters, {d['size']} bytes")
-    console.print(f"attention op: [bold]{escape(d['attention_op'])}[/bold]")
+    _console().print(f"attention op: [bold]{escape(d['attention_op'])}[/bold]")
     table = Table(show_header=True)
     for col in ("", "name", "dtype", "dims"):
         table.add_column(col)
     for kind in ("inputs", "outputs"):
         for t in d[kind]:
             table.add_row(kind[:-1], t["name"], t["dtype"], escape(str(t["dims"])))
-    console.print(table)
-    console.print("ops: " + escape(", ".join(f"{k} x{v}" for k, v in d["op_counts"].items())))
+    _console().print(table)
+    _console().print("ops: " + escape(", ".join(f"{k} x{v}" for k, v in d["op_counts"].items())))
     if d["attnexport"]:
         for k, v in d["attnexport"].items():
-            console.print(f"  {k}: {escape(json.dumps(v) if isinstance(v, dict) else str(v))}")
+            _console().print(f"  {k}: {escape(json.dumps(v) if isinstance(v, dict) else str(v))}")
     else:
-        console.print("no attnexport metadata")
+        _console().print("no attnexport metadata")
 
 
 @main.command()
@@ -299,7 +304,7 @@ def _result(r) -> str:
 
 
 def _print_verify(report, details, out=None):
-    out = out or console
+    out = out or _console()
     for r in report.runtimes:
         if not r["available"]:
             click.echo(f"skipped {r['name']}: {r['reason']}", err=True)
@@ -373,6 +378,31 @@ def _int_list(flag, text):
     return values
 
 
+def _print_bench(rows, variant, dtype):
+    """The timing table at any width down to 80 columns: two values per cell, notes below it."""
+    table = _table(f"bench {variant} {dtype}, {rows[0].threads if rows else '?'} CPU threads",
+                   ("run", "shape", "median ms\np10-p90", "TFLOP/s\npeak", "x torch", "max err"),
+                   ("median ms\np10-p90", "TFLOP/s\npeak", "x torch", "max err"))
+    notes = []
+    for r in rows:
+        run = f"{r.runtime}\n{r.flavor}" + ("" if r.mode in ("eager", "io-binding") else f" {r.mode}")
+        if r.median_ms != r.median_ms:  # not applicable: no timing
+            notes.append(f"{r.runtime} {r.flavor}: {r.note}")
+            continue
+        note = [r.note] if r.note else []
+        if r.cpu_nodes:
+            note.append(f"{len(r.cpu_nodes)} node(s) on CPU: {', '.join(r.cpu_nodes[:3])}")
+        if r.peak_mem_bytes is not None:
+            note.append(f"peak mem {r.peak_mem_bytes / 2**20:.0f} MiB")
+        if note:
+            notes.append(f"{r.runtime} {r.flavor} {r.shape_label}: {'; '.join(note)}")
+        table.add_row(escape(run), r.shape_label, f"{r.median_ms:.3f}\n{r.p10_ms:.3f}-{r.p90_ms:.3f}",
+                      f"{r.tflops:.3f}\n{r.peak_fraction:.2f}", f"{r.ratio_to_torch:.2f}", f"{r.max_abs_err:.1e}")
+    _console().print(table)
+    for n in notes:
+        click.echo(f"note: {n}")
+
+
 @main.command()
 @click.option("--variant", required=True, help="The variant to time (see `attnexport list`).")
 @click.option("--batch", default=None, help="Batch size, or several separated by commas.")
@@ -397,8 +427,6 @@ def bench(variant, batch, seq, kv_seq, runtimes, flavors, dtype, warmup, iters, 
 
     Example: attnexport bench --variant mha --runtimes torch,ort-cpu --batch 8 --seq 512 --dim 512 --heads 8
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from attnexport import bench as bench_mod
 
     opts = _given(options)
@@ -409,40 +437,16 @@ def bench(variant, batch, seq, kv_seq, runtimes, flavors, dtype, warmup, iters, 
     kwargs = dict(runtimes=[r.strip() for r in runtimes.split(",") if r.strip()] if runtimes else None,
                   flavors=list(flavors) or None,
                   dtype=dtype, warmup=warmup, iters=iters, cuda_graph=cuda_graph, threads=threads, seed=seed)
-    err_console = Console(stderr=True)
-    if as_json or not err_console.is_terminal:
-        rows = bench_mod.bench(variant, opts, **kwargs)
-    else:
-        columns = (TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("{task.description}"))
-        with Progress(*columns, console=err_console, transient=True) as bar:
-            task = bar.add_task("exporting and calibrating", total=None)
-            rows = bench_mod.bench(variant, opts, **kwargs,
-                                   progress=lambda i, n, what: bar.update(task, completed=i, total=n,
-                                                                          description=what))
+    if plot:
+        plot = str(F.resolve_target(plot))  # before the benchmark runs, not after
+    rows = _with_progress("bench", as_json, lambda progress: bench_mod.bench(variant, opts, **kwargs,
+                                                                            progress=progress))
     if plot:
         bench_mod.plot(rows, plot, f"{variant} {dtype}, median latency")
     if as_json:
         click.echo(json.dumps(bench_mod.to_json(rows), default=float))
         return
-    table = Table(title=f"bench {variant} {dtype}, {rows[0].threads if rows else '?'} CPU threads")
-    heads = ("runtime", "flavor", "mode", "shape", "median ms", "p10", "p90", "TFLOP/s", "peak", "x torch",
-             "max err", "note")
-    for h in heads:
-        table.add_column(h, justify="left" if h in ("runtime", "flavor", "mode", "shape", "note") else "right")
-    for r in rows:
-        if r.median_ms != r.median_ms:
-            table.add_row(r.runtime, r.flavor, "-", "-", *[""] * 7, escape(r.note))
-            continue
-        note = r.note
-        if r.cpu_nodes:
-            note = f"{len(r.cpu_nodes)} node(s) on CPU: {', '.join(r.cpu_nodes[:3])}"
-        if r.peak_mem_bytes is not None:
-            note = f"peak mem {r.peak_mem_bytes / 2**20:.0f} MiB" + (f"; {note}" if note else "")
-        table.add_row(r.runtime, r.flavor, r.mode, r.shape_label, f"{r.median_ms:.3f}", f"{r.p10_ms:.3f}",
-                      f"{r.p90_ms:.3f}", f"{r.tflops:.3f}", f"{r.peak_fraction:.2f}",
-                      f"{r.ratio_to_torch:.2f}", f"{r.max_abs_err:.1e}", escape(note))
-    console.print(table)
+    _print_bench(rows, variant, dtype)
     for rt, shape, flavor, ms in bench_mod.fastest(rows):
         click.echo(f"fastest on {rt} at {shape}: {flavor} ({ms:.3f} ms)")
     if plot:

@@ -8,13 +8,21 @@ import torch
 
 from attnexport import variants as V
 
-torch.set_num_threads(2)
+# The suite runs on pytest-xdist workers (see pyproject's addopts): the cores are shared out
+# among them instead of each worker's torch and ONNX Runtime pools fighting over all of them.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
 
-# One export cache for the whole session, starting empty: tests share identical exports (as
-# verify and bench do for a user) and never read a cache left by an earlier run.
-_CACHE = tempfile.mkdtemp(prefix="attnexport-test-cache-")
-os.environ["ATTNEXPORT_CACHE"] = _CACHE
-atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+
+def pytest_configure(config):
+    """One export cache for the whole run, starting empty, made before the workers start so that
+    they all share it: tests share identical exports (as verify and bench do for a user) and
+    never read a cache left by an earlier run."""
+    if hasattr(config, "workerinput"):
+        return
+    cache = tempfile.mkdtemp(prefix="attnexport-test-cache-")
+    os.environ["ATTNEXPORT_CACHE"] = cache
+    atexit.register(shutil.rmtree, cache, ignore_errors=True)
 
 
 def to_torch(inputs: dict, dtype=torch.float32):
@@ -30,3 +38,12 @@ def run_module(variant, o, params, inputs, dtype=torch.float32):
         out = module(*to_torch(inputs, dtype))
     out = out if isinstance(out, tuple) else (out,)
     return {s.name: t.double().numpy() for s, t in zip(variant.outputs(o), out)}
+
+
+def assert_fits_80(text: str):
+    """Every line of a table fits 80 columns and no cell was cut short (rich's ellipsis)."""
+    for line in text.splitlines():
+        if line.startswith(("FAIL ", "  where: ", "note: ", "fp16 tolerances", "skipped ")):
+            continue  # plain lines: the terminal wraps them, nothing is cut
+        assert len(line) <= 80, f"{len(line)} columns: {line}"
+    assert "\u2026" not in text, text

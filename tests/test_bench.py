@@ -7,6 +7,7 @@ from click.testing import CliRunner
 
 from attnexport import bench as B, runtimes as R
 from attnexport.cli import main
+from conftest import assert_fits_80
 from attnexport.errors import ProviderUnavailableError, UsageError
 
 SMALL = {"batch": 2, "seq": [8, 16], "dim": 32, "heads": 4}
@@ -77,11 +78,19 @@ def test_cli_json_and_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_cli_table(tmp_path):
-    r = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["bench", "--variant", "posenc", "--seq", "8", "--warmup", "0", "--iters", "1",
-                                  "--flavor", "attention"])
+def test_cli_table_is_readable_at_80_columns(tmp_path):
+    r = CliRunner(env={"COLUMNS": "80"}).invoke(main, ["bench", "--variant", "mha", "--seq", "8", "--dim", "16",
+                                                       "--warmup", "0", "--iters", "2", "--flavor", "attention",
+                                                       "--flavor", "ort"])
     assert r.exit_code == 0, r.output
-    assert "fastest on ort-cpu" in r.output and "no dot-product core" in r.output
+    assert_fits_80(r.output)
+    for head in ("run", "shape", "median ms", "p10-p90", "TFLOP/s", "peak", "x torch", "max err"):
+        assert head in r.output
+    assert "fastest on ort-cpu" in r.output
+    r = CliRunner(env={"COLUMNS": "80"}).invoke(main, ["bench", "--variant", "posenc", "--seq", "8", "--warmup", "0",
+                                                       "--iters", "1", "--flavor", "attention"])
+    assert r.exit_code == 0 and "note: ort-cpu attention 1x8: no dot-product core" in r.output
+    assert_fits_80(r.output)
 
 
 @pytest.mark.parametrize("args, message", [

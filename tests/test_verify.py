@@ -229,3 +229,21 @@ def test_model_file_with_options_no_golden_case_has(tmp_path):
     assert {(row["model"], row["case"]) for row in doc["results"]} == {("mha8.onnx", "seeded-2x7"),
                                                                         ("mha8.onnx", "seeded-1x1")}
     assert all(row["expected"].endswith("seeded inputs") for row in doc["results"])
+
+
+def test_verify_tables_are_readable_at_80_columns(golden_copy):
+    from conftest import assert_fits_80
+    runner = CliRunner(env={"COLUMNS": "80"})
+    r = runner.invoke(main, ["verify", "--variant", "kernel", "--variant", "mha-tied", "--runtimes",
+                             "torch,onnx-ref,ort-cpu", "--details"])
+    assert r.exit_code == 0, r.output
+    assert_fits_80(r.output)
+    for head in ("run", "output", "max abs", "@ index", "mean", "median", "p99", "atol", "needs", "primitives",
+                 "onnx-ref", "kernel-seeded", "mha-tied-10d-2h", "1.00e-05"):
+        assert head in r.output, head
+    _tamper(golden_copy, "posenc-seeded", update_manifest=True)
+    r = runner.invoke(main, ["verify", "--variant", "posenc", "--runtimes", "torch,ort-cpu", "--golden",
+                             str(golden_copy)])
+    assert r.exit_code == 1
+    assert_fits_80(r.output)
+    assert "failures" in r.output and "needs atol" in r.output and "5.00e-01" in r.output
