@@ -11,6 +11,7 @@ time the runs.
 
 from __future__ import annotations
 
+import io
 import os
 import statistics
 import time
@@ -20,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from attnexport import export as E
+from attnexport import files as F
 from attnexport import runtimes as R
 from attnexport import variants as V
 from attnexport.errors import UnsupportedByFlavor, UsageError
@@ -134,6 +136,8 @@ def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | 
         raise UsageError(f"unknown dtype {dtype!r}; valid: {', '.join(E.DTYPES)}")
     if warmup < 0 or iters < 1:
         raise UsageError("--warmup must be >= 0 and --iters >= 1")
+    if threads is not None and threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {threads}")
     # Default: every runtime that can run here.
     runtimes = list(runtimes or [r for r in BENCH_RUNTIMES if R.status(r).available])
     for rt in runtimes:
@@ -147,6 +151,8 @@ def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | 
     threads = threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     shapes = [variant.resolve(s) for s in shapes_from(dict(options or {}))]
+    for o in shapes:
+        V.check_memory(variant, o, 2 if dtype == "fp16" else 4)
     base = shapes[0]
     params = V.init_params(variant, base, seed)
     tdtype = {"fp32": torch.float32, "fp16": torch.float16}[dtype]
@@ -330,6 +336,19 @@ def _row(variant, rt, flavor, mode, dtype, shape, ms, flops, peak, torch_median,
                     tflops * 1e12 / peak, peak / 1e12, med / torch_median, err, mem, threads)
 
 
+def warnings_for(runtimes: list[str] | None, dtype: str, cuda_graph: bool) -> list[str]:
+    """What the user should know before a run starts (said up front, not after minutes)."""
+    runtimes = list(runtimes or [r for r in BENCH_RUNTIMES if R.status(r).available])
+    out = []
+    if cuda_graph and not any(r.endswith("cuda") for r in runtimes):
+        out.append("--cuda-graph does nothing here: no CUDA runtime (torch-cuda, ort-cuda) is in this run")
+    cpu = [r for r in runtimes if not r.endswith("cuda")]
+    if dtype == "fp16" and cpu:
+        out.append(f"fp16 on {', '.join(cpu)}: the CPU has no fp16 matrix units, so torch and ONNX Runtime "
+                   "emulate it, often 10-100x slower than fp32; a run can take minutes")
+    return out
+
+
 def fastest(rows: list[BenchRow]) -> list[tuple[str, str, str, float]]:
     """For each runtime and shape: the fastest flavour (runtime, shape, flavour, median ms)."""
     best = {}
@@ -381,7 +400,7 @@ def plot(rows: list[BenchRow], path: str, title: str):
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    tmp = f"{path}.tmp.png"
-    fig.savefig(tmp, dpi=120)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)
-    os.replace(tmp, path)
+    F.atomic_write(path, buf.getvalue())

@@ -37,6 +37,9 @@ def reports_errors(fn):
             return fn(*args, **kwargs)
         except AttnExportError as e:
             _fail(str(e), e.exit_code)
+        except KeyboardInterrupt:
+            # Files are written to a temporary name and renamed: nothing is left half-written.
+            _fail("interrupted", 130)
     return wrapper
 
 
@@ -49,9 +52,10 @@ def main():
 def _option_text(opt: V.Option) -> str:
     if opt.type is bool:
         return opt.flag
+    default = "auto" if opt.default is None else opt.default  # None: derived (e.g. --kv-heads = --heads)
     if opt.choices:
-        return f"{opt.flag} {{{'|'.join(opt.choices)}}}={opt.default}"
-    return f"{opt.flag}={opt.default}"
+        return f"{opt.flag} {{{'|'.join(opt.choices)}}}={default}"
+    return f"{opt.flag}={default}"
 
 
 def _spec_text(spec: V.TensorSpec) -> str:
@@ -103,18 +107,23 @@ def list_cmd(as_json):
 
 
 @main.command()
-@click.option("--check", "mode", flag_value="check", default=True,
-              help="Regenerate every case in memory and report drift (the default).")
-@click.option("--write", "mode", flag_value="write", help="Regenerate and write every golden file.")
+@click.option("--check", is_flag=True, help="Regenerate every case in memory and report drift (the default).")
+@click.option("--write", is_flag=True, help="Regenerate and write every golden file (needs --dir when "
+                                            "attnexport is installed, not run from a checkout).")
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
-              help="Golden folder (default: the one shipped with attnexport).")
+              help="Golden folder (default: the one attnexport uses: its checkout's golden/, or the installed copy).")
 @reports_errors
-def golden(mode, directory):
+def golden(check, write, directory):
     """Check (or write) the golden cases against the float64 NumPy reference.
 
     Example: attnexport golden --check
     """
-    if mode == "write":
+    if check and write:
+        raise UsageError("--check and --write exclude each other: check first, then write")
+    if write:
+        if directory is None and golden_mod.default_dir_is_installed():
+            raise UsageError(f"--write would change the installed copy in {golden_mod.default_dir()}: "
+                             "give --dir (e.g. the golden/ folder of a checkout)")
         paths = golden_mod.write(directory)
         click.echo(f"wrote {len(paths)} golden cases and {golden_mod.MANIFEST} to "
                    f"{paths[0].parent if paths else directory}")
@@ -439,6 +448,9 @@ def bench(variant, batch, seq, kv_seq, runtimes, flavors, dtype, warmup, iters, 
                   dtype=dtype, warmup=warmup, iters=iters, cuda_graph=cuda_graph, threads=threads, seed=seed)
     if plot:
         plot = str(F.resolve_target(plot))  # before the benchmark runs, not after
+    if not as_json:
+        for w in bench_mod.warnings_for(kwargs["runtimes"], dtype, cuda_graph):
+            click.echo(f"note: {w}", err=True)
     rows = _with_progress("bench", as_json, lambda progress: bench_mod.bench(variant, opts, **kwargs,
                                                                             progress=progress))
     if plot:

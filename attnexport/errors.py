@@ -29,12 +29,6 @@ class UnsupportedByFlavor(ExportError):
     """The options ask for something the flavour's fused op cannot express (e.g. weights)."""
 
 
-class CheckFailed(AttnExportError):
-    """A check ran and found a mismatch (golden drift, parity failure)."""
-
-    exit_code = 1
-
-
 class ProviderUnavailableError(AttnExportError):
     """A runtime that was asked for cannot run here; the message says why."""
 

@@ -139,6 +139,7 @@ def build_model(variant_name: str, options: dict | None = None, flavor: str = DE
     variant = V.get(variant_name)
     o = variant.resolve(options)
     gf, opset = _validate(variant, flavor, opset, dtype)
+    V.check_memory(variant, o, 2 if dtype == "fp16" else 4)
     params_source = "seed" if params is None else "given"
     params = V.init_params(variant, o, seed) if params is None else W.validate(variant, o, params)
     request = {"variant": variant.name, "options": o, "flavor": flavor, "graph_flavor": gf, "opset": opset,

@@ -29,6 +29,8 @@ def _umask() -> int:
 def resolve_target(path: str | Path) -> Path:
     """The path to write for `path`, checked before any work: UsageError when it cannot be written."""
     path = Path(path)
+    if len(path.name.encode()) > 255:
+        raise UsageError(f"cannot write {path}: the file name is longer than 255 bytes")
     if path.is_symlink():
         path = Path(os.path.realpath(path))  # write through the link, keep it
     if path.exists():
@@ -46,10 +48,14 @@ def resolve_target(path: str | Path) -> Path:
         raise UsageError(f"cannot write {path}: {parent} is not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write {path}: the folder {parent} is not writable")
+    try:  # the real test (root passes os.access everywhere; a read-only mount or /proc does not)
+        fd, probe = tempfile.mkstemp(prefix=".attnexport-", suffix=".probe", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror or e} in {parent}") from None
     if path.parent.exists() and not path.parent.is_dir():
         raise UsageError(f"cannot write {path}: {path.parent} is not a folder")
-    if len(path.name.encode()) > 255:
-        raise UsageError(f"cannot write {path}: the file name is longer than 255 bytes")
     return path
 
 

@@ -40,6 +40,11 @@ def default_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "golden"
 
 
+def default_dir_is_installed() -> bool:
+    """True when the default golden folder is the copy inside an installed package."""
+    return not os.environ.get("ATTNEXPORT_GOLDEN") and (Path(__file__).parent / "golden" / MANIFEST).exists()
+
+
 # --- case definitions ----------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -346,7 +351,12 @@ def sha256(data: bytes) -> str:
 def write(directory: Path | None = None) -> list[Path]:
     """Regenerates every case and writes it, then the manifest. The only writer of golden files."""
     directory = Path(directory or default_dir())
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot write golden cases to {directory}: {e.strerror or e}") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write golden cases to {directory}: the folder is not writable")
     files = {}
     for case in CASES.values():
         data = _to_bytes(generate(case))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -192,7 +193,9 @@ _VARIANTS = (
     Variant(
         name="sdpa",
         summary="scaled dot-product attention with the ONNX Attention (opset 23) semantics",
-        options=(BATCH(), HEADS(8), _size("kv_heads", 8, "key/value heads (grouped-query when fewer)"),
+        options=(BATCH(), HEADS(8),
+                 Option("kv_heads", int, None, "key/value heads (default: --heads; grouped-query when fewer)",
+                        optional=True),
                  SEQ(), KV_SEQ(), _size("head_dim", 32, "query/key head size"),
                  _size("v_head_dim", 32, "value head size"), CAUSAL,
                  Option("scale", float, None, "scale of QK^T (default 1/sqrt(head_dim))", optional=True),
@@ -395,6 +398,41 @@ def get(name: str) -> Variant:
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise UnknownVariantError(
             f"unknown variant {name!r}{hint}; valid: {', '.join(VARIANTS)}") from None
+
+
+# --- memory ------------------------------------------------------------------------------
+
+def memory_estimate(variant: Variant, o: dict, itemsize: int = 4) -> int:
+    """Bytes one forward pass needs, roughly: inputs, parameters, projections and the score matrix.
+
+    A lower bound meant to refuse sizes that cannot fit (a traceback or an OOM kill otherwise),
+    not to predict a runtime's peak.
+    """
+    elems = sum(math.prod(s.shape(o)) for s in variant.inputs(o))
+    D, H = o.get("dim", 0), o.get("heads", 1)
+    elems += 4 * D * D + 2 * D * o.get("ffn_dim", 0) + o.get("kv_dim", 0) * D * 2  # weights
+    B, Tq, Tk = o.get("batch", 1), o.get("seq", 1), o.get("kv_seq", o.get("seq", 1))
+    elems += 4 * B * max(Tq, Tk) * max(D, o.get("heads", 1) * o.get("head_dim", 0))  # q, k, v, output
+    elems += 3 * B * H * Tq * Tk  # scores, their softmax, and one more copy
+    return int(elems * itemsize)
+
+
+def machine_memory() -> int | None:
+    """Physical memory of this machine in bytes (None where it cannot be read)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(variant: Variant, o: dict, itemsize: int = 4) -> None:
+    """A UsageError (exit 2) when the sizes cannot fit in this machine's memory."""
+    need, have = memory_estimate(variant, o, itemsize), machine_memory()
+    if have is not None and need > have:
+        sizes = ", ".join(f"--{k.replace('_', '-')} {o[k]}" for k in ("batch", "seq", "kv_seq", "dim", "heads")
+                          if k in o)
+        raise UsageError(f"{variant.name} at {sizes} needs at least {need / 2**30:.1f} GiB; this machine has "
+                         f"{have / 2**30:.1f} GiB")
 
 
 # --- example inputs and parameters from a seed ---------------------------------------------

@@ -4,6 +4,7 @@ import shutil
 from click.testing import CliRunner
 
 from attnexport import golden
+from attnexport import variants as V
 from attnexport.cli import main
 
 
@@ -22,7 +23,7 @@ def test_list_json():
     r = run("list", "--json")
     assert r.exit_code == 0
     rows = json.loads(r.output)
-    assert len(rows) == 11
+    assert len(rows) == len(V.VARIANTS)
     for row in rows:
         assert {"name", "inputs", "outputs", "options"} <= set(row)
     sdpa = next(r for r in rows if r["name"] == "sdpa")

@@ -9,9 +9,6 @@ from torch import nn
 
 from attnexport.models.core import attend
 
-SCALINGS = ("sqrt", "none", "norm", "cosine", "length")
-
-
 def scale_qk(q, k, scaling: str, temperature: float):
     """Applies a scaling mode to q and k; returns (q, k, static scale for QK^T).
 

@@ -1,0 +1,101 @@
+"""Never harm what the user has: checked targets, atomic writes, the umask, one-line errors, Ctrl-C."""
+
+import os
+import stat
+
+import pytest
+from click.testing import CliRunner
+
+from attnexport import export as E, files as F, golden
+from attnexport.cli import main
+from attnexport.errors import UsageError
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def one_line_error(r, code=2, text=""):
+    assert r.exit_code == code, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and text in lines[0], r.output
+
+
+def test_device_and_fifo_are_refused_and_untouched(tmp_path):
+    one_line_error(run("export", "--variant", "posenc", "-o", "/dev/null"), text="it is a device")
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    fifo = tmp_path / "pipe.onnx"
+    os.mkfifo(fifo)
+    one_line_error(run("export", "--variant", "posenc", "-o", fifo), text="it is a FIFO")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    one_line_error(run("bench", "--variant", "posenc", "--plot", "/dev/null"), text="it is a device")
+
+
+def test_symlink_is_written_through_and_kept(tmp_path):
+    target = tmp_path / "real.onnx"
+    link = tmp_path / "link.onnx"
+    link.symlink_to(target.name)
+    assert run("export", "--variant", "posenc", "-o", link).exit_code == 0
+    assert link.is_symlink() and os.readlink(link) == "real.onnx"
+    assert target.read_bytes()[:2] and target.is_file()
+
+
+def test_new_files_get_the_umask_mode_and_replaced_ones_keep_theirs(tmp_path):
+    old = os.umask(0o022)
+    try:
+        path = F.atomic_write(tmp_path / "a.bin", b"x")
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644
+        os.chmod(path, 0o600)
+        F.atomic_write(path, b"y")
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.read_bytes() == b"y"
+    finally:
+        os.umask(old)
+    assert not list(tmp_path.glob(".attnexport-*"))
+
+
+def test_long_file_name_is_written(tmp_path):
+    name = "m" * 245 + ".onnx"  # 250 bytes: valid, but a temporary name derived from it would not be
+    r = run("export", "--variant", "posenc", "-o", tmp_path / name)
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / name).exists() and not list(tmp_path.glob(".attnexport-*"))
+    with pytest.raises(UsageError, match="longer than 255"):
+        F.resolve_target(tmp_path / ("m" * 256))
+
+
+def test_unwritable_folders_are_refused_before_any_work(tmp_path):
+    one_line_error(run("bench", "--variant", "mha", "--plot", "/proc/lat.png"), text="cannot write /proc/lat.png")
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    one_line_error(run("bench", "--variant", "mha", "--plot", afile / "lat.png"), text="is not a folder")
+    one_line_error(run("export", "--variant", "posenc", "-o", tmp_path), text="it is a folder")
+    one_line_error(run("golden", "--write", "--dir", "/proc/golden"), text="cannot write golden cases")
+
+
+@pytest.mark.parametrize("args, text", [
+    (["export", "--variant", "mha", "--batch", "100000", "--seq", "100000"], "GiB; this machine has"),
+    (["export", "--variant", "mha", "--dim", "100000", "--heads", "1"], "GiB; this machine has"),
+    (["bench", "--variant", "mha", "--batch", "100000", "--seq", "100000"], "GiB; this machine has"),
+    (["bench", "--variant", "mha", "--threads", "-1"], "--threads must be >= 1"),
+    (["golden", "--check", "--write"], "exclude each other"),
+    (["export", "--variant", "sdpa", "--heads", "3"], None),  # --kv-heads follows --heads
+])
+def test_bad_input_is_one_line_and_exit_2(args, text):
+    r = run(*args)
+    if text is None:
+        assert r.exit_code == 0, r.output
+        return
+    one_line_error(r, text=text)
+
+
+def test_golden_write_refuses_the_installed_copy(monkeypatch):
+    monkeypatch.setattr(golden, "default_dir_is_installed", lambda: True)
+    one_line_error(run("golden", "--write"), text="give --dir")
+
+
+def test_ctrl_c_exits_130_and_leaves_nothing(tmp_path, monkeypatch):
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(E, "build_model", interrupted)
+    r = run("export", "--variant", "posenc", "-o", tmp_path / "x.onnx")
+    one_line_error(r, code=130, text="interrupted")
+    assert list(tmp_path.iterdir()) == []
