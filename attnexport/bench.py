@@ -28,7 +28,6 @@ from attnexport.errors import UnsupportedByFlavor, UsageError
 
 BENCH_RUNTIMES = ("torch", "torch-cuda", "ort-cpu", "ort-cuda")
 SIZE_LISTS = ("batch", "seq", "kv_seq")  # options that take comma-separated lists
-ROUNDS = 5  # timed runs are split into this many blocks per candidate
 
 
 @dataclass
@@ -51,6 +50,10 @@ class BenchRow:
     threads: int
     cpu_nodes: list[str] = field(default_factory=list)
     note: str = ""
+    peak_source: str = ""  # the matmul that set the calibrated peak (runtime, dtype, M x K x N)
+    ratio_min: float | None = None  # the ratio to torch eager, per round: its lowest and highest
+    ratio_max: float | None = None
+    rounds: int = 0
 
     @property
     def shape_label(self) -> str:
@@ -79,16 +82,57 @@ def shapes_from(options: dict) -> list[dict]:
     return out
 
 
-def calibrate_matmul(device: str, dtype: str, threads: int, n: int | None = None, iters: int = 10) -> float:
-    """Dense matmul throughput (FLOP/s) of this device for `dtype`, measured with torch."""
+def calibration_sizes(shapes: list[dict]) -> list[tuple[int, int, int]]:
+    """Matrix sizes (M, K, N) like the block's own projections, plus square ones."""
+    sizes = {(1024, 1024, 1024), (2048, 2048, 2048)}
+    for o in shapes:
+        d = o.get("dim") or o.get("head_dim") or 64
+        sizes.add((o.get("batch", 1) * o.get("seq", 1), d, d))
+    return sorted(sizes)
+
+
+def calibrate_matmul(device: str, dtype: str, threads: int, sizes: list[tuple[int, int, int]] | None = None,
+                     iters: int = 10) -> tuple[float, str]:
+    """The machine's dense matmul peak for `dtype` (FLOP/s) and where it was measured.
+
+    The best (fastest single run) of torch's and ONNX Runtime's matmul over `sizes`, so that no
+    kernel either runtime uses for the block can beat its "peak". On the CPU an fp16 block may be
+    computed through fp32 units, so the fp32 matmuls count for it too.
+    """
     import torch
-    tdtype = {"fp32": torch.float32, "fp16": torch.float16}[dtype]
-    n = n or (8192 if device == "cuda" else 2048)
-    g = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(n, n, device=device, dtype=tdtype, generator=g)
-    b = torch.randn(n, n, device=device, dtype=tdtype, generator=g)
-    ms = _time_torch(lambda: a @ b, device, warmup=3, iters=iters)
-    return 2 * n**3 / (statistics.median(ms) / 1e3)
+    sizes = sizes or ([(8192, 8192, 8192)] if device == "cuda" else [(2048, 2048, 2048)])
+    dtypes = [dtype] + (["fp32"] if device == "cpu" and dtype == "fp16" else [])
+    best, where = 0.0, ""
+    for dt in dtypes:
+        tdtype = {"fp32": torch.float32, "fp16": torch.float16}[dt]
+        for m, k, n in sizes:
+            g = torch.Generator(device=device).manual_seed(0)
+            a = torch.randn(m, k, device=device, dtype=tdtype, generator=g)
+            b = torch.randn(k, n, device=device, dtype=tdtype, generator=g)
+            ms = min(_time_torch(lambda: a @ b, device, warmup=2, iters=iters))
+            if 2 * m * k * n / (ms / 1e3) > best:
+                best, where = 2 * m * k * n / (ms / 1e3), f"torch {dt} {m}x{k}x{n}"
+            if device == "cpu":
+                ms = _ort_matmul_ms(a.numpy(), b.numpy(), threads, iters)
+                if 2 * m * k * n / (ms / 1e3) > best:
+                    best, where = 2 * m * k * n / (ms / 1e3), f"onnxruntime {dt} {m}x{k}x{n}"
+    return best, where
+
+
+def _ort_matmul_ms(a: np.ndarray, b: np.ndarray, threads: int, iters: int) -> float:
+    """The fastest of `iters` runs of ONNX Runtime's CPU MatMul on a and b, in ms."""
+    from onnx import helper
+    elem = helper.np_dtype_to_tensor_dtype(a.dtype)
+    g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "calibrate",
+                          [helper.make_tensor_value_info("a", elem, a.shape),
+                           helper.make_tensor_value_info("b", elem, b.shape)],
+                          [helper.make_tensor_value_info("c", elem, (a.shape[0], b.shape[1]))])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    session, _ = _ort_session("ort-cpu", model, "fp32", threads, False)
+    feed = {"a": a, "b": b}
+    for _ in range(2):
+        session.run(None, feed)
+    return min(_time_one(lambda: session.run(None, feed), "cpu") for _ in range(iters))
 
 
 def _time_torch(fn: Callable, device: str, warmup: int, iters: int) -> list[float]:
@@ -126,7 +170,7 @@ def _ort_session(runtime: str, model, dtype: str, threads: int, cuda_graph: bool
 
 def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | None = None,
           flavors: list[str] | None = None, dtype: str = "fp32", warmup: int = 5, iters: int = 30,
-          cuda_graph: bool = False, threads: int | None = None, seed: int = 0,
+          cuda_graph: bool = False, threads: int | None = None, seed: int = 0, repeat: int = 5,
           progress: Callable[[int, int, str], None] | None = None) -> list[BenchRow]:
     """Times the variant on each runtime and flavour at each shape; see the module docstring."""
     import torch
@@ -136,6 +180,8 @@ def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | 
         raise UsageError(f"unknown dtype {dtype!r}; valid: {', '.join(E.DTYPES)}")
     if warmup < 0 or iters < 1:
         raise UsageError("--warmup must be >= 0 and --iters >= 1")
+    if repeat < 1:
+        raise UsageError(f"--repeat must be >= 1, got {repeat}")
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
     # Default: every runtime that can run here.
@@ -168,15 +214,19 @@ def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | 
             notes[f] = str(e)
 
     devices = {"cuda" if rt.endswith("cuda") else "cpu" for rt in runtimes}
-    peak = {d: calibrate_matmul(d, dtype, threads) for d in devices}
+    if progress:
+        progress(0, len(shapes), "calibrating the matmul peak")
+    sizes = calibration_sizes(shapes)
+    peak = {d: calibrate_matmul(d, dtype, threads, sizes if d == "cpu" else None) for d in devices}
 
     rows: list[BenchRow] = []
     for i, o in enumerate(shapes):
-        if progress:
-            progress(i, len(shapes), f"shape {i + 1} of {len(shapes)}")
+        def said(what, i=i):
+            if progress:
+                progress(i, len(shapes), f"shape {i + 1} of {len(shapes)}: {what}")
         rows += _bench_shape(variant, o, params, inputs_seed=seed + 1, runtimes=runtimes, models=models,
                              dtype=dtype, tdtype=tdtype, devices=devices, peak=peak, warmup=warmup,
-                             iters=iters, cuda_graph=cuda_graph, threads=threads)
+                             iters=iters, cuda_graph=cuda_graph, threads=threads, repeat=repeat, said=said)
     if progress:
         progress(len(shapes), len(shapes), "done")
     for f, why in notes.items():
@@ -197,10 +247,11 @@ class _Candidate:
     cpu_nodes: list[str] = field(default_factory=list)
     memory: int | None = None  # peak device bytes, measured alone when the candidate was built
     times: list[float] = field(default_factory=list)
+    rounds: list[list[float]] = field(default_factory=list)  # the timed runs of each round
 
 
 def _bench_shape(variant, o, params, inputs_seed, runtimes, models, dtype, tdtype, devices, peak, warmup,
-                 iters, cuda_graph, threads):
+                 iters, cuda_graph, threads, repeat, said):
     """Times every candidate at one shape, in rounds: each round gives every candidate one untimed
     run and then a block of timed runs. A slow drift of the machine (clock, a noisy neighbour)
     then affects all candidates alike, while runs within a block stay back to back: interleaving
@@ -235,14 +286,17 @@ def _bench_shape(variant, o, params, inputs_seed, runtimes, models, dtype, tdtyp
         for rt in [r for r in runtimes if r.startswith("ort")]:
             cands.append(_ort_candidate(rt, f, model, inputs, dtype, threads, cuda_graph, cands))
     for c in cands:
+        said(f"warming up {c.runtime} {c.flavor}")
         for _ in range(warmup):
             c.fn()
-    rounds = min(ROUNDS, iters)
+    rounds = min(repeat, iters)
     for r in range(rounds):
         block = iters // rounds + (1 if r < iters % rounds else 0)
         for c in cands:
+            said(f"round {r + 1} of {rounds}: {c.runtime} {c.flavor}")
             c.fn()  # after another candidate ran: settle the caches and thread pools, untimed
-            c.times += [_time_one(c.fn, c.device) for _ in range(block)]
+            c.rounds.append([_time_one(c.fn, c.device) for _ in range(block)])
+            c.times += c.rounds[-1]
     base = {c.device: c for c in cands if c.runtime.startswith("torch") and c.mode == "eager"}
     ref_out = {d: c.outputs() for d, c in base.items()}
     flops = variant.flops(o)
@@ -253,9 +307,17 @@ def _bench_shape(variant, o, params, inputs_seed, runtimes, models, dtype, tdtyp
         out = c.outputs()
         err = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
                   for a, b in zip(out, ref_out[c.device]))
-        row = _row(variant, c.runtime, c.flavor, c.mode, dtype, shape, c.times, flops, peak[c.device],
+        row = _row(variant, c.runtime, c.flavor, c.mode, dtype, shape, c.times, flops, peak[c.device][0],
                    statistics.median(base[c.device].times), err, c.memory, threads)
         row.cpu_nodes = c.cpu_nodes
+        row.peak_source = peak[c.device][1]
+        # The run-to-run spread of the ratio: one ratio per round, each of two medians.
+        ratios = [statistics.median(mine) / statistics.median(theirs)
+                  for mine, theirs in zip(c.rounds, base[c.device].rounds)]
+        row.ratio_min, row.ratio_max, row.rounds = min(ratios), max(ratios), len(ratios)
+        if row.peak_fraction > 1:
+            row.note = (f"above the calibrated peak ({row.peak_source}): a kernel beat the calibration; "
+                        "this fraction is not meaningful")
         if c.flavor != "-" and E.graph_flavor(variant, c.flavor) != c.flavor:
             row.note = "no dot-product core: primitives graph"
         rows.append(row)

@@ -390,8 +390,8 @@ def _int_list(flag, text):
 def _print_bench(rows, variant, dtype):
     """The timing table at any width down to 80 columns: two values per cell, notes below it."""
     table = _table(f"bench {variant} {dtype}, {rows[0].threads if rows else '?'} CPU threads",
-                   ("run", "shape", "median ms\np10-p90", "TFLOP/s\npeak", "x torch", "max err"),
-                   ("median ms\np10-p90", "TFLOP/s\npeak", "x torch", "max err"))
+                   ("run", "shape", "median ms\np10-p90", "TFLOP/s\npeak", "x torch\nspread", "max err"),
+                   ("median ms\np10-p90", "TFLOP/s\npeak", "x torch\nspread", "max err"))
     notes = []
     for r in rows:
         run = f"{r.runtime}\n{r.flavor}" + ("" if r.mode in ("eager", "io-binding") else f" {r.mode}")
@@ -406,8 +406,13 @@ def _print_bench(rows, variant, dtype):
         if note:
             notes.append(f"{r.runtime} {r.flavor} {r.shape_label}: {'; '.join(note)}")
         table.add_row(escape(run), r.shape_label, f"{r.median_ms:.3f}\n{r.p10_ms:.3f}-{r.p90_ms:.3f}",
-                      f"{r.tflops:.3f}\n{r.peak_fraction:.2f}", f"{r.ratio_to_torch:.2f}", f"{r.max_abs_err:.1e}")
+                      f"{r.tflops:.3f}\n{r.peak_fraction:.2f}",
+                      f"{r.ratio_to_torch:.2f}\n{r.ratio_min:.2f}-{r.ratio_max:.2f}", f"{r.max_abs_err:.1e}")
     _console().print(table)
+    peaks = sorted({(r.peak_tflops, r.peak_source) for r in rows if r.peak_source})
+    for tf, where in peaks:
+        click.echo(f"peak: {tf:.3f} TFLOP/s, the best matmul measured ({where}); 'x torch' spread: over "
+                   f"{rows[0].rounds} rounds")
     for n in notes:
         click.echo(f"note: {n}")
 
@@ -425,13 +430,15 @@ def _print_bench(rows, variant, dtype):
 @click.option("--iters", type=int, default=30, show_default=True, help="Timed runs (median, p10, p90).")
 @click.option("--cuda-graph", is_flag=True, help="Also time torch in a CUDA graph; ONNX Runtime with CUDA graphs.")
 @click.option("--threads", type=int, default=None, help="CPU threads for torch and ONNX Runtime (default: all).")
+@click.option("--repeat", type=int, default=5, show_default=True,
+              help="Rounds the timed runs are split into; each ratio is reported with its spread over them.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of parameters and inputs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON list and nothing else.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a latency chart (PNG).")
 @_variant_options(exclude=("batch", "seq", "kv_seq"))
 @reports_errors
-def bench(variant, batch, seq, kv_seq, runtimes, flavors, dtype, warmup, iters, cuda_graph, threads, seed,
-          as_json, plot, **options):
+def bench(variant, batch, seq, kv_seq, runtimes, flavors, dtype, warmup, iters, cuda_graph, threads, repeat,
+          seed, as_json, plot, **options):
     """Time a variant on every runtime and flavor against PyTorch eager.
 
     Example: attnexport bench --variant mha --runtimes torch,ort-cpu --batch 8 --seq 512 --dim 512 --heads 8
@@ -445,7 +452,8 @@ def bench(variant, batch, seq, kv_seq, runtimes, flavors, dtype, warmup, iters, 
             opts[name] = values
     kwargs = dict(runtimes=[r.strip() for r in runtimes.split(",") if r.strip()] if runtimes else None,
                   flavors=list(flavors) or None,
-                  dtype=dtype, warmup=warmup, iters=iters, cuda_graph=cuda_graph, threads=threads, seed=seed)
+                  dtype=dtype, warmup=warmup, iters=iters, cuda_graph=cuda_graph, threads=threads, seed=seed,
+                  repeat=repeat)
     if plot:
         plot = str(F.resolve_target(plot))  # before the benchmark runs, not after
     if not as_json:

@@ -28,7 +28,11 @@ def test_rows_cover_every_runtime_flavor_and_shape(rows):
 def test_row_fields(rows):
     for r in rows:
         assert 0 < r.p10_ms <= r.median_ms <= r.p90_ms
-        assert r.tflops > 0 and 0 < r.peak_fraction
+        # The calibration is the best matmul of torch and ONNX Runtime: nothing may beat it.
+        assert r.tflops > 0 and 0 < r.peak_fraction <= 1, (r.peak_fraction, r.peak_source)
+        assert r.peak_source.split()[0] in ("torch", "onnxruntime")
+        assert r.rounds == 3
+        assert 0 < r.ratio_min <= r.ratio_max
         assert r.threads == 1
         assert r.max_abs_err < 1e-4, "ONNX Runtime must agree with torch on the same inputs"
         if r.runtime == "torch":
@@ -60,9 +64,18 @@ def test_unsupported_flavor_is_a_note():
     assert len(note) == 1 and "softcap" in note[0].note and note[0].median_ms != note[0].median_ms
 
 
-def test_calibration_is_plausible():
-    flops = B.calibrate_matmul("cpu", "fp32", 1, n=256, iters=3)
-    assert 1e8 < flops < 1e13
+def test_calibration_is_plausible_and_names_its_source():
+    flops, where = B.calibrate_matmul("cpu", "fp32", 1, [(256, 256, 256), (64, 32, 32)], iters=3)
+    assert 1e8 < flops < 1e13 and where.split()[0] in ("torch", "onnxruntime") and "x" in where
+    # fp16 on the CPU: the fp32 units count too, so the fp16 peak is never below the fp32 one.
+    f16, _ = B.calibrate_matmul("cpu", "fp16", 1, [(256, 256, 256)], iters=3)
+    assert f16 >= 0.5 * flops
+
+
+def test_fp16_and_cuda_graph_warnings_come_first():
+    notes = B.warnings_for(["torch", "ort-cpu"], "fp16", cuda_graph=True)
+    assert any("--cuda-graph does nothing" in n for n in notes) and any("emulate" in n for n in notes)
+    assert B.warnings_for(["torch"], "fp32", cuda_graph=False) == []
 
 
 def test_cli_json_and_plot(tmp_path):
@@ -98,6 +111,7 @@ def test_cli_table_is_readable_at_80_columns(tmp_path):
     (["--seq", "8,x"], "integers separated by commas"),
     (["--batch", "1,2", "--seq", "1,2,3"], "same length"),
     (["--iters", "0"], "--iters"),
+    (["--repeat", "0"], "--repeat must be >= 1"),
 ])
 def test_cli_errors(args, message):
     r = CliRunner().invoke(main, ["bench", "--variant", "mha", *args])
