@@ -20,6 +20,7 @@ from typing import Callable
 
 import numpy as np
 
+from attnexport import dtypes as D
 from attnexport import export as E
 from attnexport import files as F
 from attnexport import runtimes as R
@@ -104,7 +105,7 @@ def calibrate_matmul(device: str, dtype: str, threads: int, sizes: list[tuple[in
     dtypes = [dtype] + (["fp32"] if device == "cpu" and dtype == "fp16" else [])
     best, where = 0.0, ""
     for dt in dtypes:
-        tdtype = {"fp32": torch.float32, "fp16": torch.float16}[dt]
+        tdtype = D.torch_dtype(dt)
         for m, k, n in sizes:
             g = torch.Generator(device=device).manual_seed(0)
             a = torch.randn(m, k, device=device, dtype=tdtype, generator=g)
@@ -142,30 +143,9 @@ def _time_torch(fn: Callable, device: str, warmup: int, iters: int) -> list[floa
 
 
 def _ort_session(runtime: str, model, dtype: str, threads: int, cuda_graph: bool):
-    ort = R._ort()
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.intra_op_num_threads = threads
-    # ONNX Runtime's pool spins for a while after each run; on the CPU that spinning takes the
-    # cores torch's pool needs when the candidates take turns, and torch's time grows 2-300x.
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
-    if runtime == "ort-cpu":
-        providers = ["CPUExecutionProvider"]
-    else:
-        opts = {"use_tf32": "0" if dtype == "fp32" else "1"}
-        if cuda_graph:
-            opts["enable_cuda_graph"] = "1"
-        providers = [("CUDAExecutionProvider", opts), "CPUExecutionProvider"]
-    s = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
-    if runtime == "ort-cuda" and "CUDAExecutionProvider" not in s.get_providers():
-        from attnexport.errors import ProviderUnavailableError
-        raise ProviderUnavailableError(f"ort-cuda fell back to {s.get_providers()}")
-    placement = {}
-    for sub in s.get_provider_graph_assignment_info():
-        placement.setdefault(sub.ep_name, []).extend(f"{n.op_type}:{n.name}" for n in sub.get_nodes())
-    cpu_nodes = R.Prepared(runtime, None, [], placement).cpu_nodes
-    return s, cpu_nodes
+    """The shared session builder (runtimes.ort_session); TF32 allowed for fp16 timing only."""
+    session, placement = R.ort_session(runtime, model, threads=threads, tf32=dtype != "fp32", cuda_graph=cuda_graph)
+    return session, R.Prepared(runtime, None, [], placement).cpu_nodes
 
 
 def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | None = None,
@@ -198,10 +178,10 @@ def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | 
     torch.set_num_threads(threads)
     shapes = [variant.resolve(s) for s in shapes_from(dict(options or {}))]
     for o in shapes:
-        V.check_memory(variant, o, 2 if dtype == "fp16" else 4)
+        V.check_memory(variant, o, D.ITEMSIZE[dtype])
     base = shapes[0]
     params = V.init_params(variant, base, seed)
-    tdtype = {"fp32": torch.float32, "fp16": torch.float16}[dtype]
+    tdtype = D.torch_dtype(dtype)
 
     # One export per graph flavour: the symbolic axes serve every shape.
     models, notes = {}, {}
@@ -340,8 +320,7 @@ def _time_one(fn, device) -> float:
 
 def _ort_candidate(rt, flavor, model, inputs, dtype, threads, cuda_graph, cands):
     import torch
-    feed = {k: (a.astype(np.float16 if dtype == "fp16" else np.float32) if a.dtype.kind == "f" else a)
-            for k, a in inputs.items()}
+    feed = D.cast_floats(inputs, dtype)
     if rt == "ort-cpu":
         session, cpu_nodes = _ort_session(rt, model, dtype, threads, False)
         names = [x.name for x in session.get_outputs()]
@@ -351,7 +330,7 @@ def _ort_candidate(rt, flavor, model, inputs, dtype, threads, cuda_graph, cands)
     ref = next(c for c in cands if c.runtime == "torch-cuda" and c.mode == "eager").outputs()
     np_of = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
     ins = {k: torch.from_numpy(np.ascontiguousarray(a)).cuda() for k, a in feed.items()}
-    outs = [torch.empty(r.shape, dtype={"fp32": torch.float32, "fp16": torch.float16}[dtype], device="cuda")
+    outs = [torch.empty(r.shape, dtype=D.torch_dtype(dtype), device="cuda")
             for r in ref]
     torch.cuda.synchronize()
     free_before = torch.cuda.mem_get_info()[0]

@@ -17,18 +17,16 @@ import numpy as np
 import onnx
 
 from attnexport import __version__, cache, golden
+from attnexport import dtypes as D
 from attnexport import files as F
+from attnexport import flavors as FL
 from attnexport import variants as V
 from attnexport import weights as W
 from attnexport.errors import ExportError, UsageError
 
-FLAVORS = ("primitives", "attention", "ort")
-# The standard Attention op: one fused node any opset-23 runtime runs, fast on ONNX Runtime's
-# CUDA provider, with no vendor lock-in (see the README).
-DEFAULT_FLAVOR = "attention"
-DEFAULT_OPSET = {"primitives": 18, "attention": 23, "ort": 18}
-OPSET_RANGE = {"primitives": (17, 18), "attention": (23, 23), "ort": (17, 18)}
-DTYPES = ("fp32", "fp16")
+FLAVORS = tuple(FL.FLAVORS)  # names, in the registry's order
+DEFAULT_FLAVOR = FL.DEFAULT
+DTYPES = D.DTYPES
 ATTENTION_OPS = {("", "Attention"): "Attention",
                  ("com.microsoft", "MultiHeadAttention"): "com.microsoft.MultiHeadAttention",
                  ("com.microsoft", "Attention"): "com.microsoft.Attention",
@@ -80,19 +78,14 @@ def example_sizes(variant: V.Variant, o: dict) -> dict:
     return {**o, **{k: max(o[k], 2) for k in variant.dynamic}}
 
 
-def _dtype_torch(dtype: str):
-    import torch
-    return {"fp32": torch.float32, "fp16": torch.float16}[dtype]
-
-
 def _validate(variant, flavor, opset, dtype):
     if flavor not in FLAVORS:
         raise UsageError(f"unknown flavor {flavor!r}; valid: {', '.join(FLAVORS)}")
     if dtype not in DTYPES:
         raise UsageError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
     gf = graph_flavor(variant, flavor)
-    lo, hi = OPSET_RANGE[gf]
-    opset = DEFAULT_OPSET[gf] if opset is None else opset
+    lo, hi = FL.FLAVORS[gf].opsets
+    opset = FL.FLAVORS[gf].default_opset if opset is None else opset
     if not lo <= opset <= hi:
         allowed = str(lo) if lo == hi else f"{lo} to {hi}"
         raise UsageError(f"--opset {opset} is not available for the {gf} flavor (allowed: {allowed})")
@@ -139,7 +132,7 @@ def build_model(variant_name: str, options: dict | None = None, flavor: str = DE
     variant = V.get(variant_name)
     o = variant.resolve(options)
     gf, opset = _validate(variant, flavor, opset, dtype)
-    V.check_memory(variant, o, 2 if dtype == "fp16" else 4)
+    V.check_memory(variant, o, D.ITEMSIZE[dtype])
     params_source = "seed" if params is None else "given"
     params = V.init_params(variant, o, seed) if params is None else W.validate(variant, o, params)
     request = {"variant": variant.name, "options": o, "flavor": flavor, "graph_flavor": gf, "opset": opset,
@@ -164,11 +157,11 @@ def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed):
     from attnexport.onnx_attention import TRANSLATIONS
 
     _reuse_torchlib_table()
-    module = V.load_params(variant.build(o), params).to(_dtype_torch(dtype)).eval()
+    module = V.load_params(variant.build(o), params).to(D.torch_dtype(dtype)).eval()
 
     ex = example_sizes(variant, o)
     inputs = V.make_inputs(variant, ex, seed)
-    tdtype = _dtype_torch(dtype)
+    tdtype = D.torch_dtype(dtype)
     args = tuple(torch.from_numpy(a).to(tdtype) if a.dtype.kind == "f" else torch.from_numpy(a)
                  for a in inputs.values())
     dims = {name: torch.export.Dim(name, min=1) for name in variant.dynamic}
@@ -202,7 +195,7 @@ def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed):
     model = program.model_proto
     if opset < 18:
         model = _convert_opset(model, opset, variant, gf)
-    entries = W.record(model, params, np.float16 if dtype == "fp16" else np.float32)
+    entries = W.record(model, params, D.NUMPY[dtype])
     _finish(model, variant, o, flavor, gf, opset, dtype, seed, params_source, entries)
     op_name = attention_op_of(model)
     _check_flavor(variant, flavor, gf, op_name)
@@ -271,9 +264,7 @@ def _finish(model, variant, o, flavor, gf, opset, dtype, seed, params_source, en
 def _check_flavor(variant, flavor, gf, op_name):
     if not variant.dot_product_core:
         return
-    want = {"primitives": ("MatMul+Softmax",), "attention": ("Attention",),
-            "ort": ("com.microsoft.MultiHeadAttention", "com.microsoft.Attention",
-                    "com.microsoft.GroupQueryAttention")}[gf]
+    want = FL.FLAVORS[gf].expected_ops
     if op_name not in want:
         raise ExportError(f"the {flavor} flavor of {variant.name} should use {' or '.join(want)}, "
                           f"but the exported graph has {op_name}")
@@ -296,6 +287,4 @@ def export(variant_name: str, options: dict | None = None, flavor: str = DEFAULT
 def example_feed(variant: V.Variant | str, options: dict, seed: int, dtype: str = "fp32") -> dict[str, np.ndarray]:
     """Seeded inputs for a variant at the given options, cast for an ONNX session."""
     variant = V.get(variant) if isinstance(variant, str) else variant
-    feed = V.make_inputs(variant, variant.resolve(options), seed)
-    np_dtype = {"fp32": np.float32, "fp16": np.float16}[dtype]
-    return {k: (a.astype(np_dtype) if a.dtype.kind == "f" else a) for k, a in feed.items()}
+    return D.cast_floats(V.make_inputs(variant, variant.resolve(options), seed), dtype)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
+from attnexport import dtypes as D
 from attnexport import variants as V
 from attnexport.errors import ProviderUnavailableError
 
@@ -132,7 +133,7 @@ def prepare_torch(name: str, variant: V.Variant, options: dict, params: dict, dt
     import torch
     require(name)
     device = "cuda" if name == "torch-cuda" else "cpu"
-    tdtype = {"fp32": torch.float32, "fp16": torch.float16}[dtype]
+    tdtype = D.torch_dtype(dtype)
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 parity: no TF32
         torch.backends.cudnn.allow_tf32 = False
@@ -198,17 +199,42 @@ def prepare_onnx(name: str, model: onnx.ModelProto, optimize: bool = True) -> Pr
                 return {n: np.asarray(o) for n, o in zip(ref_names, ev.run(None, feed))}
         return Prepared(name, run_ref, ["ReferenceEvaluator"])
 
+    session, placement = ort_session(name, model, optimize=optimize)
+    names = [o.name for o in session.get_outputs()]
+
+    def run_ort(feed):
+        return dict(zip(names, session.run(names, feed)))
+    return Prepared(name, run_ort, session.get_providers(), placement)
+
+
+def ort_session(name: str, model: onnx.ModelProto, threads: int | None = None, optimize: bool = True,
+                tf32: bool = False, cuda_graph: bool = False):
+    """An ONNX Runtime session on `name`'s provider, and where each node was placed.
+
+    The one place sessions are made (verify, bench, localization): the CPU pool does not spin
+    between runs (its spinning took the cores torch needed when the two took turns, and torch's
+    time grew 2-300x), every node's provider is recorded, and a CUDA session that fell back to
+    the CPU is an error, never a silent success. TF32 stays off unless asked for (fp32 parity).
+
+    Returns:
+        (session, {provider: ["op_type:node name", ...]}).
+    """
     ort = _ort()
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = threads
     if not optimize:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     if name == "ort-cpu":
         providers = ["CPUExecutionProvider"]
     else:
-        # fp32 parity needs full fp32 matmuls: TF32 off.
-        providers = [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+        opts = {"use_tf32": "1" if tf32 else "0"}
+        if cuda_graph:
+            opts["enable_cuda_graph"] = "1"
+        providers = [("CUDAExecutionProvider", opts), "CPUExecutionProvider"]
     session = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
     got = session.get_providers()
     if name == "ort-cuda" and "CUDAExecutionProvider" not in got:
@@ -216,8 +242,4 @@ def prepare_onnx(name: str, model: onnx.ModelProto, optimize: bool = True) -> Pr
     placement: dict[str, list[str]] = {}
     for sub in session.get_provider_graph_assignment_info():
         placement.setdefault(sub.ep_name, []).extend(f"{n.op_type}:{n.name}" for n in sub.get_nodes())
-    names = [o.name for o in session.get_outputs()]
-
-    def run_ort(feed):
-        return dict(zip(names, session.run(names, feed)))
-    return Prepared(name, run_ort, got, placement)
+    return session, placement

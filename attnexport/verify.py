@@ -24,6 +24,7 @@ import onnx
 
 from attnexport import __version__, golden
 from attnexport import baseline as B
+from attnexport import dtypes as D
 from attnexport import export as E
 from attnexport import reference as ref
 from attnexport import runtimes as R
@@ -417,7 +418,6 @@ def _plan_golden(cases, flavors, used, dtype, rtol, atol) -> list[Step]:
 
 _PROBE_SIZES = ({"batch": 2, "seq": 7, "kv_seq": 5}, {"batch": 1, "seq": 1, "kv_seq": 1})
 _ELEM = {"bool": onnx.TensorProto.BOOL, "int64": onnx.TensorProto.INT64}
-_FLOAT = {"fp32": onnx.TensorProto.FLOAT, "fp16": onnx.TensorProto.FLOAT16}
 
 
 def _seeded_case(variant, options, sizes, i):
@@ -454,7 +454,7 @@ def check_interface(path, model: onnx.ModelProto, variant: V.Variant, options: d
     names = {v: k for k, v in onnx.TensorProto.DataType.items()}
     for s in specs:
         t = have[s.name].type.tensor_type
-        elem = _FLOAT[dtype] if s.dtype == "float" else _ELEM[s.dtype]
+        elem = D.ONNX[dtype] if s.dtype == "float" else _ELEM[s.dtype]
         if t.elem_type != elem:
             raise UsageError(f"{path}: input {s.name!r} is {names.get(t.elem_type, '?').lower()}, "
                              f"{variant.name} ({dtype}) takes {names[elem].lower()}")
@@ -541,11 +541,6 @@ def _plan_model(path, used, golden_dir, dtype, model_variant, model_flavor, mode
 
 # --- execution ---------------------------------------------------------------------------------
 
-def _cast_feed(inputs: dict, dtype: str) -> dict:
-    np_dtype = {"fp32": np.float32, "fp16": np.float16}[dtype]
-    return {k: (a.astype(np_dtype) if a.dtype.kind == "f" else a) for k, a in inputs.items()}
-
-
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
@@ -576,7 +571,7 @@ def _execute(step: Step, strict: bool) -> Row:
     except Exception as e:  # noqa: BLE001 - a model a runtime cannot load fails verification
         row.error = _first_line(e)
         return row
-    feed = _cast_feed(case.inputs, dtype)
+    feed = D.cast_floats(case.inputs, dtype)
     try:
         # One untimed run, then a few timed ones: verify is a check, bench is the timing tool.
         got, ms = prepared.timed(feed, warmup=0 if step.runtime == "onnx-ref" else 1,
@@ -600,7 +595,7 @@ def _execute(step: Step, strict: bool) -> Row:
 
 def _localize(row: Row, step: Step, fail_on_divergence: bool) -> None:
     """Attaches the first diverging node; with --localize a divergence fails the run."""
-    feed = _cast_feed(step.case.inputs, row.dtype)
+    feed = D.cast_floats(step.case.inputs, row.dtype)
     try:
         model, good = step.source.get(), step.source.known_good()
         if model is good and row.runtime == "onnx-ref":

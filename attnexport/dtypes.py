@@ -1,0 +1,23 @@
+"""The dtypes attnexport runs in, and what each is called by NumPy, torch and ONNX: one place."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+DTYPES = ("fp32", "fp16")
+NUMPY = {"fp32": np.float32, "fp16": np.float16}
+ONNX = {"fp32": onnx.TensorProto.FLOAT, "fp16": onnx.TensorProto.FLOAT16}
+ITEMSIZE = {"fp32": 4, "fp16": 2}
+
+
+def torch_dtype(dtype: str):
+    """torch's dtype for `dtype` (torch is imported only when asked)."""
+    import torch
+    return {"fp32": torch.float32, "fp16": torch.float16}[dtype]
+
+
+def cast_floats(arrays: dict, dtype: str) -> dict:
+    """Float arrays cast to `dtype`; bool and integer arrays (masks, lengths) kept as they are."""
+    np_dtype = NUMPY[dtype]
+    return {k: (a.astype(np_dtype) if a.dtype.kind == "f" else a) for k, a in arrays.items()}

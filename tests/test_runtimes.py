@@ -1,0 +1,68 @@
+"""runtimes: one adapter per runtime, named outputs, placement recorded, unavailable ones explained."""
+
+import numpy as np
+import pytest
+
+from attnexport import export as E, flavors as FL, runtimes as R, variants as V
+from attnexport.errors import ProviderUnavailableError
+from attnexport.onnx_attention import TRANSLATIONS
+
+
+@pytest.fixture(scope="module")
+def mha():
+    variant = V.get("mha")
+    o = variant.resolve({"weights": True})
+    params = V.init_params(variant, o, 0)
+    model = E.build_model("mha", o, "attention", params=params)[0]
+    return variant, o, params, model, E.example_feed(variant, o, 1)
+
+
+def test_every_runtime_has_a_status_with_a_reason():
+    for name in R.RUNTIMES:
+        s = R.status(name)
+        assert s.name == name and s.reason
+    with pytest.raises(ValueError):
+        R.status("tpu")
+
+
+def test_torch_and_onnx_runtimes_agree_by_output_name(mha):
+    variant, o, params, model, feed = mha
+    results = {"torch": R.prepare_torch("torch", variant, o, params, "fp32").run(feed)}
+    for name in ("onnx-ref", "ort-cpu"):
+        results[name] = R.prepare_onnx(name, model).run(feed)
+    for name, got in results.items():
+        assert set(got) == {"output", "weights"}, name
+        np.testing.assert_allclose(got["output"], results["torch"]["output"], rtol=1e-4, atol=1e-5)
+
+
+def test_timed_returns_outputs_and_a_median(mha):
+    *_, model, feed = mha
+    got, ms = R.prepare_onnx("ort-cpu", model).timed(feed, warmup=1, iters=3)
+    assert ms > 0 and got["output"].shape == feed["x"].shape
+
+
+def test_sessions_record_where_every_node_ran(mha):
+    *_, model, feed = mha
+    session, placement = R.ort_session("ort-cpu", model, threads=1)
+    assert set(placement) == {"CPUExecutionProvider"}
+    ops = {n.split(":")[0] for n in placement["CPUExecutionProvider"]}
+    assert "Attention" in ops
+    unoptimized = R.ort_session("ort-cpu", model, optimize=False)[1]["CPUExecutionProvider"]
+    assert len(unoptimized) >= len(model.graph.node) - 2  # no fusion: nearly every node as exported
+
+
+def test_unavailable_cuda_is_an_error_that_says_why():
+    for name in ("ort-cuda", "torch-cuda"):
+        s = R.status(name)
+        if s.available:
+            continue
+        with pytest.raises(ProviderUnavailableError, match=f"{name} is not available"):
+            R.require(name)
+
+
+def test_flavor_registry_matches_the_translations():
+    assert set(FL.FLAVORS) == set(TRANSLATIONS) == set(E.FLAVORS)
+    assert FL.DEFAULT in FL.FLAVORS
+    for f in FL.FLAVORS.values():
+        lo, hi = f.opsets
+        assert lo <= f.default_opset <= hi and f.expected_ops
