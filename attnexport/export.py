@@ -154,7 +154,7 @@ def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed):
     import torch
 
     importlib.import_module("attnexport.models.core")  # registers the attnexport::attention custom ops
-    from attnexport.onnx_attention import TRANSLATIONS
+    from attnexport.onnx_attention import TRANSLATIONS, TRANSLATIONS_CACHED
 
     _reuse_torchlib_table()
     module = V.load_params(variant.build(o), params).to(D.torch_dtype(dtype)).eval()
@@ -164,13 +164,16 @@ def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed):
     tdtype = D.torch_dtype(dtype)
     args = tuple(torch.from_numpy(a).to(tdtype) if a.dtype.kind == "f" else torch.from_numpy(a)
                  for a in inputs.values())
-    dims = {name: torch.export.Dim(name, min=1) for name in variant.dynamic}
+    # A cache may be empty: its length starts at 0.
+    dims = {name: torch.export.Dim(name, min=0 if variant.option(name).minimum == 0 else 1)
+            for name in variant.dynamic}
     dynamic_shapes = tuple({axis: dims[d] for axis, d in enumerate(spec.dims) if d in dims}
                            for spec in variant.inputs(ex))
     out_specs = variant.outputs(o)
     attn, attn_w = TRANSLATIONS[gf]
     table = {torch.ops.attnexport.attention.default: attn,
-             torch.ops.attnexport.attention_weights.default: attn_w}
+             torch.ops.attnexport.attention_weights.default: attn_w,
+             torch.ops.attnexport.attention_cached.default: TRANSLATIONS_CACHED[gf]}
 
     try:
         with _quiet(), torch.no_grad():

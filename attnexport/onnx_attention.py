@@ -18,20 +18,24 @@ from onnxscript.values import Op, Opset
 from attnexport.errors import UnsupportedByFlavor
 
 
-def _msft_mha() -> Op:
+def _msft_mha(cached: bool = False) -> Op:
     """com.microsoft.MultiHeadAttention as onnxscript can call it.
 
     The onnx package holds no schemas of ONNX Runtime's contrib ops, so the exporter is given
-    one that declares the inputs, outputs and attributes this project uses.
+    one that declares the inputs, outputs and attributes this project uses: without a cache
+    (one output), or with `past_key`/`past_value` inputs and `present_key`/`present_value` outputs.
     """
     P, A = OpSchema.FormalParameter, OpSchema.Attribute
     single, opt = OpSchema.FormalParameterOption.Single, OpSchema.FormalParameterOption.Optional
     names = ("query", "key", "value", "bias", "key_padding_mask", "attention_bias")
+    names += ("past_key", "past_value") if cached else ()
+    outputs = [P("output", "T")] + ([P("present_key", "T", param_option=opt), P("present_value", "T", param_option=opt)]
+                                    if cached else [])
     schema = OpSchema(
         "MultiHeadAttention", "com.microsoft", 1,
         inputs=[P(n, "M" if n == "key_padding_mask" else "T", param_option=single if i == 0 else opt)
                 for i, n in enumerate(names)],
-        outputs=[P("output", "T")],
+        outputs=outputs,
         type_constraints=[("T", ["tensor(float)", "tensor(float16)"], ""), ("M", ["tensor(int32)"], "")],
         attributes=[A("num_heads", onnx.AttributeProto.INT, "", required=True),
                     A("scale", onnx.AttributeProto.FLOAT, "", required=False),
@@ -41,6 +45,7 @@ def _msft_mha() -> Op:
 
 
 _MultiHeadAttention = _msft_mha()
+_MultiHeadAttentionCached = _msft_mha(cached=True)
 
 # --- helpers (opset 18) --------------------------------------------------------------------
 
@@ -224,4 +229,65 @@ TRANSLATIONS = {
     "primitives": (primitives_attention, primitives_attention_weights),
     "attention": (standard_attention, standard_attention_weights),
     "ort": (ort_attention, ort_attention_weights),
+}
+
+
+# --- with a key/value cache (attnexport::attention_cached) ---------------------------------------
+
+def _offset_causal_bias(query, key_all, like):
+    """Query i of the new block attends keys j <= P + i, P = (all keys) - (new queries)."""
+    tq = op.Squeeze(_shape(query, -2, -1))
+    tk = op.Squeeze(_shape(key_all, -2, -1))
+    rows = op.Unsqueeze(op.Add(op.Range(op.Constant(value_int=0), tq, op.Constant(value_int=1)), op.Sub(tk, tq)), [-1])
+    cols = op.Range(op.Constant(value_int=0), tk, op.Constant(value_int=1))
+    return op.Where(op.LessOrEqual(cols, rows), _const(0.0, like), _const(-math.inf, like))
+
+
+def primitives_attention_cached(query, key, value, past_key, past_value, scale=None, is_causal=False):
+    present_key = op.Concat(past_key, key, axis=2)
+    present_value = op.Concat(past_value, value, axis=2)
+    groups = _groups(query, key)
+    k, v = _repeat_kv(present_key, groups, query), _repeat_kv(present_value, groups, query)
+    scores = op.MatMul(_scale_query(query, scale), op.Transpose(k, perm=[0, 1, 3, 2]))
+    if is_causal:
+        scores = op.Add(scores, _offset_causal_bias(query, present_key, scores))
+    # A causal row always sees key 0 and an uncausal one every key: no row is ever empty.
+    return op.MatMul(op.Softmax(scores, axis=-1), v), present_key, present_value
+
+
+def standard_attention_cached(query, key, value, past_key, past_value, scale=None, is_causal=False):
+    # The standard op takes the cache itself: present = past followed by the new keys/values,
+    # and its causal mask is offset-aligned by the past length.
+    attrs = {"is_causal": int(bool(is_causal))}
+    if scale is not None:
+        attrs["scale"] = float(scale)
+    y, present_key, present_value, _ = op23.Attention(query, key, value, None, past_key, past_value, **attrs)
+    return y, present_key, present_value
+
+
+def ort_attention_cached(query, key, value, past_key, past_value, scale=None, is_causal=False):
+    heads, kv_heads = _static(query.shape[1]), _static(key.shape[1])
+    if heads is None or kv_heads != heads:
+        raise UnsupportedByFlavor("the ort flavor's cache (com.microsoft.MultiHeadAttention with past_key/"
+                                  "past_value) needs as many key/value heads as query heads; use --flavor "
+                                  "attention or primitives for a grouped-query cache")
+    attrs = {"num_heads": heads}
+    if scale is not None:
+        attrs["scale"] = float(scale)
+    if is_causal:
+        attrs["unidirectional"] = 1  # offset-aligned by the past length in ONNX Runtime's kernel
+    q3 = op.Reshape(op.Transpose(query, perm=[0, 2, 1, 3]), [0, 0, -1])  # (B, T, H*d)
+    k3 = op.Reshape(op.Transpose(key, perm=[0, 2, 1, 3]), [0, 0, -1])
+    v3 = op.Reshape(op.Transpose(value, perm=[0, 2, 1, 3]), [0, 0, -1])
+    out, present_key, present_value = _MultiHeadAttentionCached(q3, k3, v3, None, None, None, past_key,
+                                                                past_value, **attrs)
+    out = op.Transpose(op.Reshape(out, op.Concat(op.Constant(value_ints=[0, 0]), _shape(query, 1, 2),
+                                                 op.Constant(value_ints=[-1]), axis=0)), perm=[0, 2, 1, 3])
+    return out, present_key, present_value
+
+
+TRANSLATIONS_CACHED = {
+    "primitives": primitives_attention_cached,
+    "attention": standard_attention_cached,
+    "ort": ort_attention_cached,
 }

@@ -58,8 +58,12 @@ def softmax_rows(scores, bias=None):
     return _r(np.where(dead, 0.0, p))
 
 
-def sdpa(q, k, v, mask=None, *, scale=None, causal=False, softcap=0.0):
-    """ONNX Attention (opset 23) on 4-D inputs, in float64. Returns (output, weights)."""
+def sdpa(q, k, v, mask=None, *, scale=None, causal=False, softcap=0.0, causal_offset=0):
+    """ONNX Attention (opset 23) on 4-D inputs, in float64. Returns (output, weights).
+
+    `causal_offset` is the number of cached keys before the queries' block: query i attends
+    keys j <= causal_offset + i (0: top-left, the no-cache case).
+    """
     q, k, v = _f64(q), _f64(k), _f64(v)
     hq, hkv = q.shape[1], k.shape[1]
     if hq != hkv:
@@ -76,7 +80,7 @@ def sdpa(q, k, v, mask=None, *, scale=None, causal=False, softcap=0.0):
         mask = np.asarray(mask)
         bias = bias + (np.where(mask, 0.0, NEG_INF) if mask.dtype == np.bool_ else _f64(mask))
     if causal:
-        bias = bias + np.where(np.tril(np.ones((tq, tk), dtype=bool)), 0.0, NEG_INF)
+        bias = bias + np.where(np.tril(np.ones((tq, tk), dtype=bool), k=causal_offset), 0.0, NEG_INF)
     bias = np.broadcast_to(bias, s.shape)
     p = softmax_rows(s, bias)
     return _r(np.einsum("bhqk,bhkd->bhqd", p, v)), p
@@ -131,6 +135,21 @@ def _mha(params, prefix, x, kv, heads, kv_heads, key_padding=None, causal=False,
     return _linear(_merge(out), params, f"{prefix}out_proj"), w
 
 
+def _mha_step(params, x, past_key, past_value, o):
+    """One block of self-attention over a cache: the new keys and values follow the cached ones,
+    and query i of the block sits at position P + i (P cached positions)."""
+    q = _heads(_linear(x, params, "q_proj"), o["heads"])
+    k = _heads(_linear(x, params, "k_proj"), o["kv_heads"])
+    v = _heads(_linear(x, params, "v_proj"), o["kv_heads"])
+    q, k, scale = _scale_qk(q, k, o["scaling"], o["temperature"])
+    present_key = np.concatenate([past_key, k], axis=2)
+    present_value = np.concatenate([past_value, v], axis=2)
+    out, _ = sdpa(q, present_key, present_value, scale=scale, causal=o["causal"],
+                  causal_offset=past_key.shape[2])
+    return {"output": _linear(_merge(out), params, "out_proj"), "present_key": present_key,
+            "present_value": present_value}
+
+
 def _layer_norm(x, params, name, eps=1e-5):
     mu = x.mean(-1, keepdims=True)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
@@ -166,6 +185,8 @@ def ref_self(params, inputs, o):
 
 def ref_mha(params, inputs, o):
     x = _f64(inputs["x"])
+    if o.get("kv_cache"):
+        return _mha_step(params, x, _f64(inputs["past_key"]), _f64(inputs["past_value"]), o)
     out, w = _mha(params, "", x, x, o["heads"], o["kv_heads"], inputs.get("mask"), o["causal"],
                   o["scaling"], o["temperature"])
     return {"output": out, "weights": w} if o["weights"] else {"output": out}

@@ -165,21 +165,28 @@ def mha_reference_op():
         op_domain = "com.microsoft"
 
         def _run(self, query, key=None, value=None, bias=None, key_padding_mask=None, attention_bias=None,
-                 *unused, num_heads=None, scale=None, unidirectional=None, mask_filter_value=None):
+                 past_key=None, past_value=None, *unused, num_heads=None, scale=None, unidirectional=None,
+                 mask_filter_value=None):
             B, S, D = query.shape
             L, N = key.shape[1], num_heads
             q = query.reshape(B, S, N, D // N).transpose(0, 2, 1, 3)
             k = key.reshape(B, L, N, -1).transpose(0, 2, 1, 3)
             v = value.reshape(B, L, N, -1).transpose(0, 2, 1, 3)
+            P = 0
+            if past_key is not None:  # the cache: past keys/values first; causal offset by their number
+                P = past_key.shape[2]
+                k, v = np.concatenate([past_key, k], axis=2), np.concatenate([past_value, v], axis=2)
             s = (q @ k.transpose(0, 1, 3, 2)) * (scale if scale else 1.0 / np.sqrt(D // N))
             if attention_bias is not None:
                 s = s + attention_bias
             if unidirectional:
-                s = s + np.where(np.tril(np.ones((S, L), bool)), 0, -np.inf).astype(s.dtype)
+                s = s + np.where(np.tril(np.ones((S, P + L), bool), k=P), 0, -np.inf).astype(s.dtype)
             with np.errstate(invalid="ignore"):
                 e = np.exp(s - s.max(-1, keepdims=True))
                 p = (e / e.sum(-1, keepdims=True)).astype(query.dtype)
             out = (p @ v).transpose(0, 2, 1, 3).reshape(B, S, -1)
+            if past_key is not None:
+                return out.astype(query.dtype), k.astype(query.dtype), v.astype(query.dtype)
             return (out.astype(query.dtype),)
 
     return MultiHeadAttention

@@ -22,6 +22,7 @@ class Option:
     help: str
     choices: tuple[str, ...] | None = None  # for str options
     optional: bool = False  # None is a valid value (and may be the default)
+    minimum: int = 1  # for int options (0 for a cache length, which may be empty)
 
     @property
     def flag(self) -> str:
@@ -31,12 +32,12 @@ class Option:
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
-    dims: tuple[str | int, ...]  # option names (symbolic sizes) or fixed ints
+    dims: tuple[str | int, ...]  # option names (symbolic sizes), sums of them ("past_seq+seq"), or ints
     dtype: str  # "float", "bool" or "int64"
     kind: str = "data"  # how example values are made: data, bool_mask, additive_mask, padding, valid_lens, sorted
 
     def shape(self, o: dict) -> tuple[int, ...]:
-        return tuple(d if isinstance(d, int) else o[d] for d in self.dims)
+        return tuple(d if isinstance(d, int) else sum(o[p] for p in d.split("+")) for d in self.dims)
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,8 @@ class Variant:
                 value = float(value)
             if opt.choices and value not in opt.choices:
                 raise UsageError(f"{opt.flag} must be one of {', '.join(opt.choices)}; got {value!r}")
-            if opt.type is int and value is not None and value < 1:
-                raise UsageError(f"{opt.flag} must be a positive integer, got {value}")
+            if opt.type is int and value is not None and value < opt.minimum:
+                raise UsageError(f"{opt.flag} must be an integer >= {opt.minimum}, got {value}")
             o[opt.name] = value
         if "kv_heads" in o and o["kv_heads"] is None:
             o["kv_heads"] = o["heads"]
@@ -142,9 +143,42 @@ def _build_self(o):
 
 
 def _build_mha(o):
-    from attnexport.models.multi_head import MultiHeadAttention
-    return MultiHeadAttention(o["dim"], o["heads"], o["kv_heads"], causal=o["causal"],
-                              scaling=o["scaling"], temperature=o["temperature"], weights=o["weights"])
+    from attnexport.models.multi_head import CachedSelfAttention, MultiHeadAttention
+    cls = CachedSelfAttention if o["kv_cache"] else MultiHeadAttention
+    return cls(o["dim"], o["heads"], o["kv_heads"], causal=o["causal"], scaling=o["scaling"],
+               temperature=o["temperature"], weights=o["weights"])
+
+
+def _kv_cache_check(o):
+    """What a cache cannot be combined with (a step must see what the full forward sees)."""
+    if not o["kv_cache"]:
+        return None
+    if o["mask"] != "none":
+        return "--kv-cache takes no --mask (a padding mask over cached keys is not supported yet)"
+    if o["weights"]:
+        return "--kv-cache takes no --weights"
+    if o["scaling"] in ("norm", "length"):
+        return (f"--scaling {o['scaling']} depends on all keys at once, so decoding step by step cannot "
+                "reproduce it: use sqrt, none or cosine with --kv-cache")
+    return None
+
+
+def _mha_inputs(o):
+    x = (T("x", ("batch", "seq", "dim"), "float"),)
+    if o["kv_cache"]:
+        hd = o["dim"] // o["heads"]
+        return x + (T("past_key", ("batch", o["kv_heads"], "past_seq", hd), "float"),
+                    T("past_value", ("batch", o["kv_heads"], "past_seq", hd), "float"))
+    return x + ((T("mask", ("batch", "seq"), "bool", "padding"),) if o["mask"] == "padding" else ())
+
+
+def _mha_outputs(o):
+    out = T("output", ("batch", "seq", "dim"), "float")
+    if o["kv_cache"]:
+        hd = o["dim"] // o["heads"]
+        return (out, T("present_key", ("batch", o["kv_heads"], "past_seq+seq", hd), "float"),
+                T("present_value", ("batch", o["kv_heads"], "past_seq+seq", hd), "float"))
+    return _with_weights(o, (out, T("weights", ("batch", "heads", "seq", "seq"), "float")))
 
 
 def _build_tied(o):
@@ -241,17 +275,21 @@ _VARIANTS = (
                  Option("kv_heads", int, None, "key/value heads (default: --heads)", optional=True),
                  CAUSAL, SCALING, TEMPERATURE,
                  Option("mask", str, "none", "key padding mask input (B, T), True = token", ("none", "padding")),
-                 WEIGHTS),
+                 WEIGHTS,
+                 Option("kv_cache", bool, False, "self-attention key/value cache: past_key/past_value inputs, "
+                        "present_key/present_value outputs, for decoding step by step"),
+                 Option("past_seq", int, 4, "cached positions before the block (--kv-cache; may be 0)",
+                        minimum=0)),
         build=_build_mha,
-        inputs=lambda o: (T("x", ("batch", "seq", "dim"), "float"),) + (
-            (T("mask", ("batch", "seq"), "bool", "padding"),) if o["mask"] == "padding" else ()),
-        outputs=lambda o: _with_weights(o, (T("output", ("batch", "seq", "dim"), "float"),
-                                            T("weights", ("batch", "heads", "seq", "seq"), "float"))),
+        inputs=_mha_inputs,
+        outputs=_mha_outputs,
         reference=ref.ref_mha,
         flops=lambda o: _mha_flops(o["batch"], o["seq"], o["seq"], o["dim"], o["heads"],
                                    o["dim"] // o["heads"], kv_heads=o["kv_heads"]),
         dot_product_core=True,
-        checks=(_divides("heads", "dim"), _divides("kv_heads", "heads"), _positive("temperature")),
+        dynamic=("batch", "seq", "past_seq"),
+        checks=(_divides("heads", "dim"), _divides("kv_heads", "heads"), _positive("temperature"),
+                _kv_cache_check),
     ),
     Variant(
         name="mha-tied",

@@ -30,6 +30,7 @@ from attnexport import reference as ref
 from attnexport import runtimes as R
 from attnexport import variants as V
 from attnexport import weights as W
+from attnexport.decode import CHUNKS, decode
 from attnexport.compare import TOLERANCES, Comparison, Tolerance, check_tolerance_values, compare_outputs, \
     derived_tolerance, tolerance
 from attnexport.errors import AttnExportError, ProviderUnavailableError, UnsupportedByFlavor, UsageError
@@ -123,6 +124,7 @@ class Step:
     source: ModelSource | None = None  # None for the torch runtimes
     model: str = ""  # the model file's name in model mode
     problem: str = ""  # a failure known before running (changed weights)
+    decode_chunk: int = 0  # > 0: decode the case's x in chunks from an empty cache (see attnexport.decode)
 
 
 @dataclass
@@ -369,7 +371,7 @@ def verify(variants: list[str] | None = None, flavors: list[str] | None = None,
         if progress:
             progress(i, len(plan), f"{step.case.name} {step.flavor} {step.runtime}")
         row = _execute(step, strict_placement)
-        if step.source is not None and not row.skipped and (localize or (not row.passed and
+        if step.source is not None and not step.decode_chunk and not row.skipped and (localize or (not row.passed and
                                                                           localized < AUTO_LOCALIZE_LIMIT)):
             localized += 1
             _localize(row, step, fail_on_divergence=localize)
@@ -404,16 +406,41 @@ def _plan_golden(cases, flavors, used, dtype, rtol, atol) -> list[Step]:
     for case in cases:
         variant = V.get(case.variant)
         tol = case_tolerance(variant, case.params, case.inputs, case.options, case.expected, dtype, rtol, atol)
-        for rt in used:
-            if rt.startswith("torch"):
-                plan.append(Step(case, "-", rt, dtype, tol, case.expected, "golden", case.params))
+        checks = [(case, case.expected, "golden", tol, 0)] + _decode_checks(variant, case, case.params, dtype, rtol, atol)
+        for c, expected, kind, t, chunk in checks:
+            for rt in used:
+                if rt.startswith("torch"):
+                    plan.append(Step(c, "-", rt, dtype, t, expected, kind, case.params, decode_chunk=chunk))
         for flavor in flavors:
             source = ModelSource(case.variant, case.options, E.graph_flavor(variant, flavor), None, dtype,
                                  case.params)
-            for rt in used:
-                if rt in R.ONNX_RUNTIMES:
-                    plan.append(Step(case, flavor, rt, dtype, tol, case.expected, "golden", case.params, source))
+            for c, expected, kind, t, chunk in checks:
+                for rt in used:
+                    if rt in R.ONNX_RUNTIMES:
+                        plan.append(Step(c, flavor, rt, dtype, t, expected, kind, case.params, source,
+                                         decode_chunk=chunk))
     return plan
+
+
+DECODE_LENGTH = 7  # tokens decoded by the cache property check: 7 steps of 1, chunks of 3, 3 and 1
+
+
+def _decode_checks(variant, case, params, dtype, rtol, atol) -> list:
+    """The cache property's checks of a causal cache-step case: (case, expected, kind, tolerance,
+    chunk) for each chunk size; the expected output is the full causal forward's, from the reference."""
+    o = case.options
+    if not (o.get("kv_cache") and o.get("causal")):
+        return []
+    full = variant.resolve({**o, "kv_cache": False, "seq": DECODE_LENGTH})
+    x = V.make_inputs(variant, full, golden.seed_of(case.name) + 1)["x"]
+    expected = {"output": np.asarray(variant.reference(params, {"x": x}, full)["output"], np.float64)}
+    tol = case_tolerance(variant, params, {"x": x}, full, expected, dtype, rtol, atol)
+    out = []
+    for chunk in CHUNKS:
+        c = golden.GoldenCase(f"{case.name}/decode-{chunk}", case.variant, o, {"x": x}, params, expected,
+                              {"source": f"decode {DECODE_LENGTH} tokens in chunks of {chunk} from an empty cache"})
+        out.append((c, expected, "reference (the full causal forward)", tol, chunk))
+    return out
 
 
 _PROBE_SIZES = ({"batch": 2, "seq": 7, "kv_seq": 5}, {"batch": 1, "seq": 1, "kv_seq": 1})
@@ -531,11 +558,12 @@ def _plan_model(path, used, golden_dir, dtype, model_variant, model_flavor, mode
             ekind = kind + (", seeded inputs" if not case.params else "")
         tol = case_tolerance(variant, params, case.inputs, case.options, expected, mdtype, rtol, atol)
         mcase = golden.GoldenCase(case.name, case.variant, case.options, case.inputs, params, expected, case.meta)
-        for rt in used:
-            if rt.startswith("torch"):
-                steps.append(Step(mcase, "-", rt, mdtype, tol, expected, ekind, params, None, name, problem))
-            else:
-                steps.append(Step(mcase, flavor, rt, mdtype, tol, expected, ekind, params, source, name, problem))
+        checks = [(mcase, expected, ekind, tol, 0)] + _decode_checks(variant, mcase, params, mdtype, rtol, atol)
+        for c, exp, kind_, t, chunk in checks:
+            for rt in used:
+                src = None if rt.startswith("torch") else source
+                steps.append(Step(c, "-" if src is None else flavor, rt, mdtype, t, exp, kind_, params, src, name,
+                                  problem, decode_chunk=chunk))
     return steps, mdtype
 
 
@@ -573,14 +601,17 @@ def _execute(step: Step, strict: bool) -> Row:
         return row
     feed = D.cast_floats(case.inputs, dtype)
     try:
-        # One untimed run, then a few timed ones: verify is a check, bench is the timing tool.
-        got, ms = prepared.timed(feed, warmup=0 if step.runtime == "onnx-ref" else 1,
-                                 iters=1 if step.runtime == "onnx-ref" else 3)
+        if step.decode_chunk:
+            got, ms = _decode_run(prepared, variant, case.options, feed["x"], step.decode_chunk)
+        else:
+            # One untimed run, then a few timed ones: verify is a check, bench is the timing tool.
+            got, ms = prepared.timed(feed, warmup=0 if step.runtime == "onnx-ref" else 1,
+                                     iters=1 if step.runtime == "onnx-ref" else 3)
     except Exception as e:  # noqa: BLE001 - a runtime failing on a model is a verification failure
         row.error = _first_line(e)
         return row
     row.median_ms, row.arrays = ms, got
-    declared = [s.name for s in variant.outputs(case.options)]
+    declared = ["output"] if step.decode_chunk else [s.name for s in variant.outputs(case.options)]
     row.comparisons = compare_outputs(declared, got, step.expected, step.tol)
     row.cpu_nodes = prepared.cpu_nodes
     if not row.comparisons:
@@ -591,6 +622,16 @@ def _execute(step: Step, strict: bool) -> Row:
         row.passed = False
         row.error = f"{len(row.cpu_nodes)} node(s) ran on the CPU: {', '.join(row.cpu_nodes[:5])}"
     return row
+
+
+def _decode_run(prepared, variant, o, x, chunk):
+    """The cache property: x decoded in chunks from an empty cache; returns ({"output": ...}, ms)."""
+    import time
+    step_specs = {s.name: s for s in variant.inputs(o)}
+    kv_heads, head_dim = step_specs["past_key"].shape(o)[1], step_specs["past_key"].shape(o)[3]
+    t0 = time.perf_counter()
+    out = decode(prepared.run, x, chunk, kv_heads, head_dim)
+    return {"output": out}, (time.perf_counter() - t0) * 1e3
 
 
 def _localize(row: Row, step: Step, fail_on_divergence: bool) -> None:

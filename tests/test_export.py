@@ -210,3 +210,33 @@ def test_readme_deployment_snippet_runs_with_onnxruntime_alone(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "(3, 17, 64)" in proc.stdout
+
+
+def _readme_decode_loop() -> str:
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    section = text.split("### Generating with a key/value cache", 1)[1]
+    return section.split("```python", 1)[1].split("```", 1)[0]
+
+
+def test_readme_decode_loop_runs_alone_and_equals_the_full_forward(tmp_path):
+    """The README's generation loop (prefill 5, decode 20) in a fresh interpreter without
+    attnexport; its outputs are those of the full causal forward over the same inputs."""
+    from click.testing import CliRunner
+    from attnexport.cli import main
+    r = CliRunner().invoke(main, ["export", "--variant", "mha", "--kv-cache", "--causal", "-o",
+                                  str(tmp_path / "models" / "mha-step.onnx")])
+    assert r.exit_code == 0, r.output
+    guard = "import sys\nsys.modules['attnexport'] = None  # the app must not need attnexport\n"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", guard + _readme_decode_loop()], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "the cache holds 25 positions" in proc.stdout
+    x = np.load(tmp_path / "decoded_inputs.npy")
+    got = np.load(tmp_path / "decoded_outputs.npy")
+    variant = V.get("mha")
+    full = variant.resolve({"causal": True, "batch": 1, "seq": 25})
+    want = variant.reference(V.init_params(variant, variant.resolve({"kv_cache": True, "causal": True}), 0),
+                             {"x": x}, full)["output"]
+    c = compare("output", got, want, tolerance("fp32"))
+    assert c, str(c)

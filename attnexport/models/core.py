@@ -138,3 +138,48 @@ def attend(query, key, value, attn_mask=None, *, scale=None, is_causal=False, so
     if need_weights:
         return attention_weights(query, key, value, attn_mask, scale, is_causal, softcap)
     return attention(query, key, value, attn_mask, scale, is_causal, softcap), None
+
+
+# --- with a key/value cache ---------------------------------------------------------------------
+
+@torch.library.custom_op("attnexport::attention_cached", mutates_args=())
+def attention_cached(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    past_key: torch.Tensor,
+    past_value: torch.Tensor,
+    scale: Optional[float],
+    is_causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention of a new block over a key/value cache, as the ONNX `Attention` op with past inputs.
+
+    Args:
+        query: (B, Hq, T, d), the new block's queries.
+        key, value: (B, Hkv, T, d) and (B, Hkv, T, dv), the new block's keys and values.
+        past_key, past_value: (B, Hkv, P, d) and (B, Hkv, P, dv); P may be 0.
+        is_causal: offset-aligned: query i of the block attends keys j <= P + i.
+
+    Returns:
+        output (B, Hq, T, dv), present_key (B, Hkv, P + T, d), present_value (B, Hkv, P + T, dv).
+    """
+    present_key = torch.cat([past_key, key], dim=2)
+    present_value = torch.cat([past_value, value], dim=2)
+    mask = None
+    if is_causal:
+        tq, tk = query.shape[2], present_key.shape[2]
+        rows = torch.arange(tq, device=query.device)[:, None] + (tk - tq)
+        mask = torch.arange(tk, device=query.device)[None, :] <= rows  # (T, P + T), True = attend
+    out = _fused_impl(query, present_key, present_value, mask, scale, False)
+    return out, present_key.clone(), present_value.clone()
+
+
+@attention_cached.register_fake
+def _(query, key, value, past_key, past_value, scale, is_causal):
+    out = query.new_empty((*query.shape[:-1], value.shape[-1]))
+    return out, torch.cat([past_key, key], dim=2), torch.cat([past_value, value], dim=2)
+
+
+def attend_cached(query, key, value, past_key, past_value, *, scale=None, is_causal=False):
+    """Calls the cached core op; returns (output, present_key, present_value)."""
+    return attention_cached(query, key, value, past_key, past_value, scale, is_causal)

@@ -6,7 +6,7 @@ import math
 
 from torch import nn
 
-from attnexport.models.core import attend
+from attnexport.models.core import attend, attend_cached
 from attnexport.models.dot_product import scale_qk
 
 
@@ -58,6 +58,26 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x, mask=None):
         out, w = self.attend(x, x, mask)
         return (out, w) if self.weights else out
+
+
+class CachedSelfAttention(MultiHeadAttention):
+    """`mha --kv-cache`: the same block, one decoding step at a time over a key/value cache."""
+
+    def forward(self, x, past_key, past_value):
+        """One decoding step over a cache; returns (output, present_key, present_value).
+
+        Args:
+            x: (B, T, D), the new block (T = 1 for one token, or a chunk, or the prompt).
+            past_key, past_value: (B, Hkv, P, hd), keys and values of the P earlier positions
+                (after scaling, as attention reads them); P may be 0.
+        """
+        q = split_heads(self.q_proj(x), self.heads)  # (B, h, T, hd)
+        k = split_heads(self.k_proj(x), self.kv_heads)  # (B, hkv, T, hd)
+        v = split_heads(self.v_proj(x), self.kv_heads)
+        q, k, scale = scale_qk(q, k, self.scaling, self.temperature)
+        out, present_key, present_value = attend_cached(q, k, v, past_key, past_value, scale=scale,
+                                                        is_causal=self.causal)
+        return self.out_proj(merge_heads(out)), present_key, present_value  # (B, T, D), (B, hkv, P+T, hd) x2
 
 
 class CrossAttention(MultiHeadAttention):

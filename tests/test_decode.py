@@ -1,0 +1,92 @@
+"""The key/value cache: step exports, the decode-equals-forward property, and what cannot be cached."""
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from attnexport import export as E, runtimes as R, variants as V, verify as VF
+from attnexport.cli import main
+from attnexport.compare import compare, tolerance
+from attnexport.decode import decode
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def step_model():
+    variant = V.get("mha")
+    o = variant.resolve({"kv_cache": True, "causal": True, "kv_heads": 2})
+    params = V.init_params(variant, o, 0)
+    return variant, o, params, E.build_model("mha", o, "attention", params=params)[0]
+
+
+def _full_forward(variant, o, params, x):
+    full = variant.resolve({**o, "kv_cache": False, "seq": x.shape[1], "batch": x.shape[0]})
+    return variant.reference(params, {"x": x}, full)["output"]
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7])
+def test_decoding_in_chunks_equals_the_full_forward(step_model, chunk):
+    variant, o, params, model = step_model
+    x = np.random.default_rng(3).standard_normal((2, 7, o["dim"])).astype(np.float32)
+    session = R.prepare_onnx("ort-cpu", model)
+    got = decode(session.run, x, chunk, kv_heads=2, head_dim=o["dim"] // o["heads"])
+    c = compare("output", got, _full_forward(variant, o, params, x), tolerance("fp32"))
+    assert c, str(c)
+
+
+def test_a_step_that_forgets_its_cache_is_caught(step_model):
+    variant, o, params, model = step_model
+    x = np.random.default_rng(3).standard_normal((1, 5, o["dim"])).astype(np.float32)
+    session = R.prepare_onnx("ort-cpu", model)
+
+    def forgetful(feed):
+        return session.run({**feed, "past_key": feed["past_key"][:, :, :0], "past_value": feed["past_value"][:, :, :0]})
+    with pytest.raises(ValueError, match="present_key has 1 positions"):
+        decode(forgetful, x, 1, kv_heads=2, head_dim=o["dim"] // o["heads"])
+
+
+def test_a_non_causal_step_fails_the_property(step_model):
+    variant, o, params, _ = step_model
+    loose = variant.resolve({**o, "causal": False})
+    model = E.build_model("mha", loose, "primitives", params=params)[0]
+    x = np.random.default_rng(4).standard_normal((1, 6, o["dim"])).astype(np.float32)
+    got = decode(R.prepare_onnx("ort-cpu", model).run, x, 3, kv_heads=2, head_dim=o["dim"] // o["heads"])
+    assert not compare("output", got, _full_forward(variant, o, params, x), tolerance("fp32"))
+
+
+def test_step_exports_have_the_cache_interface(step_model):
+    *_, model = step_model
+    dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    outs = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.output}
+    assert dims["past_key"] == ["batch", 2, "past_seq", 16]  # GQA: 2 key/value heads for 4 query heads
+    assert outs["present_value"][:2] == ["batch", 2] and "past_seq" in outs["present_value"][2]
+    listing = json.loads(run("list", "--json").output)
+    mha = next(v for v in listing if v["name"] == "mha")
+    names = {i["name"] for i in mha["inputs"]} | {o["name"] for o in mha["outputs"]}
+    assert {"past_key", "past_value", "present_key", "present_value"} <= names
+
+
+def test_verify_a_step_model_file_checks_the_property(tmp_path):
+    path = tmp_path / "step.onnx"
+    assert run("export", "--variant", "mha", "--kv-cache", "--causal", "--flavor", "ort", "-o", path).exit_code == 0
+    report = VF.verify(models=[path], runtimes=["torch", "onnx-ref", "ort-cpu"])
+    assert report.ok, "\n".join(r.describe() for r in report.failures)
+    assert {"mha-kv-cache/decode-1", "mha-kv-cache/decode-3"} <= {r.case for r in report.rows}
+
+
+@pytest.mark.parametrize("args, code, text", [
+    (["--mask", "padding"], 2, "--kv-cache takes no --mask"),
+    (["--weights"], 2, "--kv-cache takes no --weights"),
+    (["--scaling", "norm"], 2, "depends on all keys at once"),
+    (["--past-seq", "-1"], 2, "--past-seq must be an integer >= 0"),
+    (["--kv-heads", "2", "--flavor", "ort"], 1, "needs as many key/value heads as query heads"),
+])
+def test_what_a_cache_cannot_do_is_said(tmp_path, args, code, text):
+    r = run("export", "--variant", "mha", "--kv-cache", "--causal", *args, "-o", tmp_path / "x.onnx")
+    assert r.exit_code == code and text in r.output and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "x.onnx").exists()
