@@ -36,7 +36,8 @@ def test_option_not_taken_lists_valid_ones():
     ({"heads": 5}, "--heads \\(5\\) must divide --dim \\(64\\)"),
     ({"kv_heads": 3}, "--kv-heads \\(3\\) must divide --heads \\(4\\)"),
     ({"scaling": "cube"}, "--scaling must be one of"),
-    ({"batch": 0}, "--batch must be a positive integer"),
+    ({"batch": 0}, "--batch must be an integer >= 1"),
+    ({"past_seq": -1}, "--past-seq must be an integer >= 0"),
     ({"temperature": 0.0}, "--temperature must be > 0"),
 ])
 def test_bad_options(given, message):
