@@ -28,7 +28,7 @@ from attnexport import variants as V
 from attnexport.errors import UnsupportedByFlavor, UsageError
 
 BENCH_RUNTIMES = ("torch", "torch-cuda", "ort-cpu", "ort-cuda")
-SIZE_LISTS = ("batch", "seq", "kv_seq")  # options that take comma-separated lists
+SIZE_LISTS = ("batch", "seq", "kv_seq", "past_seq")  # options that take comma-separated lists
 
 
 @dataclass
@@ -52,13 +52,16 @@ class BenchRow:
     cpu_nodes: list[str] = field(default_factory=list)
     note: str = ""
     peak_source: str = ""  # the matmul that set the calibrated peak (runtime, dtype, M x K x N)
+    phase: str = ""  # with --decode: "prefill" (the prompt into an empty cache) or "decode" (one token)
+    tokens_per_s: float | None = None  # with --decode: tokens the phase processes per second
     ratio_min: float | None = None  # the ratio to torch eager, per round: its lowest and highest
     ratio_max: float | None = None
     rounds: int = 0
 
     @property
     def shape_label(self) -> str:
-        return "x".join(str(self.shape[k]) for k in ("batch", "seq") if k in self.shape)
+        label = "x".join(str(self.shape[k]) for k in ("batch", "seq") if k in self.shape)
+        return f"{label}+{self.shape['past_seq']}" if self.shape.get("past_seq") else label
 
 
 def _stats(ms: list[float]) -> tuple[float, float, float]:
@@ -375,6 +378,41 @@ def _row(variant, rt, flavor, mode, dtype, shape, ms, flops, peak, torch_median,
     tflops = flops / (med / 1e3) / 1e12
     return BenchRow(variant.name, rt, flavor, mode, dtype, shape, med, p10, p90, tflops,
                     tflops * 1e12 / peak, peak / 1e12, med / torch_median, err, mem, threads)
+
+
+def bench_decode(variant_name: str, options: dict | None, contexts: list[int], **kwargs) -> list[BenchRow]:
+    """Generation with a KV cache at each context length: the prefill (the context's tokens into an
+    empty cache) and one decoding step (one token over a cache of that many), on every runtime and
+    flavour beside torch eager with the same cache; ms, and tokens per second, per phase.
+
+    kwargs are bench()'s (runtimes, flavors, dtype, warmup, iters, threads, seed, repeat, ...).
+    """
+    variant = V.get(variant_name)
+    if "kv_cache" not in {o.name for o in variant.options}:
+        have = [v.name for v in V.VARIANTS.values() if "kv_cache" in {o.name for o in v.options}]
+        raise UsageError(f"--decode needs a variant with a KV cache ({', '.join(have)}); {variant.name} has none")
+    if not contexts:
+        raise UsageError("--decode needs --context, e.g. --context 128,1024")
+    options = dict(options or {})
+    for k in ("seq", "past_seq"):
+        if k in options:
+            raise UsageError(f"--decode sets --{k.replace('_', '-')} itself: give --context")
+    if isinstance(options.get("batch"), (list, tuple)):
+        if len(options["batch"]) != 1:
+            raise UsageError("--decode takes one --batch")
+        options["batch"] = options["batch"][0]
+    options.update(kv_cache=True, causal=True, seq=[], past_seq=[])
+    for c in contexts:
+        options["seq"] += [c, 1]  # the prefill of c tokens, then one token over a cache of c
+        options["past_seq"] += [0, c]
+    rows = bench(variant_name, options, **kwargs)
+    for r in rows:
+        if not r.shape:
+            continue
+        r.phase = "prefill" if r.shape["past_seq"] == 0 else "decode"
+        tokens = r.shape["batch"] * r.shape["seq"]
+        r.tokens_per_s = tokens / (r.median_ms / 1e3) if r.median_ms == r.median_ms else None
+    return rows
 
 
 def warnings_for(runtimes: list[str] | None, dtype: str, cuda_graph: bool) -> list[str]:

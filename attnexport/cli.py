@@ -395,6 +395,8 @@ def _print_bench(rows, variant, dtype):
     notes = []
     for r in rows:
         run = f"{r.runtime}\n{r.flavor}" + ("" if r.mode in ("eager", "io-binding") else f" {r.mode}")
+        if r.phase:
+            run += f" {r.phase}"
         if r.median_ms != r.median_ms:  # not applicable: no timing
             notes.append(f"{r.runtime} {r.flavor}: {r.note}")
             continue
@@ -422,6 +424,9 @@ def _print_bench(rows, variant, dtype):
 @click.option("--batch", default=None, help="Batch size, or several separated by commas.")
 @click.option("--seq", default=None, help="Sequence length, or several: --seq 512,2048,8192.")
 @click.option("--kv-seq", "kv_seq", default=None, help="Key/value length, or several.")
+@click.option("--decode", is_flag=True,
+              help="Generation with a KV cache: prefill and one decoding step at each --context length.")
+@click.option("--context", default=None, help="With --decode: context lengths, e.g. --context 128,1024,4096.")
 @click.option("--runtimes", default=None,
               help="Comma-separated: torch, torch-cuda, ort-cpu, ort-cuda (default: every available one).")
 @click.option("--flavor", "flavors", multiple=True, help="Flavors to time (repeatable; default: all).")
@@ -437,8 +442,8 @@ def _print_bench(rows, variant, dtype):
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a latency chart (PNG).")
 @_variant_options(exclude=("batch", "seq", "kv_seq"))
 @reports_errors
-def bench(variant, batch, seq, kv_seq, runtimes, flavors, dtype, warmup, iters, cuda_graph, threads, repeat,
-          seed, as_json, plot, **options):
+def bench(variant, batch, seq, kv_seq, decode, context, runtimes, flavors, dtype, warmup, iters, cuda_graph,
+          threads, repeat, seed, as_json, plot, **options):
     """Time a variant on every runtime and flavor against PyTorch eager.
 
     Example: attnexport bench --variant mha --runtimes torch,ort-cpu --batch 8 --seq 512 --dim 512 --heads 8
@@ -459,8 +464,15 @@ def bench(variant, batch, seq, kv_seq, runtimes, flavors, dtype, warmup, iters, 
     if not as_json:
         for w in bench_mod.warnings_for(kwargs["runtimes"], dtype, cuda_graph):
             click.echo(f"note: {w}", err=True)
-    rows = _with_progress("bench", as_json, lambda progress: bench_mod.bench(variant, opts, **kwargs,
-                                                                            progress=progress))
+    contexts = _int_list("--context", context)
+    if contexts and not decode:
+        raise UsageError("--context goes with --decode")
+    if decode:
+        rows = _with_progress("bench", as_json, lambda progress: bench_mod.bench_decode(
+            variant, opts, contexts, **kwargs, progress=progress))
+    else:
+        rows = _with_progress("bench", as_json, lambda progress: bench_mod.bench(variant, opts, **kwargs,
+                                                                                progress=progress))
     if plot:
         bench_mod.plot(rows, plot, f"{variant} {dtype}, median latency")
     if as_json:
@@ -469,5 +481,9 @@ def bench(variant, batch, seq, kv_seq, runtimes, flavors, dtype, warmup, iters, 
     _print_bench(rows, variant, dtype)
     for rt, shape, flavor, ms in bench_mod.fastest(rows):
         click.echo(f"fastest on {rt} at {shape}: {flavor} ({ms:.3f} ms)")
+    for r in rows:
+        if r.phase and r.tokens_per_s:
+            click.echo(f"{r.phase} {r.runtime} {r.flavor} at {r.shape_label}: {r.median_ms:.3f} ms, "
+                       f"{r.tokens_per_s:,.0f} tokens/s")
     if plot:
         click.echo(f"plot: {plot}")

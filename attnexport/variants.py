@@ -149,6 +149,15 @@ def _build_mha(o):
                temperature=o["temperature"], weights=o["weights"])
 
 
+def _mha_block_flops(o):
+    B, T, D, H, hd = o["batch"], o["seq"], o["dim"], o["heads"], o["dim"] // o["heads"]
+    if not o["kv_cache"]:
+        return _mha_flops(B, T, T, D, H, hd, kv_heads=o["kv_heads"])
+    # A cache step projects only its T new tokens, and attends over past and new keys.
+    Tk = o["past_seq"] + T
+    return 2 * B * T * D * (H + 2 * o["kv_heads"]) * hd + 2 * B * T * H * hd * D + 2 * B * H * T * Tk * 2 * hd
+
+
 def _kv_cache_check(o):
     """What a cache cannot be combined with (a step must see what the full forward sees)."""
     if not o["kv_cache"]:
@@ -284,8 +293,7 @@ _VARIANTS = (
         inputs=_mha_inputs,
         outputs=_mha_outputs,
         reference=ref.ref_mha,
-        flops=lambda o: _mha_flops(o["batch"], o["seq"], o["seq"], o["dim"], o["heads"],
-                                   o["dim"] // o["heads"], kv_heads=o["kv_heads"]),
+        flops=_mha_block_flops,
         dot_product_core=True,
         dynamic=("batch", "seq", "past_seq"),
         checks=(_divides("heads", "dim"), _divides("kv_heads", "heads"), _positive("temperature"),

@@ -123,3 +123,19 @@ def test_cuda_runtime_without_cuda():
         pytest.skip("this machine has a working CUDA provider")
     with pytest.raises(ProviderUnavailableError, match="ort-cuda is not available"):
         B.bench("mha", {}, ["ort-cuda"])
+
+
+def test_decode_bench_times_prefill_and_one_step_per_context():
+    rows = B.bench_decode("mha", {"batch": [1], "dim": 32, "heads": 4}, [8, 16], runtimes=["torch", "ort-cpu"],
+                          flavors=["attention", "ort"], warmup=1, iters=2, threads=1, repeat=2)
+    got = {(r.runtime, r.flavor, r.phase, r.shape["seq"], r.shape["past_seq"]) for r in rows}
+    for rt, fl in (("torch", "-"), ("ort-cpu", "attention"), ("ort-cpu", "ort")):
+        for c in (8, 16):
+            assert (rt, fl, "prefill", c, 0) in got and (rt, fl, "decode", 1, c) in got
+    for r in rows:
+        assert r.tokens_per_s == pytest.approx(r.shape["batch"] * r.shape["seq"] / (r.median_ms / 1e3))
+        assert r.max_abs_err < 1e-4 and 0 < r.peak_fraction <= 1
+    with pytest.raises(UsageError, match="needs a variant with a KV cache"):
+        B.bench_decode("sdpa", {}, [8])
+    r = CliRunner().invoke(main, ["bench", "--variant", "mha", "--context", "8"])
+    assert r.exit_code == 2 and "--context goes with --decode" in r.output
