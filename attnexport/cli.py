@@ -97,7 +97,7 @@ def list_cmd(as_json):
         return
     table = Table(title=f"{len(rows)} attention variants", show_lines=True)
     for col in ("variant", "inputs -> outputs", "options"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")  # fold long choices, never cut them
     for r, v in zip(rows, V.VARIANTS.values()):
         ins = ", ".join(("[" + i["name"] + "]") if i["optional"] else i["name"] for i in r["inputs"])
         outs = ", ".join(("[" + i["name"] + "]") if i["optional"] else i["name"] for i in r["outputs"])
@@ -215,6 +215,9 @@ def inspect(model, as_json):
     _console().print("ops: " + escape(", ".join(f"{k} x{v}" for k, v in d["op_counts"].items())))
     if d["attnexport"]:
         for k, v in d["attnexport"].items():
+            if k == "params":  # one line: how many are fingerprinted (the hashes are in --json)
+                entries = json.loads(v) if isinstance(v, str) else v
+                v = f"{len(entries)} parameters fingerprinted (sha256 each; see --json)"
             _console().print(f"  {k}: {escape(json.dumps(v) if isinstance(v, dict) else str(v))}")
     else:
         _console().print("no attnexport metadata")

@@ -120,3 +120,17 @@ def test_inspect_errors(tmp_path):
     assert run("export", "--variant", "posenc", "-o", str(good)).exit_code == 0
     (tmp_path / "cut.onnx").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     _one_line_error(run("inspect", str(tmp_path / "cut.onnx")), 2)
+
+
+def test_list_and_inspect_are_readable_at_80_columns(tmp_path):
+    from conftest import assert_fits_80
+    runner = CliRunner(env={"COLUMNS": "80"})
+    r = runner.invoke(main, ["list"])
+    assert r.exit_code == 0
+    assert_fits_80(r.output)
+    assert "{sqrt|none|norm|cosine|" in r.output and "--kv-heads=auto" in r.output
+    path = tmp_path / "m.onnx"
+    assert runner.invoke(main, ["export", "--variant", "mha", "-o", str(path)]).exit_code == 0
+    r = runner.invoke(main, ["inspect", str(path)])
+    assert r.exit_code == 0 and "8 parameters fingerprinted" in r.output
+    assert_fits_80(r.output)
