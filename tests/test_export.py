@@ -185,10 +185,21 @@ def test_bad_arguments(kwargs, message, tmp_path):
         E.export(output=tmp_path / "x.onnx", **kwargs)
 
 
-def _readme_snippet() -> str:
+def _readme_python(heading: str) -> str:
+    """The first Python block of the README after `heading`."""
     text = (Path(__file__).parent.parent / "README.md").read_text()
-    section = text.split("## Deploying an exported model", 1)[1]
+    section = text.split(heading, 1)[1]
     return section.split("```python", 1)[1].split("```", 1)[0]
+
+
+def _run_without_attnexport(code: str, cwd) -> subprocess.CompletedProcess:
+    """Runs `code` in a fresh interpreter that cannot import attnexport, as a deployment app would."""
+    guard = "import sys\nsys.modules['attnexport'] = None  # the app must not need attnexport\n"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", guard + code], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc
 
 
 def test_readme_deployment_snippet_runs_with_onnxruntime_alone(tmp_path):
@@ -204,18 +215,8 @@ def test_readme_deployment_snippet_runs_with_onnxruntime_alone(tmp_path):
         os.chdir(cwd)
     assert r.exit_code == 0, r.output
     assert (tmp_path / "models" / "mha.onnx").exists()
-    guard = "import sys\nsys.modules['attnexport'] = None  # the app must not need attnexport\n"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-c", guard + _readme_snippet()], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    proc = _run_without_attnexport(_readme_python("## Deploying an exported model"), tmp_path)
     assert "(3, 17, 64)" in proc.stdout
-
-
-def _readme_decode_loop() -> str:
-    text = (Path(__file__).parent.parent / "README.md").read_text()
-    section = text.split("### Generating with a key/value cache", 1)[1]
-    return section.split("```python", 1)[1].split("```", 1)[0]
 
 
 def test_readme_decode_loop_runs_alone_and_equals_the_full_forward(tmp_path):
@@ -226,11 +227,7 @@ def test_readme_decode_loop_runs_alone_and_equals_the_full_forward(tmp_path):
     r = CliRunner().invoke(main, ["export", "--variant", "mha", "--kv-cache", "--causal", "-o",
                                   str(tmp_path / "models" / "mha-step.onnx")])
     assert r.exit_code == 0, r.output
-    guard = "import sys\nsys.modules['attnexport'] = None  # the app must not need attnexport\n"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-c", guard + _readme_decode_loop()], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    proc = _run_without_attnexport(_readme_python("### Generating with a key/value cache"), tmp_path)
     assert "the cache holds 25 positions" in proc.stdout
     x = np.load(tmp_path / "decoded_inputs.npy")
     got = np.load(tmp_path / "decoded_outputs.npy")
