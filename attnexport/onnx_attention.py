@@ -267,7 +267,11 @@ def standard_attention_cached(query, key, value, past_key, past_value, scale=Non
 
 def ort_attention_cached(query, key, value, past_key, past_value, scale=None, is_causal=False):
     heads, kv_heads = _static(query.shape[1]), _static(key.shape[1])
-    if heads is None or kv_heads != heads:
+    if heads is None:
+        raise UnsupportedByFlavor("the ort flavor's cache (com.microsoft.MultiHeadAttention with past_key/"
+                                  "past_value) needs a fixed head count, and this graph's is symbolic (sdpa); "
+                                  "use --flavor attention or primitives")
+    if kv_heads != heads:
         raise UnsupportedByFlavor("the ort flavor's cache (com.microsoft.MultiHeadAttention with past_key/"
                                   "past_value) needs as many key/value heads as query heads; use --flavor "
                                   "attention or primitives for a grouped-query cache")

@@ -169,6 +169,12 @@ def _masked_softmax(scores, valid_lens):
 # --- one function per variant -------------------------------------------------------------
 
 def ref_sdpa(params, inputs, o):
+    if o.get("kv_cache"):
+        present_key = np.concatenate([_f64(inputs["past_key"]), _f64(inputs["key"])], axis=2)
+        present_value = np.concatenate([_f64(inputs["past_value"]), _f64(inputs["value"])], axis=2)
+        out, _ = sdpa(inputs["query"], present_key, present_value, scale=o["scale"], causal=o["causal"],
+                      causal_offset=inputs["past_key"].shape[2])
+        return {"output": out, "present_key": present_key, "present_value": present_value}
     out, w = sdpa(inputs["query"], inputs["key"], inputs["value"], inputs.get("attn_mask"),
                   scale=o["scale"], causal=o["causal"], softcap=o["softcap"])
     return {"output": out, "weights": w} if o["weights"] else {"output": out}

@@ -133,8 +133,36 @@ def _mha_flops(B, Tq, Tk, D, H, hd, kv_dim=None, kv_heads=None):
 # --- builders (torch is imported lazily so that `list` and the reference stay light) -------
 
 def _build_sdpa(o):
-    from attnexport.models.dot_product import ScaledDotProductAttention
-    return ScaledDotProductAttention(o["causal"], o["scale"], o["softcap"], o["weights"])
+    from attnexport.models.dot_product import CachedScaledDotProductAttention, ScaledDotProductAttention
+    cls = CachedScaledDotProductAttention if o["kv_cache"] else ScaledDotProductAttention
+    return cls(o["causal"], o["scale"], o["softcap"], o["weights"])
+
+
+def _sdpa_inputs(o):
+    qkv = (T("query", ("batch", "heads", "seq", "head_dim"), "float"),
+           T("key", ("batch", "kv_heads", "kv_seq", "head_dim"), "float"),
+           T("value", ("batch", "kv_heads", "kv_seq", "v_head_dim"), "float"))
+    if o["kv_cache"]:  # the new block's keys and values are as long as its queries
+        return (qkv[0], T("key", ("batch", "kv_heads", "seq", "head_dim"), "float"),
+                T("value", ("batch", "kv_heads", "seq", "v_head_dim"), "float"),
+                T("past_key", ("batch", "kv_heads", "past_seq", "head_dim"), "float"),
+                T("past_value", ("batch", "kv_heads", "past_seq", "v_head_dim"), "float"))
+    return qkv + ({"none": (), "bool": (T("attn_mask", ("batch", 1, "seq", "kv_seq"), "bool", "bool_mask"),),
+                   "float": (T("attn_mask", ("batch", 1, "seq", "kv_seq"), "float", "additive_mask"),)}[o["mask"]])
+
+
+def _sdpa_outputs(o):
+    out = T("output", ("batch", "heads", "seq", "v_head_dim"), "float")
+    if o["kv_cache"]:
+        return (out, T("present_key", ("batch", "kv_heads", "past_seq+seq", "head_dim"), "float"),
+                T("present_value", ("batch", "kv_heads", "past_seq+seq", "v_head_dim"), "float"))
+    return _with_weights(o, (out, T("weights", ("batch", "heads", "seq", "kv_seq"), "float")))
+
+
+def _sdpa_cache_check(o):
+    if o["kv_cache"] and (o["mask"] != "none" or o["weights"] or o["softcap"] > 0):
+        return "--kv-cache takes no --mask, --weights or --softcap yet"
+    return None
 
 
 def _build_self(o):
@@ -243,22 +271,19 @@ _VARIANTS = (
                  _size("v_head_dim", 32, "value head size"), CAUSAL,
                  Option("scale", float, None, "scale of QK^T (default 1/sqrt(head_dim))", optional=True),
                  Option("softcap", float, 0.0, "if > 0: scores = softcap * tanh(scores / softcap)"),
-                 Option("mask", str, "none", "attention mask input", ("none", "bool", "float")), WEIGHTS),
+                 Option("mask", str, "none", "attention mask input", ("none", "bool", "float")), WEIGHTS,
+                 Option("kv_cache", bool, False, "past_key/past_value inputs and present_key/present_value "
+                        "outputs, as the operator's cache"),
+                 Option("past_seq", int, 4, "cached positions before the block (--kv-cache; may be 0)",
+                        minimum=0)),
         build=_build_sdpa,
-        inputs=lambda o: (
-            T("query", ("batch", "heads", "seq", "head_dim"), "float"),
-            T("key", ("batch", "kv_heads", "kv_seq", "head_dim"), "float"),
-            T("value", ("batch", "kv_heads", "kv_seq", "v_head_dim"), "float"),
-        ) + ({"none": (), "bool": (T("attn_mask", ("batch", 1, "seq", "kv_seq"), "bool", "bool_mask"),),
-              "float": (T("attn_mask", ("batch", 1, "seq", "kv_seq"), "float", "additive_mask"),)}[o["mask"]]),
-        outputs=lambda o: _with_weights(o, (
-            T("output", ("batch", "heads", "seq", "v_head_dim"), "float"),
-            T("weights", ("batch", "heads", "seq", "kv_seq"), "float"))),
+        inputs=_sdpa_inputs,
+        outputs=_sdpa_outputs,
         reference=ref.ref_sdpa,
         flops=lambda o: 2 * o["batch"] * o["heads"] * o["seq"] * o["kv_seq"] * (o["head_dim"] + o["v_head_dim"]),
         dot_product_core=True,
-        dynamic=("batch", "heads", "kv_heads", "seq", "kv_seq", "head_dim", "v_head_dim"),
-        checks=(_divides("kv_heads", "heads"),
+        dynamic=("batch", "heads", "kv_heads", "seq", "kv_seq", "head_dim", "v_head_dim", "past_seq"),
+        checks=(_divides("kv_heads", "heads"), _sdpa_cache_check,
                 lambda o: None if o["softcap"] >= 0 else "--softcap must be >= 0",
                 lambda o: None if o["scale"] is None or o["scale"] > 0 else "--scale must be > 0"),
     ),

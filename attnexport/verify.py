@@ -30,7 +30,7 @@ from attnexport import reference as ref
 from attnexport import runtimes as R
 from attnexport import variants as V
 from attnexport import weights as W
-from attnexport.decode import CHUNKS, decode
+from attnexport.decode import CHUNKS, decode, empty_cache, stream_axis
 from attnexport.compare import TOLERANCES, Comparison, Tolerance, check_tolerance_values, compare_outputs, \
     derived_tolerance, tolerance
 from attnexport.errors import AttnExportError, ProviderUnavailableError, UnsupportedByFlavor, UsageError
@@ -431,13 +431,14 @@ def _decode_checks(variant, case, params, dtype, rtol, atol) -> list:
     o = case.options
     if not (o.get("kv_cache") and o.get("causal")):
         return []
-    full = variant.resolve({**o, "kv_cache": False, "seq": DECODE_LENGTH})
-    x = V.make_inputs(variant, full, golden.seed_of(case.name) + 1)["x"]
-    expected = {"output": np.asarray(variant.reference(params, {"x": x}, full)["output"], np.float64)}
-    tol = case_tolerance(variant, params, {"x": x}, full, expected, dtype, rtol, atol)
+    sizes = {"seq": DECODE_LENGTH, **({"kv_seq": DECODE_LENGTH} if "kv_seq" in o else {})}
+    full = variant.resolve({**o, "kv_cache": False, **sizes})
+    stream = V.make_inputs(variant, full, golden.seed_of(case.name) + 1)
+    expected = {"output": np.asarray(variant.reference(params, stream, full)["output"], np.float64)}
+    tol = case_tolerance(variant, params, stream, full, expected, dtype, rtol, atol)
     out = []
     for chunk in CHUNKS:
-        c = golden.GoldenCase(f"{case.name}/decode-{chunk}", case.variant, o, {"x": x}, params, expected,
+        c = golden.GoldenCase(f"{case.name}/decode-{chunk}", case.variant, o, stream, params, expected,
                               {"source": f"decode {DECODE_LENGTH} tokens in chunks of {chunk} from an empty cache"})
         out.append((c, expected, "reference (the full causal forward)", tol, chunk))
     return out
@@ -602,7 +603,7 @@ def _execute(step: Step, strict: bool) -> Row:
     feed = D.cast_floats(case.inputs, dtype)
     try:
         if step.decode_chunk:
-            got, ms = _decode_run(prepared, variant, case.options, feed["x"], step.decode_chunk)
+            got, ms = _decode_run(prepared, variant, case.options, feed, step.decode_chunk)
         else:
             # One untimed run, then a few timed ones: verify is a check, bench is the timing tool.
             got, ms = prepared.timed(feed, warmup=0 if step.runtime == "onnx-ref" else 1,
@@ -624,13 +625,12 @@ def _execute(step: Step, strict: bool) -> Row:
     return row
 
 
-def _decode_run(prepared, variant, o, x, chunk):
-    """The cache property: x decoded in chunks from an empty cache; returns ({"output": ...}, ms)."""
+def _decode_run(prepared, variant, o, stream, chunk):
+    """The cache property: the stream decoded in chunks from an empty cache; ({"output": ...}, ms)."""
     import time
-    step_specs = {s.name: s for s in variant.inputs(o)}
-    kv_heads, head_dim = step_specs["past_key"].shape(o)[1], step_specs["past_key"].shape(o)[3]
+    dtype = next(iter(stream.values())).dtype
     t0 = time.perf_counter()
-    out = decode(prepared.run, x, chunk, kv_heads, head_dim)
+    out = decode(prepared.run, stream, chunk, empty_cache(variant, o, dtype), stream_axis(variant, o))
     return {"output": out}, (time.perf_counter() - t0) * 1e3
 
 

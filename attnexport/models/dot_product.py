@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from attnexport.models.core import attend
+from attnexport.models.core import attend, attend_cached
 
 def scale_qk(q, k, scaling: str, temperature: float):
     """Applies a scaling mode to q and k; returns (q, k, static scale for QK^T).
@@ -54,6 +54,13 @@ class ScaledDotProductAttention(nn.Module):
         out, w = attend(query, key, value, attn_mask, scale=self.scale, is_causal=self.causal,
                         softcap=self.softcap, need_weights=self.weights)
         return (out, w) if self.weights else out
+
+
+class CachedScaledDotProductAttention(ScaledDotProductAttention):
+    """`sdpa --kv-cache`: the operator with its past_key/past_value inputs and present outputs."""
+
+    def forward(self, query, key, value, past_key, past_value):
+        return attend_cached(query, key, value, past_key, past_value, scale=self.scale, is_causal=self.causal)
 
 
 class SelfAttention(nn.Module):
