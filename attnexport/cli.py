@@ -72,21 +72,28 @@ def list_cmd(as_json):
     rows = []
     for v in V.VARIANTS.values():
         o = v.resolve()
-        # Optional inputs/outputs show up when the options that enable them are on.
-        full = dict(o, **{k: True for k in o if v.option(k).type is bool})
+        # Optional inputs/outputs show up when the options that enable them are on; a cache step
+        # (--kv-cache) adds its own, listed after them.
+        full = dict(o, **{k: True for k in o if v.option(k).type is bool and k != "kv_cache"})
         for opt in v.options:
             if opt.choices and "none" in opt.choices:
                 full[opt.name] = opt.choices[-1]
+        cached = dict(o, kv_cache=True) if "kv_cache" in o else None
+
+        def union(specs_of):
+            specs = list(specs_of(full))
+            names = {s.name for s in specs}
+            return specs + [s for s in (specs_of(cached) if cached else ()) if s.name not in names]
         rows.append({
             "name": v.name,
             "summary": v.summary,
             "dot_product_core": v.dot_product_core,
             "inputs": [{"name": s.name, "dims": list(s.dims), "dtype": s.dtype,
                         "optional": s.name not in {t.name for t in v.inputs(o)}}
-                       for s in v.inputs(full)],
+                       for s in union(v.inputs)],
             "outputs": [{"name": s.name, "dims": list(s.dims), "dtype": s.dtype,
                          "optional": s.name not in {t.name for t in v.outputs(o)}}
-                        for s in v.outputs(full)],
+                        for s in union(v.outputs)],
             "options": [{"name": opt.name, "flag": opt.flag, "type": opt.type.__name__,
                          "default": opt.default, "choices": list(opt.choices) if opt.choices else None,
                          "help": opt.help} for opt in v.options],

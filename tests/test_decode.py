@@ -92,13 +92,3 @@ def test_what_a_cache_cannot_do_is_said(tmp_path, args, code, text):
     assert r.exit_code == code and text in r.output and "Traceback" not in r.output, r.output
     assert not (tmp_path / "x.onnx").exists()
 
-
-def test_sdpa_cache_decodes_like_the_full_causal_forward():
-    """The operator's own cache (past_key/past_value -> present_*), grouped-query, in both flavours
-    that can express it; the ort flavour says why it cannot (symbolic head count)."""
-    report = VF.verify(variants=["sdpa"], runtimes=["torch", "onnx-ref", "ort-cpu"])
-    assert report.ok, "\n".join(r.describe() for r in report.failures)
-    rows = [r for r in report.rows if r.case.startswith("sdpa-kv-cache/decode-")]
-    assert {(r.runtime, r.flavor) for r in rows if r.passed} == \
-        {("torch", "-")} | {(rt, f) for rt in ("onnx-ref", "ort-cpu") for f in ("primitives", "attention")}
-    assert all("symbolic" in r.skipped for r in rows if r.flavor == "ort")
