@@ -136,6 +136,6 @@ def test_decode_bench_times_prefill_and_one_step_per_context():
         assert r.tokens_per_s == pytest.approx(r.shape["batch"] * r.shape["seq"] / (r.median_ms / 1e3))
         assert r.max_abs_err < 1e-4 and 0 < r.peak_fraction <= 1
     with pytest.raises(UsageError, match="needs a variant with a KV cache"):
-        B.bench_decode("sdpa", {}, [8])
+        B.bench_decode("encoder", {}, [8])
     r = CliRunner().invoke(main, ["bench", "--variant", "mha", "--context", "8"])
     assert r.exit_code == 2 and "--context goes with --decode" in r.output
