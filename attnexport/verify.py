@@ -30,9 +30,9 @@ from attnexport import reference as ref
 from attnexport import runtimes as R
 from attnexport import variants as V
 from attnexport import weights as W
-from attnexport.decode import CHUNKS, decode, empty_cache, stream_axis
 from attnexport.compare import TOLERANCES, Comparison, Tolerance, check_tolerance_values, compare_outputs, \
     derived_tolerance, tolerance
+from attnexport.decode import CHUNKS, decode, empty_cache, stream_axis
 from attnexport.errors import AttnExportError, ProviderUnavailableError, UnsupportedByFlavor, UsageError
 from attnexport.localize import Localization, locate
 
@@ -371,8 +371,10 @@ def verify(variants: list[str] | None = None, flavors: list[str] | None = None,
         if progress:
             progress(i, len(plan), f"{step.case.name} {step.flavor} {step.runtime}")
         row = _execute(step, strict_placement)
-        if step.source is not None and not step.decode_chunk and not row.skipped and (localize or (not row.passed and
-                                                                          localized < AUTO_LOCALIZE_LIMIT)):
+        # Localization needs one ONNX model run on one feed (not a decode loop): every run with
+        # --localize, else failing runs up to a limit.
+        can_localize = step.source is not None and not step.decode_chunk and not row.skipped
+        if can_localize and (localize or (not row.passed and localized < AUTO_LOCALIZE_LIMIT)):
             localized += 1
             _localize(row, step, fail_on_divergence=localize)
         if entries is not None and not row.skipped:
