@@ -113,13 +113,13 @@ def calibrate_matmul(device: str, dtype: str, threads: int, sizes: list[tuple[in
             g = torch.Generator(device=device).manual_seed(0)
             a = torch.randn(m, k, device=device, dtype=tdtype, generator=g)
             b = torch.randn(k, n, device=device, dtype=tdtype, generator=g)
-            ms = min(_time_torch(lambda: a @ b, device, warmup=2, iters=iters))
-            if 2 * m * k * n / (ms / 1e3) > best:
-                best, where = 2 * m * k * n / (ms / 1e3), f"torch {dt} {m}x{k}x{n}"
+            timings = {"torch": min(_time_torch(lambda: a @ b, device, warmup=2, iters=iters))}
             if device == "cpu":
-                ms = _ort_matmul_ms(a.numpy(), b.numpy(), threads, iters)
-                if 2 * m * k * n / (ms / 1e3) > best:
-                    best, where = 2 * m * k * n / (ms / 1e3), f"onnxruntime {dt} {m}x{k}x{n}"
+                timings["onnxruntime"] = _ort_matmul_ms(a.numpy(), b.numpy(), threads, iters)
+            for runtime, ms in timings.items():
+                flops = 2 * m * k * n / (ms / 1e3)
+                if flops > best:
+                    best, where = flops, f"{runtime} {dt} {m}x{k}x{n}"
     return best, where
 
 
@@ -148,7 +148,7 @@ def _time_torch(fn: Callable, device: str, warmup: int, iters: int) -> list[floa
 def _ort_session(runtime: str, model, dtype: str, threads: int, cuda_graph: bool):
     """The shared session builder (runtimes.ort_session); TF32 allowed for fp16 timing only."""
     session, placement = R.ort_session(runtime, model, threads=threads, tf32=dtype != "fp32", cuda_graph=cuda_graph)
-    return session, R.Prepared(runtime, None, [], placement).cpu_nodes
+    return session, R.cpu_nodes(runtime, placement)
 
 
 def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | None = None,
@@ -298,11 +298,13 @@ def _bench_shape(variant, o, params, inputs_seed, runtimes, models, dtype, tdtyp
         ratios = [statistics.median(mine) / statistics.median(theirs)
                   for mine, theirs in zip(c.rounds, base[c.device].rounds)]
         row.ratio_min, row.ratio_max, row.rounds = min(ratios), max(ratios), len(ratios)
-        if row.peak_fraction > 1:
-            row.note = (f"above the calibrated peak ({row.peak_source}): a kernel beat the calibration; "
-                        "this fraction is not meaningful")
+        notes = []
         if c.flavor != "-" and E.graph_flavor(variant, c.flavor) != c.flavor:
-            row.note = "no dot-product core: primitives graph"
+            notes.append("no dot-product core: primitives graph")
+        if row.peak_fraction > 1:
+            notes.append(f"above the calibrated peak ({row.peak_source}): a kernel beat the calibration; "
+                         "this fraction is not meaningful")
+        row.note = "; ".join(notes)
         rows.append(row)
     return rows
 

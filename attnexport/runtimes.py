@@ -34,6 +34,13 @@ class Status:
     reason: str = ""  # why not, when not available; a short description otherwise
 
 
+def cpu_nodes(runtime: str, placement: dict[str, list[str]]) -> list[str]:
+    """Compute nodes that an accelerator runtime left on the CPU (shape-only ops do not count)."""
+    if runtime != "ort-cuda":
+        return []
+    return [n for n in placement.get("CPUExecutionProvider", []) if n.split(":")[0] not in SHAPE_OPS]
+
+
 @dataclass
 class Prepared:
     """A runtime ready to run one model (or module)."""
@@ -45,10 +52,7 @@ class Prepared:
 
     @property
     def cpu_nodes(self) -> list[str]:
-        """Compute nodes that an accelerator runtime left on the CPU."""
-        if self.runtime != "ort-cuda":
-            return []
-        return [n for n in self.placement.get("CPUExecutionProvider", []) if n.split(":")[0] not in SHAPE_OPS]
+        return cpu_nodes(self.runtime, self.placement)
 
     def timed(self, feed: dict, warmup: int = 1, iters: int = 5) -> tuple[dict[str, np.ndarray], float]:
         """Runs `warmup` times, then `iters` times; returns the outputs and the median ms."""

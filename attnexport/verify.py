@@ -26,6 +26,7 @@ from attnexport import __version__, golden
 from attnexport import baseline as B
 from attnexport import dtypes as D
 from attnexport import export as E
+from attnexport import files as F
 from attnexport import reference as ref
 from attnexport import runtimes as R
 from attnexport import variants as V
@@ -346,8 +347,8 @@ def verify(variants: list[str] | None = None, flavors: list[str] | None = None,
     if models and len(flavors) > 1 and flavors != list(E.FLAVORS):
         raise UsageError("a model file has one flavor: give at most one --flavor")
     entries = B.load(baseline) if baseline is not None else None
-    if save_baseline is not None:
-        _check_folder(save_baseline)
+    if save_baseline is not None:  # before any work: the folder must be writable
+        F.resolve_target(Path(save_baseline) / B.MANIFEST)
     used, table = _select_runtimes(runtimes, skip_unavailable)
     if models:
         model_flavor = flavors[0] if flavors != list(E.FLAVORS) else None
@@ -388,17 +389,6 @@ def verify(variants: list[str] | None = None, flavors: list[str] | None = None,
     if save_baseline is not None:
         report.saved_baseline = str(B.save(rows, save_baseline))
     return report
-
-
-def _check_folder(path):
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise UsageError(f"--save-baseline {p}: not a folder")
-    parent = p if p.exists() else p.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"--save-baseline {p}: {parent} is not writable")
 
 
 # --- planning ----------------------------------------------------------------------------------

@@ -69,6 +69,8 @@ def test_unwritable_folders_are_refused_before_any_work(tmp_path):
     one_line_error(run("bench", "--variant", "mha", "--plot", afile / "lat.png"), text="is not a folder")
     one_line_error(run("export", "--variant", "posenc", "-o", tmp_path), text="it is a folder")
     one_line_error(run("golden", "--write", "--dir", "/proc/golden"), text="cannot write golden cases")
+    one_line_error(run("verify", "--variant", "posenc", "--runtimes", "ort-cpu", "--save-baseline", afile),
+                   text="is not a folder")
 
 
 @pytest.mark.parametrize("args, text", [
