@@ -147,8 +147,9 @@ def _time_torch(fn: Callable, device: str, warmup: int, iters: int) -> list[floa
 
 def _ort_session(runtime: str, model, dtype: str, threads: int, cuda_graph: bool):
     """The shared session builder (runtimes.ort_session); TF32 allowed for fp16 timing only."""
-    session, placement = R.ort_session(runtime, model, threads=threads, tf32=dtype != "fp32", cuda_graph=cuda_graph)
-    return session, R.cpu_nodes(runtime, placement)
+    session, placement, shapes = R.ort_session(runtime, model, threads=threads, tf32=dtype != "fp32",
+                                               cuda_graph=cuda_graph)
+    return session, R.cpu_nodes(runtime, placement, shapes)
 
 
 def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | None = None,
@@ -240,7 +241,7 @@ def _bench_shape(variant, o, params, inputs_seed, runtimes, models, dtype, tdtyp
     then affects all candidates alike, while runs within a block stay back to back: interleaving
     single runs would make torch's and ONNX Runtime's spinning thread pools fight over the cores."""
     import torch
-    shape = {k: o[k] for k in variant.dynamic}
+    shape = {k: o[k] for k in variant.dynamic if k != "past_seq" or o.get("kv_cache")}
     inputs = V.make_inputs(variant, o, inputs_seed)
     cands: list[_Candidate] = []
     for dev in sorted(devices):
@@ -265,9 +266,15 @@ def _bench_shape(variant, o, params, inputs_seed, runtimes, models, dtype, tdtyp
                                 lambda call=call: [t.float().cpu().numpy() for t in call()], memory=memory))
         if dev == "cuda" and cuda_graph:
             cands.append(_torch_graph_candidate(call))
+    refused = []  # (runtime, flavor, mode, why): a CUDA graph ONNX Runtime would not capture
     for f, model in models.items():
         for rt in [r for r in runtimes if r.startswith("ort")]:
-            cands.append(_ort_candidate(rt, f, model, inputs, dtype, threads, cuda_graph, cands))
+            cands.append(_ort_candidate(rt, f, model, inputs, dtype, threads, False, cands))
+            if cuda_graph and rt == "ort-cuda":  # with and without CUDA graphs, side by side
+                try:
+                    cands.append(_ort_candidate(rt, f, model, inputs, dtype, threads, True, cands))
+                except Exception as e:  # noqa: BLE001 - e.g. a node on the CPU: no capture possible
+                    refused.append((rt, f, "io-binding cuda-graph", str(e).strip().splitlines()[0][:200]))
     for c in cands:
         said(f"warming up {c.runtime} {c.flavor}")
         for _ in range(warmup):
@@ -306,6 +313,10 @@ def _bench_shape(variant, o, params, inputs_seed, runtimes, models, dtype, tdtyp
                          "this fraction is not meaningful")
         row.note = "; ".join(notes)
         rows.append(row)
+    nan = float("nan")
+    for rt, f, mode, why in refused:
+        rows.append(BenchRow(variant.name, rt, f, mode, dtype, shape, nan, nan, nan, nan, nan, nan, None, None,
+                             None, threads, note=f"no CUDA graph: {why}"))
     return rows
 
 
@@ -347,13 +358,14 @@ def _ort_candidate(rt, flavor, model, inputs, dtype, threads, cuda_graph, cands)
     for name, t in zip(names, outs):
         binding.bind_output(name, "cuda", 0, np_of[t.dtype], list(t.shape), t.data_ptr())
 
-    def run():
+    def run(ins=ins):  # the binding holds raw pointers: the tensors must live as long as it does
         session.run_with_iobinding(binding)
     run()  # the first run grows ONNX Runtime's arena (and captures the CUDA graph, if asked)
     torch.cuda.synchronize()
-    # The session's own device memory: weights, arena, workspace (inputs and outputs excluded,
-    # as torch's number includes them: compare with care when inputs are large).
-    memory = max(0, free_before - torch.cuda.mem_get_info()[0])
+    # The session's own device memory (weights, arena, workspace) plus the inputs and outputs it
+    # is bound to, which live in torch's memory: torch's peak counts its inputs and outputs too.
+    io_bytes = sum(t.numel() * t.element_size() for t in [*ins.values(), *outs])
+    memory = max(0, free_before - torch.cuda.mem_get_info()[0]) + io_bytes
     return _Candidate(rt, flavor, "io-binding" + (" cuda-graph" if cuda_graph else ""), "cuda", run,
                       lambda: [t.float().cpu().numpy() for t in outs], cpu_nodes, memory=memory)
 

@@ -146,7 +146,7 @@ def primitives_attention_weights(query, key, value, attn_mask=None, scale=None, 
 
 # --- attention: the standard Attention op, opset 23 ----------------------------------------
 
-def _standard(query, key, value, attn_mask, scale, is_causal, softcap, weights):
+def _standard(query, key, value, attn_mask, scale, is_causal, softcap):
     if attn_mask is not None and attn_mask.shape is not None and attn_mask.shape[-2] != query.shape[2]:
         # The spec broadcasts the mask, but ONNX Runtime's kernel wants its query axis to be
         # Tq: expand a padding mask (B, 1, 1, Tk) to (B, 1, Tq, Tk).
@@ -157,18 +157,21 @@ def _standard(query, key, value, attn_mask, scale, is_causal, softcap, weights):
         attrs["scale"] = float(scale)
     if softcap and softcap > 0:
         attrs["softcap"] = float(softcap)
-    if weights:
-        attrs["qk_matmul_output_mode"] = 3  # the fourth output holds the softmax weights
-    y, _, _, w = op23.Attention(query, key, value, attn_mask, **attrs)
-    return y, w
+    return op23.Attention(query, key, value, attn_mask, **attrs)[0]
 
 
 def standard_attention(query, key, value, attn_mask=None, scale=None, is_causal=False, softcap=0.0):
-    return _standard(query, key, value, attn_mask, scale, is_causal, softcap, False)[0]
+    return _standard(query, key, value, attn_mask, scale, is_causal, softcap)
 
 
 def standard_attention_weights(query, key, value, attn_mask=None, scale=None, is_causal=False, softcap=0.0):
-    return _standard(query, key, value, attn_mask, scale, is_causal, softcap, True)
+    # The weights come from MatMul + Softmax beside the operator, not from its fourth output
+    # (qk_matmul_output_mode=3): ONNX Runtime's CUDA kernel computes that output in modes 0 and 1
+    # only and fails the run otherwise ("Only kNone and kQK output modes are supported in
+    # unified unfused attention", onnxruntime-gpu 1.31.1 on an H100). The output itself stays
+    # the fused operator's, so its fast kernels remain in use.
+    y = _standard(query, key, value, attn_mask, scale, is_causal, softcap)
+    return y, _primitives(query, key, value, attn_mask, scale, is_causal, softcap)[1]
 
 
 # --- ort: com.microsoft.MultiHeadAttention --------------------------------------------------

@@ -11,6 +11,7 @@ import ctypes
 import functools
 import os
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -34,11 +35,46 @@ class Status:
     reason: str = ""  # why not, when not available; a short description otherwise
 
 
-def cpu_nodes(runtime: str, placement: dict[str, list[str]]) -> list[str]:
-    """Compute nodes that an accelerator runtime left on the CPU (shape-only ops do not count)."""
+def cpu_nodes(runtime: str, placement: dict[str, list[str]], shape_nodes=frozenset()) -> list[str]:
+    """Compute nodes that an accelerator runtime left on the CPU. Shape arithmetic does not count
+    (`shape_computations`): ONNX Runtime's CUDA provider keeps it on the CPU by design."""
     if runtime != "ort-cuda":
         return []
-    return [n for n in placement.get("CPUExecutionProvider", []) if n.split(":")[0] not in SHAPE_OPS]
+    return [n for n in placement.get("CPUExecutionProvider", [])
+            if n.split(":")[0] not in SHAPE_OPS and n not in shape_nodes]
+
+
+def shape_computations(model: onnx.ModelProto) -> frozenset[str]:
+    """The nodes ("op_type:name") that compute scalars or short vectors from tensor shapes and
+    constants alone, such as the target shape of a Reshape.
+
+    ONNX Runtime's CUDA provider places such nodes on the CPU on purpose (their values are read
+    by the host), so they are not a fallback. A node whose value depends on an input's values,
+    or that makes a tensor of rank 2 or more (a causal mask built from shapes, say), is not shape
+    arithmetic: on the CPU it is a fallback and its result is copied to the device every run.
+    """
+    try:
+        model = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - without inferred ranks, fewer nodes qualify
+        pass
+    g = model.graph
+    rank = {i.name: len(i.dims) for i in g.initializer}
+    for vi in [*g.input, *g.value_info, *g.output]:
+        t = vi.type.tensor_type
+        if t.HasField("shape"):
+            rank[vi.name] = len(t.shape.dim)
+    initializers = {i.name for i in g.initializer}
+    data = {i.name for i in g.input if i.name not in initializers}  # values that depend on inputs
+    found = set()
+    for node in g.node:
+        if node.op_type in SHAPE_OPS:
+            continue  # its output is a shape: value-independent of its input
+        if any(i in data for i in node.input) or node.attribute and any(a.g.node for a in node.attribute):
+            data.update(node.output)
+            continue
+        if all(o == "" or rank.get(o, 99) <= 1 for o in node.output):
+            found.add(f"{node.op_type}:{node.name}")
+    return frozenset(found)
 
 
 @dataclass
@@ -50,9 +86,11 @@ class Prepared:
     providers: list[str] = field(default_factory=list)
     placement: dict[str, list[str]] = field(default_factory=dict)  # provider -> "op_type:name"
 
+    shape_nodes: frozenset = frozenset()  # nodes that compute shapes only (shape_computations)
+
     @property
     def cpu_nodes(self) -> list[str]:
-        return cpu_nodes(self.runtime, self.placement)
+        return cpu_nodes(self.runtime, self.placement, self.shape_nodes)
 
     def timed(self, feed: dict, warmup: int = 1, iters: int = 5) -> tuple[dict[str, np.ndarray], float]:
         """Runs `warmup` times, then `iters` times; returns the outputs and the median ms."""
@@ -91,6 +129,13 @@ def _ort_cuda_status() -> Status:
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         return Status("ort-cuda", False, f"onnxruntime {ort.__version__} is built without the CUDA provider "
                                          "(install onnxruntime-gpu)")
+    # A CUDA build of torch loads the CUDA libraries (cuBLAS, cuDNN) from its own packages when it
+    # is imported; ONNX Runtime's CUDA provider then finds them in the process, as users'
+    # apps do when they import torch first.
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
     lib = os.path.join(os.path.dirname(ort.__file__), "capi", "libonnxruntime_providers_cuda.so")
     if os.path.exists(lib):
         try:
@@ -210,12 +255,12 @@ def prepare_onnx(name: str, model: onnx.ModelProto, optimize: bool = True) -> Pr
                 return {n: np.asarray(o) for n, o in zip(ref_names, ev.run(None, feed))}
         return Prepared(name, run_ref, ["ReferenceEvaluator"])
 
-    session, placement = ort_session(name, model, optimize=optimize)
+    session, placement, shapes = ort_session(name, model, optimize=optimize)
     names = [o.name for o in session.get_outputs()]
 
     def run_ort(feed):
         return dict(zip(names, session.run(names, feed)))
-    return Prepared(name, run_ort, session.get_providers(), placement)
+    return Prepared(name, run_ort, session.get_providers(), placement, shapes)
 
 
 def ort_session(name: str, model: onnx.ModelProto, threads: int | None = None, optimize: bool = True,
@@ -228,7 +273,8 @@ def ort_session(name: str, model: onnx.ModelProto, threads: int | None = None, o
     the CPU is an error, never a silent success. TF32 stays off unless asked for (fp32 parity).
 
     Returns:
-        (session, {provider: ["op_type:node name", ...]}).
+        (session, {provider: ["op_type:node name", ...]}, the shape computations among the
+        nodes of the graph the session runs: see `shape_computations`).
     """
     ort = _ort()
     so = ort.SessionOptions()
@@ -239,6 +285,7 @@ def ort_session(name: str, model: onnx.ModelProto, threads: int | None = None, o
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    workdir = None
     if name == "ort-cpu":
         providers = ["CPUExecutionProvider"]
     else:
@@ -246,6 +293,10 @@ def ort_session(name: str, model: onnx.ModelProto, threads: int | None = None, o
         if cuda_graph:
             opts["enable_cuda_graph"] = "1"
         providers = [("CUDAExecutionProvider", opts), "CPUExecutionProvider"]
+        # The graph as optimized, with the node names placement reports, to tell shape
+        # arithmetic from a fallback.
+        workdir = tempfile.TemporaryDirectory(prefix="attnexport-ort-")
+        so.optimized_model_filepath = os.path.join(workdir.name, "optimized.onnx")
     session = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
     got = session.get_providers()
     if name == "ort-cuda" and "CUDAExecutionProvider" not in got:
@@ -253,4 +304,11 @@ def ort_session(name: str, model: onnx.ModelProto, threads: int | None = None, o
     placement: dict[str, list[str]] = {}
     for sub in session.get_provider_graph_assignment_info():
         placement.setdefault(sub.ep_name, []).extend(f"{n.op_type}:{n.name}" for n in sub.get_nodes())
-    return session, placement
+    shapes = frozenset()
+    if workdir is not None:
+        with workdir:
+            try:
+                shapes = shape_computations(onnx.load(so.optimized_model_filepath))
+            except Exception:  # noqa: BLE001 - not written: the nodes as exported
+                shapes = shape_computations(model)
+    return session, placement, shapes

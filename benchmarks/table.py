@@ -11,16 +11,19 @@ def fmt(x, spec):
 def table(path):
     rows = json.load(open(path))
     spread = any(r.get("ratio_min") is not None for r in rows)
-    lines = ["| runtime | flavor | batch x seq | median ms | p10 | p90 | TFLOP/s | peak fraction | x torch eager | "
-             + ("x torch spread | " if spread else "") + "max abs err vs torch |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | " + ("---: | " if spread else "")
-             + "---: |"]
+    memory = any(r.get("peak_mem_bytes") for r in rows)
+    lines = ["| runtime | flavor | mode | batch x seq | median ms | p10 | p90 | TFLOP/s | peak fraction | x torch eager | "
+             + ("x torch spread | " if spread else "") + ("peak MiB | " if memory else "") + "max abs err vs torch |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | " + ("---: | " if spread else "")
+             + ("---: | " if memory else "") + "---: |"]
     for r in rows:
         shape = "x".join(str(r["shape"][k]) for k in ("batch", "seq") if k in r["shape"])
-        lines.append(f"| {r['runtime']} | {r['flavor']} | {shape} | {fmt(r['median_ms'], '.2f')} | "
-                     f"{fmt(r['p10_ms'], '.2f')} | {fmt(r['p90_ms'], '.2f')} | {fmt(r['tflops'], '.3f')} | "
+        mib = r["peak_mem_bytes"] / 2**20 if r.get("peak_mem_bytes") else None
+        lines.append(f"| {r['runtime']} | {r['flavor']} | {r.get('mode', '')} | {shape} | {fmt(r['median_ms'], '.3f')} | "
+                     f"{fmt(r['p10_ms'], '.3f')} | {fmt(r['p90_ms'], '.3f')} | {fmt(r['tflops'], '.3f')} | "
                      f"{fmt(r['peak_fraction'], '.2f')} | {fmt(r['ratio_to_torch'], '.3f')} | "
                      + (f"{fmt(r.get('ratio_min'), '.2f')}-{fmt(r.get('ratio_max'), '.2f')} | " if spread else "")
+                     + (f"{fmt(mib, '.0f')} | " if memory else "")
                      + f"{fmt(r['max_abs_err'], '.1e')} |")
     return "\n".join(lines)
 

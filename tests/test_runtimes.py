@@ -43,7 +43,7 @@ def test_timed_returns_outputs_and_a_median(mha):
 
 def test_sessions_record_where_every_node_ran(mha):
     *_, model, feed = mha
-    session, placement = R.ort_session("ort-cpu", model, threads=1)
+    session, placement, _ = R.ort_session("ort-cpu", model, threads=1)
     assert set(placement) == {"CPUExecutionProvider"}
     ops = {n.split(":")[0] for n in placement["CPUExecutionProvider"]}
     assert "Attention" in ops
@@ -66,3 +66,31 @@ def test_flavor_registry_matches_the_translations():
     for f in FL.FLAVORS.values():
         lo, hi = f.opsets
         assert lo <= f.default_opset <= hi and f.expected_ops
+
+
+def test_shape_arithmetic_is_told_from_a_fallback():
+    """Placement exempts only values computed from shapes and constants, of rank 0 or 1."""
+    from attnexport import export as E, variants as V
+    v = V.get("sdpa")
+    o = v.resolve({"causal": True})
+    model = E.build_model("sdpa", o, "primitives", params=V.init_params(v, o, 0))[0]
+    found = R.shape_computations(model)
+    ops = {n.split(":")[0] for n in found}
+    assert {"Range", "Concat", "Squeeze"} <= ops  # the causal mask's positions, Reshape targets
+    # The causal mask itself (rank 2, from shapes) and everything reading inputs is compute.
+    assert not ops & {"LessOrEqual", "Where", "MatMul", "Softmax", "Add", "Expand", "Reshape"}
+    # A vector read from an input's values is compute, whatever its rank.
+    from onnx import TensorProto, helper
+    g = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["s"], name="shape"),
+         helper.make_node("Gather", ["s", "zero"], ["n"], name="from_shape"),
+         helper.make_node("ReduceMax", ["x"], ["m"], name="from_values", keepdims=0)],
+        "g", [helper.make_tensor_value_info("x", TensorProto.INT64, [3])],
+        [helper.make_tensor_value_info("n", TensorProto.INT64, []),
+         helper.make_tensor_value_info("m", TensorProto.INT64, [])],
+        [helper.make_tensor("zero", TensorProto.INT64, [], [0])])
+    found = R.shape_computations(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    assert found == {"Gather:from_shape"}
+    placement = {"CPUExecutionProvider": ["Shape:shape", "Gather:from_shape", "ReduceMax:from_values"]}
+    assert R.cpu_nodes("ort-cuda", placement, found) == ["ReduceMax:from_values"]
+    assert R.cpu_nodes("ort-cpu", placement, found) == []

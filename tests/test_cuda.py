@@ -1,0 +1,94 @@
+"""The CUDA half: verify, placement and bench on torch-cuda and ort-cuda.
+
+Every test here needs a CUDA device and ONNX Runtime's CUDA provider; where they are absent
+(CI has no GPU) each one skips with the reason the runtime gave. On the GPU machine they run
+(see benchmarks/gpu-run.sh).
+"""
+
+import numpy as np
+import pytest
+
+from attnexport import bench as B, export as E, golden, runtimes as R, variants as V, verify as VF
+from attnexport.errors import UnsupportedByFlavor
+
+
+def _need(*names):
+    for name in names:
+        s = R.status(name)
+        if not s.available:
+            pytest.skip(f"{name} is not available: {s.reason}")
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    _need("torch-cuda", "ort-cuda")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_every_golden_case_passes_on_cuda_with_strict_placement(cuda, dtype):
+    report = VF.verify(runtimes=["torch-cuda", "ort-cuda"], dtype=dtype, strict_placement=True)
+    bad = [r for r in report.rows if not r.passed and not r.skipped]
+    assert not bad, "\n".join(r.describe() for r in bad)
+    ran = [r for r in report.rows if r.runtime == "ort-cuda" and not r.skipped]
+    assert {r.flavor for r in ran} == set(E.FLAVORS)
+    assert all(r.comparisons for r in ran)
+
+
+@pytest.mark.parametrize("flavor", E.FLAVORS)
+def test_fully_masked_rows_are_zero_on_cuda(cuda, flavor):
+    """ONNX Runtime's CUDA kernels have given NaN for rows with no visible key."""
+    case = golden.load("sdpa-fully-masked-rows")
+    report = VF.verify(variants=["sdpa"], runtimes=["ort-cuda"], flavors=[flavor])
+    rows = [r for r in report.rows if r.case == case.name]
+    assert rows
+    for r in rows:
+        if r.skipped:
+            continue
+        out = r.arrays["output"]
+        assert not np.isnan(out).any()
+        masked = ~case.inputs["attn_mask"].any(-1)  # rows whose mask hides every key
+        assert masked.any()
+        assert np.all(out[np.broadcast_to(masked, out.shape[:-1])] == 0)
+        assert r.passed, r.describe()
+
+
+@pytest.mark.parametrize("seq,kv_seq", [(3, 7), (7, 3)])
+@pytest.mark.parametrize("flavor", ["primitives", "attention"])
+def test_causal_with_different_lengths_agrees_with_the_cpu(cuda, flavor, seq, kv_seq):
+    """Causal masks with query and key lengths that differ: the two providers must agree."""
+    variant = V.get("sdpa")
+    o = variant.resolve({"batch": 2, "heads": 4, "seq": seq, "kv_seq": kv_seq, "head_dim": 16, "causal": True})
+    params = V.init_params(variant, o, 0)
+    model = E.build_model("sdpa", o, flavor, params=params)[0]
+    feed = V.make_inputs(variant, o, 1)
+    got = R.prepare_onnx("ort-cuda", model).run(feed)["output"]
+    want = R.prepare_onnx("ort-cpu", model).run(feed)["output"]
+    assert np.abs(got - want).max() < 1e-5
+
+
+@pytest.mark.parametrize("flavor", ["attention", "ort"])
+def test_every_compute_node_runs_on_cuda(cuda, flavor):
+    for variant, o in (("mha", {"causal": True}), ("mha", {"mask": "padding"}), ("sdpa", {"mask": "bool"})):
+        v = V.get(variant)
+        opts = v.resolve(o)
+        try:
+            model = E.build_model(variant, opts, E.graph_flavor(v, flavor), params=V.init_params(v, opts, 0))[0]
+        except UnsupportedByFlavor:
+            continue
+        _, placement, shapes = R.ort_session("ort-cuda", model)
+        assert R.cpu_nodes("ort-cuda", placement, shapes) == [], (variant, o, placement)
+
+
+def test_bench_on_cuda_binds_device_memory_and_stays_under_the_peak(cuda):
+    rows = B.bench("mha", {"batch": 2, "seq": [64, 128], "dim": 256, "heads": 4}, ["torch-cuda", "ort-cuda"],
+                   dtype="fp16", warmup=2, iters=6, repeat=2, cuda_graph=True)
+    modes = {(r.runtime, r.mode) for r in rows}
+    assert {("torch-cuda", "eager"), ("torch-cuda", "cuda-graph"), ("ort-cuda", "io-binding"),
+            ("ort-cuda", "io-binding cuda-graph")} <= modes
+    for r in rows:
+        if r.runtime == "ort-cuda" and r.flavor in ("attention", "ort"):
+            assert r.cpu_nodes == []
+        assert 0 < r.peak_fraction <= 1, (r.peak_fraction, r.peak_source)
+        assert r.peak_source.split()[1] == "fp16"
+        assert r.max_abs_err < 2e-2, (r.runtime, r.flavor, r.mode, r.max_abs_err)
+        assert r.peak_mem_bytes is not None and r.peak_mem_bytes > 0
