@@ -111,11 +111,15 @@ def _groups(query, key) -> int | None:
     return hq // hkv if hq is not None and hkv is not None else None
 
 
-def _scale_query(query, scale):
+def _scaled_scores(query, key, scale):
+    """scale * Q K^T. The scale multiplies the product, not the query: ONNX Runtime's CUDA
+    provider put `query / sqrt(d)` on the CPU in fp32 (both inputs are in host memory when the
+    query is a graph input and d comes from its shape), a fallback `--strict-placement` caught;
+    the product is made on the device, so the scaling stays there."""
+    scores = op.MatMul(query, op.Transpose(key, perm=[0, 1, 3, 2]))
     if scale is None:  # 1/sqrt(head size) read at run time: sdpa's head size is symbolic
-        d = op.CastLike(_shape(query, -1), query)
-        return op.Div(query, op.Sqrt(d))
-    return op.Mul(query, _const(scale, query))
+        return op.Div(scores, op.Sqrt(op.CastLike(_shape(query, -1), scores)))
+    return op.Mul(scores, _const(scale, scores))
 
 
 # --- primitives: MatMul + Softmax, opset 18 --------------------------------------------------
@@ -123,7 +127,7 @@ def _scale_query(query, scale):
 def _primitives(query, key, value, attn_mask, scale, is_causal, softcap):
     groups = _groups(query, key)
     key, value = _repeat_kv(key, groups, query), _repeat_kv(value, groups, query)
-    scores = op.MatMul(_scale_query(query, scale), op.Transpose(key, perm=[0, 1, 3, 2]))
+    scores = _scaled_scores(query, key, scale)
     if softcap and softcap > 0:
         scores = op.Mul(op.Tanh(op.Div(scores, _const(softcap, scores))), _const(softcap, scores))
     bias = _bias(attn_mask, is_causal, query, key, scores)
@@ -251,7 +255,7 @@ def primitives_attention_cached(query, key, value, past_key, past_value, scale=N
     present_value = op.Concat(past_value, value, axis=2)
     groups = _groups(query, key)
     k, v = _repeat_kv(present_key, groups, query), _repeat_kv(present_value, groups, query)
-    scores = op.MatMul(_scale_query(query, scale), op.Transpose(k, perm=[0, 1, 3, 2]))
+    scores = _scaled_scores(query, k, scale)
     if is_causal:
         scores = op.Add(scores, _offset_causal_bias(query, present_key, scores))
     # A causal row always sees key 0 and an uncausal one every key: no row is ever empty.
