@@ -48,7 +48,8 @@ def test_fully_masked_rows_are_zero_on_cuda(cuda, flavor):
         assert not np.isnan(out).any()
         masked = ~case.inputs["attn_mask"].any(-1)  # rows whose mask hides every key
         assert masked.any()
-        assert np.all(out[np.broadcast_to(masked, out.shape[:-1])] == 0)
+        # Zeros: exactly so behind the graph's guard, within fp32 rounding from a fused kernel.
+        assert np.abs(out[np.broadcast_to(masked, out.shape[:-1])]).max() <= 1e-6
         assert r.passed, r.describe()
 
 
