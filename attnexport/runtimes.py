@@ -294,9 +294,11 @@ def ort_session(name: str, model: onnx.ModelProto, threads: int | None = None, o
             opts["enable_cuda_graph"] = "1"
         providers = [("CUDAExecutionProvider", opts), "CPUExecutionProvider"]
         # The graph as optimized, with the node names placement reports, to tell shape
-        # arithmetic from a fallback.
-        workdir = tempfile.TemporaryDirectory(prefix="attnexport-ort-")
-        so.optimized_model_filepath = os.path.join(workdir.name, "optimized.onnx")
+        # arithmetic from a fallback (not for a model near protobuf's 2 GB limit: ONNX Runtime
+        # would fail to write it; the nodes as exported serve then).
+        if model.ByteSize() < 1 << 30:
+            workdir = tempfile.TemporaryDirectory(prefix="attnexport-ort-")
+            so.optimized_model_filepath = os.path.join(workdir.name, "optimized.onnx")
     session = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
     got = session.get_providers()
     if name == "ort-cuda" and "CUDAExecutionProvider" not in got:
@@ -305,10 +307,14 @@ def ort_session(name: str, model: onnx.ModelProto, threads: int | None = None, o
     for sub in session.get_provider_graph_assignment_info():
         placement.setdefault(sub.ep_name, []).extend(f"{n.op_type}:{n.name}" for n in sub.get_nodes())
     shapes = frozenset()
-    if workdir is not None:
-        with workdir:
-            try:
-                shapes = shape_computations(onnx.load(so.optimized_model_filepath))
-            except Exception:  # noqa: BLE001 - not written: the nodes as exported
-                shapes = shape_computations(model)
+    if name == "ort-cuda":
+        shapes = None
+        if workdir is not None:
+            with workdir:
+                try:
+                    shapes = shape_computations(onnx.load(so.optimized_model_filepath))
+                except Exception:  # noqa: BLE001 - not written: the nodes as exported
+                    pass
+        if shapes is None:
+            shapes = shape_computations(model)
     return session, placement, shapes
