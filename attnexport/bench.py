@@ -214,10 +214,15 @@ def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | 
     if progress:
         progress(len(shapes), len(shapes), "done")
     for f, why in notes.items():
-        nan = float("nan")
-        rows.append(BenchRow(variant.name, ",".join(onnx_rts), f, "-", dtype, {}, nan, nan, nan, nan, nan, nan,
-                             None, None, None, threads, note=why))
+        rows.append(_untimed_row(variant, ",".join(onnx_rts), f, "-", dtype, {}, threads, why))
     return rows
+
+
+def _untimed_row(variant, runtime, flavor, mode, dtype, shape, threads, note) -> BenchRow:
+    """A row that says why there is no timing (NaN times, the reason in its note)."""
+    nan = float("nan")
+    return BenchRow(variant.name, runtime, flavor, mode, dtype, shape, nan, nan, nan, nan, nan, nan, None, None,
+                    None, threads, note=note)
 
 
 @dataclass
@@ -241,7 +246,7 @@ def _bench_shape(variant, o, params, inputs_seed, runtimes, models, dtype, tdtyp
     then affects all candidates alike, while runs within a block stay back to back: interleaving
     single runs would make torch's and ONNX Runtime's spinning thread pools fight over the cores."""
     import torch
-    shape = {k: o[k] for k in variant.dynamic if k != "past_seq" or o.get("kv_cache")}
+    shape = variant.sizes(o)
     inputs = V.make_inputs(variant, o, inputs_seed)
     cands: list[_Candidate] = []
     for dev in sorted(devices):
@@ -313,10 +318,8 @@ def _bench_shape(variant, o, params, inputs_seed, runtimes, models, dtype, tdtyp
                          "this fraction is not meaningful")
         row.note = "; ".join(notes)
         rows.append(row)
-    nan = float("nan")
-    for rt, f, mode, why in refused:
-        rows.append(BenchRow(variant.name, rt, f, mode, dtype, shape, nan, nan, nan, nan, nan, nan, None, None,
-                             None, threads, note=f"no CUDA graph: {why}"))
+    rows += [_untimed_row(variant, rt, f, mode, dtype, shape, threads, f"no CUDA graph: {why}")
+             for rt, f, mode, why in refused]
     return rows
 
 

@@ -71,13 +71,21 @@ def _bias(attn_mask, is_causal, query, key, like):
         else:
             bias = op.CastLike(attn_mask, like)
     if is_causal:
-        tq = op.Squeeze(_shape(query, -2, -1))
-        tk = op.Squeeze(_shape(key, -2, -1))
-        rows = op.Unsqueeze(op.Range(op.Constant(value_int=0), tq, op.Constant(value_int=1)), [-1])
-        cols = op.Range(op.Constant(value_int=0), tk, op.Constant(value_int=1))
-        causal = op.Where(op.LessOrEqual(cols, rows), _const(0.0, like), _const(-math.inf, like))
+        causal = _causal_bias(query, key, like)
         bias = causal if bias is None else op.Add(bias, causal)
     return bias
+
+
+def _causal_bias(query, key, like, offset: bool = False):
+    """0 where query i may attend key j, -inf elsewhere: j <= i, or with `offset` (a cache, whose
+    past keys come first) j <= P + i, P = (keys) - (queries)."""
+    tq = op.Squeeze(_shape(query, -2, -1))
+    tk = op.Squeeze(_shape(key, -2, -1))
+    rows = op.Range(op.Constant(value_int=0), tq, op.Constant(value_int=1))
+    if offset:
+        rows = op.Add(rows, op.Sub(tk, tq))
+    cols = op.Range(op.Constant(value_int=0), tk, op.Constant(value_int=1))
+    return op.Where(op.LessOrEqual(cols, op.Unsqueeze(rows, [-1])), _const(0.0, like), _const(-math.inf, like))
 
 
 def _dead_rows(bias):
@@ -168,14 +176,17 @@ def standard_attention(query, key, value, attn_mask=None, scale=None, is_causal=
     return _standard(query, key, value, attn_mask, scale, is_causal, softcap)
 
 
-def standard_attention_weights(query, key, value, attn_mask=None, scale=None, is_causal=False, softcap=0.0):
-    # The weights come from MatMul + Softmax beside the operator, not from its fourth output
-    # (qk_matmul_output_mode=3): ONNX Runtime's CUDA kernel computes that output in modes 0 and 1
-    # only and fails the run otherwise ("Only kNone and kQK output modes are supported in
-    # unified unfused attention", onnxruntime-gpu 1.31.1 on an H100). The output itself stays
-    # the fused operator's, so its fast kernels remain in use.
-    y = _standard(query, key, value, attn_mask, scale, is_causal, softcap)
-    return y, _primitives(query, key, value, attn_mask, scale, is_causal, softcap)[1]
+def _weights_beside(fused):
+    """A translation with weights: the output from the fused node, the weights from MatMul +
+    Softmax on the same inputs (paid only when --weights is asked for). Neither fused op can give
+    them: com.microsoft.MultiHeadAttention has no such output, and ONNX Runtime's CUDA kernel for
+    the standard op computes its fourth output in qk_matmul_output_mode 0 and 1 only ("Only kNone
+    and kQK output modes are supported in unified unfused attention", onnxruntime-gpu 1.31.1 on an
+    H100), where mode 3 would be the softmax."""
+    def with_weights(query, key, value, attn_mask=None, scale=None, is_causal=False, softcap=0.0):
+        out = fused(query, key, value, attn_mask, scale, is_causal, softcap)
+        return out, _primitives(query, key, value, attn_mask, scale, is_causal, softcap)[1]
+    return with_weights
 
 
 # --- ort: com.microsoft.MultiHeadAttention --------------------------------------------------
@@ -225,30 +236,14 @@ def ort_attention(query, key, value, attn_mask=None, scale=None, is_causal=False
     return out
 
 
-def ort_attention_weights(query, key, value, attn_mask=None, scale=None, is_causal=False, softcap=0.0):
-    # The fused op does not expose its softmax: the output comes from it, the weights from a
-    # MatMul+Softmax branch on the same inputs (paid only when --weights is asked for).
-    out = ort_attention(query, key, value, attn_mask, scale, is_causal, softcap)
-    return out, _primitives(query, key, value, attn_mask, scale, is_causal, softcap)[1]
-
-
 TRANSLATIONS = {
     "primitives": (primitives_attention, primitives_attention_weights),
-    "attention": (standard_attention, standard_attention_weights),
-    "ort": (ort_attention, ort_attention_weights),
+    "attention": (standard_attention, _weights_beside(standard_attention)),
+    "ort": (ort_attention, _weights_beside(ort_attention)),
 }
 
 
 # --- with a key/value cache (attnexport::attention_cached) ---------------------------------------
-
-def _offset_causal_bias(query, key_all, like):
-    """Query i of the new block attends keys j <= P + i, P = (all keys) - (new queries)."""
-    tq = op.Squeeze(_shape(query, -2, -1))
-    tk = op.Squeeze(_shape(key_all, -2, -1))
-    rows = op.Unsqueeze(op.Add(op.Range(op.Constant(value_int=0), tq, op.Constant(value_int=1)), op.Sub(tk, tq)), [-1])
-    cols = op.Range(op.Constant(value_int=0), tk, op.Constant(value_int=1))
-    return op.Where(op.LessOrEqual(cols, rows), _const(0.0, like), _const(-math.inf, like))
-
 
 def primitives_attention_cached(query, key, value, past_key, past_value, scale=None, is_causal=False):
     present_key = op.Concat(past_key, key, axis=2)
@@ -257,7 +252,7 @@ def primitives_attention_cached(query, key, value, past_key, past_value, scale=N
     k, v = _repeat_kv(present_key, groups, query), _repeat_kv(present_value, groups, query)
     scores = _scaled_scores(query, k, scale)
     if is_causal:
-        scores = op.Add(scores, _offset_causal_bias(query, present_key, scores))
+        scores = op.Add(scores, _causal_bias(query, present_key, scores, offset=True))
     # A causal row always sees key 0 and an uncausal one every key: no row is ever empty.
     return op.MatMul(op.Softmax(scores, axis=-1), v), present_key, present_value
 

@@ -24,7 +24,7 @@ from attnexport.errors import ProviderUnavailableError
 
 RUNTIMES = ("torch", "torch-cuda", "onnx-ref", "ort-cpu", "ort-cuda")
 ONNX_RUNTIMES = ("onnx-ref", "ort-cpu", "ort-cuda")
-# Nodes ONNX Runtime's CUDA provider deliberately leaves on the CPU: they compute shapes only.
+# Ops whose output is their input's shape, not its values.
 SHAPE_OPS = frozenset({"Shape", "Size"})
 
 
@@ -35,18 +35,17 @@ class Status:
     reason: str = ""  # why not, when not available; a short description otherwise
 
 
-def cpu_nodes(runtime: str, placement: dict[str, list[str]], shape_nodes=frozenset()) -> list[str]:
+def cpu_nodes(runtime: str, placement: dict[str, list[str]], shape_nodes: frozenset[str]) -> list[str]:
     """Compute nodes that an accelerator runtime left on the CPU. Shape arithmetic does not count
-    (`shape_computations`): ONNX Runtime's CUDA provider keeps it on the CPU by design."""
+    (`shape_nodes`, from `shape_computations`): ONNX Runtime's CUDA provider keeps it there by design."""
     if runtime != "ort-cuda":
         return []
-    return [n for n in placement.get("CPUExecutionProvider", [])
-            if n.split(":")[0] not in SHAPE_OPS and n not in shape_nodes]
+    return [n for n in placement.get("CPUExecutionProvider", []) if n not in shape_nodes]
 
 
 def shape_computations(model: onnx.ModelProto) -> frozenset[str]:
-    """The nodes ("op_type:name") that compute scalars or short vectors from tensor shapes and
-    constants alone, such as the target shape of a Reshape.
+    """The nodes ("op_type:name") that read tensor shapes (`Shape`, `Size`) or compute scalars and
+    short vectors from shapes and constants alone, such as the target shape of a Reshape.
 
     ONNX Runtime's CUDA provider places such nodes on the CPU on purpose (their values are read
     by the host), so they are not a fallback. A node whose value depends on an input's values,
@@ -67,9 +66,10 @@ def shape_computations(model: onnx.ModelProto) -> frozenset[str]:
     data = {i.name for i in g.input if i.name not in initializers}  # values that depend on inputs
     found = set()
     for node in g.node:
-        if node.op_type in SHAPE_OPS:
-            continue  # its output is a shape: value-independent of its input
-        if any(i in data for i in node.input) or node.attribute and any(a.g.node for a in node.attribute):
+        if node.op_type in SHAPE_OPS:  # its output is a shape: independent of its input's values
+            found.add(f"{node.op_type}:{node.name}")
+            continue
+        if any(i in data for i in node.input) or any(a.g.node for a in node.attribute):
             data.update(node.output)
             continue
         if all(o == "" or rank.get(o, 99) <= 1 for o in node.output):
@@ -85,7 +85,6 @@ class Prepared:
     run: callable  # dict of NumPy inputs -> dict of NumPy outputs, by output name
     providers: list[str] = field(default_factory=list)
     placement: dict[str, list[str]] = field(default_factory=dict)  # provider -> "op_type:name"
-
     shape_nodes: frozenset = frozenset()  # nodes that compute shapes only (shape_computations)
 
     @property
@@ -308,13 +307,12 @@ def ort_session(name: str, model: onnx.ModelProto, threads: int | None = None, o
         placement.setdefault(sub.ep_name, []).extend(f"{n.op_type}:{n.name}" for n in sub.get_nodes())
     shapes = frozenset()
     if name == "ort-cuda":
-        shapes = None
+        graph = model
         if workdir is not None:
             with workdir:
                 try:
-                    shapes = shape_computations(onnx.load(so.optimized_model_filepath))
+                    graph = onnx.load(so.optimized_model_filepath)
                 except Exception:  # noqa: BLE001 - not written: the nodes as exported
                     pass
-        if shapes is None:
-            shapes = shape_computations(model)
+        shapes = shape_computations(graph)
     return session, placement, shapes

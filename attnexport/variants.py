@@ -57,6 +57,12 @@ class Variant:
     def option(self, name: str) -> Option:
         return {o.name: o for o in self.options}[name]
 
+    def sizes(self, o: dict) -> dict:
+        """The symbolic sizes that these options' inputs use, with their values (a cache's
+        `past_seq` only with the cache)."""
+        used = {d for spec in self.inputs(o) for d in spec.dims if isinstance(d, str)}
+        return {k: o[k] for k in self.dynamic if k in used}
+
     def resolve(self, given: dict | None = None) -> dict:
         """Fills defaults, rejects unknown options and bad values; returns the full options."""
         given = {k: v for k, v in (given or {}).items() if v is not None}

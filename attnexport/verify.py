@@ -230,10 +230,9 @@ class Report:
 
 
 def versions() -> dict:
-    import onnx as onnx_
     import onnxruntime
     import torch
-    return {"python": platform.python_version(), "torch": torch.__version__, "onnx": onnx_.__version__,
+    return {"python": platform.python_version(), "torch": torch.__version__, "onnx": onnx.__version__,
             "onnxruntime": onnxruntime.__version__, "numpy": np.__version__}
 
 

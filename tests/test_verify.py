@@ -220,7 +220,8 @@ def test_unknown_runtime_and_flavor():
 
 def test_strict_placement_counts_cpu_nodes_only_on_ort_cuda():
     p = R.Prepared("ort-cuda", lambda feed: [], ["CUDAExecutionProvider", "CPUExecutionProvider"],
-                   {"CPUExecutionProvider": ["Shape:n1", "MatMul:n2"], "CUDAExecutionProvider": ["Softmax:n3"]})
+                   {"CPUExecutionProvider": ["Shape:n1", "MatMul:n2"], "CUDAExecutionProvider": ["Softmax:n3"]},
+                   frozenset({"Shape:n1"}))  # what runtimes.shape_computations found in the graph
     assert p.cpu_nodes == ["MatMul:n2"]
     assert R.Prepared("ort-cpu", None, [], {"CPUExecutionProvider": ["MatMul:n"]}).cpu_nodes == []
 
