@@ -74,8 +74,10 @@ def graph_flavor(variant: V.Variant, flavor: str) -> str:
 
 
 def example_sizes(variant: V.Variant, o: dict) -> dict:
-    """Options with every symbolic size at least 2, so the exporter keeps it symbolic."""
-    return {**o, **{k: max(o[k], 2) for k in variant.dynamic}}
+    """Options with every symbolic size at least 2, so the exporter keeps it symbolic; a size that
+    broadcasts against another takes the other's (a size-1 axis would be specialized)."""
+    ex = {**o, **{k: max(o[k], 2) for k in variant.dynamic}}
+    return {**ex, **{k: ex[full] for k, full in variant.broadcast}}
 
 
 def _validate(variant, flavor, opset, dtype):
@@ -166,7 +168,8 @@ def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed):
                  for a in inputs.values())
     # A cache may be empty: its length starts at 0.
     dims = {name: torch.export.Dim(name, min=0 if variant.option(name).minimum == 0 else 1)
-            for name in variant.dynamic}
+            for name in variant.dynamic if name not in dict(variant.broadcast)}
+    dims.update({k: dims[full] for k, full in variant.broadcast})  # traced as the full size
     dynamic_shapes = tuple({axis: dims[d] for axis, d in enumerate(spec.dims) if d in dims}
                            for spec in variant.inputs(ex))
     out_specs = variant.outputs(o)
@@ -196,6 +199,7 @@ def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed):
         raise ExportError(f"torch.onnx could not export {variant.name} ({gf}): "
                           f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}") from None
     model = program.model_proto
+    _name_broadcast_axes(model, variant, ex)
     if opset < 18:
         model = _convert_opset(model, opset, variant, gf)
     entries = W.record(model, params, D.NUMPY[dtype])
@@ -205,6 +209,17 @@ def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed):
     note = "" if variant.dot_product_core or flavor == "primitives" else \
         f"{variant.name} has no dot-product core: exported as primitives"
     return model, ExportResult(Path(), variant.name, o, flavor, gf, opset, dtype, op_name, 0, note)
+
+
+def _name_broadcast_axes(model, variant, ex):
+    """An input axis that is 1 or another size (a mask's batch or head axis) was traced as that
+    size: give it its own name, so the model's interface says it may differ."""
+    names = dict(variant.broadcast)
+    inputs = {i.name: i for i in model.graph.input}
+    for spec in variant.inputs(ex):
+        for axis, d in enumerate(spec.dims):
+            if d in names and spec.name in inputs:
+                inputs[spec.name].type.tensor_type.shape.dim[axis].dim_param = d
 
 
 def _convert_opset(model, opset, variant, gf):

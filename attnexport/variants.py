@@ -52,6 +52,9 @@ class Variant:
     flops: Callable[[dict], int]
     dot_product_core: bool  # True: the attention core is scaled dot-product attention
     dynamic: tuple[str, ...] = ("batch", "seq")  # option names whose sizes are symbolic in ONNX
+    # Symbolic sizes that broadcast against another one: 1 or that size (a mask's batch and head
+    # axes). The export traces them at the other's size and names them apart in the ONNX inputs.
+    broadcast: tuple[tuple[str, str], ...] = ()
     checks: tuple[Callable[[dict], str | None], ...] = field(default=())
 
     def option(self, name: str) -> Option:
@@ -88,6 +91,8 @@ class Variant:
             o[opt.name] = value
         if "kv_heads" in o and o["kv_heads"] is None:
             o["kv_heads"] = o["heads"]
+        if "mask_batch" in o and o["mask_batch"] is None:  # a rank-4 mask per sequence; lower ranks have none
+            o["mask_batch"] = o["batch"] if o["mask_rank"] == 4 else 1
         for check in self.checks:
             problem = check(o)
             if problem:
@@ -153,8 +158,12 @@ def _sdpa_inputs(o):
                 T("value", ("batch", "kv_heads", "seq", "v_head_dim"), "float"),
                 T("past_key", ("batch", "kv_heads", "past_seq", "head_dim"), "float"),
                 T("past_value", ("batch", "kv_heads", "past_seq", "v_head_dim"), "float"))
-    return qkv + ({"none": (), "bool": (T("attn_mask", ("batch", 1, "seq", "kv_seq"), "bool", "bool_mask"),),
-                   "float": (T("attn_mask", ("batch", 1, "seq", "kv_seq"), "float", "additive_mask"),)}[o["mask"]])
+    if o["mask"] == "none":
+        return qkv
+    # Any shape the operator broadcasts to (B, Hq, Tq, Tk): its batch and head axes are 1 or full.
+    dims = ("mask_batch", "mask_heads", "seq", "kv_seq")[4 - o["mask_rank"]:]
+    kind = {"bool": ("bool", "bool_mask"), "float": ("float", "additive_mask")}[o["mask"]]
+    return qkv + (T("attn_mask", dims, *kind),)
 
 
 def _sdpa_outputs(o):
@@ -163,6 +172,19 @@ def _sdpa_outputs(o):
         return (out, T("present_key", ("batch", "kv_heads", "past_seq+seq", "head_dim"), "float"),
                 T("present_value", ("batch", "kv_heads", "past_seq+seq", "v_head_dim"), "float"))
     return _with_weights(o, (out, T("weights", ("batch", "heads", "seq", "kv_seq"), "float")))
+
+
+def _sdpa_mask_check(o):
+    if o["mask_rank"] not in (2, 3, 4):
+        return f"--mask-rank must be 2, 3 or 4, got {o['mask_rank']}"
+    for axis, full in (("mask_batch", "batch"), ("mask_heads", "heads")):
+        if o[axis] not in (1, o[full]):
+            return f"--{axis.replace('_', '-')} must be 1 or --{full} ({o[full]}), got {o[axis]}"
+    if o["mask_rank"] < 4 and o["mask_batch"] != 1:
+        return f"a rank-{o['mask_rank']} mask has no batch axis: --mask-batch must be 1"
+    if o["mask_rank"] < 3 and o["mask_heads"] != 1:
+        return "a rank-2 mask has no head axis: --mask-heads must be 1"
+    return None
 
 
 def _sdpa_cache_check(o):
@@ -277,7 +299,12 @@ _VARIANTS = (
                  _size("v_head_dim", 32, "value head size"), CAUSAL,
                  Option("scale", float, None, "scale of QK^T (default 1/sqrt(head_dim))", optional=True),
                  Option("softcap", float, 0.0, "if > 0: scores = softcap * tanh(scores / softcap)"),
-                 Option("mask", str, "none", "attention mask input", ("none", "bool", "float")), WEIGHTS,
+                 Option("mask", str, "none", "attention mask input", ("none", "bool", "float")),
+                 Option("mask_rank", int, 4, "mask rank: 2 (Tq, Tk), 3 (1|Hq, Tq, Tk) or 4 (1|B, 1|Hq, Tq, Tk)"),
+                 Option("mask_batch", int, None, "the example mask's batch axis: 1 or --batch (default: "
+                        "--batch at rank 4; the export takes either)", optional=True),
+                 Option("mask_heads", int, 1, "the example mask's head axis: 1 or --heads (the export takes "
+                        "either)"), WEIGHTS,
                  Option("kv_cache", bool, False, "past_key/past_value inputs and present_key/present_value "
                         "outputs, as the operator's cache"),
                  Option("past_seq", int, 4, "cached positions before the block (--kv-cache; may be 0)",
@@ -288,8 +315,10 @@ _VARIANTS = (
         reference=ref.ref_sdpa,
         flops=lambda o: 2 * o["batch"] * o["heads"] * o["seq"] * o["kv_seq"] * (o["head_dim"] + o["v_head_dim"]),
         dot_product_core=True,
-        dynamic=("batch", "heads", "kv_heads", "seq", "kv_seq", "head_dim", "v_head_dim", "past_seq"),
-        checks=(_divides("kv_heads", "heads"), _sdpa_cache_check,
+        dynamic=("batch", "heads", "kv_heads", "seq", "kv_seq", "head_dim", "v_head_dim", "past_seq",
+                 "mask_batch", "mask_heads"),
+        broadcast=(("mask_batch", "batch"), ("mask_heads", "heads")),
+        checks=(_divides("kv_heads", "heads"), _sdpa_mask_check, _sdpa_cache_check,
                 lambda o: None if o["softcap"] >= 0 else "--softcap must be >= 0",
                 lambda o: None if o["scale"] is None or o["scale"] > 0 else "--scale must be > 0"),
     ),

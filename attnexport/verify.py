@@ -440,7 +440,11 @@ _ELEM = {"bool": onnx.TensorProto.BOOL, "int64": onnx.TensorProto.INT64}
 
 
 def _seeded_case(variant, options, sizes, i):
-    o = variant.resolve({**options, **{k: v for k, v in sizes.items() if k in variant.dynamic}})
+    given = {**options, **{k: v for k, v in sizes.items() if k in variant.dynamic}}
+    for k, full in variant.broadcast:  # an axis that was full stays full at the new size
+        if options[k] != 1:
+            given[k] = given[full]
+    o = variant.resolve(given)
     name = f"seeded-{'x'.join(str(o[k]) for k in ('batch', 'seq') if k in o)}"
     return golden.GoldenCase(name, variant.name, o, V.make_inputs(variant, o, 1000 + i), {}, {},
                              {"source": "seeded inputs (no stored golden case has these options)"})
@@ -491,7 +495,7 @@ def _plan_model(path, used, golden_dir, dtype, model_variant, model_flavor, mode
     changed, good_params = [], None
     if meta.get("variant"):
         variant = V.get(meta["variant"])
-        options = meta["options"]
+        options = variant.resolve(meta["options"])  # an earlier export's options lack newer ones
         for flag, given, has in (("--variant", model_variant, meta["variant"]), ("--flavor", model_flavor,
                                                                                   meta.get("flavor"))):
             if given is not None and given != has:

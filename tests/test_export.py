@@ -237,3 +237,27 @@ def test_readme_decode_loop_runs_alone_and_equals_the_full_forward(tmp_path):
                              {"x": x}, full)["output"]
     c = compare("output", got, want, tolerance("fp32"))
     assert c, str(c)
+
+
+@pytest.mark.parametrize("case", ["sdpa-mask-per-head", "sdpa-mask-rank3-float"])
+@pytest.mark.parametrize("flavor", E.FLAVORS)
+def test_one_sdpa_model_takes_every_broadcastable_mask(case, flavor):
+    """The mask's batch and head axes are 1 or full in the same model: (1|B, 1|Hq, Tq, Tk)."""
+    from attnexport import golden, reference as ref, runtimes as R
+    v = V.get("sdpa")
+    o = golden.load(case).options
+    model = E.build_model("sdpa", o, flavor, params={})[0]
+    mask = next(i for i in model.graph.input if i.name == "attn_mask")
+    names = [d.dim_param for d in mask.type.tensor_type.shape.dim]
+    assert names == ["mask_batch", "mask_heads", "seq", "kv_seq"][4 - o["mask_rank"]:]
+    tol = tolerance("fp32")
+    batch = 3  # not the export's: the sizes stay symbolic
+    for mb in (1, batch) if o["mask_rank"] == 4 else (1,):
+        for mh in (1, o["heads"]):
+            oo = dict(o, batch=batch, seq=4, mask_batch=mb, mask_heads=mh)
+            feed = V.make_inputs(v, oo, 7)
+            assert feed["attn_mask"].shape[:-2] == ((mb, mh) if o["mask_rank"] == 4 else (mh,))
+            want = ref.ref_sdpa({}, feed, oo)["output"]
+            for rt in ("ort-cpu", "onnx-ref"):
+                c = compare("output", R.prepare_onnx(rt, model).run(feed)["output"], want, tol)
+                assert c.passed, (mb, mh, rt, c.to_dict())

@@ -147,7 +147,10 @@ def test_fully_masked_row_guard_removed(models, tmp_path, flavor):
         guard.input[:] = [guard.input[2]]
     path = _edited(models("sdpa", flavor, mask="bool", weights=True), tmp_path, edit)
     report = _verify_model(path)
-    assert {r.case for r in report.rows} == {"sdpa-fully-masked-rows"}
+    # Both golden cases with these options (the mask's head axis is symbolic): the one with
+    # fully masked rows fails, on every ONNX runtime.
+    assert {r.case for r in report.rows} == {"sdpa-fully-masked-rows", "sdpa-mask-per-head"}
+    assert {r.runtime for r in report.failures if r.case == "sdpa-fully-masked-rows"} >= set(RUNTIMES)
     _assert_localized(report, "Identity", "export has Where")
 
 

@@ -45,6 +45,25 @@ def test_bad_options(given, message):
         V.get("mha").resolve(given)
 
 
+@pytest.mark.parametrize("given,message", [
+    ({"mask": "bool", "mask_rank": 5}, "--mask-rank must be 2, 3 or 4"),
+    ({"mask": "bool", "mask_heads": 3}, "--mask-heads must be 1 or --heads \\(8\\), got 3"),
+    ({"mask": "bool", "mask_batch": 3}, "--mask-batch must be 1 or --batch \\(2\\), got 3"),
+    ({"mask": "bool", "mask_rank": 3, "mask_batch": 2}, "a rank-3 mask has no batch axis"),
+    ({"mask": "bool", "mask_rank": 2, "mask_heads": 8}, "a rank-2 mask has no head axis"),
+])
+def test_bad_sdpa_mask_shapes(given, message):
+    with pytest.raises(UsageError, match=message):
+        V.get("sdpa").resolve(given)
+
+
+def test_sdpa_mask_shapes():
+    v = V.get("sdpa")
+    shape = {r: next(s for s in v.inputs(v.resolve({"mask": "bool", "mask_rank": r})) if s.name == "attn_mask")
+             .shape(v.resolve({"mask": "bool", "mask_rank": r})) for r in (2, 3, 4)}
+    assert shape == {4: (2, 1, 16, 16), 3: (1, 16, 16), 2: (16, 16)}  # the batch axis only at rank 4
+
+
 def test_kv_heads_defaults_to_heads():
     assert V.get("mha").resolve({"heads": 8})["kv_heads"] == 8
 
