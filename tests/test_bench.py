@@ -11,6 +11,8 @@ from conftest import assert_fits_80
 from attnexport.errors import ProviderUnavailableError, UsageError
 
 SMALL = {"batch": 2, "seq": [8, 16], "dim": 32, "heads": 4}
+# One worker runs this module: the `rows` fixture and the matmul calibration are made once.
+pytestmark = pytest.mark.xdist_group("bench")
 
 
 @pytest.fixture(scope="module")
