@@ -29,7 +29,7 @@ from attnexport import variants as V
 from attnexport.errors import UnsupportedByFlavor, UsageError
 
 BENCH_RUNTIMES = ("torch", "torch-cuda", "ort-cpu", "ort-cuda")
-SIZE_LISTS = ("batch", "seq", "kv_seq", "past_seq")  # options that take comma-separated lists
+SIZE_LISTS = ("batch", "seq", "kv_seq", "past_seq", "past_kv_seq")  # options that take comma-separated lists
 
 
 @dataclass
@@ -426,10 +426,21 @@ def bench_decode(variant_name: str, options: dict | None, contexts: list[int], *
         if len(options["batch"]) != 1:
             raise UsageError("--decode takes one --batch")
         options["batch"] = options["batch"][0]
-    options.update(kv_cache=True, causal=True, seq=[], past_seq=[])
+    names = {o.name for o in variant.options}
+    options.update(kv_cache=True, seq=[], past_seq=[], **({"causal": True} if "causal" in names else {}))
+    if "past_kv_seq" in names:  # the decoder's memory: projected at the prefill, cached after
+        memory = options.get("kv_seq", variant.option("kv_seq").default)
+        if isinstance(memory, (list, tuple)):
+            if len(memory) != 1:
+                raise UsageError("--decode takes one --kv-seq (the memory's length)")
+            memory = memory[0]
+        options.update(kv_seq=[], past_kv_seq=[])
     for c in contexts:
         options["seq"] += [c, 1]  # the prefill of c tokens, then one token over a cache of c
         options["past_seq"] += [0, c]
+        if "past_kv_seq" in names:
+            options["kv_seq"] += [memory, 0]
+            options["past_kv_seq"] += [0, memory]
     rows = bench(variant_name, options, **kwargs)
     for r in rows:
         if not r.shape:

@@ -154,7 +154,10 @@ def _variant_options(fn=None, *, exclude=()):
             if opt.name not in exclude:
                 seen.setdefault(opt.name, opt)
     for opt in reversed(list(seen.values())):
-        if opt.type is bool:
+        if opt.name == "weights":  # a flag (the softmax weights), or sdpa's score mode as its value
+            deco = click.option(opt.flag, opt.name, is_flag=False, flag_value="softmax", default=None,
+                                help="also output the attention weights; sdpa: --weights raw|softcap|bias|softmax")
+        elif opt.type is bool:
             deco = click.option(opt.flag, opt.name, flag_value=True, default=None, help=opt.help)
         else:
             deco = click.option(opt.flag, opt.name, type=opt.type, default=None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import inspect
 import io
 import json
 import logging
@@ -80,15 +81,19 @@ def example_sizes(variant: V.Variant, o: dict) -> dict:
     return {**ex, **{k: ex[full] for k, full in variant.broadcast}}
 
 
-def _validate(variant, flavor, opset, dtype):
+def _validate(variant, flavor, opset, dtype, o=None):
     if flavor not in FLAVORS:
         raise UsageError(f"unknown flavor {flavor!r}; valid: {', '.join(FLAVORS)}")
     if dtype not in DTYPES:
         raise UsageError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
     gf = graph_flavor(variant, flavor)
     lo, hi = FL.FLAVORS[gf].opsets
-    opset = FL.FLAVORS[gf].default_opset if opset is None else opset
+    if gf == "attention" and (o or {}).get("nonpad"):
+        lo = 24  # the operator's nonpad_kv_seqlen input came with opset 24
+    opset = max(FL.FLAVORS[gf].default_opset, lo) if opset is None else opset
     if not lo <= opset <= hi:
+        if lo == 24:
+            raise UsageError(f"--opset {opset}: --nonpad needs opset 24 for the attention flavor")
         allowed = str(lo) if lo == hi else f"{lo} to {hi}"
         raise UsageError(f"--opset {opset} is not available for the {gf} flavor (allowed: {allowed})")
     return gf, opset
@@ -133,7 +138,7 @@ def build_model(variant_name: str, options: dict | None = None, flavor: str = DE
     """
     variant = V.get(variant_name)
     o = variant.resolve(options)
-    gf, opset = _validate(variant, flavor, opset, dtype)
+    gf, opset = _validate(variant, flavor, opset, dtype, o)
     V.check_memory(variant, o, D.ITEMSIZE[dtype])
     params_source = "seed" if params is None else "given"
     params = V.init_params(variant, o, seed) if params is None else W.validate(variant, o, params)
@@ -156,7 +161,7 @@ def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed):
     import torch
 
     importlib.import_module("attnexport.models.core")  # registers the attnexport::attention custom ops
-    from attnexport.onnx_attention import TRANSLATIONS, TRANSLATIONS_CACHED
+    from attnexport.onnx_attention import TRANSLATIONS
 
     _reuse_torchlib_table()
     module = V.load_params(variant.build(o), params).to(D.torch_dtype(dtype)).eval()
@@ -170,17 +175,19 @@ def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed):
     dims = {name: torch.export.Dim(name, min=0 if variant.option(name).minimum == 0 else 1)
             for name in variant.dynamic if name not in dict(variant.broadcast)}
     dims.update({k: dims[full] for k, full in variant.broadcast})  # traced as the full size
-    dynamic_shapes = tuple({axis: dims[d] for axis, d in enumerate(spec.dims) if d in dims}
+    # An axis as long as a sum of sizes (a cache step's mask: past_seq+seq) is left to the
+    # exporter to relate to the others; it is named after the export.
+    dynamic_shapes = tuple({axis: dims[d] if d in dims else torch.export.Dim.AUTO
+                            for axis, d in enumerate(spec.dims) if d in dims or (isinstance(d, str) and "+" in d)}
                            for spec in variant.inputs(ex))
+    if any(p.kind is p.VAR_POSITIONAL for p in inspect.signature(module.forward).parameters.values()):
+        dynamic_shapes = (dynamic_shapes,)  # forward(*tensors): one argument holding them all
     out_specs = variant.outputs(o)
-    attn, attn_w = TRANSLATIONS[gf]
-    table = {torch.ops.attnexport.attention.default: attn,
-             torch.ops.attnexport.attention_weights.default: attn_w,
-             torch.ops.attnexport.attention_cached.default: TRANSLATIONS_CACHED[gf]}
+    table = {torch.ops.attnexport.attention.default: TRANSLATIONS[gf]}
 
     try:
         with _quiet(), torch.no_grad():
-            # The translations are written for opset 18 (23 for Attention); an older opset is
+            # The translations are written for opset 18 (23 or 24 for Attention); an older opset is
             # reached by onnx's version converter below.
             program = torch.onnx.export(
                 module, args, dynamo=True, opset_version=max(opset, 18), dynamic_shapes=dynamic_shapes,
@@ -199,7 +206,7 @@ def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed):
         raise ExportError(f"torch.onnx could not export {variant.name} ({gf}): "
                           f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}") from None
     model = program.model_proto
-    _name_broadcast_axes(model, variant, ex)
+    _name_axes(model, variant, ex)
     if opset < 18:
         model = _convert_opset(model, opset, variant, gf)
     entries = W.record(model, params, D.NUMPY[dtype])
@@ -211,15 +218,23 @@ def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed):
     return model, ExportResult(Path(), variant.name, o, flavor, gf, opset, dtype, op_name, 0, note)
 
 
-def _name_broadcast_axes(model, variant, ex):
+def _name_axes(model, variant, ex):
     """An input axis that is 1 or another size (a mask's batch or head axis) was traced as that
-    size: give it its own name, so the model's interface says it may differ."""
+    size: give it its own name, so the model's interface says it may differ. An axis that is a
+    sum of sizes gets the sum as its name (past_seq+seq), not the exporter's."""
     names = dict(variant.broadcast)
     inputs = {i.name: i for i in model.graph.input}
+    renamed = False
     for spec in variant.inputs(ex):
         for axis, d in enumerate(spec.dims):
-            if d in names and spec.name in inputs:
+            if (d in names or (isinstance(d, str) and "+" in d)) and spec.name in inputs:
                 inputs[spec.name].type.tensor_type.shape.dim[axis].dim_param = d
+                renamed = renamed or d in names
+    if renamed:
+        # The intermediate shapes the exporter recorded still say the traced size (a mask's
+        # heads = heads). ONNX Runtime plans its buffers from them, and reused one of (B, 1, T, T)
+        # for (B, H, T, T): drop them, so the runtime infers them from the inputs as named now.
+        del model.graph.value_info[:]
 
 
 def _convert_opset(model, opset, variant, gf):

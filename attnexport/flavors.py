@@ -22,7 +22,7 @@ class Flavor:
 FLAVORS: dict[str, Flavor] = {f.name: f for f in (
     Flavor("primitives", (17, 18), 18, ("MatMul+Softmax",),
            "standard ops only (MatMul, Softmax, Where, ...): runs on any runtime, old ones too"),
-    Flavor("attention", (23, 23), 23, ("Attention",),
+    Flavor("attention", (23, 24), 23, ("Attention",),
            "the standard ONNX Attention op: one fused node, no vendor lock-in"),
     Flavor("ort", (17, 18), 18, ("com.microsoft.MultiHeadAttention", "com.microsoft.Attention",
                                  "com.microsoft.GroupQueryAttention"),

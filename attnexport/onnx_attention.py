@@ -2,8 +2,14 @@
 
 Each translation is an onnxscript function the torch exporter calls in place of the custom op.
 All three compute the same function as the op's eager implementation, edge cases included:
-grouped-query heads, top-left causal masks with different query and key lengths, softcap, bool
-or additive masks, and fully masked rows, which give zeros.
+grouped-query heads, offset-aligned causal masks with different query and key lengths, softcap,
+bool or additive masks of any broadcastable shape, a key/value cache, per-batch valid key counts,
+the four kinds of score output, and fully masked rows, which give zeros.
+
+Every translation takes the op's arguments and returns its four outputs: the output, the present
+key and value (an empty constant without a cache) and the score output (an empty constant
+without weights). The module uses only those its options declare; the others are dead code the
+exporter's optimizer removes.
 """
 
 from __future__ import annotations
@@ -16,6 +22,9 @@ from onnxscript import ir, opset18 as op, opset23 as op23
 from onnxscript.values import Op, Opset
 
 from attnexport.errors import UnsupportedByFlavor
+
+op24 = Opset("", 24)  # onnxscript ships no opset24 module; the op's schema comes from onnx
+NO_WEIGHTS = -1  # the core op's `weights` when no score output is asked for (see models.core)
 
 
 def _msft_mha(cached: bool = False) -> Op:
@@ -58,34 +67,63 @@ def _const(value, like):
     return op.CastLike(op.Constant(value_float=float(value)), like)
 
 
+def _empty(like):
+    """An unused output's placeholder (no cache, no weights): the optimizer drops it."""
+    return op.CastLike(op.ConstantOfShape(op.Constant(value_ints=[0])), like)
+
+
 def _shape(x, start, end=None):
     return op.Shape(x, start=start) if end is None else op.Shape(x, start=start, end=end)
 
 
-def _bias(attn_mask, is_causal, query, key, like):
-    """The additive bias, float, broadcastable to (B, Hq, Tq, Tk); None if there is none."""
-    bias = None
+def _key_length(key, past_key):
+    """Tk as a 1-D tensor: the cache's length plus the new keys'."""
+    tk = _shape(key, 2, 3)
+    return tk if past_key is None else op.Add(_shape(past_key, 2, 3), tk)
+
+
+def _neg_inf_where(condition, like):
+    return op.Where(condition, _const(-math.inf, like), _const(0.0, like))
+
+
+def _bias(attn_mask, is_causal, cached, nonpad, tq, tk, like):
+    """The additive bias, float, broadcastable to (B, Hq, Tq, Tk); None if there is none.
+
+    Args:
+        cached: a cache precedes the block, so a causal mask is offset by its length.
+        nonpad: None, or (B,) int64 valid key counts: keys at or past them are padding, and a
+            causal mask is offset by nonpad - Tq for each batch.
+        tq, tk: the query and (total) key lengths, 1-D int64 tensors.
+    """
+    terms = []
     if attn_mask is not None:
         if attn_mask.dtype == ir.DataType.BOOL:
-            bias = op.Where(attn_mask, _const(0.0, like), _const(-math.inf, like))
+            terms.append(op.Where(attn_mask, _const(0.0, like), _const(-math.inf, like)))
         else:
-            bias = op.CastLike(attn_mask, like)
+            terms.append(op.CastLike(attn_mask, like))
+    cols = None
+    if nonpad is not None or is_causal:
+        cols = op.Range(op.Constant(value_int=0), op.Squeeze(tk), op.Constant(value_int=1))  # (Tk,)
+    if nonpad is not None:
+        valid = op.Reshape(nonpad, op.Constant(value_ints=[-1, 1, 1, 1]))  # (B, 1, 1, 1)
+        terms.append(_neg_inf_where(op.GreaterOrEqual(cols, valid), like))
     if is_causal:
-        causal = _causal_bias(query, key, like)
-        bias = causal if bias is None else op.Add(bias, causal)
+        offset = op.Sub(tk, tq) if cached else None
+        if nonpad is not None:
+            offset = op.Sub(op.Reshape(nonpad, op.Constant(value_ints=[-1, 1, 1, 1])), tq)
+        terms.append(_causal_bias(tq, cols, like, offset))
+    bias = terms[0] if terms else None
+    for t in terms[1:]:
+        bias = op.Add(bias, t)
     return bias
 
 
-def _causal_bias(query, key, like, offset: bool = False):
-    """0 where query i may attend key j, -inf elsewhere: j <= i, or with `offset` (a cache, whose
-    past keys come first) j <= P + i, P = (keys) - (queries)."""
-    tq = op.Squeeze(_shape(query, -2, -1))
-    tk = op.Squeeze(_shape(key, -2, -1))
-    rows = op.Range(op.Constant(value_int=0), tq, op.Constant(value_int=1))
-    if offset:
-        rows = op.Add(rows, op.Sub(tk, tq))
-    cols = op.Range(op.Constant(value_int=0), tk, op.Constant(value_int=1))
-    return op.Where(op.LessOrEqual(cols, op.Unsqueeze(rows, [-1])), _const(0.0, like), _const(-math.inf, like))
+def _causal_bias(tq, cols, like, offset=None):
+    """0 where query i may attend key j, -inf elsewhere: j <= i + offset (None: 0, top-left)."""
+    rows = op.Unsqueeze(op.Range(op.Constant(value_int=0), op.Squeeze(tq), op.Constant(value_int=1)), [-1])
+    if offset is not None:
+        rows = op.Add(rows, offset)
+    return _neg_inf_where(op.Greater(cols, rows), like)
 
 
 def _dead_rows(bias):
@@ -96,9 +134,10 @@ def _dead_rows(bias):
     return op.Equal(op.ReduceSum(visible, [-1], keepdims=1), op.Constant(value_float=0.0))
 
 
-def _needs_guard(attn_mask) -> bool:
-    # A causal mask alone never empties a row (key 0 is always visible); any explicit mask can.
-    return attn_mask is not None
+def _needs_guard(attn_mask, nonpad) -> bool:
+    # A causal mask alone never empties a row (key 0, or the first new key, is always visible);
+    # an explicit mask can, and so can a valid count (0, or below Tq with a causal offset).
+    return attn_mask is not None or nonpad is not None
 
 
 def _repeat_kv(x, groups_known, query):
@@ -132,33 +171,55 @@ def _scaled_scores(query, key, scale):
 
 # --- primitives: MatMul + Softmax, opset 18 --------------------------------------------------
 
-def _primitives(query, key, value, attn_mask, scale, is_causal, softcap):
-    groups = _groups(query, key)
-    key, value = _repeat_kv(key, groups, query), _repeat_kv(value, groups, query)
-    scores = _scaled_scores(query, key, scale)
+def primitives_attention(query, key, value, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None,
+                         scale=None, is_causal=False, softcap=0.0, weights=NO_WEIGHTS, softmax_precision=None):
+    nonpad = nonpad_kv_seqlen
+    cached = past_key is not None
+    groups = _groups(query, key)  # from the new keys: a Concat's result has no static shape here
+    if cached:
+        key, value = op.Concat(past_key, key, axis=2), op.Concat(past_value, value, axis=2)
+    k, v = _repeat_kv(key, groups, query), _repeat_kv(value, groups, query)
+    raw = _scaled_scores(query, k, scale)
+    capped = raw
     if softcap and softcap > 0:
-        scores = op.Mul(op.Tanh(op.Div(scores, _const(softcap, scores))), _const(softcap, scores))
-    bias = _bias(attn_mask, is_causal, query, key, scores)
-    if bias is not None:
-        scores = op.Add(scores, bias)
-    probs = op.Softmax(scores, axis=-1)
-    if _needs_guard(attn_mask):
+        capped = op.Mul(op.Tanh(op.Div(raw, _const(softcap, raw))), _const(softcap, raw))
+    bias = _bias(attn_mask, is_causal, cached, nonpad, _shape(query, 2, 3), _shape(key, 2, 3), raw)
+    scores = capped if bias is None else op.Add(capped, bias)
+    if softmax_precision is not None:
+        probs = op.CastLike(op.Softmax(op.Cast(scores, to=softmax_precision), axis=-1), scores)
+    else:
+        probs = op.Softmax(scores, axis=-1)
+    if _needs_guard(attn_mask, nonpad):
         # Softmax of an all -inf row is NaN (the mean of V in some kernels): select zeros.
         probs = op.Where(_dead_rows(bias), _const(0.0, probs), probs)
-    return op.MatMul(probs, value), probs
+    shown = _empty(query) if weights == NO_WEIGHTS else (raw, capped, scores, probs)[weights]
+    present = (key, value) if cached else (_empty(query), _empty(query))
+    return op.MatMul(probs, v), *present, shown
 
 
-def primitives_attention(query, key, value, attn_mask=None, scale=None, is_causal=False, softcap=0.0):
-    return _primitives(query, key, value, attn_mask, scale, is_causal, softcap)[0]
+def _with_weights_beside(fused):
+    """A fused translation whose score output, when asked for, comes from MatMul + Softmax on
+    the same inputs (paid only with --weights). Neither fused op can give it as the operator
+    defines it: com.microsoft.MultiHeadAttention has no such output; ONNX Runtime's CUDA kernel
+    for the standard op computes it in qk_matmul_output_mode 0 and 1 only ("Only kNone and kQK
+    output modes are supported in unified unfused attention", onnxruntime-gpu 1.31.1 on an
+    H100); and its CPU kernel writes -3.4e38 where the operator's mode 2 has -inf (pinned by
+    tests/test_sdpa_operator.py)."""
+    def translation(query, key, value, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None,
+                    scale=None, is_causal=False, softcap=0.0, weights=NO_WEIGHTS, softmax_precision=None):
+        args = (query, key, value, attn_mask, past_key, past_value, nonpad_kv_seqlen, scale, is_causal, softcap)
+        out, present_key, present_value = fused(*args, softmax_precision)
+        shown = _empty(query)
+        if weights != NO_WEIGHTS:
+            shown = primitives_attention(*args, weights, softmax_precision)[3]
+        return out, present_key, present_value, shown
+    return translation
 
 
-def primitives_attention_weights(query, key, value, attn_mask=None, scale=None, is_causal=False, softcap=0.0):
-    return _primitives(query, key, value, attn_mask, scale, is_causal, softcap)
+# --- attention: the standard Attention op, opset 23 (24 for valid key counts) ---------------
 
-
-# --- attention: the standard Attention op, opset 23 ----------------------------------------
-
-def _standard(query, key, value, attn_mask, scale, is_causal, softcap):
+def _standard(query, key, value, attn_mask, past_key, past_value, nonpad, scale, is_causal, softcap,
+              softmax_precision):
     if attn_mask is not None and attn_mask.shape is not None and attn_mask.shape[-2] != query.shape[2]:
         # The spec broadcasts the mask, but ONNX Runtime's kernel wants its query axis to be
         # Tq: expand a padding mask (B, 1, 1, Tk) to (B, 1, Tq, Tk).
@@ -169,42 +230,49 @@ def _standard(query, key, value, attn_mask, scale, is_causal, softcap):
         attrs["scale"] = float(scale)
     if softcap and softcap > 0:
         attrs["softcap"] = float(softcap)
-    return op23.Attention(query, key, value, attn_mask, **attrs)[0]
+    if softmax_precision is not None:
+        attrs["softmax_precision"] = int(softmax_precision)
+    if nonpad is not None:  # the valid key counts came with opset 24
+        return op24.Attention(query, key, value, attn_mask, None, None, nonpad, **attrs)[0], _empty(query), \
+            _empty(query)
+    if past_key is not None:
+        y, present_key, present_value, _ = op23.Attention(query, key, value, attn_mask, past_key, past_value,
+                                                          **attrs)
+        return y, present_key, present_value
+    return op23.Attention(query, key, value, attn_mask, **attrs)[0], _empty(query), _empty(query)
 
 
-def standard_attention(query, key, value, attn_mask=None, scale=None, is_causal=False, softcap=0.0):
-    return _standard(query, key, value, attn_mask, scale, is_causal, softcap)
-
-
-def _weights_beside(fused):
-    """A translation with weights: the output from the fused node, the weights from MatMul +
-    Softmax on the same inputs (paid only when --weights is asked for). Neither fused op can give
-    them: com.microsoft.MultiHeadAttention has no such output, and ONNX Runtime's CUDA kernel for
-    the standard op computes its fourth output in qk_matmul_output_mode 0 and 1 only ("Only kNone
-    and kQK output modes are supported in unified unfused attention", onnxruntime-gpu 1.31.1 on an
-    H100), where mode 3 would be the softmax."""
-    def with_weights(query, key, value, attn_mask=None, scale=None, is_causal=False, softcap=0.0):
-        out = fused(query, key, value, attn_mask, scale, is_causal, softcap)
-        return out, _primitives(query, key, value, attn_mask, scale, is_causal, softcap)[1]
-    return with_weights
+standard_attention = _with_weights_beside(_standard)
 
 
 # --- ort: com.microsoft.MultiHeadAttention --------------------------------------------------
 
-def ort_attention(query, key, value, attn_mask=None, scale=None, is_causal=False, softcap=0.0):
+def _ort(query, key, value, attn_mask, past_key, past_value, nonpad, scale, is_causal, softcap,
+         softmax_precision):
     if softcap and softcap > 0:
         raise UnsupportedByFlavor("the ort flavor cannot express --softcap: com.microsoft.MultiHeadAttention "
-                          "has no softcap; use --flavor attention or primitives")
+                                  "has no softcap; use --flavor attention or primitives")
+    if softmax_precision is not None and softmax_precision != query.dtype:
+        raise UnsupportedByFlavor("the ort flavor cannot express --softmax-precision: com.microsoft."
+                                  "MultiHeadAttention has no such attribute; use --flavor attention or primitives")
     heads = _static(query.shape[1])
-    groups = _groups(query, key)
-    same_length = query.shape[2] == key.shape[2]  # the same symbolic length: self-attention
-    key, value = _repeat_kv(key, groups, query), _repeat_kv(value, groups, query)
-    bias = _bias(attn_mask, is_causal and not same_length, query, key, query)
+    cached = past_key is not None
+    if cached:
+        _check_ort_cache(heads, _static(key.shape[1]))
+    tq, tk = _shape(query, 2, 3), _key_length(key, past_key)
+    # The kernel's own causal mask (unidirectional, offset by the past length) covers
+    # self-attention (the same symbolic length) and a cache; the bias carries anything else.
+    own_causal = is_causal and nonpad is None and (cached or query.shape[2] == key.shape[2])
+    if not cached:
+        groups = _groups(query, key)
+        key, value = _repeat_kv(key, groups, query), _repeat_kv(value, groups, query)
+    bias = _bias(attn_mask, is_causal and not own_causal, cached, nonpad, tq, tk, query)
     attrs = {"num_heads": heads or 1}
     if scale is not None:
         attrs["scale"] = float(scale)
-    if is_causal and same_length:
-        attrs["unidirectional"] = 1  # the kernel's own causal mask: no bias tensor to read
+    if own_causal:
+        attrs["unidirectional"] = 1  # no bias tensor to read
+    present = (_empty(query), _empty(query))
     if heads is not None:
         # (B, H, T, d) -> (B, T, H*d): the layout the kernel wants; the exporter's transposes
         # around it cancel with the module's own.
@@ -212,9 +280,11 @@ def ort_attention(query, key, value, attn_mask=None, scale=None, is_causal=False
         k3 = op.Reshape(op.Transpose(key, perm=[0, 2, 1, 3]), [0, 0, -1])
         v3 = op.Reshape(op.Transpose(value, perm=[0, 2, 1, 3]), [0, 0, -1])
         if bias is not None:
-            bias = op.Expand(bias, op.Concat(op.Constant(value_ints=[1, 1]), _shape(query, 2, 3),
-                                             _shape(key, 2, 3), axis=0))  # (B|1, 1, Tq, Tk)
-        out = _MultiHeadAttention(q3, k3, v3, None, None, bias, **attrs)
+            bias = op.Expand(bias, op.Concat(op.Constant(value_ints=[1, 1]), tq, tk, axis=0))  # (B|1, H|1, Tq, Tk)
+        if cached:
+            out, *present = _MultiHeadAttentionCached(q3, k3, v3, None, None, bias, past_key, past_value, **attrs)
+        else:
+            out = _MultiHeadAttention(q3, k3, v3, None, None, bias, **attrs)
         out = op.Transpose(op.Reshape(out, op.Concat(op.Constant(value_ints=[0, 0]), _shape(query, 1, 2),
                                                      op.Constant(value_ints=[-1]), axis=0)), perm=[0, 2, 1, 3])
     else:
@@ -224,76 +294,36 @@ def ort_attention(query, key, value, attn_mask=None, scale=None, is_causal=False
         k3 = op.Reshape(key, op.Concat(minus1, _shape(key, 2), axis=0))
         v3 = op.Reshape(value, op.Concat(minus1, _shape(value, 2), axis=0))
         if bias is not None:
-            full = op.Concat(_shape(query, 0, 3), _shape(key, 2, 3), axis=0)  # (B, H, Tq, Tk)
-            bias = op.Reshape(op.Expand(bias, full), op.Concat(minus1, op.Constant(value_ints=[1]),
-                                                               _shape(query, 2, 3), _shape(key, 2, 3), axis=0))
+            # To (B, H, Tq, Tk) by adding zeros of that shape, not by Expand: the exporter's
+            # optimizer knows a mask's batch and head axes at their traced (full) sizes only, and
+            # drops an Expand to the full shape as a no-op; the Reshape then got B * 1 rows.
+            full = op.Expand(_const(0.0, bias), op.Concat(_shape(query, 0, 3), tk, axis=0))
+            bias = op.Reshape(op.Add(bias, full), op.Concat(minus1, op.Constant(value_ints=[1]), tq, tk, axis=0))
         out = _MultiHeadAttention(q3, k3, v3, None, None, bias, **attrs)
         out = op.Reshape(out, op.Concat(_shape(query, 0, 3), minus1, axis=0))  # (B, H, Tq, dv)
-    if _needs_guard(attn_mask):
+    if _needs_guard(attn_mask, nonpad):
         # Rows can be emptied by the mask and the causal mask together: guard on both.
-        full_bias = _bias(attn_mask, is_causal, query, key, out)
+        full_bias = _bias(attn_mask, is_causal, cached, nonpad, tq, tk, out)
         out = op.Where(_dead_rows(full_bias), _const(0.0, out), out)
-    return out
+    return out, *present
 
 
-TRANSLATIONS = {
-    "primitives": (primitives_attention, primitives_attention_weights),
-    "attention": (standard_attention, _weights_beside(standard_attention)),
-    "ort": (ort_attention, _weights_beside(ort_attention)),
-}
-
-
-# --- with a key/value cache (attnexport::attention_cached) ---------------------------------------
-
-def primitives_attention_cached(query, key, value, past_key, past_value, scale=None, is_causal=False):
-    present_key = op.Concat(past_key, key, axis=2)
-    present_value = op.Concat(past_value, value, axis=2)
-    groups = _groups(query, key)
-    k, v = _repeat_kv(present_key, groups, query), _repeat_kv(present_value, groups, query)
-    scores = _scaled_scores(query, k, scale)
-    if is_causal:
-        scores = op.Add(scores, _causal_bias(query, present_key, scores, offset=True))
-    # A causal row always sees key 0 and an uncausal one every key: no row is ever empty.
-    return op.MatMul(op.Softmax(scores, axis=-1), v), present_key, present_value
-
-
-def standard_attention_cached(query, key, value, past_key, past_value, scale=None, is_causal=False):
-    # The standard op takes the cache itself: present = past followed by the new keys/values,
-    # and its causal mask is offset-aligned by the past length.
-    attrs = {"is_causal": int(bool(is_causal))}
-    if scale is not None:
-        attrs["scale"] = float(scale)
-    y, present_key, present_value, _ = op23.Attention(query, key, value, None, past_key, past_value, **attrs)
-    return y, present_key, present_value
-
-
-def ort_attention_cached(query, key, value, past_key, past_value, scale=None, is_causal=False):
-    heads, kv_heads = _static(query.shape[1]), _static(key.shape[1])
+def _check_ort_cache(heads, kv_heads):
     if heads is None:
         raise UnsupportedByFlavor("the ort flavor's cache (com.microsoft.MultiHeadAttention with past_key/"
-                                  "past_value) needs a fixed head count, and this graph's is symbolic (sdpa); "
-                                  "use --flavor attention or primitives")
+                                  "past_value) needs a fixed head count, and this graph's is symbolic (sdpa "
+                                  "--layout bhsd); use --layout bsd, or --flavor attention or primitives")
     if kv_heads != heads:
         raise UnsupportedByFlavor("the ort flavor's cache (com.microsoft.MultiHeadAttention with past_key/"
                                   "past_value) needs as many key/value heads as query heads; use --flavor "
                                   "attention or primitives for a grouped-query cache")
-    attrs = {"num_heads": heads}
-    if scale is not None:
-        attrs["scale"] = float(scale)
-    if is_causal:
-        attrs["unidirectional"] = 1  # offset-aligned by the past length in ONNX Runtime's kernel
-    q3 = op.Reshape(op.Transpose(query, perm=[0, 2, 1, 3]), [0, 0, -1])  # (B, T, H*d)
-    k3 = op.Reshape(op.Transpose(key, perm=[0, 2, 1, 3]), [0, 0, -1])
-    v3 = op.Reshape(op.Transpose(value, perm=[0, 2, 1, 3]), [0, 0, -1])
-    out, present_key, present_value = _MultiHeadAttentionCached(q3, k3, v3, None, None, None, past_key,
-                                                                past_value, **attrs)
-    out = op.Transpose(op.Reshape(out, op.Concat(op.Constant(value_ints=[0, 0]), _shape(query, 1, 2),
-                                                 op.Constant(value_ints=[-1]), axis=0)), perm=[0, 2, 1, 3])
-    return out, present_key, present_value
 
 
-TRANSLATIONS_CACHED = {
-    "primitives": primitives_attention_cached,
-    "attention": standard_attention_cached,
-    "ort": ort_attention_cached,
+ort_attention = _with_weights_beside(_ort)
+
+
+TRANSLATIONS = {
+    "primitives": primitives_attention,
+    "attention": standard_attention,
+    "ort": ort_attention,
 }

@@ -58,11 +58,17 @@ def softmax_rows(scores, bias=None):
     return _r(np.where(dead, 0.0, p))
 
 
-def sdpa(q, k, v, mask=None, *, scale=None, causal=False, softcap=0.0, causal_offset=0):
-    """ONNX Attention (opset 23) on 4-D inputs, in float64. Returns (output, weights).
+def sdpa(q, k, v, mask=None, *, scale=None, causal=False, softcap=0.0, causal_offset=0, valid=None,
+         shown="softmax"):
+    """ONNX Attention (opsets 23 and 24) on 4-D inputs, in float64. Returns (output, scores shown).
 
-    `causal_offset` is the number of cached keys before the queries' block: query i attends
-    keys j <= causal_offset + i (0: top-left, the no-cache case).
+    Args:
+        causal_offset: the number of cached keys before the queries' block: query i attends
+            keys j <= causal_offset + i (0: top-left, the no-cache case).
+        valid: None, or (B,) counts of valid keys (nonpad_kv_seqlen): later keys are padding, and
+            the causal offset of sequence b is valid[b] - Tq.
+        shown: which scores to return beside the output: raw (scale * Q K^T), softcap (after the
+            softcap), bias (after softcap and mask) or softmax (the weights).
     """
     q, k, v = _f64(q), _f64(k), _f64(v)
     hq, hkv = q.shape[1], k.shape[1]
@@ -71,19 +77,25 @@ def sdpa(q, k, v, mask=None, *, scale=None, causal=False, softcap=0.0, causal_of
         v = np.repeat(v, hq // hkv, axis=1)
     if scale is None:
         scale = 1.0 / np.sqrt(q.shape[-1])
-    s = _r(_r(np.einsum("bhqd,bhkd->bhqk", q, k)) * scale)
-    if softcap and softcap > 0:
-        s = _r(softcap * np.tanh(s / softcap))
+    raw = _r(_r(np.einsum("bhqd,bhkd->bhqk", q, k)) * scale)
+    s = _r(softcap * np.tanh(raw / softcap)) if softcap and softcap > 0 else raw
     tq, tk = s.shape[-2:]
     bias = np.zeros((tq, tk))
     if mask is not None:
         mask = np.asarray(mask)
         bias = bias + (np.where(mask, 0.0, NEG_INF) if mask.dtype == np.bool_ else _f64(mask))
+    cols = np.arange(tk)
+    if valid is not None:
+        valid = np.asarray(valid).reshape(-1, 1, 1, 1)
+        bias = bias + np.where(cols < valid, 0.0, NEG_INF)
+        causal_offset = valid - tq
     if causal:
-        bias = bias + np.where(np.tril(np.ones((tq, tk), dtype=bool), k=causal_offset), 0.0, NEG_INF)
+        rows = np.arange(tq)[:, None] + causal_offset
+        bias = bias + np.where(cols <= rows, 0.0, NEG_INF)
     bias = np.broadcast_to(bias, s.shape)
     p = softmax_rows(s, bias)
-    return _r(np.einsum("bhqk,bhkd->bhqd", p, v)), p
+    scores = {"raw": raw, "softcap": s, "bias": _r(s + bias), "softmax": p}[shown]
+    return _r(np.einsum("bhqk,bhkd->bhqd", p, v)), scores
 
 
 def _scale_qk(q, k, scaling, temperature):
@@ -135,19 +147,19 @@ def _mha(params, prefix, x, kv, heads, kv_heads, key_padding=None, causal=False,
     return _linear(_merge(out), params, f"{prefix}out_proj"), w
 
 
-def _mha_step(params, x, past_key, past_value, o):
-    """One block of self-attention over a cache: the new keys and values follow the cached ones,
-    and query i of the block sits at position P + i (P cached positions)."""
-    q = _heads(_linear(x, params, "q_proj"), o["heads"])
-    k = _heads(_linear(x, params, "k_proj"), o["kv_heads"])
-    v = _heads(_linear(x, params, "v_proj"), o["kv_heads"])
-    q, k, scale = _scale_qk(q, k, o["scaling"], o["temperature"])
-    present_key = np.concatenate([past_key, k], axis=2)
-    present_value = np.concatenate([past_value, v], axis=2)
-    out, _ = sdpa(q, present_key, present_value, scale=scale, causal=o["causal"],
-                  causal_offset=past_key.shape[2])
-    return {"output": _linear(_merge(out), params, "out_proj"), "present_key": present_key,
-            "present_value": present_value}
+def _mha_step(params, prefix, x, kv, past_key, past_value, heads, kv_heads, causal, scaling="sqrt",
+              temperature=0.1):
+    """One block of attention over a cache: the keys and values of `kv` follow the P cached ones,
+    and with `causal` query i of the block sits at position P + i. Returns (output, present_key,
+    present_value)."""
+    q = _heads(_linear(x, params, f"{prefix}q_proj"), heads)
+    k = _heads(_linear(kv, params, f"{prefix}k_proj"), kv_heads)
+    v = _heads(_linear(kv, params, f"{prefix}v_proj"), kv_heads)
+    q, k, scale = _scale_qk(q, k, scaling, temperature)
+    present_key = np.concatenate([_f64(past_key), k], axis=2)
+    present_value = np.concatenate([_f64(past_value), v], axis=2)
+    out, _ = sdpa(q, present_key, present_value, scale=scale, causal=causal, causal_offset=past_key.shape[2])
+    return _linear(_merge(out), params, f"{prefix}out_proj"), present_key, present_value
 
 
 def _layer_norm(x, params, name, eps=1e-5):
@@ -169,15 +181,22 @@ def _masked_softmax(scores, valid_lens):
 # --- one function per variant -------------------------------------------------------------
 
 def ref_sdpa(params, inputs, o):
-    if o.get("kv_cache"):
-        present_key = np.concatenate([_f64(inputs["past_key"]), _f64(inputs["key"])], axis=2)
-        present_value = np.concatenate([_f64(inputs["past_value"]), _f64(inputs["value"])], axis=2)
-        out, _ = sdpa(inputs["query"], present_key, present_value, scale=o["scale"], causal=o["causal"],
-                      causal_offset=inputs["past_key"].shape[2])
-        return {"output": out, "present_key": present_key, "present_value": present_value}
-    out, w = sdpa(inputs["query"], inputs["key"], inputs["value"], inputs.get("attn_mask"),
-                  scale=o["scale"], causal=o["causal"], softcap=o["softcap"])
-    return {"output": out, "weights": w} if o["weights"] else {"output": out}
+    q, k, v = inputs["query"], inputs["key"], inputs["value"]
+    if o["layout"] == "bsd":  # (B, T, H*d) -> (B, H, T, d)
+        q, k, v = _heads(_f64(q), o["heads"]), _heads(_f64(k), o["kv_heads"]), _heads(_f64(v), o["kv_heads"])
+    present, offset = {}, 0
+    if o["kv_cache"]:
+        k = np.concatenate([_f64(inputs["past_key"]), _f64(k)], axis=2)
+        v = np.concatenate([_f64(inputs["past_value"]), _f64(v)], axis=2)
+        present = {"present_key": k, "present_value": v}
+        offset = inputs["past_key"].shape[2]
+    shown = "softmax" if o["weights"] == "none" else o["weights"]
+    out, scores = sdpa(q, k, v, inputs.get("attn_mask"), scale=o["scale"], causal=o["causal"], softcap=o["softcap"],
+                       causal_offset=offset, valid=inputs.get("nonpad_kv_seqlen"), shown=shown)
+    result = {"output": _merge(out) if o["layout"] == "bsd" else out, **present}
+    if o["weights"] != "none":
+        result["weights"] = scores
+    return result
 
 
 def ref_self(params, inputs, o):
@@ -192,7 +211,10 @@ def ref_self(params, inputs, o):
 def ref_mha(params, inputs, o):
     x = _f64(inputs["x"])
     if o.get("kv_cache"):
-        return _mha_step(params, x, _f64(inputs["past_key"]), _f64(inputs["past_value"]), o)
+        out, present_key, present_value = _mha_step(params, "", x, x, inputs["past_key"], inputs["past_value"],
+                                                    o["heads"], o["kv_heads"], o["causal"], o["scaling"],
+                                                    o["temperature"])
+        return {"output": out, "present_key": present_key, "present_value": present_value}
     out, w = _mha(params, "", x, x, o["heads"], o["kv_heads"], inputs.get("mask"), o["causal"],
                   o["scaling"], o["temperature"])
     return {"output": out, "weights": w} if o["weights"] else {"output": out}
@@ -260,8 +282,22 @@ def ref_encoder(params, inputs, o):
 
 def ref_decoder(params, inputs, o):
     x, mem = _f64(inputs["x"]), _f64(inputs["memory"])
+    if o.get("kv_cache"):
+        return _decoder_step(params, inputs, x, mem, o["heads"])
     a, _ = _mha(params, "self_attn.", x, x, o["heads"], o["heads"], causal=True)
     y = _layer_norm(_r(x + a), params, "norm1")
     c, _ = _mha(params, "cross_attn.", y, mem, o["heads"], o["heads"], inputs.get("memory_mask"))
     z = _layer_norm(_r(y + c), params, "norm2")
     return {"output": _layer_norm(_r(z + _ffn(z, params, "ffn.")), params, "norm3")}
+
+
+def _decoder_step(params, inputs, x, mem, h):
+    """A decoder layer's step: self-attention over its cache, cross-attention over the memory's
+    cached keys and values followed by those of the memory given now (empty after the first step)."""
+    a, pk, pv = _mha_step(params, "self_attn.", x, x, inputs["past_key"], inputs["past_value"], h, h, True)
+    y = _layer_norm(_r(x + a), params, "norm1")
+    c, ck, cv = _mha_step(params, "cross_attn.", y, mem, inputs["past_cross_key"], inputs["past_cross_value"], h, h,
+                          False)
+    z = _layer_norm(_r(y + c), params, "norm2")
+    return {"output": _layer_norm(_r(z + _ffn(z, params, "ffn.")), params, "norm3"), "present_key": pk,
+            "present_value": pv, "present_cross_key": ck, "present_cross_value": cv}

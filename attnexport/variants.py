@@ -13,6 +13,13 @@ import numpy as np
 from attnexport import reference as ref
 from attnexport.errors import UnknownVariantError, UsageError
 
+# The core op's score outputs (the operator's qk_matmul_output_mode 0-3) and softmax precisions,
+# by name; kept here too so that `list` and the reference need no torch.
+WEIGHT_MODES = ("raw", "softcap", "bias", "softmax")
+# Only float: the operator also allows a softmax narrower than its input (float16, bfloat16),
+# which no one wants and the float64 reference cannot stand for; double is not in ONNX Runtime.
+SOFTMAX_PRECISION_TYPES_BY_NAME = {"float": 1}
+
 
 @dataclass(frozen=True)
 class Option:
@@ -77,14 +84,14 @@ class Variant:
                 raise UsageError(f"{flag} is not an option of variant {self.name!r}; its options: {valid}")
         o = {}
         for opt in self.options:
-            value = given.get(opt.name, opt.default)
+            value = _weights_spelling(opt, given.get(opt.name, opt.default))
             if value is not None and not isinstance(value, opt.type) and not (
                 opt.type is float and isinstance(value, int) and not isinstance(value, bool)
             ):
                 raise UsageError(f"{opt.flag} must be {opt.type.__name__}, got {value!r}")
             if value is not None and opt.type is float:
                 value = float(value)
-            if opt.choices and value not in opt.choices:
+            if value is not None and opt.choices and value not in opt.choices:
                 raise UsageError(f"{opt.flag} must be one of {', '.join(opt.choices)}; got {value!r}")
             if opt.type is int and value is not None and value < opt.minimum:
                 raise UsageError(f"{opt.flag} must be an integer >= {opt.minimum}, got {value}")
@@ -98,6 +105,20 @@ class Variant:
             if problem:
                 raise UsageError(f"variant {self.name!r}: {problem}")
         return o
+
+
+def _weights_spelling(opt: Option, value):
+    """`--weights` is a flag in most variants and a mode in sdpa: the flag means the softmax
+    weights, and so does True given to sdpa (the API, and model files of earlier releases)."""
+    if opt.name != "weights":
+        return value
+    if opt.type is str and isinstance(value, bool):
+        return "softmax" if value else "none"
+    if opt.type is bool and value == "softmax":
+        return True
+    if opt.type is bool and isinstance(value, str):
+        raise UsageError(f"--weights {value}: only sdpa has score modes; here --weights takes no value")
+    return value
 
 
 # --- options shared by several variants ---------------------------------------------------
@@ -144,34 +165,55 @@ def _mha_flops(B, Tq, Tk, D, H, hd, kv_dim=None, kv_heads=None):
 # --- builders (torch is imported lazily so that `list` and the reference stay light) -------
 
 def _build_sdpa(o):
-    from attnexport.models.dot_product import CachedScaledDotProductAttention, ScaledDotProductAttention
-    cls = CachedScaledDotProductAttention if o["kv_cache"] else ScaledDotProductAttention
-    return cls(o["causal"], o["scale"], o["softcap"], o["weights"])
+    from attnexport.models.dot_product import ScaledDotProductAttention
+    bsd = o["layout"] == "bsd"
+    return ScaledDotProductAttention(
+        o["causal"], o["scale"], o["softcap"], None if o["weights"] == "none" else o["weights"],
+        inputs=[s.name for s in _sdpa_inputs(o)], heads=o["heads"] if bsd else None,
+        kv_heads=o["kv_heads"] if bsd else None,
+        softmax_precision=SOFTMAX_PRECISION_TYPES_BY_NAME.get(o["softmax_precision"]))
 
 
 def _sdpa_inputs(o):
-    qkv = (T("query", ("batch", "heads", "seq", "head_dim"), "float"),
-           T("key", ("batch", "kv_heads", "kv_seq", "head_dim"), "float"),
-           T("value", ("batch", "kv_heads", "kv_seq", "v_head_dim"), "float"))
-    if o["kv_cache"]:  # the new block's keys and values are as long as its queries
-        return (qkv[0], T("key", ("batch", "kv_heads", "seq", "head_dim"), "float"),
-                T("value", ("batch", "kv_heads", "seq", "v_head_dim"), "float"),
-                T("past_key", ("batch", "kv_heads", "past_seq", "head_dim"), "float"),
-                T("past_value", ("batch", "kv_heads", "past_seq", "v_head_dim"), "float"))
-    if o["mask"] == "none":
-        return qkv
-    # Any shape the operator broadcasts to (B, Hq, Tq, Tk): its batch and head axes are 1 or full.
-    dims = ("mask_batch", "mask_heads", "seq", "kv_seq")[4 - o["mask_rank"]:]
-    kind = {"bool": ("bool", "bool_mask"), "float": ("float", "additive_mask")}[o["mask"]]
-    return qkv + (T("attn_mask", dims, *kind),)
+    keys = "seq" if o["kv_cache"] else "kv_seq"  # a cache step's new keys are as long as its queries
+    if o["layout"] == "bsd":  # (B, T, H * d); the head counts are attributes, so fixed
+        qkv = (T("query", ("batch", "seq", o["heads"] * o["head_dim"]), "float"),
+               T("key", ("batch", keys, o["kv_heads"] * o["head_dim"]), "float"),
+               T("value", ("batch", keys, o["kv_heads"] * o["v_head_dim"]), "float"))
+    else:
+        qkv = (T("query", ("batch", "heads", "seq", "head_dim"), "float"),
+               T("key", ("batch", "kv_heads", keys, "head_dim"), "float"),
+               T("value", ("batch", "kv_heads", keys, "v_head_dim"), "float"))
+    # The cache is 4-D in either layout; in bsd its head axes are fixed, as the layout's are.
+    heads, hd, vd = (o["kv_heads"], o["head_dim"], o["v_head_dim"]) if o["layout"] == "bsd" else \
+        ("kv_heads", "head_dim", "v_head_dim")
+    if o["mask"] != "none":
+        # Any shape the operator broadcasts to (B, Hq, Tq, Tk): its batch and head axes are 1 or full.
+        total = "past_seq+seq" if o["kv_cache"] else "kv_seq"
+        dims = ("mask_batch", "mask_heads", "seq", total)[4 - o["mask_rank"]:]
+        kind = {"bool": ("bool", "bool_mask"), "float": ("float", "additive_mask")}[o["mask"]]
+        qkv += (T("attn_mask", dims, *kind),)
+    if o["kv_cache"]:
+        qkv += (T("past_key", ("batch", heads, "past_seq", hd), "float"),
+                T("past_value", ("batch", heads, "past_seq", vd), "float"))
+    if o["nonpad"]:
+        qkv += (T("nonpad_kv_seqlen", ("batch",), "int64", "valid_lens"),)
+    return qkv
 
 
 def _sdpa_outputs(o):
-    out = T("output", ("batch", "heads", "seq", "v_head_dim"), "float")
+    bsd = o["layout"] == "bsd"
+    out = (T("output", ("batch", "seq", o["heads"] * o["v_head_dim"]) if bsd else
+             ("batch", "heads", "seq", "v_head_dim"), "float"),)
+    total = "kv_seq"
     if o["kv_cache"]:
-        return (out, T("present_key", ("batch", "kv_heads", "past_seq+seq", "head_dim"), "float"),
-                T("present_value", ("batch", "kv_heads", "past_seq+seq", "v_head_dim"), "float"))
-    return _with_weights(o, (out, T("weights", ("batch", "heads", "seq", "kv_seq"), "float")))
+        past = {s.name: s for s in _sdpa_inputs(o)}
+        total = "past_seq+seq"
+        out += tuple(T(f"present_{n}", (*past[f"past_{n}"].dims[:2], total, past[f"past_{n}"].dims[3]), "float")
+                     for n in ("key", "value"))
+    if o["weights"] != "none":
+        out += (T("weights", ("batch", o["heads"] if bsd else "heads", "seq", total), "float"),)
+    return out
 
 
 def _sdpa_mask_check(o):
@@ -188,8 +230,9 @@ def _sdpa_mask_check(o):
 
 
 def _sdpa_cache_check(o):
-    if o["kv_cache"] and (o["mask"] != "none" or o["weights"] or o["softcap"] > 0):
-        return "--kv-cache takes no --mask, --weights or --softcap yet"
+    if o["kv_cache"] and o["nonpad"]:
+        return ("--nonpad counts the valid keys of a preallocated cache passed as key/value; the operator "
+                "takes it or --kv-cache's past_key/past_value, not both")
     return None
 
 
@@ -282,8 +325,50 @@ def _build_encoder(o):
 
 
 def _build_decoder(o):
-    from attnexport.models.transformer import DecoderLayer
-    return DecoderLayer(o["dim"], o["heads"], o["ffn_dim"])
+    from attnexport.models.transformer import CachedDecoderLayer, DecoderLayer
+    return (CachedDecoderLayer if o["kv_cache"] else DecoderLayer)(o["dim"], o["heads"], o["ffn_dim"])
+
+
+def _decoder_inputs(o):
+    x = (T("x", ("batch", "seq", "dim"), "float"), T("memory", ("batch", "kv_seq", "dim"), "float"))
+    if o["kv_cache"]:
+        hd = o["dim"] // o["heads"]
+        return x + tuple(T(f"past_{n}", ("batch", o["heads"], length, hd), "float")
+                         for n, length in (("key", "past_seq"), ("value", "past_seq"),
+                                           ("cross_key", "past_kv_seq"), ("cross_value", "past_kv_seq")))
+    return x + ((T("memory_mask", ("batch", "kv_seq"), "bool", "padding"),) if o["mask"] == "padding" else ())
+
+
+def _decoder_outputs(o):
+    out = (T("output", ("batch", "seq", "dim"), "float"),)
+    if not o["kv_cache"]:
+        return out
+    hd = o["dim"] // o["heads"]
+    return out + tuple(T(f"present_{n}", ("batch", o["heads"], length, hd), "float")
+                       for n, length in (("key", "past_seq+seq"), ("value", "past_seq+seq"),
+                                         ("cross_key", "past_kv_seq+kv_seq"), ("cross_value", "past_kv_seq+kv_seq")))
+
+
+def _decoder_cache_check(o):
+    if not o["kv_cache"]:
+        return None if o["kv_seq"] >= 1 else "--kv-seq must be >= 1 (0 is for the steps of --kv-cache)"
+    if o["mask"] != "none":
+        return "--kv-cache takes no --mask (a memory padding mask over cached keys is not supported yet)"
+    if o["kv_seq"] + o["past_kv_seq"] < 1:
+        return "the memory is empty: --kv-seq (the memory given now) or --past-kv-seq (cached) must be >= 1"
+    return None
+
+
+def _decoder_flops(o):
+    B, T, D, H = o["batch"], o["seq"], o["dim"], o["heads"]
+    hd = D // H
+    if not o["kv_cache"]:
+        return (_mha_flops(B, T, T, D, H, hd) + _mha_flops(B, T, o["kv_seq"], D, H, hd)
+                + 4 * B * T * D * o["ffn_dim"])
+    # A step projects its T new tokens (and the memory given now), attends over both caches.
+    tk, tm = o["past_seq"] + T, o["past_kv_seq"] + o["kv_seq"]
+    proj = 2 * B * T * D * D * 5 + 2 * B * T * D * D * 2 + 2 * B * o["kv_seq"] * D * D * 2
+    return proj + 2 * B * H * T * (tk + tm) * 2 * hd + 4 * B * T * D * o["ffn_dim"]
 
 
 T = TensorSpec
@@ -304,16 +389,26 @@ _VARIANTS = (
                  Option("mask_batch", int, None, "the example mask's batch axis: 1 or --batch (default: "
                         "--batch at rank 4; the export takes either)", optional=True),
                  Option("mask_heads", int, 1, "the example mask's head axis: 1 or --heads (the export takes "
-                        "either)"), WEIGHTS,
+                        "either)"),
+                 Option("weights", str, "none", "also output the scores: raw (Q K^T x scale), softcap (after "
+                        "softcap), bias (after softcap and mask), softmax (the weights); --weights alone: softmax",
+                        ("none",) + tuple(WEIGHT_MODES)),
+                 Option("layout", str, "bhsd", "bhsd: 4-D (B, H, T, d) inputs; bsd: 3-D (B, T, H*d), the heads "
+                        "fixed", ("bhsd", "bsd")),
                  Option("kv_cache", bool, False, "past_key/past_value inputs and present_key/present_value "
                         "outputs, as the operator's cache"),
                  Option("past_seq", int, 4, "cached positions before the block (--kv-cache; may be 0)",
-                        minimum=0)),
+                        minimum=0),
+                 Option("nonpad", bool, False, "nonpad_kv_seqlen input (B,): the valid keys of each sequence in a "
+                        "preallocated cache (opset 24 for the attention flavor)"),
+                 Option("softmax_precision", str, None, "the precision of the softmax (default: the input's)",
+                        tuple(SOFTMAX_PRECISION_TYPES_BY_NAME), optional=True)),
         build=_build_sdpa,
         inputs=_sdpa_inputs,
         outputs=_sdpa_outputs,
         reference=ref.ref_sdpa,
-        flops=lambda o: 2 * o["batch"] * o["heads"] * o["seq"] * o["kv_seq"] * (o["head_dim"] + o["v_head_dim"]),
+        flops=lambda o: (2 * o["batch"] * o["heads"] * o["seq"] * (o["past_seq"] + o["seq"] if o["kv_cache"] else
+                                                                  o["kv_seq"]) * (o["head_dim"] + o["v_head_dim"])),
         dot_product_core=True,
         dynamic=("batch", "heads", "kv_heads", "seq", "kv_seq", "head_dim", "v_head_dim", "past_seq",
                  "mask_batch", "mask_heads"),
@@ -475,20 +570,25 @@ _VARIANTS = (
     Variant(
         name="decoder",
         summary="Transformer decoder layer: causal self-attention, cross-attention, feed-forward",
-        options=(BATCH(), SEQ(10), KV_SEQ(12), DIM(), HEADS(), _size("ffn_dim", 128, "feed-forward hidden size"),
-                 Option("mask", str, "none", "memory padding mask input (B, Tk)", ("none", "padding"))),
+        options=(BATCH(), SEQ(10),
+                 Option("kv_seq", int, 12, "memory length (with --kv-cache: the memory given at this step, "
+                        "0 after the first)", minimum=0),
+                 DIM(), HEADS(), _size("ffn_dim", 128, "feed-forward hidden size"),
+                 Option("mask", str, "none", "memory padding mask input (B, Tk)", ("none", "padding")),
+                 Option("kv_cache", bool, False, "a step: self-attention past_key/past_value and the memory's "
+                        "cross-attention past_cross_key/past_cross_value in, present_* out"),
+                 Option("past_seq", int, 4, "cached target positions before the block (--kv-cache; may be 0)",
+                        minimum=0),
+                 Option("past_kv_seq", int, 0, "cached memory positions (--kv-cache; 0 at the first step)",
+                        minimum=0)),
         build=_build_decoder,
-        inputs=lambda o: (T("x", ("batch", "seq", "dim"), "float"),
-                          T("memory", ("batch", "kv_seq", "dim"), "float")) + (
-            (T("memory_mask", ("batch", "kv_seq"), "bool", "padding"),) if o["mask"] == "padding" else ()),
-        outputs=lambda o: (T("output", ("batch", "seq", "dim"), "float"),),
+        inputs=_decoder_inputs,
+        outputs=_decoder_outputs,
         reference=ref.ref_decoder,
-        flops=lambda o: (_mha_flops(o["batch"], o["seq"], o["seq"], o["dim"], o["heads"], o["dim"] // o["heads"])
-                         + _mha_flops(o["batch"], o["seq"], o["kv_seq"], o["dim"], o["heads"], o["dim"] // o["heads"])
-                         + 4 * o["batch"] * o["seq"] * o["dim"] * o["ffn_dim"]),
+        flops=_decoder_flops,
         dot_product_core=True,
-        dynamic=("batch", "seq", "kv_seq"),
-        checks=(_divides("heads", "dim"),),
+        dynamic=("batch", "seq", "kv_seq", "past_seq", "past_kv_seq"),
+        checks=(_divides("heads", "dim"), _decoder_cache_check),
     ),
 )
 

@@ -33,7 +33,7 @@ from attnexport import variants as V
 from attnexport import weights as W
 from attnexport.compare import TOLERANCES, Comparison, Tolerance, check_tolerance_values, compare_outputs, \
     derived_tolerance, tolerance
-from attnexport.decode import CHUNKS, decode, empty_cache, stream_axis
+from attnexport.decode import CHUNKS, decode, empty_cache, split_inputs, stream_axis
 from attnexport.errors import AttnExportError, ProviderUnavailableError, UnsupportedByFlavor, UsageError
 from attnexport.localize import Localization, locate
 
@@ -420,7 +420,7 @@ def _decode_checks(variant, case, params, dtype, rtol, atol) -> list:
     """The cache property's checks of a causal cache-step case: (case, expected, kind, tolerance,
     chunk) for each chunk size; the expected output is the full causal forward's, from the reference."""
     o = case.options
-    if not (o.get("kv_cache") and o.get("causal")):
+    if not (o.get("kv_cache") and o.get("causal", True)):  # causal; the decoder always is
         return []
     sizes = {"seq": DECODE_LENGTH, **({"kv_seq": DECODE_LENGTH} if "kv_seq" in o else {})}
     full = variant.resolve({**o, "kv_cache": False, **sizes})
@@ -625,7 +625,8 @@ def _decode_run(prepared, variant, o, stream, chunk):
     import time
     dtype = next(iter(stream.values())).dtype
     t0 = time.perf_counter()
-    out = decode(prepared.run, stream, chunk, empty_cache(variant, o, dtype), stream_axis(variant, o))
+    stream, once, masks = split_inputs(variant, o, stream)
+    out = decode(prepared.run, stream, chunk, empty_cache(variant, o, dtype), stream_axis(variant, o), once, masks)
     return {"output": out}, (time.perf_counter() - t0) * 1e3
 
 

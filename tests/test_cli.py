@@ -27,7 +27,8 @@ def test_list_json():
     for row in rows:
         assert {"name", "inputs", "outputs", "options"} <= set(row)
     sdpa = next(r for r in rows if r["name"] == "sdpa")
-    assert [i["name"] for i in sdpa["inputs"]] == ["query", "key", "value", "attn_mask", "past_key", "past_value"]
+    assert [i["name"] for i in sdpa["inputs"]] == ["query", "key", "value", "attn_mask", "nonpad_kv_seqlen",
+                                                       "past_key", "past_value"]
     assert sdpa["inputs"][3]["optional"] and not sdpa["inputs"][0]["optional"]
     assert {o["flag"] for o in sdpa["options"]} >= {"--causal", "--scale", "--softcap", "--mask", "--weights"}
 

@@ -1,29 +1,82 @@
 """The attention core every dot-product variant calls: one torch custom op, exported per flavour.
 
 The modules never call a fused torch kernel directly. They call `attention`, a custom op whose
-eager implementation below defines the semantics (those of the ONNX `Attention` operator,
-opset 23), and whose ONNX translation is chosen at export time (see `attnexport.export`):
-MatMul+Softmax for `primitives`, the standard `Attention` op for `attention`, and ONNX
-Runtime's `com.microsoft.MultiHeadAttention` for `ort`. One op, three graphs, one function.
+eager implementation below defines the semantics (those of the ONNX `Attention` operator, opsets
+23 and 24: masks, a key/value cache, per-batch valid key counts, softcap, the four kinds of
+score output), and whose ONNX translation is chosen at export time (see `attnexport.export`):
+MatMul+Softmax for `primitives`, the standard `Attention` op for `attention`, and ONNX Runtime's
+`com.microsoft.MultiHeadAttention` for `ort`. One op, three graphs, one function.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
+# What the op's fourth output holds (the operator's qk_matmul_output_mode), by name.
+WEIGHT_MODES = {"raw": 0, "softcap": 1, "bias": 2, "softmax": 3}
+NO_WEIGHTS = -1
+# softmax_precision: the ONNX element types the operator allows, as torch dtypes.
+SOFTMAX_PRECISIONS = {1: torch.float32, 10: torch.float16, 11: torch.float64, 16: torch.bfloat16}
 
-def _attention_impl(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: Optional[torch.Tensor],
-    scale: Optional[float],
-    is_causal: bool,
-    softcap: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
+
+def _bias(attn_mask, is_causal, cached, nonpad_kv_seqlen, tq, tk, like):
+    """The additive bias (0 or -inf, plus a float mask), broadcastable to (B, Hq, Tq, Tk).
+
+    Returns (bias or None, causal_only): causal_only when the bias is the top-left causal mask
+    alone, which torch's fused kernels take as is_causal=True.
+    """
+    dev, dtype = like.device, like.dtype
+    if attn_mask is None and nonpad_kv_seqlen is None and not cached:
+        # Nothing, or the top-left causal mask alone: torch's fused kernels have that one built in.
+        return None, is_causal
+    terms = []
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            terms.append(torch.zeros(attn_mask.shape, dtype=dtype, device=dev).masked_fill(~attn_mask, -math.inf))
+        else:
+            terms.append(attn_mask.to(dtype))
+    cols = torch.arange(tk, device=dev)
+    if nonpad_kv_seqlen is not None:
+        valid = nonpad_kv_seqlen.reshape(-1, 1, 1, 1)  # (B, 1, 1, 1)
+        terms.append(torch.zeros((), dtype=dtype, device=dev).masked_fill(cols >= valid, -math.inf))
+    if is_causal:
+        # Offset-aligned: query i attends keys j <= i + offset, the offset being the count of
+        # keys before the block (the past length with a cache, nonpad - Tq per batch, else 0).
+        rows = torch.arange(tq, device=dev)[:, None]
+        if cached:
+            rows = rows + (tk - tq)
+        elif nonpad_kv_seqlen is not None:
+            rows = rows + (nonpad_kv_seqlen.reshape(-1, 1, 1, 1) - tq)
+        terms.append(torch.zeros((), dtype=dtype, device=dev).masked_fill(cols > rows, -math.inf))
+    if not terms:  # a cache without a mask: every key is visible
+        return None, False
+    bias = terms[0]
+    for t in terms[1:]:
+        bias = bias + t
+    return bias, False
+
+
+def _attention_impl(query, key, value, attn_mask, past_key, past_value, nonpad_kv_seqlen, scale, is_causal,
+                    softcap, weights, softmax_precision):
+    cached = past_key is not None
+    if cached:
+        key, value = torch.cat([past_key, key], dim=2), torch.cat([past_value, value], dim=2)
+        present = (key, value)
+    else:
+        present = (query.new_empty(0), query.new_empty(0))
+    tq, tk = query.shape[2], key.shape[2]
+    bias, causal_only = _bias(attn_mask, is_causal, cached, nonpad_kv_seqlen, tq, tk, query)
+    if weights == NO_WEIGHTS and softcap <= 0:  # torch's fused kernels have no softcap or score output
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=bias, is_causal=causal_only, scale=scale,
+            enable_gqa=query.shape[1] != key.shape[1])
+        if bias is not None:
+            # torch leaves NaN in a row with nothing to attend to; the semantics say zeros.
+            out = out.masked_fill(torch.isneginf(bias.amax(dim=-1, keepdim=True)), 0.0)
+        return out, *present, query.new_empty(0)
     hq, hkv = query.shape[1], key.shape[1]
     if hq != hkv:
         # Grouped-query attention: each key/value head serves hq // hkv consecutive query heads.
@@ -31,52 +84,23 @@ def _attention_impl(
         value = value.repeat_interleave(hq // hkv, dim=1)
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
-    scores = (query @ key.transpose(-1, -2)) * scale  # (B, Hq, Tq, Tk)
-    if softcap > 0:
-        # Softcap before the bias, so that a -inf bias stays -inf.
-        scores = softcap * torch.tanh(scores / softcap)
-    tq, tk = scores.shape[-2:]
-    bias = torch.zeros((tq, tk), dtype=scores.dtype, device=scores.device)
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            bias = bias.masked_fill(~attn_mask, float("-inf"))
-        else:
-            bias = bias + attn_mask.to(scores.dtype)
-    if is_causal:
-        # Top-left aligned: query i sees keys 0..i, as ONNX Attention without a cache.
-        allowed = torch.ones((tq, tk), dtype=torch.bool, device=scores.device).tril()
-        bias = bias.masked_fill(~allowed, float("-inf"))
-    probs = torch.softmax(scores + bias, dim=-1)
-    # A row whose bias is -inf everywhere attends to nothing: zeros, decided on the bias
-    # (not on the scores), exactly as the ONNX operator's reference does.
-    fully_masked = torch.isneginf(bias.amax(dim=-1, keepdim=True))
-    probs = probs.masked_fill(fully_masked, 0.0)
-    return probs @ value, probs  # (B, Hq, Tq, Dv), (B, Hq, Tq, Tk)
-
-
-def _fused_impl(query, key, value, attn_mask, scale, is_causal):
-    """The same function through torch's fused scaled_dot_product_attention kernels."""
-    F = torch.nn.functional
-    tq, tk = query.shape[-2], key.shape[-2]
-    mask = attn_mask
-    if mask is not None and is_causal:
-        # torch takes a mask or is_causal, not both: fold the (top-left) causal mask in.
-        allowed = torch.ones((tq, tk), dtype=torch.bool, device=query.device).tril()
-        if mask.dtype == torch.bool:
-            mask = mask & allowed
-        else:
-            mask = mask.to(query.dtype).masked_fill(~allowed, float("-inf"))
-        is_causal = False
-    elif mask is not None and mask.dtype != torch.bool:
-        mask = mask.to(query.dtype)
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=is_causal, scale=scale,
-                                         enable_gqa=query.shape[1] != key.shape[1])
-    if attn_mask is not None:
-        # torch leaves NaN in a row with nothing to attend to; the semantics say zeros.
-        bias_max = mask if mask.dtype == torch.bool else ~torch.isneginf(mask)
-        dead = ~bias_max.any(dim=-1, keepdim=True)  # (..., Tq, 1)
-        out = out.masked_fill(dead, 0.0)
-    return out
+    raw = (query @ key.transpose(-1, -2)) * scale  # (B, Hq, Tq, Tk)
+    # Softcap before the bias, so that a -inf bias stays -inf.
+    capped = softcap * torch.tanh(raw / softcap) if softcap > 0 else raw
+    if causal_only:
+        bias = torch.zeros((tq, tk), dtype=query.dtype, device=query.device).masked_fill(
+            torch.ones((tq, tk), dtype=torch.bool, device=query.device).triu(1), -math.inf)
+    scores = capped if bias is None else capped + bias
+    precision = SOFTMAX_PRECISIONS.get(softmax_precision, scores.dtype)
+    probs = torch.softmax(scores.to(precision), dim=-1).to(scores.dtype)
+    if bias is not None:
+        # A row whose bias is -inf everywhere attends to nothing: zeros, decided on the bias
+        # (not on the scores), exactly as the operator's definition does.
+        probs = probs.masked_fill(torch.isneginf(bias.amax(dim=-1, keepdim=True)), 0.0)
+    shown = query.new_empty(0)
+    if weights != NO_WEIGHTS:
+        shown = torch.broadcast_to((raw, capped, scores, probs)[weights], probs.shape).clone()
+    return probs @ value, *present, shown
 
 
 @torch.library.custom_op("attnexport::attention", mutates_args=())
@@ -85,101 +109,68 @@ def attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attn_mask: Optional[torch.Tensor],
+    past_key: Optional[torch.Tensor],
+    past_value: Optional[torch.Tensor],
+    nonpad_kv_seqlen: Optional[torch.Tensor],
     scale: Optional[float],
     is_causal: bool,
     softcap: float,
-) -> torch.Tensor:
-    """Attention over [B, H, T, d] tensors with ONNX `Attention` (opset 23) semantics.
+    weights: int,
+    softmax_precision: Optional[int],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention over [B, H, T, d] tensors with the ONNX `Attention` operator's semantics.
 
     Args:
         query: (B, Hq, Tq, d).
         key: (B, Hkv, Tk, d); Hq must be a multiple of Hkv.
         value: (B, Hkv, Tk, dv).
         attn_mask: None, bool (True = attend) or additive float, broadcastable to
-            (B, Hq, Tq, Tk).
+            (B, Hq, Tq, P + Tk).
+        past_key, past_value: None, or the cache (B, Hkv, P, d) and (B, Hkv, P, dv); P may be 0.
+        nonpad_kv_seqlen: None, or (B,) int64: keys at or past it are padding (opset 24).
         scale: multiplies QK^T; None means 1/sqrt(d).
-        is_causal: top-left causal mask (query i attends keys j <= i).
+        is_causal: offset-aligned causal mask: query i attends keys j <= i + offset, the offset
+            being P with a cache, nonpad_kv_seqlen - Tq with valid counts, else 0 (top-left).
         softcap: if > 0, scores become softcap * tanh(scores / softcap) before the mask.
+        weights: -1, or the operator's qk_matmul_output_mode (see WEIGHT_MODES).
+        softmax_precision: None, or the ONNX element type the softmax is computed in.
+
+    Returns:
+        output (B, Hq, Tq, dv); present_key and present_value (past followed by the new keys and
+        values; empty without a cache); the score output (B, Hq, Tq, P + Tk; empty without weights).
     """
-    if softcap > 0:  # torch's fused kernels have no softcap
-        return _attention_impl(query, key, value, attn_mask, scale, is_causal, softcap)[0]
-    return _fused_impl(query, key, value, attn_mask, scale, is_causal)
+    return _attention_impl(query, key, value, attn_mask, past_key, past_value, nonpad_kv_seqlen, scale,
+                           is_causal, softcap, weights, softmax_precision)
 
 
 @attention.register_fake
-def _(query, key, value, attn_mask, scale, is_causal, softcap):
-    return query.new_empty((*query.shape[:-1], value.shape[-1]))
-
-
-@torch.library.custom_op("attnexport::attention_weights", mutates_args=())
-def attention_weights(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: Optional[torch.Tensor],
-    scale: Optional[float],
-    is_causal: bool,
-    softcap: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Like `attention`, also returning the softmax weights (B, Hq, Tq, Tk)."""
-    out, probs = _attention_impl(query, key, value, attn_mask, scale, is_causal, softcap)
-    return out, probs.clone()
-
-
-@attention_weights.register_fake
-def _(query, key, value, attn_mask, scale, is_causal, softcap):
+def _(query, key, value, attn_mask, past_key, past_value, nonpad_kv_seqlen, scale, is_causal, softcap, weights,
+      softmax_precision):
     out = query.new_empty((*query.shape[:-1], value.shape[-1]))
-    return out, query.new_empty((*query.shape[:-1], key.shape[-2]))
+    if past_key is not None:
+        present = (torch.cat([past_key, key], dim=2), torch.cat([past_value, value], dim=2))
+    else:
+        present = (query.new_empty(0), query.new_empty(0))
+    tk = key.shape[2] + (past_key.shape[2] if past_key is not None else 0)
+    shown = query.new_empty((*query.shape[:-1], tk)) if weights != NO_WEIGHTS else query.new_empty(0)
+    return out, *present, shown
 
 
-def attend(query, key, value, attn_mask=None, *, scale=None, is_causal=False, softcap=0.0,
-           need_weights=False):
-    """Calls the core op; returns (output, weights or None)."""
-    if need_weights:
-        return attention_weights(query, key, value, attn_mask, scale, is_causal, softcap)
-    return attention(query, key, value, attn_mask, scale, is_causal, softcap), None
+class Attended(NamedTuple):
+    output: torch.Tensor
+    weights: Optional[torch.Tensor]
+    present_key: Optional[torch.Tensor]
+    present_value: Optional[torch.Tensor]
 
 
-# --- with a key/value cache ---------------------------------------------------------------------
-
-@torch.library.custom_op("attnexport::attention_cached", mutates_args=())
-def attention_cached(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    past_key: torch.Tensor,
-    past_value: torch.Tensor,
-    scale: Optional[float],
-    is_causal: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Attention of a new block over a key/value cache, as the ONNX `Attention` op with past inputs.
-
-    Args:
-        query: (B, Hq, T, d), the new block's queries.
-        key, value: (B, Hkv, T, d) and (B, Hkv, T, dv), the new block's keys and values.
-        past_key, past_value: (B, Hkv, P, d) and (B, Hkv, P, dv); P may be 0.
-        is_causal: offset-aligned: query i of the block attends keys j <= P + i.
-
-    Returns:
-        output (B, Hq, T, dv), present_key (B, Hkv, P + T, d), present_value (B, Hkv, P + T, dv).
-    """
-    present_key = torch.cat([past_key, key], dim=2)
-    present_value = torch.cat([past_value, value], dim=2)
-    mask = None
-    if is_causal:
-        tq, tk = query.shape[2], present_key.shape[2]
-        rows = torch.arange(tq, device=query.device)[:, None] + (tk - tq)
-        mask = torch.arange(tk, device=query.device)[None, :] <= rows  # (T, P + T), True = attend
-    out = _fused_impl(query, present_key, present_value, mask, scale, False)
-    return out, present_key.clone(), present_value.clone()
-
-
-@attention_cached.register_fake
-def _(query, key, value, past_key, past_value, scale, is_causal):
-    out = query.new_empty((*query.shape[:-1], value.shape[-1]))
-    return out, torch.cat([past_key, key], dim=2), torch.cat([past_value, value], dim=2)
-
-
-def attend_cached(query, key, value, past_key, past_value, *, scale=None, is_causal=False):
-    """Calls the cached core op; returns (output, present_key, present_value)."""
-    return attention_cached(query, key, value, past_key, past_value, scale, is_causal)
+def attend(query, key, value, attn_mask=None, *, past_key=None, past_value=None, nonpad_kv_seqlen=None,
+           scale=None, is_causal=False, softcap=0.0, weights: str | None = None,
+           softmax_precision: int | None = None) -> Attended:
+    """Calls the core op. `weights` names the score output wanted (see WEIGHT_MODES), if any."""
+    mode = NO_WEIGHTS if weights is None else WEIGHT_MODES[weights]
+    out, present_key, present_value, shown = attention(
+        query, key, value, attn_mask, past_key, past_value, nonpad_kv_seqlen, scale, is_causal, softcap, mode,
+        softmax_precision)
+    cached = past_key is not None
+    return Attended(out, shown if weights else None, present_key if cached else None,
+                    present_value if cached else None)

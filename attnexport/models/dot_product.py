@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from attnexport.models.core import attend, attend_cached
+from attnexport.models.core import attend
 
 def scale_qk(q, k, scaling: str, temperature: float):
     """Applies a scaling mode to q and k; returns (q, k, static scale for QK^T).
@@ -44,23 +44,42 @@ def scale_qk(q, k, scaling: str, temperature: float):
 
 
 class ScaledDotProductAttention(nn.Module):
-    """Weight-free attention with the ONNX `Attention` operator's semantics."""
+    """Weight-free attention: the ONNX `Attention` operator with the options its variant asks for.
 
-    def __init__(self, causal=False, scale=None, softcap=0.0, weights=False):
+    `inputs` names the forward's inputs in the operator's order (query, key, value, then any of
+    attn_mask, past_key and past_value, nonpad_kv_seqlen). With `heads` set (the 3-D layout), the
+    query, key and value are (B, T, H * d) and are split into heads here; the cache stays 4-D.
+    """
+
+    def __init__(self, causal=False, scale=None, softcap=0.0, weights=None, inputs=("query", "key", "value"),
+                 heads=None, kv_heads=None, softmax_precision=None):
         super().__init__()
         self.causal, self.scale, self.softcap, self.weights = causal, scale, softcap, weights
+        self.input_names, self.heads, self.kv_heads = tuple(inputs), heads, kv_heads
+        self.softmax_precision = softmax_precision
 
-    def forward(self, query, key, value, attn_mask=None):
-        out, w = attend(query, key, value, attn_mask, scale=self.scale, is_causal=self.causal,
-                        softcap=self.softcap, need_weights=self.weights)
-        return (out, w) if self.weights else out
+    def forward(self, *tensors):
+        given = dict(zip(self.input_names, tensors))
+        q, k, v = given["query"], given["key"], given["value"]
+        if self.heads:  # (B, T, H*d) -> (B, H, T, d)
+            q, k, v = split_heads(q, self.heads), split_heads(k, self.kv_heads), split_heads(v, self.kv_heads)
+        a = attend(q, k, v, given.get("attn_mask"), past_key=given.get("past_key"),
+                   past_value=given.get("past_value"), nonpad_kv_seqlen=given.get("nonpad_kv_seqlen"),
+                   scale=self.scale, is_causal=self.causal, softcap=self.softcap, weights=self.weights,
+                   softmax_precision=self.softmax_precision)
+        out = merge_heads(a.output) if self.heads else a.output
+        return (out,) + ((a.present_key, a.present_value) if a.present_key is not None else ()) + (
+            (a.weights,) if self.weights else ())
 
 
-class CachedScaledDotProductAttention(ScaledDotProductAttention):
-    """`sdpa --kv-cache`: the operator with its past_key/past_value inputs and present outputs."""
+def split_heads(x, heads):
+    B, T, C = x.shape
+    return x.view(B, T, heads, C // heads).transpose(1, 2)  # (B, h, T, C/h)
 
-    def forward(self, query, key, value, past_key, past_value):
-        return attend_cached(query, key, value, past_key, past_value, scale=self.scale, is_causal=self.causal)
+
+def merge_heads(x):
+    B, h, T, d = x.shape
+    return x.transpose(1, 2).reshape(B, T, h * d)  # (B, T, h*d)
 
 
 class SelfAttention(nn.Module):
@@ -79,6 +98,6 @@ class SelfAttention(nn.Module):
         v = (x @ self.W_v).unsqueeze(1)
         q, k, scale = scale_qk(q, k, self.scaling, self.temperature)
         bias = None if mask is None else mask.unsqueeze(1)  # (B, 1, T, T) additive
-        out, w = attend(q, k, v, bias, scale=scale, need_weights=self.weights)
-        out = out.squeeze(1)  # (B, T, D)
-        return (out, w.squeeze(1)) if self.weights else out
+        a = attend(q, k, v, bias, scale=scale, weights="softmax" if self.weights else None)
+        out = a.output.squeeze(1)  # (B, T, D)
+        return (out, a.weights.squeeze(1)) if self.weights else out

@@ -4,20 +4,11 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import nn
 
-from attnexport.models.core import attend, attend_cached
-from attnexport.models.dot_product import scale_qk
-
-
-def split_heads(x, heads):
-    B, T, C = x.shape
-    return x.view(B, T, heads, C // heads).transpose(1, 2)  # (B, h, T, C/h)
-
-
-def merge_heads(x):
-    B, h, T, d = x.shape
-    return x.transpose(1, 2).reshape(B, T, h * d)  # (B, T, h*d)
+from attnexport.models.core import attend
+from attnexport.models.dot_product import merge_heads, scale_qk, split_heads
 
 
 class MultiHeadAttention(nn.Module):
@@ -40,24 +31,35 @@ class MultiHeadAttention(nn.Module):
         self.causal, self.scaling, self.temperature = causal, scaling, temperature
         self.weights = weights
 
-    def attend(self, x, kv, key_padding=None):
-        """Returns (output (B, Tq, D), weights (B, h, Tq, Tk) or None).
+    def attend(self, x, kv, key_padding=None, past_key=None, past_value=None, join_outside=False):
+        """Returns the core's result with its output projected to (B, Tq, D).
 
         Args:
             key_padding: (B, Tk) bool, True = a real key.
+            past_key, past_value: a cache (B, Hkv, P, hd) of the keys and values before `kv`
+                (after scaling, as attention reads them), or None.
+            join_outside: join the cache and the new keys here, and call the core without a
+                cache. For a cache that may get no new keys (the decoder's memory after the
+                first step): ONNX Runtime's Attention kernel refuses a step with none
+                ("kv_sequence_length > 0", onnxruntime 1.31.1).
         """
         q = split_heads(self.q_proj(x), self.heads)  # (B, h, Tq, hd)
         k = split_heads(self.k_proj(kv), self.kv_heads)  # (B, hkv, Tk, hd)
         v = split_heads(self.v_proj(kv), self.kv_heads)
         q, k, scale = scale_qk(q, k, self.scaling, self.temperature)
         mask = None if key_padding is None else key_padding[:, None, None, :]  # (B, 1, 1, Tk)
-        out, w = attend(q, k, v, mask, scale=scale, is_causal=self.causal,
-                        need_weights=self.weights)
-        return self.out_proj(merge_heads(out)), w
+        if join_outside and past_key is not None:
+            k, v = torch.cat([past_key, k], dim=2), torch.cat([past_value, v], dim=2)
+            past_key = past_value = None
+        a = attend(q, k, v, mask, past_key=past_key, past_value=past_value, scale=scale, is_causal=self.causal,
+                   weights="softmax" if self.weights else None)
+        if join_outside:
+            a = a._replace(present_key=k, present_value=v)
+        return a._replace(output=self.out_proj(merge_heads(a.output)))
 
     def forward(self, x, mask=None):
-        out, w = self.attend(x, x, mask)
-        return (out, w) if self.weights else out
+        a = self.attend(x, x, mask)
+        return (a.output, a.weights) if self.weights else a.output
 
 
 class CachedSelfAttention(MultiHeadAttention):
@@ -71,21 +73,16 @@ class CachedSelfAttention(MultiHeadAttention):
             past_key, past_value: (B, Hkv, P, hd), keys and values of the P earlier positions
                 (after scaling, as attention reads them); P may be 0.
         """
-        q = split_heads(self.q_proj(x), self.heads)  # (B, h, T, hd)
-        k = split_heads(self.k_proj(x), self.kv_heads)  # (B, hkv, T, hd)
-        v = split_heads(self.v_proj(x), self.kv_heads)
-        q, k, scale = scale_qk(q, k, self.scaling, self.temperature)
-        out, present_key, present_value = attend_cached(q, k, v, past_key, past_value, scale=scale,
-                                                        is_causal=self.causal)
-        return self.out_proj(merge_heads(out)), present_key, present_value  # (B, T, D), (B, hkv, P+T, hd) x2
+        a = self.attend(x, x, past_key=past_key, past_value=past_value)
+        return a.output, a.present_key, a.present_value  # (B, T, D), (B, hkv, P+T, hd) x2
 
 
 class CrossAttention(MultiHeadAttention):
     """Queries from one sequence, keys and values from another (`memory`)."""
 
     def forward(self, query, memory, memory_mask=None):
-        out, w = self.attend(query, memory, memory_mask)
-        return (out, w) if self.weights else out
+        a = self.attend(query, memory, memory_mask)
+        return (a.output, a.weights) if self.weights else a.output
 
 
 class TiedMultiHeadAttention(nn.Module):
@@ -105,5 +102,4 @@ class TiedMultiHeadAttention(nn.Module):
         k = self.keys(split_heads(keys, self.heads))
         q = self.queries(split_heads(query, self.heads))  # (B, h, Tq, hd)
         bias = None if mask is None else mask.unsqueeze(1)  # (B, 1, Tq, Tk) bool
-        out, _ = attend(q, k, v, bias, scale=self.scale)
-        return self.fc_out(merge_heads(out))
+        return self.fc_out(merge_heads(attend(q, k, v, bias, scale=self.scale).output))

@@ -49,7 +49,7 @@ class EncoderLayer(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
 
     def forward(self, x, mask=None):
-        y = self.norm1(x + self.attn.attend(x, x, mask)[0])
+        y = self.norm1(x + self.attn.attend(x, x, mask).output)
         return self.norm2(y + self.ffn(y))
 
 
@@ -66,6 +66,27 @@ class DecoderLayer(nn.Module):
         self.norm3 = nn.LayerNorm(dim)
 
     def forward(self, x, memory, memory_mask=None):
-        y = self.norm1(x + self.self_attn.attend(x, x)[0])
-        z = self.norm2(y + self.cross_attn.attend(y, memory, memory_mask)[0])
+        y = self.norm1(x + self.self_attn.attend(x, x).output)
+        z = self.norm2(y + self.cross_attn.attend(y, memory, memory_mask).output)
         return self.norm3(z + self.ffn(z))
+
+
+class CachedDecoderLayer(DecoderLayer):
+    """`decoder --kv-cache`: one decoding step of the same layer, over two caches.
+
+    The self-attention cache holds the keys and values of the earlier target positions. The
+    cross-attention cache holds the memory's keys and values: the first step passes the memory
+    and an empty cross cache, and every later step an empty memory (length 0) and the cache the
+    step before returned. So the memory is projected once, with no control flow in the graph:
+    present_cross = past_cross followed by the projection of the memory given now. (One graph
+    for every step, rather than a first-step graph and a step graph: a deployment app loads and
+    calls one session, and the cross cache is handled exactly as the self-attention one.)
+    """
+
+    def forward(self, x, memory, past_key, past_value, past_cross_key, past_cross_value):
+        a = self.self_attn.attend(x, x, past_key=past_key, past_value=past_value)
+        y = self.norm1(x + a.output)
+        c = self.cross_attn.attend(y, memory, past_key=past_cross_key, past_value=past_cross_value,
+                                   join_outside=True)
+        z = self.norm2(y + c.output)
+        return self.norm3(z + self.ffn(z)), a.present_key, a.present_value, c.present_key, c.present_value
