@@ -9,6 +9,7 @@ import inspect
 import io
 import json
 import logging
+import re
 import warnings
 from collections import Counter
 from dataclasses import dataclass
@@ -187,10 +188,13 @@ def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed):
 
     try:
         with _quiet(), torch.no_grad():
+            traced = _traced(module, args, dynamic_shapes, (variant.name, json.dumps(o, sort_keys=True), dtype,
+                                                            json.dumps({k: W.sha256_of(v) for k, v in params.items()},
+                                                                       sort_keys=True), seed))
             # The translations are written for opset 18 (23 or 24 for Attention); an older opset is
             # reached by onnx's version converter below.
             program = torch.onnx.export(
-                module, args, dynamo=True, opset_version=max(opset, 18), dynamic_shapes=dynamic_shapes,
+                traced, args, dynamo=True, opset_version=max(opset, 18),
                 input_names=[s.name for s in variant.inputs(ex)],
                 output_names=[s.name for s in out_specs], custom_translation_table=table,
                 optimize=True, verbose=False, report=False)
@@ -206,7 +210,7 @@ def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed):
         raise ExportError(f"torch.onnx could not export {variant.name} ({gf}): "
                           f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}") from None
     model = program.model_proto
-    _name_axes(model, variant, ex)
+    _name_axes(model, variant, ex, out_specs)
     if opset < 18:
         model = _convert_opset(model, opset, variant, gf)
     entries = W.record(model, params, D.NUMPY[dtype])
@@ -218,23 +222,58 @@ def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed):
     return model, ExportResult(Path(), variant.name, o, flavor, gf, opset, dtype, op_name, 0, note)
 
 
-def _name_axes(model, variant, ex):
-    """An input axis that is 1 or another size (a mask's batch or head axis) was traced as that
-    size: give it its own name, so the model's interface says it may differ. An axis that is a
-    sum of sizes gets the sum as its name (past_seq+seq), not the exporter's."""
-    names = dict(variant.broadcast)
+_TRACED: dict = {}  # the last few torch.export programs, by module, options, dtype and parameters
+
+
+def _traced(module, args, dynamic_shapes, key):
+    """torch.export's program of the module: traced once for every flavour (the flavours differ
+    only in the translation of the attention op, applied after tracing), which saves about 40%
+    of exporting the three."""
+    import torch
+    if key not in _TRACED:
+        while len(_TRACED) >= 8:
+            _TRACED.pop(next(iter(_TRACED)))
+        _TRACED[key] = torch.export.export(module, args, dynamic_shapes=dynamic_shapes)
+    return _TRACED[key]
+
+
+def _name_axes(model, variant, ex, out_specs):
+    """Names every symbolic axis of the model's inputs and outputs after the variant's sizes
+    (the exporter's names are s0, s1, ... when it is given a traced program), and the same
+    symbols in the intermediate shapes.
+
+    An input axis that is 1 or another size (a mask's batch or head axis) was traced as that
+    size: it gets its own name, so the model's interface says it may differ, and the intermediate
+    shapes are dropped (they still say the traced size: ONNX Runtime plans its buffers from them,
+    and reused one of (B, 1, T, T) for (B, H, T, T)); the runtime infers them from the inputs.
+    """
+    broadcast = dict(variant.broadcast)
+
+    def symbolic(d):  # a size the model leaves open (dim is an option too, but fixed)
+        return isinstance(d, str) and all(p in variant.dynamic for p in d.split("+"))
+    renames, drop_shapes = {}, False
     inputs = {i.name: i for i in model.graph.input}
-    renamed = False
     for spec in variant.inputs(ex):
         for axis, d in enumerate(spec.dims):
-            if (d in names or (isinstance(d, str) and "+" in d)) and spec.name in inputs:
-                inputs[spec.name].type.tensor_type.shape.dim[axis].dim_param = d
-                renamed = renamed or d in names
-    if renamed:
-        # The intermediate shapes the exporter recorded still say the traced size (a mask's
-        # heads = heads). ONNX Runtime plans its buffers from them, and reused one of (B, 1, T, T)
-        # for (B, H, T, T): drop them, so the runtime infers them from the inputs as named now.
+            if symbolic(d) and spec.name in inputs:
+                dim = inputs[spec.name].type.tensor_type.shape.dim[axis]
+                if d in broadcast:
+                    drop_shapes = True
+                elif dim.dim_param and "+" not in d:
+                    renames[dim.dim_param] = d
+                dim.dim_param = d
+    if drop_shapes:
         del model.graph.value_info[:]
+    symbol = re.compile(r"\bs\d+\b")
+    for vi in model.graph.value_info:
+        for dim in vi.type.tensor_type.shape.dim:
+            if dim.dim_param:
+                dim.dim_param = symbol.sub(lambda m: renames.get(m.group(), m.group()), dim.dim_param)
+    outputs = {o.name: o for o in model.graph.output}
+    for spec in out_specs:
+        for axis, d in enumerate(spec.dims):
+            if symbolic(d) and spec.name in outputs:
+                outputs[spec.name].type.tensor_type.shape.dim[axis].dim_param = d
 
 
 def _convert_opset(model, opset, variant, gf):
