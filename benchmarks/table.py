@@ -8,8 +8,26 @@ def fmt(x, spec):
     return "" if x is None or x != x else format(x, spec)
 
 
+def decode_table(rows):
+    """bench --decode rows: one line per phase, context, runtime and flavour."""
+    lines = ["| phase | context | runtime | flavor | median ms | p10-p90 | tokens/s | x torch eager | x torch spread | "
+             "peak fraction | max abs err vs torch |",
+             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        if not r.get("phase"):
+            continue
+        context = r["shape"]["seq"] if r["phase"] == "prefill" else r["shape"]["past_seq"]
+        lines.append(f"| {r['phase']} | {context} | {r['runtime']} | {r['flavor']} | {fmt(r['median_ms'], '.3f')} | "
+                     f"{fmt(r['p10_ms'], '.3f')}-{fmt(r['p90_ms'], '.3f')} | {fmt(r['tokens_per_s'], ',.0f')} | "
+                     f"{fmt(r['ratio_to_torch'], '.2f')} | {fmt(r.get('ratio_min'), '.2f')}-{fmt(r.get('ratio_max'), '.2f')} | "
+                     f"{fmt(r['peak_fraction'], '.2f')} | {fmt(r['max_abs_err'], '.1e')} |")
+    return "\n".join(lines)
+
+
 def table(path):
     rows = json.load(open(path))
+    if any(r.get("phase") for r in rows):
+        return decode_table(rows)
     spread = any(r.get("ratio_min") is not None for r in rows)
     memory = any(r.get("peak_mem_bytes") for r in rows)
     lines = ["| runtime | flavor | mode | batch x seq | median ms | p10 | p90 | TFLOP/s | peak fraction | x torch eager | "

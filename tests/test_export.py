@@ -240,6 +240,26 @@ def test_readme_decode_loop_runs_alone_and_equals_the_full_forward(tmp_path):
     assert c, str(c)
 
 
+def test_readme_decoder_loop_runs_alone_and_equals_the_full_forward(tmp_path):
+    """The README's decoder loop (memory once, prefill 5, decode 20) without attnexport; its outputs
+    are the decoder's full forward over the same inputs and memory."""
+    from click.testing import CliRunner
+    from attnexport.cli import main
+    r = CliRunner().invoke(main, ["export", "--variant", "decoder", "--kv-cache", "-o",
+                                  str(tmp_path / "models" / "decoder-step.onnx")])
+    assert r.exit_code == 0, r.output
+    proc = _run_without_attnexport(_readme_python("### A decoder step"), tmp_path)
+    assert "the caches hold 25 and 12 positions" in proc.stdout
+    x, got = np.load(tmp_path / "decoder_inputs.npy"), np.load(tmp_path / "decoder_outputs.npy")
+    memory = np.random.default_rng(0).standard_normal((1, 12, 64)).astype(np.float32)
+    variant = V.get("decoder")
+    full = variant.resolve({"batch": 1, "seq": 25, "kv_seq": 12})
+    want = variant.reference(V.init_params(variant, variant.resolve({"kv_cache": True}), 0),
+                             {"x": x, "memory": memory}, full)["output"]
+    c = compare("output", got, want, tolerance("fp32"))
+    assert c, str(c)
+
+
 @pytest.mark.parametrize("case", ["sdpa-mask-per-head", "sdpa-mask-rank3-float"])
 @pytest.mark.parametrize("flavor", E.FLAVORS)
 def test_one_sdpa_model_takes_every_broadcastable_mask(case, flavor):
