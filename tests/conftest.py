@@ -25,6 +25,23 @@ def pytest_configure(config):
     atexit.register(shutil.rmtree, cache, ignore_errors=True)
 
 
+def shared_once(name: str, make):
+    """`make()`'s result, made by the first worker of the run that asks for it and read by the
+    others (pickled beside the run's export cache, under a lock)."""
+    import fcntl
+    import pickle
+    from pathlib import Path
+    root = Path(os.environ.get("ATTNEXPORT_CACHE") or tempfile.gettempdir())
+    path = root / f"{name}.pickle"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return pickle.loads(path.read_bytes())
+        value = make()
+        path.write_bytes(pickle.dumps(value))
+        return value
+
+
 def to_torch(inputs: dict, dtype=torch.float32):
     """NumPy inputs -> torch tensors; floats cast to `dtype`, bools and ints kept."""
     return [torch.from_numpy(np.ascontiguousarray(a)).to(dtype) if a.dtype.kind == "f"

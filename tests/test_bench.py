@@ -7,17 +7,18 @@ from click.testing import CliRunner
 
 from attnexport import bench as B, runtimes as R
 from attnexport.cli import main
-from conftest import assert_fits_80
+from conftest import assert_fits_80, shared_once
 from attnexport.errors import ProviderUnavailableError, UsageError
 
 SMALL = {"batch": 2, "seq": [8, 16], "dim": 32, "heads": 4}
-# One worker runs this module: the `rows` fixture and the matmul calibration are made once.
-pytestmark = pytest.mark.xdist_group("bench")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def rows():
-    return B.bench("mha", SMALL, ["torch", "ort-cpu"], warmup=1, iters=3, threads=1)
+    """One bench run for the whole test run: the first worker to need it measures it, the others
+    read it (pytest-xdist 3.8 under pytest 9 does not keep an xdist_group on one worker)."""
+    return shared_once("bench-rows", lambda: B.bench("mha", SMALL, ["torch", "ort-cpu"], warmup=1, iters=3,
+                                                      threads=1))
 
 
 def test_rows_cover_every_runtime_flavor_and_shape(rows):

@@ -190,7 +190,6 @@ def test_weights_flag_and_modes(tmp_path):
     assert r.exit_code == 2 and "only sdpa has score modes" in r.output
 
 
-@pytest.mark.xdist_group("bench")  # with the bench tests: one worker measures the calibration GEMMs once
 def test_decoder_decode_bench_times_both_phases():
     rows = B.bench_decode("decoder", {"batch": [1], "dim": 32, "heads": 4, "kv_seq": 6}, [8],
                           runtimes=["torch", "ort-cpu"], flavors=["attention"], warmup=1, iters=2, threads=1,
