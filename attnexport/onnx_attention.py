@@ -150,7 +150,8 @@ def _repeat_kv(x, groups_known, query):
     x5 = op.Unsqueeze(x, [2])  # (B, Hkv, 1, T, d)
     target = op.Concat(_shape(x, 0, 2), g, _shape(x, 2), axis=0)
     expanded = op.Expand(x5, target)  # (B, Hkv, G, T, d)
-    return op.Reshape(expanded, op.Concat(_shape(x, 0, 1), hq, _shape(x, 2), axis=0))
+    # allowzero: an empty cache's length is a real 0, not "copy this axis"
+    return op.Reshape(expanded, op.Concat(_shape(x, 0, 1), hq, _shape(x, 2), axis=0), allowzero=1)
 
 
 def _groups(query, key) -> int | None:
@@ -257,15 +258,21 @@ def _ort(query, key, value, attn_mask, past_key, past_value, nonpad, scale, is_c
                                   "MultiHeadAttention has no such attribute; use --flavor attention or primitives")
     heads = _static(query.shape[1])
     cached = past_key is not None
+    groups = _groups(query, key)
     if cached:
-        _check_ort_cache(heads, _static(key.shape[1]))
+        _check_ort_cache(heads)
     tq, tk = _shape(query, 2, 3), _key_length(key, past_key)
     # The kernel's own causal mask (unidirectional, offset by the past length) covers
     # self-attention (the same symbolic length) and a cache; the bias carries anything else.
     own_causal = is_causal and nonpad is None and (cached or query.shape[2] == key.shape[2])
-    if not cached:
-        groups = _groups(query, key)
-        key, value = _repeat_kv(key, groups, query), _repeat_kv(value, groups, query)
+    key, value = _repeat_kv(key, groups, query), _repeat_kv(value, groups, query)
+    if cached and groups != 1:
+        # A grouped-query cache: the kernel takes as many key/value heads as query heads, so the
+        # cache is widened for the step and the present narrowed back (see _narrow_kv).
+        # com.microsoft.GroupQueryAttention takes the narrow cache, but refuses a block of more
+        # than one position over a cache at batch > 1 ("batch_size must be 1 when
+        # sequence_length > 1 and past context is given", onnxruntime 1.31.1).
+        past_key, past_value = _repeat_kv(past_key, groups, query), _repeat_kv(past_value, groups, query)
     bias = _bias(attn_mask, is_causal and not own_causal, cached, nonpad, tq, tk, query)
     attrs = {"num_heads": heads or 1}
     if scale is not None:
@@ -283,6 +290,7 @@ def _ort(query, key, value, attn_mask, past_key, past_value, nonpad, scale, is_c
             bias = op.Expand(bias, op.Concat(op.Constant(value_ints=[1, 1]), tq, tk, axis=0))  # (B|1, H|1, Tq, Tk)
         if cached:
             out, *present = _MultiHeadAttentionCached(q3, k3, v3, None, None, bias, past_key, past_value, **attrs)
+            present = [_narrow_kv(p, groups) for p in present]
         else:
             out = _MultiHeadAttention(q3, k3, v3, None, None, bias, **attrs)
         out = op.Transpose(op.Reshape(out, op.Concat(op.Constant(value_ints=[0, 0]), _shape(query, 1, 2),
@@ -308,15 +316,21 @@ def _ort(query, key, value, attn_mask, past_key, past_value, nonpad, scale, is_c
     return out, *present
 
 
-def _check_ort_cache(heads, kv_heads):
+def _check_ort_cache(heads):
     if heads is None:
         raise UnsupportedByFlavor("the ort flavor's cache (com.microsoft.MultiHeadAttention with past_key/"
                                   "past_value) needs a fixed head count, and this graph's is symbolic (sdpa "
                                   "--layout bhsd); use --layout bsd, or --flavor attention or primitives")
-    if kv_heads != heads:
-        raise UnsupportedByFlavor("the ort flavor's cache (com.microsoft.MultiHeadAttention with past_key/"
-                                  "past_value) needs as many key/value heads as query heads; use --flavor "
-                                  "attention or primitives for a grouped-query cache")
+
+
+def _narrow_kv(present, groups):
+    """(B, Hq, T, d) of key/value heads each repeated `groups` times -> (B, Hkv, T, d): the first
+    copy of each (all copies are equal)."""
+    if groups == 1:
+        return present
+    shape = op.Concat(_shape(present, 0, 1), op.Div(_shape(present, 1, 2), op.Constant(value_ints=[groups])),
+                      op.Constant(value_ints=[groups]), _shape(present, 2), axis=0)
+    return op.Gather(op.Reshape(present, shape), op.Constant(value_int=0), axis=2)
 
 
 ort_attention = _with_weights_beside(_ort)
