@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from pathlib import Path
 
 import click
 from rich.console import Console
@@ -171,7 +172,15 @@ def _given(kwargs) -> dict:
 
 
 @main.command()
-@click.option("--variant", required=True, help="The variant to export (see `attnexport list`).")
+@click.option("--variant", default=None, help="The variant to export (see `attnexport list`).")
+@click.option("--module", "module_spec", default=None, metavar="FILE.py:NAME",
+              help="Your own module instead: an nn.Module class taking no arguments, or a function returning "
+                   "a module or (module, example_inputs).")
+@click.option("--input", "input_specs", multiple=True, metavar="NAME:SHAPE[:DTYPE]",
+              help="With --module: an example input, e.g. x:2x16x64 (repeatable; default: the NAME function's).")
+@click.option("--dynamic", "dynamic_specs", multiple=True, metavar="NAME:AXIS=DIM",
+              help="With --module: a symbolic axis, e.g. x:1=seq (repeatable; default: axes 0 and 1 of every "
+                   "input, where the model allows).")
 @click.option("--flavor", default=export_mod.DEFAULT_FLAVOR, show_default=True,
               help="primitives | attention | ort.")
 @click.option("--opset", type=int, default=None, help="Opset (primitives/ort: 17-18, attention: 23).")
@@ -182,17 +191,54 @@ def _given(kwargs) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_variant_options
 @reports_errors
-def export(variant, flavor, opset, dtype, seed, output, as_json, **options):
-    """Export a variant to ONNX (checked, with metadata, written atomically).
+def export(variant, module_spec, input_specs, dynamic_specs, flavor, opset, dtype, seed, output, as_json, **options):
+    """Export a variant, or your own module, to ONNX (checked, with metadata, written atomically).
 
-    Example: attnexport export --variant mha --heads 8 --flavor ort -o mha.onnx
+    Examples: attnexport export --variant mha --heads 8 --flavor ort -o mha.onnx;
+    attnexport export --module examples/causal_self_attention.py:example -o block.onnx
     """
+    if (variant is None) == (module_spec is None):
+        raise UsageError("give --variant NAME or --module FILE.py:NAME (one of them)")
+    if module_spec is None and (input_specs or dynamic_specs):
+        raise UsageError("--input and --dynamic go with --module")
+    if module_spec is not None:
+        _export_module(module_spec, input_specs, dynamic_specs, flavor, opset, dtype, output, as_json, options)
+        return
     result = export_mod.export(variant, _given(options), flavor, opset, dtype, output, seed=seed)
     if as_json:
         click.echo(json.dumps({"path": str(result.path), "variant": result.variant, "options": result.options,
                                "flavor": result.flavor, "graph_flavor": result.graph_flavor,
                                "opset": result.opset, "dtype": result.dtype,
                                "attention_op": result.attention_op, "size": result.size, "note": result.note}))
+    else:
+        click.echo(result.summary())
+
+
+def _export_module(spec, input_specs, dynamic_specs, flavor, opset, dtype, output, as_json, options):
+    from attnexport import modules
+    if _given(options):
+        raise UsageError(f"--module takes no variant options ({', '.join('--' + k.replace('_', '-') for k in _given(options))})")
+    module, example = modules.load(spec)
+    names = None
+    if input_specs:
+        parsed = [modules.parse_input(t) for t in input_specs]
+        names, example = [p[0] for p in parsed], modules.example_tensors(parsed)
+    elif example is None:
+        raise UsageError(f"--module {spec}: give --input NAME:SHAPE for each input (the NAME gives no example inputs)")
+    dynamic = None
+    if dynamic_specs:
+        dynamic = {}
+        for t in dynamic_specs:
+            n, axis, dim = modules.parse_dynamic(t)
+            dynamic.setdefault(n, {})[axis] = dim
+    path = output or str(Path("models") / (Path(spec.rpartition(":")[0]).stem + ".onnx"))
+    result = modules.export_module(module, example, flavor=flavor, opset=opset, dtype=dtype, dynamic=dynamic,
+                                   output=path, input_names=names, name=spec)
+    if as_json:
+        click.echo(json.dumps({"path": str(result.path), "module": result.module, "flavor": result.flavor,
+                               "opset": result.opset, "dtype": result.dtype, "attention_op": result.attention_op,
+                               "routed": result.routed, "dynamic": result.dynamic, "checked": result.checked,
+                               "size": result.size, "notes": result.notes}))
     else:
         click.echo(result.summary())
 
@@ -257,11 +303,12 @@ def inspect(model, as_json):
 @click.option("--max-growth", type=float, default=10.0, show_default=True,
               help="Allowed growth of the max abs error against --baseline.")
 @click.option("--details", is_flag=True, help="Show every run with its error statistics.")
+@click.option("--case", "cases", multiple=True, help="Only these golden cases (repeatable; see `attnexport golden`).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document and nothing else.")
 @_variant_options
 @reports_errors
 def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, skip_unavailable,
-           strict_placement, seed, localize, save_baseline, baseline_dir, max_growth, details, as_json,
+           strict_placement, seed, localize, save_baseline, baseline_dir, max_growth, details, cases, as_json,
            **options):
     """Check exported models against the golden cases on every runtime; exit 1 on any mismatch.
 
@@ -276,13 +323,16 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
 
     if models and len(variants) > 1:
         raise UsageError("a MODEL takes one --variant")
+    if models and cases:
+        raise UsageError("--case selects golden cases to export and run; a MODEL runs those of its own options")
     model_variant = variants[0] if models and variants else None
     kwargs = dict(variants=None if models else (list(variants) or None), flavors=list(flavors) or None,
                   runtimes=verify_mod.parse_runtimes(runtimes), dtype=dtype, golden_dir=golden_dir,
                   models=list(models) or None, rtol=rtol, atol=atol, skip_unavailable=skip_unavailable,
                   strict_placement=strict_placement, model_variant=model_variant,
                   model_options=_given(options) or None, seed=seed, localize=localize,
-                  baseline=baseline_dir, save_baseline=save_baseline, max_growth=max_growth)
+                  baseline=baseline_dir, save_baseline=save_baseline, max_growth=max_growth,
+                  cases=list(cases) or None)
     report = _with_progress("verify", as_json, lambda progress: verify_mod.verify(**kwargs, progress=progress))
     if as_json:
         click.echo(json.dumps(report.to_dict(), default=float))

@@ -314,7 +314,8 @@ def verify(variants: list[str] | None = None, flavors: list[str] | None = None,
            skip_unavailable: bool = False, strict_placement: bool = False, model_variant: str | None = None,
            model_options: dict | None = None, seed: int | None = None, localize: bool = False,
            baseline: str | Path | None = None, save_baseline: str | Path | None = None,
-           max_growth: float = 10.0, progress: Callable[[int, int, str], None] | None = None) -> Report:
+           max_growth: float = 10.0, progress: Callable[[int, int, str], None] | None = None,
+           cases: list[str] | None = None) -> Report:
     """Runs golden cases (or model files) on the selected flavours and runtimes; returns a report.
 
     Never raises on a mismatch (`report.ok` says whether everything passed); raises a UsageError
@@ -361,7 +362,14 @@ def verify(variants: list[str] | None = None, flavors: list[str] | None = None,
         dtype = "/".join(sorted(dtypes))
     else:
         dtype = dtype or "fp32"
+        wanted = cases
         cases = golden.load_all(golden_dir, variants)
+        if wanted:
+            unknown = sorted(set(wanted) - {c.name for c in cases})
+            if unknown:
+                raise UsageError(f"no golden case {', '.join(unknown)}"
+                                 + (f" among {', '.join(variants)}'s" if variants else ""))
+            cases = [c for c in cases if c.name in wanted]
         if not cases:
             raise UsageError(f"no golden cases for {', '.join(variants or [])}")
         plan = _plan_golden(cases, flavors, used, dtype, rtol, atol)

@@ -64,3 +64,12 @@ def assert_fits_80(text: str):
             continue  # plain lines: the terminal wraps them, nothing is cut
         assert len(line) <= 80, f"{len(line)} columns: {line}"
     assert "\u2026" not in text, text
+
+
+# The longest tests (each runs a variant's golden cases in every flavour), started first: at the
+# end of the run they would leave one worker busy and the other idle.
+_FIRST = ("test_every_golden_case_passes_everywhere", "test_fp16_verify_is_green_with_derived_tolerances")
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: 0 if item.originalname in _FIRST else 1)

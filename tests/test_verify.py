@@ -156,7 +156,9 @@ def test_tolerance_override_can_fail_a_run():
 def test_fp16_verify_is_green_with_derived_tolerances():
     """The cases that were red in fp16 (no scaling, cosine scaling, the decoder), on torch and ONNX
     Runtime, pass with tolerances derived from the fp16-emulated reference, and say so."""
-    r = run("verify", "--dtype", "fp16", "--variant", "self", "--variant", "mha", "--variant", "decoder",
+    wanted = ("self-scaling-none", "mha-scaling-cosine", "mha-scaling-none", "decoder-seeded",
+              "mha-kv-cache-gqa", "decoder-kv-cache")  # and two caches, decoded in fp16
+    r = run("verify", "--dtype", "fp16", *[a for c in wanted for a in ("--case", c)],
             "--flavor", "attention", "--runtimes", "torch,ort-cpu", "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
@@ -167,6 +169,11 @@ def test_fp16_verify_is_green_with_derived_tolerances():
             assert row["passed"] and row["tolerance"]["basis"].startswith("fp16-emulated reference error")
             # The derived atol is 4x what rounding alone costs, and the run needs less than it.
             assert row["outputs"][0]["needed_atol"] <= row["tolerance"]["atol"]
+    assert {c.split("/")[0] for c, _ in rows} == set(wanted)
+    decoded = {(c, rt) for (c, rt), row in rows.items() if "/decode-" in c and row["passed"]}
+    assert {("decoder-kv-cache/decode-3", "ort-cpu"), ("mha-kv-cache-gqa/decode-1", "torch")} <= decoded
+    bad = run("verify", "--case", "no-such-case", "--runtimes", "ort-cpu")
+    assert bad.exit_code == 2 and "no golden case no-such-case" in bad.output
     text = run("verify", "--dtype", "fp16", "--variant", "masked-softmax", "--runtimes", "ort-cpu")
     assert text.exit_code == 0 and "fp16 tolerances: derived per case" in text.output
 

@@ -1,0 +1,386 @@
+"""Users' own attention modules: load one from a file, export it in any flavour.
+
+During the export, every call of `torch.nn.functional.scaled_dot_product_attention` goes through
+attnexport's attention core (`attnexport.models.core.attend`), so the flavour decides the graph
+exactly as for the built-in variants. `nn.MultiheadAttention` (and with it
+`nn.TransformerEncoderLayer`/`DecoderLayer`) calls that function when it is not asked for its
+weights, with its fast path off, which the export turns off. Before the file is written, the
+model runs on ONNX Runtime at other sizes than the example's (length 1 included) and is compared
+with the module itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from attnexport import __version__
+from attnexport import dtypes as D
+from attnexport import files as F
+from attnexport import flavors as FL
+from attnexport import weights as W
+from attnexport.compare import compare, tolerance
+from attnexport.errors import ExportError, UsageError
+
+SEMANTICS_NOTE = ("a fully masked query row gives zeros in the export, where torch's "
+                  "scaled_dot_product_attention gives NaN")
+_DTYPES = {"float32": "float32", "float": "float32", "float16": "float16", "bool": "bool", "int64": "int64",
+           "int32": "int32"}
+
+
+def load(spec: str):
+    """`FILE.py:NAME` -> (module, example inputs or None). NAME is an nn.Module class taking no
+    arguments, or a function returning a module or (module, example_inputs)."""
+    import torch
+    path_text, sep, name = spec.rpartition(":")
+    if not sep or not path_text or not name:
+        raise UsageError(f"--module takes FILE.py:NAME, got {spec!r}")
+    path = Path(path_text)
+    if not path.is_file():
+        raise UsageError(f"--module {spec}: {path} is not a file")
+    mod_name = "attnexport_user_" + re.sub(r"\W", "_", str(path.resolve()))
+    loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise UsageError(f"--module {spec}: {path} cannot be imported as Python")
+    source = importlib.util.module_from_spec(loader_spec)
+    sys.modules[mod_name] = source
+    try:
+        loader_spec.loader.exec_module(source)
+    except Exception as e:  # noqa: BLE001 - the user's file: any error is theirs, said in one line
+        raise UsageError(f"--module {spec}: importing {path.name} raised {type(e).__name__}: {_line(e)}") from None
+    if not hasattr(source, name):
+        names = sorted(n for n, v in vars(source).items() if not n.startswith("_") and callable(v)
+                       and getattr(v, "__module__", None) == mod_name)
+        raise UsageError(f"--module {spec}: {path.name} has no {name!r} (it defines {', '.join(names) or 'nothing'})")
+    obj = getattr(source, name)
+    try:
+        made = obj()
+    except Exception as e:  # noqa: BLE001
+        raise UsageError(f"--module {spec}: {name}() raised {type(e).__name__}: {_line(e)}") from None
+    module, example = (made if isinstance(made, tuple) and len(made) == 2 else (made, None))
+    if not isinstance(module, torch.nn.Module):
+        raise UsageError(f"--module {spec}: {name}() gave a {type(module).__name__}, not a torch.nn.Module")
+    if example is not None:
+        example = tuple(example) if isinstance(example, (tuple, list)) else (example,)
+    return module, example
+
+
+def _line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else ""
+
+
+def parse_input(text: str):
+    """`NAME:SHAPE[:DTYPE]` (e.g. x:2x16x64, mask:2x16:bool) -> (name, shape, numpy dtype name)."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not parts[0]:
+        raise UsageError(f"--input takes NAME:SHAPE[:DTYPE] (e.g. x:2x16x64:float32), got {text!r}")
+    try:
+        shape = tuple(int(d) for d in parts[1].split("x"))
+    except ValueError:
+        raise UsageError(f"--input {text}: the shape is sizes joined by x, e.g. 2x16x64") from None
+    if any(d < 1 for d in shape):
+        raise UsageError(f"--input {text}: sizes must be >= 1")
+    dtype = parts[2] if len(parts) == 3 else "float32"
+    if dtype not in _DTYPES:
+        raise UsageError(f"--input {text}: dtype must be one of {', '.join(_DTYPES)}")
+    return parts[0], shape, _DTYPES[dtype]
+
+
+def parse_dynamic(text: str):
+    """`NAME:AXIS=DIM` -> (input name, axis, dim name)."""
+    m = re.fullmatch(r"([^:]+):(-?\d+)=([A-Za-z_]\w*)", text)
+    if not m:
+        raise UsageError(f"--dynamic takes NAME:AXIS=DIM (e.g. x:1=seq), got {text!r}")
+    return m.group(1), int(m.group(2)), m.group(3)
+
+
+def example_tensors(specs, seed: int = 0):
+    """Seeded tensors for --input specs: floats standard normal, bools True, ints 0."""
+    import torch
+    rng = np.random.default_rng(seed)
+    out = []
+    for _, shape, dtype in specs:
+        if dtype.startswith("float"):
+            out.append(torch.from_numpy(rng.standard_normal(shape).astype(dtype)))
+        elif dtype == "bool":
+            out.append(torch.ones(shape, dtype=torch.bool))
+        else:
+            out.append(torch.zeros(shape, dtype=getattr(torch, dtype)))
+    return tuple(out)
+
+
+# --- routing -----------------------------------------------------------------------------------
+
+@dataclass
+class Routing:
+    calls: int = 0
+    unrouted: list[str] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def routed(routing: Routing):
+    """Within the block, F.scaled_dot_product_attention is attnexport's core, and
+    nn.MultiheadAttention's fast path (one fused torch op the exporter cannot route) is off."""
+    import torch
+    from attnexport.models.core import attend
+    functional = torch.nn.functional
+    original = functional.scaled_dot_product_attention
+
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if dropout_p:
+            raise ExportError(f"scaled_dot_product_attention was called with dropout_p={dropout_p} at export: "
+                              "pass 0.0 when the module is not training (the export is an inference graph)")
+        rank = query.dim()
+        if rank not in (3, 4) or key.dim() != rank:
+            routing.unrouted.append(f"scaled_dot_product_attention on rank-{rank} inputs")
+            return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        routing.calls += 1
+        if rank == 3:  # (N, L, E): one head
+            query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+            if attn_mask is not None and attn_mask.dim() == 3:
+                attn_mask = attn_mask.unsqueeze(1)
+        out = attend(query, key, value, attn_mask, scale=scale, is_causal=is_causal).output
+        return out.squeeze(1) if rank == 3 else out
+
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    functional.scaled_dot_product_attention = sdpa
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield routing
+    finally:
+        functional.scaled_dot_product_attention = original
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+
+
+# --- export -------------------------------------------------------------------------------------
+
+@dataclass
+class ModuleExportResult:
+    path: Path | None
+    module: str
+    flavor: str
+    opset: int
+    dtype: str
+    attention_op: str
+    routed: int
+    dynamic: dict  # input name -> {axis: dim name}
+    checked: list  # sizes checked before writing: [{input: shape}]
+    size: int = 0
+    notes: list = field(default_factory=list)
+    model: onnx.ModelProto | None = field(default=None, repr=False)
+
+    def summary(self) -> str:
+        line = (f"{self.path}: {self.module}, flavor {self.flavor}, opset {self.opset}, {self.dtype}, attention op "
+                f"{self.attention_op}, {self.routed} attention call(s) routed, {self.size} bytes")
+        return "\n".join([line] + [f"note: {n}" for n in self.notes])
+
+
+def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: int | None = None,
+                  dtype: str = "fp32", dynamic: dict | None = None, output=None, input_names=None,
+                  name: str = "module") -> ModuleExportResult:
+    """Exports a user's attention module through attnexport's core.
+
+    Args:
+        example_inputs: a tuple of tensors for `forward`.
+        dynamic: {input name: {axis: dim name}}; default: axes 0 (`batch`) and 1 (`<input>_len`)
+            of every input of rank 2 or more, wherever torch.export can keep them symbolic.
+        output: the file to write (atomically); None: build in memory only.
+    """
+    import torch
+    from attnexport.export import _quiet, _reuse_torchlib_table, attention_op_of
+    from attnexport.onnx_attention import TRANSLATIONS
+
+    if flavor not in FL.FLAVORS:
+        raise UsageError(f"unknown flavor {flavor!r}; valid: {', '.join(FL.FLAVORS)}")
+    if dtype not in D.DTYPES:
+        raise UsageError(f"unknown dtype {dtype!r}; valid: {', '.join(D.DTYPES)}")
+    lo, hi = FL.FLAVORS[flavor].opsets
+    opset = FL.FLAVORS[flavor].default_opset if opset is None else opset
+    if not lo <= opset <= hi:
+        raise UsageError(f"--opset {opset} is not available for the {flavor} flavor (allowed: {lo} to {hi})")
+    if output is not None:
+        F.resolve_target(Path(output))
+    example_inputs = tuple(example_inputs)
+    names = list(input_names or _forward_names(module, len(example_inputs)))
+    tdtype = D.torch_dtype(dtype)
+    args = tuple(t.to(tdtype) if t.is_floating_point() else t for t in example_inputs)
+    module = module.to(tdtype).eval()
+    dims = _dynamic_shapes(names, args, dynamic)
+    routing = Routing()
+    _reuse_torchlib_table()
+    importlib.import_module("attnexport.models.core")
+    try:
+        with _quiet(), torch.no_grad(), routed(routing):
+            program = torch.onnx.export(
+                module, args, dynamo=True, opset_version=max(opset, 18), dynamic_shapes=dims[0],
+                input_names=names, custom_translation_table={torch.ops.attnexport.attention.default:
+                                                             TRANSLATIONS[flavor]},
+                optimize=True, verbose=False, report=False)
+    except ExportError:
+        raise
+    except Exception as e:  # noqa: BLE001 - torch.export's reasons are the user's to read, in one line
+        cause = e
+        while cause.__cause__ is not None or cause.__context__ is not None:
+            nxt = cause.__cause__ or cause.__context__
+            if isinstance(nxt, (ExportError, UsageError)):
+                raise nxt from None
+            cause = nxt
+        raise UsageError(f"{name}: torch.onnx cannot export it with these inputs: {type(cause).__name__}: "
+                         f"{_line(cause)}") from None
+    model = program.model_proto
+    # Calls routed: the core's nodes in the traced program (tracing may run forward more than once).
+    routing.calls = sum(1 for node in program.exported_program.graph.nodes
+                        if node.target is torch.ops.attnexport.attention.default)
+    kept = _name_dims(model, names, dims[1])
+    if dynamic is not None:
+        fixed = [f"{n}:{a}={d}" for n, axes in dims[1].items() for a, d in axes.items() if a not in kept.get(n, {})]
+        if fixed:
+            raise UsageError(f"--dynamic {', '.join(fixed)}: {name} fixes that axis (the export would be static "
+                             f"there)")
+    if opset < 18:
+        from onnx import version_converter
+        model = version_converter.convert_version(model, opset)
+    params = {k: v.detach().float().numpy() for k, v in module.state_dict().items()}
+    entries = W.record(model, params, D.NUMPY[dtype])
+    _metadata(model, name, names, args, kept, flavor, opset, dtype, entries)
+    op_name = attention_op_of(model)
+    if routing.calls and op_name not in FL.FLAVORS[flavor].expected_ops:
+        raise ExportError(f"the {flavor} flavor should use {' or '.join(FL.FLAVORS[flavor].expected_ops)}, but the "
+                          f"exported graph has {op_name}")
+    checked = _check_other_sizes(module, model, names, args, kept, dtype, name)
+    notes = [SEMANTICS_NOTE] if routing.calls else ["no attention call was routed: the module calls neither "
+                                                    "scaled_dot_product_attention nor nn.MultiheadAttention "
+                                                    "without weights"]
+    notes += [f"not routed: {u}" for u in sorted(set(routing.unrouted))]
+    static = [f"{n} axis {a}" for n, axes in dims[1].items() for a in axes if a not in kept.get(n, {})]
+    if static:
+        notes.append(f"fixed by the model (not symbolic): {', '.join(static)}")
+    data = model.SerializeToString(deterministic=True)
+    path = None
+    if output is not None:
+        path = Path(output)
+        F.atomic_write(path, data)
+    return ModuleExportResult(path, name, flavor, opset, dtype, op_name, routing.calls, kept, checked, len(data),
+                              notes, model)
+
+
+def _forward_names(module, n):
+    import inspect
+    params = [p for p in inspect.signature(module.forward).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(params) >= n:
+        return [p.name for p in params[:n]]
+    return [f"input_{i}" for i in range(n)]
+
+
+def _dynamic_shapes(names, args, dynamic):
+    """(dynamic_shapes for torch.export, wanted {input: {axis: name}})."""
+    import torch
+    if dynamic is None:
+        wanted = {n: {0: "batch", **({1: f"{n}_len"} if t.dim() >= 2 else {})}
+                  for n, t in zip(names, args) if t.dim() >= 2}
+        shapes = tuple({a: torch.export.Dim.AUTO for a in wanted.get(n, {})} for n in names)
+        return shapes, wanted
+    unknown = set(dynamic) - set(names)
+    if unknown:
+        raise UsageError(f"--dynamic names {', '.join(sorted(unknown))}, not an input (inputs: {', '.join(names)})")
+    wanted = {}
+    for n, t in zip(names, args):
+        for axis, dim in dynamic.get(n, {}).items():
+            if not -t.dim() <= axis < t.dim():
+                raise UsageError(f"--dynamic {n}:{axis}={dim}: {n} has {t.dim()} axes")
+            wanted.setdefault(n, {})[axis % t.dim()] = dim
+    dims = {d: torch.export.Dim(d) for axes in wanted.values() for d in axes.values()}
+    shapes = tuple({a: dims[d] for a, d in wanted.get(n, {}).items()} for n in names)
+    return shapes, wanted
+
+
+def _name_dims(model, names, wanted):
+    """Names the symbolic input axes as asked; returns those that stayed symbolic."""
+    kept, renames = {}, {}
+    inputs = {i.name: i for i in model.graph.input}
+    for n, axes in wanted.items():
+        for axis, dim_name in axes.items():
+            d = inputs[n].type.tensor_type.shape.dim[axis]
+            if d.dim_param:
+                dim_name = renames.setdefault(d.dim_param, dim_name)  # a symbol shared by inputs: one name
+                d.dim_param = dim_name
+                kept.setdefault(n, {})[axis] = dim_name
+    symbol = re.compile(r"\bs\d+\b")
+    for vi in [*model.graph.value_info, *model.graph.output]:
+        for d in vi.type.tensor_type.shape.dim:
+            if d.dim_param:
+                d.dim_param = symbol.sub(lambda m: renames.get(m.group(), m.group()), d.dim_param)
+    return kept
+
+
+def _metadata(model, name, names, args, kept, flavor, opset, dtype, entries):
+    import torch
+    model.producer_name, model.producer_version = "attnexport", __version__
+    model.ir_version = onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    spec = [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+             "dynamic": {str(a): d for a, d in kept.get(n, {}).items()}} for n, t in zip(names, args)]
+    meta = {"attnexport.module": name, "attnexport.inputs": json.dumps(spec), "attnexport.flavor": flavor,
+            "attnexport.graph_flavor": flavor, "attnexport.opset": str(opset), "attnexport.dtype": dtype,
+            "attnexport.params": json.dumps(entries, sort_keys=True), "attnexport.params_sha256": W.total_sha256(entries),
+            "attnexport.version": __version__, "attnexport.torch_version": torch.__version__.split("+")[0]}
+    del model.metadata_props[:]
+    for k, v in meta.items():
+        model.metadata_props.add(key=k, value=v)
+
+
+def probe_inputs(args, names, kept, seed):
+    """Inputs at other sizes: each symbolic axis 1, and the example's size + 3; floats seeded,
+    other inputs filled with the example's most common value (a mask mostly attends)."""
+    import torch
+    sizes = {}
+    for n, t in zip(names, args):
+        for axis, d in kept.get(n, {}).items():
+            sizes.setdefault(d, t.shape[axis])
+    rng = np.random.default_rng(seed)
+    out = []
+    for variant in ({d: 1 for d in sizes}, {d: s + 3 for d, s in sizes.items()}):
+        feed = []
+        for n, t in zip(names, args):
+            shape = [variant.get(kept.get(n, {}).get(a), s) for a, s in enumerate(t.shape)]
+            if t.is_floating_point():
+                feed.append(torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(t.dtype))
+            else:
+                values, counts = torch.unique(t, return_counts=True)
+                feed.append(torch.full(shape, values[counts.argmax()].item(), dtype=t.dtype))
+        out.append(tuple(feed))
+    return out
+
+
+def _check_other_sizes(module, model, names, args, kept, dtype, name):
+    """Runs the model on ONNX Runtime at other sizes against the module itself; an ExportError
+    (nothing written) when they differ."""
+    import torch
+    from attnexport import runtimes as R
+    if not kept:
+        return []
+    session = R.prepare_onnx("ort-cpu", model)
+    tol = tolerance(dtype)
+    checked = []
+    for feed in probe_inputs(args, names, kept, 1):
+        with torch.no_grad():
+            want = module(*feed)
+        want = want if isinstance(want, tuple) else (want,)
+        got = session.run({n: t.numpy() for n, t in zip(names, feed)})
+        for out_name, w in zip(list(got), want):
+            c = compare(out_name, got[out_name], w.float().numpy(), tol)
+            if not c:
+                sizes = {n: list(t.shape) for n, t in zip(names, feed)}
+                raise ExportError(f"{name}: the export differs from the module at {sizes}: {c}")
+        checked.append({n: list(t.shape) for n, t in zip(names, feed)})
+    return checked
+

@@ -1,0 +1,140 @@
+"""Users' own modules: the examples in every flavour against the module itself at other shapes,
+the command line, and bad input."""
+
+import json
+import textwrap
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from click.testing import CliRunner
+
+from attnexport import modules as M, runtimes as R
+from attnexport.cli import main
+from attnexport.compare import compare, tolerance
+
+EXAMPLES = ["causal_self_attention", "encoder_layer", "cross_attention"]
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.mark.parametrize("flavor", ["primitives", "attention", "ort"])
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_example_exports_and_matches_the_module_at_other_shapes(example, flavor):
+    module, inputs = M.load(f"examples/{example}.py:example")
+    result = M.export_module(module, inputs, flavor=flavor, name=example)
+    assert result.routed == 1 and M.SEMANTICS_NOTE in result.notes
+    assert result.attention_op == {"primitives": "MatMul+Softmax", "attention": "Attention",
+                                   "ort": "com.microsoft.MultiHeadAttention"}[flavor]
+    names = list(result.dynamic)
+    assert all(axes[0] == "batch" for axes in result.dynamic.values())
+    assert len(result.checked) == 2  # length 1, and longer, before anything was written
+    # Odd lengths and batch 3 (and 1), on the reference evaluator and ONNX Runtime.
+    sessions = {rt: R.prepare_onnx(rt, result.model) for rt in ("ort-cpu", "onnx-ref")}
+    for batch, length in ((3, 7), (1, 1), (1, 5)):
+        feed = _resized(inputs, result.dynamic, names, batch, length)
+        with torch.no_grad():
+            want = module(*feed).numpy()
+        for rt, session in sessions.items():
+            got = session.run({n: t.numpy() for n, t in zip(names, feed)})
+            c = compare("output", next(iter(got.values())), want, tolerance("fp32"))
+            assert c, f"{example} {flavor} {rt} at batch {batch}, length {length}: {c}"
+
+
+def _resized(inputs, dynamic, names, batch, length):
+    """The example's inputs at another batch and length (every symbolic length; masks attend)."""
+    rng = np.random.default_rng(batch * 10 + length)
+    out = []
+    for n, t in zip(names, inputs):
+        shape = [batch if a == 0 else length if a in dynamic.get(n, {}) else s for a, s in enumerate(t.shape)]
+        if t.is_floating_point():
+            out.append(torch.from_numpy(rng.standard_normal(shape).astype(np.float32)))
+        else:
+            out.append(torch.zeros(shape, dtype=t.dtype))  # key padding: True = padding, so none
+    return tuple(out)
+
+
+def test_cli_export_writes_the_model_with_its_metadata(tmp_path):
+    path = tmp_path / "block.onnx"
+    r = run("export", "--module", "examples/causal_self_attention.py:example", "--flavor", "ort", "-o", path, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["routed"] == 1 and doc["attention_op"] == "com.microsoft.MultiHeadAttention"
+    meta = {p.key: p.value for p in onnx.load(path).metadata_props}
+    assert meta["attnexport.module"] == "examples/causal_self_attention.py:example"
+    assert json.loads(meta["attnexport.inputs"])[0] == {"name": "x", "shape": [2, 16, 64], "dtype": "float32",
+                                                         "dynamic": {"0": "batch", "1": "x_len"}}
+    params = json.loads(meta["attnexport.params"])
+    assert set(params) == {"c_attn.weight", "c_attn.bias", "c_proj.weight", "c_proj.bias"}
+    assert all(len(e["sha256"]) == 64 for e in params.values())
+
+
+def _write(tmp_path, body):
+    path = tmp_path / "user.py"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+GOOD = """
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 8)
+
+        def forward(self, x):
+            q = self.proj(x).unsqueeze(1)
+            return F.scaled_dot_product_attention(q, q, q).squeeze(1)
+
+    class NoAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    class Broken(nn.Module):
+        def __init__(self):
+            raise RuntimeError("no weights here")
+"""
+
+
+@pytest.mark.parametrize("target, args, text", [
+    ("missing.py:Block", ["--input", "x:2x5x8"], "is not a file"),
+    ("{file}:Nope", ["--input", "x:2x5x8"], "has no 'Nope' (it defines Block, Broken, NoAttention)"),
+    ("{file}:Broken", ["--input", "x:2x5x8"], "Broken() raised RuntimeError: no weights here"),
+    ("{file}:Block", [], "give --input NAME:SHAPE"),
+    ("{file}:Block", ["--input", "x:2x5x8", "--input", "y:2x5x8"], "cannot export it with these inputs"),
+    ("{file}:Block", ["--input", "x:2x5x9"], "cannot export it with these inputs"),
+    ("{file}:Block", ["--input", "x:2x5x8", "--dynamic", "x:2=width"], "--dynamic x:2=width: {file}:Block fixes that axis"),
+    ("{file}:Block", ["--input", "x:2x5"], "cannot export it with these inputs"),
+    ("{file}:Block", ["--input", "x:2by5"], "the shape is sizes joined by x"),
+    ("{file}:Block", ["--input", "x:2x5x8", "--dynamic", "y:1=seq"], "not an input"),
+    ("{file}", ["--input", "x:2x5x8"], "--module takes FILE.py:NAME"),
+])
+def test_bad_module_input_is_one_line_and_exit_2(tmp_path, target, args, text):
+    path = _write(tmp_path, GOOD)
+    out = tmp_path / "out.onnx"
+    r = run("export", "--module", target.format(file=path), *args, "-o", out)
+    assert r.exit_code == 2 and text.format(file=path) in r.output and "Traceback" not in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_a_module_without_attention_exports_and_says_so(tmp_path):
+    path = _write(tmp_path, GOOD)
+    r = run("export", "--module", f"{path}:NoAttention", "--input", "x:2x5x8", "-o", tmp_path / "p.onnx")
+    assert r.exit_code == 0, r.output
+    assert "0 attention call(s) routed" in r.output and "no attention call was routed" in r.output
+    r = run("export", "--module", f"{path}:Block", "--input", "x:2x5x8", "--dynamic", "x:1=seq", "-o",
+            tmp_path / "b.onnx")
+    assert r.exit_code == 0 and "1 attention call(s) routed" in r.output
+    dims = [d.dim_param or d.dim_value for d in onnx.load(tmp_path / "b.onnx").graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [2, "seq", 8]
