@@ -304,12 +304,14 @@ def inspect(model, as_json):
               help="Allowed growth of the max abs error against --baseline.")
 @click.option("--details", is_flag=True, help="Show every run with its error statistics.")
 @click.option("--case", "cases", multiple=True, help="Only these golden cases (repeatable; see `attnexport golden`).")
+@click.option("--module", "module_spec", default=None, metavar="FILE.py:NAME",
+              help="With one MODEL exported by `export --module`: compare it with that module.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document and nothing else.")
 @_variant_options
 @reports_errors
 def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, skip_unavailable,
-           strict_placement, seed, localize, save_baseline, baseline_dir, max_growth, details, cases, as_json,
-           **options):
+           strict_placement, seed, localize, save_baseline, baseline_dir, max_growth, details, cases, module_spec,
+           as_json, **options):
     """Check exported models against the golden cases on every runtime; exit 1 on any mismatch.
 
     With no MODEL: exports every selected golden case in every selected flavor and runs it.
@@ -323,6 +325,19 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
 
     if models and len(variants) > 1:
         raise UsageError("a MODEL takes one --variant")
+    if module_spec is not None:
+        from attnexport import modules
+        if len(models) != 1:
+            raise UsageError("--module compares one MODEL with the module it was exported from: give one MODEL")
+        report = modules.verify_module(models[0], module_spec, verify_mod.parse_runtimes(runtimes), rtol, atol,
+                                       skip_unavailable)
+        if as_json:
+            click.echo(json.dumps(report.to_dict(), default=float))
+        else:
+            _print_verify(report, details)
+        if not report.ok:
+            sys.exit(1)
+        return
     if models and cases:
         raise UsageError("--case selects golden cases to export and run; a MODEL runs those of its own options")
     model_variant = variants[0] if models and variants else None

@@ -384,3 +384,117 @@ def _check_other_sizes(module, model, names, args, kept, dtype, name):
         checked.append({n: list(t.shape) for n, t in zip(names, feed)})
     return checked
 
+
+
+# --- verify ---------------------------------------------------------------------------------------
+
+# The shapes a module's model is checked at besides the export's: (batch, length) of its symbolic
+# axes; length 1, odd lengths, batch 1 and 3.
+VERIFY_SIZES = ((1, 1), (1, 5), (3, 7))
+
+
+def verify_module(model_path, spec: str, runtimes: list[str] | None = None, rtol: float | None = None,
+                  atol: float | None = None, skip_unavailable: bool = False):
+    """The model file against the torch module it was exported from, at the export's shape and
+    at VERIFY_SIZES, on every selected runtime; a `verify.Report` like the golden runs'.
+
+    The `torch` runtime is the module with its attention calls routed through attnexport's core
+    (in eager torch): it shows the core agrees with torch's own kernels on these inputs.
+    """
+    import torch
+    from attnexport import runtimes as R
+    from attnexport import verify as VF
+    from attnexport.compare import check_tolerance_values, compare_outputs
+    from attnexport.inspect import load_model
+
+    check_tolerance_values(rtol, atol)
+    model = load_model(model_path)
+    meta = {p.key: p.value for p in model.metadata_props}
+    if "attnexport.inputs" not in meta:
+        raise UsageError(f"{model_path}: no input spec in its metadata (export it with --module)")
+    spec_inputs = json.loads(meta["attnexport.inputs"])
+    dtype = meta.get("attnexport.dtype", "fp32")
+    flavor = meta.get("attnexport.flavor", "-")
+    module, example = load(spec)
+    module = module.to(D.torch_dtype(dtype)).eval()
+    names = [i["name"] for i in spec_inputs]
+    if names != [i.name for i in model.graph.input if i.name not in {x.name for x in model.graph.initializer}]:
+        raise UsageError(f"{model_path}: its inputs are not those of its metadata")
+    changed = _changed_params(module, json.loads(meta.get("attnexport.params", "{}")), dtype)
+    used, table = VF._select_runtimes(runtimes, skip_unavailable)
+    tol = tolerance(dtype, rtol, atol)
+    declared = [o.name for o in model.graph.output]
+    prepared = {rt: R.prepare_onnx(rt, model) for rt in used if rt in R.ONNX_RUNTIMES}
+    rows = []
+    for label, feed in _verify_feeds(spec_inputs, example, dtype):
+        with torch.no_grad():
+            want = module(*feed)
+        want = want if isinstance(want, (tuple, list)) else (want,)
+        expected = {n: w.detach().double().numpy() for n, w in zip(declared, want)}
+        arrays = {n: t.numpy() for n, t in zip(names, feed)}
+        for rt in used:
+            row = VF.Row(case=label, variant=spec, flavor="-" if rt.startswith("torch") else flavor, runtime=rt,
+                         dtype=dtype, model=Path(model_path).name, tolerance=tol,
+                         expected_kind="the torch module", inputs=arrays, expected=expected)
+            rows.append(row)
+            if changed:
+                row.error = (f"the module's parameters differ from the model's: {', '.join(changed[:3])} "
+                             f"(sha256 in the metadata)")
+                continue
+            try:
+                if rt == "torch":
+                    with torch.no_grad(), routed(Routing()):
+                        got_t = module(*feed)
+                    got_t = got_t if isinstance(got_t, (tuple, list)) else (got_t,)
+                    got = {n: g.detach().double().numpy() for n, g in zip(declared, got_t)}
+                elif rt in prepared:
+                    got = prepared[rt].run(arrays)
+                else:
+                    row.skipped = f"{rt} runs no module"
+                    continue
+            except Exception as e:  # noqa: BLE001 - a runtime failing on the model fails verification
+                row.error = f"{type(e).__name__}: {_line(e)}"
+                continue
+            row.comparisons = compare_outputs(declared, got, expected, tol)
+            row.passed = bool(row.comparisons) and all(c.passed for c in row.comparisons)
+            if not row.comparisons:
+                row.error = "compared nothing: no output was declared or produced"
+    return VF.Report(rows, table, dtype, [flavor], [str(model_path)])
+
+
+def _changed_params(module, entries, dtype) -> list[str]:
+    """The parameters whose sha256 differs from the model's record (stored as the model holds
+    them: a transposed layout is hashed transposed)."""
+    state = {k: v.detach().float().numpy().astype(D.NUMPY[dtype]) for k, v in module.state_dict().items()}
+    changed = []
+    for name, entry in sorted(entries.items()):
+        p = state.get(name)
+        if p is None or W.sha256_of(p.T if entry["layout"] == "transposed" else p) != entry["sha256"]:
+            changed.append(name)
+    return changed
+
+
+def _verify_feeds(spec_inputs, example, dtype):
+    """(label, inputs): the export's shape, then VERIFY_SIZES on the symbolic axes."""
+    import torch
+    rng = np.random.default_rng(0)
+    common = {}
+    for i, t in zip(spec_inputs, example or ()):
+        if not t.is_floating_point():
+            values, counts = torch.unique(t, return_counts=True)
+            common[i["name"]] = values[counts.argmax()].item()
+    feeds = []
+    for batch, length in ((None, None), *VERIFY_SIZES):
+        feed, label = [], "export shape" if batch is None else f"batch {batch}, length {length}"
+        for i in spec_inputs:
+            shape = list(i["shape"])
+            if batch is not None:
+                for axis, dim in i["dynamic"].items():
+                    shape[int(axis)] = batch if dim == "batch" else length
+            if i["dtype"].startswith("float"):
+                feed.append(torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(D.torch_dtype(dtype)))
+            else:
+                feed.append(torch.full(shape, common.get(i["name"], True if i["dtype"] == "bool" else 0),
+                                       dtype=getattr(torch, i["dtype"])))
+        feeds.append((label, tuple(feed)))
+    return feeds

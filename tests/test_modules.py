@@ -138,3 +138,33 @@ def test_a_module_without_attention_exports_and_says_so(tmp_path):
     assert r.exit_code == 0 and "1 attention call(s) routed" in r.output
     dims = [d.dim_param or d.dim_value for d in onnx.load(tmp_path / "b.onnx").graph.input[0].type.tensor_type.shape.dim]
     assert dims == [2, "seq", 8]
+
+
+@pytest.mark.parametrize("example, flavor", [("causal_self_attention", "ort"), ("encoder_layer", "attention"),
+                                             ("cross_attention", "primitives")])
+def test_verify_module_passes_on_every_cpu_runtime_at_other_shapes(tmp_path, example, flavor):
+    spec = f"examples/{example}.py:example"
+    path = tmp_path / "m.onnx"
+    assert run("export", "--module", spec, "--flavor", flavor, "-o", path).exit_code == 0
+    r = run("verify", path, "--module", spec, "--runtimes", "torch,onnx-ref,ort-cpu", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    rows = doc["results"]
+    assert {row["case"] for row in rows} == {"export shape", "batch 1, length 1", "batch 1, length 5",
+                                             "batch 3, length 7"}
+    assert {row["runtime"] for row in rows} == {"torch", "onnx-ref", "ort-cpu"}
+    assert all(row["passed"] and row["outputs"] for row in rows)
+
+
+def test_verify_module_names_changed_parameters(tmp_path):
+    spec = "examples/causal_self_attention.py:example"
+    path = tmp_path / "m.onnx"
+    assert run("export", "--module", spec, "-o", path).exit_code == 0
+    other = tmp_path / "other.py"
+    other.write_text("import torch\nimport sys\nsys.path.insert(0, 'examples')\n"
+                     "from causal_self_attention import CausalSelfAttention\n\n"
+                     "def example():\n    torch.manual_seed(1)\n    return CausalSelfAttention(), (torch.randn(2, 16, 64),)\n")
+    r = run("verify", path, "--module", f"{other}:example", "--runtimes", "ort-cpu")
+    assert r.exit_code == 1 and "the module's parameters differ from the model's: c_attn.bias" in r.output
+    r = run("verify", path, path, "--module", spec)
+    assert r.exit_code == 2 and "give one MODEL" in r.output
