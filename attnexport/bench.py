@@ -167,7 +167,7 @@ def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | 
     """Times the variant on each runtime and flavour at each shape; see the module docstring."""
     import torch
 
-    variant = V.get(variant_name)
+    variant = variant_name if isinstance(variant_name, V.Variant) else V.get(variant_name)
     if dtype not in E.DTYPES:
         raise UsageError(f"unknown dtype {dtype!r}; valid: {', '.join(E.DTYPES)}")
     if warmup < 0 or iters < 1:
@@ -192,7 +192,8 @@ def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | 
     for o in shapes:
         V.check_memory(variant, o, D.ITEMSIZE[dtype])
     base = shapes[0]
-    params = V.init_params(variant, base, seed)
+    params = V.init_params(variant, base, seed) if variant.export is None else \
+        {k: v.detach().float().numpy() for k, v in variant.build(base).state_dict().items()}
     tdtype = D.torch_dtype(dtype)
 
     # One export per graph flavour: the symbolic axes serve every shape.
@@ -201,7 +202,8 @@ def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | 
     for f in flavors if onnx_rts else []:
         gf = E.graph_flavor(variant, f)
         try:
-            models[f] = E.build_model(variant.name, base, gf, dtype=dtype, params=params)[0]
+            models[f] = (E.build_model(variant.name, base, gf, dtype=dtype, params=params)[0] if variant.export is None
+                         else variant.export(base, f, dtype, params))
         except UnsupportedByFlavor as e:
             notes[f] = str(e)
 

@@ -214,10 +214,9 @@ def export(variant, module_spec, input_specs, dynamic_specs, flavor, opset, dtyp
         click.echo(result.summary())
 
 
-def _export_module(spec, input_specs, dynamic_specs, flavor, opset, dtype, output, as_json, options):
+def _module_and_inputs(spec, input_specs):
+    """(module, example inputs, input names or None) of --module and --input."""
     from attnexport import modules
-    if _given(options):
-        raise UsageError(f"--module takes no variant options ({', '.join('--' + k.replace('_', '-') for k in _given(options))})")
     module, example = modules.load(spec)
     names = None
     if input_specs:
@@ -225,6 +224,20 @@ def _export_module(spec, input_specs, dynamic_specs, flavor, opset, dtype, outpu
         names, example = [p[0] for p in parsed], modules.example_tensors(parsed)
     elif example is None:
         raise UsageError(f"--module {spec}: give --input NAME:SHAPE for each input (the NAME gives no example inputs)")
+    return module, example, names
+
+
+def _module_variant(spec, input_specs):
+    from attnexport import modules
+    module, example, names = _module_and_inputs(spec, input_specs)
+    return modules.as_variant(spec, module, example, names)
+
+
+def _export_module(spec, input_specs, dynamic_specs, flavor, opset, dtype, output, as_json, options):
+    from attnexport import modules
+    if _given(options):
+        raise UsageError(f"--module takes no variant options ({', '.join('--' + k.replace('_', '-') for k in _given(options))})")
+    module, example, names = _module_and_inputs(spec, input_specs)
     dynamic = None
     if dynamic_specs:
         dynamic = {}
@@ -498,7 +511,11 @@ def _print_bench(rows, variant, dtype):
 
 
 @main.command()
-@click.option("--variant", required=True, help="The variant to time (see `attnexport list`).")
+@click.option("--variant", default=None, help="The variant to time (see `attnexport list`).")
+@click.option("--module", "module_spec", default=None, metavar="FILE.py:NAME",
+              help="Your own module instead (as for export --module); every symbolic length takes --seq.")
+@click.option("--input", "input_specs", multiple=True, metavar="NAME:SHAPE[:DTYPE]",
+              help="With --module: an example input (repeatable; default: the NAME function's).")
 @click.option("--batch", default=None, help="Batch size, or several separated by commas.")
 @click.option("--seq", default=None, help="Sequence length, or several: --seq 512,2048,8192.")
 @click.option("--kv-seq", "kv_seq", default=None, help="Key/value length, or several.")
@@ -520,14 +537,22 @@ def _print_bench(rows, variant, dtype):
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a latency chart (PNG).")
 @_variant_options(exclude=("batch", "seq", "kv_seq"))
 @reports_errors
-def bench(variant, batch, seq, kv_seq, decode, context, runtimes, flavors, dtype, warmup, iters, cuda_graph,
-          threads, repeat, seed, as_json, plot, **options):
+def bench(variant, module_spec, input_specs, batch, seq, kv_seq, decode, context, runtimes, flavors, dtype, warmup,
+          iters, cuda_graph, threads, repeat, seed, as_json, plot, **options):
     """Time a variant on every runtime and flavor against PyTorch eager.
 
     Example: attnexport bench --variant mha --runtimes torch,ort-cpu --batch 8 --seq 512 --dim 512 --heads 8
     """
     from attnexport import bench as bench_mod
 
+    if (variant is None) == (module_spec is None):
+        raise UsageError("give --variant NAME or --module FILE.py:NAME (one of them)")
+    if module_spec is not None:
+        if decode or _given(options) or kv_seq:
+            raise UsageError("--module takes --batch and --seq (no --decode, --kv-seq or variant options)")
+        variant = _module_variant(module_spec, input_specs)
+    elif input_specs:
+        raise UsageError("--input goes with --module")
     opts = _given(options)
     for name, text in (("batch", batch), ("seq", seq), ("kv_seq", kv_seq)):
         values = _int_list("--" + name.replace("_", "-"), text)
@@ -551,12 +576,13 @@ def bench(variant, batch, seq, kv_seq, decode, context, runtimes, flavors, dtype
     else:
         rows = _with_progress("bench", as_json, lambda progress: bench_mod.bench(variant, opts, **kwargs,
                                                                                 progress=progress))
+    title = module_spec or variant
     if plot:
-        bench_mod.plot(rows, plot, f"{variant} {dtype}, median latency")
+        bench_mod.plot(rows, plot, f"{title} {dtype}, median latency")
     if as_json:
         click.echo(json.dumps(bench_mod.to_json(rows), default=float))
         return
-    _print_bench(rows, variant, dtype)
+    _print_bench(rows, title, dtype)
     for rt, shape, flavor, ms in bench_mod.fastest(rows):
         click.echo(f"fastest on {rt} at {shape}: {flavor} ({ms:.3f} ms)")
     for r in rows:

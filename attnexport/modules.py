@@ -498,3 +498,53 @@ def _verify_feeds(spec_inputs, example, dtype):
                                        dtype=getattr(torch, i["dtype"])))
         feeds.append((label, tuple(feed)))
     return feeds
+
+
+# --- bench ------------------------------------------------------------------------------------------
+
+def as_variant(spec: str, module, example_inputs, input_names=None):
+    """The module as a variant that `attnexport.bench.bench` times: options `batch` and `seq`
+    (axis 0, and axis 1 of every input of rank 2 or more: all lengths take --seq), its own
+    export, and FLOPs counted by torch's FlopCounterMode at each shape."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    from attnexport import variants as V
+    example = tuple(example_inputs)
+    names = list(input_names or _forward_names(module, len(example)))
+    kinds = {}
+    for n, t in zip(names, example):
+        if t.is_floating_point():
+            kinds[n] = ("float", "data")
+        else:
+            values, counts = torch.unique(t, return_counts=True)
+            common = values[counts.argmax()].item()
+            kinds[n] = ("bool", "true" if common else "false") if t.dtype == torch.bool else \
+                (str(t.dtype).replace("torch.", ""), "zeros")
+
+    def inputs(o):
+        return tuple(V.TensorSpec(n, tuple("batch" if a == 0 and t.dim() >= 2 else "seq" if a == 1 and t.dim() >= 2
+                                           else s for a, s in enumerate(t.shape)), *kinds[n])
+                     for n, t in zip(names, example))
+
+    def tensors(o, dtype="fp32"):
+        arrays = V.make_inputs(variant, o, 0)
+        return tuple(torch.from_numpy(a).to(D.torch_dtype(dtype)) if a.dtype.kind == "f" else torch.from_numpy(a)
+                     for a in arrays.values())
+
+    def flops(o):
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            module.float()(*tensors(o))
+        return counter.get_total_flops()
+
+    def export(o, flavor, dtype, params):
+        return export_module(module, tensors(o, dtype), flavor=flavor, dtype=dtype, input_names=names, name=spec).model
+
+    b = example[0].shape[0] if example and example[0].dim() >= 2 else 1
+    t = example[0].shape[1] if example and example[0].dim() >= 2 else 1
+    variant = V.Variant(name=spec, summary="your module", options=(V.Option("batch", int, b, "batch size"),
+                                                                     V.Option("seq", int, t, "sequence length")),
+                        build=lambda o: module, inputs=inputs,
+                        outputs=lambda o: (V.TensorSpec("output", ("batch", "seq"), "float"),),
+                        reference=None, flops=flops, dot_product_core=True, dynamic=("batch", "seq"), export=export)
+    return variant

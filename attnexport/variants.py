@@ -63,6 +63,9 @@ class Variant:
     # axes). The export traces them at the other's size and names them apart in the ONNX inputs.
     broadcast: tuple[tuple[str, str], ...] = ()
     checks: tuple[Callable[[dict], str | None], ...] = field(default=())
+    # How to make its ONNX model: (options, flavor, dtype, params) -> ModelProto; None: the
+    # registry's export. A user's module (attnexport.modules.as_variant) brings its own.
+    export: Callable[[dict, str, str, dict], Any] | None = None
 
     def option(self, name: str) -> Option:
         return {o.name: o for o in self.options}[name]
@@ -665,6 +668,9 @@ def make_inputs(variant: Variant, o: dict, seed: int) -> dict[str, np.ndarray]:
             B, T_ = shape
             lens = rng.integers(1, T_ + 1, size=B)
             out[spec.name] = np.arange(T_)[None, :] < lens[:, None]
+        elif spec.kind in ("true", "false", "zeros"):  # a user's mask or ids: one value throughout
+            out[spec.name] = np.full(shape, spec.kind == "true") if spec.dtype == "bool" else \
+                np.zeros(shape, np.dtype(spec.dtype))
         elif spec.kind == "valid_lens":
             limit = o["kv_seq"]
             out[spec.name] = rng.integers(1, limit + 1, size=shape).astype(np.int64)

@@ -168,3 +168,20 @@ def test_verify_module_names_changed_parameters(tmp_path):
     assert r.exit_code == 1 and "the module's parameters differ from the model's: c_attn.bias" in r.output
     r = run("verify", path, path, "--module", spec)
     assert r.exit_code == 2 and "give one MODEL" in r.output
+
+
+def test_bench_module_times_it_beside_torch(tmp_path):
+    r = run("bench", "--module", "examples/cross_attention.py:example", "--batch", "2", "--seq", "8,12",
+            "--runtimes", "torch,ort-cpu", "--flavor", "attention", "--warmup", "1", "--iters", "2", "--repeat", "2",
+            "--threads", "1", "--json")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)
+    assert {(row["runtime"], row["flavor"], row["shape"]["seq"]) for row in rows} == \
+        {(rt, f, s) for rt, f in (("torch", "-"), ("ort-cpu", "attention")) for s in (8, 12)}
+    for row in rows:
+        assert row["variant"] == "examples/cross_attention.py:example"
+        assert row["max_abs_err"] < 1e-4 and row["tflops"] > 0 and 0 < row["peak_fraction"] <= 1
+    r = run("bench", "--module", "examples/cross_attention.py:example", "--decode", "--context", "8")
+    assert r.exit_code == 2 and "--module takes --batch and --seq" in r.output
+    r = run("bench", "--variant", "mha", "--module", "examples/cross_attention.py:example")
+    assert r.exit_code == 2 and "one of them" in r.output
