@@ -178,6 +178,9 @@ def _given(kwargs) -> dict:
                    "a module or (module, example_inputs).")
 @click.option("--input", "input_specs", multiple=True, metavar="NAME:SHAPE[:DTYPE]",
               help="With --module: an example input, e.g. x:2x16x64 (repeatable; default: the NAME function's).")
+@click.option("--nan-rows", is_flag=True,
+              help="With --module and --flavor primitives: a fully masked query row gives NaN, as in torch "
+                   "(default: zeros).")
 @click.option("--dynamic", "dynamic_specs", multiple=True, metavar="NAME:AXIS=DIM",
               help="With --module: a symbolic axis, e.g. x:1=seq (repeatable; default: axes 0 and 1 of every "
                    "input, where the model allows).")
@@ -191,7 +194,8 @@ def _given(kwargs) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_variant_options
 @reports_errors
-def export(variant, module_spec, input_specs, dynamic_specs, flavor, opset, dtype, seed, output, as_json, **options):
+def export(variant, module_spec, input_specs, nan_rows, dynamic_specs, flavor, opset, dtype, seed, output, as_json,
+           **options):
     """Export a variant, or your own module, to ONNX (checked, with metadata, written atomically).
 
     Examples: attnexport export --variant mha --heads 8 --flavor ort -o mha.onnx;
@@ -199,10 +203,11 @@ def export(variant, module_spec, input_specs, dynamic_specs, flavor, opset, dtyp
     """
     if (variant is None) == (module_spec is None):
         raise UsageError("give --variant NAME or --module FILE.py:NAME (one of them)")
-    if module_spec is None and (input_specs or dynamic_specs):
-        raise UsageError("--input and --dynamic go with --module")
+    if module_spec is None and (input_specs or dynamic_specs or nan_rows):
+        raise UsageError("--input, --dynamic and --nan-rows go with --module")
     if module_spec is not None:
-        _export_module(module_spec, input_specs, dynamic_specs, flavor, opset, dtype, output, as_json, options)
+        _export_module(module_spec, input_specs, dynamic_specs, flavor, opset, dtype, output, as_json, options,
+                       nan_rows)
         return
     result = export_mod.export(variant, _given(options), flavor, opset, dtype, output, seed=seed)
     if as_json:
@@ -233,7 +238,7 @@ def _module_variant(spec, input_specs):
     return modules.as_variant(spec, module, example, names)
 
 
-def _export_module(spec, input_specs, dynamic_specs, flavor, opset, dtype, output, as_json, options):
+def _export_module(spec, input_specs, dynamic_specs, flavor, opset, dtype, output, as_json, options, nan_rows):
     from attnexport import modules
     if _given(options):
         raise UsageError(f"--module takes no variant options ({', '.join('--' + k.replace('_', '-') for k in _given(options))})")
@@ -246,7 +251,7 @@ def _export_module(spec, input_specs, dynamic_specs, flavor, opset, dtype, outpu
             dynamic.setdefault(n, {})[axis] = dim
     path = output or str(Path("models") / (Path(spec.rpartition(":")[0]).stem + ".onnx"))
     result = modules.export_module(module, example, flavor=flavor, opset=opset, dtype=dtype, dynamic=dynamic,
-                                   output=path, input_names=names, name=spec)
+                                   output=path, input_names=names, name=spec, nan_rows=nan_rows)
     if as_json:
         click.echo(json.dumps({"path": str(result.path), "module": result.module, "flavor": result.flavor,
                                "opset": result.opset, "dtype": result.dtype, "attention_op": result.attention_op,
@@ -344,12 +349,7 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
             raise UsageError("--module compares one MODEL with the module it was exported from: give one MODEL")
         report = modules.verify_module(models[0], module_spec, verify_mod.parse_runtimes(runtimes), rtol, atol,
                                        skip_unavailable)
-        if as_json:
-            click.echo(json.dumps(report.to_dict(), default=float))
-        else:
-            _print_verify(report, details)
-        if not report.ok:
-            sys.exit(1)
+        _report_verify(report, details, as_json)
         return
     if models and cases:
         raise UsageError("--case selects golden cases to export and run; a MODEL runs those of its own options")
@@ -362,6 +362,11 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
                   baseline=baseline_dir, save_baseline=save_baseline, max_growth=max_growth,
                   cases=list(cases) or None)
     report = _with_progress("verify", as_json, lambda progress: verify_mod.verify(**kwargs, progress=progress))
+    _report_verify(report, details, as_json)
+
+
+def _report_verify(report, details, as_json):
+    """Prints a verify report (a table, or JSON); exit 1 unless it passed."""
     if as_json:
         click.echo(json.dumps(report.to_dict(), default=float))
     else:

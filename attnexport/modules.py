@@ -30,8 +30,17 @@ from attnexport import weights as W
 from attnexport.compare import compare, tolerance
 from attnexport.errors import ExportError, UsageError
 
-SEMANTICS_NOTE = ("a fully masked query row gives zeros in the export, where torch's "
-                  "scaled_dot_product_attention gives NaN")
+SEMANTICS_NOTE = "a fully masked query row gives zeros in the export, where torch {version} gives NaN"
+
+
+def torch_gives_nan_rows(dtype: str) -> bool:
+    """Whether this torch's scaled_dot_product_attention (on the CPU, in `dtype`) gives NaN for a
+    query row whose mask hides every key. torch 2.13 gives zeros; earlier releases gave NaN."""
+    import torch
+    from attnexport.models.core import _torch_sdpa
+    q = torch.ones((1, 1, 1, 4), dtype=D.torch_dtype(dtype))
+    mask = torch.zeros((1, 1, 1, 2), dtype=torch.bool)
+    return bool(torch.isnan(_torch_sdpa(q, q.expand(1, 1, 2, 4), q.expand(1, 1, 2, 4), attn_mask=mask)).any())
 _DTYPES = {"float32": "float32", "float": "float32", "float16": "float16", "bool": "bool", "int64": "int64",
            "int32": "int32"}
 
@@ -186,7 +195,7 @@ class ModuleExportResult:
 
 def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: int | None = None,
                   dtype: str = "fp32", dynamic: dict | None = None, output=None, input_names=None,
-                  name: str = "module") -> ModuleExportResult:
+                  name: str = "module", nan_rows: bool = False) -> ModuleExportResult:
     """Exports a user's attention module through attnexport's core.
 
     Args:
@@ -194,6 +203,8 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
         dynamic: {input name: {axis: dim name}}; default: axes 0 (`batch`) and 1 (`<input>_len`)
             of every input of rank 2 or more, wherever torch.export can keep them symbolic.
         output: the file to write (atomically); None: build in memory only.
+        nan_rows: keep torch's behaviour for a query row whose mask hides every key (NaN, where
+            attnexport gives zeros); only the primitives flavour can, the fused ops define zeros.
     """
     import torch
     from attnexport.export import _quiet, _reuse_torchlib_table, attention_op_of
@@ -207,6 +218,13 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
     opset = FL.FLAVORS[flavor].default_opset if opset is None else opset
     if not lo <= opset <= hi:
         raise UsageError(f"--opset {opset} is not available for the {flavor} flavor (allowed: {lo} to {hi})")
+    torch_nan = torch_gives_nan_rows(dtype)
+    if nan_rows and not torch_nan:
+        raise UsageError(f"--nan-rows: torch {torch.__version__} gives zeros for a fully masked row too (on the "
+                         "CPU), as the export does: there is no NaN to keep")
+    if nan_rows and flavor != "primitives":
+        raise UsageError(f"--nan-rows needs --flavor primitives: the {flavor} flavor's fused op gives zeros for "
+                         "a fully masked row by its own definition")
     if output is not None:
         F.resolve_target(Path(output))
     example_inputs = tuple(example_inputs)
@@ -219,7 +237,8 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
     _reuse_torchlib_table()
     importlib.import_module("attnexport.models.core")
     try:
-        with _quiet(), torch.no_grad(), routed(routing):
+        from attnexport.onnx_attention import torch_dead_rows
+        with _quiet(), torch.no_grad(), routed(routing), (torch_dead_rows() if nan_rows else contextlib.nullcontext()):
             program = torch.onnx.export(
                 module, args, dynamo=True, opset_version=max(opset, 18), dynamic_shapes=dims[0],
                 input_names=names, custom_translation_table={torch.ops.attnexport.attention.default:
@@ -257,7 +276,10 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
         raise ExportError(f"the {flavor} flavor should use {' or '.join(FL.FLAVORS[flavor].expected_ops)}, but the "
                           f"exported graph has {op_name}")
     checked = _check_other_sizes(module, model, names, args, kept, dtype, name)
-    notes = [SEMANTICS_NOTE] if routing.calls else ["no attention call was routed: the module calls neither "
+    version = torch.__version__.split("+")[0]
+    semantics = ["fully masked query rows give NaN, as in torch (--nan-rows)"] if nan_rows else \
+        [SEMANTICS_NOTE.format(version=version) + " (--nan-rows keeps torch's)"] if torch_nan else []
+    notes = semantics if routing.calls else ["no attention call was routed: the module calls neither "
                                                     "scaled_dot_product_attention nor nn.MultiheadAttention "
                                                     "without weights"]
     notes += [f"not routed: {u}" for u in sorted(set(routing.unrouted))]

@@ -14,6 +14,7 @@ exporter's optimizer removes.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import onnx
@@ -134,10 +135,27 @@ def _dead_rows(bias):
     return op.Equal(op.ReduceSum(visible, [-1], keepdims=1), op.Constant(value_float=0.0))
 
 
+# Whether rows with nothing to attend to give zeros (the operator's semantics, attnexport's
+# default) or are left to the softmax (NaN, as torch's kernels): set by `torch_dead_rows` while
+# a user's module that asks for torch's behaviour is exported.
+_ZERO_DEAD_ROWS = True
+
+
+@contextlib.contextmanager
+def torch_dead_rows():
+    """Within the block, the primitives translation leaves fully masked rows to the softmax (NaN)."""
+    global _ZERO_DEAD_ROWS
+    _ZERO_DEAD_ROWS = False
+    try:
+        yield
+    finally:
+        _ZERO_DEAD_ROWS = True
+
+
 def _needs_guard(attn_mask, nonpad) -> bool:
     # A causal mask alone never empties a row (key 0, or the first new key, is always visible);
     # an explicit mask can, and so can a valid count (0, or below Tq with a causal offset).
-    return attn_mask is not None or nonpad is not None
+    return (attn_mask is not None or nonpad is not None) and _ZERO_DEAD_ROWS
 
 
 def _repeat_kv(x, groups_known, query):
