@@ -234,6 +234,8 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
     module = module.to(tdtype).eval()
     dims = _dynamic_shapes(names, args, dynamic)
     routing = Routing()
+    hooks = [m.register_forward_pre_hook(_weights_asked(routing, n), with_kwargs=True)
+             for n, m in module.named_modules() if isinstance(m, torch.nn.MultiheadAttention)]
     _reuse_torchlib_table()
     importlib.import_module("attnexport.models.core")
     try:
@@ -255,6 +257,9 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
             cause = nxt
         raise UsageError(f"{name}: torch.onnx cannot export it with these inputs: {type(cause).__name__}: "
                          f"{_line(cause)}") from None
+    finally:
+        for h in hooks:
+            h.remove()
     model = program.model_proto
     # Calls routed: the core's nodes in the traced program (tracing may run forward more than once).
     routing.calls = sum(1 for node in program.exported_program.graph.nodes
@@ -293,6 +298,17 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
         F.atomic_write(path, data)
     return ModuleExportResult(path, name, flavor, opset, dtype, op_name, routing.calls, kept, checked, len(data),
                               notes, model)
+
+
+def _weights_asked(routing, name):
+    """A pre-hook that notes an nn.MultiheadAttention asked for its weights: torch computes those
+    with its own ops, outside scaled_dot_product_attention, so that call is not routed."""
+    def hook(module, args, kwargs):
+        need = kwargs.get("need_weights", args[4] if len(args) > 4 else True)
+        if need:
+            routing.unrouted.append(f"nn.MultiheadAttention {name or '(the module)'} with need_weights=True "
+                                    "(torch computes its weights with its own ops)")
+    return hook
 
 
 def _forward_names(module, n):

@@ -106,12 +106,20 @@ GOOD = """
     class Broken(nn.Module):
         def __init__(self):
             raise RuntimeError("no weights here")
+
+    class WithWeights(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+
+        def forward(self, x):
+            return self.attn(x, x, x)[0]  # need_weights defaults to True
 """
 
 
 @pytest.mark.parametrize("target, args, text", [
     ("missing.py:Block", ["--input", "x:2x5x8"], "is not a file"),
-    ("{file}:Nope", ["--input", "x:2x5x8"], "has no 'Nope' (it defines Block, Broken, NoAttention)"),
+    ("{file}:Nope", ["--input", "x:2x5x8"], "has no 'Nope' (it defines Block, Broken, NoAttention, WithWeights)"),
     ("{file}:Broken", ["--input", "x:2x5x8"], "Broken() raised RuntimeError: no weights here"),
     ("{file}:Block", [], "give --input NAME:SHAPE"),
     ("{file}:Block", ["--input", "x:2x5x8", "--input", "y:2x5x8"], "cannot export it with these inputs"),
@@ -141,6 +149,9 @@ def test_a_module_without_attention_exports_and_says_so(tmp_path):
     assert r.exit_code == 0 and "1 attention call(s) routed" in r.output
     dims = [d.dim_param or d.dim_value for d in onnx.load(tmp_path / "b.onnx").graph.input[0].type.tensor_type.shape.dim]
     assert dims == [2, "seq", 8]
+    r = run("export", "--module", f"{path}:WithWeights", "--input", "x:2x5x8", "-o", tmp_path / "w.onnx")
+    assert r.exit_code == 0 and "0 attention call(s) routed" in r.output
+    assert "not routed: nn.MultiheadAttention attn with need_weights=True" in r.output
 
 
 @pytest.mark.parametrize("example, flavor", [("causal_self_attention", "ort"), ("encoder_layer", "attention"),
