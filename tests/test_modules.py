@@ -228,3 +228,11 @@ def test_fully_masked_rows_agree_with_this_torch_or_nan_rows_keeps_its_nan():
         unguarded = M.export_module(module, example, flavor="primitives")
     got = R.prepare_onnx("ort-cpu", unguarded.model).run(feed)["layer_norm"]
     assert np.isnan(got[1]).all() and not np.isnan(got[0]).any()
+
+
+def test_the_api_at_the_package_top(tmp_path):
+    import attnexport
+    module, _ = M.load(f"{_write(tmp_path, GOOD)}:Block")
+    result = attnexport.export_module(module, (torch.randn(2, 5, 8),), flavor="ort", output=tmp_path / "b.onnx")
+    assert result.routed == 1 and result.attention_op == "com.microsoft.MultiHeadAttention"
+    assert (tmp_path / "b.onnx").stat().st_size == result.size
