@@ -88,16 +88,10 @@ def _validate(variant, flavor, opset, dtype, o=None):
     if dtype not in DTYPES:
         raise UsageError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
     gf = graph_flavor(variant, flavor)
-    lo, hi = FL.FLAVORS[gf].opsets
-    if gf == "attention" and (o or {}).get("nonpad"):
-        lo = 24  # the operator's nonpad_kv_seqlen input came with opset 24
-    opset = max(FL.FLAVORS[gf].default_opset, lo) if opset is None else opset
-    if not lo <= opset <= hi:
-        if lo == 24:
-            raise UsageError(f"--opset {opset}: --nonpad needs opset 24 for the attention flavor")
-        allowed = str(lo) if lo == hi else f"{lo} to {hi}"
-        raise UsageError(f"--opset {opset} is not available for the {gf} flavor (allowed: {allowed})")
-    return gf, opset
+    if gf == "attention" and (o or {}).get("nonpad") and opset is not None and opset < 24:
+        raise UsageError(f"--opset {opset}: --nonpad needs opset 24 for the attention flavor")
+    # The operator's nonpad_kv_seqlen input came with opset 24.
+    return gf, FL.opset_for(gf, opset, 24 if gf == "attention" and (o or {}).get("nonpad") else None)
 
 
 @contextlib.contextmanager
@@ -129,26 +123,20 @@ def _reuse_torchlib_table() -> None:
         _decompose_traced_once()
 
 
-_DECOMPOSED: dict = {}  # id(traced program) -> (program, its decomposition), for _TRACED's programs
-
-
 def _decompose_traced_once() -> None:
     """torch.onnx decomposes the traced program into the ops ONNX functions exist for, on every
     export (0.7 s of 1.2 here). The three flavours of one trace ask for the same decomposition
     (the same ops are registered; only the attention op's translation differs): for a program
-    `_traced` made, it is done once."""
+    `_traced` made, it is done once and kept on the program."""
     from torch.onnx._internal.exporter import _fx_passes
     decompose = _fx_passes.decompose_with_registry
 
     def once(exported_program, registry):
-        key = id(exported_program)
-        if not any(p is exported_program for p in _TRACED.values()):
+        if not getattr(exported_program, "_attnexport_traced", False):
             return decompose(exported_program, registry)
-        if key not in _DECOMPOSED or _DECOMPOSED[key][0] is not exported_program:
-            while len(_DECOMPOSED) >= len(_TRACED) + 1:
-                _DECOMPOSED.pop(next(iter(_DECOMPOSED)))
-            _DECOMPOSED[key] = (exported_program, decompose(exported_program, registry))
-        return _DECOMPOSED[key][1]
+        if getattr(exported_program, "_attnexport_decomposed", None) is None:
+            exported_program._attnexport_decomposed = decompose(exported_program, registry)
+        return exported_program._attnexport_decomposed
     _fx_passes.decompose_with_registry = once
 
 
@@ -177,13 +165,16 @@ def build_model(variant_name: str, options: dict | None = None, flavor: str = DE
         model, info = hit
         return model, ExportResult(Path(), variant.name, o, flavor, gf, opset, dtype, info["attention_op"], 0,
                                    info["note"])
-    model, result = _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed)
+    # The flavours share one trace of the module: everything in the request but the flavour.
+    trace_key = json.dumps({k: v for k, v in request.items() if k not in ("flavor", "graph_flavor", "opset")},
+                           sort_keys=True)
+    model, result = _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed, trace_key)
     if key:
         cache.put(key, model, {"attention_op": result.attention_op, "note": result.note})
     return model, result
 
 
-def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed):
+def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed, trace_key):
     import torch
 
     importlib.import_module("attnexport.models.core")  # registers the attnexport::attention custom ops
@@ -213,9 +204,7 @@ def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed):
 
     try:
         with _quiet(), torch.no_grad():
-            traced = _traced(module, args, dynamic_shapes, (variant.name, json.dumps(o, sort_keys=True), dtype,
-                                                            json.dumps({k: W.sha256_of(v) for k, v in params.items()},
-                                                                       sort_keys=True), seed))
+            traced = _traced(module, args, dynamic_shapes, trace_key)
             # The translations are written for opset 18 (23 or 24 for Attention); an older opset is
             # reached by onnx's version converter below.
             program = torch.onnx.export(
@@ -226,12 +215,7 @@ def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed):
     except ExportError:
         raise
     except Exception as e:
-        cause = e
-        while cause.__cause__ is not None or cause.__context__ is not None:
-            nxt = cause.__cause__ or cause.__context__
-            if isinstance(nxt, ExportError):  # e.g. UnsupportedByFlavor from a translation
-                raise nxt from None
-            cause = nxt
+        cause = export_error_cause(e)
         raise ExportError(f"torch.onnx could not export {variant.name} ({gf}): "
                           f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}") from None
     model = program.model_proto
@@ -259,6 +243,7 @@ def _traced(module, args, dynamic_shapes, key):
         while len(_TRACED) >= 8:
             _TRACED.pop(next(iter(_TRACED)))
         _TRACED[key] = torch.export.export(module, args, dynamic_shapes=dynamic_shapes)
+        _TRACED[key]._attnexport_traced = True  # its decomposition is kept (_decompose_traced_once)
     return _TRACED[key]
 
 
@@ -289,11 +274,7 @@ def _name_axes(model, variant, ex, out_specs):
                 dim.dim_param = d
     if drop_shapes:
         del model.graph.value_info[:]
-    symbol = re.compile(r"\bs\d+\b")
-    for vi in model.graph.value_info:
-        for dim in vi.type.tensor_type.shape.dim:
-            if dim.dim_param:
-                dim.dim_param = symbol.sub(lambda m: renames.get(m.group(), m.group()), dim.dim_param)
+    rename_symbols(model, renames)
     outputs = {o.name: o for o in model.graph.output}
     for spec in out_specs:
         for axis, d in enumerate(spec.dims):
@@ -312,7 +293,27 @@ def _convert_opset(model, opset, variant, gf):
 
 
 def _finish(model, variant, o, flavor, gf, opset, dtype, seed, params_source, entries):
-    """Strips exporter noise, sets the lowest IR version, records metadata, checks the model."""
+    """Records the variant's metadata on the model and checks it (see `stamp`)."""
+    stamp(model, {
+        "attnexport.variant": variant.name,
+        "attnexport.options": json.dumps(o, sort_keys=True),
+        "attnexport.flavor": flavor,
+        "attnexport.graph_flavor": gf,
+        "attnexport.opset": str(opset),
+        "attnexport.dtype": dtype,
+        "attnexport.seed": str(seed),
+        # "seed": the parameters come from the seed; "given": the caller's own (params=).
+        "attnexport.params_source": params_source,
+        # Per parameter: the initializer holding it, its layout and the sha256 of its bytes.
+        "attnexport.params": json.dumps(entries, sort_keys=True),
+        "attnexport.params_sha256": W.total_sha256(entries),
+        "attnexport.golden_manifest_sha256": golden.manifest_hash(),
+    }, f"{variant.name} ({gf})")
+
+
+def stamp(model, meta: dict, what: str) -> None:
+    """Strips exporter noise, sets the lowest IR version, records `meta` (with attnexport's and
+    torch's versions), and checks the model: onnx.checker (full) and strict shape inference."""
     import torch
 
     for node in model.graph.node:
@@ -331,31 +332,36 @@ def _finish(model, variant, o, flavor, gf, opset, dtype, seed, params_source, en
     # onnx's default IR version is newer than many ONNX Runtime releases accept: use the lowest
     # the opsets allow.
     model.ir_version = onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
-    meta = {
-        "attnexport.variant": variant.name,
-        "attnexport.options": json.dumps(o, sort_keys=True),
-        "attnexport.flavor": flavor,
-        "attnexport.graph_flavor": gf,
-        "attnexport.opset": str(opset),
-        "attnexport.dtype": dtype,
-        "attnexport.seed": str(seed),
-        # "seed": the parameters come from the seed; "given": the caller's own (params=).
-        "attnexport.params_source": params_source,
-        # Per parameter: the initializer holding it, its layout and the sha256 of its bytes.
-        "attnexport.params": json.dumps(entries, sort_keys=True),
-        "attnexport.params_sha256": W.total_sha256(entries),
-        "attnexport.version": __version__,
-        "attnexport.torch_version": torch.__version__.split("+")[0],
-        "attnexport.golden_manifest_sha256": golden.manifest_hash(),
-    }
+    meta = {**meta, "attnexport.version": __version__, "attnexport.torch_version": torch.__version__.split("+")[0]}
     for k, v in meta.items():
         model.metadata_props.add(key=k, value=v)
     try:
         onnx.checker.check_model(model, full_check=True)
         onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
     except Exception as e:
-        raise ExportError(f"the exported {variant.name} ({gf}) model fails onnx checks: "
-                          f"{str(e).splitlines()[0]}") from None
+        raise ExportError(f"the exported {what} model fails onnx checks: {str(e).splitlines()[0]}") from None
+
+
+def export_error_cause(e: BaseException) -> BaseException:
+    """The exception that says why torch.onnx failed: an attnexport error raised inside it (a
+    translation's UnsupportedByFlavor, say) is re-raised as it is; otherwise the innermost cause."""
+    from attnexport.errors import AttnExportError
+    cause = e
+    while cause.__cause__ is not None or cause.__context__ is not None:
+        nxt = cause.__cause__ or cause.__context__
+        if isinstance(nxt, AttnExportError):
+            raise nxt from None
+        cause = nxt
+    return cause
+
+
+def rename_symbols(model, renames: dict) -> None:
+    """Renames the exporter's symbols (s0, s1, ...) in the intermediate and output shapes."""
+    symbol = re.compile(r"\bs\d+\b")
+    for vi in [*model.graph.value_info, *model.graph.output]:
+        for dim in vi.type.tensor_type.shape.dim:
+            if dim.dim_param:
+                dim.dim_param = symbol.sub(lambda m: renames.get(m.group(), m.group()), dim.dim_param)
 
 
 def _check_flavor(variant, flavor, gf, op_name):

@@ -31,3 +31,16 @@ FLAVORS: dict[str, Flavor] = {f.name: f for f in (
 # The standard Attention op: one fused node any opset-23 runtime runs, fast on ONNX Runtime's
 # CUDA provider, with no vendor lock-in (see the README).
 DEFAULT = "attention"
+
+
+def opset_for(flavor: str, opset: int | None, lowest: int | None = None) -> int:
+    """The opset to export `flavor` at: `opset`, checked, or the flavour's default (at least
+    `lowest`, when the options need a newer one)."""
+    from attnexport.errors import UsageError
+    lo, hi = FLAVORS[flavor].opsets
+    lo = max(lo, lowest or lo)
+    opset = max(FLAVORS[flavor].default_opset, lo) if opset is None else opset
+    if not lo <= opset <= hi:
+        allowed = str(lo) if lo == hi else f"{lo} to {hi}"
+        raise UsageError(f"--opset {opset} is not available for the {flavor} flavor (allowed: {allowed})")
+    return opset

@@ -12,6 +12,7 @@ with the module itself.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 import json
 import re
@@ -22,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from attnexport import __version__
 from attnexport import dtypes as D
 from attnexport import files as F
 from attnexport import flavors as FL
@@ -80,6 +80,14 @@ def load(spec: str):
     if example is not None:
         example = tuple(example) if isinstance(example, (tuple, list)) else (example,)
     return module, example
+
+
+def _common_value(t):
+    """The most common value of a non-float example input: what a mask or ids input of another
+    size is filled with (a mask mostly attends)."""
+    import torch
+    values, counts = torch.unique(t, return_counts=True)
+    return values[counts.argmax()].item()
 
 
 def _line(e: Exception) -> str:
@@ -207,17 +215,14 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
             attnexport gives zeros); only the primitives flavour can, the fused ops define zeros.
     """
     import torch
-    from attnexport.export import _quiet, _reuse_torchlib_table, attention_op_of
+    from attnexport.export import _quiet, _reuse_torchlib_table, attention_op_of, export_error_cause, stamp
     from attnexport.onnx_attention import TRANSLATIONS
 
     if flavor not in FL.FLAVORS:
         raise UsageError(f"unknown flavor {flavor!r}; valid: {', '.join(FL.FLAVORS)}")
     if dtype not in D.DTYPES:
         raise UsageError(f"unknown dtype {dtype!r}; valid: {', '.join(D.DTYPES)}")
-    lo, hi = FL.FLAVORS[flavor].opsets
-    opset = FL.FLAVORS[flavor].default_opset if opset is None else opset
-    if not lo <= opset <= hi:
-        raise UsageError(f"--opset {opset} is not available for the {flavor} flavor (allowed: {lo} to {hi})")
+    opset = FL.opset_for(flavor, opset)
     torch_nan = torch_gives_nan_rows(dtype)
     if nan_rows and not torch_nan:
         raise UsageError(f"--nan-rows: torch {torch.__version__} gives zeros for a fully masked row too (on the "
@@ -231,7 +236,7 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
     names = list(input_names or _forward_names(module, len(example_inputs)))
     tdtype = D.torch_dtype(dtype)
     args = tuple(t.to(tdtype) if t.is_floating_point() else t for t in example_inputs)
-    module = module.to(tdtype).eval()
+    module = copy.deepcopy(module).to(tdtype).eval()  # the caller's module keeps its dtype and mode
     dims = _dynamic_shapes(names, args, dynamic)
     routing = Routing()
     hooks = [m.register_forward_pre_hook(_weights_asked(routing, n), with_kwargs=True)
@@ -249,12 +254,7 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
     except ExportError:
         raise
     except Exception as e:  # noqa: BLE001 - torch.export's reasons are the user's to read, in one line
-        cause = e
-        while cause.__cause__ is not None or cause.__context__ is not None:
-            nxt = cause.__cause__ or cause.__context__
-            if isinstance(nxt, (ExportError, UsageError)):
-                raise nxt from None
-            cause = nxt
+        cause = export_error_cause(e)
         raise UsageError(f"{name}: torch.onnx cannot export it with these inputs: {type(cause).__name__}: "
                          f"{_line(cause)}") from None
     finally:
@@ -275,7 +275,12 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
         model = version_converter.convert_version(model, opset)
     params = {k: v.detach().float().numpy() for k, v in module.state_dict().items()}
     entries = W.record(model, params, D.NUMPY[dtype])
-    _metadata(model, name, names, args, kept, flavor, opset, dtype, entries)
+    spec = [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+             "dynamic": {str(a): d for a, d in kept.get(n, {}).items()}} for n, t in zip(names, args)]
+    stamp(model, {"attnexport.module": name, "attnexport.inputs": json.dumps(spec), "attnexport.flavor": flavor,
+                  "attnexport.graph_flavor": flavor, "attnexport.opset": str(opset), "attnexport.dtype": dtype,
+                  "attnexport.params": json.dumps(entries, sort_keys=True),
+                  "attnexport.params_sha256": W.total_sha256(entries)}, name)
     op_name = attention_op_of(model)
     if routing.calls and op_name not in FL.FLAVORS[flavor].expected_ops:
         raise ExportError(f"the {flavor} flavor should use {' or '.join(FL.FLAVORS[flavor].expected_ops)}, but the "
@@ -353,27 +358,9 @@ def _name_dims(model, names, wanted):
                 dim_name = renames.setdefault(d.dim_param, dim_name)  # a symbol shared by inputs: one name
                 d.dim_param = dim_name
                 kept.setdefault(n, {})[axis] = dim_name
-    symbol = re.compile(r"\bs\d+\b")
-    for vi in [*model.graph.value_info, *model.graph.output]:
-        for d in vi.type.tensor_type.shape.dim:
-            if d.dim_param:
-                d.dim_param = symbol.sub(lambda m: renames.get(m.group(), m.group()), d.dim_param)
+    from attnexport.export import rename_symbols
+    rename_symbols(model, renames)
     return kept
-
-
-def _metadata(model, name, names, args, kept, flavor, opset, dtype, entries):
-    import torch
-    model.producer_name, model.producer_version = "attnexport", __version__
-    model.ir_version = onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
-    spec = [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
-             "dynamic": {str(a): d for a, d in kept.get(n, {}).items()}} for n, t in zip(names, args)]
-    meta = {"attnexport.module": name, "attnexport.inputs": json.dumps(spec), "attnexport.flavor": flavor,
-            "attnexport.graph_flavor": flavor, "attnexport.opset": str(opset), "attnexport.dtype": dtype,
-            "attnexport.params": json.dumps(entries, sort_keys=True), "attnexport.params_sha256": W.total_sha256(entries),
-            "attnexport.version": __version__, "attnexport.torch_version": torch.__version__.split("+")[0]}
-    del model.metadata_props[:]
-    for k, v in meta.items():
-        model.metadata_props.add(key=k, value=v)
 
 
 def probe_inputs(args, names, kept, seed):
@@ -393,8 +380,7 @@ def probe_inputs(args, names, kept, seed):
             if t.is_floating_point():
                 feed.append(torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(t.dtype))
             else:
-                values, counts = torch.unique(t, return_counts=True)
-                feed.append(torch.full(shape, values[counts.argmax()].item(), dtype=t.dtype))
+                feed.append(torch.full(shape, _common_value(t), dtype=t.dtype))
         out.append(tuple(feed))
     return out
 
@@ -516,11 +502,7 @@ def _verify_feeds(spec_inputs, example, dtype):
     """(label, inputs): the export's shape, then VERIFY_SIZES on the symbolic axes."""
     import torch
     rng = np.random.default_rng(0)
-    common = {}
-    for i, t in zip(spec_inputs, example or ()):
-        if not t.is_floating_point():
-            values, counts = torch.unique(t, return_counts=True)
-            common[i["name"]] = values[counts.argmax()].item()
+    common = {i["name"]: _common_value(t) for i, t in zip(spec_inputs, example or ()) if not t.is_floating_point()}
     feeds = []
     for batch, length in ((None, None), *VERIFY_SIZES):
         feed, label = [], "export shape" if batch is None else f"batch {batch}, length {length}"
@@ -554,9 +536,7 @@ def as_variant(spec: str, module, example_inputs, input_names=None):
         if t.is_floating_point():
             kinds[n] = ("float", "data")
         else:
-            values, counts = torch.unique(t, return_counts=True)
-            common = values[counts.argmax()].item()
-            kinds[n] = ("bool", "true" if common else "false") if t.dtype == torch.bool else \
+            kinds[n] = ("bool", "true" if _common_value(t) else "false") if t.dtype == torch.bool else \
                 (str(t.dtype).replace("torch.", ""), "zeros")
 
     def inputs(o):
@@ -571,8 +551,10 @@ def as_variant(spec: str, module, example_inputs, input_names=None):
 
     def flops(o):
         counter = FlopCounterMode(display=False)
+        param = next(module.parameters(), None)  # inputs in the dtype the bench left the module in
+        args = tuple(t.to(param.dtype) if param is not None and t.is_floating_point() else t for t in tensors(o))
         with counter, torch.no_grad():
-            module.float()(*tensors(o))
+            module(*args)
         return counter.get_total_flops()
 
     def export(o, flavor, dtype, params):

@@ -23,9 +23,9 @@ from onnxscript import ir, opset18 as op, opset23 as op23
 from onnxscript.values import Op, Opset
 
 from attnexport.errors import UnsupportedByFlavor
+from attnexport.models.core import NO_WEIGHTS
 
 op24 = Opset("", 24)  # onnxscript ships no opset24 module; the op's schema comes from onnx
-NO_WEIGHTS = -1  # the core op's `weights` when no score output is asked for (see models.core)
 
 
 def _msft_mha(cached: bool = False) -> Op:

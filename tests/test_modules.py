@@ -236,3 +236,8 @@ def test_the_api_at_the_package_top(tmp_path):
     result = attnexport.export_module(module, (torch.randn(2, 5, 8),), flavor="ort", output=tmp_path / "b.onnx")
     assert result.routed == 1 and result.attention_op == "com.microsoft.MultiHeadAttention"
     assert (tmp_path / "b.onnx").stat().st_size == result.size
+    module.train()
+    half = attnexport.export_module(module, (torch.randn(2, 5, 8),), flavor="primitives", dtype="fp16")
+    assert half.dtype == "fp16" and half.model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    # The caller's module is left as it was: its dtype and its training mode.
+    assert module.training and all(p.dtype == torch.float32 for p in module.parameters())

@@ -15,8 +15,10 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from attnexport import variants
+
 # What the op's fourth output holds (the operator's qk_matmul_output_mode), by name.
-WEIGHT_MODES = {"raw": 0, "softcap": 1, "bias": 2, "softmax": 3}
+WEIGHT_MODES = {name: mode for mode, name in enumerate(variants.WEIGHT_MODES)}
 NO_WEIGHTS = -1
 # torch's own kernel, bound at import: `attnexport.modules.routed` replaces the public name with
 # this core while a user's module is exported or verified, and the core must not call itself.
