@@ -78,7 +78,7 @@ def graph_flavor(variant: V.Variant, flavor: str) -> str:
 def example_sizes(variant: V.Variant, o: dict) -> dict:
     """Options with every symbolic size at least 2, so the exporter keeps it symbolic; a size that
     broadcasts against another takes the other's (a size-1 axis would be specialized)."""
-    ex = {**o, **{k: max(o[k], 2) for k in variant.dynamic}}
+    ex = {**o, **{k: max(o[k], 2) for k in variant.sizes(o)}}  # only the sizes these options leave open
     return {**ex, **{k: ex[full] for k, full in variant.broadcast}}
 
 
@@ -188,10 +188,14 @@ def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed, tr
     tdtype = D.torch_dtype(dtype)
     args = tuple(torch.from_numpy(a).to(tdtype) if a.dtype.kind == "f" else torch.from_numpy(a)
                  for a in inputs.values())
-    # A cache may be empty: its length starts at 0.
+    # The sizes these options leave open (sdpa's head counts only in its 4-D layout); a cache may
+    # be empty: its length starts at 0.
+    open_sizes = variant.sizes(ex)
     dims = {name: torch.export.Dim(name, min=0 if variant.option(name).minimum == 0 else 1)
-            for name in variant.dynamic if name not in dict(variant.broadcast)}
-    dims.update({k: dims[full] for k, full in variant.broadcast})  # traced as the full size
+            for name in open_sizes if name not in dict(variant.broadcast)}
+    for k, full in variant.broadcast:  # traced as the full size, even where that size is fixed
+        if k in open_sizes:
+            dims[k] = dims.get(full) or torch.export.Dim(full)
     # An axis as long as a sum of sizes (a cache step's mask: past_seq+seq) is left to the
     # exporter to relate to the others; it is named after the export.
     dynamic_shapes = tuple({axis: dims[d] if d in dims else torch.export.Dim.AUTO
@@ -258,9 +262,10 @@ def _name_axes(model, variant, ex, out_specs):
     and reused one of (B, 1, T, T) for (B, H, T, T)); the runtime infers them from the inputs.
     """
     broadcast = dict(variant.broadcast)
+    open_sizes = variant.sizes(ex)
 
     def symbolic(d):  # a size the model leaves open (dim is an option too, but fixed)
-        return isinstance(d, str) and all(p in variant.dynamic for p in d.split("+"))
+        return isinstance(d, str) and all(p in open_sizes for p in d.split("+"))
     renames, drop_shapes = {}, False
     inputs = {i.name: i for i in model.graph.input}
     for spec in variant.inputs(ex):

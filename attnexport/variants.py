@@ -73,8 +73,12 @@ class Variant:
     def sizes(self, o: dict) -> dict:
         """The symbolic sizes that these options' inputs use, with their values (a cache's
         `past_seq` only with the cache)."""
-        used = {d for spec in self.inputs(o) for d in spec.dims if isinstance(d, str)}
-        return {k: o[k] for k in self.dynamic if k in used}
+        used = {p for spec in self.inputs(o) for d in spec.dims if isinstance(d, str) for p in d.split("+")}
+        open_ = {k: o[k] for k in self.dynamic if k in used}
+        # An axis that broadcasts against a fixed size of 1 (a mask's heads where sdpa's bsd layout
+        # fixes heads = 1) can only be 1: it is fixed too.
+        return {k: v for k, v in open_.items()
+                if not any(k == b and full not in open_ and o[full] == 1 for b, full in self.broadcast)}
 
     def resolve(self, given: dict | None = None) -> dict:
         """Fills defaults, rejects unknown options and bad values; returns the full options."""

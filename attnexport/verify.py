@@ -447,8 +447,18 @@ _PROBE_SIZES = ({"batch": 2, "seq": 7, "kv_seq": 5}, {"batch": 1, "seq": 1, "kv_
 _ELEM = {"bool": onnx.TensorProto.BOOL, "int64": onnx.TensorProto.INT64}
 
 
+def matching_cases(variant, options: dict, cases: list) -> list:
+    """The golden cases a model with these options can run: those that differ from its options
+    only in sizes the model leaves symbolic. Which sizes those are depends on the options (sdpa's
+    head counts are symbolic in its 4-D layout and fixed in bsd), so they are read from the
+    model's own input specs, never from the variant's list of sizes that may be symbolic."""
+    symbolic = set(variant.sizes(options))
+    fixed = {k: v for k, v in options.items() if k not in symbolic}
+    return [c for c in cases if {k: v for k, v in c.options.items() if k not in symbolic} == fixed]
+
+
 def _seeded_case(variant, options, sizes, i):
-    given = {**options, **{k: v for k, v in sizes.items() if k in variant.dynamic}}
+    given = {**options, **{k: v for k, v in sizes.items() if k in variant.sizes(options)}}
     for k, full in variant.broadcast:  # an axis that was full stays full at the new size
         if options[k] != 1:
             given[k] = given[full]
@@ -543,9 +553,7 @@ def _plan_model(path, used, golden_dir, dtype, model_variant, model_flavor, mode
     check_interface(path, model, variant, options, mdtype)
     problem = f"weights changed since export: {', '.join(changed)}" if changed else ""
 
-    static = {k: v for k, v in options.items() if k not in variant.dynamic}
-    cases = [c for c in golden.load_all(golden_dir, [variant.name])
-             if {k: v for k, v in c.options.items() if k not in variant.dynamic} == static]
+    cases = matching_cases(variant, options, golden.load_all(golden_dir, [variant.name]))
     if not cases:
         # No stored case has these options (e.g. --heads 8): seeded inputs at two shapes, one of
         # length 1, with the reference computing the expected outputs.

@@ -2,9 +2,12 @@ import atexit
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
+from hypothesis import settings, strategies as st
 
 from attnexport import variants as V
 
@@ -12,6 +15,60 @@ from attnexport import variants as V
 # among them instead of each worker's torch and ONNX Runtime pools fighting over all of them.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+
+
+ROOT = Path(__file__).resolve().parent.parent  # the checkout the suite runs from
+
+# Hypothesis keeps no example database: the suite writes nothing outside its temporary folders.
+settings.register_profile("attnexport", database=None)
+settings.load_profile("attnexport")
+
+
+@pytest.fixture(autouse=True)
+def _work_in_a_temporary_folder(tmp_path_factory, monkeypatch):
+    """Every test runs in a fresh temporary folder, so a command's default output (`models/`)
+    lands there and never in the checkout; `examples/` is linked in, so tests name the examples
+    as a user in the checkout would."""
+    cwd = tmp_path_factory.mktemp("cwd")
+    (cwd / "examples").symlink_to(ROOT / "examples")
+    monkeypatch.chdir(cwd)
+
+
+# What the suite may leave in the checkout: git's own folder, virtual environments and the
+# interpreter's bytecode caches. Anything else it adds, changes or removes fails the run.
+_OWN = {".git", ".venv", ".ci-venv", "__pycache__", ".pytest_cache"}
+
+
+def checkout_state(root: Path = ROOT) -> dict:
+    """{path: (size, mtime)} of every file in the checkout outside _OWN."""
+    state = {}
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in _OWN and not d.endswith(".egg-info")]
+        for f in files:
+            path = Path(folder, f)
+            st = path.lstat()
+            state[str(path.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+    return state
+
+
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):
+        session.config._checkout_before = checkout_state()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The suite leaves the checkout as it found it (checked once, by the controlling process)."""
+    before = getattr(session.config, "_checkout_before", None)
+    if before is None:
+        return
+    after = checkout_state()
+    changed = sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
+    if changed:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = f"the suite changed the checkout: {', '.join(changed[:10])}"
+        if reporter is not None:
+            reporter.write_sep("!", message, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_configure(config):
@@ -73,3 +130,39 @@ _FIRST = ("test_every_golden_case_passes_everywhere", "test_fp16_verify_is_green
 
 def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: 0 if item.originalname in _FIRST else 1)
+
+
+# Size options drawn small, 1 included (a cache length 0 included).
+_SIZE_BOUNDS = {"batch": (1, 3), "seq": (1, 9), "kv_seq": (1, 9), "heads": (1, 4), "head_dim": (1, 16),
+                "v_head_dim": (1, 16), "hidden": (1, 8), "kv_dim": (1, 12), "value_dim": (1, 6),
+                "ffn_dim": (1, 32), "past_seq": (0, 6), "past_kv_seq": (0, 6)}
+
+
+def draw_options(v, data) -> dict:
+    """Random valid options of variant `v`, resolved, drawn with hypothesis's `data`: every size,
+    flag and choice, within the combinations the variant accepts."""
+    names = {o.name for o in v.options}
+    given = {k: data.draw(st.integers(*b)) for k, b in _SIZE_BOUNDS.items() if k in names}
+    for opt in v.options:
+        if opt.type is bool:
+            given[opt.name] = data.draw(st.booleans())
+        elif opt.choices:
+            given[opt.name] = data.draw(st.sampled_from(opt.choices))
+    if "heads" in given and "dim" in names:
+        given["dim"] = given["heads"] * data.draw(st.integers(1, 6))
+    if v.name == "sdpa":
+        given["kv_heads"] = data.draw(st.sampled_from([h for h in range(1, 5) if given["heads"] % h == 0]))
+        given["softcap"] = data.draw(st.sampled_from([0.0, 2.0]))
+        if given["kv_cache"]:  # the operator takes a cache or valid key counts, not both
+            given["nonpad"] = False
+        given["softmax_precision"] = None  # a float32 softmax is not a float64 one (tested in fp16)
+    if v.name == "mha":
+        given["kv_heads"] = data.draw(st.sampled_from([h for h in range(1, 5) if given["heads"] % h == 0]))
+        if given["kv_cache"]:  # a cache step: no mask, no weights, a scaling a step can reproduce
+            given.update(mask="none", weights=False)
+            given["scaling"] = data.draw(st.sampled_from(["sqrt", "none", "cosine"]))
+    if v.name == "decoder" and given["kv_cache"]:  # a step: no memory mask; memory now, cached or both
+        given["mask"] = "none"
+        given["kv_seq"] = data.draw(st.sampled_from([0, given["kv_seq"]]))
+        given["past_kv_seq"] = max(given["past_kv_seq"], 1 - given["kv_seq"])
+    return v.resolve(given)

@@ -25,10 +25,47 @@ def test_seeds_come_from_names_not_positions():
     assert seeds["mha-seeded"] == golden.seed_of("mha-seeded") and len(set(seeds.values())) > 30
 
 
-def test_write_is_deterministic(tmp_path):
+def test_write_is_deterministic_on_one_machine(tmp_path):
+    """Two writes on one machine give the same bytes (the manifest's sha256 pins them)."""
+    golden.write(tmp_path / "a")
+    golden.write(tmp_path / "b")
+    assert golden.read_manifest(tmp_path / "a") == golden.read_manifest(tmp_path / "b")
+
+
+def test_write_matches_the_shipped_cases_array_by_array(tmp_path):
+    """On another CPU the float64 reference may differ in its last bits (numpy's vectorised
+    math and OpenBLAS are chosen by CPU), so regenerated files need not hash the same as the
+    shipped ones: they must hold the same inputs and parameters, and expected outputs within
+    golden.EXPECTED_BOUND."""
     golden.write(tmp_path)
-    stored = golden.read_manifest()
-    assert golden.read_manifest(tmp_path) == stored
+    for name in golden.CASES:
+        assert golden.differences(golden.load(name), golden.load(name, tmp_path)) == [], name
+
+
+def _shifted(case, delta):
+    expected = {k: v + delta for k, v in case.expected.items()}
+    return golden.GoldenCase(case.name, case.variant, case.options, case.inputs, case.params, expected, case.meta)
+
+
+def test_expected_bound_passes_last_bits_and_fails_a_real_change():
+    """The bound from both sides: a difference of a few ulps (what another CPU gives) passes, one
+    of 1e-9 (far below any tolerance of a runtime, far above rounding) fails, NaN fails."""
+    case = golden.load("mha-seeded")
+    scale = float(np.max(np.abs(case.expected["output"])))
+    assert golden.EXPECTED_BOUND == 1e-12
+    assert golden.differences(case, _shifted(case, 4e-15)) == []
+    assert golden.differences(case, _shifted(case, 0.9e-12 * scale)) == []
+    assert golden.differences(case, _shifted(case, 1.1e-12 * scale)) != []
+    assert "max diff 1e-09" in golden.differences(case, _shifted(case, 1e-9))[0]
+    assert "NaN" in golden.differences(case, _shifted(case, np.nan))[0]
+
+
+def test_inputs_and_params_must_match_bit_for_bit():
+    case = golden.load("mha-seeded")
+    name = next(iter(case.params))
+    params = dict(case.params, **{name: np.nextafter(case.params[name], np.inf)})
+    other = golden.GoldenCase(case.name, case.variant, case.options, case.inputs, params, case.expected, case.meta)
+    assert golden.differences(case, other) == [f"params {name} differs"]
 
 
 def test_cases_carry_provenance():

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from attnexport import golden, variants as V
 from attnexport.compare import compare, tolerance
-from conftest import run_module
+from conftest import draw_options, run_module
 
 CASE_NAMES = list(golden.CASES)
 
@@ -24,51 +24,14 @@ def test_module_matches_golden(name, dtype, tol):
         assert c, f"{name}: {c}"
 
 
-def _sizes(variant):
-    """A strategy for the size options of a variant (small, 1 included)."""
-    bounds = {"batch": (1, 3), "seq": (1, 9), "kv_seq": (1, 9), "heads": (1, 4), "head_dim": (1, 16),
-              "v_head_dim": (1, 16), "hidden": (1, 8), "kv_dim": (1, 12), "value_dim": (1, 6),
-              "ffn_dim": (1, 32), "past_seq": (0, 6), "past_kv_seq": (0, 6)}
-    return st.fixed_dictionaries({k: st.integers(*b) for k, b in bounds.items()
-                                  if k in {o.name for o in variant.options}})
-
-
-def _choices(variant):
-    picks = {}
-    for opt in variant.options:
-        if opt.type is bool:
-            picks[opt.name] = st.booleans()
-        elif opt.choices:
-            picks[opt.name] = st.sampled_from(opt.choices)
-    return st.fixed_dictionaries(picks)
-
-
 @pytest.mark.parametrize("name", list(V.VARIANTS))
 def test_module_matches_reference_on_random_shapes(name):
     v = V.get(name)
 
     @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(sizes=_sizes(v), choices=_choices(v), seed=st.integers(0, 2**16), data=st.data())
-    def check(sizes, choices, seed, data):
-        given_ = dict(sizes, **choices)
-        if "heads" in given_ and "dim" in {o.name for o in v.options}:
-            given_["dim"] = given_["heads"] * data.draw(st.integers(1, 6))
-        if name == "sdpa":
-            given_["kv_heads"] = data.draw(st.sampled_from([h for h in range(1, 5) if given_["heads"] % h == 0]))
-            given_["softcap"] = data.draw(st.sampled_from([0.0, 2.0]))
-            if given_["kv_cache"]:  # the operator takes a cache or valid key counts, not both
-                given_["nonpad"] = False
-            given_["softmax_precision"] = None  # a float32 softmax is not a float64 one (tested in fp16)
-        if name == "mha":
-            given_["kv_heads"] = data.draw(st.sampled_from([h for h in range(1, 5) if given_["heads"] % h == 0]))
-            if given_["kv_cache"]:  # a cache step: no mask, no weights, a scaling a step can reproduce
-                given_.update(mask="none", weights=False)
-                given_["scaling"] = data.draw(st.sampled_from(["sqrt", "none", "cosine"]))
-        if name == "decoder" and given_["kv_cache"]:  # a step: no memory mask; memory now, cached or both
-            given_["mask"] = "none"
-            given_["kv_seq"] = data.draw(st.sampled_from([0, given_["kv_seq"]]))
-            given_["past_kv_seq"] = max(given_["past_kv_seq"], 1 - given_["kv_seq"])
-        o = v.resolve(given_)
+    @given(seed=st.integers(0, 2**16), data=st.data())
+    def check(seed, data):
+        o = draw_options(v, data)
         params, inputs = V.init_params(v, o, seed), V.make_inputs(v, o, seed)
         expected = v.reference(params, inputs, o)
         for dtype, tol in ((torch.float64, "fp64"), (torch.float32, "fp32")):

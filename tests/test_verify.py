@@ -260,3 +260,80 @@ def test_verify_tables_are_readable_at_80_columns(golden_copy):
     assert r.exit_code == 1
     assert_fits_80(r.output)
     assert "failures" in r.output and "needs atol" in r.output and "5.00e-01" in r.output
+
+
+def _fixed_dims(v, o, spec):
+    """{axis: size} of the axes a model with options `o` fixes in input `spec`."""
+    symbolic = set(v.sizes(o))
+    fixed = {}
+    for axis, d in enumerate(spec.dims):
+        if isinstance(d, int):
+            fixed[axis] = d
+        elif not all(p in symbolic for p in d.split("+")):
+            fixed[axis] = o[d]
+    return fixed
+
+
+@pytest.mark.parametrize("name", ["sdpa", "mha", "cross", "decoder", "encoder", "self"])
+def test_golden_cases_chosen_for_a_model_fit_its_fixed_axes(name):
+    """A golden case is run through a model only where it fits: every axis the model fixes
+    (sdpa's heads in the bsd layout, a model dimension) has the case's size. Random options,
+    the golden cases' own options among them."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+    from attnexport import variants as V
+    from conftest import draw_options
+    v = V.get(name)
+    cases = golden.load_all(variants=[name])
+
+    def fits(o):
+        for case in VF.matching_cases(v, o, cases):
+            for spec in v.inputs(o):
+                shape = case.inputs[spec.name].shape
+                for axis, size in _fixed_dims(v, o, spec).items():
+                    assert shape[axis] == size, f"{case.name} for {o}: {spec.name} axis {axis}"
+
+    for case in cases:
+        fits(case.options)
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(data=st.data())
+    def check(data):
+        fits(draw_options(v, data))
+    check()
+
+
+def test_bsd_model_is_not_given_a_case_with_other_head_counts(tmp_path):
+    """sdpa's heads are fixed in the bsd layout: the bsd golden case (other head counts) must not
+    be chosen; seeded inputs at the model's head counts take its place."""
+    path = tmp_path / "m.onnx"
+    assert run("export", "--variant", "sdpa", "--layout", "bsd", "--heads", "4", "--kv-heads", "2", "--causal",
+               "-o", str(path)).exit_code == 0
+    r = run("verify", str(path), "--runtimes", "ort-cpu", "--json")
+    assert r.exit_code == 0, r.output
+    assert {row["case"] for row in json.loads(r.output)["results"]} == {"seeded-2x7", "seeded-1x1"}
+
+
+def test_verify_passes_every_correct_export(tmp_path):
+    """The property: export with random valid options in a random flavour, then `verify MODEL`
+    passes (a flavour that cannot express the options refuses at export, exit 1)."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+    from attnexport import variants as V
+    from conftest import draw_options
+
+    @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(name=st.sampled_from(["sdpa", "sdpa", "mha", "decoder", "cross"]),
+           flavor=st.sampled_from(["primitives", "attention", "ort"]), data=st.data())
+    def check(name, flavor, data):
+        o = draw_options(V.get(name), data)
+        args = [f"--{k.replace('_', '-')}" if v is True else f"--{k.replace('_', '-')}={v}"
+                for k, v in o.items() if v not in (False, None)]
+        path = tmp_path / "m.onnx"
+        path.unlink(missing_ok=True)
+        r = run("export", "--variant", name, "--flavor", flavor, *args, "-o", str(path))
+        if r.exit_code == 1:  # the flavour cannot express these options: said, nothing written
+            assert not path.exists()
+            return
+        assert r.exit_code == 0, (args, r.output)
+        r = run("verify", str(path), "--runtimes", "ort-cpu")
+        assert r.exit_code == 0, (args, r.output)
+    check()
