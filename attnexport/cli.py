@@ -15,6 +15,7 @@ from rich.table import Table
 from attnexport import export as export_mod
 from attnexport import files as F
 from attnexport import golden as golden_mod
+from attnexport import runtimes as R
 from attnexport import variants as V
 from attnexport.errors import AttnExportError, UsageError
 
@@ -44,7 +45,32 @@ def reports_errors(fn):
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _OneLineErrors(click.Group):
+    """click's own usage errors (an unknown option, a value that is not a number) as one line
+    and exit 2, like the library's: `error: No such option '--bogus'. (attnexport export --help)`."""
+
+    def main(self, *args, **kwargs):
+        if not kwargs.pop("standalone_mode", True):
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as e:
+            click.echo(e.ctx.get_help() if e.ctx else e.format_message())
+            sys.exit(0)
+        except click.ClickException as e:
+            ctx = getattr(e, "ctx", None)
+            command = f"attnexport {ctx.command.name}" if ctx is not None and ctx.parent is not None else "attnexport"
+            hint = f" (see `{command} --help`)"
+            _fail(f"{e.format_message()}{hint}", e.exit_code)
+        except click.exceptions.Abort:
+            _fail("interrupted", 130)
+        sys.exit(0)
+
+
+SEED = click.IntRange(0, 2**63 - 1)  # what numpy's and torch's generators take
+
+
+@click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="attnexport")
 def main():
     """attnexport: attention layers exported to ONNX, checked against golden outputs, timed."""
@@ -157,7 +183,9 @@ def _variant_options(fn=None, *, exclude=()):
     for opt in reversed(list(seen.values())):
         if opt.name == "weights":  # a flag (the softmax weights), or sdpa's score mode as its value
             deco = click.option(opt.flag, opt.name, is_flag=False, flag_value="softmax", default=None,
-                                help="also output the attention weights; sdpa: --weights raw|softcap|bias|softmax")
+                                help="also output the attention weights; sdpa: --weights raw|softcap|bias|softmax; "
+                                     "with --module: --weights FILE, the module's trained weights (a state_dict "
+                                     "saved with torch.save, or .safetensors)")
         elif opt.type is bool:
             deco = click.option(opt.flag, opt.name, flag_value=True, default=None, help=opt.help)
         else:
@@ -188,7 +216,8 @@ def _given(kwargs) -> dict:
               help="primitives | attention | ort.")
 @click.option("--opset", type=int, default=None, help="Opset (primitives/ort: 17-18, attention: 23).")
 @click.option("--dtype", default="fp32", show_default=True, help="fp32 | fp16.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the parameters.")
+@click.option("--seed", type=SEED, default=0, show_default=True,
+              help="Seed of the parameters (of a --module class's too: torch's generator is seeded first).")
 @click.option("-o", "--output", type=click.Path(), default=None,
               help="Output file (default: models/<variant>.onnx).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -207,7 +236,7 @@ def export(variant, module_spec, input_specs, nan_rows, dynamic_specs, flavor, o
         raise UsageError("--input, --dynamic and --nan-rows go with --module")
     if module_spec is not None:
         _export_module(module_spec, input_specs, dynamic_specs, flavor, opset, dtype, output, as_json, options,
-                       nan_rows)
+                       nan_rows, seed)
         return
     result = export_mod.export(variant, _given(options), flavor, opset, dtype, output, seed=seed)
     if as_json:
@@ -219,10 +248,21 @@ def export(variant, module_spec, input_specs, nan_rows, dynamic_specs, flavor, o
         click.echo(result.summary())
 
 
-def _module_and_inputs(spec, input_specs):
-    """(module, example inputs, input names or None) of --module and --input."""
+def _module_weights(options: dict):
+    """With --module, `--weights FILE` is the module's trained weights (the variant option of that
+    name, an output choice, means nothing for a module)."""
+    weights = options.pop("weights", None)
+    if weights == "softmax":  # `--weights` given without a value
+        raise UsageError("with --module, --weights takes a file: a state_dict saved with torch.save, or .safetensors")
+    return weights
+
+
+def _module_and_inputs(spec, input_specs, seed=0, weights=None):
+    """(module, example inputs, input names or None) of --module, --seed, --weights and --input."""
     from attnexport import modules
-    module, example = modules.load(spec)
+    module, example = modules.load(spec, seed)
+    if weights is not None:
+        modules.load_weights(module, weights)
     names = None
     if input_specs:
         parsed = [modules.parse_input(t) for t in input_specs]
@@ -232,31 +272,35 @@ def _module_and_inputs(spec, input_specs):
     return module, example, names
 
 
-def _module_variant(spec, input_specs):
+def _module_variant(spec, input_specs, seed, weights):
     from attnexport import modules
-    module, example, names = _module_and_inputs(spec, input_specs)
+    module, example, names = _module_and_inputs(spec, input_specs, seed, weights)
     return modules.as_variant(spec, module, example, names)
 
 
-def _export_module(spec, input_specs, dynamic_specs, flavor, opset, dtype, output, as_json, options, nan_rows):
+def _export_module(spec, input_specs, dynamic_specs, flavor, opset, dtype, output, as_json, options, nan_rows, seed):
     from attnexport import modules
+    weights = _module_weights(options)
     if _given(options):
         raise UsageError(f"--module takes no variant options ({', '.join('--' + k.replace('_', '-') for k in _given(options))})")
-    module, example, names = _module_and_inputs(spec, input_specs)
+    module, example, names = _module_and_inputs(spec, input_specs, seed, weights)
     dynamic = None
     if dynamic_specs:
         dynamic = {}
         for t in dynamic_specs:
             n, axis, dim = modules.parse_dynamic(t)
             dynamic.setdefault(n, {})[axis] = dim
-    path = output or str(Path("models") / (Path(spec.rpartition(":")[0]).stem + ".onnx"))
+    if output is not None:
+        F.resolve_target(output)  # before the export runs
+    path = output or str(F.default_output(Path(spec.rpartition(":")[0]).stem))
     result = modules.export_module(module, example, flavor=flavor, opset=opset, dtype=dtype, dynamic=dynamic,
-                                   output=path, input_names=names, name=spec, nan_rows=nan_rows)
+                                   output=path, input_names=names, name=spec, nan_rows=nan_rows, seed=seed,
+                                   weights_file=weights)
     if as_json:
         click.echo(json.dumps({"path": str(result.path), "module": result.module, "flavor": result.flavor,
                                "opset": result.opset, "dtype": result.dtype, "attention_op": result.attention_op,
                                "routed": result.routed, "dynamic": result.dynamic, "checked": result.checked,
-                               "size": result.size, "notes": result.notes}))
+                               "outputs": result.outputs, "size": result.size, "notes": result.notes}))
     else:
         click.echo(result.summary())
 
@@ -277,7 +321,7 @@ def inspect(model, as_json):
         return
     opsets = ", ".join(f"{k} {v}" for k, v in d["opsets"].items())
     _console().print(f"[bold]{escape(d['path'])}[/bold]: IR {d['ir_version']}, opsets {escape(opsets)}, "
-                  f"{d['nodes']} nodes, {d['parameters']} parameters, {d['size']} bytes")
+                  f"{d['nodes']} nodes, {d['parameters']} parameters, {F.human_size(d['size'])}")
     _console().print(f"attention op: [bold]{escape(d['attention_op'])}[/bold]")
     table = Table(show_header=True)
     for col in ("", "name", "dtype", "dims"):
@@ -311,7 +355,8 @@ def inspect(model, as_json):
 @click.option("--atol", type=float, default=None, help="Override the absolute tolerance (finite, >= 0).")
 @click.option("--skip-unavailable", is_flag=True, help="Skip requested runtimes that cannot run here.")
 @click.option("--strict-placement", is_flag=True, help="Fail when ort-cuda runs a compute node on the CPU.")
-@click.option("--seed", type=int, default=None, help="Parameters' seed of a MODEL without metadata (default 0).")
+@click.option("--seed", type=SEED, default=None,
+              help="Parameters' seed of a MODEL without metadata, or of a --module class (default 0).")
 @click.option("--localize", is_flag=True,
               help="Compare every intermediate value with the export; name the first diverging node.")
 @click.option("--save-baseline", type=click.Path(), default=None,
@@ -323,13 +368,15 @@ def inspect(model, as_json):
 @click.option("--details", is_flag=True, help="Show every run with its error statistics.")
 @click.option("--case", "cases", multiple=True, help="Only these golden cases (repeatable; see `attnexport golden`).")
 @click.option("--module", "module_spec", default=None, metavar="FILE.py:NAME",
-              help="With one MODEL exported by `export --module`: compare it with that module.")
+              help="With one MODEL: compare it with this module (--weights FILE: its trained weights).")
+@click.option("--input", "input_specs", multiple=True, metavar="NAME:SHAPE[:DTYPE]",
+              help="With --module and a MODEL from another exporter: its inputs, as for export --module.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document and nothing else.")
 @_variant_options
 @reports_errors
 def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, skip_unavailable,
            strict_placement, seed, localize, save_baseline, baseline_dir, max_growth, details, cases, module_spec,
-           as_json, **options):
+           input_specs, as_json, **options):
     """Check exported models against the golden cases on every runtime; exit 1 on any mismatch.
 
     With no MODEL: exports every selected golden case in every selected flavor and runs it.
@@ -347,15 +394,22 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
         from attnexport import modules
         if len(models) != 1:
             raise UsageError("--module compares one MODEL with the module it was exported from: give one MODEL")
-        report = modules.verify_module(models[0], module_spec, verify_mod.parse_runtimes(runtimes), rtol, atol,
-                                       skip_unavailable)
+        weights = _module_weights(options)
+        if _given(options) or variants or flavors or cases:
+            raise UsageError("--module takes no --variant, --flavor, --case or variant options: the model and the "
+                             "module say what to compare")
+        parsed = [modules.parse_input(t) for t in input_specs] or None
+        report = modules.verify_module(models[0], module_spec, R.parse(runtimes), rtol, atol, skip_unavailable,
+                                       input_specs=parsed, seed=seed, weights_file=weights)
         _report_verify(report, details, as_json)
         return
+    if input_specs:
+        raise UsageError("--input goes with --module (the inputs of a MODEL exported from a module)")
     if models and cases:
         raise UsageError("--case selects golden cases to export and run; a MODEL runs those of its own options")
     model_variant = variants[0] if models and variants else None
     kwargs = dict(variants=None if models else (list(variants) or None), flavors=list(flavors) or None,
-                  runtimes=verify_mod.parse_runtimes(runtimes), dtype=dtype, golden_dir=golden_dir,
+                  runtimes=R.parse(runtimes), dtype=dtype, golden_dir=golden_dir,
                   models=list(models) or None, rtol=rtol, atol=atol, skip_unavailable=skip_unavailable,
                   strict_placement=strict_placement, model_variant=model_variant,
                   model_options=_given(options) or None, seed=seed, localize=localize,
@@ -537,7 +591,7 @@ def _print_bench(rows, variant, dtype):
 @click.option("--threads", type=int, default=None, help="CPU threads for torch and ONNX Runtime (default: all).")
 @click.option("--repeat", type=int, default=5, show_default=True,
               help="Rounds the timed runs are split into; each ratio is reported with its spread over them.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of parameters and inputs.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of parameters and inputs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON list and nothing else.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a latency chart (PNG).")
 @_variant_options(exclude=("batch", "seq", "kv_seq"))
@@ -553,9 +607,10 @@ def bench(variant, module_spec, input_specs, batch, seq, kv_seq, decode, context
     if (variant is None) == (module_spec is None):
         raise UsageError("give --variant NAME or --module FILE.py:NAME (one of them)")
     if module_spec is not None:
+        weights = _module_weights(options)
         if decode or _given(options) or kv_seq:
             raise UsageError("--module takes --batch and --seq (no --decode, --kv-seq or variant options)")
-        variant = _module_variant(module_spec, input_specs)
+        variant = _module_variant(module_spec, input_specs, seed, weights)
     elif input_specs:
         raise UsageError("--input goes with --module")
     opts = _given(options)
@@ -563,7 +618,7 @@ def bench(variant, module_spec, input_specs, batch, seq, kv_seq, decode, context
         values = _int_list("--" + name.replace("_", "-"), text)
         if values:
             opts[name] = values
-    kwargs = dict(runtimes=[r.strip() for r in runtimes.split(",") if r.strip()] if runtimes else None,
+    kwargs = dict(runtimes=R.parse(runtimes),
                   flavors=list(flavors) or None,
                   dtype=dtype, warmup=warmup, iters=iters, cuda_graph=cuda_graph, threads=threads, seed=seed,
                   repeat=repeat)

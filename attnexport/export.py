@@ -50,14 +50,8 @@ class ExportResult:
 
     def summary(self) -> str:
         line = (f"{self.path}: {self.variant}, flavor {self.flavor}, opset {self.opset}, {self.dtype}, "
-                f"attention op {self.attention_op}, {_human(self.size)}")
+                f"attention op {self.attention_op}, {F.human_size(self.size)}")
         return f"{line} ({self.note})" if self.note else line
-
-
-def _human(n: int) -> str:
-    if n < 1024:
-        return f"{n} B"
-    return f"{n / 1024:.1f} KiB" if n < 1024**2 else f"{n / 1024**2:.1f} MiB"
 
 
 def attention_op_of(model: onnx.ModelProto) -> str:
@@ -382,8 +376,8 @@ def export(variant_name: str, options: dict | None = None, flavor: str = DEFAULT
            opset: int | None = None, dtype: str = "fp32", output: str | Path | None = None,
            params: dict | None = None, seed: int = 0) -> ExportResult:
     """Exports a variant to an ONNX file (default `models/<variant>.onnx`), written atomically."""
-    path = Path(output) if output is not None else Path("models") / f"{variant_name}.onnx"
     V.get(variant_name)  # an unknown name fails before any work
+    path = Path(output) if output is not None else F.default_output(variant_name)
     F.resolve_target(path)  # and so does a target that cannot or must not be written
     model, result = build_model(variant_name, options, flavor, opset, dtype, params, seed)
     data = model.SerializeToString(deterministic=True)

@@ -3,6 +3,8 @@
 Every file attnexport writes (models, golden cases, baselines, plots) goes through here:
 - a target that exists must be a regular file: a device, a FIFO or a folder is refused (exit 2);
   a symbolic link is written through, so the link stays and its target gets the new content;
+- the target's folder must exist (through a link too): a typo in a path is an error, not a new
+  tree of folders; only the default output folder, `models/`, is made when it is missing;
 - the data goes to a short temporary name in the target's folder, then is renamed into place,
   so an interrupted write (Ctrl-C included) leaves the old file or none, never half of one;
 - the new file gets the mode a plain `open(path, "w")` would give (0666 less the umask), or
@@ -28,7 +30,7 @@ def _umask() -> int:
 
 def resolve_target(path: str | Path) -> Path:
     """The path to write for `path`, checked before any work: UsageError when it cannot be written."""
-    path = Path(path)
+    path = given = Path(path)
     if len(path.name.encode()) > 255:
         raise UsageError(f"cannot write {path}: the file name is longer than 255 bytes")
     if path.is_symlink():
@@ -42,28 +44,46 @@ def resolve_target(path: str | Path) -> Path:
                 else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
             raise UsageError(f"refusing to write {path}: it is {kind}, not a regular file")
     parent = path.parent
-    while not parent.exists():
-        parent = parent.parent
+    if not parent.exists():
+        through = f" ({given} is a link to {path})" if given != path else ""
+        raise UsageError(f"cannot write {given}: its folder {parent} does not exist{through}")
     if not parent.is_dir():
-        raise UsageError(f"cannot write {path}: {parent} is not a folder")
+        raise UsageError(f"cannot write {given}: {parent} is not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write {path}: the folder {parent} is not writable")
+        raise UsageError(f"cannot write {given}: the folder {parent} is not writable")
     try:  # the real test (root passes os.access everywhere; a read-only mount or /proc does not)
         fd, probe = tempfile.mkstemp(prefix=".attnexport-", suffix=".probe", dir=parent)
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise UsageError(f"cannot write {path}: {e.strerror or e} in {parent}") from None
-    if path.parent.exists() and not path.parent.is_dir():
-        raise UsageError(f"cannot write {path}: {path.parent} is not a folder")
+        raise UsageError(f"cannot write {given}: the folder {parent} does not take new files "
+                         f"({e.strerror or e})") from None
     return path
+
+
+def human_size(n: int) -> str:
+    """A file's size in the one unit style every command prints: B, KiB or MiB."""
+    if n < 1024:
+        return f"{n} B"
+    return f"{n / 1024:.1f} KiB" if n < 1024**2 else f"{n / 1024**2:.1f} MiB"
+
+
+DEFAULT_FOLDER = Path("models")
+
+
+def default_output(stem: str) -> Path:
+    """`models/<stem>.onnx`, the default output of an export, its folder made if missing."""
+    try:
+        DEFAULT_FOLDER.mkdir(exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot make the folder {DEFAULT_FOLDER}: {e.strerror or e}") from None
+    return DEFAULT_FOLDER / f"{stem}.onnx"
 
 
 def atomic_write(path: str | Path, data: bytes) -> Path:
     """Writes `data` to `path` atomically (see the module docstring); returns the path written."""
     path = resolve_target(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~_umask()
         # A short temporary name: one derived from a long target name can exceed NAME_MAX.
         fd, tmp = tempfile.mkstemp(prefix=".attnexport-", suffix=".tmp", dir=path.parent)

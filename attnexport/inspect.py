@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import onnx
+from onnx import external_data_helper
 from google.protobuf.message import DecodeError
 
 from attnexport.errors import UsageError
@@ -31,6 +32,14 @@ def load_model(path: str | Path) -> onnx.ModelProto:
         raise UsageError(f"{path} is not an ONNX model ({type(e).__name__})") from None
     if not model.graph.node or not model.opset_import:
         raise UsageError(f"{path} is not an ONNX model (no graph)")
+    if any(external_data_helper.uses_external_data(t) for t in model.graph.initializer):
+        # Weights beside the model (`model.onnx.data`, torch.onnx's default for large ones) are
+        # found next to the model file, from any working directory.
+        try:
+            external_data_helper.load_external_data_for_model(model, str(path.resolve().parent))
+        except (OSError, ValueError, onnx.checker.ValidationError) as e:
+            raise UsageError(f"{path}: its external data cannot be read: {getattr(e, 'strerror', None) or e}") \
+                from None
     try:
         onnx.checker.check_model(model, full_check=False)
     except onnx.checker.ValidationError as e:

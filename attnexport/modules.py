@@ -45,9 +45,12 @@ _DTYPES = {"float32": "float32", "float": "float32", "float16": "float16", "bool
            "int32": "int32"}
 
 
-def load(spec: str):
+def load(spec: str, seed: int = 0):
     """`FILE.py:NAME` -> (module, example inputs or None). NAME is an nn.Module class taking no
-    arguments, or a function returning a module or (module, example_inputs)."""
+    arguments, or a function returning a module or (module, example_inputs).
+
+    torch's generator is seeded with `seed` while NAME runs (and restored after), so a class
+    that draws its weights at random gives the same ones in export, verify and bench."""
     import torch
     path_text, sep, name = spec.rpartition(":")
     if not sep or not path_text or not name:
@@ -70,8 +73,12 @@ def load(spec: str):
                        and getattr(v, "__module__", None) == mod_name)
         raise UsageError(f"--module {spec}: {path.name} has no {name!r} (it defines {', '.join(names) or 'nothing'})")
     obj = getattr(source, name)
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise UsageError(f"the seed must be an integer >= 0, got {seed!r}")
     try:
-        made = obj()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            made = obj()
     except Exception as e:  # noqa: BLE001
         raise UsageError(f"--module {spec}: {name}() raised {type(e).__name__}: {_line(e)}") from None
     module, example = (made if isinstance(made, tuple) and len(made) == 2 else (made, None))
@@ -80,6 +87,44 @@ def load(spec: str):
     if example is not None:
         example = tuple(example) if isinstance(example, (tuple, list)) else (example,)
     return module, example
+
+
+def load_weights(module, path) -> None:
+    """Loads trained weights into `module`: a state_dict saved with `torch.save`, or a
+    `.safetensors` file. Every tensor of the module must be there, with its shape, and nothing
+    else (a UsageError names what is missing, extra or mis-shaped)."""
+    import torch
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"--weights {path}: no such file")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+            state = load_file(str(path), device="cpu")
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - a damaged or foreign file: said in one line
+        raise UsageError(f"--weights {path}: cannot be read as a state_dict ({type(e).__name__}: {_line(e)})") \
+            from None
+    if isinstance(state, torch.nn.Module):
+        state = state.state_dict()
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UsageError(f"--weights {path}: holds a {type(state).__name__}, not a state_dict of tensors")
+    own = module.state_dict()
+    missing = sorted(set(own) - set(state))
+    extra = sorted(set(state) - set(own))
+    shapes = sorted(f"{k} {list(state[k].shape)} (the module's: {list(own[k].shape)})"
+                    for k in set(own) & set(state) if state[k].shape != own[k].shape)
+    problems = ([f"missing {', '.join(missing[:3])}" + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")]
+                if missing else [])
+    problems += [f"extra {', '.join(extra[:3])}" + (f" and {len(extra) - 3} more" if len(extra) > 3 else "")] \
+        if extra else []
+    problems += [f"mis-shaped {shapes[0]}" + (f" and {len(shapes) - 1} more" if len(shapes) > 1 else "")] \
+        if shapes else []
+    if problems:
+        raise UsageError(f"--weights {path} does not fit the module: {'; '.join(problems)}")
+    with torch.no_grad():
+        module.load_state_dict(state, strict=True)
 
 
 def _common_value(t):
@@ -194,16 +239,18 @@ class ModuleExportResult:
     size: int = 0
     notes: list = field(default_factory=list)
     model: onnx.ModelProto | None = field(default=None, repr=False)
+    outputs: list = field(default_factory=list)  # the model's output names
 
     def summary(self) -> str:
         line = (f"{self.path}: {self.module}, flavor {self.flavor}, opset {self.opset}, {self.dtype}, attention op "
-                f"{self.attention_op}, {self.routed} attention call(s) routed, {self.size} bytes")
+                f"{self.attention_op}, {self.routed} attention call(s) routed, {F.human_size(self.size)}")
         return "\n".join([line] + [f"note: {n}" for n in self.notes])
 
 
 def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: int | None = None,
                   dtype: str = "fp32", dynamic: dict | None = None, output=None, input_names=None,
-                  name: str = "module", nan_rows: bool = False) -> ModuleExportResult:
+                  name: str = "module", nan_rows: bool = False, seed: int | None = None,
+                  weights_file: str | None = None, output_names=None) -> ModuleExportResult:
     """Exports a user's attention module through attnexport's core.
 
     Args:
@@ -213,6 +260,10 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
         output: the file to write (atomically); None: build in memory only.
         nan_rows: keep torch's behaviour for a query row whose mask hides every key (NaN, where
             attnexport gives zeros); only the primitives flavour can, the fused ops define zeros.
+        output_names: the model's output names; default: `output` for one tensor, `output_0`,
+            `output_1`, ... for a tuple, the keys of a dict (a transformers ModelOutput).
+        seed, weights_file: where the module's parameters came from (recorded in the metadata):
+            the seed its file was loaded with (`load`), or the file its weights were loaded from.
     """
     import torch
     from attnexport.export import _quiet, _reuse_torchlib_table, attention_op_of, export_error_cause, stamp
@@ -238,6 +289,9 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
     args = tuple(t.to(tdtype) if t.is_floating_point() else t for t in example_inputs)
     module = copy.deepcopy(module).to(tdtype).eval()  # the caller's module keeps its dtype and mode
     dims = _dynamic_shapes(names, args, dynamic)
+    with torch.no_grad(), routed(Routing()):
+        sample = call_forward(module, args, name)
+    out_names = list(output_names) if output_names else default_output_names(sample)
     routing = Routing()
     hooks = [m.register_forward_pre_hook(_weights_asked(routing, n), with_kwargs=True)
              for n, m in module.named_modules() if isinstance(m, torch.nn.MultiheadAttention)]
@@ -248,7 +302,7 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
         with _quiet(), torch.no_grad(), routed(routing), (torch_dead_rows() if nan_rows else contextlib.nullcontext()):
             program = torch.onnx.export(
                 module, args, dynamo=True, opset_version=max(opset, 18), dynamic_shapes=dims[0],
-                input_names=names, custom_translation_table={torch.ops.attnexport.attention.default:
+                input_names=names, output_names=out_names, custom_translation_table={torch.ops.attnexport.attention.default:
                                                              TRANSLATIONS[flavor]},
                 optimize=True, verbose=False, report=False)
     except ExportError:
@@ -280,7 +334,10 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
     stamp(model, {"attnexport.module": name, "attnexport.inputs": json.dumps(spec), "attnexport.flavor": flavor,
                   "attnexport.graph_flavor": flavor, "attnexport.opset": str(opset), "attnexport.dtype": dtype,
                   "attnexport.params": json.dumps(entries, sort_keys=True),
-                  "attnexport.params_sha256": W.total_sha256(entries)}, name)
+                  "attnexport.params_sha256": W.total_sha256(entries),
+                  **({"attnexport.seed": str(seed)} if seed is not None else {}),
+                  "attnexport.params_source": ("given: " + Path(weights_file).name) if weights_file else "seed"},
+          name)
     op_name = attention_op_of(model)
     if routing.calls and op_name not in FL.FLAVORS[flavor].expected_ops:
         raise ExportError(f"the {flavor} flavor should use {' or '.join(FL.FLAVORS[flavor].expected_ops)}, but the "
@@ -302,7 +359,42 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
         path = Path(output)
         F.atomic_write(path, data)
     return ModuleExportResult(path, name, flavor, opset, dtype, op_name, routing.calls, kept, checked, len(data),
-                              notes, model)
+                              notes, model, [o.name for o in model.graph.output])
+
+
+def call_forward(module, args, name):
+    """module(*args); whatever it raises is the user's to read, in one line (a UsageError)."""
+    try:
+        return module(*args)
+    except (ExportError, UsageError):
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's code
+        shapes = ", ".join("x".join(map(str, t.shape)) for t in args)
+        raise UsageError(f"{name}: forward raised {type(e).__name__} on inputs of shapes {shapes}: {_line(e)}") \
+            from None
+
+
+def outputs_of(out) -> list:
+    """A forward's result as a list of tensors, in the order the exporter flattens it."""
+    if isinstance(out, dict):
+        return [v for v in out.values() if v is not None]
+    if isinstance(out, (tuple, list)):
+        return [v for v in out if v is not None]
+    return [out]
+
+
+def default_output_names(out) -> list[str] | None:
+    """Stable output names from the module's return structure, so that a deployment app does not
+    depend on internal node names (`add_161`): one tensor -> `output`; a tuple -> `output_0`,
+    ...; a dict (ModelOutput) -> its keys. None for anything nested (the exporter names it)."""
+    import torch
+    if isinstance(out, torch.Tensor):
+        return ["output"]
+    if isinstance(out, dict) and all(isinstance(v, torch.Tensor) for v in out.values() if v is not None):
+        return [k for k, v in out.items() if v is not None]
+    if isinstance(out, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in out if v is not None):
+        return [f"output_{i}" for i, v in enumerate(out) if v is not None]
+    return None
 
 
 def _weights_asked(routing, name):
@@ -397,8 +489,7 @@ def _check_other_sizes(module, model, names, args, kept, dtype, name):
     checked = []
     for feed in probe_inputs(args, names, kept, 1):
         with torch.no_grad():
-            want = module(*feed)
-        want = want if isinstance(want, tuple) else (want,)
+            want = outputs_of(call_forward(module, feed, name))
         got = session.run({n: t.numpy() for n, t in zip(names, feed)})
         for out_name, w in zip(list(got), want):
             c = compare(out_name, got[out_name], w.float().numpy(), tol)
@@ -418,42 +509,61 @@ VERIFY_SIZES = ((1, 1), (1, 5), (3, 7))
 
 
 def verify_module(model_path, spec: str, runtimes: list[str] | None = None, rtol: float | None = None,
-                  atol: float | None = None, skip_unavailable: bool = False):
+                  atol: float | None = None, skip_unavailable: bool = False, *, input_specs=None,
+                  seed: int | None = None, weights_file=None):
     """The model file against the torch module it was exported from, at the export's shape and
     at VERIFY_SIZES, on every selected runtime; a `verify.Report` like the golden runs'.
+
+    A model from any exporter (a plain `torch.onnx.export`) works too, given `input_specs`
+    (`parse_input` results, in `forward`'s order): its inputs are matched by name, else by order,
+    and its symbolic axes are read from the graph. `seed` (default: the one the export recorded,
+    else 0) seeds torch while the module is built; `weights_file` loads trained weights.
 
     The `torch` runtime is the module with its attention calls routed through attnexport's core
     (in eager torch): it shows the core agrees with torch's own kernels on these inputs.
     """
+    from attnexport.compare import check_tolerance_values
+
+    check_tolerance_values(rtol, atol)
+    with np.errstate(all="ignore"):  # a NaN is reported by the comparison, not by a RuntimeWarning
+        return _verify_module(model_path, spec, runtimes, rtol, atol, skip_unavailable, input_specs, seed,
+                              weights_file)
+
+
+def _verify_module(model_path, spec, runtimes, rtol, atol, skip_unavailable, input_specs, seed, weights_file):
     import torch
     from attnexport import runtimes as R
     from attnexport import verify as VF
-    from attnexport.compare import check_tolerance_values, compare_outputs
+    from attnexport.compare import compare_outputs
     from attnexport.inspect import load_model
 
-    check_tolerance_values(rtol, atol)
     model = load_model(model_path)
     meta = {p.key: p.value for p in model.metadata_props}
-    if "attnexport.inputs" not in meta:
-        raise UsageError(f"{model_path}: no input spec in its metadata (export it with --module)")
-    spec_inputs = json.loads(meta["attnexport.inputs"])
-    dtype = meta.get("attnexport.dtype", "fp32")
-    flavor = meta.get("attnexport.flavor", "-")
-    module, example = load(spec)
+    if "attnexport.variant" in meta:
+        raise UsageError(f"{model_path} was exported from the variant {meta['attnexport.variant']!r}, not from a "
+                         f"module: verify it without --module (`attnexport verify {model_path}`)")
+    spec_inputs = _model_inputs(model, model_path, meta, input_specs)
+    dtype = meta.get("attnexport.dtype") or VF.dtype_of(model)
+    flavor = meta.get("attnexport.flavor") or VF.flavor_of(model)
+    if seed is None:
+        seed = int(meta.get("attnexport.seed", 0))
+    module, example = load(spec, seed)
+    if weights_file is not None:
+        load_weights(module, weights_file)
     module = module.to(D.torch_dtype(dtype)).eval()
     names = [i["name"] for i in spec_inputs]
-    if names != [i.name for i in model.graph.input if i.name not in {x.name for x in model.graph.initializer}]:
-        raise UsageError(f"{model_path}: its inputs are not those of its metadata")
     changed = _changed_params(module, json.loads(meta.get("attnexport.params", "{}")), dtype)
-    used, table = VF._select_runtimes(runtimes, skip_unavailable)
+    used, table = R.select(runtimes, skip_unavailable)
     tol = tolerance(dtype, rtol, atol)
     declared = [o.name for o in model.graph.output]
     prepared = {rt: R.prepare_onnx(rt, model) for rt in used if rt in R.ONNX_RUNTIMES}
     rows = []
     for label, feed in _verify_feeds(spec_inputs, example, dtype):
         with torch.no_grad():
-            want = module(*feed)
-        want = want if isinstance(want, (tuple, list)) else (want,)
+            want = outputs_of(call_forward(module, feed, spec))
+        if len(want) != len(declared):
+            raise UsageError(f"{spec} returns {len(want)} tensor(s), {Path(model_path).name} declares "
+                             f"{len(declared)} output(s) ({', '.join(declared)}): it is not this model's module")
         expected = {n: w.detach().double().numpy() for n, w in zip(declared, want)}
         arrays = {n: t.numpy() for n, t in zip(names, feed)}
         for rt in used:
@@ -462,14 +572,16 @@ def verify_module(model_path, spec: str, runtimes: list[str] | None = None, rtol
                          expected_kind="the torch module", inputs=arrays, expected=expected)
             rows.append(row)
             if changed:
+                source = meta.get("attnexport.params_source", "seed")
+                hint = f"; it was exported with --weights {source[len('given: '):]}" \
+                    if source.startswith("given: ") and weights_file is None else ""
                 row.error = (f"the module's parameters differ from the model's: {', '.join(changed[:3])} "
-                             f"(sha256 in the metadata)")
+                             f"(sha256 in the metadata{hint})")
                 continue
             try:
                 if rt == "torch":
                     with torch.no_grad(), routed(Routing()):
-                        got_t = module(*feed)
-                    got_t = got_t if isinstance(got_t, (tuple, list)) else (got_t,)
+                        got_t = outputs_of(module(*feed))
                     got = {n: g.detach().double().numpy() for n, g in zip(declared, got_t)}
                 elif rt in prepared:
                     got = prepared[rt].run(arrays)
@@ -484,6 +596,47 @@ def verify_module(model_path, spec: str, runtimes: list[str] | None = None, rtol
             if not row.comparisons:
                 row.error = "compared nothing: no output was declared or produced"
     return VF.Report(rows, table, dtype, [flavor], [str(model_path)])
+
+
+_ELEM_NAMES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BOOL: "bool",
+               onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT32: "int32"}
+
+
+def _model_inputs(model, model_path, meta, input_specs) -> list[dict]:
+    """The model's inputs as [{name, shape, dtype, dynamic}]: from `--input` (matched with the
+    graph's inputs by name, else by order; symbolic axes from the graph), else from the input
+    spec an `export --module` recorded."""
+    inits = {i.name for i in model.graph.initializer}
+    graph = [i for i in model.graph.input if i.name not in inits]
+    if input_specs:
+        given = [n for n, _, _ in input_specs]
+        if len(given) != len(graph):
+            raise UsageError(f"{model_path} takes {len(graph)} input(s) ({', '.join(i.name for i in graph)}); "
+                             f"--input gives {len(given)}")
+        by_name = {i.name: i for i in graph}
+        matched = [by_name[n] for n in given] if set(given) == set(by_name) else graph  # by name, else by order
+        specs = []
+        for (n, shape, dtype), vi in zip(input_specs, matched):
+            dims = vi.type.tensor_type.shape.dim
+            if len(dims) != len(shape):
+                raise UsageError(f"--input {n}: rank {len(shape)}, but {model_path}'s input {vi.name!r} has rank "
+                                 f"{len(dims)}")
+            want = _ELEM_NAMES.get(vi.type.tensor_type.elem_type)
+            if want is not None and want != dtype and not (dtype.startswith("float") and want.startswith("float")):
+                raise UsageError(f"--input {n}: {dtype}, but {model_path}'s input {vi.name!r} is {want}")
+            for axis, (d, size) in enumerate(zip(dims, shape)):
+                if d.HasField("dim_value") and d.dim_value != size:
+                    raise UsageError(f"--input {n}: axis {axis} is {size}, {model_path} fixes it at {d.dim_value}")
+            specs.append({"name": vi.name, "shape": list(shape), "dtype": want or dtype,
+                          "dynamic": {str(a): d.dim_param for a, d in enumerate(dims) if d.dim_param}})
+        return specs
+    if "attnexport.inputs" not in meta:
+        raise UsageError(f"{model_path} records no input spec (it was not exported by `attnexport export --module`): "
+                         f"give its inputs, e.g. --input {graph[0].name if graph else 'x'}:2x16x64 (one per input)")
+    specs = json.loads(meta["attnexport.inputs"])
+    if [i["name"] for i in specs] != [i.name for i in graph]:
+        raise UsageError(f"{model_path}: its inputs are not those of its metadata")
+    return specs
 
 
 def _changed_params(module, entries, dtype) -> list[str]:
@@ -509,8 +662,8 @@ def _verify_feeds(spec_inputs, example, dtype):
         for i in spec_inputs:
             shape = list(i["shape"])
             if batch is not None:
-                for axis, dim in i["dynamic"].items():
-                    shape[int(axis)] = batch if dim == "batch" else length
+                for axis, dim in i["dynamic"].items():  # a plain export names them s0, s1, ...
+                    shape[int(axis)] = batch if dim == "batch" or int(axis) == 0 else length
             if i["dtype"].startswith("float"):
                 feed.append(torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(D.torch_dtype(dtype)))
             else:

@@ -8,6 +8,7 @@ proves where every node ran, because ONNX Runtime falls back to the CPU silently
 from __future__ import annotations
 
 import ctypes
+import difflib
 import functools
 import os
 import statistics
@@ -20,10 +21,45 @@ import onnx
 
 from attnexport import dtypes as D
 from attnexport import variants as V
-from attnexport.errors import ProviderUnavailableError
+from attnexport.errors import ProviderUnavailableError, UsageError
 
 RUNTIMES = ("torch", "torch-cuda", "onnx-ref", "ort-cpu", "ort-cuda")
 ONNX_RUNTIMES = ("onnx-ref", "ort-cpu", "ort-cuda")
+
+
+def parse(text: str | None) -> list[str] | None:
+    """`--runtimes a,b,...` -> the names, checked; None (not given) -> None: every available one."""
+    if text is None:
+        return None
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise UsageError(f"--runtimes {text!r} names no runtime; valid: {', '.join(RUNTIMES)}")
+    for n in names:
+        if n not in RUNTIMES:
+            close = difflib.get_close_matches(n, RUNTIMES, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise UsageError(f"unknown runtime {n!r}{hint}; valid: {', '.join(RUNTIMES)}")
+    return names
+
+
+def select(requested: list[str] | None, skip_unavailable: bool = False):
+    """Returns (runtimes to use, status list). Asked-for and unavailable is an error unless skipped."""
+    names = list(RUNTIMES) if requested is None else requested
+    used, table = [], []
+    for n in names:
+        s = status(n)
+        if not s.available and requested is not None and not skip_unavailable:
+            raise ProviderUnavailableError(f"runtime {n} is not available: {s.reason} "
+                                           f"(use --skip-unavailable to skip it)")
+        table.append({"name": n, "available": s.available, "reason": s.reason, "used": s.available})
+        if s.available:
+            used.append(n)
+    if not used:
+        raise ProviderUnavailableError("none of the requested runtimes is available: "
+                                       + "; ".join(f"{t['name']}: {t['reason']}" for t in table))
+    return used, table
+
+
 # Ops whose output is their input's shape, not its values.
 SHAPE_OPS = frozenset({"Shape", "Size"})
 

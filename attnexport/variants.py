@@ -30,6 +30,10 @@ class Option:
     choices: tuple[str, ...] | None = None  # for str options
     optional: bool = False  # None is a valid value (and may be the default)
     minimum: int = 1  # for int options (0 for a cache length, which may be empty)
+    # For float options: the closed range of values whose models give finite outputs on inputs of
+    # ordinary size in fp32 and fp16 (a score of 1e3 x |q.k| stays below fp16's 65504 for |q.k|
+    # up to 65); a value outside it, or not finite, is refused with the range.
+    bounds: tuple[float, float] | None = None
 
     @property
     def flag(self) -> str:
@@ -98,6 +102,11 @@ class Variant:
                 raise UsageError(f"{opt.flag} must be {opt.type.__name__}, got {value!r}")
             if value is not None and opt.type is float:
                 value = float(value)
+                lo, hi = opt.bounds or (-math.inf, math.inf)
+                if not (math.isfinite(value) and lo <= value <= hi):
+                    within = f" in [{lo:g}, {hi:g}]" if opt.bounds else ""
+                    why = " (outside it the model's scores overflow)" if opt.bounds else ""
+                    raise UsageError(f"{opt.flag} must be a finite number{within}{why}, got {value:g}")
             if value is not None and opt.choices and value not in opt.choices:
                 raise UsageError(f"{opt.flag} must be one of {', '.join(opt.choices)}; got {value!r}")
             if opt.type is int and value is not None and value < opt.minimum:
@@ -141,7 +150,8 @@ DIM = lambda d=64: _size("dim", d, "model (embedding) dimension")  # noqa: E731
 HEADS = lambda d=4: _size("heads", d, "number of (query) heads")  # noqa: E731
 WEIGHTS = Option("weights", bool, False, "also output the attention weights")
 SCALING = Option("scaling", str, "sqrt", "score scaling", ("sqrt", "none", "norm", "cosine", "length"))
-TEMPERATURE = Option("temperature", float, 0.1, "cosine scaling: scores are cos(q, k) / temperature")
+TEMPERATURE = Option("temperature", float, 0.1, "cosine scaling: scores are cos(q, k) / temperature",
+                     bounds=(1e-3, 1e3))
 CAUSAL = Option("causal", bool, False, "causal mask: query i attends keys 0..i")
 
 
@@ -389,8 +399,10 @@ _VARIANTS = (
                         optional=True),
                  SEQ(), KV_SEQ(), _size("head_dim", 32, "query/key head size"),
                  _size("v_head_dim", 32, "value head size"), CAUSAL,
-                 Option("scale", float, None, "scale of QK^T (default 1/sqrt(head_dim))", optional=True),
-                 Option("softcap", float, 0.0, "if > 0: scores = softcap * tanh(scores / softcap)"),
+                 Option("scale", float, None, "scale of QK^T (default 1/sqrt(head_dim))", optional=True,
+                        bounds=(0.0, 1e3)),
+                 Option("softcap", float, 0.0, "if > 0: scores = softcap * tanh(scores / softcap)",
+                        bounds=(0.0, 1e4)),
                  Option("mask", str, "none", "attention mask input", ("none", "bool", "float")),
                  Option("mask_rank", int, 4, "mask rank: 2 (Tq, Tk), 3 (1|Hq, Tq, Tk) or 4 (1|B, 1|Hq, Tq, Tk)"),
                  Option("mask_batch", int, None, "the example mask's batch axis: 1 or --batch (default: "

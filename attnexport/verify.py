@@ -12,6 +12,7 @@ then values; a run that compared nothing fails.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -252,40 +253,12 @@ def device() -> dict:
 
 # --- arguments ---------------------------------------------------------------------------------
 
-def parse_runtimes(text: str | None) -> list[str] | None:
-    if text is None:
-        return None
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    for n in names:
-        if n not in R.RUNTIMES:
-            raise UsageError(f"unknown runtime {n!r}; valid: {', '.join(R.RUNTIMES)}")
-    return names
-
-
 def parse_flavors(names: list[str] | None) -> list[str]:
     names = list(names or E.FLAVORS)
     for n in names:
         if n not in E.FLAVORS:
             raise UsageError(f"unknown flavor {n!r}; valid: {', '.join(E.FLAVORS)}")
     return names
-
-
-def _select_runtimes(requested, skip_unavailable):
-    """Returns (runtimes to use, status list). Asked-for and unavailable is an error unless skipped."""
-    names = list(R.RUNTIMES) if requested is None else requested
-    used, table = [], []
-    for n in names:
-        s = R.status(n)
-        if not s.available and requested is not None and not skip_unavailable:
-            raise ProviderUnavailableError(f"runtime {n} is not available: {s.reason} "
-                                           f"(use --skip-unavailable to skip it)")
-        table.append({"name": n, "available": s.available, "reason": s.reason, "used": s.available})
-        if s.available:
-            used.append(n)
-    if not used:
-        raise ProviderUnavailableError("none of the requested runtimes is available: "
-                                       + "; ".join(f"{t['name']}: {t['reason']}" for t in table))
-    return used, table
 
 
 def case_tolerance(variant: V.Variant, params: dict, inputs: dict, options: dict, expected: dict, dtype: str,
@@ -308,6 +281,17 @@ def case_tolerance(variant: V.Variant, params: dict, inputs: dict, options: dict
 
 # --- the entry point ---------------------------------------------------------------------------
 
+def quiet_numerics(fn):
+    """NumPy's warnings about NaN and Inf stay out of the user's terminal: a non-finite value is
+    reported by the comparison (NaN never passes), not by a RuntimeWarning from the middle."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with np.errstate(all="ignore"):
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+@quiet_numerics
 def verify(variants: list[str] | None = None, flavors: list[str] | None = None,
            runtimes: list[str] | None = None, dtype: str | None = None, golden_dir: str | Path | None = None,
            models: list[str | Path] | None = None, rtol: float | None = None, atol: float | None = None,
@@ -349,7 +333,7 @@ def verify(variants: list[str] | None = None, flavors: list[str] | None = None,
     entries = B.load(baseline) if baseline is not None else None
     if save_baseline is not None:  # before any work: the folder must be writable
         F.resolve_target(Path(save_baseline) / B.MANIFEST)
-    used, table = _select_runtimes(runtimes, skip_unavailable)
+    used, table = R.select(runtimes, skip_unavailable)
     if models:
         model_flavor = flavors[0] if flavors != list(E.FLAVORS) else None
         plan, dtypes = [], set()
@@ -552,6 +536,9 @@ def _plan_model(path, used, golden_dir, dtype, model_variant, model_flavor, mode
         raise UsageError(f"{path}: --dtype {dtype} disagrees with the model, which is {mdtype}")
     check_interface(path, model, variant, options, mdtype)
     problem = f"weights changed since export: {', '.join(changed)}" if changed else ""
+    not_finite = sorted(k for k, v in params.items() if not np.isfinite(v).all())
+    if not_finite and not problem:
+        problem = f"the model's parameters are not finite (NaN or Inf): {', '.join(not_finite)}"
 
     cases = matching_cases(variant, options, golden.load_all(golden_dir, [variant.name]))
     if not cases:

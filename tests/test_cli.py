@@ -74,7 +74,7 @@ def test_golden_write(tmp_path):
 
 
 def test_export_and_inspect(tmp_path):
-    out = tmp_path / "m" / "cross.onnx"
+    out = tmp_path / "cross.onnx"
     r = run("export", "--variant", "cross", "--flavor", "ort", "--heads", "2", "-o", str(out))
     assert r.exit_code == 0, r.output
     assert r.output.count("\n") == 1

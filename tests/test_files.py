@@ -80,6 +80,20 @@ def test_unwritable_folders_are_refused_before_any_work(tmp_path):
     (["bench", "--variant", "mha", "--threads", "-1"], "--threads must be >= 1"),
     (["golden", "--check", "--write"], "exclude each other"),
     (["export", "--variant", "sdpa", "--heads", "3"], None),  # --kv-heads follows --heads
+    (["export", "--variant", "sdpa", "--softcap", "inf"], "--softcap must be a finite number in [0, 10000]"),
+    (["export", "--variant", "sdpa", "--scale", "inf"], "--scale must be a finite number in [0, 1000]"),
+    (["export", "--variant", "sdpa", "--scale", "1e39"], "got 1e+39"),
+    (["export", "--variant", "sdpa", "--scale", "nan"], "--scale must be a finite number"),
+    (["export", "--variant", "mha", "--scaling", "cosine", "--temperature", "1e-40"], "[0.001, 1000]"),
+    (["export", "--variant", "mha", "--seed", "-1"], "Invalid value for '--seed': -1 is not in the range"),
+    (["bench", "--variant", "mha", "--seed", "-1"], "Invalid value for '--seed'"),
+    (["verify", "x.onnx", "--variant", "mha", "--seed", "-1"], "Invalid value for '--seed'"),
+    (["verify", "--runtimes", ""], "names no runtime; valid: torch, torch-cuda"),
+    (["verify", "--runtimes", "ort-cpux"], "unknown runtime 'ort-cpux' (did you mean ort-cpu?)"),
+    (["export", "--variant", "mha", "--bogus"], "No such option '--bogus'. (see `attnexport export --help`)"),
+    (["export", "--variant", "mha", "--dim", "abc"], "'abc' is not a valid integer"),
+    (["export", "--variant", "posenc", "-o", "/proc/version"], "the folder /proc does not take new files"),
+    (["export", "--variant", "posenc", "-o", "no/such/folder/m.onnx"], "its folder no/such/folder does not exist"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, text):
     r = run(*args)
@@ -87,6 +101,35 @@ def test_bad_input_is_one_line_and_exit_2(args, text):
         assert r.exit_code == 0, r.output
         return
     one_line_error(r, text=text)
+
+
+def test_a_dangling_link_is_refused_and_nothing_is_made(tmp_path):
+    """A link whose target's folder does not exist: exit 2, and no folder is created for it."""
+    link = tmp_path / "d.onnx"
+    link.symlink_to(tmp_path / "missing" / "dir" / "x.onnx")
+    one_line_error(run("export", "--variant", "posenc", "-o", link), text="(" + str(link) + " is a link to")
+    assert not (tmp_path / "missing").exists() and link.is_symlink()
+
+
+def test_the_default_output_folder_is_made_in_the_working_folder():
+    from pathlib import Path
+    r = run("export", "--variant", "posenc")
+    assert r.exit_code == 0, r.output
+    assert Path("models/posenc.onnx").is_file()  # in the test's own temporary working folder
+
+
+def test_metadata_is_strict_json(tmp_path):
+    """Options are finite, so the metadata parses without JSON's non-standard Infinity/NaN."""
+    import json
+    import onnx
+
+    def refuse(name):
+        raise ValueError(f"non-standard JSON constant {name}")
+    path = tmp_path / "s.onnx"
+    assert run("export", "--variant", "sdpa", "--softcap", "50", "--scale", "0.5", "-o", path).exit_code == 0
+    meta = {p.key: p.value for p in onnx.load(path).metadata_props}
+    for key in ("attnexport.options", "attnexport.params"):
+        json.loads(meta[key], parse_constant=refuse)
 
 
 def test_golden_write_refuses_the_installed_copy(monkeypatch):

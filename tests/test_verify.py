@@ -220,7 +220,9 @@ def test_model_without_metadata_needs_a_variant(tmp_path):
 
 def test_unknown_runtime_and_flavor():
     with pytest.raises(UsageError, match="unknown runtime 'gpu'"):
-        VF.parse_runtimes("ort-cpu,gpu")
+        R.parse("ort-cpu,gpu")
+    with pytest.raises(UsageError, match="names no runtime"):
+        R.parse(" , ")
     r = run("verify", "--flavor", "fast", "--runtimes", "ort-cpu")
     assert r.exit_code == 2 and "unknown flavor" in r.output
 
