@@ -106,6 +106,10 @@ def calibrate_matmul(device: str, dtype: str, threads: int, sizes: list[tuple[in
     """
     sizes = sizes or ([(8192, 8192, 8192)] if device == "cuda" else [(2048, 2048, 2048)])
     dtypes = [dtype] + (["fp32"] if device == "cpu" and dtype == "fp16" else [])
+    if device == "cpu" and dtype == "fp16" and fp16_is_emulated(threads):
+        # Emulated fp16 (no fp16 units: a 1024^3 matmul takes seconds) cannot beat the fp32 units
+        # it runs on: the fp32 peak bounds it, measured at a fraction of the cost.
+        dtypes = ["fp32"]
     best, where = 0.0, ""
     for dt in dtypes:
         for m, k, n in sizes:
@@ -114,6 +118,14 @@ def calibrate_matmul(device: str, dtype: str, threads: int, sizes: list[tuple[in
                 if flops > best:
                     best, where = flops, f"{runtime} {dt} {m}x{k}x{n}"
     return best, where
+
+
+def fp16_is_emulated(threads: int) -> bool:
+    """Whether this CPU's fp16 matmul is slower than its fp32 one (no fp16 units: torch and ONNX
+    Runtime convert and compute in software). Probed on small matrices, in milliseconds."""
+    half = min(_matmul_ms("cpu", "fp16", 256, 256, 256, threads, 3).values())
+    single = min(_matmul_ms("cpu", "fp32", 256, 256, 256, threads, 3).values())
+    return half > single
 
 
 @functools.lru_cache(maxsize=None)

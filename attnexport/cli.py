@@ -141,19 +141,25 @@ def list_cmd(as_json):
 
 
 @main.command()
+@click.option("--list", "as_list", is_flag=True, help="List the golden cases: name, variant, where each comes from.")
 @click.option("--check", is_flag=True, help="Regenerate every case in memory and report drift (the default).")
 @click.option("--write", is_flag=True, help="Regenerate and write every golden file (needs --dir when "
                                             "attnexport is installed, not run from a checkout).")
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
               help="Golden folder (default: the one attnexport uses: its checkout's golden/, or the installed copy).")
 @reports_errors
-def golden(check, write, directory):
-    """Check (or write) the golden cases against the float64 NumPy reference.
+def golden(as_list, check, write, directory):
+    """Check (or write, or list) the golden cases against the float64 NumPy reference.
 
-    Example: attnexport golden --check
+    Example: attnexport golden --check; attnexport golden --list
     """
-    if check and write:
-        raise UsageError("--check and --write exclude each other: check first, then write")
+    if sum((as_list, check, write)) > 1:
+        raise UsageError("--list, --check and --write exclude each other")
+    if as_list:
+        width = max(len(n) for n in golden_mod.CASES)
+        for case in golden_mod.CASES.values():
+            click.echo(f"{case.name:<{width}}  {case.variant:<14}  {golden_mod.provenance_line(case)}")
+        return
     if write:
         if directory is None and golden_mod.default_dir_is_installed():
             raise UsageError(f"--write would change the installed copy in {golden_mod.default_dir()}: "
@@ -214,7 +220,8 @@ def _given(kwargs) -> dict:
                    "input, where the model allows).")
 @click.option("--flavor", default=export_mod.DEFAULT_FLAVOR, show_default=True,
               help="primitives | attention | ort.")
-@click.option("--opset", type=int, default=None, help="Opset (primitives/ort: 17-18, attention: 23).")
+@click.option("--opset", type=int, default=None,
+              help="Opset (primitives/ort: 17-18, default 18; attention: 23-24, default 23, 24 for sdpa --nonpad).")
 @click.option("--dtype", default="fp32", show_default=True, help="fp32 | fp16.")
 @click.option("--seed", type=SEED, default=0, show_default=True,
               help="Seed of the parameters (of a --module class's too: torch's generator is seeded first).")
@@ -366,7 +373,8 @@ def inspect(model, as_json):
 @click.option("--max-growth", type=float, default=10.0, show_default=True,
               help="Allowed growth of the max abs error against --baseline.")
 @click.option("--details", is_flag=True, help="Show every run with its error statistics.")
-@click.option("--case", "cases", multiple=True, help="Only these golden cases (repeatable; see `attnexport golden`).")
+@click.option("--case", "cases", multiple=True,
+              help="Only these golden cases (repeatable; `attnexport golden --list` lists them).")
 @click.option("--module", "module_spec", default=None, metavar="FILE.py:NAME",
               help="With one MODEL: compare it with this module (--weights FILE: its trained weights).")
 @click.option("--input", "input_specs", multiple=True, metavar="NAME:SHAPE[:DTYPE]",
@@ -446,7 +454,7 @@ def _e(x) -> str:
     return "-" if x is None or x != x or x == float("inf") else f"{x:.2e}"
 
 
-def _table(title, columns, numeric):
+def _table(title, columns, numeric, min_widths=None):
     """A table that fits 80 columns: no vertical rules, text columns fold, numbers never cut."""
     from rich import box
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
@@ -454,8 +462,15 @@ def _table(title, columns, numeric):
         if col in numeric:
             table.add_column(col, justify="right", no_wrap=True)
         else:
-            table.add_column(col, overflow="fold")
+            table.add_column(col, overflow="fold", min_width=(min_widths or {}).get(col))
     return table
+
+
+def _run_cell(r) -> str:
+    """A run's table cell: the model file, the case and where it ran on lines of their own, so a
+    narrow terminal wraps between them, not inside a name (a case's steps break after the /)."""
+    case = r.case.replace("/", "/ ")
+    return "\n".join(([f"{r.model}:"] if r.model else []) + [case, f"{r.flavor} {r.runtime}"])
 
 
 def _result(r) -> str:
@@ -469,17 +484,17 @@ def _print_verify(report, details, out=None):
             click.echo(f"skipped {r['name']}: {r['reason']}", err=True)
     if details:
         table = _table(f"verify {report.dtype}: every run", ("run", "ok", "output", "max abs\n@ index",
-                                                             "mean\nmedian", "p99", "atol\nneeds", "ms"),
-                       ("max abs\n@ index", "mean\nmedian", "p99", "atol\nneeds", "ms"))
+                                                             "mean\nmedian\np99", "atol\nneeds", "ms"),
+                       ("max abs\n@ index", "mean\nmedian\np99", "atol\nneeds", "ms"), min_widths={"run": 19})
         for r in report.rows:
-            run = escape(f"{r.label}\n{r.flavor} {r.runtime}")
+            run = escape(_run_cell(r))
             if not r.comparisons:
-                table.add_row(run, _result(r), escape((r.skipped or r.error)[:120]), "", "", "", "", "")
+                table.add_row(run, _result(r), escape((r.skipped or r.error)[:120]), "", "", "", "")
                 continue
             for i, c in enumerate(r.comparisons):
                 idx = ",".join(map(str, c.argmax))
                 table.add_row(run if i == 0 else "", _result(r) if i == 0 else "", escape(c.problem or c.name),
-                              f"{_e(c.max_abs)}\n@{idx}", f"{_e(c.mean_abs)}\n{_e(c.median_abs)}", _e(c.p99_abs),
+                              f"{_e(c.max_abs)}\n@{idx}", f"{_e(c.mean_abs)}\n{_e(c.median_abs)}\n{_e(c.p99_abs)}",
                               f"{_e(c.atol)}\n{_e(c.needed_atol)}",
                               f"{r.median_ms:.2f}" if (i == 0 and r.median_ms is not None) else "")
         out.print(table)
@@ -488,7 +503,7 @@ def _print_verify(report, details, out=None):
                        ("max abs", "atol", "needs atol"))
         for r in report.failures:
             c = r.worst
-            table.add_row(escape(f"{r.label}\n{r.flavor} {r.runtime}"),
+            table.add_row(escape(_run_cell(r)),
                           escape(c.name if c is not None else (r.error or "compared nothing")[:60]),
                           _e(c.max_abs) if c is not None else "-", _e(c.atol) if c is not None else "-",
                           _e(c.needed_atol) if c is not None else "-")
@@ -509,9 +524,16 @@ def _print_verify(report, details, out=None):
                         _e(max((c.needed_atol for c in cs), default=None)),
                         f"{sum(r.median_ms or 0 for r in rs):.1f}")
     out.print(summary)
+    kinds = {}
+    for r in report.rows:  # which cases ran, and where their expected values came from
+        kinds.setdefault(r.expected_kind, {}).setdefault(r.case, None)
+    for kind, names in kinds.items():
+        shown = ", ".join(list(names)[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        click.echo(f"cases, expected from {kind}: {shown}")
     bases = sorted({r.tolerance.basis for r in report.rows if r.tolerance is not None})
     if report.dtype == "fp16" and bases:
-        click.echo(f"fp16 tolerances: derived per case ({len(bases)} bases; see --details or --json), "
+        click.echo(f"fp16 tolerances: derived per case ({len(bases)} {'basis' if len(bases) == 1 else 'bases'}; "
+                   "see --details or --json), "
                    "atol = max(policy, 4 x the error of the fp16-emulated reference)")
     for r in report.failures:
         click.echo(f"FAIL {r.describe(localization=False)}")

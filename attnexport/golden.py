@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,16 @@ SRC_KERNEL = "001_efde4ef825fe046a.txt"
 SRC_TIED = "002_349328470132ab37.txt"
 SRC_CROSS = "003_61fe5aa5f14f9ed0.txt"
 SRC_SIMPLE = "004_0a0a73ca3f6cf3e6.txt"
+
+
+def provenance_line(case: CaseDef) -> str:
+    """Where a case comes from, in a few words: a worked example (its source file) or seeded."""
+    files = re.findall(r"\d{3}_[0-9a-f]{16}\.txt", case.source)
+    if case.source.startswith("worked example"):
+        return f"worked example, {files[0]}" if files else "worked example"
+    if case.source.startswith("seeded"):
+        return f"seeded, built on {files[0]}" if files else "seeded"
+    return f"from {files[0]}" if files else case.source
 
 
 def seed_of(name: str) -> int:

@@ -12,6 +12,7 @@ then values; a run that compared nothing fails.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import json
 import os
@@ -351,8 +352,11 @@ def verify(variants: list[str] | None = None, flavors: list[str] | None = None,
         if wanted:
             unknown = sorted(set(wanted) - {c.name for c in cases})
             if unknown:
+                close = difflib.get_close_matches(unknown[0], [c.name for c in cases], n=3, cutoff=0.5)
+                hint = f"; close: {', '.join(close)}" if close else ""
                 raise UsageError(f"no golden case {', '.join(unknown)}"
-                                 + (f" among {', '.join(variants)}'s" if variants else ""))
+                                 + (f" among {', '.join(variants)}'s" if variants else "")
+                                 + f"{hint} (`attnexport golden --list` lists them)")
             cases = [c for c in cases if c.name in wanted]
         if not cases:
             raise UsageError(f"no golden cases for {', '.join(variants or [])}")
@@ -529,9 +533,13 @@ def _plan_model(path, used, golden_dir, dtype, model_variant, model_flavor, mode
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
         seed = seed or 0
         params, kind = V.init_params(variant, options, seed), f"reference (parameters of seed {seed})"
+    elif meta.get("module"):
+        raise UsageError(f"{path} was exported from the module {meta['module']}: verify it against that module, "
+                         f"`attnexport verify {path} --module {meta['module']}`")
     else:
         raise UsageError(f"{path} has no attnexport metadata: name its variant and options "
-                         "(e.g. --variant mha --heads 8 --seed 0)")
+                         "(e.g. --variant mha --heads 8 --seed 0), or compare it with its torch module "
+                         "(--module FILE.py:NAME --input NAME:SHAPE)")
     if dtype is not None and dtype != mdtype:
         raise UsageError(f"{path}: --dtype {dtype} disagrees with the model, which is {mdtype}")
     check_interface(path, model, variant, options, mdtype)

@@ -241,3 +241,118 @@ def test_the_api_at_the_package_top(tmp_path):
     assert half.dtype == "fp16" and half.model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
     # The caller's module is left as it was: its dtype and its training mode.
     assert module.training and all(p.dtype == torch.float32 for p in module.parameters())
+
+
+PLAIN = """
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+
+class Plain(nn.Module):  # no seed anywhere: its weights come from torch's generator
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q, k, v = (t.view(B, T, 2, 8).transpose(1, 2) for t in self.qkv(x).split(16, dim=-1))
+        return self.proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, 16))
+
+
+class Raises(Plain):
+    def forward(self, x):
+        raise ValueError("not today")
+"""
+
+
+def test_a_class_without_a_seed_is_seeded_and_exports_the_same_bytes(tmp_path):
+    spec = f"{_write(tmp_path, PLAIN)}:Plain"
+    a, b, c = tmp_path / "a.onnx", tmp_path / "b.onnx", tmp_path / "c.onnx"
+    for path, seed in ((a, "0"), (b, "0"), (c, "7")):
+        r = run("export", "--module", spec, "--input", "x:2x6x16", "--seed", seed, "-o", path)
+        assert r.exit_code == 0, r.output
+        assert r.output.endswith("KiB\n")  # the one size unit of every export
+    assert a.read_bytes() == b.read_bytes() and a.read_bytes() != c.read_bytes()
+    meta = {p.key: p.value for p in onnx.load(c).metadata_props}
+    assert meta["attnexport.seed"] == "7" and meta["attnexport.params_source"] == "seed"
+    assert [o.name for o in onnx.load(a).graph.output] == ["output"]
+    # verify takes the recorded seed; a contradicting one builds other weights and fails.
+    assert run("verify", c, "--module", spec, "--runtimes", "ort-cpu").exit_code == 0
+    r = run("verify", c, "--module", spec, "--runtimes", "ort-cpu", "--seed", "0")
+    assert r.exit_code == 1 and "the module's parameters differ from the model's" in r.output
+
+
+def test_trained_weights_from_a_state_dict_or_safetensors(tmp_path):
+    from safetensors.torch import save_file
+    spec = f"{_write(tmp_path, PLAIN)}:Plain"
+    module, _ = M.load(spec, seed=123)
+    torch.save(module.state_dict(), tmp_path / "w.pt")
+    save_file(module.state_dict(), str(tmp_path / "w.safetensors"))
+    for weights in ("w.pt", "w.safetensors"):
+        path = tmp_path / f"{weights}.onnx"
+        r = run("export", "--module", spec, "--input", "x:2x6x16", "--weights", tmp_path / weights, "-o", path)
+        assert r.exit_code == 0, r.output
+        meta = {p.key: p.value for p in onnx.load(path).metadata_props}
+        assert meta["attnexport.params_source"] == f"given: {weights}"
+        r = run("verify", path, "--module", spec, "--weights", tmp_path / weights, "--runtimes", "torch,ort-cpu")
+        assert r.exit_code == 0, r.output
+        r = run("verify", path, "--module", spec, "--runtimes", "ort-cpu")  # the seeded weights are not these
+        assert r.exit_code == 1 and f"it was exported with --weights {weights}" in r.output
+    state = module.state_dict()
+    bad = {"extra.pt": {**state, "extra": torch.zeros(1)},
+           "short.pt": {k: v for k, v in state.items() if k != "qkv.bias"},
+           "shape.pt": {**state, "proj.weight": torch.zeros(3, 3)}}
+    for name, sd in bad.items():
+        torch.save(sd, tmp_path / name)
+    (tmp_path / "junk.pt").write_text("junk")
+    for name, text in (("extra.pt", "does not fit the module: extra extra"),
+                       ("short.pt", "does not fit the module: missing qkv.bias"),
+                       ("shape.pt", "mis-shaped proj.weight [3, 3] (the module's: [16, 16])"),
+                       ("junk.pt", "cannot be read as a state_dict"), ("none.pt", "no such file")):
+        r = run("export", "--module", spec, "--input", "x:2x6x16", "--weights", tmp_path / name,
+                "-o", tmp_path / "x.onnx")
+        assert r.exit_code == 2 and text in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert not (tmp_path / "x.onnx").exists()
+
+
+def test_verify_a_plain_torch_onnx_export_with_external_data_from_another_folder(tmp_path, monkeypatch):
+    """A model from torch.onnx.export (its weights in model.onnx.data) is verified against its
+    module given --input, from any working folder; its inputs are matched by name, else order."""
+    spec = f"{_write(tmp_path, PLAIN)}:Plain"
+    module, _ = M.load(spec, seed=0)
+    (tmp_path / "out").mkdir()
+    path = tmp_path / "out" / "plain.onnx"
+    batch, length = torch.export.Dim("b"), torch.export.Dim("t")
+    with torch.no_grad():
+        torch.onnx.export(module.eval(), (torch.randn(2, 6, 16),), str(path), dynamo=True, input_names=["x"],
+                          dynamic_shapes=({0: batch, 1: length},), external_data=True, verbose=False)
+    assert (tmp_path / "out" / "plain.onnx.data").exists()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    r = run("verify", path, "--module", spec, "--runtimes", "torch,onnx-ref,ort-cpu")
+    assert r.exit_code == 2 and "give its inputs, e.g. --input x:" in r.output
+    for given in ("x:2x6x16", "tokens:2x6x16"):  # by name, then by order
+        r = run("verify", path, "--module", spec, "--input", given, "--runtimes", "torch,onnx-ref,ort-cpu", "--json")
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.output)
+        assert len(doc["results"]) == 12 and all(row["passed"] for row in doc["results"])
+    assert run("inspect", path).exit_code == 0
+    r = run("verify", path, "--module", spec, "--input", "x:2x6", "--runtimes", "ort-cpu")
+    assert r.exit_code == 2 and "rank 2" in r.output
+
+
+def test_verify_module_bad_input_is_one_line(tmp_path):
+    spec = f"{_write(tmp_path, PLAIN)}"
+    path = tmp_path / "m.onnx"
+    assert run("export", "--module", f"{spec}:Plain", "--input", "x:2x6x16", "-o", path).exit_code == 0
+    cross = tmp_path / "cross.onnx"
+    assert run("export", "--variant", "cross", "-o", cross).exit_code == 0
+    for args, text in (([path, "--module", f"{spec}:Raises"], "forward raised ValueError on inputs of shapes"),
+                       ([cross, "--module", "examples/encoder_layer.py:example"],
+                        "was exported from the variant 'cross', not from a module: verify it without --module"),
+                       ([path, "--module", f"{spec}:Plain", "--heads", "2"], "--module takes no --variant")):
+        r = run("verify", *args, "--runtimes", "ort-cpu")
+        assert r.exit_code == 2 and text in r.output and len(r.output.strip().splitlines()) == 1, r.output
