@@ -142,3 +142,21 @@ def test_decode_bench_times_prefill_and_one_step_per_context():
         B.bench_decode("encoder", {}, [8])
     r = CliRunner().invoke(main, ["bench", "--variant", "mha", "--context", "8"])
     assert r.exit_code == 2 and "--context goes with --decode" in r.output
+
+
+def test_emulated_fp16_is_calibrated_on_the_fp32_units_only(monkeypatch):
+    """Where fp16 is emulated (a 1024^3 fp16 matmul takes seconds on such a CPU), the calibration
+    times no fp16 matmul beyond the 256^3 probe: the fp32 peak bounds an emulated fp16 block."""
+    timed = []
+
+    def fake(device, dtype, m, k, n, threads, iters):
+        timed.append((dtype, m))
+        return {"torch": (50.0 if dtype == "fp16" else 1.0) * m * k * n / 1e9}
+    monkeypatch.setattr(B, "_matmul_ms", fake)
+    peak, where = B.calibrate_matmul("cpu", "fp16", 1, [(1024, 1024, 1024), (64, 32, 32)])
+    assert [t for t in timed if t[0] == "fp16"] == [("fp16", 256)]
+    assert "fp32" in where and peak == pytest.approx(2e12)
+    timed.clear()  # a CPU with fp16 units (faster than fp32 on the probe) times fp16 too
+    monkeypatch.setattr(B, "_matmul_ms", lambda d, dt, m, k, n, t, i: timed.append((dt, m)) or {"torch": 1.0})
+    B.calibrate_matmul("cpu", "fp16", 1, [(1024, 1024, 1024)])
+    assert ("fp16", 1024) in timed

@@ -138,3 +138,37 @@ def test_list_and_inspect_are_readable_at_80_columns(tmp_path):
     r = runner.invoke(main, ["inspect", str(path)])
     assert r.exit_code == 0 and "8 parameters fingerprinted" in r.output
     assert_fits_80(r.output)
+
+
+def test_golden_list_names_every_case_with_its_provenance():
+    r = run("golden", "--list")
+    assert r.exit_code == 0
+    lines = r.output.strip().splitlines()
+    assert len(lines) == len(golden.CASES)
+    assert any(line.split()[:2] == ["kernel-nadaraya-watson", "kernel"] and
+               line.endswith("worked example, 001_efde4ef825fe046a.txt") for line in lines)
+    assert any(line.split() == ["mha-seeded", "mha", "seeded"] for line in lines)
+
+
+def test_verify_names_close_cases_and_the_kinds_of_expected_values(tmp_path):
+    r = run("verify", "--case", "mha-sead", "--runtimes", "ort-cpu")
+    assert r.exit_code == 2 and "close: mha-seeded" in r.output and "golden --list" in r.output
+    path = tmp_path / "m.onnx"
+    assert run("export", "--variant", "mha", "--heads", "8", "-o", str(path)).exit_code == 0
+    r = run("verify", str(path), "--runtimes", "ort-cpu")
+    assert r.exit_code == 0, r.output
+    assert "cases, expected from reference (the model's own parameters), seeded inputs: seeded-2x7, seeded-1x1" \
+        in r.output
+    r = run("verify", "--case", "mha-seeded", "--runtimes", "ort-cpu", "--flavor", "attention")
+    assert "cases, expected from golden: mha-seeded" in r.output
+
+
+def test_details_wrap_between_names_at_80_columns(tmp_path):
+    from conftest import assert_fits_80
+    path = tmp_path / "mha-step.onnx"
+    assert run("export", "--variant", "mha", "--kv-cache", "--causal", "-o", str(path)).exit_code == 0
+    r = CliRunner(env={"COLUMNS": "80"}).invoke(main, ["verify", str(path), "--runtimes", "ort-cpu", "--details"])
+    assert r.exit_code == 0, r.output
+    assert_fits_80(r.output)
+    cells = [line[:20].strip() for line in r.output.splitlines()]
+    assert "mha-step.onnx:" in cells and "mha-kv-cache-empty/" in cells and "decode-1" in cells
