@@ -28,8 +28,9 @@ def _umask() -> int:
     return mask
 
 
-def resolve_target(path: str | Path) -> Path:
-    """The path to write for `path`, checked before any work: UsageError when it cannot be written."""
+def resolve_target(path: str | Path, new_folder: bool = False) -> Path:
+    """The path to write for `path`, checked before any work: UsageError when it cannot be written.
+    Its folder must exist, except `models/` and, with `new_folder`, one new folder in an existing one."""
     path = given = Path(path)
     if len(path.name.encode()) > 255:
         raise UsageError(f"cannot write {path}: the file name is longer than 255 bytes")
@@ -44,6 +45,13 @@ def resolve_target(path: str | Path) -> Path:
                 else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
             raise UsageError(f"refusing to write {path}: it is {kind}, not a regular file")
     parent = path.parent
+    if not parent.exists() and parent.parent.is_dir() and (new_folder or parent.resolve() == DEFAULT_FOLDER.resolve()):
+        # The default output folder (given or not), or a folder the command makes by design
+        # (--save-baseline DIR): one level is made, never a tree.
+        try:
+            parent.mkdir()
+        except OSError as e:
+            raise UsageError(f"cannot make the folder {parent}: {e.strerror or e}") from None
     if not parent.exists():
         through = f" ({given} is a link to {path})" if given != path else ""
         raise UsageError(f"cannot write {given}: its folder {parent} does not exist{through}")
@@ -72,11 +80,7 @@ DEFAULT_FOLDER = Path("models")
 
 
 def default_output(stem: str) -> Path:
-    """`models/<stem>.onnx`, the default output of an export, its folder made if missing."""
-    try:
-        DEFAULT_FOLDER.mkdir(exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"cannot make the folder {DEFAULT_FOLDER}: {e.strerror or e}") from None
+    """`models/<stem>.onnx`, the default output of an export (its folder is made when written)."""
     return DEFAULT_FOLDER / f"{stem}.onnx"
 
 

@@ -333,7 +333,7 @@ def verify(variants: list[str] | None = None, flavors: list[str] | None = None,
         raise UsageError("a model file has one flavor: give at most one --flavor")
     entries = B.load(baseline) if baseline is not None else None
     if save_baseline is not None:  # before any work: the folder must be writable
-        F.resolve_target(Path(save_baseline) / B.MANIFEST)
+        F.resolve_target(Path(save_baseline) / B.MANIFEST, new_folder=True)
     used, table = R.select(runtimes, skip_unavailable)
     if models:
         model_flavor = flavors[0] if flavors != list(E.FLAVORS) else None

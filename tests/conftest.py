@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import settings, strategies as st
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from attnexport import variants as V
 
@@ -19,9 +20,13 @@ torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout the suite runs from
 
-# Hypothesis keeps no example database: the suite writes nothing outside its temporary folders.
+# Hypothesis keeps no example database, and its own folder (it caches constants there) is a
+# temporary one: the suite writes nothing outside its temporary folders.
 settings.register_profile("attnexport", database=None)
 settings.load_profile("attnexport")
+_HYPOTHESIS_HOME = tempfile.mkdtemp(prefix="attnexport-test-hypothesis-")
+set_hypothesis_home_dir(_HYPOTHESIS_HOME)
+atexit.register(shutil.rmtree, _HYPOTHESIS_HOME, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -158,7 +158,7 @@ def test_export_cache_returns_what_a_fresh_export_writes(tmp_path, monkeypatch):
 
 
 def test_failed_export_leaves_nothing(tmp_path):
-    target = tmp_path / "out" / "sdpa.onnx"
+    target = tmp_path / "sdpa.onnx"
     with pytest.raises(ExportError, match="cannot express --softcap"):
         E.export("sdpa", {"softcap": 2.0}, "ort", output=target)
     assert not target.exists()
@@ -219,13 +219,14 @@ def test_readme_deployment_snippet_runs_with_onnxruntime_alone(tmp_path):
     assert "(3, 17, 64)" in proc.stdout
 
 
-def test_readme_decode_loop_runs_alone_and_equals_the_full_forward(tmp_path):
+def test_readme_decode_loop_runs_alone_and_equals_the_full_forward(tmp_path, monkeypatch):
     """The README's generation loop (prefill 5, decode 20) in a fresh interpreter without
     attnexport; its outputs are those of the full causal forward over the same inputs."""
     from click.testing import CliRunner
     from attnexport.cli import main
+    monkeypatch.chdir(tmp_path)  # the README's commands, from a folder without models/
     r = CliRunner().invoke(main, ["export", "--variant", "mha", "--kv-cache", "--causal", "-o",
-                                  str(tmp_path / "models" / "mha-step.onnx")])
+                                  "models/mha-step.onnx"])
     assert r.exit_code == 0, r.output
     proc = _run_without_attnexport(_readme_python("### Generating with a key/value cache"), tmp_path)
     assert "the cache holds 25 positions" in proc.stdout
@@ -239,13 +240,14 @@ def test_readme_decode_loop_runs_alone_and_equals_the_full_forward(tmp_path):
     assert c, str(c)
 
 
-def test_readme_decoder_loop_runs_alone_and_equals_the_full_forward(tmp_path):
+def test_readme_decoder_loop_runs_alone_and_equals_the_full_forward(tmp_path, monkeypatch):
     """The README's decoder loop (memory once, prefill 5, decode 20) without attnexport; its outputs
     are the decoder's full forward over the same inputs and memory."""
     from click.testing import CliRunner
     from attnexport.cli import main
+    monkeypatch.chdir(tmp_path)  # the README's commands, from a folder without models/
     r = CliRunner().invoke(main, ["export", "--variant", "decoder", "--kv-cache", "-o",
-                                  str(tmp_path / "models" / "decoder-step.onnx")])
+                                  "models/decoder-step.onnx"])
     assert r.exit_code == 0, r.output
     proc = _run_without_attnexport(_readme_python("### A decoder step"), tmp_path)
     assert "the caches hold 25 and 12 positions" in proc.stdout
