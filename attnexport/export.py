@@ -114,7 +114,28 @@ def _reuse_torchlib_table() -> None:
         apis = _registration.onnxscript_apis
         apis.get_torchlib_ops = functools.cache(apis.get_torchlib_ops)
     with contextlib.suppress(Exception):
+        _registry_built_once()
+    with contextlib.suppress(Exception):
         _decompose_traced_once()
+
+
+def _registry_built_once() -> None:
+    """torch.onnx fills a new registry from the table on every export (0.4 s here, a quarter of an
+    export), then adds the custom translations to it. Filled once per opset and copied: the copy
+    has lists of its own, so one export's custom translations never reach another's."""
+    from torch.onnx._internal.exporter import _registration
+    registry_class = _registration.ONNXRegistry
+    fill = registry_class.from_torchlib.__func__
+    filled = {}
+
+    def from_torchlib(cls, opset_version=_registration._constants.TORCHLIB_OPSET):
+        if opset_version not in filled:
+            filled[opset_version] = fill(cls, opset_version)
+        base, copy_ = filled[opset_version], cls()
+        copy_.__dict__.update(base.__dict__)
+        copy_.functions = {k: list(v) for k, v in base.functions.items()}
+        return copy_
+    registry_class.from_torchlib = classmethod(from_torchlib)
 
 
 def _decompose_traced_once() -> None:

@@ -322,7 +322,7 @@ def test_verify_passes_every_correct_export(tmp_path):
     from attnexport import variants as V
     from conftest import draw_options
 
-    @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
     @given(name=st.sampled_from(["sdpa", "sdpa", "mha", "decoder", "cross"]),
            flavor=st.sampled_from(["primitives", "attention", "ort"]), data=st.data())
     def check(name, flavor, data):
