@@ -38,7 +38,7 @@ def test_option_not_taken_lists_valid_ones():
     ({"scaling": "cube"}, "--scaling must be one of"),
     ({"batch": 0}, "--batch must be an integer >= 1"),
     ({"past_seq": -1}, "--past-seq must be an integer >= 0"),
-    ({"temperature": 0.0}, "--temperature must be > 0"),
+    ({"temperature": 0.0}, r"--temperature must be a finite number in \[0.001, 1000\]"),
 ])
 def test_bad_options(given, message):
     with pytest.raises(UsageError, match=message):
