@@ -339,3 +339,27 @@ def test_verify_passes_every_correct_export(tmp_path):
         r = run("verify", str(path), "--runtimes", "ort-cpu")
         assert r.exit_code == 0, (args, r.output)
     check()
+
+
+def test_a_model_with_an_infinite_weight_fails_with_the_reason_and_no_numpy_warning(tmp_path):
+    import onnx
+    from onnx import numpy_helper
+    path = tmp_path / "mha.onnx"
+    assert run("export", "--variant", "mha", "-o", str(path)).exit_code == 0
+    model = onnx.load(path)
+    init = next(i for i in model.graph.initializer if np.prod(i.dims) > 100)
+    arr = numpy_helper.to_array(init).copy()
+    arr.flat[0] = np.inf
+    init.CopyFrom(numpy_helper.from_array(arr, init.name))
+    onnx.save(model, path)
+    r = run("verify", str(path), "--runtimes", "torch,onnx-ref,ort-cpu")
+    assert r.exit_code == 1 and "weights changed since export" in r.output
+    assert "RuntimeWarning" not in r.output and "Traceback" not in r.output
+
+
+def test_a_module_export_verified_without_its_module_says_which_to_give(tmp_path):
+    path = tmp_path / "block.onnx"
+    spec = "examples/causal_self_attention.py:example"
+    assert run("export", "--module", spec, "-o", str(path)).exit_code == 0
+    r = run("verify", str(path), "--runtimes", "ort-cpu")
+    assert r.exit_code == 2 and f"`attnexport verify {path} --module {spec}`" in r.output
