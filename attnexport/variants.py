@@ -382,9 +382,10 @@ def _decoder_flops(o):
     if not o["kv_cache"]:
         return (_mha_flops(B, T, T, D, H, hd) + _mha_flops(B, T, o["kv_seq"], D, H, hd)
                 + 4 * B * T * D * o["ffn_dim"])
-    # A step projects its T new tokens (and the memory given now), attends over both caches.
+    # A step projects its T new tokens (self q, k, v, out; cross q, out: six D x D matmuls) and the
+    # memory given now (cross k, v), and attends over both caches.
     tk, tm = o["past_seq"] + T, o["past_kv_seq"] + o["kv_seq"]
-    proj = 2 * B * T * D * D * 5 + 2 * B * T * D * D * 2 + 2 * B * o["kv_seq"] * D * D * 2
+    proj = 2 * B * T * D * D * 6 + 2 * B * o["kv_seq"] * D * D * 2
     return proj + 2 * B * H * T * (tk + tm) * 2 * hd + 4 * B * T * D * o["ffn_dim"]
 
 

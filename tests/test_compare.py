@@ -65,9 +65,27 @@ def test_tolerance_overrides_must_be_finite_and_non_negative():
 
 
 def test_fp16_tolerance_is_derived_with_the_policy_as_floor():
+    """4x the emulated error, stated as numbers: loosening the factor fails here."""
     t = derived_tolerance("fp16", 0.01)
-    assert t.atol == pytest.approx(FP16_FACTOR * 0.01) and "0.01 x 4" in t.basis
-    assert derived_tolerance("fp16", 1e-6).atol == TOLERANCES["fp16"].atol
+    assert t.atol == pytest.approx(0.04) and t.rtol == 1e-3 and t.basis == "fp16-emulated reference error 0.01 x 4"
+    assert derived_tolerance("fp16", 1e-6).atol == 2.5e-3
+    expected = np.full(3, 10.0)  # |expected| 10: the rtol part is 1e-3 x 10 = 0.01
+    assert compare("y", expected + 0.0499, expected, t)  # 0.04 + 0.01 = 0.05 allowed
+    assert not compare("y", expected + 0.0501, expected, t)
+
+
+@pytest.mark.parametrize("dtype, rtol, atol", [("fp32", 1e-4, 1e-5), ("fp16", 1e-3, 2.5e-3), ("fp64", 1e-7, 1e-9)])
+def test_policy_tolerances_are_pinned_from_both_sides(dtype, rtol, atol):
+    """The policy's numbers, written here as numbers: a result just inside the bound passes, one
+    just outside fails, so neither a looser nor a tighter policy goes unnoticed."""
+    t = tolerance(dtype)
+    assert (t.rtol, t.atol) == (rtol, atol)
+    for scale in (0.0, 1.0, 3.0):
+        expected = np.full(4, scale)
+        bound = atol + rtol * scale
+        assert compare("y", expected + 0.99 * bound, expected, t), (dtype, scale)
+        assert not compare("y", expected + 1.01 * bound, expected, t), (dtype, scale)
+        assert not compare("y", expected - 1.01 * bound, expected, t), (dtype, scale)
 
 
 def test_divergence_is_relative_to_the_tensor_scale():

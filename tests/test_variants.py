@@ -76,3 +76,55 @@ def test_seeded_inputs_and_params_are_reproducible():
     p, q = V.init_params(v, o, 3), V.init_params(v, o, 3)
     assert all((p[k] == q[k]).all() for k in p)
     assert not (V.make_inputs(v, o, 4)["x"] == a["x"]).all()
+
+
+def _plain_attention(q, k, v, mask, past_key, past_value, nonpad, scale, causal, softcap, mode, precision):
+    """The core's shapes with plain torch matmuls, so that torch's FlopCounterMode sees them (the
+    core op itself is opaque to it). Only the shapes matter for counting."""
+    import torch
+    if past_key is not None:
+        k, v = torch.cat([past_key, k], 2), torch.cat([past_value, v], 2)
+    group = q.shape[1] // k.shape[1]
+    w = torch.softmax(q @ k.repeat_interleave(group, 1).transpose(-1, -2), -1)
+    return w @ v.repeat_interleave(group, 1), k, v, w
+
+
+# FLOPs torch's counter does not see (it counts matrix products only), from each definition:
+# the broadcast add W_q q + W_k k (additive); per query-key pair the difference, its square,
+# the halving, the negation and the exponent (kernel); the softmax's max, subtraction, exponent,
+# sum and division per score (masked-softmax); the sin or cos, the division of the angle, the
+# power and the add per element (posenc).
+ELEMENTWISE = {
+    "additive": lambda o: o["batch"] * o["seq"] * o["kv_seq"] * o["hidden"],
+    "kernel": lambda o: 5 * o["batch"] * o["seq"] * o["kv_seq"],
+    "masked-softmax": lambda o: 5 * o["batch"] * o["seq"] * o["kv_seq"],
+    "posenc": lambda o: 4 * o["batch"] * o["seq"] * o["dim"],
+}
+FLOP_OPTIONS = [({}, name) for name in V.VARIANTS] + [
+    ({"kv_cache": True, "causal": True}, "mha"), ({"kv_heads": 2}, "mha"), ({"kv_cache": True, "causal": True}, "sdpa"),
+    ({"kv_heads": 2, "v_head_dim": 16}, "sdpa"), ({"kv_cache": True}, "decoder"), ({"kv_cache": True, "kv_seq": 0,
+                                                                                    "past_kv_seq": 5}, "decoder"),
+    ({"kv_dim": 48}, "cross"), ({"learnable_bandwidth": True}, "kernel")]
+
+
+@pytest.mark.parametrize("given, name", FLOP_OPTIONS)
+def test_flop_count_is_torchs_own(given, name):
+    """The registry's FLOP count (every TFLOP/s and peak fraction of bench rests on it) against
+    torch's FlopCounterMode on the module itself, the attention core's matmuls included."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    from attnexport.models import core
+    v = V.get(name)
+    o = v.resolve(given)
+    module = V.load_params(v.build(o), V.init_params(v, o, 0)).eval()
+    args = [torch.from_numpy(a) for a in V.make_inputs(v, o, 0).values()]
+    counter = FlopCounterMode(display=False)
+    original = core.attention
+    core.attention = _plain_attention
+    try:
+        with counter, torch.no_grad():
+            module(*args)
+    finally:
+        core.attention = original
+    assert counter.get_total_flops() > 0 or name in ELEMENTWISE
+    assert v.flops(o) == counter.get_total_flops() + ELEMENTWISE.get(name, lambda o: 0)(o), given

@@ -363,3 +363,40 @@ def test_a_module_export_verified_without_its_module_says_which_to_give(tmp_path
     assert run("export", "--module", spec, "-o", str(path)).exit_code == 0
     r = run("verify", str(path), "--runtimes", "ort-cpu")
     assert r.exit_code == 2 and f"`attnexport verify {path} --module {spec}`" in r.output
+
+
+_OUTPUT_CASES = {"mha-kv-cache": ["output", "present_key", "present_value"], "sdpa-weights-bias": ["output", "weights"],
+                 "cross-padding": ["output", "weights"],
+                 "decoder-kv-cache-first": ["output", "present_key", "present_value", "present_cross_key",
+                                            "present_cross_value"]}
+
+
+@pytest.mark.parametrize("case, output, runtime", [(c, o, "ort-cpu") for c, outs in _OUTPUT_CASES.items() for o in outs]
+                         + [("sdpa-weights-bias", o, "torch") for o in _OUTPUT_CASES["sdpa-weights-bias"]])
+def test_a_wrong_value_in_any_one_declared_output_fails_the_run(monkeypatch, case, output, runtime):
+    """Every declared output is compared: one element of one output off by 0.01 (a thousand
+    times fp32's atol) fails the run, names that output, and only it."""
+    def spoiled(prepare):
+        def wrapper(*args, **kwargs):
+            prepared = prepare(*args, **kwargs)
+            run = prepared.run
+
+            def spoiled_run(feed):
+                outs = dict(run(feed))
+                if output in outs:
+                    bad = np.array(outs[output], copy=True)
+                    bad.flat[bad.size // 2] += 0.01
+                    outs[output] = bad
+                return outs
+            prepared.run = spoiled_run
+            return prepared
+        return wrapper
+    monkeypatch.setattr(R, "prepare_onnx", spoiled(R.prepare_onnx))
+    monkeypatch.setattr(R, "prepare_torch", spoiled(R.prepare_torch))
+    report = VF.verify(cases=[case], flavors=["attention"], runtimes=[runtime])
+    main_rows = [r for r in report.rows if r.case == case]
+    assert main_rows and not any(r.passed for r in main_rows)
+    for r in main_rows:
+        failed = {c.name for c in r.comparisons if not c.passed}
+        assert failed == {output}, (r.case, failed)
+        assert {c.name for c in r.comparisons} == set(_OUTPUT_CASES[case])

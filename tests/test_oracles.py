@@ -1,0 +1,299 @@
+"""Independent oracles for every golden case: the source texts' formulas, written here again.
+
+The golden values come from `attnexport/reference.py`, and the modules are tested against them,
+so a formula changed in both the module and the reference (and the golden files rewritten)
+would pass every other test. Here each variant is computed once more, from its definition in
+the source texts (`shared/seeds/`) and the ONNX Attention operator's text, with none of the
+package's code: one query row at a time, in float64, with Python's own math where the source
+writes a formula. Every golden case's every output is compared with it.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from attnexport import golden
+
+BOUND = 1e-9  # two float64 computations of the same formula, different summation orders
+
+
+def _attend_row(q, keys, values, allowed, scale, softcap=0.0, bias=None):
+    """One query row of attention: (output, raw, capped, biased, weights) as the operator defines
+    them. A row with no allowed key gives zeros (attnexport's rule for fully masked rows)."""
+    raw = np.array([scale * float(np.dot(q, k)) for k in keys])
+    capped = np.array([softcap * math.tanh(s / softcap) for s in raw]) if softcap > 0 else raw.copy()
+    biased = capped + (0.0 if bias is None else bias)
+    biased = np.where(allowed, biased, -np.inf)
+    if not np.isfinite(biased).any():
+        return np.zeros(values.shape[-1]), raw, capped, biased, np.zeros(len(keys))
+    top = max(s for s in biased if s != -np.inf)
+    e = np.array([math.exp(s - top) if s != -np.inf else 0.0 for s in biased])
+    w = e / e.sum()
+    return w @ values, raw, capped, biased, w
+
+
+def _attention(q, k, v, allowed, scale, softcap=0.0, bias=None):
+    """q (B, H, Tq, d), k/v (B, Hkv, Tk, d) with query head h reading key head h // (H / Hkv);
+    allowed (B, H, Tq, Tk) bool; bias broadcastable to it. Returns a dict of the row results."""
+    B, H, Tq, _ = q.shape
+    group = H // k.shape[1]
+    out = np.zeros((B, H, Tq, v.shape[-1]))
+    parts = {n: np.zeros((B, H, Tq, k.shape[2])) for n in ("raw", "softcap", "bias", "softmax")}
+    bias = None if bias is None else np.broadcast_to(bias, allowed.shape)
+    for b in range(B):
+        for h in range(H):
+            for i in range(Tq):
+                row = _attend_row(q[b, h, i], k[b, h // group], v[b, h // group], allowed[b, h, i], scale, softcap,
+                                  None if bias is None else bias[b, h, i])
+                out[b, h, i] = row[0]
+                for name, value in zip(("raw", "softcap", "bias", "softmax"), row[1:]):
+                    parts[name][b, h, i] = value
+    return out, parts
+
+
+def _causal(Tq, Tk, offset=0):
+    """Query i sits at position offset + i and sees the keys up to it (top-left without a cache)."""
+    return np.arange(Tk)[None, :] <= (np.arange(Tq)[:, None] + offset)
+
+
+def _split(x, heads):  # (B, T, heads*d) -> (B, heads, T, d)
+    B, T, C = x.shape
+    return x.reshape(B, T, heads, C // heads).transpose(0, 2, 1, 3)
+
+
+def _join(x):  # (B, heads, T, d) -> (B, T, heads*d)
+    B, H, T, d = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(B, T, H * d)
+
+
+def _linear(x, p, name):
+    y = x @ p[f"{name}.weight"].astype(np.float64).T
+    return y + p[f"{name}.bias"] if f"{name}.bias" in p else y
+
+
+def _layer_norm(x, p, name):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + 1e-5) * p[f"{name}.weight"] + p[f"{name}.bias"]
+
+
+def _scaled(q, k, scaling, temperature, key_length):
+    """The scaling modes of the README's table, as changes to the scores: (q, k, scale)."""
+    d = q.shape[-1]
+    if scaling == "sqrt":
+        return q, k, 1 / math.sqrt(d)
+    if scaling == "none":
+        return q, k, 1.0
+    if scaling == "length":
+        return q, k, 1 / (math.sqrt(d) * math.sqrt(key_length))
+    if scaling == "cosine":
+        unit = lambda t: t / np.linalg.norm(t, axis=-1, keepdims=True)  # noqa: E731
+        return unit(q), unit(k), 1 / temperature
+    if scaling == "norm":  # scores divided by the Frobenius norm of each (batch, head) score matrix
+        scores = q @ k.swapaxes(-1, -2)
+        return q / np.sqrt((scores ** 2).sum(axis=(-2, -1), keepdims=True)), k, 1.0
+    raise AssertionError(scaling)
+
+
+def _multi_head(p, prefix, x, kv, heads, kv_heads, padding=None, causal=False, scaling="sqrt", temperature=0.1,
+                past=None):
+    """Projections, heads (grouped), the scaling mode, a padding mask (True = a real key), causal,
+    and a cache before the new keys. Returns (output, weights, present_key, present_value)."""
+    q = _split(_linear(x, p, f"{prefix}q_proj"), heads)
+    k = _split(_linear(kv, p, f"{prefix}k_proj"), kv_heads)
+    v = _split(_linear(kv, p, f"{prefix}v_proj"), kv_heads)
+    q, k, scale = _scaled(q, k, scaling, temperature, (past[0].shape[2] if past else 0) + k.shape[2])
+    if past is not None:
+        k = np.concatenate([past[0], k], axis=2)
+        v = np.concatenate([past[1], v], axis=2)
+    B, _, Tq, _ = q.shape
+    Tk = k.shape[2]
+    allowed = np.ones((B, heads, Tq, Tk), bool)
+    if padding is not None:
+        allowed &= padding[:, None, None, :]
+    if causal:
+        allowed &= _causal(Tq, Tk, Tk - Tq if past is not None else 0)
+    out, parts = _attention(q, k, v, allowed, scale)
+    return _linear(_join(out), p, f"{prefix}out_proj"), parts["softmax"], k, v
+
+
+def oracle_self(p, x, o):
+    q, k, v = (x @ p[n] for n in ("W_q", "W_k", "W_v"))  # X W, W (D, D): d_k = D
+    q, k, scale = _scaled(q[:, None], k[:, None], o["scaling"], o["temperature"], x.shape[1])
+    allowed = np.ones((x.shape[0], 1, x.shape[1], x.shape[1]), bool)
+    out, parts = _attention(q, k, v[:, None], allowed, scale)
+    return {"output": out[:, 0], "weights": parts["softmax"][:, 0]}
+
+
+def oracle_mha(p, inputs, o):
+    x = inputs["x"]
+    past = (inputs["past_key"], inputs["past_value"]) if o["kv_cache"] else None
+    out, w, pk, pv = _multi_head(p, "", x, x, o["heads"], o["kv_heads"], inputs.get("mask"), o["causal"],
+                                 o["scaling"], o["temperature"], past)
+    return {"output": out, "weights": w, "present_key": pk, "present_value": pv}
+
+
+def oracle_mha_tied(p, inputs, o):
+    """The source's tied projections: each head's slice of values, keys and query through one
+    shared Linear(head_dim, head_dim, no bias); energy softmax(Q K^T / sqrt(embed size))."""
+    h, E = o["heads"], o["dim"]
+    proj = {n: _split(inputs[n], h) @ p[f"{w}.weight"].T for n, w in
+            (("values", "values"), ("keys", "keys"), ("query", "queries"))}
+    B, _, Tq, _ = proj["query"].shape
+    allowed = np.ones((B, h, Tq, proj["keys"].shape[2]), bool)
+    if "mask" in inputs:
+        allowed &= inputs["mask"][:, None]
+    out, _ = _attention(proj["query"], proj["keys"], proj["values"], allowed, 1 / math.sqrt(E))
+    return {"output": _linear(_join(out), p, "fc_out")}
+
+
+def oracle_cross(p, inputs, o):
+    out, w, _, _ = _multi_head(p, "", inputs["query"], inputs["memory"], o["heads"], o["heads"],
+                               inputs.get("memory_mask"))
+    return {"output": out, "weights": w}
+
+
+def oracle_additive(p, inputs, o):
+    """w_v^T tanh(W_q q + W_k k), a softmax over each batch's first valid_lens keys, times values."""
+    q, k, v, valid = inputs["query"], inputs["key"], inputs["value"], inputs["valid_lens"]
+    wq, wk, wv = p["W_q.weight"], p["W_k.weight"], p["w_v.weight"][0]
+    B, Tq, Tk = q.shape[0], q.shape[1], k.shape[1]
+    out, weights = np.zeros((B, Tq, v.shape[-1])), np.zeros((B, Tq, Tk))
+    for b in range(B):
+        for i in range(Tq):
+            scores = np.array([float(wv @ np.tanh(wq @ q[b, i] + wk @ k[b, j])) for j in range(Tk)])
+            allowed = np.arange(Tk) < valid[b]
+            out[b, i], _, _, _, weights[b, i] = _attend_row(np.ones(1), np.ones((Tk, 1)), v[b], allowed, 0.0,
+                                                            bias=scores)
+    return {"output": out, "weights": weights}
+
+
+def oracle_masked_softmax(p, inputs, o):
+    scores, valid = inputs["scores"], inputs["valid_lens"]
+    probs = np.zeros(scores.shape)
+    for b in range(scores.shape[0]):
+        for i in range(scores.shape[1]):
+            n = int(valid[b])
+            if n > 0:
+                e = [math.exp(s - max(scores[b, i, :n])) for s in scores[b, i, :n]]
+                probs[b, i, :n] = np.array(e) / sum(e)
+    return {"probs": probs}
+
+
+def oracle_kernel(p, inputs, o):
+    """Nadaraya-Watson: weights softmax(-(x - x_i)^2 / 2) over the keys, with a learnable
+    bandwidth w: -((x - x_i) w)^2 / 2."""
+    q, k, v = inputs["queries"], inputs["keys"], inputs["values"]
+    w = float(p["w"][0]) if "w" in p else 1.0
+    out, weights = np.zeros(q.shape), np.zeros(q.shape + (k.shape[1],))
+    for b in range(q.shape[0]):
+        for i in range(q.shape[1]):
+            e = np.array([math.exp(-((q[b, i] - x) * w) ** 2 / 2) for x in k[b]])
+            weights[b, i] = e / e.sum()
+            out[b, i] = weights[b, i] @ v[b]
+    return {"output": out, "weights": weights}
+
+
+def oracle_posenc(p, inputs, o):
+    """X + P, P[t, 2i] = sin(t / 10000^(2i/d)), P[t, 2i+1] = cos(t / 10000^(2i/d))."""
+    x = inputs["x"]
+    T, d = x.shape[1], x.shape[2]
+    P = np.array([[math.sin(t / 10000 ** (c / d)) if c % 2 == 0 else math.cos(t / 10000 ** ((c - 1) / d))
+                   for c in range(d)] for t in range(T)])
+    return {"output": x + P[None]}
+
+
+def _ffn(x, p):
+    return _linear(np.maximum(_linear(x, p, "ffn.dense1"), 0.0), p, "ffn.dense2")
+
+
+def oracle_encoder(p, inputs, o):
+    """Post-norm: y = LN(x + MHA(x)), output = LN(y + FFN(y)), FFN = dense2(relu(dense1))."""
+    x = inputs["x"]
+    a, _, _, _ = _multi_head(p, "attn.", x, x, o["heads"], o["heads"], inputs.get("mask"))
+    y = _layer_norm(x + a, p, "norm1")
+    return {"output": _layer_norm(y + _ffn(y, p), p, "norm2")}
+
+
+def oracle_decoder(p, inputs, o):
+    """Post-norm: causal self-attention, cross-attention on the memory, feed-forward; with a
+    cache, both attentions read their cached keys and values first."""
+    x, mem, h = inputs["x"], inputs["memory"], o["heads"]
+    cached = o["kv_cache"]
+    a, _, pk, pv = _multi_head(p, "self_attn.", x, x, h, h, causal=True,
+                               past=(inputs["past_key"], inputs["past_value"]) if cached else None)
+    y = _layer_norm(x + a, p, "norm1")
+    c, _, ck, cv = _multi_head(p, "cross_attn.", y, mem, h, h, inputs.get("memory_mask"),
+                               past=(inputs["past_cross_key"], inputs["past_cross_value"]) if cached else None)
+    z = _layer_norm(y + c, p, "norm2")
+    return {"output": _layer_norm(z + _ffn(z, p), p, "norm3"), "present_key": pk, "present_value": pv,
+            "present_cross_key": ck, "present_cross_value": cv}
+
+
+def oracle_sdpa(p, inputs, o):
+    """The ONNX Attention operator from its text: 4-D or 3-D (bsd) inputs, grouped heads, a cache
+    before the new keys (causal offset by its length), scale (default 1/sqrt(head size)), softcap,
+    a bool (True = attend) or additive mask, valid key counts, and the four score outputs."""
+    q, k, v = inputs["query"], inputs["key"], inputs["value"]
+    if o["layout"] == "bsd":
+        q, k, v = _split(q, o["heads"]), _split(k, o["kv_heads"]), _split(v, o["kv_heads"])
+    present = {}
+    if o["kv_cache"]:
+        k = np.concatenate([inputs["past_key"], k], axis=2)
+        v = np.concatenate([inputs["past_value"], v], axis=2)
+        present = {"present_key": k, "present_value": v}
+    B, H, Tq, d = q.shape
+    Tk = k.shape[2]
+    allowed = np.ones((B, H, Tq, Tk), bool)
+    bias = None
+    mask = inputs.get("attn_mask")
+    if mask is not None and mask.dtype == bool:
+        allowed &= np.broadcast_to(mask, allowed.shape)
+    elif mask is not None:
+        bias = np.broadcast_to(mask.astype(np.float64), allowed.shape)
+    if "nonpad_kv_seqlen" in inputs:
+        allowed &= (np.arange(Tk)[None, :] < inputs["nonpad_kv_seqlen"][:, None])[:, None, None, :]
+    if o["causal"]:
+        allowed &= _causal(Tq, Tk, Tk - Tq if o["kv_cache"] else 0)
+    scale = o["scale"] if o["scale"] is not None else 1 / math.sqrt(d)
+    out, parts = _attention(q, k, v, allowed, scale, o["softcap"], bias)
+    result = {"output": _join(out) if o["layout"] == "bsd" else out, **present}
+    if o["weights"] != "none":
+        result["weights"] = parts[o["weights"]]
+    return result
+
+
+ORACLES = {"sdpa": oracle_sdpa, "self": lambda p, i, o: oracle_self(p, i["x"], o), "mha": oracle_mha,
+           "mha-tied": oracle_mha_tied, "cross": oracle_cross, "additive": oracle_additive,
+           "masked-softmax": oracle_masked_softmax, "kernel": oracle_kernel, "posenc": oracle_posenc,
+           "encoder": oracle_encoder, "decoder": oracle_decoder}
+
+# The causal alignment with valid key counts is what the operator-conformance issue settles
+# (onnx's own cases and the operator's text are being compared there); this case is checked
+# against the oracle once that is decided, not before.
+UNSETTLED = {"sdpa-nonpad-causal": "causal alignment with nonpad_kv_seqlen (the Attention-operator issue)"}
+
+
+def test_every_variant_has_an_oracle():
+    from attnexport import variants as V
+    assert set(ORACLES) == set(V.VARIANTS)
+
+
+@pytest.mark.parametrize("name", sorted(golden.CASES))
+def test_golden_case_equals_its_independent_oracle(name):
+    if name in UNSETTLED:
+        pytest.skip(UNSETTLED[name])
+    case = golden.load(name)
+    params = {k: np.asarray(v, np.float64) for k, v in case.params.items()}
+    inputs = {k: np.asarray(v, np.float64) if v.dtype.kind == "f" else v for k, v in case.inputs.items()}
+    want = ORACLES[case.variant](params, inputs, case.options)
+    assert case.expected, name
+    for out, expected in case.expected.items():  # every output the case has
+        got = want[out]
+        assert got.shape == expected.shape, (out, got.shape, expected.shape)
+        finite = np.isfinite(expected)
+        assert np.array_equal(finite, np.isfinite(got)) and np.array_equal(expected[~finite], got[~finite]), out
+        err = float(np.max(np.abs(got[finite] - expected[finite]), initial=0.0))
+        scale = max(1.0, float(np.max(np.abs(expected[finite]), initial=0.0)))
+        assert err <= BOUND * scale, f"{name} {out}: the oracle differs by {err:.3g}"
