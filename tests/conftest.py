@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import settings, strategies as st
+from hypothesis import Phase, settings, strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from attnexport import variants as V
@@ -22,7 +22,11 @@ ROOT = Path(__file__).resolve().parent.parent  # the checkout the suite runs fro
 
 # Hypothesis keeps no example database, and its own folder (it caches constants there) is a
 # temporary one: the suite writes nothing outside its temporary folders.
-settings.register_profile("attnexport", database=None)
+# Examples are derived from each test's name (derandomize): a run on any machine draws the same
+# ones, so a failure reproduces. No "explain" phase: it re-runs a failing example under a line
+# tracer, which turns a 1 s export into minutes.
+settings.register_profile("attnexport", database=None, derandomize=True,
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
 settings.load_profile("attnexport")
 _HYPOTHESIS_HOME = tempfile.mkdtemp(prefix="attnexport-test-hypothesis-")
 set_hypothesis_home_dir(_HYPOTHESIS_HOME)
