@@ -48,7 +48,7 @@ def exported():
     cache = {}
 
     def get(name, flavor, dtype="fp32", options=None):
-        key = (name, flavor, dtype)
+        key = (name, flavor, dtype, None if options is None else tuple(sorted(options.items())))
         if key not in cache:
             cache[key] = E.build_model(name, RICH.get(name, {}) if options is None else options, flavor,
                                        dtype=dtype)
@@ -78,6 +78,24 @@ def test_fp32_matches_torch_and_reference_at_other_shapes(exported, name, flavor
             c_ref = compare(out, got[out], want_ref[out], tolerance("fp32"))
             c_torch = compare(out, got[out], want_torch[out], tolerance("fp32"))
             assert c_ref and c_torch, f"{name}/{flavor} at {shape}: vs reference {c_ref}; vs torch {c_torch}"
+
+
+STATIC_SCALES = [("sdpa", {"scale": 0.3}), ("mha", {"scaling": "cosine", "temperature": 0.05})]
+
+
+@pytest.mark.parametrize("flavor", E.FLAVORS)
+@pytest.mark.parametrize("name, options", STATIC_SCALES)
+def test_a_static_scale_reaches_the_graph(exported, name, options, flavor):
+    """A scale known at export (sdpa's --scale, 1/sqrt(head size) of a fixed head count, cosine's
+    1/temperature) is in every flavour's graph: dropping it changes the outputs."""
+    model, result = exported(name, flavor, options=options)
+    variant = V.get(name)
+    o = result.options
+    params, inputs = V.init_params(variant, o, 0), V.make_inputs(variant, o, 3)
+    got = dict(zip([s.name for s in variant.outputs(o)], _session(model).run(None, inputs)))
+    want = variant.reference(params, inputs, o)
+    for out in want:
+        assert compare(out, got[out], want[out], tolerance("fp32")), (name, options, flavor, out)
 
 
 @pytest.mark.parametrize("name, flavor", COMBOS)
