@@ -85,10 +85,6 @@ def _option_text(opt: V.Option) -> str:
     return f"{opt.flag}={default}"
 
 
-def _spec_text(spec: V.TensorSpec) -> str:
-    return f"{spec.name}[{', '.join(map(str, spec.dims))}]"
-
-
 @main.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
 def list_cmd(as_json):

@@ -25,6 +25,7 @@ from attnexport import __version__
 from attnexport import files as F
 from attnexport import variants as V
 from attnexport.errors import GoldenIntegrityError, UsageError
+from attnexport.semantics import MODE_OF
 
 MANIFEST = "MANIFEST.json"
 FORMAT = 1
@@ -319,7 +320,7 @@ def _case_defs() -> tuple[CaseDef, ...]:
         *(CaseDef(f"sdpa-weights-{mode}", "sdpa", {"weights": mode, "softcap": 1.5, "mask": "bool",
                                                    "causal": True, "seq": 4, "kv_seq": 6, "heads": 2},
                   source=f"seeded: the score output in mode {mode} (qk_matmul_output_mode "
-                         f"{V.WEIGHT_MODES.index(mode)}) with softcap, a mask and causal")
+                         f"{MODE_OF[mode]}) with softcap, a mask and causal")
           for mode in ("raw", "softcap", "bias")),
         CaseDef("decoder-kv-cache", "decoder", {"kv_cache": True, "seq": 2, "past_seq": 3, "kv_seq": 0,
                                                 "past_kv_seq": 6},
@@ -445,8 +446,10 @@ def read_manifest(directory: Path | None = None) -> dict[str, str]:
 
 def manifest_hash(directory: Path | None = None) -> str:
     """sha256 of the manifest file: one value that pins every golden file."""
-    directory = Path(directory or default_dir())
-    return sha256((directory / MANIFEST).read_bytes())
+    path = Path(directory or default_dir()) / MANIFEST
+    if not path.is_file():
+        raise GoldenIntegrityError(f"golden manifest missing: {path} (run `attnexport golden --write`)")
+    return sha256(path.read_bytes())
 
 
 def load(name: str, directory: Path | None = None) -> GoldenCase:

@@ -23,7 +23,7 @@ from onnxscript import ir, opset18 as op, opset23 as op23
 from onnxscript.values import Op, Opset
 
 from attnexport.errors import UnsupportedByFlavor
-from attnexport.models.core import NO_WEIGHTS
+from attnexport.semantics import NO_WEIGHTS
 
 op24 = Opset("", 24)  # onnxscript ships no opset24 module; the op's schema comes from onnx
 

@@ -12,13 +12,7 @@ import numpy as np
 
 from attnexport import reference as ref
 from attnexport.errors import UnknownVariantError, UsageError
-
-# The core op's score outputs (the operator's qk_matmul_output_mode 0-3) and softmax precisions,
-# by name; kept here too so that `list` and the reference need no torch.
-WEIGHT_MODES = ("raw", "softcap", "bias", "softmax")
-# Only float: the operator also allows a softmax narrower than its input (float16, bfloat16),
-# which no one wants and the float64 reference cannot stand for; double is not in ONNX Runtime.
-SOFTMAX_PRECISION_TYPES_BY_NAME = {"float": 1}
+from attnexport.semantics import SOFTMAX_PRECISION_TYPES_BY_NAME, WEIGHT_MODES
 
 
 @dataclass(frozen=True)

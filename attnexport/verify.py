@@ -79,7 +79,8 @@ class ModelSource:
         return self._good
 
 
-_GRAPHS: dict = {}
+_GRAPHS: dict = {}  # the last exports, by what shapes the graph (at most _GRAPHS_KEPT of them)
+_GRAPHS_KEPT = 64
 
 
 def _export(variant, options, gf, opset, dtype, params):
@@ -91,9 +92,12 @@ def _export(variant, options, gf, opset, dtype, params):
     them would hold; where that cannot be done, they are exported afresh.
     """
     v = V.get(variant)
-    static = {k: x for k, x in options.items() if k not in v.dynamic}
+    symbolic = v.sizes(options)  # sdpa's head counts are symbolic in one layout, fixed in the other
+    static = {k: x for k, x in options.items() if k not in symbolic}
     key = (variant, json.dumps(static, sort_keys=True), gf, opset, dtype)
     if key not in _GRAPHS:
+        while len(_GRAPHS) >= _GRAPHS_KEPT:
+            _GRAPHS.pop(next(iter(_GRAPHS)))
         try:
             _GRAPHS[key] = E.build_model(variant, options, gf, opset=opset, dtype=dtype)[0]
         except UnsupportedByFlavor as e:

@@ -145,3 +145,21 @@ def test_installed_wheel_ships_the_golden_cases():
         assert build["wheel"]["force-include"] == {"golden": "attnexport/golden"}
         assert "golden" in build["sdist"]["include"]
         assert len(list((ROOT / "golden").glob("*.npz"))) == len(golden.CASES)
+
+
+def test_a_missing_manifest_is_a_typed_error(tmp_path):
+    with pytest.raises(GoldenIntegrityError, match="golden manifest missing"):
+        golden.manifest_hash(tmp_path)
+    with pytest.raises(GoldenIntegrityError, match="golden manifest missing"):
+        golden.read_manifest(tmp_path)
+
+
+def test_the_semantics_leaf_imports_nothing_of_torch_or_attnexport():
+    """The operator's enumerations live in a leaf both the models and the registry read: no
+    cycle between them, and `list` and the reference need no torch."""
+    import ast
+    from conftest import ROOT
+    tree = ast.parse((ROOT / "attnexport" / "semantics.py").read_text())
+    assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    core = (ROOT / "attnexport" / "models" / "core.py").read_text()
+    assert "from attnexport import variants" not in core and "import attnexport.variants" not in core

@@ -15,11 +15,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from attnexport import variants
+from attnexport.semantics import MODE_OF, NO_WEIGHTS
 
-# What the op's fourth output holds (the operator's qk_matmul_output_mode), by name.
-WEIGHT_MODES = {name: mode for mode, name in enumerate(variants.WEIGHT_MODES)}
-NO_WEIGHTS = -1
 # torch's own kernel, bound at import: `attnexport.modules.routed` replaces the public name with
 # this core while a user's module is exported or verified, and the core must not call itself.
 _torch_sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -137,7 +134,7 @@ def attention(
         is_causal: offset-aligned causal mask: query i attends keys j <= i + offset, the offset
             being P with a cache, nonpad_kv_seqlen - Tq with valid counts, else 0 (top-left).
         softcap: if > 0, scores become softcap * tanh(scores / softcap) before the mask.
-        weights: -1, or the operator's qk_matmul_output_mode (see WEIGHT_MODES).
+        weights: -1, or the operator's qk_matmul_output_mode (see attnexport.semantics).
         softmax_precision: None, or the ONNX element type the softmax is computed in.
 
     Returns:
@@ -171,8 +168,8 @@ class Attended(NamedTuple):
 def attend(query, key, value, attn_mask=None, *, past_key=None, past_value=None, nonpad_kv_seqlen=None,
            scale=None, is_causal=False, softcap=0.0, weights: str | None = None,
            softmax_precision: int | None = None) -> Attended:
-    """Calls the core op. `weights` names the score output wanted (see WEIGHT_MODES), if any."""
-    mode = NO_WEIGHTS if weights is None else WEIGHT_MODES[weights]
+    """Calls the core op. `weights` names the score output wanted (see attnexport.semantics), if any."""
+    mode = NO_WEIGHTS if weights is None else MODE_OF[weights]
     out, present_key, present_value, shown = attention(
         query, key, value, attn_mask, past_key, past_value, nonpad_kv_seqlen, scale, is_causal, softcap, mode,
         softmax_precision)
