@@ -97,8 +97,13 @@ def test_unwritable_folders_are_refused_before_any_work(tmp_path):
 ])
 def test_bad_input_is_one_line_and_exit_2(args, text):
     r = run(*args)
-    if text is None:
-        assert r.exit_code == 0, r.output
+    if text is None:  # valid after all: --kv-heads follows --heads, into the default models/sdpa.onnx
+        import json
+        import onnx
+        assert r.exit_code == 0 and r.output.startswith("models/sdpa.onnx: sdpa"), r.output
+        meta = {p.key: p.value for p in onnx.load("models/sdpa.onnx").metadata_props}
+        options = json.loads(meta["attnexport.options"])
+        assert (options["heads"], options["kv_heads"]) == (3, 3)
         return
     one_line_error(r, text=text)
 
