@@ -24,6 +24,7 @@ import numpy as np
 from attnexport import dtypes as D
 from attnexport import export as E
 from attnexport import files as F
+from attnexport import flavors as FL
 from attnexport import runtimes as R
 from attnexport import variants as V
 from attnexport.errors import UnsupportedByFlavor, UsageError
@@ -180,8 +181,7 @@ def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | 
     import torch
 
     variant = variant_name if isinstance(variant_name, V.Variant) else V.get(variant_name)
-    if dtype not in E.DTYPES:
-        raise UsageError(f"unknown dtype {dtype!r}; valid: {', '.join(E.DTYPES)}")
+    D.check(dtype)
     if warmup < 0 or iters < 1:
         raise UsageError("--warmup must be >= 0 and --iters >= 1")
     if repeat < 1:
@@ -194,10 +194,7 @@ def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | 
         if rt not in BENCH_RUNTIMES:
             raise UsageError(f"unknown runtime {rt!r} for bench; valid: {', '.join(BENCH_RUNTIMES)}")
         R.require(rt)
-    flavors = list(flavors or E.FLAVORS)
-    for f in flavors:
-        if f not in E.FLAVORS:
-            raise UsageError(f"unknown flavor {f!r}; valid: {', '.join(E.FLAVORS)}")
+    flavors = FL.check_all(flavors)
     threads = threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     shapes = [variant.resolve(s) for s in shapes_from(dict(options or {}))]

@@ -12,7 +12,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from attnexport import dtypes as D
 from attnexport import export as export_mod
+from attnexport import flavors as FL
 from attnexport import files as F
 from attnexport import golden as golden_mod
 from attnexport import runtimes as R
@@ -215,10 +217,10 @@ def _given(kwargs) -> dict:
               help="With --module: a symbolic axis, e.g. x:1=seq (repeatable; default: axes 0 and 1 of every "
                    "input, where the model allows).")
 @click.option("--flavor", default=export_mod.DEFAULT_FLAVOR, show_default=True,
-              help="primitives | attention | ort.")
+              help=f"{FL.help_text()}.")
 @click.option("--opset", type=int, default=None,
               help="Opset (primitives/ort: 17-18, default 18; attention: 23-24, default 23, 24 for sdpa --nonpad).")
-@click.option("--dtype", default="fp32", show_default=True, help="fp32 | fp16.")
+@click.option("--dtype", default="fp32", show_default=True, help=f"{D.help_text()}.")
 @click.option("--seed", type=SEED, default=0, show_default=True,
               help="Seed of the parameters (of a --module class's too: torch's generator is seeded first).")
 @click.option("-o", "--output", type=click.Path(), default=None,
@@ -352,7 +354,7 @@ def inspect(model, as_json):
               help="Only these flavors (repeatable; default: all); with a MODEL: its flavor, checked.")
 @click.option("--runtimes", default=None,
               help="Comma-separated: torch,torch-cuda,onnx-ref,ort-cpu,ort-cuda (default: all available).")
-@click.option("--dtype", default=None, help="fp32 | fp16 (default: fp32; a MODEL's own dtype).")
+@click.option("--dtype", default=None, help=f"{D.help_text()} (default: fp32; a MODEL's own dtype).")
 @click.option("--golden", "golden_dir", type=click.Path(), default=None, help="Golden folder to use.")
 @click.option("--rtol", type=float, default=None, help="Override the relative tolerance (finite, >= 0).")
 @click.option("--atol", type=float, default=None, help="Override the absolute tolerance (finite, >= 0).")
@@ -602,7 +604,7 @@ def _print_bench(rows, variant, dtype):
 @click.option("--runtimes", default=None,
               help="Comma-separated: torch, torch-cuda, ort-cpu, ort-cuda (default: every available one).")
 @click.option("--flavor", "flavors", multiple=True, help="Flavors to time (repeatable; default: all).")
-@click.option("--dtype", default="fp32", show_default=True, help="fp32 | fp16.")
+@click.option("--dtype", default="fp32", show_default=True, help=f"{D.help_text()}.")
 @click.option("--warmup", type=int, default=5, show_default=True, help="Untimed runs first.")
 @click.option("--iters", type=int, default=30, show_default=True, help="Timed runs (median, p10, p90).")
 @click.option("--cuda-graph", is_flag=True, help="Also time torch in a CUDA graph; ONNX Runtime with CUDA graphs.")

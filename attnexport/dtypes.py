@@ -11,6 +11,18 @@ ONNX = {"fp32": onnx.TensorProto.FLOAT, "fp16": onnx.TensorProto.FLOAT16}
 ITEMSIZE = {"fp32": 4, "fp16": 2}
 
 
+def check(dtype: str) -> str:
+    """A dtype name, checked: an unknown one is a UsageError listing the valid ones."""
+    if dtype not in DTYPES:
+        from attnexport.errors import UsageError
+        raise UsageError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+    return dtype
+
+
+def help_text() -> str:
+    return " | ".join(DTYPES)
+
+
 def torch_dtype(dtype: str):
     """torch's dtype for `dtype` (torch is imported only when asked)."""
     import torch

@@ -29,10 +29,7 @@ from attnexport.errors import ExportError, UsageError
 FLAVORS = tuple(FL.FLAVORS)  # names, in the registry's order
 DEFAULT_FLAVOR = FL.DEFAULT
 DTYPES = D.DTYPES
-ATTENTION_OPS = {("", "Attention"): "Attention",
-                 ("com.microsoft", "MultiHeadAttention"): "com.microsoft.MultiHeadAttention",
-                 ("com.microsoft", "Attention"): "com.microsoft.Attention",
-                 ("com.microsoft", "GroupQueryAttention"): "com.microsoft.GroupQueryAttention"}
+ATTENTION_OPS = FL.FUSED_OPS
 
 
 @dataclass(frozen=True)
@@ -77,10 +74,8 @@ def example_sizes(variant: V.Variant, o: dict) -> dict:
 
 
 def _validate(variant, flavor, opset, dtype, o=None):
-    if flavor not in FLAVORS:
-        raise UsageError(f"unknown flavor {flavor!r}; valid: {', '.join(FLAVORS)}")
-    if dtype not in DTYPES:
-        raise UsageError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+    FL.check(flavor)
+    D.check(dtype)
     gf = graph_flavor(variant, flavor)
     if gf == "attention" and (o or {}).get("nonpad") and opset is not None and opset < 24:
         raise UsageError(f"--opset {opset}: --nonpad needs opset 24 for the attention flavor")

@@ -1,12 +1,15 @@
 """The export flavours, as frozen specs beside the variant registry: what graph each promises.
 
-The translation of the attention core for each flavour lives in `attnexport.onnx_attention`
-(`TRANSLATIONS`, keyed by the same names); the export checks that the graph it made has the op
-its flavour promises.
+Everything else reads its flavour names, its ops and its help from here: the CLI's choices, the
+attention op an export is checked for (`FUSED_OPS`), the flavour a graph has (`of_op`). The
+translation of the attention core for each flavour lives in `attnexport.onnx_attention`
+(`TRANSLATIONS`, keyed by the same names, checked to match at import): adding a flavour touches
+this file and that one.
 """
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 
@@ -44,3 +47,37 @@ def opset_for(flavor: str, opset: int | None, lowest: int | None = None) -> int:
         allowed = str(lo) if lo == hi else f"{lo} to {hi}"
         raise UsageError(f"--opset {opset} is not available for the {flavor} flavor (allowed: {allowed})")
     return opset
+
+
+def check(name: str) -> str:
+    """A flavour name, checked: an unknown one is a UsageError listing the valid ones."""
+    if name not in FLAVORS:
+        from attnexport.errors import UsageError
+        close = difflib.get_close_matches(str(name), FLAVORS, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise UsageError(f"unknown flavor {name!r}{hint}; valid: {', '.join(FLAVORS)}")
+    return name
+
+
+def check_all(names) -> list[str]:
+    """Flavour names, checked; none given: every flavour, in the registry's order."""
+    return [check(n) for n in names] if names else list(FLAVORS)
+
+
+def help_text() -> str:
+    return " | ".join(FLAVORS)
+
+
+# The fused attention ops, as (domain, op type) -> the name a summary shows: every op a flavour
+# promises other than MatMul+Softmax.
+FUSED_OPS: dict[tuple[str, str], str] = {
+    (name.rpartition(".")[0], name.rpartition(".")[2]): name
+    for f in FLAVORS.values() for name in f.expected_ops if name != "MatMul+Softmax"}
+
+
+def of_op(op_name: str) -> str:
+    """The flavour whose graph has this attention op (`export.attention_op_of`'s answer)."""
+    for f in FLAVORS.values():
+        if any(op in f.expected_ops for op in op_name.split(", ")):
+            return f.name
+    return "primitives"

@@ -269,10 +269,8 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
     from attnexport.export import _quiet, _reuse_torchlib_table, attention_op_of, export_error_cause, stamp
     from attnexport.onnx_attention import TRANSLATIONS
 
-    if flavor not in FL.FLAVORS:
-        raise UsageError(f"unknown flavor {flavor!r}; valid: {', '.join(FL.FLAVORS)}")
-    if dtype not in D.DTYPES:
-        raise UsageError(f"unknown dtype {dtype!r}; valid: {', '.join(D.DTYPES)}")
+    FL.check(flavor)
+    D.check(dtype)
     opset = FL.opset_for(flavor, opset)
     torch_nan = torch_gives_nan_rows(dtype)
     if nan_rows and not torch_nan:

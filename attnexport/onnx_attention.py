@@ -23,6 +23,7 @@ from onnxscript import ir, opset18 as op, opset23 as op23
 from onnxscript.values import Op, Opset
 
 from attnexport.errors import UnsupportedByFlavor
+from attnexport import flavors as FL
 from attnexport.semantics import NO_WEIGHTS
 
 op24 = Opset("", 24)  # onnxscript ships no opset24 module; the op's schema comes from onnx
@@ -359,3 +360,4 @@ TRANSLATIONS = {
     "attention": standard_attention,
     "ort": ort_attention,
 }
+assert set(TRANSLATIONS) == set(FL.FLAVORS), "every flavour (attnexport.flavors) has one translation here"

@@ -29,6 +29,7 @@ from attnexport import baseline as B
 from attnexport import dtypes as D
 from attnexport import export as E
 from attnexport import files as F
+from attnexport import flavors as FL
 from attnexport import reference as ref
 from attnexport import runtimes as R
 from attnexport import variants as V
@@ -258,14 +259,6 @@ def device() -> dict:
 
 # --- arguments ---------------------------------------------------------------------------------
 
-def parse_flavors(names: list[str] | None) -> list[str]:
-    names = list(names or E.FLAVORS)
-    for n in names:
-        if n not in E.FLAVORS:
-            raise UsageError(f"unknown flavor {n!r}; valid: {', '.join(E.FLAVORS)}")
-    return names
-
-
 def case_tolerance(variant: V.Variant, params: dict, inputs: dict, options: dict, expected: dict, dtype: str,
                    rtol: float | None = None, atol: float | None = None) -> Tolerance:
     """The tolerance of one case: the policy's (fp32), an override, or derived (fp16, see compare)."""
@@ -321,8 +314,8 @@ def verify(variants: list[str] | None = None, flavors: list[str] | None = None,
         localize: localize every ONNX run, not only failing ones; a divergence fails the run.
         baseline, save_baseline, max_growth: compare with / write a known-good baseline folder.
     """
-    if dtype is not None and dtype not in E.DTYPES:
-        raise UsageError(f"unknown dtype {dtype!r}; valid: {', '.join(E.DTYPES)}")
+    if dtype is not None:
+        D.check(dtype)
     check_tolerance_values(rtol, atol)
     if not (isinstance(max_growth, (int, float)) and np.isfinite(max_growth) and max_growth >= 1):
         raise UsageError(f"--max-growth must be a finite number >= 1, got {max_growth}")
@@ -332,7 +325,7 @@ def verify(variants: list[str] | None = None, flavors: list[str] | None = None,
         raise UsageError("variant options and --seed describe a MODEL file without metadata: give the file")
     if models and variants:
         raise UsageError("give the variant of a model file with model_variant")
-    flavors = parse_flavors(flavors)
+    flavors = FL.check_all(flavors)
     if models and len(flavors) > 1 and flavors != list(E.FLAVORS):
         raise UsageError("a model file has one flavor: give at most one --flavor")
     entries = B.load(baseline) if baseline is not None else None
@@ -462,8 +455,7 @@ def _seeded_case(variant, options, sizes, i):
 
 def flavor_of(model: onnx.ModelProto) -> str:
     """The flavour a graph has, read from its attention op."""
-    op = E.attention_op_of(model)
-    return "attention" if op == "Attention" else "ort" if op.startswith("com.microsoft") else "primitives"
+    return FL.of_op(E.attention_op_of(model))
 
 
 def dtype_of(model: onnx.ModelProto) -> str:
