@@ -78,22 +78,28 @@ def _layer_norm(x, p, name):
     return (x - mean) / np.sqrt(var + 1e-5) * p[f"{name}.weight"] + p[f"{name}.bias"]
 
 
-def _scaled(q, k, scaling, temperature, key_length):
-    """The scaling modes of the README's table, as changes to the scores: (q, k, scale)."""
-    d = q.shape[-1]
-    if scaling == "sqrt":
-        return q, k, 1 / math.sqrt(d)
-    if scaling == "none":
-        return q, k, 1.0
-    if scaling == "length":
-        return q, k, 1 / (math.sqrt(d) * math.sqrt(key_length))
-    if scaling == "cosine":
-        unit = lambda t: t / np.linalg.norm(t, axis=-1, keepdims=True)  # noqa: E731
-        return unit(q), unit(k), 1 / temperature
-    if scaling == "norm":  # scores divided by the Frobenius norm of each (batch, head) score matrix
-        scores = q @ k.swapaxes(-1, -2)
-        return q / np.sqrt((scores ** 2).sum(axis=(-2, -1), keepdims=True)), k, 1.0
-    raise AssertionError(scaling)
+def _score_matrix(q, k, scaling, temperature):
+    """The scores of the README's table, each from its definition: (..., Tq, Tk)."""
+    d, key_length = q.shape[-1], k.shape[-2]
+    dots = np.einsum("...qd,...kd->...qk", q, k)
+    if scaling == "cosine":  # cos(q_i, k_j) / temperature
+        lengths = np.linalg.norm(q, axis=-1)[..., :, None] * np.linalg.norm(k, axis=-1)[..., None, :]
+        return dots / lengths / temperature
+    if scaling == "norm":  # Q K^T / ||Q K^T||_F, per (batch, head)
+        return dots / np.sqrt(np.sum(dots * dots, axis=(-2, -1), keepdims=True))
+    divisor = {"sqrt": math.sqrt(d), "none": 1.0, "length": math.sqrt(d) * math.sqrt(key_length)}[scaling]
+    return dots / divisor
+
+
+def _attention_of_scores(scores, v, allowed):
+    """Attention with the scores given (B, H, Tq, Tk); v (B, Hkv, Tk, dv) shared by groups."""
+    B, H, Tq, Tk = scores.shape
+    group = H // v.shape[1]
+    out, weights = np.zeros((B, H, Tq, v.shape[-1])), np.zeros(scores.shape)
+    for b, h, i in np.ndindex(B, H, Tq):
+        out[b, h, i], _, _, _, weights[b, h, i] = _attend_row(np.zeros(1), np.zeros((Tk, 1)), v[b, h // group],
+                                                              allowed[b, h, i], 0.0, bias=scores[b, h, i])
+    return out, weights
 
 
 def _multi_head(p, prefix, x, kv, heads, kv_heads, padding=None, causal=False, scaling="sqrt", temperature=0.1,
@@ -103,27 +109,32 @@ def _multi_head(p, prefix, x, kv, heads, kv_heads, padding=None, causal=False, s
     q = _split(_linear(x, p, f"{prefix}q_proj"), heads)
     k = _split(_linear(kv, p, f"{prefix}k_proj"), kv_heads)
     v = _split(_linear(kv, p, f"{prefix}v_proj"), kv_heads)
-    q, k, scale = _scaled(q, k, scaling, temperature, (past[0].shape[2] if past else 0) + k.shape[2])
+    if scaling == "cosine":  # the cache holds the keys as cosine reads them: unit vectors
+        k = k / np.linalg.norm(k, axis=-1, keepdims=True)
     if past is not None:
         k = np.concatenate([past[0], k], axis=2)
         v = np.concatenate([past[1], v], axis=2)
-    B, _, Tq, _ = q.shape
-    Tk = k.shape[2]
+    group = heads // kv_heads
+    if scaling == "cosine" and past is not None:  # cached keys are read as stored (earlier steps' unit keys)
+        q = q / np.linalg.norm(q, axis=-1, keepdims=True)
+        scores = _score_matrix(q, np.repeat(k, group, axis=1), "none", temperature) / temperature
+    else:
+        scores = _score_matrix(q, np.repeat(k, group, axis=1), scaling, temperature)
+    B, _, Tq, Tk = scores.shape
     allowed = np.ones((B, heads, Tq, Tk), bool)
     if padding is not None:
         allowed &= padding[:, None, None, :]
     if causal:
         allowed &= _causal(Tq, Tk, Tk - Tq if past is not None else 0)
-    out, parts = _attention(q, k, v, allowed, scale)
-    return _linear(_join(out), p, f"{prefix}out_proj"), parts["softmax"], k, v
+    out, weights = _attention_of_scores(scores, v, allowed)
+    return _linear(_join(out), p, f"{prefix}out_proj"), weights, k, v
 
 
 def oracle_self(p, x, o):
     q, k, v = (x @ p[n] for n in ("W_q", "W_k", "W_v"))  # X W, W (D, D): d_k = D
-    q, k, scale = _scaled(q[:, None], k[:, None], o["scaling"], o["temperature"], x.shape[1])
-    allowed = np.ones((x.shape[0], 1, x.shape[1], x.shape[1]), bool)
-    out, parts = _attention(q, k, v[:, None], allowed, scale)
-    return {"output": out[:, 0], "weights": parts["softmax"][:, 0]}
+    scores = _score_matrix(q[:, None], k[:, None], o["scaling"], o["temperature"])
+    out, weights = _attention_of_scores(scores, v[:, None], np.ones(scores.shape, bool))
+    return {"output": out[:, 0], "weights": weights[:, 0]}
 
 
 def oracle_mha(p, inputs, o):
