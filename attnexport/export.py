@@ -24,7 +24,7 @@ from attnexport import files as F
 from attnexport import flavors as FL
 from attnexport import variants as V
 from attnexport import weights as W
-from attnexport.errors import ExportError, UsageError
+from attnexport.errors import AttnExportError, ExportError, UsageError
 
 FLAVORS = tuple(FL.FLAVORS)  # names, in the registry's order
 DEFAULT_FLAVOR = FL.DEFAULT
@@ -188,8 +188,6 @@ def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed, tr
     import torch
 
     importlib.import_module("attnexport.models.core")  # registers the attnexport::attention custom ops
-    from attnexport.onnx_attention import TRANSLATIONS
-
     _reuse_torchlib_table()
     module = V.load_params(variant.build(o), params).to(D.torch_dtype(dtype)).eval()
 
@@ -214,32 +212,17 @@ def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed, tr
     if any(p.kind is p.VAR_POSITIONAL for p in inspect.signature(module.forward).parameters.values()):
         dynamic_shapes = (dynamic_shapes,)  # forward(*tensors): one argument holding them all
     out_specs = variant.outputs(o)
-    table = {torch.ops.attnexport.attention.default: TRANSLATIONS[gf]}
-
-    try:
-        with _quiet(), torch.no_grad():
-            traced = _traced(module, args, dynamic_shapes, trace_key)
-            # The translations are written for opset 18 (23 or 24 for Attention); an older opset is
-            # reached by onnx's version converter below.
-            program = torch.onnx.export(
-                traced, args, dynamo=True, opset_version=max(opset, 18),
-                input_names=[s.name for s in variant.inputs(ex)],
-                output_names=[s.name for s in out_specs], custom_translation_table=table,
-                optimize=True, verbose=False, report=False)
-    except ExportError:
-        raise
-    except Exception as e:
-        cause = export_error_cause(e)
-        raise ExportError(f"torch.onnx could not export {variant.name} ({gf}): "
-                          f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}") from None
+    what = f"{variant.name} ({gf})"
+    with export_errors(what), _quiet(), torch.no_grad():
+        traced = _traced(module, args, dynamic_shapes, trace_key)
+    program = to_onnx(traced, args, flavor=gf, opset=opset, input_names=[s.name for s in variant.inputs(ex)],
+                      output_names=[s.name for s in out_specs], what=what)
     model = program.model_proto
     _name_axes(model, variant, ex, out_specs)
-    if opset < 18:
-        model = _convert_opset(model, opset, variant, gf)
+    model = convert_opset(model, opset, what)
     entries = W.record(model, params, D.NUMPY[dtype])
     _finish(model, variant, o, flavor, gf, opset, dtype, seed, params_source, entries)
-    op_name = attention_op_of(model)
-    _check_flavor(variant, flavor, gf, op_name)
+    op_name = check_flavor_op(model, gf, what, applies=variant.dot_product_core, flavor_asked=flavor)
     note = "" if variant.dot_product_core or flavor == "primitives" else \
         f"{variant.name} has no dot-product core: exported as primitives"
     return model, ExportResult(Path(), variant.name, o, flavor, gf, opset, dtype, op_name, 0, note)
@@ -297,14 +280,60 @@ def _name_axes(model, variant, ex, out_specs):
                 outputs[spec.name].type.tensor_type.shape.dim[axis].dim_param = d
 
 
-def _convert_opset(model, opset, variant, gf):
+def to_onnx(program, args, *, flavor: str, opset: int, input_names, output_names=None, dynamic_shapes=None,
+            what: str):
+    """The one way a torch module (or a program torch.export made of one) becomes ONNX here, for
+    the variants and for users' modules alike: the attention core translated for `flavor`,
+    torch.onnx run quietly at opset 18 or the Attention op's (older opsets are reached by
+    `convert_opset`). Any failure is an ExportError that names `what` and torch's own reason."""
+    import torch
+    importlib.import_module("attnexport.models.core")  # registers the attnexport::attention custom ops
+    from attnexport.onnx_attention import TRANSLATIONS
+    _reuse_torchlib_table()
+    table = {torch.ops.attnexport.attention.default: TRANSLATIONS[flavor]}
+    with export_errors(what), _quiet(), torch.no_grad():
+        return torch.onnx.export(
+            program, args, dynamo=True, opset_version=max(opset, 18), dynamic_shapes=dynamic_shapes,
+            input_names=list(input_names), output_names=None if output_names is None else list(output_names),
+            custom_translation_table=table, optimize=True, verbose=False, report=False)
+
+
+@contextlib.contextmanager
+def export_errors(what: str):
+    """Turns a failure of torch.export or torch.onnx into one ExportError naming `what` and
+    torch's own reason (an attnexport error raised inside them passes as it is)."""
+    try:
+        yield
+    except AttnExportError:
+        raise
+    except Exception as e:  # noqa: BLE001 - torch's reasons, in one line
+        cause = export_error_cause(e)
+        text = str(cause).splitlines()[0] if str(cause) else ""
+        raise ExportError(f"torch.onnx could not export {what}: {type(cause).__name__}: {text}") from None
+
+
+def convert_opset(model, opset: int, what: str):
+    """The model at `opset`: the translations are written for opset 18 (23 or 24 for Attention),
+    and an older opset is reached with onnx's version converter."""
+    if opset >= 18:
+        return model
     from onnx import version_converter
     try:
         with _quiet():
             return version_converter.convert_version(model, opset)
-    except Exception as e:
-        raise ExportError(f"cannot convert the {variant.name} ({gf}) model to opset {opset}: "
-                          f"{str(e).splitlines()[0]}") from None
+    except Exception as e:  # noqa: BLE001
+        raise ExportError(f"cannot convert the {what} model to opset {opset}: {str(e).splitlines()[0]}") from None
+
+
+def check_flavor_op(model, flavor: str, what: str, applies: bool = True, flavor_asked: str | None = None) -> str:
+    """The attention op in the graph, which must be the one `flavor` promises (where an attention
+    core was exported at all: `applies`); else an ExportError."""
+    op_name = attention_op_of(model)
+    want = FL.FLAVORS[flavor].expected_ops
+    if applies and op_name not in want:
+        raise ExportError(f"the {flavor_asked or flavor} flavor of {what} should use {' or '.join(want)}, "
+                          f"but the exported graph has {op_name}")
+    return op_name
 
 
 def _finish(model, variant, o, flavor, gf, opset, dtype, seed, params_source, entries):
@@ -377,15 +406,6 @@ def rename_symbols(model, renames: dict) -> None:
         for dim in vi.type.tensor_type.shape.dim:
             if dim.dim_param:
                 dim.dim_param = symbol.sub(lambda m: renames.get(m.group(), m.group()), dim.dim_param)
-
-
-def _check_flavor(variant, flavor, gf, op_name):
-    if not variant.dot_product_core:
-        return
-    want = FL.FLAVORS[gf].expected_ops
-    if op_name not in want:
-        raise ExportError(f"the {flavor} flavor of {variant.name} should use {' or '.join(want)}, "
-                          f"but the exported graph has {op_name}")
 
 
 def export(variant_name: str, options: dict | None = None, flavor: str = DEFAULT_FLAVOR,

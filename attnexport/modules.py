@@ -37,10 +37,10 @@ def torch_gives_nan_rows(dtype: str) -> bool:
     """Whether this torch's scaled_dot_product_attention (on the CPU, in `dtype`) gives NaN for a
     query row whose mask hides every key. torch 2.13 gives zeros; earlier releases gave NaN."""
     import torch
-    from attnexport.models.core import _torch_sdpa
+    from attnexport.models.core import torch_sdpa
     q = torch.ones((1, 1, 1, 4), dtype=D.torch_dtype(dtype))
     mask = torch.zeros((1, 1, 1, 2), dtype=torch.bool)
-    return bool(torch.isnan(_torch_sdpa(q, q.expand(1, 1, 2, 4), q.expand(1, 1, 2, 4), attn_mask=mask)).any())
+    return bool(torch.isnan(torch_sdpa(q, q.expand(1, 1, 2, 4), q.expand(1, 1, 2, 4), attn_mask=mask)).any())
 _DTYPES = {"float32": "float32", "float": "float32", "float16": "float16", "bool": "bool", "int64": "int64",
            "int32": "int32"}
 
@@ -266,8 +266,8 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
             the seed its file was loaded with (`load`), or the file its weights were loaded from.
     """
     import torch
-    from attnexport.export import _quiet, _reuse_torchlib_table, attention_op_of, export_error_cause, stamp
-    from attnexport.onnx_attention import TRANSLATIONS
+    from attnexport import export as E
+    from attnexport.onnx_attention import torch_dead_rows
 
     FL.check(flavor)
     D.check(dtype)
@@ -293,22 +293,10 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
     routing = Routing()
     hooks = [m.register_forward_pre_hook(_weights_asked(routing, n), with_kwargs=True)
              for n, m in module.named_modules() if isinstance(m, torch.nn.MultiheadAttention)]
-    _reuse_torchlib_table()
-    importlib.import_module("attnexport.models.core")
     try:
-        from attnexport.onnx_attention import torch_dead_rows
-        with _quiet(), torch.no_grad(), routed(routing), (torch_dead_rows() if nan_rows else contextlib.nullcontext()):
-            program = torch.onnx.export(
-                module, args, dynamo=True, opset_version=max(opset, 18), dynamic_shapes=dims[0],
-                input_names=names, output_names=out_names, custom_translation_table={torch.ops.attnexport.attention.default:
-                                                             TRANSLATIONS[flavor]},
-                optimize=True, verbose=False, report=False)
-    except ExportError:
-        raise
-    except Exception as e:  # noqa: BLE001 - torch.export's reasons are the user's to read, in one line
-        cause = export_error_cause(e)
-        raise UsageError(f"{name}: torch.onnx cannot export it with these inputs: {type(cause).__name__}: "
-                         f"{_line(cause)}") from None
+        with routed(routing), (torch_dead_rows() if nan_rows else contextlib.nullcontext()):
+            program = E.to_onnx(module, args, flavor=flavor, opset=opset, input_names=names, output_names=out_names,
+                                dynamic_shapes=dims[0], what=name)
     finally:
         for h in hooks:
             h.remove()
@@ -322,24 +310,19 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
         if fixed:
             raise UsageError(f"--dynamic {', '.join(fixed)}: {name} fixes that axis (the export would be static "
                              f"there)")
-    if opset < 18:
-        from onnx import version_converter
-        model = version_converter.convert_version(model, opset)
+    model = E.convert_opset(model, opset, name)
     params = {k: v.detach().float().numpy() for k, v in module.state_dict().items()}
     entries = W.record(model, params, D.NUMPY[dtype])
     spec = [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
              "dynamic": {str(a): d for a, d in kept.get(n, {}).items()}} for n, t in zip(names, args)]
-    stamp(model, {"attnexport.module": name, "attnexport.inputs": json.dumps(spec), "attnexport.flavor": flavor,
+    E.stamp(model, {"attnexport.module": name, "attnexport.inputs": json.dumps(spec), "attnexport.flavor": flavor,
                   "attnexport.graph_flavor": flavor, "attnexport.opset": str(opset), "attnexport.dtype": dtype,
                   "attnexport.params": json.dumps(entries, sort_keys=True),
                   "attnexport.params_sha256": W.total_sha256(entries),
                   **({"attnexport.seed": str(seed)} if seed is not None else {}),
                   "attnexport.params_source": ("given: " + Path(weights_file).name) if weights_file else "seed"},
           name)
-    op_name = attention_op_of(model)
-    if routing.calls and op_name not in FL.FLAVORS[flavor].expected_ops:
-        raise ExportError(f"the {flavor} flavor should use {' or '.join(FL.FLAVORS[flavor].expected_ops)}, but the "
-                          f"exported graph has {op_name}")
+    op_name = E.check_flavor_op(model, flavor, name, applies=routing.calls > 0)
     checked = _check_other_sizes(module, model, names, args, kept, dtype, name)
     version = torch.__version__.split("+")[0]
     semantics = ["fully masked query rows give NaN, as in torch (--nan-rows)"] if nan_rows else \

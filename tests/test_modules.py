@@ -356,3 +356,23 @@ def test_verify_module_bad_input_is_one_line(tmp_path):
                        ([path, "--module", f"{spec}:Plain", "--heads", "2"], "--module takes no --variant")):
         r = run("verify", *args, "--runtimes", "ort-cpu")
         assert r.exit_code == 2 and text in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_a_module_torch_cannot_export_is_an_export_error_in_one_line(tmp_path):
+    """The same failure kind as for a variant: torch.export or torch.onnx refusing the module is
+    an ExportError (exit 1) naming it, with torch's reason, and nothing is written."""
+    source = """
+import torch
+
+
+class DataDependent(torch.nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:  # control flow on values: torch.export cannot trace it
+            return torch.nn.functional.scaled_dot_product_attention(x, x, x)
+        return x
+"""
+    spec = f"{_write(tmp_path, source)}:DataDependent"
+    out = tmp_path / "dd.onnx"
+    r = run("export", "--module", spec, "--input", "x:2x4x8", "-o", out)
+    assert r.exit_code == 1 and f"torch.onnx could not export {spec}:" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output and not out.exists()

@@ -19,7 +19,7 @@ from attnexport.semantics import MODE_OF, NO_WEIGHTS
 
 # torch's own kernel, bound at import: `attnexport.modules.routed` replaces the public name with
 # this core while a user's module is exported or verified, and the core must not call itself.
-_torch_sdpa = torch.nn.functional.scaled_dot_product_attention
+torch_sdpa = torch.nn.functional.scaled_dot_product_attention
 # softmax_precision: the ONNX element types the operator allows, as torch dtypes.
 SOFTMAX_PRECISIONS = {1: torch.float32, 10: torch.float16, 11: torch.float64, 16: torch.bfloat16}
 
@@ -72,7 +72,7 @@ def _attention_impl(query, key, value, attn_mask, past_key, past_value, nonpad_k
     tq, tk = query.shape[2], key.shape[2]
     bias, causal_only = _bias(attn_mask, is_causal, cached, nonpad_kv_seqlen, tq, tk, query)
     if weights == NO_WEIGHTS and softcap <= 0:  # torch's fused kernels have no softcap or score output
-        out = _torch_sdpa(
+        out = torch_sdpa(
             query, key, value, attn_mask=bias, is_causal=causal_only, scale=scale,
             enable_gqa=query.shape[1] != key.shape[1])
         if bias is not None:
