@@ -223,13 +223,12 @@ def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | 
     peak = {d: calibrate_matmul(d, dtype, threads, sizes if d == "cpu" else None) for d in devices}
 
     rows: list[BenchRow] = []
+    run = _Run(runtimes, dtype, tdtype, devices, peak, warmup, iters, cuda_graph, threads, repeat)
     for i, o in enumerate(shapes):
         def said(what, i=i):
             if progress:
                 progress(i, len(shapes), f"shape {i + 1} of {len(shapes)}: {what}")
-        rows += _bench_shape(variant, o, params, inputs_seed=seed + 1, runtimes=runtimes, models=models,
-                             dtype=dtype, tdtype=tdtype, devices=devices, peak=peak, warmup=warmup,
-                             iters=iters, cuda_graph=cuda_graph, threads=threads, repeat=repeat, said=said)
+        rows += _bench_shape(variant, o, params, inputs_seed=seed + 1, models=models, run=run, said=said)
     if progress:
         progress(len(shapes), len(shapes), "done")
     for f, why in notes.items():
@@ -258,12 +257,29 @@ class _Candidate:
     rounds: list[list[float]] = field(default_factory=list)  # the timed runs of each round
 
 
-def _bench_shape(variant, o, params, inputs_seed, runtimes, models, dtype, tdtype, devices, peak, warmup,
-                 iters, cuda_graph, threads, repeat, said):
+@dataclass(frozen=True)
+class _Run:
+    """How one bench times every shape: the same for all of them."""
+
+    runtimes: list[str]
+    dtype: str
+    tdtype: object  # torch's dtype for `dtype`
+    devices: set[str]
+    peak: dict  # device -> (FLOP/s, where measured)
+    warmup: int
+    iters: int
+    cuda_graph: bool
+    threads: int
+    repeat: int
+
+
+def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
     """Times every candidate at one shape, in rounds: each round gives every candidate one untimed
     run and then a block of timed runs. A slow drift of the machine (clock, a noisy neighbour)
     then affects all candidates alike, while runs within a block stay back to back: interleaving
     single runs would make torch's and ONNX Runtime's spinning thread pools fight over the cores."""
+    runtimes, dtype, tdtype, devices, peak = run.runtimes, run.dtype, run.tdtype, run.devices, run.peak
+    warmup, iters, cuda_graph, threads, repeat = run.warmup, run.iters, run.cuda_graph, run.threads, run.repeat
     import torch
     shape = variant.sizes(o)
     inputs = V.make_inputs(variant, o, inputs_seed)

@@ -245,10 +245,7 @@ def export(variant, module_spec, input_specs, nan_rows, dynamic_specs, flavor, o
         return
     result = export_mod.export(variant, _given(options), flavor, opset, dtype, output, seed=seed)
     if as_json:
-        click.echo(json.dumps({"path": str(result.path), "variant": result.variant, "options": result.options,
-                               "flavor": result.flavor, "graph_flavor": result.graph_flavor,
-                               "opset": result.opset, "dtype": result.dtype,
-                               "attention_op": result.attention_op, "size": result.size, "note": result.note}))
+        click.echo(json.dumps(result.to_dict()))
     else:
         click.echo(result.summary())
 
@@ -302,10 +299,7 @@ def _export_module(spec, input_specs, dynamic_specs, flavor, opset, dtype, outpu
                                    output=path, input_names=names, name=spec, nan_rows=nan_rows, seed=seed,
                                    weights_file=weights)
     if as_json:
-        click.echo(json.dumps({"path": str(result.path), "module": result.module, "flavor": result.flavor,
-                               "opset": result.opset, "dtype": result.dtype, "attention_op": result.attention_op,
-                               "routed": result.routed, "dynamic": result.dynamic, "checked": result.checked,
-                               "outputs": result.outputs, "size": result.size, "notes": result.notes}))
+        click.echo(json.dumps(result.to_dict()))
     else:
         click.echo(result.summary())
 
@@ -414,14 +408,13 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
     if models and cases:
         raise UsageError("--case selects golden cases to export and run; a MODEL runs those of its own options")
     model_variant = variants[0] if models and variants else None
-    kwargs = dict(variants=None if models else (list(variants) or None), flavors=list(flavors) or None,
-                  runtimes=R.parse(runtimes), dtype=dtype, golden_dir=golden_dir,
-                  models=list(models) or None, rtol=rtol, atol=atol, skip_unavailable=skip_unavailable,
-                  strict_placement=strict_placement, model_variant=model_variant,
-                  model_options=_given(options) or None, seed=seed, localize=localize,
-                  baseline=baseline_dir, save_baseline=save_baseline, max_growth=max_growth,
-                  cases=list(cases) or None)
-    report = _with_progress("verify", as_json, lambda progress: verify_mod.verify(**kwargs, progress=progress))
+    request = verify_mod.VerifyRequest(
+        variants=None if models else (list(variants) or None), flavors=list(flavors) or None,
+        runtimes=R.parse(runtimes), dtype=dtype, golden_dir=golden_dir, models=list(models) or None, rtol=rtol,
+        atol=atol, skip_unavailable=skip_unavailable, strict_placement=strict_placement,
+        model_variant=model_variant, model_options=_given(options) or None, seed=seed, localize=localize,
+        baseline=baseline_dir, save_baseline=save_baseline, max_growth=max_growth, cases=list(cases) or None)
+    report = _with_progress("verify", as_json, lambda progress: verify_mod.verify(request, progress=progress))
     _report_verify(report, details, as_json)
 
 

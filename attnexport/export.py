@@ -50,6 +50,12 @@ class ExportResult:
                 f"attention op {self.attention_op}, {F.human_size(self.size)}")
         return f"{line} ({self.note})" if self.note else line
 
+    def to_dict(self) -> dict:
+        """The result as `export --json` prints it."""
+        return {"path": str(self.path), "variant": self.variant, "options": self.options, "flavor": self.flavor,
+                "graph_flavor": self.graph_flavor, "opset": self.opset, "dtype": self.dtype,
+                "attention_op": self.attention_op, "size": self.size, "note": self.note}
+
 
 def attention_op_of(model: onnx.ModelProto) -> str:
     """Names the attention op in a graph: a fused op, MatMul+Softmax, or none."""

@@ -246,6 +246,13 @@ class ModuleExportResult:
                 f"{self.attention_op}, {self.routed} attention call(s) routed, {F.human_size(self.size)}")
         return "\n".join([line] + [f"note: {n}" for n in self.notes])
 
+    def to_dict(self) -> dict:
+        """The result as `export --module ... --json` prints it."""
+        return {"path": str(self.path), "module": self.module, "flavor": self.flavor, "opset": self.opset,
+                "dtype": self.dtype, "attention_op": self.attention_op, "routed": self.routed,
+                "dynamic": self.dynamic, "checked": self.checked, "outputs": self.outputs, "size": self.size,
+                "notes": self.notes}
+
 
 def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: int | None = None,
                   dtype: str = "fp32", dynamic: dict | None = None, output=None, input_names=None,

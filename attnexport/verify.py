@@ -289,23 +289,11 @@ def quiet_numerics(fn):
     return wrapper
 
 
-@quiet_numerics
-def verify(variants: list[str] | None = None, flavors: list[str] | None = None,
-           runtimes: list[str] | None = None, dtype: str | None = None, golden_dir: str | Path | None = None,
-           models: list[str | Path] | None = None, rtol: float | None = None, atol: float | None = None,
-           skip_unavailable: bool = False, strict_placement: bool = False, model_variant: str | None = None,
-           model_options: dict | None = None, seed: int | None = None, localize: bool = False,
-           baseline: str | Path | None = None, save_baseline: str | Path | None = None,
-           max_growth: float = 10.0, progress: Callable[[int, int, str], None] | None = None,
-           cases: list[str] | None = None) -> Report:
-    """Runs golden cases (or model files) on the selected flavours and runtimes; returns a report.
+@dataclass(frozen=True)
+class VerifyRequest:
+    """What to verify: golden cases (no `models`) or model files, where and how strictly.
 
-    Never raises on a mismatch (`report.ok` says whether everything passed); raises a UsageError
-    (exit 2) on bad input: an unknown name, a tolerance that is not finite, a model whose
-    interface does not fit its variant, a `--variant`/`--flavor` that contradicts a model's
-    metadata.
-
-    Args:
+    Attributes:
         dtype: fp32 or fp16; default fp32 for golden cases, the model's own for model files.
         model_variant, model_options, seed: the variant, options and parameter seed of a model
             file without metadata (refused, when they disagree, for one that has it).
@@ -314,6 +302,47 @@ def verify(variants: list[str] | None = None, flavors: list[str] | None = None,
         localize: localize every ONNX run, not only failing ones; a divergence fails the run.
         baseline, save_baseline, max_growth: compare with / write a known-good baseline folder.
     """
+
+    variants: list[str] | None = None
+    flavors: list[str] | None = None
+    runtimes: list[str] | None = None
+    dtype: str | None = None
+    golden_dir: str | Path | None = None
+    models: list[str | Path] | None = None
+    rtol: float | None = None
+    atol: float | None = None
+    skip_unavailable: bool = False
+    strict_placement: bool = False
+    model_variant: str | None = None
+    model_options: dict | None = None
+    seed: int | None = None
+    localize: bool = False
+    baseline: str | Path | None = None
+    save_baseline: str | Path | None = None
+    max_growth: float = 10.0
+    cases: list[str] | None = None
+
+
+@quiet_numerics
+def verify(request: VerifyRequest | None = None, *, progress: Callable[[int, int, str], None] | None = None,
+           **fields) -> Report:
+    """Runs golden cases (or model files) on the selected flavours and runtimes; returns a report.
+
+    Takes a VerifyRequest, or its fields as keywords (`verify(cases=["mha-seeded"])`). Never
+    raises on a mismatch (`report.ok` says whether everything passed); raises a UsageError
+    (exit 2) on bad input: an unknown name, a tolerance that is not finite, a model whose
+    interface does not fit its variant, a `--variant`/`--flavor` that contradicts a model's
+    metadata.
+    """
+    if request is not None and fields:
+        raise TypeError("give a VerifyRequest or its fields, not both")
+    r = request or VerifyRequest(**fields)
+    variants, flavors, runtimes, dtype, golden_dir, models = \
+        r.variants, r.flavors, r.runtimes, r.dtype, r.golden_dir, r.models
+    rtol, atol, seed, cases, max_growth = r.rtol, r.atol, r.seed, r.cases, r.max_growth
+    model_variant, model_options, baseline, save_baseline = r.model_variant, r.model_options, r.baseline, \
+        r.save_baseline
+    skip_unavailable, strict_placement, localize = r.skip_unavailable, r.strict_placement, r.localize
     if dtype is not None:
         D.check(dtype)
     check_tolerance_values(rtol, atol)

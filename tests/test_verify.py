@@ -400,3 +400,12 @@ def test_a_wrong_value_in_any_one_declared_output_fails_the_run(monkeypatch, cas
         failed = {c.name for c in r.comparisons if not c.passed}
         assert failed == {output}, (r.case, failed)
         assert {c.name for c in r.comparisons} == set(_OUTPUT_CASES[case])
+
+
+def test_verify_takes_a_request_or_its_fields():
+    request = VF.VerifyRequest(cases=["posenc-seeded"], flavors=["primitives"], runtimes=["ort-cpu"])
+    by_request, by_fields = VF.verify(request), VF.verify(cases=["posenc-seeded"], flavors=["primitives"],
+                                                          runtimes=["ort-cpu"])
+    assert by_request.ok and [r.case for r in by_request.rows] == [r.case for r in by_fields.rows] == ["posenc-seeded"]
+    with pytest.raises(TypeError, match="not both"):
+        VF.verify(request, cases=["mha-seeded"])
