@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from attnexport import cases as cases_mod
 from attnexport import dtypes as D
 from attnexport import export as export_mod
 from attnexport import flavors as FL
@@ -156,7 +157,7 @@ def golden(as_list, check, write, directory):
     if as_list:
         width = max(len(n) for n in golden_mod.CASES)
         for case in golden_mod.CASES.values():
-            click.echo(f"{case.name:<{width}}  {case.variant:<14}  {golden_mod.provenance_line(case)}")
+            click.echo(f"{case.name:<{width}}  {case.variant:<14}  {cases_mod.provenance_line(case)}")
         return
     if write:
         if directory is None and golden_mod.default_dir_is_installed():

@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 import onnx
 
-from attnexport import __version__, golden
+from attnexport import __version__, cases, golden
 from attnexport import baseline as B
 from attnexport import dtypes as D
 from attnexport import export as E
@@ -446,7 +446,7 @@ def _decode_checks(variant, case, params, dtype, rtol, atol) -> list:
         return []
     sizes = {"seq": DECODE_LENGTH, **({"kv_seq": DECODE_LENGTH} if "kv_seq" in o else {})}
     full = variant.resolve({**o, "kv_cache": False, **sizes})
-    stream = V.make_inputs(variant, full, golden.seed_of(case.name) + 1)
+    stream = V.make_inputs(variant, full, cases.seed_of(case.name) + 1)
     expected = {"output": np.asarray(variant.reference(params, stream, full)["output"], np.float64)}
     tol = case_tolerance(variant, params, stream, full, expected, dtype, rtol, atol)
     out = []

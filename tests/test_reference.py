@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from onnx.reference.ops.op_attention import _compute_attention
 
-from attnexport import golden, reference as ref
+from attnexport import cases, golden, reference as ref
 
 
 @settings(max_examples=60, deadline=None)
@@ -61,7 +61,7 @@ def test_positional_table_known_values():
 
 def test_additive_example_follows_its_analytic_output():
     case = golden.load("additive-valid-lens")
-    assert golden.SRC_KERNEL in case.meta["source"] and "printed" not in case.meta["notes"]
+    assert cases.SRC_KERNEL in case.meta["source"] and "printed" not in case.meta["notes"]
     np.testing.assert_allclose(case.expected["output"], case.meta["notes"]["analytic"]["output"], atol=1e-12)
     # The relation: uniform weights over the valid keys.
     w = case.expected["weights"]
@@ -72,7 +72,7 @@ def test_additive_example_follows_its_analytic_output():
 
 def test_cross_attention_aligns_i_love_you():
     case = golden.load("cross-i-love-you")
-    assert case.meta["notes"]["target_tokens"] == ["我", "爱", "你"] and golden.SRC_CROSS in case.meta["source"]
+    assert case.meta["notes"]["target_tokens"] == ["我", "爱", "你"] and cases.SRC_CROSS in case.meta["source"]
     w = case.expected["weights"][0, 0]
     assert list(w.argmax(axis=-1)) == [0, 1, 2]
     assert (np.diag(w) > 0.9).all()
@@ -95,9 +95,9 @@ def test_kernel_regression_is_the_printed_setup_and_follows_the_function():
 @pytest.mark.parametrize("word", ["sweet", "hungry"])
 def test_cat_milk_it_uses_the_printed_vectors_and_follows_the_formula(word):
     case = golden.load(f"self-cat-milk-it-{word}")
-    assert golden.SRC_SELF in case.meta["source"]
+    assert cases.SRC_SELF in case.meta["source"]
     X = case.inputs["x"][0].astype(np.float64)
-    printed = {w: golden.WORDS[w] for w in ("cat", "milk", "it", word)}
+    printed = {w: cases.WORDS[w] for w in ("cat", "milk", "it", word)}
     np.testing.assert_array_equal(X[:, 1:3], list(printed.values()))
     assert (X[:, [0, 3]] == 0).all()
     np.testing.assert_array_equal(X @ X.T, case.meta["notes"]["printed"]["scores"])
@@ -120,11 +120,11 @@ def test_cat_milk_it_printed_rows_follow_the_stated_relation(word):
     printed = np.array(case.meta["notes"]["printed"]["rows"])
     np.testing.assert_array_equal(np.round(related, 3), printed)
     assert np.abs(case.expected["output"][0][:, 1:3] - printed).max() > 0.4
-    assert case.meta["notes"]["relation"] == golden.PRINTED_RELATION
+    assert case.meta["notes"]["relation"] == cases.PRINTED_RELATION
 
 
 def test_cat_milk_it_sim_lines_and_their_misprint():
-    rows = {w: np.array(golden.PRINTED_ROWS[w]) for w in ("sweet", "hungry")}
+    rows = {w: np.array(cases.PRINTED_ROWS[w]) for w in ("sweet", "hungry")}
     it, milk, cat = rows["sweet"][2], rows["sweet"][1], rows["sweet"][0]
     # Printed: sim(it, milk) = 2.68, sim(it, cat) = 2.28 with "0.0625" for it's first coordinate.
     assert round(float(it @ milk), 2) == 2.68 and round(float(it @ cat), 2) == 2.28
@@ -132,13 +132,13 @@ def test_cat_milk_it_sim_lines_and_their_misprint():
     assert round(float(misread @ milk), 2) != 2.68 and round(float(misread @ np.array([0.0625, 1.375])), 2) != 2.28
     it, milk, cat = rows["hungry"][2], rows["hungry"][1], rows["hungry"][0]
     assert round(float(it @ milk), 2) == 1.90 and round(float(it @ cat), 2) == 2.03
-    assert "0.0625 should read 0.625" in golden.PRINTED_SIM["sweet"]["misprint"]
+    assert "0.0625 should read 0.625" in cases.PRINTED_SIM["sweet"]["misprint"]
 
 
 def test_worked_examples_cite_their_source_file():
-    for name, file in (("self-cat-milk-it-sweet", golden.SRC_SELF), ("kernel-nadaraya-watson", golden.SRC_KERNEL),
-                       ("mha-tied-10d-2h", golden.SRC_TIED), ("cross-i-love-you", golden.SRC_CROSS),
-                       ("self-64d-single-head", golden.SRC_SIMPLE)):
+    for name, file in (("self-cat-milk-it-sweet", cases.SRC_SELF), ("kernel-nadaraya-watson", cases.SRC_KERNEL),
+                       ("mha-tied-10d-2h", cases.SRC_TIED), ("cross-i-love-you", cases.SRC_CROSS),
+                       ("self-64d-single-head", cases.SRC_SIMPLE)):
         case = golden.load(name)
         assert case.meta["source"].startswith(f"worked example of {file}")
     tied = golden.load("mha-tied-10d-2h")
