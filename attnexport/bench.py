@@ -138,10 +138,23 @@ def _matmul_ms(device: str, dtype: str, m: int, k: int, n: int, threads: int, it
     g = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(m, k, device=device, dtype=tdtype, generator=g)
     b = torch.randn(k, n, device=device, dtype=tdtype, generator=g)
-    timings = {"torch": min(_time_torch(lambda: a @ b, device, warmup=2, iters=iters))}
+    timings = {"torch": _best_of(lambda: a @ b, device, iters)}
     if device == "cpu":
         timings["onnxruntime"] = _ort_matmul_ms(a.numpy(), b.numpy(), threads, iters)
     return timings
+
+
+CALIBRATION_SECONDS = 1.0  # a size's timed runs stop after about this long (at least 3 of them)
+
+
+def _best_of(fn, device: str, iters: int) -> float:
+    """The fastest of up to `iters` timed runs of fn, in ms, after one warm-up run; a large matmul on few
+    threads (0.4 s for 2048^3 on one core) gets as many runs as fit CALIBRATION_SECONDS, at least
+    3, which keeps the calibration a small part of a bench."""
+    fn()
+    first = _time_one(fn, device)
+    runs = max(3, min(iters, int(CALIBRATION_SECONDS * 1e3 / max(first, 1e-3))))
+    return min([first] + [_time_one(fn, device) for _ in range(runs)])
 
 
 def _ort_matmul_ms(a: np.ndarray, b: np.ndarray, threads: int, iters: int) -> float:
@@ -155,15 +168,7 @@ def _ort_matmul_ms(a: np.ndarray, b: np.ndarray, threads: int, iters: int) -> fl
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     session, _ = _ort_session("ort-cpu", model, "fp32", threads, False)
     feed = {"a": a, "b": b}
-    for _ in range(2):
-        session.run(None, feed)
-    return min(_time_one(lambda: session.run(None, feed), "cpu") for _ in range(iters))
-
-
-def _time_torch(fn: Callable, device: str, warmup: int, iters: int) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    return [_time_one(fn, device) for _ in range(iters)]
+    return _best_of(lambda: session.run(None, feed), "cpu", iters)
 
 
 def _ort_session(runtime: str, model, dtype: str, threads: int, cuda_graph: bool):
