@@ -50,10 +50,7 @@ def save(rows, directory: str | Path) -> Path:
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"--save-baseline {directory}: not a folder")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"--save-baseline {directory}: {e.strerror or e}") from None
+    F.resolve_target(directory / MANIFEST, new_folder=True)  # the folder, made if its parent exists
     files = {}
     for r in rows:
         if not r.arrays:

@@ -121,9 +121,10 @@ def _reuse_torchlib_table() -> None:
 
 
 def _registry_built_once() -> None:
-    """torch.onnx fills a new registry from the table on every export (0.4 s here, a quarter of an
-    export), then adds the custom translations to it. Filled once per opset and copied: the copy
-    has lists of its own, so one export's custom translations never reach another's."""
+    """torch.onnx fills a new registry from the table on every export, then adds the custom
+    translations to it. Filled once per opset and copied (the copy has lists of its own, so one
+    export's custom translations never reach another's): `verify --variant mha`, 30 exports,
+    took 31.2 s instead of 32.9 s here."""
     from torch.onnx._internal.exporter import _registration
     registry_class = _registration.ONNXRegistry
     fill = registry_class.from_torchlib.__func__
@@ -193,8 +194,7 @@ def build_model(variant_name: str, options: dict | None = None, flavor: str = DE
 def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed, trace_key):
     import torch
 
-    importlib.import_module("attnexport.models.core")  # registers the attnexport::attention custom ops
-    _reuse_torchlib_table()
+    # Building the module imports the core (its custom op); to_onnx sets up the exporter.
     module = V.load_params(variant.build(o), params).to(D.torch_dtype(dtype)).eval()
 
     ex = example_sizes(variant, o)

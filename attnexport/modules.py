@@ -115,12 +115,10 @@ def load_weights(module, path) -> None:
     extra = sorted(set(state) - set(own))
     shapes = sorted(f"{k} {list(state[k].shape)} (the module's: {list(own[k].shape)})"
                     for k in set(own) & set(state) if state[k].shape != own[k].shape)
-    problems = ([f"missing {', '.join(missing[:3])}" + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")]
-                if missing else [])
-    problems += [f"extra {', '.join(extra[:3])}" + (f" and {len(extra) - 3} more" if len(extra) > 3 else "")] \
-        if extra else []
-    problems += [f"mis-shaped {shapes[0]}" + (f" and {len(shapes) - 1} more" if len(shapes) > 1 else "")] \
-        if shapes else []
+    def few(kind, names, shown=3):
+        more = f" and {len(names) - shown} more" if len(names) > shown else ""
+        return [f"{kind} {', '.join(names[:shown])}{more}"] if names else []
+    problems = few("missing", missing) + few("extra", extra) + few("mis-shaped", shapes, shown=1)
     if problems:
         raise UsageError(f"--weights {path} does not fit the module: {'; '.join(problems)}")
     with torch.no_grad():
@@ -362,27 +360,31 @@ def call_forward(module, args, name):
             from None
 
 
-def outputs_of(out) -> list:
-    """A forward's result as a list of tensors, in the order the exporter flattens it."""
+def named_outputs(out) -> list[tuple[str | None, object]]:
+    """A forward's result as (name, tensor) pairs in the order the exporter flattens it: one
+    tensor is `output`, a tuple's are `output_0`, `output_1`, ..., a dict's (a transformers
+    ModelOutput) keep their keys; None values are left out. A name is None where the structure
+    is nested (the exporter then names it)."""
+    import torch
     if isinstance(out, dict):
-        return [v for v in out.values() if v is not None]
-    if isinstance(out, (tuple, list)):
-        return [v for v in out if v is not None]
-    return [out]
+        items = [(k, v) for k, v in out.items() if v is not None]
+    elif isinstance(out, (tuple, list)):
+        items = [(f"output_{i}", v) for i, v in enumerate(out) if v is not None]
+    else:
+        items = [("output", out)]
+    return [(k if isinstance(v, torch.Tensor) else None, v) for k, v in items]
+
+
+def outputs_of(out) -> list:
+    """A forward's result as a list of tensors (see named_outputs)."""
+    return [v for _, v in named_outputs(out)]
 
 
 def default_output_names(out) -> list[str] | None:
     """Stable output names from the module's return structure, so that a deployment app does not
-    depend on internal node names (`add_161`): one tensor -> `output`; a tuple -> `output_0`,
-    ...; a dict (ModelOutput) -> its keys. None for anything nested (the exporter names it)."""
-    import torch
-    if isinstance(out, torch.Tensor):
-        return ["output"]
-    if isinstance(out, dict) and all(isinstance(v, torch.Tensor) for v in out.values() if v is not None):
-        return [k for k, v in out.items() if v is not None]
-    if isinstance(out, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in out if v is not None):
-        return [f"output_{i}" for i, v in enumerate(out) if v is not None]
-    return None
+    depend on internal node names (`add_161`); None for anything nested."""
+    names = [n for n, _ in named_outputs(out)]
+    return None if None in names else names
 
 
 def _weights_asked(routing, name):

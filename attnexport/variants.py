@@ -78,6 +78,12 @@ class Variant:
         return {k: v for k, v in open_.items()
                 if not any(k == b and full not in open_ and o[full] == 1 for b, full in self.broadcast)}
 
+    def graph_options(self, o: dict) -> dict:
+        """The options that shape the exported graph: all but the sizes it leaves symbolic. Two
+        option sets with the same graph options run through one model."""
+        symbolic = self.sizes(o)
+        return {k: v for k, v in o.items() if k not in symbolic}
+
     def resolve(self, given: dict | None = None) -> dict:
         """Fills defaults, rejects unknown options and bad values; returns the full options."""
         given = {k: v for k, v in (given or {}).items() if v is not None}

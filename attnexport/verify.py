@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 import onnx
 
-from attnexport import __version__, cases, golden
+from attnexport import __version__, golden
 from attnexport import baseline as B
 from attnexport import dtypes as D
 from attnexport import export as E
@@ -36,6 +36,7 @@ from attnexport import variants as V
 from attnexport import weights as W
 from attnexport.compare import TOLERANCES, Comparison, Tolerance, check_tolerance_values, compare_outputs, \
     derived_tolerance, tolerance
+from attnexport.cases import seed_of
 from attnexport.decode import CHUNKS, decode, empty_cache, split_inputs, stream_axis
 from attnexport.errors import AttnExportError, ProviderUnavailableError, UnsupportedByFlavor, UsageError
 from attnexport.localize import Localization, locate
@@ -92,10 +93,7 @@ def _export(variant, options, gf, opset, dtype, params):
     parameters put into its initializers (`weights.reweight`), which is what a fresh export with
     them would hold; where that cannot be done, they are exported afresh.
     """
-    v = V.get(variant)
-    symbolic = v.sizes(options)  # sdpa's head counts are symbolic in one layout, fixed in the other
-    static = {k: x for k, x in options.items() if k not in symbolic}
-    key = (variant, json.dumps(static, sort_keys=True), gf, opset, dtype)
+    key = (variant, json.dumps(V.get(variant).graph_options(options), sort_keys=True), gf, opset, dtype)
     if key not in _GRAPHS:
         while len(_GRAPHS) >= _GRAPHS_KEPT:
             _GRAPHS.pop(next(iter(_GRAPHS)))
@@ -446,7 +444,7 @@ def _decode_checks(variant, case, params, dtype, rtol, atol) -> list:
         return []
     sizes = {"seq": DECODE_LENGTH, **({"kv_seq": DECODE_LENGTH} if "kv_seq" in o else {})}
     full = variant.resolve({**o, "kv_cache": False, **sizes})
-    stream = V.make_inputs(variant, full, cases.seed_of(case.name) + 1)
+    stream = V.make_inputs(variant, full, seed_of(case.name) + 1)
     expected = {"output": np.asarray(variant.reference(params, stream, full)["output"], np.float64)}
     tol = case_tolerance(variant, params, stream, full, expected, dtype, rtol, atol)
     out = []
@@ -466,8 +464,8 @@ def matching_cases(variant, options: dict, cases: list) -> list:
     only in sizes the model leaves symbolic. Which sizes those are depends on the options (sdpa's
     head counts are symbolic in its 4-D layout and fixed in bsd), so they are read from the
     model's own input specs, never from the variant's list of sizes that may be symbolic."""
-    symbolic = set(variant.sizes(options))
-    fixed = {k: v for k, v in options.items() if k not in symbolic}
+    symbolic = variant.sizes(options)
+    fixed = variant.graph_options(options)
     return [c for c in cases if {k: v for k, v in c.options.items() if k not in symbolic} == fixed]
 
 

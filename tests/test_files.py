@@ -149,3 +149,23 @@ def test_ctrl_c_exits_130_and_leaves_nothing(tmp_path, monkeypatch):
     r = run("export", "--variant", "posenc", "-o", tmp_path / "x.onnx")
     one_line_error(r, code=130, text="interrupted")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_checkout_check_sees_added_changed_and_removed_files(tmp_path):
+    """conftest's end-of-run check: what it compares sees every kind of change, and ignores the
+    folders it may (git's, virtual environments, bytecode caches)."""
+    import time
+    from conftest import checkout_state
+    (tmp_path / "models").mkdir()
+    (tmp_path / "a.txt").write_text("a")
+    (tmp_path / "b.txt").write_text("b")
+    before = checkout_state(tmp_path)
+    (tmp_path / "models" / "new.onnx").write_text("x")
+    time.sleep(0.01)
+    (tmp_path / "a.txt").write_text("changed")
+    (tmp_path / "b.txt").unlink()
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "m.pyc").write_text("ignored")
+    after = checkout_state(tmp_path)
+    assert sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p)) == \
+        ["a.txt", "b.txt", "models/new.onnx"]
