@@ -25,8 +25,11 @@ from attnexport import dtypes as D
 from attnexport import export as E
 from attnexport import files as F
 from attnexport import flavors as FL
+from attnexport import modules as M
 from attnexport import runtimes as R
 from attnexport import variants as V
+from attnexport import seeding
+from attnexport import schema
 from attnexport.errors import UnsupportedByFlavor, UsageError
 
 BENCH_RUNTIMES = ("torch", "torch-cuda", "ort-cpu", "ort-cuda")
@@ -185,7 +188,7 @@ def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | 
     """Times the variant on each runtime and flavour at each shape; see the module docstring."""
     import torch
 
-    variant = variant_name if isinstance(variant_name, V.Variant) else V.get(variant_name)
+    variant = variant_name if isinstance(variant_name, schema.Variant) else V.get(variant_name)
     D.check(dtype)
     if warmup < 0 or iters < 1:
         raise UsageError("--warmup must be >= 0 and --iters >= 1")
@@ -204,9 +207,9 @@ def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | 
     torch.set_num_threads(threads)
     shapes = [variant.resolve(s) for s in shapes_from(dict(options or {}))]
     for o in shapes:
-        V.check_memory(variant, o, D.ITEMSIZE[dtype])
+        schema.check_memory(variant, o, D.ITEMSIZE[dtype])
     base = shapes[0]
-    params = V.init_params(variant, base, seed) if variant.export is None else \
+    params = seeding.init_params(variant, base, seed) if variant.export is None else \
         {k: v.detach().float().numpy() for k, v in variant.build(base).state_dict().items()}
     tdtype = D.torch_dtype(dtype)
 
@@ -287,11 +290,11 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
     warmup, iters, cuda_graph, threads, repeat = run.warmup, run.iters, run.cuda_graph, run.threads, run.repeat
     import torch
     shape = variant.sizes(o)
-    inputs = V.make_inputs(variant, o, inputs_seed)
+    inputs = seeding.make_inputs(variant, o, inputs_seed)
     cands: list[_Candidate] = []
     for dev in sorted(devices):
         rt = "torch-cuda" if dev == "cuda" else "torch"
-        module = V.load_params(variant.build(o), params).to(device=dev, dtype=tdtype).eval()
+        module = seeding.load_params(variant.build(o), params).to(device=dev, dtype=tdtype).eval()
         args = [torch.from_numpy(np.ascontiguousarray(a)).to(dev, tdtype if a.dtype.kind == "f" else None)
                 for a in inputs.values()]
 
@@ -551,3 +554,54 @@ def plot(rows: list[BenchRow], path: str, title: str):
     fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)
     F.atomic_write(path, buf.getvalue())
+
+
+# --- a user's module ----------------------------------------------------------------------------
+
+def module_variant(spec: str, module, example_inputs, input_names=None):
+    """The module as a variant that `attnexport.bench.bench` times: options `batch` and `seq`
+    (axis 0, and axis 1 of every input of rank 2 or more: all lengths take --seq), its own
+    export, and FLOPs counted by torch's FlopCounterMode at each shape."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    from attnexport import seeding
+    from attnexport import schema
+    example = tuple(example_inputs)
+    names = list(input_names or M.forward_names(module, len(example)))
+    kinds = {}
+    for n, t in zip(names, example):
+        if t.is_floating_point():
+            kinds[n] = ("float", "data")
+        else:
+            kinds[n] = ("bool", "true" if M.common_value(t) else "false") if t.dtype == torch.bool else \
+                (str(t.dtype).replace("torch.", ""), "zeros")
+
+    def inputs(o):
+        return tuple(schema.TensorSpec(n, tuple("batch" if a == 0 and t.dim() >= 2 else "seq" if a == 1 and t.dim() >= 2
+                                           else s for a, s in enumerate(t.shape)), *kinds[n])
+                     for n, t in zip(names, example))
+
+    def tensors(o, dtype="fp32"):
+        arrays = seeding.make_inputs(variant, o, 0)
+        return tuple(torch.from_numpy(a).to(D.torch_dtype(dtype)) if a.dtype.kind == "f" else torch.from_numpy(a)
+                     for a in arrays.values())
+
+    def flops(o):
+        counter = FlopCounterMode(display=False)
+        param = next(module.parameters(), None)  # inputs in the dtype the bench left the module in
+        args = tuple(t.to(param.dtype) if param is not None and t.is_floating_point() else t for t in tensors(o))
+        with counter, torch.no_grad():
+            module(*args)
+        return counter.get_total_flops()
+
+    def export(o, flavor, dtype, params):
+        return E.export_module(module, tensors(o, dtype), flavor=flavor, dtype=dtype, input_names=names, name=spec).model
+
+    b = example[0].shape[0] if example and example[0].dim() >= 2 else 1
+    t = example[0].shape[1] if example and example[0].dim() >= 2 else 1
+    variant = schema.Variant(name=spec, summary="your module", options=(schema.Option("batch", int, b, "batch size"),
+                                                                     schema.Option("seq", int, t, "sequence length")),
+                        build=lambda o: module, inputs=inputs,
+                        outputs=lambda o: (schema.TensorSpec("output", ("batch", "seq"), "float"),),
+                        reference=None, flops=flops, dot_product_core=True, dynamic=("batch", "seq"), export=export)
+    return variant

@@ -12,6 +12,8 @@ from typing import Callable
 import numpy as np
 
 from attnexport import variants as V
+
+from attnexport import seeding
 from attnexport.semantics import MODE_OF
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ def _nadaraya_watson(o):
 
 def _additive_example(o):
     rng = np.random.default_rng(3)
-    params = V.init_params(V.get("additive"), o, 3)
+    params = seeding.init_params(V.get("additive"), o, 3)
     values = np.tile(np.arange(40, dtype=np.float32).reshape(1, 10, 4), (2, 1, 1))
     return params, {"query": rng.standard_normal((2, 1, 20)).astype(np.float32),
                     "key": np.ones((2, 10, 2), np.float32), "value": values,
@@ -118,8 +120,8 @@ def _masked_softmax_example(valid_lens, seed):
 
 def _tied_causal(o):
     seed = seed_of("mha-tied-causal-mask")
-    params = V.init_params(V.get("mha-tied"), o, seed)
-    inputs = V.make_inputs(V.get("mha-tied"), dict(o, mask="none"), seed)
+    params = seeding.init_params(V.get("mha-tied"), o, seed)
+    inputs = seeding.make_inputs(V.get("mha-tied"), dict(o, mask="none"), seed)
     # A decoder-style (lower-triangular) target mask.
     inputs["mask"] = np.broadcast_to(np.tril(np.ones((o["seq"], o["kv_seq"]), bool)),
                                      (o["batch"], o["seq"], o["kv_seq"])).copy()
@@ -130,7 +132,7 @@ def _simple_64d(o):
     # SRC_SIMPLE draws q, k and v with torch.rand: uniform on [0, 1).
     seed = seed_of("self-64d-single-head")
     rng = np.random.default_rng(seed)
-    return V.init_params(V.get("self"), o, seed), {"x": rng.random((1, 10, 64)).astype(np.float32)}
+    return seeding.init_params(V.get("self"), o, seed), {"x": rng.random((1, 10, 64)).astype(np.float32)}
 
 
 def _i_love_you(o):
@@ -150,14 +152,14 @@ def _i_love_you(o):
 
 
 def _padding_empty(o):
-    params = V.init_params(V.get("mha"), o, 4)
-    inputs = V.make_inputs(V.get("mha"), o, 4)
+    params = seeding.init_params(V.get("mha"), o, 4)
+    inputs = seeding.make_inputs(V.get("mha"), o, 4)
     inputs["mask"][1, :] = False  # the second sequence is all padding: its rows attend to nothing
     return params, inputs
 
 
 def _sdpa_fully_masked(o):
-    inputs = V.make_inputs(V.get("sdpa"), o, 5)
+    inputs = seeding.make_inputs(V.get("sdpa"), o, 5)
     inputs["attn_mask"][0, 0, 1, :] = False
     inputs["attn_mask"][1, 0, 3, :] = False
     return {}, inputs
@@ -236,8 +238,8 @@ def _case_defs() -> tuple[CaseDef, ...]:
                        "relation": "identical keys give uniform weights over the valid keys, so the "
                                    "output is the mean of the first valid_len values"}),
         CaseDef("additive-zero-length", "additive", {"weights": True}, seed=8, source="seeded, valid length 0 in batch 0",
-                make=lambda o: (V.init_params(V.get("additive"), o, 8),
-                                dict(V.make_inputs(V.get("additive"), o, 8), valid_lens=np.array([0, 7], np.int64)))),
+                make=lambda o: (seeding.init_params(V.get("additive"), o, 8),
+                                dict(seeding.make_inputs(V.get("additive"), o, 8), valid_lens=np.array([0, 7], np.int64)))),
         CaseDef("masked-softmax-valid-lens", "masked-softmax", {},
                 source=f"seeded: the masked softmax of {SRC_KERNEL} on 2x2x4 uniform scores, valid lengths 2 and 3",
                 make=_masked_softmax_example([2, 3], 2)),

@@ -20,6 +20,7 @@ from attnexport import files as F
 from attnexport import golden as golden_mod
 from attnexport import runtimes as R
 from attnexport import variants as V
+from attnexport import schema
 from attnexport.errors import AttnExportError, UsageError
 
 
@@ -79,7 +80,7 @@ def main():
     """attnexport: attention layers exported to ONNX, checked against golden outputs, timed."""
 
 
-def _option_text(opt: V.Option) -> str:
+def _option_text(opt: schema.Option) -> str:
     if opt.type is bool:
         return opt.flag
     default = "auto" if opt.default is None else opt.default  # None: derived (e.g. --kv-heads = --heads)
@@ -276,9 +277,9 @@ def _module_and_inputs(spec, input_specs, seed=0, weights=None):
 
 
 def _module_variant(spec, input_specs, seed, weights):
-    from attnexport import modules
+    from attnexport import bench as bench_mod
     module, example, names = _module_and_inputs(spec, input_specs, seed, weights)
-    return modules.as_variant(spec, module, example, names)
+    return bench_mod.module_variant(spec, module, example, names)
 
 
 def _export_module(spec, input_specs, dynamic_specs, flavor, opset, dtype, output, as_json, options, nan_rows, seed):
@@ -296,7 +297,7 @@ def _export_module(spec, input_specs, dynamic_specs, flavor, opset, dtype, outpu
     if output is not None:
         F.resolve_target(output)  # before the export runs
     path = output or str(F.default_output(Path(spec.rpartition(":")[0]).stem))
-    result = modules.export_module(module, example, flavor=flavor, opset=opset, dtype=dtype, dynamic=dynamic,
+    result = export_mod.export_module(module, example, flavor=flavor, opset=opset, dtype=dtype, dynamic=dynamic,
                                    output=path, input_names=names, name=spec, nan_rows=nan_rows, seed=seed,
                                    weights_file=weights)
     if as_json:
@@ -400,8 +401,8 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
             raise UsageError("--module takes no --variant, --flavor, --case or variant options: the model and the "
                              "module say what to compare")
         parsed = [modules.parse_input(t) for t in input_specs] or None
-        report = modules.verify_module(models[0], module_spec, R.parse(runtimes), rtol, atol, skip_unavailable,
-                                       input_specs=parsed, seed=seed, weights_file=weights)
+        report = verify_mod.verify_module(models[0], module_spec, R.parse(runtimes), rtol, atol, skip_unavailable,
+                                          input_specs=parsed, seed=seed, weights_file=weights)
         _report_verify(report, details, as_json)
         return
     if input_specs:

@@ -32,3 +32,9 @@ class UnsupportedByFlavor(ExportError):
 class ProviderUnavailableError(AttnExportError):
     """A runtime that was asked for cannot run here; the message says why."""
 
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (a reason said in one line)."""
+    text = str(e).strip().splitlines()
+    return text[0] if text else ""

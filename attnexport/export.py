@@ -1,8 +1,11 @@
-"""torch -> ONNX for every variant and flavour: export, checks, metadata, atomic write."""
+"""torch -> ONNX for every variant, every user's module and every flavour: one core (`to_onnx`
+then `finish`: trace and translate, opset conversion, weights record, metadata, checks) and the
+atomic write."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import importlib
 import inspect
@@ -12,7 +15,7 @@ import logging
 import re
 import warnings
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +26,11 @@ from attnexport import dtypes as D
 from attnexport import files as F
 from attnexport import flavors as FL
 from attnexport import variants as V
+from attnexport import seeding
+from attnexport import schema
+from attnexport import modules as M
 from attnexport import weights as W
+from attnexport.compare import compare, tolerance
 from attnexport.errors import AttnExportError, ExportError, UsageError
 
 FLAVORS = tuple(FL.FLAVORS)  # names, in the registry's order
@@ -68,11 +75,11 @@ def attention_op_of(model: onnx.ModelProto) -> str:
     return "none"
 
 
-def graph_flavor(variant: V.Variant, flavor: str) -> str:
+def graph_flavor(variant: schema.Variant, flavor: str) -> str:
     return flavor if variant.dot_product_core else "primitives"
 
 
-def example_sizes(variant: V.Variant, o: dict) -> dict:
+def example_sizes(variant: schema.Variant, o: dict) -> dict:
     """Options with every symbolic size at least 2, so the exporter keeps it symbolic; a size that
     broadcasts against another takes the other's (a size-1 axis would be specialized)."""
     ex = {**o, **{k: max(o[k], 2) for k in variant.sizes(o)}}  # only the sizes these options leave open
@@ -170,9 +177,9 @@ def build_model(variant_name: str, options: dict | None = None, flavor: str = DE
     variant = V.get(variant_name)
     o = variant.resolve(options)
     gf, opset = _validate(variant, flavor, opset, dtype, o)
-    V.check_memory(variant, o, D.ITEMSIZE[dtype])
+    schema.check_memory(variant, o, D.ITEMSIZE[dtype])
     params_source = "seed" if params is None else "given"
-    params = V.init_params(variant, o, seed) if params is None else W.validate(variant, o, params)
+    params = seeding.init_params(variant, o, seed) if params is None else W.validate(variant, o, params)
     request = {"variant": variant.name, "options": o, "flavor": flavor, "graph_flavor": gf, "opset": opset,
                "dtype": dtype, "seed": seed, "params_source": params_source,
                "params": {k: W.sha256_of(v) for k, v in sorted(params.items())}}
@@ -195,10 +202,10 @@ def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed, tr
     import torch
 
     # Building the module imports the core (its custom op); to_onnx sets up the exporter.
-    module = V.load_params(variant.build(o), params).to(D.torch_dtype(dtype)).eval()
+    module = seeding.load_params(variant.build(o), params).to(D.torch_dtype(dtype)).eval()
 
     ex = example_sizes(variant, o)
-    inputs = V.make_inputs(variant, ex, seed)
+    inputs = seeding.make_inputs(variant, ex, seed)
     tdtype = D.torch_dtype(dtype)
     args = tuple(torch.from_numpy(a).to(tdtype) if a.dtype.kind == "f" else torch.from_numpy(a)
                  for a in inputs.values())
@@ -225,10 +232,14 @@ def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed, tr
                       output_names=[s.name for s in out_specs], what=what)
     model = program.model_proto
     _name_axes(model, variant, ex, out_specs)
-    model = convert_opset(model, opset, what)
-    entries = W.record(model, params, D.NUMPY[dtype])
-    _finish(model, variant, o, flavor, gf, opset, dtype, seed, params_source, entries)
-    op_name = check_flavor_op(model, gf, what, applies=variant.dot_product_core, flavor_asked=flavor)
+    meta = {"attnexport.variant": variant.name, "attnexport.options": json.dumps(o, sort_keys=True),
+            "attnexport.flavor": flavor, "attnexport.graph_flavor": gf, "attnexport.opset": str(opset),
+            "attnexport.dtype": dtype, "attnexport.seed": str(seed),
+            # "seed": the parameters come from the seed; "given": the caller's own (params=).
+            "attnexport.params_source": params_source,
+            "attnexport.golden_manifest_sha256": golden.manifest_hash()}
+    model, op_name = finish(model, flavor=gf, opset=opset, dtype=dtype, params=params, meta=meta, what=what,
+                            applies=variant.dot_product_core, flavor_asked=flavor)
     note = "" if variant.dot_product_core or flavor == "primitives" else \
         f"{variant.name} has no dot-product core: exported as primitives"
     return model, ExportResult(Path(), variant.name, o, flavor, gf, opset, dtype, op_name, 0, note)
@@ -342,23 +353,17 @@ def check_flavor_op(model, flavor: str, what: str, applies: bool = True, flavor_
     return op_name
 
 
-def _finish(model, variant, o, flavor, gf, opset, dtype, seed, params_source, entries):
-    """Records the variant's metadata on the model and checks it (see `stamp`)."""
-    stamp(model, {
-        "attnexport.variant": variant.name,
-        "attnexport.options": json.dumps(o, sort_keys=True),
-        "attnexport.flavor": flavor,
-        "attnexport.graph_flavor": gf,
-        "attnexport.opset": str(opset),
-        "attnexport.dtype": dtype,
-        "attnexport.seed": str(seed),
-        # "seed": the parameters come from the seed; "given": the caller's own (params=).
-        "attnexport.params_source": params_source,
-        # Per parameter: the initializer holding it, its layout and the sha256 of its bytes.
-        "attnexport.params": json.dumps(entries, sort_keys=True),
-        "attnexport.params_sha256": W.total_sha256(entries),
-        "attnexport.golden_manifest_sha256": golden.manifest_hash(),
-    }, f"{variant.name} ({gf})")
+def finish(model, *, flavor: str, opset: int, dtype: str, params: dict, meta: dict, what: str,
+           applies: bool = True, flavor_asked: str | None = None):
+    """What every export ends with, a variant's and a user's module's alike: the conversion to
+    `opset`, the record of where each parameter is held (`attnexport.params`, with the sha256 of
+    its bytes), the metadata and the onnx checks (`stamp`), and the check that the graph has the
+    flavour's attention op. Returns (model, the attention op's name)."""
+    model = convert_opset(model, opset, what)
+    entries = W.record(model, params, D.NUMPY[dtype])
+    stamp(model, {**meta, "attnexport.params": json.dumps(entries, sort_keys=True),
+                  "attnexport.params_sha256": W.total_sha256(entries)}, what)
+    return model, check_flavor_op(model, flavor, what, applies, flavor_asked)
 
 
 def stamp(model, meta: dict, what: str) -> None:
@@ -428,7 +433,205 @@ def export(variant_name: str, options: dict | None = None, flavor: str = DEFAULT
                         result.opset, result.dtype, result.attention_op, len(data), result.note)
 
 
-def example_feed(variant: V.Variant | str, options: dict, seed: int, dtype: str = "fp32") -> dict[str, np.ndarray]:
+def example_feed(variant: schema.Variant | str, options: dict, seed: int, dtype: str = "fp32") -> dict[str, np.ndarray]:
     """Seeded inputs for a variant at the given options, cast for an ONNX session."""
     variant = V.get(variant) if isinstance(variant, str) else variant
-    return D.cast_floats(V.make_inputs(variant, variant.resolve(options), seed), dtype)
+    return D.cast_floats(seeding.make_inputs(variant, variant.resolve(options), seed), dtype)
+
+
+# --- a user's module ----------------------------------------------------------------------------
+
+@dataclass
+class ModuleExportResult:
+    path: Path | None
+    module: str
+    flavor: str
+    opset: int
+    dtype: str
+    attention_op: str
+    routed: int
+    dynamic: dict  # input name -> {axis: dim name}
+    checked: list  # sizes checked before writing: [{input: shape}]
+    size: int = 0
+    notes: list = field(default_factory=list)
+    model: onnx.ModelProto | None = field(default=None, repr=False)
+    outputs: list = field(default_factory=list)  # the model's output names
+
+    def summary(self) -> str:
+        line = (f"{self.path}: {self.module}, flavor {self.flavor}, opset {self.opset}, {self.dtype}, attention op "
+                f"{self.attention_op}, {self.routed} attention call(s) routed, {F.human_size(self.size)}")
+        return "\n".join([line] + [f"note: {n}" for n in self.notes])
+
+    def to_dict(self) -> dict:
+        """The result as `export --module ... --json` prints it."""
+        return {"path": str(self.path), "module": self.module, "flavor": self.flavor, "opset": self.opset,
+                "dtype": self.dtype, "attention_op": self.attention_op, "routed": self.routed,
+                "dynamic": self.dynamic, "checked": self.checked, "outputs": self.outputs, "size": self.size,
+                "notes": self.notes}
+
+
+def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: int | None = None,
+                  dtype: str = "fp32", dynamic: dict | None = None, output=None, input_names=None,
+                  name: str = "module", nan_rows: bool = False, seed: int | None = None,
+                  weights_file: str | None = None, output_names=None) -> ModuleExportResult:
+    """Exports a user's attention module through attnexport's core.
+
+    Args:
+        example_inputs: a tuple of tensors for `forward`.
+        dynamic: {input name: {axis: dim name}}; default: axes 0 (`batch`) and 1 (`<input>_len`)
+            of every input of rank 2 or more, wherever torch.export can keep them symbolic.
+        output: the file to write (atomically); None: build in memory only.
+        nan_rows: keep torch's behaviour for a query row whose mask hides every key (NaN, where
+            attnexport gives zeros); only the primitives flavour can, the fused ops define zeros.
+        output_names: the model's output names; default: `output` for one tensor, `output_0`,
+            `output_1`, ... for a tuple, the keys of a dict (a transformers ModelOutput).
+        seed, weights_file: where the module's parameters came from (recorded in the metadata):
+            the seed its file was loaded with (`load`), or the file its weights were loaded from.
+    """
+    import torch
+    from attnexport.onnx_attention import torch_dead_rows
+
+    FL.check(flavor)
+    D.check(dtype)
+    opset = FL.opset_for(flavor, opset)
+    torch_nan = M.torch_gives_nan_rows(dtype)
+    if nan_rows and not torch_nan:
+        raise UsageError(f"--nan-rows: torch {torch.__version__} gives zeros for a fully masked row too (on the "
+                         "CPU), as the export does: there is no NaN to keep")
+    if nan_rows and flavor != "primitives":
+        raise UsageError(f"--nan-rows needs --flavor primitives: the {flavor} flavor's fused op gives zeros for "
+                         "a fully masked row by its own definition")
+    if output is not None:
+        F.resolve_target(Path(output))
+    example_inputs = tuple(example_inputs)
+    names = list(input_names or M.forward_names(module, len(example_inputs)))
+    tdtype = D.torch_dtype(dtype)
+    args = tuple(t.to(tdtype) if t.is_floating_point() else t for t in example_inputs)
+    module = copy.deepcopy(module).to(tdtype).eval()  # the caller's module keeps its dtype and mode
+    dims = _dynamic_shapes(names, args, dynamic)
+    with torch.no_grad(), M.routed(M.Routing()):
+        sample = M.call_forward(module, args, name)
+    out_names = list(output_names) if output_names else M.default_output_names(sample)
+    routing = M.Routing()
+    with M.routed(routing, module), (torch_dead_rows() if nan_rows else contextlib.nullcontext()):
+        program = to_onnx(module, args, flavor=flavor, opset=opset, input_names=names, output_names=out_names,
+                          dynamic_shapes=dims[0], what=name)
+    model = program.model_proto
+    # Calls routed: the core's nodes in the traced program (tracing may run forward more than once).
+    routing.calls = sum(1 for node in program.exported_program.graph.nodes
+                        if node.target is torch.ops.attnexport.attention.default)
+    kept = _name_dims(model, names, dims[1])
+    if dynamic is not None:
+        fixed = [f"{n}:{a}={d}" for n, axes in dims[1].items() for a, d in axes.items() if a not in kept.get(n, {})]
+        if fixed:
+            raise UsageError(f"--dynamic {', '.join(fixed)}: {name} fixes that axis (the export would be static "
+                             f"there)")
+    spec = [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+             "dynamic": {str(a): d for a, d in kept.get(n, {}).items()}} for n, t in zip(names, args)]
+    meta = {"attnexport.module": name, "attnexport.inputs": json.dumps(spec), "attnexport.flavor": flavor,
+            "attnexport.graph_flavor": flavor, "attnexport.opset": str(opset), "attnexport.dtype": dtype,
+            **({"attnexport.seed": str(seed)} if seed is not None else {}),
+            "attnexport.params_source": ("given: " + Path(weights_file).name) if weights_file else "seed"}
+    params = {k: v.detach().float().numpy() for k, v in module.state_dict().items()}
+    model, op_name = finish(model, flavor=flavor, opset=opset, dtype=dtype, params=params, meta=meta, what=name,
+                            applies=routing.calls > 0)
+    checked = _check_other_sizes(module, model, names, args, kept, dtype, name)
+    version = torch.__version__.split("+")[0]
+    semantics = ["fully masked query rows give NaN, as in torch (--nan-rows)"] if nan_rows else \
+        [M.SEMANTICS_NOTformat(version=version) + " (--nan-rows keeps torch's)"] if torch_nan else []
+    notes = semantics if routing.calls else ["no attention call was routed: the module calls neither "
+                                                    "scaled_dot_product_attention nor nn.MultiheadAttention "
+                                                    "without weights"]
+    notes += [f"not routed: {u}" for u in sorted(set(routing.unrouted))]
+    static = [f"{n} axis {a}" for n, axes in dims[1].items() for a in axes if a not in kept.get(n, {})]
+    if static:
+        notes.append(f"fixed by the model (not symbolic): {', '.join(static)}")
+    data = model.SerializeToString(deterministic=True)
+    path = None
+    if output is not None:
+        path = Path(output)
+        F.atomic_write(path, data)
+    return ModuleExportResult(path, name, flavor, opset, dtype, op_name, routing.calls, kept, checked, len(data),
+                              notes, model, [o.name for o in model.graph.output])
+
+
+def _dynamic_shapes(names, args, dynamic):
+    """(dynamic_shapes for torch.export, wanted {input: {axis: name}})."""
+    import torch
+    if dynamic is None:
+        wanted = {n: {0: "batch", **({1: f"{n}_len"} if t.dim() >= 2 else {})}
+                  for n, t in zip(names, args) if t.dim() >= 2}
+        shapes = tuple({a: torch.export.Dim.AUTO for a in wanted.get(n, {})} for n in names)
+        return shapes, wanted
+    unknown = set(dynamic) - set(names)
+    if unknown:
+        raise UsageError(f"--dynamic names {', '.join(sorted(unknown))}, not an input (inputs: {', '.join(names)})")
+    wanted = {}
+    for n, t in zip(names, args):
+        for axis, dim in dynamic.get(n, {}).items():
+            if not -t.dim() <= axis < t.dim():
+                raise UsageError(f"--dynamic {n}:{axis}={dim}: {n} has {t.dim()} axes")
+            wanted.setdefault(n, {})[axis % t.dim()] = dim
+    dims = {d: torch.export.Dim(d) for axes in wanted.values() for d in axes.values()}
+    shapes = tuple({a: dims[d] for a, d in wanted.get(n, {}).items()} for n in names)
+    return shapes, wanted
+
+
+def _name_dims(model, names, wanted):
+    """Names the symbolic input axes as asked; returns those that stayed symbolic."""
+    kept, renames = {}, {}
+    inputs = {i.name: i for i in model.graph.input}
+    for n, axes in wanted.items():
+        for axis, dim_name in axes.items():
+            d = inputs[n].type.tensor_type.shape.dim[axis]
+            if d.dim_param:
+                dim_name = renames.setdefault(d.dim_param, dim_name)  # a symbol shared by inputs: one name
+                d.dim_param = dim_name
+                kept.setdefault(n, {})[axis] = dim_name
+    rename_symbols(model, renames)
+    return kept
+
+
+def probe_inputs(args, names, kept, seed):
+    """Inputs at other sizes: each symbolic axis 1, and the example's size + 3; floats seeded,
+    other inputs filled with the example's most common value (a mask mostly attends)."""
+    import torch
+    sizes = {}
+    for n, t in zip(names, args):
+        for axis, d in kept.get(n, {}).items():
+            sizes.setdefault(d, t.shape[axis])
+    rng = np.random.default_rng(seed)
+    out = []
+    for variant in ({d: 1 for d in sizes}, {d: s + 3 for d, s in sizes.items()}):
+        feed = []
+        for n, t in zip(names, args):
+            shape = [variant.get(kept.get(n, {}).get(a), s) for a, s in enumerate(t.shape)]
+            if t.is_floating_point():
+                feed.append(torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(t.dtype))
+            else:
+                feed.append(torch.full(shape, M.common_value(t), dtype=t.dtype))
+        out.append(tuple(feed))
+    return out
+
+
+def _check_other_sizes(module, model, names, args, kept, dtype, name):
+    """Runs the model on ONNX Runtime at other sizes against the module itself; an ExportError
+    (nothing written) when they differ."""
+    import torch
+    from attnexport import runtimes as R
+    if not kept:
+        return []
+    session = R.prepare_onnx("ort-cpu", model)
+    tol = tolerance(dtype)
+    checked = []
+    for feed in probe_inputs(args, names, kept, 1):
+        with torch.no_grad():
+            want = M.outputs_of(M.call_forward(module, feed, name))
+        got = session.run({n: t.numpy() for n, t in zip(names, feed)})
+        for out_name, w in zip(list(got), want):
+            c = compare(out_name, got[out_name], w.float().numpy(), tol)
+            if not c:
+                sizes = {n: list(t.shape) for n, t in zip(names, feed)}
+                raise ExportError(f"{name}: the export differs from the module at {sizes}: {c}")
+        checked.append({n: list(t.shape) for n, t in zip(names, feed)})
+    return checked

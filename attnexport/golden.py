@@ -23,6 +23,7 @@ import numpy as np
 from attnexport import __version__
 from attnexport import files as F
 from attnexport import variants as V
+from attnexport import seeding
 from attnexport.errors import GoldenIntegrityError, UsageError
 from attnexport.cases import CASES, CaseDef
 
@@ -66,7 +67,7 @@ def generate(case: CaseDef) -> GoldenCase:
     if case.make is not None:
         params, inputs = case.make(o)
     else:
-        params, inputs = V.init_params(variant, o, case.case_seed), V.make_inputs(variant, o, case.case_seed)
+        params, inputs = seeding.init_params(variant, o, case.case_seed), seeding.make_inputs(variant, o, case.case_seed)
     expected = {k: np.asarray(v, np.float64) for k, v in variant.reference(params, inputs, o).items()}
     meta = {"format": FORMAT, "name": case.name, "variant": case.variant, "options": o, "seed": case.case_seed,
             "source": case.source, "notes": case.notes,

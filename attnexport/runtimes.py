@@ -20,7 +20,8 @@ import numpy as np
 import onnx
 
 from attnexport import dtypes as D
-from attnexport import variants as V
+from attnexport import seeding
+from attnexport import schema
 from attnexport.errors import ProviderUnavailableError, UsageError
 
 RUNTIMES = ("torch", "torch-cuda", "onnx-ref", "ort-cpu", "ort-cuda")
@@ -211,7 +212,7 @@ def require(name: str) -> None:
 
 # --- torch -----------------------------------------------------------------------------------
 
-def prepare_torch(name: str, variant: V.Variant, options: dict, params: dict, dtype: str) -> Prepared:
+def prepare_torch(name: str, variant: schema.Variant, options: dict, params: dict, dtype: str) -> Prepared:
     """The variant's module on CPU or CUDA; outputs are named by the variant's declared outputs
     (a module returning more than it declares gets the extras as `<unnamed i>`)."""
     import torch
@@ -221,7 +222,7 @@ def prepare_torch(name: str, variant: V.Variant, options: dict, params: dict, dt
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 parity: no TF32
         torch.backends.cudnn.allow_tf32 = False
-    module = V.load_params(variant.build(options), params).to(device=device, dtype=tdtype).eval()
+    module = seeding.load_params(variant.build(options), params).to(device=device, dtype=tdtype).eval()
     declared = [s.name for s in variant.outputs(options)]
 
     def run(feed):

@@ -15,16 +15,14 @@ from __future__ import annotations
 import difflib
 import functools
 import json
-import os
-import platform
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import onnx
 
-from attnexport import __version__, golden
+from attnexport import golden
 from attnexport import baseline as B
 from attnexport import dtypes as D
 from attnexport import export as E
@@ -33,13 +31,18 @@ from attnexport import flavors as FL
 from attnexport import reference as ref
 from attnexport import runtimes as R
 from attnexport import variants as V
+from attnexport import seeding
+from attnexport import schema
+from attnexport import modules as M
 from attnexport import weights as W
-from attnexport.compare import TOLERANCES, Comparison, Tolerance, check_tolerance_values, compare_outputs, \
+from attnexport.compare import TOLERANCES, Tolerance, check_tolerance_values, compare_outputs, \
     derived_tolerance, tolerance
 from attnexport.cases import seed_of
 from attnexport.decode import CHUNKS, decode, empty_cache, split_inputs, stream_axis
-from attnexport.errors import AttnExportError, ProviderUnavailableError, UnsupportedByFlavor, UsageError
+from attnexport.errors import AttnExportError, ProviderUnavailableError, UnsupportedByFlavor, UsageError, first_line
+from attnexport.inspect import attnexport_metadata, load_model
 from attnexport.localize import Localization, locate
+from attnexport.report import Report, Row
 
 AUTO_LOCALIZE_LIMIT = 20  # failing runs localized without --localize, per verify call
 
@@ -104,7 +107,6 @@ def _export(variant, options, gf, opset, dtype, params):
     graph = _GRAPHS[key]
     if isinstance(graph, Exception):
         return graph
-    from attnexport.inspect import attnexport_metadata
     entries = W.from_metadata(attnexport_metadata(graph))
     model = W.reweight(graph, entries, params) if entries is not None else None
     if model is None:
@@ -133,131 +135,9 @@ class Step:
     decode_chunk: int = 0  # > 0: decode the case's x in chunks from an empty cache (see attnexport.decode)
 
 
-@dataclass
-class Row:
-    case: str
-    variant: str
-    flavor: str
-    runtime: str
-    dtype: str
-    model: str = ""
-    passed: bool = False
-    comparisons: list[Comparison] = field(default_factory=list)
-    tolerance: Tolerance | None = None
-    median_ms: float | None = None
-    expected_kind: str = "golden"
-    cpu_nodes: list[str] = field(default_factory=list)
-    error: str = ""
-    skipped: str = ""  # why this flavour does not apply to the case's options (not a failure)
-    localization: Localization | None = None
-    baseline: dict | None = None
-    # Kept for baselines and localization; not serialized.
-    inputs: dict = field(default_factory=dict, repr=False)
-    expected: dict = field(default_factory=dict, repr=False)
-    arrays: dict = field(default_factory=dict, repr=False)
-
-    @property
-    def label(self) -> str:
-        return f"{self.model}:{self.case}" if self.model else self.case
-
-    @property
-    def worst(self) -> Comparison | None:
-        """The failing comparison if any, else the one with the largest error."""
-        bad = [c for c in self.comparisons if not c.passed]
-        return (bad or sorted(self.comparisons, key=lambda c: -c.max_abs) or [None])[0]
-
-    def describe(self, localization: bool = True) -> str:
-        where = f"{self.label} / {self.flavor} / {self.runtime}"
-        if self.skipped:
-            return f"{where}: not applicable: {self.skipped}"
-        text = f"{where}: {self.error}" if self.error else None
-        if text is None:
-            c = self.worst
-            if c is None:
-                text = f"{where}: compared nothing"
-            elif c.problem:
-                text = f"{where}: {c.name}: {c.problem}"
-            else:
-                text = (f"{where}: {c.name} max abs {c.max_abs:.3g} at {list(c.argmax)}, max rel {c.max_rel:.3g}, "
-                        f"tolerance rtol={c.rtol:g} atol={c.atol:g}, needs atol>={c.needed_atol:.3g}")
-        if self.baseline and not self.baseline["passed"]:
-            text += f"; baseline: {self.baseline['problem']}"
-        if localization and self.localization is not None and self.localization.diverged:
-            text += f"; localized: {self.localization.describe()}"
-        return text
-
-    def to_dict(self) -> dict:
-        return {"case": self.case, "model": self.model, "variant": self.variant, "flavor": self.flavor,
-                "runtime": self.runtime, "dtype": self.dtype, "passed": self.passed,
-                "outputs": [c.to_dict() for c in self.comparisons],
-                "tolerance": None if self.tolerance is None else vars(self.tolerance).copy(),
-                "median_ms": self.median_ms, "expected": self.expected_kind, "cpu_nodes": self.cpu_nodes,
-                "error": self.error, "skipped": self.skipped,
-                "localization": None if self.localization is None else self.localization.to_dict(),
-                "baseline": self.baseline}
-
-
-@dataclass
-class Report:
-    rows: list[Row]
-    runtimes: list[dict]  # name, available, reason, used
-    dtype: str
-    flavors: list[str]
-    models: list[str]
-    baseline: str | None = None
-    saved_baseline: str | None = None
-
-    @property
-    def failures(self) -> list[Row]:
-        return [r for r in self.rows if not r.passed and not r.skipped]
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures and any(r.passed for r in self.rows)
-
-    def summary(self) -> dict:
-        by = {}
-        for r in self.rows:
-            s = by.setdefault(r.runtime, {"passed": 0, "failed": 0, "not_applicable": 0, "total": 0,
-                                          "time_ms": 0.0})
-            s["total"] += 1
-            s["not_applicable" if r.skipped else "passed" if r.passed else "failed"] += 1
-            s["time_ms"] += r.median_ms or 0.0
-        return {"passed": sum(r.passed for r in self.rows), "failed": len(self.failures),
-                "not_applicable": sum(bool(r.skipped) for r in self.rows), "total": len(self.rows),
-                "ok": self.ok, "by_runtime": by}
-
-    def to_dict(self) -> dict:
-        return {"attnexport": __version__, "dtype": self.dtype, "flavors": self.flavors, "models": self.models,
-                "baseline": self.baseline, "saved_baseline": self.saved_baseline,
-                "versions": versions(), "device": device(), "runtimes": self.runtimes,
-                "summary": self.summary(), "results": [r.to_dict() for r in self.rows]}
-
-
-def versions() -> dict:
-    import onnxruntime
-    import torch
-    return {"python": platform.python_version(), "torch": torch.__version__, "onnx": onnx.__version__,
-            "onnxruntime": onnxruntime.__version__, "numpy": np.__version__}
-
-
-def device() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    cuda = R.status("torch-cuda")
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "gpu": cuda.reason if cuda.available else None,
-            "platform": platform.platform()}
-
-
 # --- arguments ---------------------------------------------------------------------------------
 
-def case_tolerance(variant: V.Variant, params: dict, inputs: dict, options: dict, expected: dict, dtype: str,
+def case_tolerance(variant: schema.Variant, params: dict, inputs: dict, options: dict, expected: dict, dtype: str,
                    rtol: float | None = None, atol: float | None = None) -> Tolerance:
     """The tolerance of one case: the policy's (fp32), an override, or derived (fp16, see compare)."""
     if rtol is not None or atol is not None or dtype != "fp16":
@@ -444,7 +324,7 @@ def _decode_checks(variant, case, params, dtype, rtol, atol) -> list:
         return []
     sizes = {"seq": DECODE_LENGTH, **({"kv_seq": DECODE_LENGTH} if "kv_seq" in o else {})}
     full = variant.resolve({**o, "kv_cache": False, **sizes})
-    stream = V.make_inputs(variant, full, seed_of(case.name) + 1)
+    stream = seeding.make_inputs(variant, full, seed_of(case.name) + 1)
     expected = {"output": np.asarray(variant.reference(params, stream, full)["output"], np.float64)}
     tol = case_tolerance(variant, params, stream, full, expected, dtype, rtol, atol)
     out = []
@@ -476,7 +356,7 @@ def _seeded_case(variant, options, sizes, i):
             given[k] = given[full]
     o = variant.resolve(given)
     name = f"seeded-{'x'.join(str(o[k]) for k in ('batch', 'seq') if k in o)}"
-    return golden.GoldenCase(name, variant.name, o, V.make_inputs(variant, o, 1000 + i), {}, {},
+    return golden.GoldenCase(name, variant.name, o, seeding.make_inputs(variant, o, 1000 + i), {}, {},
                              {"source": "seeded inputs (no stored golden case has these options)"})
 
 
@@ -494,7 +374,7 @@ def dtype_of(model: onnx.ModelProto) -> str:
     return "fp32"
 
 
-def check_interface(path, model: onnx.ModelProto, variant: V.Variant, options: dict, dtype: str) -> None:
+def check_interface(path, model: onnx.ModelProto, variant: schema.Variant, options: dict, dtype: str) -> None:
     """The model's inputs must be the variant's, by name, rank and dtype; else a one-line UsageError."""
     inits = {i.name for i in model.graph.initializer}
     have = {i.name: i for i in model.graph.input if i.name not in inits}
@@ -517,7 +397,6 @@ def check_interface(path, model: onnx.ModelProto, variant: V.Variant, options: d
 
 def _plan_model(path, used, golden_dir, dtype, model_variant, model_flavor, model_options, seed, rtol, atol):
     """The runs of one model file; returns (steps, the model's dtype)."""
-    from attnexport.inspect import attnexport_metadata, load_model
     model = load_model(path)
     meta = attnexport_metadata(model)
     name = Path(path).name
@@ -537,7 +416,7 @@ def _plan_model(path, used, golden_dir, dtype, model_variant, model_flavor, mode
             raise UsageError(f"{path}: --seed {seed} disagrees with the model's metadata ({meta.get('seed')})")
         flavor, gf = meta.get("flavor", "?"), meta.get("graph_flavor", flavor_of(model))
         mdtype, opset = meta.get("dtype", dtype_of(model)), int(meta.get("opset", 0)) or None
-        seed_params = V.init_params(variant, options, int(meta.get("seed", 0)))
+        seed_params = seeding.init_params(variant, options, int(meta.get("seed", 0)))
         entries = W.from_metadata(meta)
         if entries is None:  # exported before fingerprints: the parameters of its seed
             params, kind = seed_params, f"reference (parameters of seed {meta.get('seed', 0)})"
@@ -555,7 +434,7 @@ def _plan_model(path, used, golden_dir, dtype, model_variant, model_flavor, mode
         mdtype = dtype_of(model)
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
         seed = seed or 0
-        params, kind = V.init_params(variant, options, seed), f"reference (parameters of seed {seed})"
+        params, kind = seeding.init_params(variant, options, seed), f"reference (parameters of seed {seed})"
     elif meta.get("module"):
         raise UsageError(f"{path} was exported from the module {meta['module']}: verify it against that module, "
                          f"`attnexport verify {path} --module {meta['module']}`")
@@ -682,3 +561,170 @@ def _localize(row: Row, step: Step, fail_on_divergence: bool) -> None:
     if fail_on_divergence and row.localization.diverged and row.passed:
         row.passed = False
         row.error = "intermediate values diverge from the export (--localize)"
+
+
+# --- a user's module against its model -------------------------------------------------------
+
+# The shapes a module's model is checked at besides the export's: (batch, length) of its symbolic
+# axes; length 1, odd lengths, batch 1 and 3.
+VERIFY_SIZES = ((1, 1), (1, 5), (3, 7))
+
+
+def verify_module(model_path, spec: str, runtimes: list[str] | None = None, rtol: float | None = None,
+                  atol: float | None = None, skip_unavailable: bool = False, *, input_specs=None,
+                  seed: int | None = None, weights_file=None):
+    """The model file against the torch module it was exported from, at the export's shape and
+    at VERIFY_SIZES, on every selected runtime; a `verify.Report` like the golden runs'.
+
+    A model from any exporter (a plain `torch.onnx.export`) works too, given `input_specs`
+    (`parse_input` results, in `forward`'s order): its inputs are matched by name, else by order,
+    and its symbolic axes are read from the graph. `seed` (default: the one the export recorded,
+    else 0) seeds torch while the module is built; `weights_file` loads trained weights.
+
+    The `torch` runtime is the module with its attention calls routed through attnexport's core
+    (in eager torch): it shows the core agrees with torch's own kernels on these inputs.
+    """
+
+    check_tolerance_values(rtol, atol)
+    with np.errstate(all="ignore"):  # a NaN is reported by the comparison, not by a RuntimeWarning
+        return _verify_module(model_path, spec, runtimes, rtol, atol, skip_unavailable, input_specs, seed,
+                              weights_file)
+
+
+def _verify_module(model_path, spec, runtimes, rtol, atol, skip_unavailable, input_specs, seed, weights_file):
+    import torch
+
+    model = load_model(model_path)
+    meta = {p.key: p.value for p in model.metadata_props}
+    if "attnexport.variant" in meta:
+        raise UsageError(f"{model_path} was exported from the variant {meta['attnexport.variant']!r}, not from a "
+                         f"module: verify it without --module (`attnexport verify {model_path}`)")
+    spec_inputs = _model_inputs(model, model_path, meta, input_specs)
+    dtype = meta.get("attnexport.dtype") or dtype_of(model)
+    flavor = meta.get("attnexport.flavor") or flavor_of(model)
+    if seed is None:
+        seed = int(meta.get("attnexport.seed", 0))
+    module, example = M.load(spec, seed)
+    if weights_file is not None:
+        M.load_weights(module, weights_file)
+    module = module.to(D.torch_dtype(dtype)).eval()
+    names = [i["name"] for i in spec_inputs]
+    changed = _changed_params(module, json.loads(meta.get("attnexport.params", "{}")), dtype)
+    used, table = R.select(runtimes, skip_unavailable)
+    tol = tolerance(dtype, rtol, atol)
+    declared = [o.name for o in model.graph.output]
+    prepared = {rt: R.prepare_onnx(rt, model) for rt in used if rt in R.ONNX_RUNTIMES}
+    rows = []
+    for label, feed in _verify_feeds(spec_inputs, example, dtype):
+        with torch.no_grad():
+            want = M.outputs_of(M.call_forward(module, feed, spec))
+        if len(want) != len(declared):
+            raise UsageError(f"{spec} returns {len(want)} tensor(s), {Path(model_path).name} declares "
+                             f"{len(declared)} output(s) ({', '.join(declared)}): it is not this model's module")
+        expected = {n: w.detach().double().numpy() for n, w in zip(declared, want)}
+        arrays = {n: t.numpy() for n, t in zip(names, feed)}
+        for rt in used:
+            row = Row(case=label, variant=spec, flavor="-" if rt.startswith("torch") else flavor, runtime=rt,
+                         dtype=dtype, model=Path(model_path).name, tolerance=tol,
+                         expected_kind="the torch module", inputs=arrays, expected=expected)
+            rows.append(row)
+            if changed:
+                source = meta.get("attnexport.params_source", "seed")
+                hint = f"; it was exported with --weights {source[len('given: '):]}" \
+                    if source.startswith("given: ") and weights_file is None else ""
+                row.error = (f"the module's parameters differ from the model's: {', '.join(changed[:3])} "
+                             f"(sha256 in the metadata{hint})")
+                continue
+            try:
+                if rt == "torch":
+                    with torch.no_grad(), M.routed(M.Routing()):
+                        got_t = M.outputs_of(module(*feed))
+                    got = {n: g.detach().double().numpy() for n, g in zip(declared, got_t)}
+                elif rt in prepared:
+                    got = prepared[rt].run(arrays)
+                else:
+                    row.skipped = f"{rt} runs no module"
+                    continue
+            except Exception as e:  # noqa: BLE001 - a runtime failing on the model fails verification
+                row.error = f"{type(e).__name__}: {first_line(e)}"
+                continue
+            row.comparisons = compare_outputs(declared, got, expected, tol)
+            row.passed = bool(row.comparisons) and all(c.passed for c in row.comparisons)
+            if not row.comparisons:
+                row.error = "compared nothing: no output was declared or produced"
+    return Report(rows, table, dtype, [flavor], [str(model_path)])
+
+
+_ELEM_NAMES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BOOL: "bool",
+               onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT32: "int32"}
+
+
+def _model_inputs(model, model_path, meta, input_specs) -> list[dict]:
+    """The model's inputs as [{name, shape, dtype, dynamic}]: from `--input` (matched with the
+    graph's inputs by name, else by order; symbolic axes from the graph), else from the input
+    spec an `export --module` recorded."""
+    inits = {i.name for i in model.graph.initializer}
+    graph = [i for i in model.graph.input if i.name not in inits]
+    if input_specs:
+        given = [n for n, _, _ in input_specs]
+        if len(given) != len(graph):
+            raise UsageError(f"{model_path} takes {len(graph)} input(s) ({', '.join(i.name for i in graph)}); "
+                             f"--input gives {len(given)}")
+        by_name = {i.name: i for i in graph}
+        matched = [by_name[n] for n in given] if set(given) == set(by_name) else graph  # by name, else by order
+        specs = []
+        for (n, shape, dtype), vi in zip(input_specs, matched):
+            dims = vi.type.tensor_type.shape.dim
+            if len(dims) != len(shape):
+                raise UsageError(f"--input {n}: rank {len(shape)}, but {model_path}'s input {vi.name!r} has rank "
+                                 f"{len(dims)}")
+            want = _ELEM_NAMES.get(vi.type.tensor_type.elem_type)
+            if want is not None and want != dtype and not (dtype.startswith("float") and want.startswith("float")):
+                raise UsageError(f"--input {n}: {dtype}, but {model_path}'s input {vi.name!r} is {want}")
+            for axis, (d, size) in enumerate(zip(dims, shape)):
+                if d.HasField("dim_value") and d.dim_value != size:
+                    raise UsageError(f"--input {n}: axis {axis} is {size}, {model_path} fixes it at {d.dim_value}")
+            specs.append({"name": vi.name, "shape": list(shape), "dtype": want or dtype,
+                          "dynamic": {str(a): d.dim_param for a, d in enumerate(dims) if d.dim_param}})
+        return specs
+    if "attnexport.inputs" not in meta:
+        raise UsageError(f"{model_path} records no input spec (it was not exported by `attnexport export --module`): "
+                         f"give its inputs, e.g. --input {graph[0].name if graph else 'x'}:2x16x64 (one per input)")
+    specs = json.loads(meta["attnexport.inputs"])
+    if [i["name"] for i in specs] != [i.name for i in graph]:
+        raise UsageError(f"{model_path}: its inputs are not those of its metadata")
+    return specs
+
+
+def _changed_params(module, entries, dtype) -> list[str]:
+    """The parameters whose sha256 differs from the model's record (stored as the model holds
+    them: a transposed layout is hashed transposed)."""
+    state = {k: v.detach().float().numpy().astype(D.NUMPY[dtype]) for k, v in module.state_dict().items()}
+    changed = []
+    for name, entry in sorted(entries.items()):
+        p = state.get(name)
+        if p is None or W.sha256_of(p.T if entry["layout"] == "transposed" else p) != entry["sha256"]:
+            changed.append(name)
+    return changed
+
+
+def _verify_feeds(spec_inputs, example, dtype):
+    """(label, inputs): the export's shape, then VERIFY_SIZES on the symbolic axes."""
+    import torch
+    rng = np.random.default_rng(0)
+    common = {i["name"]: M.common_value(t) for i, t in zip(spec_inputs, example or ()) if not t.is_floating_point()}
+    feeds = []
+    for batch, length in ((None, None), *VERIFY_SIZES):
+        feed, label = [], "export shape" if batch is None else f"batch {batch}, length {length}"
+        for i in spec_inputs:
+            shape = list(i["shape"])
+            if batch is not None:
+                for axis, dim in i["dynamic"].items():  # a plain export names them s0, s1, ...
+                    shape[int(axis)] = batch if dim == "batch" or int(axis) == 0 else length
+            if i["dtype"].startswith("float"):
+                feed.append(torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(D.torch_dtype(dtype)))
+            else:
+                feed.append(torch.full(shape, common.get(i["name"], True if i["dtype"] == "bool" else 0),
+                                       dtype=getattr(torch, i["dtype"])))
+        feeds.append((label, tuple(feed)))
+    return feeds

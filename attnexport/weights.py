@@ -16,7 +16,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from attnexport import variants as V
+
+from attnexport import schema
 from attnexport.errors import UsageError
 
 LAYOUTS = ("as-is", "transposed")
@@ -39,7 +40,7 @@ def total_sha256(entries: dict[str, dict]) -> str:
     return h.hexdigest()
 
 
-def validate(variant: V.Variant, options: dict, params: dict) -> dict[str, np.ndarray]:
+def validate(variant: schema.Variant, options: dict, params: dict) -> dict[str, np.ndarray]:
     """Checks user parameters against the module's: same names, same shapes, finite values.
 
     Returns them as float32 arrays; anything else is a UsageError naming the problem.

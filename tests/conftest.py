@@ -10,7 +10,8 @@ import torch
 from hypothesis import Phase, settings, strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from attnexport import variants as V
+
+from attnexport import seeding
 
 # The suite runs on pytest-xdist workers (see pyproject's addopts): the cores are shared out
 # among them instead of each worker's torch and ONNX Runtime pools fighting over all of them.
@@ -116,7 +117,7 @@ def to_torch(inputs: dict, dtype=torch.float32):
 
 def run_module(variant, o, params, inputs, dtype=torch.float32):
     """Runs the torch module; returns {output name: float64 array}."""
-    module = V.load_params(variant.build(o), params).to(dtype).eval()
+    module = seeding.load_params(variant.build(o), params).to(dtype).eval()
     with torch.no_grad():
         out = module(*to_torch(inputs, dtype))
     out = out if isinstance(out, tuple) else (out,)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from attnexport import bench as B, export as E, golden, runtimes as R, variants as V, verify as VF
+from attnexport import seeding
 
 
 def _need(*names):
@@ -57,9 +58,9 @@ def test_causal_with_different_lengths_agrees_with_the_cpu(cuda, flavor, seq, kv
     """Causal masks with query and key lengths that differ: the two providers must agree."""
     variant = V.get("sdpa")
     o = variant.resolve({"batch": 2, "heads": 4, "seq": seq, "kv_seq": kv_seq, "head_dim": 16, "causal": True})
-    params = V.init_params(variant, o, 0)
+    params = seeding.init_params(variant, o, 0)
     model = E.build_model("sdpa", o, flavor, params=params)[0]
-    feed = V.make_inputs(variant, o, 1)
+    feed = seeding.make_inputs(variant, o, 1)
     got = R.prepare_onnx("ort-cuda", model).run(feed)["output"]
     want = R.prepare_onnx("ort-cpu", model).run(feed)["output"]
     assert np.abs(got - want).max() < 1e-5
@@ -70,7 +71,7 @@ def test_every_compute_node_runs_on_cuda(cuda, flavor):
     for variant, o in (("mha", {"causal": True}), ("mha", {"mask": "padding"}), ("sdpa", {"mask": "bool"})):
         v = V.get(variant)
         opts = v.resolve(o)
-        model = E.build_model(variant, opts, E.graph_flavor(v, flavor), params=V.init_params(v, opts, 0))[0]
+        model = E.build_model(variant, opts, E.graph_flavor(v, flavor), params=seeding.init_params(v, opts, 0))[0]
         _, placement, shapes = R.ort_session("ort-cuda", model)
         assert R.cpu_nodes("ort-cuda", placement, shapes) == [], (variant, o, placement)
 

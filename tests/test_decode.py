@@ -7,6 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from attnexport import export as E, runtimes as R, variants as V, verify as VF
+from attnexport import seeding
 from attnexport.cli import main
 from attnexport.compare import compare, tolerance
 from attnexport.decode import decode, empty_cache, stream_axis
@@ -20,7 +21,7 @@ def run(*args):
 def step_model():
     variant = V.get("mha")
     o = variant.resolve({"kv_cache": True, "causal": True, "kv_heads": 2})
-    params = V.init_params(variant, o, 0)
+    params = seeding.init_params(variant, o, 0)
     return variant, o, params, E.build_model("mha", o, "attention", params=params)[0]
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from attnexport import export as E, variants as V
+from attnexport import seeding
 from attnexport.compare import compare, tolerance
 from attnexport.errors import ExportError, UsageError
 from conftest import run_module
@@ -65,10 +66,10 @@ def test_fp32_matches_torch_and_reference_at_other_shapes(exported, name, flavor
     model, result = exported(name, flavor)
     variant = V.get(name)
     sess = _session(model)
-    params = V.init_params(variant, result.options, 0)  # build_model's default seed
+    params = seeding.init_params(variant, result.options, 0)  # build_model's default seed
     for shape in SHAPES:
         o = _at(variant, RICH.get(name, {}), shape)
-        inputs = V.make_inputs(variant, o, 11)
+        inputs = seeding.make_inputs(variant, o, 11)
         if "attn_mask" in inputs:
             inputs["attn_mask"][0, 0, 0, :] = False  # a fully masked row in every run
         got = dict(zip([s.name for s in variant.outputs(o)], sess.run(None, inputs)))
@@ -91,7 +92,7 @@ def test_a_static_scale_reaches_the_graph(exported, name, options, flavor):
     model, result = exported(name, flavor, options=options)
     variant = V.get(name)
     o = result.options
-    params, inputs = V.init_params(variant, o, 0), V.make_inputs(variant, o, 3)
+    params, inputs = seeding.init_params(variant, o, 0), seeding.make_inputs(variant, o, 3)
     got = dict(zip([s.name for s in variant.outputs(o)], _session(model).run(None, inputs)))
     want = variant.reference(params, inputs, o)
     for out in want:
@@ -104,7 +105,7 @@ def test_fp16_runs_on_cpu_provider(exported, name, flavor):
     variant = V.get(name)
     o = result.options
     feed = E.example_feed(variant, o, 5, "fp16")
-    expected = variant.reference(V.init_params(variant, o, 0), V.make_inputs(variant, o, 5), o)
+    expected = variant.reference(seeding.init_params(variant, o, 0), seeding.make_inputs(variant, o, 5), o)
     got = _session(model).run(None, feed)
     for spec, g in zip(variant.outputs(o), got):
         assert g.dtype == np.float16
@@ -252,7 +253,7 @@ def test_readme_decode_loop_runs_alone_and_equals_the_full_forward(tmp_path, mon
     got = np.load(tmp_path / "decoded_outputs.npy")
     variant = V.get("mha")
     full = variant.resolve({"causal": True, "batch": 1, "seq": 25})
-    want = variant.reference(V.init_params(variant, variant.resolve({"kv_cache": True, "causal": True}), 0),
+    want = variant.reference(seeding.init_params(variant, variant.resolve({"kv_cache": True, "causal": True}), 0),
                              {"x": x}, full)["output"]
     c = compare("output", got, want, tolerance("fp32"))
     assert c, str(c)
@@ -273,7 +274,7 @@ def test_readme_decoder_loop_runs_alone_and_equals_the_full_forward(tmp_path, mo
     memory = np.random.default_rng(0).standard_normal((1, 12, 64)).astype(np.float32)
     variant = V.get("decoder")
     full = variant.resolve({"batch": 1, "seq": 25, "kv_seq": 12})
-    want = variant.reference(V.init_params(variant, variant.resolve({"kv_cache": True}), 0),
+    want = variant.reference(seeding.init_params(variant, variant.resolve({"kv_cache": True}), 0),
                              {"x": x, "memory": memory}, full)["output"]
     c = compare("output", got, want, tolerance("fp32"))
     assert c, str(c)
@@ -296,7 +297,7 @@ def test_one_sdpa_model_takes_every_broadcastable_mask(case, flavor):
     for mb in (1, batch) if o["mask_rank"] == 4 else (1,):
         for mh in (1, o["heads"]):
             oo = dict(o, batch=batch, seq=4, mask_batch=mb, mask_heads=mh)
-            feed = V.make_inputs(v, oo, 7)
+            feed = seeding.make_inputs(v, oo, 7)
             assert feed["attn_mask"].shape[:-2] == ((mb, mh) if o["mask_rank"] == 4 else (mh,))
             want = ref.ref_sdpa({}, feed, oo)["output"]
             for rt, p in prepared.items():

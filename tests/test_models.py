@@ -6,6 +6,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from attnexport import golden, variants as V
+from attnexport import seeding
 from attnexport.compare import compare, tolerance
 from conftest import draw_options, run_module
 
@@ -32,7 +33,7 @@ def test_module_matches_reference_on_random_shapes(name):
     @given(seed=st.integers(0, 2**16), data=st.data())
     def check(seed, data):
         o = draw_options(v, data)
-        params, inputs = V.init_params(v, o, seed), V.make_inputs(v, o, seed)
+        params, inputs = seeding.init_params(v, o, seed), seeding.make_inputs(v, o, seed)
         expected = v.reference(params, inputs, o)
         for dtype, tol in ((torch.float64, "fp64"), (torch.float32, "fp32")):
             got = run_module(v, o, params, inputs, dtype)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from attnexport import modules as M, runtimes as R
+from attnexport import export as E, modules as M, runtimes as R
 from attnexport.cli import main
 from attnexport.compare import compare, tolerance
 
@@ -25,7 +25,7 @@ def run(*args):
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_example_exports_and_matches_the_module_at_other_shapes(example, flavor):
     module, inputs = M.load(f"examples/{example}.py:example")
-    result = M.export_module(module, inputs, flavor=flavor, name=example)
+    result = E.export_module(module, inputs, flavor=flavor, name=example)
     assert result.routed == 1
     # Said only where this torch gives NaN for a fully masked row (2.13 gives zeros, as the export).
     said = any(n.startswith("a fully masked query row gives zeros in the export") for n in result.notes)
@@ -213,19 +213,19 @@ def test_fully_masked_rows_agree_with_this_torch_or_nan_rows_keeps_its_nan():
     with torch.no_grad():
         want = module(target, memory, padding).numpy()
     feed = {"target": target.numpy(), "memory": memory.numpy(), "memory_padding": padding.numpy()}
-    default = M.export_module(module, example, flavor="primitives")
+    default = E.export_module(module, example, flavor="primitives")
     got = R.prepare_onnx("ort-cpu", default.model).run(feed)["output"]
     assert not np.isnan(got).any()
     if M.torch_gives_nan_rows("fp32"):
-        kept = M.export_module(module, example, flavor="primitives", nan_rows=True)
+        kept = E.export_module(module, example, flavor="primitives", nan_rows=True)
         got = R.prepare_onnx("ort-cpu", kept.model).run(feed)["output"]
         assert np.array_equal(np.isnan(got), np.isnan(want))
     else:
         assert compare("output", got, want, tolerance("fp32"))
         with pytest.raises(M.UsageError, match="there is no NaN to keep"):
-            M.export_module(module, example, flavor="primitives", nan_rows=True)
+            E.export_module(module, example, flavor="primitives", nan_rows=True)
     with torch_dead_rows():  # what --nan-rows exports: the softmax alone, NaN for that sequence
-        unguarded = M.export_module(module, example, flavor="primitives")
+        unguarded = E.export_module(module, example, flavor="primitives")
     got = R.prepare_onnx("ort-cpu", unguarded.model).run(feed)["output"]
     assert np.isnan(got[1]).all() and not np.isnan(got[0]).any()
 

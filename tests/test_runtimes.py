@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from attnexport import export as E, flavors as FL, runtimes as R, variants as V
+from attnexport import seeding
 from attnexport.errors import ProviderUnavailableError
 from attnexport.onnx_attention import TRANSLATIONS
 
@@ -12,7 +13,7 @@ from attnexport.onnx_attention import TRANSLATIONS
 def mha():
     variant = V.get("mha")
     o = variant.resolve({"weights": True})
-    params = V.init_params(variant, o, 0)
+    params = seeding.init_params(variant, o, 0)
     model = E.build_model("mha", o, "attention", params=params)[0]
     return variant, o, params, model, E.example_feed(variant, o, 1)
 
@@ -73,7 +74,7 @@ def test_shape_arithmetic_is_told_from_a_fallback():
     from attnexport import export as E, variants as V
     v = V.get("sdpa")
     o = v.resolve({"causal": True})
-    model = E.build_model("sdpa", o, "primitives", params=V.init_params(v, o, 0))[0]
+    model = E.build_model("sdpa", o, "primitives", params=seeding.init_params(v, o, 0))[0]
     found = R.shape_computations(model)
     ops = {n.split(":")[0] for n in found}
     assert {"Range", "Concat", "Squeeze"} <= ops  # the causal mask's positions, Reshape targets

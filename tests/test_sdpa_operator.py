@@ -9,6 +9,7 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from attnexport import bench as B, export as E, runtimes as R, variants as V
+from attnexport import seeding
 from attnexport.cli import main
 from attnexport.compare import compare, tolerance
 from attnexport.errors import UnsupportedByFlavor
@@ -37,7 +38,7 @@ def run(*args):
 def test_every_option_combination_matches_the_reference_at_other_shapes(combo):
     variant = V.get("sdpa")
     o = variant.resolve(combo)
-    params = V.init_params(variant, o, 0)
+    params = seeding.init_params(variant, o, 0)
     exported = 0
     for flavor in E.FLAVORS:
         try:
@@ -52,7 +53,7 @@ def test_every_option_combination_matches_the_reference_at_other_shapes(combo):
         assert [i.name for i in model.graph.output] == declared
         for sizes in SHAPES:
             at = variant.resolve({**combo, **sizes})
-            inputs = V.make_inputs(variant, at, 1)
+            inputs = seeding.make_inputs(variant, at, 1)
             expected = variant.reference(params, inputs, at)
             for rt in ("ort-cpu", "onnx-ref"):
                 got = R.prepare_onnx(rt, model).run(inputs)
@@ -133,8 +134,8 @@ def test_ort_attention_refuses_a_cache_step_without_new_keys():
                                               "pk": past, "pv": past})
     variant = V.get("decoder")
     o = variant.resolve({"kv_cache": True, "kv_seq": 0, "past_kv_seq": 5, "seq": 1})
-    params = V.init_params(variant, o, 0)
-    inputs = V.make_inputs(variant, o, 2)
+    params = seeding.init_params(variant, o, 0)
+    inputs = seeding.make_inputs(variant, o, 2)
     got = R.prepare_onnx("ort-cpu", E.build_model("decoder", o, "attention", params=params)[0]).run(inputs)
     for name, want in variant.reference(params, inputs, o).items():
         assert compare(name, got[name], want, tolerance("fp32"))
@@ -145,8 +146,8 @@ def test_fp16_softmax_in_float():
     around the Softmax in primitives; the ort flavour cannot say it."""
     variant = V.get("sdpa")
     o = variant.resolve({"softmax_precision": "float", "mask": "bool", "causal": True})
-    params = V.init_params(variant, o, 0)
-    inputs = V.make_inputs(variant, o, 3)
+    params = seeding.init_params(variant, o, 0)
+    inputs = seeding.make_inputs(variant, o, 3)
     expected = variant.reference(params, inputs, o)
     for flavor in ("primitives", "attention"):
         model, _ = E.build_model("sdpa", o, flavor, dtype="fp16")

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from onnx import helper, numpy_helper
 
 from attnexport import export as E, golden, variants as V, verify as VF
+from attnexport import seeding
 from attnexport.cli import main
 from attnexport.errors import UsageError
 
@@ -172,7 +173,7 @@ def _subtle_element():
     case: under the fp32 tolerance, but over 10x a correct model's error (about 6e-7)."""
     variant = V.get("mha")
     o = variant.resolve({})
-    params = V.init_params(variant, o, 0)
+    params = seeding.init_params(variant, o, 0)
     inputs = golden.load("mha-seeded").inputs
     exact = variant.reference(params, inputs, o)["output"]
     w = params["q_proj.weight"]
@@ -227,7 +228,7 @@ def test_damaged_baseline_file_exits_2(models, tmp_path):
 def test_correct_model_with_custom_parameters_passes(tmp_path):
     variant = V.get("mha")
     o = variant.resolve({})
-    mine = V.init_params(variant, o, 42)  # not the seed-0 weights the golden case and export default use
+    mine = seeding.init_params(variant, o, 42)  # not the seed-0 weights the golden case and export default use
     path = tmp_path / "mine.onnx"
     E.export("mha", {}, "attention", output=path, params=mine)
     report = VF.verify(models=[path], runtimes=["torch", "ort-cpu"])
@@ -241,7 +242,7 @@ def test_correct_model_with_custom_parameters_passes(tmp_path):
     (lambda p: {k: v for k, v in p.items() if k != "out_proj.bias"}, "missing out_proj.bias"),
 ])
 def test_bad_parameters_are_refused(tmp_path, bad, message):
-    p = V.init_params(V.get("mha"), V.get("mha").resolve({}), 0)
+    p = seeding.init_params(V.get("mha"), V.get("mha").resolve({}), 0)
     with pytest.raises(UsageError, match=message):
         E.export("mha", {}, "attention", output=tmp_path / "x.onnx", params=bad(p))
     assert not (tmp_path / "x.onnx").exists()
@@ -314,7 +315,7 @@ def test_reweighted_export_holds_what_a_fresh_export_with_those_parameters_holds
     from attnexport.inspect import attnexport_metadata
     variant = V.get("decoder")
     o = variant.resolve({"mask": "padding"})
-    other = V.init_params(variant, o, 7)
+    other = seeding.init_params(variant, o, 7)
     base = E.build_model("decoder", o, "ort")[0]
     moved = W.reweight(base, W.from_metadata(attnexport_metadata(base)), other)
     fresh = E.build_model("decoder", o, "ort", params=other)[0]

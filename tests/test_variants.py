@@ -1,6 +1,8 @@
 import pytest
 
 from attnexport import variants as V
+
+from attnexport import seeding
 from attnexport.errors import UnknownVariantError, UsageError
 
 ALL = ("sdpa", "self", "mha", "mha-tied", "cross", "additive", "masked-softmax", "kernel",
@@ -71,11 +73,11 @@ def test_kv_heads_defaults_to_heads():
 def test_seeded_inputs_and_params_are_reproducible():
     v = V.get("mha")
     o = v.resolve({"mask": "padding"})
-    a, b = V.make_inputs(v, o, 3), V.make_inputs(v, o, 3)
+    a, b = seeding.make_inputs(v, o, 3), seeding.make_inputs(v, o, 3)
     assert all((a[k] == b[k]).all() for k in a)
-    p, q = V.init_params(v, o, 3), V.init_params(v, o, 3)
+    p, q = seeding.init_params(v, o, 3), seeding.init_params(v, o, 3)
     assert all((p[k] == q[k]).all() for k in p)
-    assert not (V.make_inputs(v, o, 4)["x"] == a["x"]).all()
+    assert not (seeding.make_inputs(v, o, 4)["x"] == a["x"]).all()
 
 
 def _plain_attention(q, k, v, mask, past_key, past_value, nonpad, scale, causal, softcap, mode, precision):
@@ -116,8 +118,8 @@ def test_flop_count_is_torchs_own(given, name):
     from attnexport.models import core
     v = V.get(name)
     o = v.resolve(given)
-    module = V.load_params(v.build(o), V.init_params(v, o, 0)).eval()
-    args = [torch.from_numpy(a) for a in V.make_inputs(v, o, 0).values()]
+    module = seeding.load_params(v.build(o), seeding.init_params(v, o, 0)).eval()
+    args = [torch.from_numpy(a) for a in seeding.make_inputs(v, o, 0).values()]
     counter = FlopCounterMode(display=False)
     original = core.attention
     core.attention = _plain_attention

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from attnexport import export as E, variants as V, weights as W
+from attnexport import seeding
 from attnexport.errors import UsageError
 
 
@@ -20,7 +21,7 @@ def test_read_gives_back_the_parameters_and_finds_a_changed_one(mha):
     from onnx import numpy_helper
     v, o, model, entries = mha
     params, changed = W.read(model, entries)
-    seeded = V.init_params(v, o, 0)
+    seeded = seeding.init_params(v, o, 0)
     assert changed == [] and set(params) == set(seeded)
     assert all(np.array_equal(params[k], seeded[k]) for k in seeded)
     edited = type(model)()
@@ -34,7 +35,7 @@ def test_read_gives_back_the_parameters_and_finds_a_changed_one(mha):
 
 def test_reweight_holds_what_was_asked_and_refuses_another_parameter_set(mha):
     v, o, model, entries = mha
-    other = V.init_params(v, o, 7)
+    other = seeding.init_params(v, o, 7)
     reweighted = W.reweight(model, entries, other)
     from attnexport.inspect import attnexport_metadata
     params, changed = W.read(reweighted, W.from_metadata(attnexport_metadata(reweighted)))
@@ -45,7 +46,7 @@ def test_reweight_holds_what_was_asked_and_refuses_another_parameter_set(mha):
 def test_validate_names_what_does_not_fit():
     v = V.get("mha")
     o = v.resolve({"heads": 2, "dim": 16})
-    good = V.init_params(v, o, 0)
+    good = seeding.init_params(v, o, 0)
     with pytest.raises(UsageError, match="non-finite"):
         W.validate(v, o, {**good, "q_proj.weight": np.full_like(good["q_proj.weight"], np.nan)})
     with pytest.raises(UsageError):
