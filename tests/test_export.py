@@ -113,6 +113,10 @@ def test_fp16_runs_on_cpu_provider(exported, name, flavor):
         assert c, f"{name}/{flavor} fp16: {c}"
 
 
+VARIANT_METADATA = ("variant", "options", "flavor", "graph_flavor", "opset", "dtype", "seed", "params_source",
+                    "params", "params_sha256", "golden_manifest_sha256", "version", "torch_version")
+
+
 @pytest.mark.parametrize("name, flavor", COMBOS)
 def test_model_hygiene(exported, name, flavor):
     model, result = exported(name, flavor)
@@ -123,8 +127,11 @@ def test_model_hygiene(exported, name, flavor):
     meta = {p.key: p.value for p in model.metadata_props}
     assert meta["attnexport.variant"] == name and meta["attnexport.flavor"] == flavor
     assert json.loads(meta["attnexport.options"]) == result.options
+    # The metadata a deployment app or `verify` reads: exactly these keys, none dropped or added.
+    assert set(meta) == {f"attnexport.{k}" for k in VARIANT_METADATA}
     for key in ("opset", "version", "torch_version", "golden_manifest_sha256", "dtype"):
         assert meta[f"attnexport.{key}"]
+    assert meta["attnexport.params_source"] == "seed" and meta["attnexport.seed"] == "0"
     ex = E.example_sizes(variant, result.options)
     assert [i.name for i in model.graph.input] == [s.name for s in variant.inputs(ex)]
     assert [o.name for o in model.graph.output] == [s.name for s in variant.outputs(ex)]

@@ -67,7 +67,12 @@ def test_cli_export_writes_the_model_with_its_metadata(tmp_path):
     doc = json.loads(r.output)
     assert doc["routed"] == 1 and doc["attention_op"] == "com.microsoft.MultiHeadAttention"
     meta = {p.key: p.value for p in onnx.load(path).metadata_props}
+    assert set(meta) == {f"attnexport.{k}" for k in ("module", "inputs", "flavor", "graph_flavor", "opset", "dtype",
+                                                     "seed", "params_source", "params", "params_sha256",
+                                                     "version", "torch_version")}
     assert meta["attnexport.module"] == "examples/causal_self_attention.py:example"
+    assert (meta["attnexport.flavor"], meta["attnexport.opset"], meta["attnexport.dtype"]) == ("ort", "18", "fp32")
+    assert (meta["attnexport.seed"], meta["attnexport.params_source"]) == ("0", "seed")
     assert json.loads(meta["attnexport.inputs"])[0] == {"name": "x", "shape": [2, 16, 64], "dtype": "float32",
                                                          "dynamic": {"0": "batch", "1": "x_len"}}
     params = json.loads(meta["attnexport.params"])
