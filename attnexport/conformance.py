@@ -1,0 +1,183 @@
+"""onnx's own node test cases for the Attention operator, as a conformance suite for `sdpa`.
+
+The installed onnx package holds the cases (`onnx.backend.test.case.node.attention`): each builds
+one Attention node, its inputs and the outputs onnx's reference implementation gives. Each case
+is mapped to `sdpa` options (its attributes, its input shapes and which optional inputs and
+outputs it has), its inputs and expected outputs renamed to sdpa's, and then run like any other:
+exported in each flavour, executed on each runtime, every output compared.
+
+Run `python -m attnexport.conformance` for the counts per flavour and runtime.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from attnexport.semantics import SOFTMAX_PRECISION_TYPES_BY_NAME, WEIGHT_MODES
+
+OPSETS = (23, 24)  # the Attention opsets attnexport exports; 25 adds sliding windows
+# The operator's inputs and outputs by position, as sdpa names them.
+INPUTS = ("query", "key", "value", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen")
+OUTPUTS = ("output", "present_key", "present_value", "weights")
+_DTYPES = {np.dtype(np.float32): "fp32", np.dtype(np.float16): "fp16"}
+
+
+@dataclass(frozen=True)
+class OnnxCase:
+    name: str
+    opset: int
+    dtype: str  # fp32, fp16, or the case's own element type when out of scope
+    options: dict  # sdpa options ({} when out of scope)
+    inputs: dict = field(repr=False)  # by sdpa's input names
+    expected: dict = field(repr=False)  # by sdpa's output names
+    out_of_scope: str = ""  # why attnexport does not take this case ("" when it does)
+
+
+def _collected() -> list[tuple]:
+    """(name, node, inputs, outputs, opset) of every Attention case the installed onnx has."""
+    module = importlib.import_module("onnx.backend.test.case.node.attention")
+    found = []
+
+    def expect(node, inputs, outputs, name, **kwargs):
+        opsets = kwargs.get("opset_imports")
+        opset = opsets[0].version if opsets else onnx.defs.get_schema(node.op_type).since_version
+        found.append((name, node, list(inputs), list(outputs), opset))
+    original = module.expect
+    module.expect = expect
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            for attr in sorted(dir(module.Attention)):
+                if attr.startswith("export"):
+                    getattr(module.Attention, attr)()
+    finally:
+        module.expect = original
+    return found
+
+
+def load_cases() -> list[OnnxCase]:
+    """Every Attention case of the installed onnx, mapped to sdpa (or said to be out of scope)."""
+    return [_case(*c) for c in _collected()]
+
+
+def _case(name, node, inputs, outputs, opset) -> OnnxCase:
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    given = dict(zip([INPUTS[i] for i, n in enumerate(node.input) if n], inputs))
+    wanted = dict(zip([OUTPUTS[i] for i, n in enumerate(node.output) if n], outputs))
+    q = given["query"]
+    dtype = _DTYPES.get(q.dtype, str(q.dtype))
+    why = ""
+    if opset not in OPSETS:
+        why = f"opset {opset} (attnexport exports Attention at opsets {', '.join(map(str, OPSETS))})"
+    elif dtype not in ("fp32", "fp16"):
+        why = f"{q.dtype} inputs (attnexport exports fp32 and fp16)"
+    if why:
+        return OnnxCase(name, opset, dtype, {}, given, wanted, why)
+    return OnnxCase(name, opset, dtype, _options(attrs, given, wanted), given, wanted)
+
+
+def _options(attrs: dict, given: dict, wanted: dict) -> dict:
+    q, k, v = given["query"], given["key"], given["value"]
+    bsd = q.ndim == 3
+    heads = attrs["q_num_heads"] if bsd else q.shape[1]
+    kv_heads = attrs["kv_num_heads"] if bsd else k.shape[1]
+    o = {"layout": "bsd" if bsd else "bhsd", "batch": q.shape[0], "heads": heads, "kv_heads": kv_heads,
+         "seq": q.shape[-2], "kv_seq": k.shape[-2],
+         "head_dim": q.shape[-1] // heads if bsd else q.shape[-1],
+         "v_head_dim": v.shape[-1] // kv_heads if bsd else v.shape[-1],
+         "causal": bool(attrs.get("is_causal", 0)), "softcap": float(attrs.get("softcap", 0.0))}
+    if bsd:
+        o["seq"], o["kv_seq"] = q.shape[1], k.shape[1]
+    if "scale" in attrs:
+        o["scale"] = float(attrs["scale"])
+    if "softmax_precision" in attrs:
+        names = {t: n for n, t in SOFTMAX_PRECISION_TYPES_BY_NAME.items()}
+        o["softmax_precision"] = names.get(attrs["softmax_precision"], f"type {attrs['softmax_precision']}")
+    mask = given.get("attn_mask")
+    if mask is not None:
+        o["mask"] = "bool" if mask.dtype == np.bool_ else "float"
+        o["mask_rank"] = mask.ndim
+        if mask.ndim == 4:
+            o["mask_batch"] = mask.shape[0]
+        if mask.ndim >= 3:
+            o["mask_heads"] = mask.shape[-3]
+        total = k.shape[-2] + (given["past_key"].shape[2] if "past_key" in given else 0)
+        if bsd:
+            total = k.shape[1] + (given["past_key"].shape[2] if "past_key" in given else 0)
+        if mask.shape[-1] != total:
+            o["mask_keys"] = mask.shape[-1]
+    if "past_key" in given:
+        o["kv_cache"], o["past_seq"] = True, given["past_key"].shape[2]
+    if "nonpad_kv_seqlen" in given:
+        o["nonpad"] = True
+    if "weights" in wanted:
+        o["weights"] = WEIGHT_MODES[attrs.get("qk_matmul_output_mode", 0)]
+    return o
+
+
+@dataclass
+class Outcome:
+    case: str
+    flavor: str
+    runtime: str
+    status: str  # passed, failed, declined (the flavour cannot express the case, with the reason), error
+    detail: str = ""
+
+
+def run(cases: list[OnnxCase], flavors=None, runtimes=("ort-cpu", "onnx-ref")) -> list[Outcome]:
+    """Exports each in-scope case in each flavour (one export per graph: cases that differ only in
+    sizes share it), runs it on each runtime and compares every output the case has."""
+    from attnexport import export as E
+    from attnexport import runtimes as R
+    from attnexport import variants as V
+    from attnexport.compare import compare_outputs, tolerance
+    from attnexport.errors import AttnExportError, UnsupportedByFlavor
+
+    variant = V.get("sdpa")
+    models, outcomes = {}, []
+    for case in cases:
+        if case.out_of_scope:
+            continue
+        try:
+            o = variant.resolve(case.options)
+        except AttnExportError as e:
+            outcomes += [Outcome(case.name, f, rt, "error", f"sdpa cannot take it: {e}")
+                         for f in flavors or E.FLAVORS for rt in runtimes]
+            continue
+        tol = tolerance(case.dtype)
+        for flavor in flavors or E.FLAVORS:
+            key = (flavor, case.dtype, repr(sorted(variant.graph_options(o).items())))
+            if key not in models:
+                try:
+                    models[key] = E.build_model("sdpa", o, flavor, dtype=case.dtype, params={})[0]
+                except UnsupportedByFlavor as e:
+                    models[key] = e
+                except AttnExportError as e:
+                    models[key] = e
+            model = models[key]
+            for rt in runtimes:
+                if isinstance(model, UnsupportedByFlavor):
+                    outcomes.append(Outcome(case.name, flavor, rt, "declined", str(model)))
+                    continue
+                if isinstance(model, Exception):
+                    outcomes.append(Outcome(case.name, flavor, rt, "error", f"export: {model}"))
+                    continue
+                try:
+                    got = R.prepare_onnx(rt, model).run(case.inputs)
+                except Exception as e:  # noqa: BLE001 - a runtime refusing the model is this case's result
+                    outcomes.append(Outcome(case.name, flavor, rt, "error", f"{type(e).__name__}: "
+                                            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}"))
+                    continue
+                comparisons = compare_outputs(list(case.expected), got, case.expected, tol)
+                bad = [c for c in comparisons if not c.passed]
+                ok = len(comparisons) == len(case.expected) and not bad
+                outcomes.append(Outcome(case.name, flavor, rt, "passed" if ok else "failed",
+                                        "; ".join(str(c) for c in bad)))
+    return outcomes
