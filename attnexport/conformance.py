@@ -181,3 +181,45 @@ def run(cases: list[OnnxCase], flavors=None, runtimes=("ort-cpu", "onnx-ref")) -
                 outcomes.append(Outcome(case.name, flavor, rt, "passed" if ok else "failed",
                                         "; ".join(str(c) for c in bad)))
     return outcomes
+
+
+def counts(outcomes: list[Outcome]) -> dict:
+    """{flavor: {runtime: {status: count}}}."""
+    table: dict = {}
+    for o in outcomes:
+        by = table.setdefault(o.flavor, {}).setdefault(o.runtime, {})
+        by[o.status] = by.get(o.status, 0) + 1
+    return table
+
+
+def main(argv=None) -> int:
+    """Prints the counts per flavour and runtime, then each case that did not pass; --json FILE
+    writes every outcome. Exit 1 when a case fails in a flavour (a declined case is not a failure)."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m attnexport.conformance", description=main.__doc__)
+    parser.add_argument("--json", help="write the outcomes to this file")
+    args = parser.parse_args(argv)
+    cases = load_cases()
+    outcomes = run(cases)
+    scope = [c for c in cases if not c.out_of_scope]
+    print(f"onnx {onnx.__version__}: {len(cases)} Attention cases, {len(scope)} in scope "
+          f"(opsets {', '.join(map(str, OPSETS))}, fp32 and fp16)")
+    for flavor, by in counts(outcomes).items():
+        for rt, c in by.items():
+            print(f"  {flavor:<11} {rt:<9} " + ", ".join(f"{c[k]} {k}" for k in sorted(c)))
+    for o in outcomes:
+        if o.status != "passed":
+            print(f"{o.case} / {o.flavor} / {o.runtime}: {o.status}: {o.detail}")
+    if args.json:
+        from attnexport import files as F
+        doc = {"onnx": onnx.__version__, "cases": len(cases), "in_scope": len(scope),
+               "out_of_scope": {c.name: c.out_of_scope for c in cases if c.out_of_scope},
+               "counts": counts(outcomes), "outcomes": [vars(o) for o in outcomes]}
+        F.atomic_write(args.json, (json.dumps(doc, indent=1) + "\n").encode())
+    return 1 if any(o.status in ("failed", "error") for o in outcomes) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -57,11 +57,14 @@ def stream_axis(variant, o: dict) -> int:
 
 def split_inputs(variant, o: dict, inputs: dict[str, np.ndarray]) -> tuple[dict, dict, dict]:
     """(stream, once, masks): a cache step's non-cache inputs that run along the sequence (a
-    `seq` axis), those given once (the decoder's memory) and masks over past and new keys."""
+    `seq` axis, or the keys and values a `past_*` cache extends), those given once (the decoder's
+    memory) and masks over past and new keys (an axis that is a sum: past_seq+seq)."""
+    names = {s.name for s in variant.inputs(o)}
     specs = [s for s in variant.inputs(o) if not s.name.startswith("past_")]
-    masks = {s.name: inputs[s.name] for s in specs if "past_seq+seq" in s.dims}
-    stream = {s.name: inputs[s.name] for s in specs if "seq" in s.dims and s.name not in masks}
-    once = {s.name: inputs[s.name] for s in specs if "seq" not in s.dims and s.name not in masks}
+    masks = {s.name: inputs[s.name] for s in specs if any(isinstance(d, str) and "+" in d for d in s.dims)}
+    streamed = {s.name for s in specs if s.name not in masks and ("seq" in s.dims or f"past_{s.name}" in names)}
+    stream = {n: inputs[n] for n in streamed}
+    once = {s.name: inputs[s.name] for s in specs if s.name not in masks and s.name not in streamed}
     return stream, once, masks
 
 

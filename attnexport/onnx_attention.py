@@ -88,11 +88,12 @@ def _neg_inf_where(condition, like):
     return op.Where(condition, _const(-math.inf, like), _const(0.0, like))
 
 
-def _bias(attn_mask, is_causal, cached, nonpad, tq, tk, like):
+def _bias(attn_mask, is_causal, past, nonpad, tq, tk, like):
     """The additive bias, float, broadcastable to (B, Hq, Tq, Tk); None if there is none.
 
     Args:
-        cached: a cache precedes the block, so a causal mask is offset by its length.
+        past: None, or the cache's length (1-D int64): a causal mask is offset by it (the
+            operator's offset is the past length, whatever the number of new keys).
         nonpad: None, or (B,) int64 valid key counts: keys at or past them are padding, and a
             causal mask is offset by nonpad - Tq for each batch.
         tq, tk: the query and (total) key lengths, 1-D int64 tensors.
@@ -110,7 +111,7 @@ def _bias(attn_mask, is_causal, cached, nonpad, tq, tk, like):
         valid = op.Reshape(nonpad, op.Constant(value_ints=[-1, 1, 1, 1]))  # (B, 1, 1, 1)
         terms.append(_neg_inf_where(op.GreaterOrEqual(cols, valid), like))
     if is_causal:
-        offset = op.Sub(tk, tq) if cached else None
+        offset = past
         if nonpad is not None:
             offset = op.Sub(op.Reshape(nonpad, op.Constant(value_ints=[-1, 1, 1, 1])), tq)
         terms.append(_causal_bias(tq, cols, like, offset))
@@ -203,7 +204,8 @@ def primitives_attention(query, key, value, attn_mask=None, past_key=None, past_
     capped = raw
     if softcap and softcap > 0:
         capped = op.Mul(op.Tanh(op.Div(raw, _const(softcap, raw))), _const(softcap, raw))
-    bias = _bias(attn_mask, is_causal, cached, nonpad, _shape(query, 2, 3), _shape(key, 2, 3), raw)
+    past = _shape(past_key, 2, 3) if cached else None
+    bias = _bias(attn_mask, is_causal, past, nonpad, _shape(query, 2, 3), _shape(key, 2, 3), raw)
     scores = capped if bias is None else op.Add(capped, bias)
     if softmax_precision is not None:
         probs = op.CastLike(op.Softmax(op.Cast(scores, to=softmax_precision), axis=-1), scores)
@@ -278,12 +280,22 @@ def _ort(query, key, value, attn_mask, past_key, past_value, nonpad, scale, is_c
     heads = _static(query.shape[1])
     cached = past_key is not None
     groups = _groups(query, key)
-    if cached:
-        _check_ort_cache(heads)
     tq, tk = _shape(query, 2, 3), _key_length(key, past_key)
-    # The kernel's own causal mask (unidirectional, offset by the past length) covers
-    # self-attention (the same symbolic length) and a cache; the bias carries anything else.
-    own_causal = is_causal and nonpad is None and (cached or query.shape[2] == key.shape[2])
+    past = _shape(past_key, 2, 3) if cached else None
+    new_keys = key.shape[2]
+    joined = None
+    if cached and (heads is None or _static(key.shape[3]) != _static(value.shape[3])):
+        # The kernel's cache wants a fixed head count (its num_heads attribute) and value heads as
+        # large as key heads ("Input 'past_value' dimension 3 should be same as head_size",
+        # onnxruntime 1.31.1); the operator wants neither: the cache is joined here and the
+        # kernel attends over it without one.
+        key, value = op.Concat(past_key, key, axis=2), op.Concat(past_value, value, axis=2)
+        joined, cached = (key, value), False
+    # The kernel's own causal mask (unidirectional, offset by the keys before the block's last
+    # Tq) is the operator's (offset by the past length) where the new keys are as many as the
+    # queries: the same symbolic length (self-attention, a cache step of mha); the bias carries
+    # anything else.
+    own_causal = is_causal and nonpad is None and joined is None and query.shape[2] == new_keys
     key, value = _repeat_kv(key, groups, query), _repeat_kv(value, groups, query)
     if cached and groups != 1:
         # A grouped-query cache: the kernel takes as many key/value heads as query heads, so the
@@ -292,7 +304,7 @@ def _ort(query, key, value, attn_mask, past_key, past_value, nonpad, scale, is_c
         # than one position over a cache at batch > 1 ("batch_size must be 1 when
         # sequence_length > 1 and past context is given", onnxruntime 1.31.1).
         past_key, past_value = _repeat_kv(past_key, groups, query), _repeat_kv(past_value, groups, query)
-    bias = _bias(attn_mask, is_causal and not own_causal, cached, nonpad, tq, tk, query)
+    bias = _bias(attn_mask, is_causal and not own_causal, past, nonpad, tq, tk, query)
     attrs = {"num_heads": heads or 1}
     if scale is not None:
         attrs["scale"] = float(scale)
@@ -328,18 +340,13 @@ def _ort(query, key, value, attn_mask, past_key, past_value, nonpad, scale, is_c
             bias = op.Reshape(op.Add(bias, full), op.Concat(minus1, op.Constant(value_ints=[1]), tq, tk, axis=0))
         out = _MultiHeadAttention(q3, k3, v3, None, None, bias, **attrs)
         out = op.Reshape(out, op.Concat(_shape(query, 0, 3), minus1, axis=0))  # (B, H, Tq, dv)
+    if joined is not None:
+        present = joined
     if _needs_guard(attn_mask, nonpad):
         # Rows can be emptied by the mask and the causal mask together: guard on both.
-        full_bias = _bias(attn_mask, is_causal, cached, nonpad, tq, tk, out)
+        full_bias = _bias(attn_mask, is_causal, past, nonpad, tq, tk, out)
         out = op.Where(_dead_rows(full_bias), _const(0.0, out), out)
     return out, *present
-
-
-def _check_ort_cache(heads):
-    if heads is None:
-        raise UnsupportedByFlavor("the ort flavor's cache (com.microsoft.MultiHeadAttention with past_key/"
-                                  "past_value) needs a fixed head count, and this graph's is symbolic (sdpa "
-                                  "--layout bhsd); use --layout bsd, or --flavor attention or primitives")
 
 
 def _narrow_kv(present, groups):

@@ -83,7 +83,10 @@ def sdpa(q, k, v, mask=None, *, scale=None, causal=False, softcap=0.0, causal_of
     bias = np.zeros((tq, tk))
     if mask is not None:
         mask = np.asarray(mask)
-        bias = bias + (np.where(mask, 0.0, NEG_INF) if mask.dtype == np.bool_ else _f64(mask))
+        given = np.where(mask, 0.0, NEG_INF) if mask.dtype == np.bool_ else _f64(mask)
+        # A mask shorter than the keys: the keys past it are masked (the operator pads with -inf).
+        given = np.concatenate([given, np.full((*given.shape[:-1], tk - given.shape[-1]), NEG_INF)], axis=-1)
+        bias = bias + given
     cols = np.arange(tk)
     if valid is not None:
         valid = np.asarray(valid).reshape(-1, 1, 1, 1)

@@ -61,27 +61,28 @@ def _build_sdpa(o):
     return ScaledDotProductAttention(
         o["causal"], o["scale"], o["softcap"], None if o["weights"] == "none" else o["weights"],
         inputs=[s.name for s in _sdpa_inputs(o)], heads=o["heads"] if bsd else None,
+        pad_mask=o["mask_keys"] is not None,
         kv_heads=o["kv_heads"] if bsd else None,
         softmax_precision=SOFTMAX_PRECISION_TYPES_BY_NAME.get(o["softmax_precision"]))
 
 
 def _sdpa_inputs(o):
-    keys = "seq" if o["kv_cache"] else "kv_seq"  # a cache step's new keys are as long as its queries
     if o["layout"] == "bsd":  # (B, T, H * d); the head counts are attributes, so fixed
         qkv = (T("query", ("batch", "seq", o["heads"] * o["head_dim"]), "float"),
-               T("key", ("batch", keys, o["kv_heads"] * o["head_dim"]), "float"),
-               T("value", ("batch", keys, o["kv_heads"] * o["v_head_dim"]), "float"))
+               T("key", ("batch", "kv_seq", o["kv_heads"] * o["head_dim"]), "float"),
+               T("value", ("batch", "kv_seq", o["kv_heads"] * o["v_head_dim"]), "float"))
     else:
         qkv = (T("query", ("batch", "heads", "seq", "head_dim"), "float"),
-               T("key", ("batch", "kv_heads", keys, "head_dim"), "float"),
-               T("value", ("batch", "kv_heads", keys, "v_head_dim"), "float"))
+               T("key", ("batch", "kv_heads", "kv_seq", "head_dim"), "float"),
+               T("value", ("batch", "kv_heads", "kv_seq", "v_head_dim"), "float"))
     # The cache is 4-D in either layout; in bsd its head axes are fixed, as the layout's are.
     heads, hd, vd = (o["kv_heads"], o["head_dim"], o["v_head_dim"]) if o["layout"] == "bsd" else \
         ("kv_heads", "head_dim", "v_head_dim")
     if o["mask"] != "none":
         # Any shape the operator broadcasts to (B, Hq, Tq, Tk): its batch and head axes are 1 or full.
-        total = "past_seq+seq" if o["kv_cache"] else "kv_seq"
-        dims = ("mask_batch", "mask_heads", "seq", total)[4 - o["mask_rank"]:]
+        total = "past_seq+kv_seq" if o["kv_cache"] else "kv_seq"
+        keys = "mask_keys" if o["mask_keys"] is not None else total
+        dims = ("mask_batch", "mask_heads", "seq", keys)[4 - o["mask_rank"]:]
         kind = {"bool": ("bool", "bool_mask"), "float": ("float", "additive_mask")}[o["mask"]]
         qkv += (T("attn_mask", dims, *kind),)
     if o["kv_cache"]:
@@ -99,7 +100,7 @@ def _sdpa_outputs(o):
     total = "kv_seq"
     if o["kv_cache"]:
         past = {s.name: s for s in _sdpa_inputs(o)}
-        total = "past_seq+seq"
+        total = "past_seq+kv_seq"
         out += tuple(T(f"present_{n}", (*past[f"past_{n}"].dims[:2], total, past[f"past_{n}"].dims[3]), "float")
                      for n in ("key", "value"))
     if o["weights"] != "none":
@@ -117,6 +118,12 @@ def _sdpa_mask_check(o):
         return f"a rank-{o['mask_rank']} mask has no batch axis: --mask-batch must be 1"
     if o["mask_rank"] < 3 and o["mask_heads"] != 1:
         return "a rank-2 mask has no head axis: --mask-heads must be 1"
+    if o["mask_keys"] is not None:
+        total = o["kv_seq"] + (o["past_seq"] if o["kv_cache"] else 0)
+        if o["mask"] == "none":
+            return "--mask-keys is the length of a mask: give --mask bool or float"
+        if not 1 <= o["mask_keys"] <= total:
+            return f"--mask-keys must be from 1 to the number of keys ({total}), got {o['mask_keys']}"
     return None
 
 
@@ -284,6 +291,9 @@ _VARIANTS = (
                         "--batch at rank 4; the export takes either)", optional=True),
                  Option("mask_heads", int, 1, "the example mask's head axis: 1 or --heads (the export takes "
                         "either)"),
+                 Option("mask_keys", int, None, "the mask's key axis when shorter than the keys (default: as long "
+                        "as them); the keys past it count as masked, as the operator pads the mask with -inf",
+                        optional=True),
                  Option("weights", str, "none", "also output the scores: raw (Q K^T x scale), softcap (after "
                         "softcap), bias (after softcap and mask), softmax (the weights); --weights alone: softmax",
                         ("none",) + tuple(WEIGHT_MODES)),
@@ -301,11 +311,11 @@ _VARIANTS = (
         inputs=_sdpa_inputs,
         outputs=_sdpa_outputs,
         reference=ref.ref_sdpa,
-        flops=lambda o: (2 * o["batch"] * o["heads"] * o["seq"] * (o["past_seq"] + o["seq"] if o["kv_cache"] else
+        flops=lambda o: (2 * o["batch"] * o["heads"] * o["seq"] * (o["past_seq"] + o["kv_seq"] if o["kv_cache"] else
                                                                   o["kv_seq"]) * (o["head_dim"] + o["v_head_dim"])),
         dot_product_core=True,
         dynamic=("batch", "heads", "kv_heads", "seq", "kv_seq", "head_dim", "v_head_dim", "past_seq",
-                 "mask_batch", "mask_heads"),
+                 "mask_batch", "mask_heads", "mask_keys"),
         broadcast=(("mask_batch", "batch"), ("mask_heads", "heads")),
         checks=(_divides("kv_heads", "heads"), _sdpa_mask_check, _sdpa_cache_check,
                 lambda o: None if o["softcap"] >= 0 else "--softcap must be >= 0",

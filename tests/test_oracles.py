@@ -259,6 +259,9 @@ def oracle_sdpa(p, inputs, o):
     allowed = np.ones((B, H, Tq, Tk), bool)
     bias = None
     mask = inputs.get("attn_mask")
+    if mask is not None and mask.shape[-1] < Tk:  # "padded to total_sequence_length with negative infinity"
+        fill = False if mask.dtype == bool else -np.inf
+        mask = np.concatenate([mask, np.full((*mask.shape[:-1], Tk - mask.shape[-1]), fill, mask.dtype)], -1)
     if mask is not None and mask.dtype == bool:
         allowed &= np.broadcast_to(mask, allowed.shape)
     elif mask is not None:
@@ -266,7 +269,13 @@ def oracle_sdpa(p, inputs, o):
     if "nonpad_kv_seqlen" in inputs:
         allowed &= (np.arange(Tk)[None, :] < inputs["nonpad_kv_seqlen"][:, None])[:, None, None, :]
     if o["causal"]:
-        allowed &= _causal(Tq, Tk, Tk - Tq if o["kv_cache"] else 0)
+        # "offset = past_sequence_length when past_key is provided; offset = nonpad_kv_seqlen -
+        # q_sequence_length (per batch) when ... nonpad_kv_seqlen without past_key; 0 otherwise"
+        if "nonpad_kv_seqlen" in inputs:
+            for b, n in enumerate(inputs["nonpad_kv_seqlen"]):
+                allowed[b] &= _causal(Tq, Tk, int(n) - Tq)
+        else:
+            allowed &= _causal(Tq, Tk, inputs["past_key"].shape[2] if o["kv_cache"] else 0)
     scale = o["scale"] if o["scale"] is not None else 1 / math.sqrt(d)
     out, parts = _attention(q, k, v, allowed, scale, o["softcap"], bias)
     result = {"output": _join(out) if o["layout"] == "bsd" else out, **present}
@@ -280,10 +289,6 @@ ORACLES = {"sdpa": oracle_sdpa, "self": lambda p, i, o: oracle_self(p, i["x"], o
            "masked-softmax": oracle_masked_softmax, "kernel": oracle_kernel, "posenc": oracle_posenc,
            "encoder": oracle_encoder, "decoder": oracle_decoder}
 
-# The causal alignment with valid key counts is what the operator-conformance issue settles
-# (onnx's own cases and the operator's text are being compared there); this case is checked
-# against the oracle once that is decided, not before.
-UNSETTLED = {"sdpa-nonpad-causal": "causal alignment with nonpad_kv_seqlen (the Attention-operator issue)"}
 
 
 def test_every_variant_has_an_oracle():
@@ -293,8 +298,6 @@ def test_every_variant_has_an_oracle():
 
 @pytest.mark.parametrize("name", sorted(golden.CASES))
 def test_golden_case_equals_its_independent_oracle(name):
-    if name in UNSETTLED:
-        pytest.skip(UNSETTLED[name])
     case = golden.load(name)
     params = {k: np.asarray(v, np.float64) for k, v in case.params.items()}
     inputs = {k: np.asarray(v, np.float64) if v.dtype.kind == "f" else v for k, v in case.inputs.items()}
@@ -373,8 +376,6 @@ def test_sdpa_case_equals_onnx_reference_implementation(name):
     """onnx's ReferenceEvaluator runs the operator itself on the case's inputs (cache and valid
     key counts included); every output the case has is compared."""
     from onnx.reference import ReferenceEvaluator
-    if name in UNSETTLED:
-        pytest.skip(UNSETTLED[name])
     case = golden.load(name)
     model = _attention_node(case)
     got = dict(zip([o.name for o in model.graph.output], ReferenceEvaluator(model).run(None, _feed(case))))
@@ -404,9 +405,11 @@ def test_sdpa_case_output_equals_torch_sdpa(name):
         k, v = torch.cat([x["past_key"], k], 2), torch.cat([x["past_value"], v], 2)
     Tq, Tk = q.shape[2], k.shape[2]
     mask = x.get("attn_mask")
+    if mask is not None and mask.shape[-1] < Tk:  # the operator pads a short mask with -inf (False)
+        mask = F.pad(mask, (0, Tk - mask.shape[-1]), value=False if mask.dtype == torch.bool else -math.inf)
     causal = o["causal"] and not o["kv_cache"] and mask is None
     if o["causal"] and not causal:  # offset by the cache (none without one), as an explicit mask
-        allowed = torch.from_numpy(_causal(Tq, Tk, Tk - Tq if o["kv_cache"] else 0))
+        allowed = torch.from_numpy(_causal(Tq, Tk, x["past_key"].shape[2] if o["kv_cache"] else 0))
         if mask is None:
             mask = allowed
         elif mask.dtype == torch.bool:

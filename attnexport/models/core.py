@@ -24,14 +24,14 @@ torch_sdpa = torch.nn.functional.scaled_dot_product_attention
 SOFTMAX_PRECISIONS = {1: torch.float32, 10: torch.float16, 11: torch.float64, 16: torch.bfloat16}
 
 
-def _bias(attn_mask, is_causal, cached, nonpad_kv_seqlen, tq, tk, like):
+def _bias(attn_mask, is_causal, past, nonpad_kv_seqlen, tq, tk, like):
     """The additive bias (0 or -inf, plus a float mask), broadcastable to (B, Hq, Tq, Tk).
 
     Returns (bias or None, causal_only): causal_only when the bias is the top-left causal mask
     alone, which torch's fused kernels take as is_causal=True.
     """
     dev, dtype = like.device, like.dtype
-    if attn_mask is None and nonpad_kv_seqlen is None and not cached:
+    if attn_mask is None and nonpad_kv_seqlen is None and past is None:
         # Nothing, or the top-left causal mask alone: torch's fused kernels have that one built in.
         return None, is_causal
     terms = []
@@ -46,10 +46,11 @@ def _bias(attn_mask, is_causal, cached, nonpad_kv_seqlen, tq, tk, like):
         terms.append(torch.zeros((), dtype=dtype, device=dev).masked_fill(cols >= valid, -math.inf))
     if is_causal:
         # Offset-aligned: query i attends keys j <= i + offset, the offset being the count of
-        # keys before the block (the past length with a cache, nonpad - Tq per batch, else 0).
+        # keys before the block (the past length with a cache, however many keys are new;
+        # nonpad - Tq per batch; else 0).
         rows = torch.arange(tq, device=dev)[:, None]
-        if cached:
-            rows = rows + (tk - tq)
+        if past is not None:
+            rows = rows + past
         elif nonpad_kv_seqlen is not None:
             rows = rows + (nonpad_kv_seqlen.reshape(-1, 1, 1, 1) - tq)
         terms.append(torch.zeros((), dtype=dtype, device=dev).masked_fill(cols > rows, -math.inf))
@@ -63,14 +64,15 @@ def _bias(attn_mask, is_causal, cached, nonpad_kv_seqlen, tq, tk, like):
 
 def _attention_impl(query, key, value, attn_mask, past_key, past_value, nonpad_kv_seqlen, scale, is_causal,
                     softcap, weights, softmax_precision):
-    cached = past_key is not None
-    if cached:
+    past = None
+    if past_key is not None:
+        past = past_key.shape[2]
         key, value = torch.cat([past_key, key], dim=2), torch.cat([past_value, value], dim=2)
         present = (key, value)
     else:
         present = (query.new_empty(0), query.new_empty(0))
     tq, tk = query.shape[2], key.shape[2]
-    bias, causal_only = _bias(attn_mask, is_causal, cached, nonpad_kv_seqlen, tq, tk, query)
+    bias, causal_only = _bias(attn_mask, is_causal, past, nonpad_kv_seqlen, tq, tk, query)
     if weights == NO_WEIGHTS and softcap <= 0:  # torch's fused kernels have no softcap or score output
         out = torch_sdpa(
             query, key, value, attn_mask=bias, is_causal=causal_only, scale=scale,

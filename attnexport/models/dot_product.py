@@ -49,11 +49,13 @@ class ScaledDotProductAttention(nn.Module):
     `inputs` names the forward's inputs in the operator's order (query, key, value, then any of
     attn_mask, past_key and past_value, nonpad_kv_seqlen). With `heads` set (the 3-D layout), the
     query, key and value are (B, T, H * d) and are split into heads here; the cache stays 4-D.
+    With `pad_mask`, the mask may be shorter than the keys and is padded to them.
     """
 
     def __init__(self, causal=False, scale=None, softcap=0.0, weights=None, inputs=("query", "key", "value"),
-                 heads=None, kv_heads=None, softmax_precision=None):
+                 heads=None, kv_heads=None, softmax_precision=None, pad_mask=False):
         super().__init__()
+        self.pad_mask = pad_mask
         self.causal, self.scale, self.softcap, self.weights = causal, scale, softcap, weights
         self.input_names, self.heads, self.kv_heads = tuple(inputs), heads, kv_heads
         self.softmax_precision = softmax_precision
@@ -63,7 +65,14 @@ class ScaledDotProductAttention(nn.Module):
         q, k, v = given["query"], given["key"], given["value"]
         if self.heads:  # (B, T, H*d) -> (B, H, T, d)
             q, k, v = split_heads(q, self.heads), split_heads(k, self.kv_heads), split_heads(v, self.kv_heads)
-        a = attend(q, k, v, given.get("attn_mask"), past_key=given.get("past_key"),
+        mask = given.get("attn_mask")
+        if self.pad_mask:
+            # A mask shorter than the keys: the operator pads it to their length with -inf (False).
+            past = given.get("past_key")
+            total = k.shape[2] + (past.shape[2] if past is not None else 0)
+            mask = nn.functional.pad(mask, (0, total - mask.shape[-1]),
+                                     value=False if mask.dtype == torch.bool else -math.inf)
+        a = attend(q, k, v, mask, past_key=given.get("past_key"),
                    past_value=given.get("past_value"), nonpad_kv_seqlen=given.get("nonpad_kv_seqlen"),
                    scale=self.scale, is_causal=self.causal, softcap=self.softcap, weights=self.weights,
                    softmax_precision=self.softmax_precision)
