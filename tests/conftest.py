@@ -81,6 +81,12 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def pytest_addoption(parser):
+    parser.addoption("--all-onnx-cases", action="store_true",
+                     help="run every onnx Attention node case in every flavour (tests/test_conformance.py; "
+                          "about 40 s on 2 cores), not only the representative ones")
+
+
 def pytest_configure(config):
     """One export cache for the whole run, starting empty, made before the workers start so that
     they all share it: tests share identical exports (as verify and bench do for a user) and
