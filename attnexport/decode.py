@@ -62,8 +62,8 @@ def split_inputs(variant, o: dict, inputs: dict[str, np.ndarray]) -> tuple[dict,
     names = {s.name for s in variant.inputs(o)}
     specs = [s for s in variant.inputs(o) if not s.name.startswith("past_")]
     masks = {s.name: inputs[s.name] for s in specs if any(isinstance(d, str) and "+" in d for d in s.dims)}
-    streamed = {s.name for s in specs if s.name not in masks and ("seq" in s.dims or f"past_{s.name}" in names)}
-    stream = {n: inputs[n] for n in streamed}
+    streamed = [s.name for s in specs if s.name not in masks and ("seq" in s.dims or f"past_{s.name}" in names)]
+    stream = {n: inputs[n] for n in streamed}  # in the inputs' order
     once = {s.name: inputs[s.name] for s in specs if s.name not in masks and s.name not in streamed}
     return stream, once, masks
 
