@@ -81,6 +81,17 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+# The files whose tests take longest, collected first: the workers take tests in collection order,
+# and a long test started last leaves the other worker idle (test_verify.py, the longest file,
+# came last alphabetically).
+_LONG_FIRST = ("test_verify.py", "test_modules.py", "test_export.py", "test_conformance.py", "test_sdpa_operator.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(_LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its order
+
+
 def pytest_addoption(parser):
     parser.addoption("--all-onnx-cases", action="store_true",
                      help="run every onnx Attention node case in every flavour (tests/test_conformance.py; "

@@ -52,8 +52,8 @@ def test_cases_are_loaded_and_mapped():
 # than the suite's budget leaves; `--all-onnx-cases` runs it): every case the operator work fixed
 # (causal with valid key counts, a cache with more new keys than queries under a mask and
 # score mode 2, a mask shorter than the keys, the ort flavour's cache around its kernel's
-# refusals) and one of each other kind (fully masked rows in mode 3, softcap over a -inf mask,
-# softmax precision, the 3-D layout with grouped heads).
+# refusals). The golden cases cover the other kinds (fully masked rows, softcap, the score
+# modes, softmax precision, the 3-D layout) in every flavour.
 REPRESENTATIVE = (
     "test_attention_4d_causal_nonpad_attn_mask_composition", "test_attention_4d_causal_nonpad_batch_prefill",
     "test_attention_4d_causal_nonpad_continued_prefill",
@@ -63,8 +63,6 @@ REPRESENTATIVE = (
     "test_attention_4d_with_past_and_present_qk_matmul_bias_4d_mask_causal",
     "test_attention_4d_diff_heads_mask4d_padded_kv", "test_attention_3d_diff_heads_with_past_and_present",
     "test_attention_4d_with_past_and_present", "test_attention_4d_causal_with_past_and_present",
-    "test_attention_23_fullymasked_qk_matmul_output_mode3_zero", "test_attention_4d_softcap_neginf_mask_poison",
-    "test_attention_24_qk_matmul_output_mode3_softmax_precision", "test_attention_3d_gqa_causal",
 )
 
 
