@@ -354,6 +354,8 @@ def _seeded_case(variant, options, sizes, i):
     for k, full in variant.broadcast:  # an axis that was full stays full at the new size
         if options[k] != 1:
             given[k] = given[full]
+    if "mask_keys" in variant.sizes(options):  # a short mask stays shorter than the keys, when it can be
+        given["mask_keys"] = max(1, given["kv_seq"] + (given["past_seq"] if given.get("kv_cache") else 0) - 1)
     o = variant.resolve(given)
     name = f"seeded-{'x'.join(str(o[k]) for k in ('batch', 'seq') if k in o)}"
     return golden.GoldenCase(name, variant.name, o, seeding.make_inputs(variant, o, 1000 + i), {}, {},

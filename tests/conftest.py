@@ -81,17 +81,6 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-# The files whose tests take longest, collected first: the workers take tests in collection order,
-# and a long test started last leaves the other worker idle (test_verify.py, the longest file,
-# came last alphabetically).
-_LONG_FIRST = ("test_verify.py", "test_modules.py", "test_export.py", "test_conformance.py", "test_sdpa_operator.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(_LONG_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its order
-
-
 def pytest_addoption(parser):
     parser.addoption("--all-onnx-cases", action="store_true",
                      help="run every onnx Attention node case in every flavour (tests/test_conformance.py; "
@@ -150,13 +139,17 @@ def assert_fits_80(text: str):
     assert "\u2026" not in text, text
 
 
-# The longest tests (each runs a variant's golden cases in every flavour), started first: at the
-# end of the run they would leave one worker busy and the other idle.
-_FIRST = ("test_every_golden_case_passes_everywhere", "test_fp16_verify_is_green_with_derived_tolerances")
+# The longest tests (each runs a variant's golden cases in every flavour), started first, then the
+# files whose tests take longest: the workers take tests in collection order, and a long test
+# started last leaves the other worker idle.
+_FIRST = ("test_every_golden_case_passes_everywhere", "test_fp16_verify_is_green_with_derived_tolerances",
+          "test_the_representative_cases_pass_or_are_declined_with_their_reason")
+_LONG_FILES = ("test_verify.py", "test_modules.py", "test_export.py", "test_sdpa_operator.py")
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: 0 if item.originalname in _FIRST else 1)
+    rank = {name: i for i, name in enumerate(_LONG_FILES)}
+    items.sort(key=lambda item: (0 if item.originalname in _FIRST else 1, rank.get(item.path.name, len(rank))))
 
 
 # Size options drawn small, 1 included (a cache length 0 included).
@@ -183,6 +176,9 @@ def draw_options(v, data) -> dict:
         if given["kv_cache"]:  # the operator takes a cache or valid key counts, not both
             given["nonpad"] = False
         given["softmax_precision"] = None  # a float32 softmax is not a float64 one (tested in fp16)
+        if given["mask"] != "none":  # a mask as long as the keys, or one shorter
+            total = given["kv_seq"] + (given["past_seq"] if given["kv_cache"] else 0)
+            given["mask_keys"] = data.draw(st.sampled_from([None, max(1, total - 1)]))
     if v.name == "mha":
         given["kv_heads"] = data.draw(st.sampled_from([h for h in range(1, 5) if given["heads"] % h == 0]))
         if given["kv_cache"]:  # a cache step: no mask, no weights, a scaling a step can reproduce

@@ -171,6 +171,8 @@ def test_fp16_softmax_in_float():
     (["--kv-cache", "--causal", "--softcap", "1", "--flavor", "ort", "--layout", "bsd"], 1, "softcap"),
     (["--weights", "logits"], 2, "--weights must be one of none, raw, softcap, bias, softmax"),
     (["--softmax-precision", "float16"], 2, "--softmax-precision must be one of float"),
+    (["--mask-keys", "4"], 2, "--mask-keys is the length of a mask"),
+    (["--mask", "bool", "--mask-keys", "17"], 2, "--mask-keys must be from 1 to the number of keys (16)"),
 ])
 def test_what_sdpa_cannot_take_is_said(tmp_path, args, code, text):
     r = run("export", "--variant", "sdpa", *args, "-o", tmp_path / "x.onnx")
@@ -201,3 +203,16 @@ def test_decoder_decode_bench_times_both_phases():
         # The prefill projects the memory; a step reads it from the cache.
         assert (rt, "prefill", 8, 0, 6, 0) in got and (rt, "decode", 1, 8, 0, 6) in got
     assert all(r.max_abs_err < 1e-4 for r in rows if r.runtime != "torch")
+
+
+def test_a_short_mask_model_verifies_at_other_key_counts(tmp_path):
+    """A --mask-keys model takes masks of any length up to the keys: verify runs it on seeded
+    inputs at two other sizes (its mask kept shorter than the keys) against the reference."""
+    path = tmp_path / "short.onnx"
+    r = run("export", "--variant", "sdpa", "--mask", "float", "--mask-rank", "3", "--mask-keys", "5", "--kv-seq",
+            "7", "--causal", "--flavor", "primitives", "-o", path)
+    assert r.exit_code == 0, r.output
+    dims = [d.dim_param for d in onnx.load(path).graph.input[3].type.tensor_type.shape.dim]
+    assert dims == ["mask_heads", "seq", "mask_keys"]
+    r = run("verify", str(path), "--runtimes", "ort-cpu,onnx-ref")
+    assert r.exit_code == 0 and "4 passed, 0 failed" in r.output, r.output
