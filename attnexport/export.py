@@ -125,6 +125,8 @@ def _reuse_torchlib_table() -> None:
         _registry_built_once()
     with contextlib.suppress(Exception):
         _decompose_traced_once()
+    with contextlib.suppress(Exception):
+        _cia_ops_listed_once()
 
 
 def _registry_built_once() -> None:
@@ -145,6 +147,28 @@ def _registry_built_once() -> None:
         copy_.functions = {k: list(v) for k, v in base.functions.items()}
         return copy_
     registry_class.from_torchlib = classmethod(from_torchlib)
+
+
+def _cia_ops_listed_once() -> None:
+    """torch.export lists the composite ops of every op namespace twice per trace (0.12 s each
+    here, 9% of `verify --variant sdpa`). The list changes only when ops are registered: it is
+    kept per namespace and number of op names, so a namespace or op registered later (a user's
+    module may register its own) is listed afresh."""
+    import torch
+    from torch._export import utils
+    from torch.export import decomp_utils, exported_program
+    collect = utils._collect_all_valid_cia_ops
+    kept = {}
+
+    def listed():
+        key = tuple((name, len(list(getattr(torch.ops, name)))) for name in sorted(torch.ops._dir)
+                    if hasattr(torch.ops, name))
+        if key not in kept:
+            kept.clear()
+            kept[key] = frozenset(collect())
+        return set(kept[key])
+    exported_program._collect_all_valid_cia_ops = listed
+    decomp_utils._collect_all_valid_cia_ops = listed
 
 
 def _decompose_traced_once() -> None:
