@@ -299,6 +299,11 @@ def prepare_onnx(name: str, model: onnx.ModelProto, optimize: bool = True) -> Pr
     return Prepared(name, run_ort, session.get_providers(), placement, shapes)
 
 
+# Threads of a session's CPU pool when the caller names none; None: ONNX Runtime's choice (every
+# physical core). A process that shares the cores with others (a test worker) sets its share.
+DEFAULT_CPU_THREADS: int | None = None
+
+
 def ort_session(name: str, model: onnx.ModelProto, threads: int | None = None, optimize: bool = True,
                 tf32: bool = False, cuda_graph: bool = False):
     """An ONNX Runtime session on `name`'s provider, and where each node was placed.
@@ -315,6 +320,7 @@ def ort_session(name: str, model: onnx.ModelProto, threads: int | None = None, o
     ort = _ort()
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    threads = threads or DEFAULT_CPU_THREADS
     if threads:
         so.intra_op_num_threads = threads
     if not optimize:

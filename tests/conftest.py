@@ -11,12 +11,14 @@ from hypothesis import Phase, settings, strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
 
+from attnexport import runtimes as R
 from attnexport import seeding
 
 # The suite runs on pytest-xdist workers (see pyproject's addopts): the cores are shared out
 # among them instead of each worker's torch and ONNX Runtime pools fighting over all of them.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+R.DEFAULT_CPU_THREADS = max(1, (os.cpu_count() or 1) // _WORKERS)
 
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout the suite runs from

@@ -51,10 +51,10 @@ def test_cases_are_loaded_and_mapped():
 # Run by default (the whole set, 55 exports in each flavour, takes about 70 s of one core, more
 # than the suite's budget leaves; `--all-onnx-cases` runs it): the cases the operator work fixed
 # that no golden case stands for: causal with valid key counts (all six share two exports), a
-# cache with more new keys than queries under a 3-D mask in score mode 2, a mask shorter than the
-# keys with valid key counts, and a cache whose value heads differ from its key heads (the ort
-# flavour joins that cache itself). The golden cases run the rest in every flavour: a cache with
-# symbolic head counts (`sdpa-kv-cache`), more new keys than queries (`sdpa-kv-cache-more-keys`),
+# mask shorter than the keys with valid key counts, and a cache whose value heads differ from its
+# key heads (the ort flavour joins that cache itself). The golden cases run the rest in every
+# flavour: a cache with symbolic head counts (`sdpa-kv-cache`), more new keys than queries under
+# a mask in score mode 2 (`sdpa-kv-cache-more-keys`),
 # a short mask (`sdpa-mask-shorter`), fully masked rows, softcap, the score modes, softmax
 # precision and the 3-D layout.
 REPRESENTATIVE = (
@@ -62,7 +62,6 @@ REPRESENTATIVE = (
     "test_attention_4d_causal_nonpad_continued_prefill",
     "test_attention_4d_causal_nonpad_negative_offset_structural_empty",
     "test_attention_4d_gqa_causal_nonpad_decode", "test_attention_4d_gqa_causal_nonpad_decode_fp16",
-    "test_attention_4d_with_past_and_present_qk_matmul_bias_3d_mask_causal",
     "test_attention_4d_diff_heads_mask4d_padded_kv", "test_attention_3d_diff_heads_with_past_and_present",
 )
 
