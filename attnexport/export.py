@@ -31,7 +31,7 @@ from attnexport import schema
 from attnexport import modules as M
 from attnexport import weights as W
 from attnexport.compare import compare, tolerance
-from attnexport.errors import AttnExportError, ExportError, UsageError
+from attnexport.errors import AttnExportError, ExportError, UsageError, first_line
 
 FLAVORS = tuple(FL.FLAVORS)  # names, in the registry's order
 DEFAULT_FLAVOR = FL.DEFAULT
@@ -384,10 +384,41 @@ def finish(model, *, flavor: str, opset: int, dtype: str, params: dict, meta: di
     its bytes), the metadata and the onnx checks (`stamp`), and the check that the graph has the
     flavour's attention op. Returns (model, the attention op's name)."""
     model = convert_opset(model, opset, what)
+    _rotary_caches_per_batch(model)
     entries = W.record(model, params, D.NUMPY[dtype])
     stamp(model, {**meta, "attnexport.params": json.dumps(entries, sort_keys=True),
                   "attnexport.params_sha256": W.total_sha256(entries)}, what)
     return model, check_flavor_op(model, flavor, what, applies, flavor_asked)
+
+
+def _rotary_caches_per_batch(model) -> None:
+    """torch.onnx's optimizer fuses a rotary embedding (transformers' rotate_half form) into the
+    standard RotaryEmbedding op (opset 23), passing cos and sin as they were computed: from
+    position ids of batch 1, (1, T, d/2), which the unfused graph broadcasts against the batch.
+    The operator takes them per sequence, (B, T, d/2) without position ids, and ONNX Runtime
+    refuses batch 1 for batch 2 ("Inputs 'cos_cache' and 'sin_cache' are expected to have the
+    same shape as input 'x'", onnxruntime 1.31.1). The fused node is kept (one node for about
+    twenty) and each cache is expanded to the input's batch before it."""
+    from onnx import helper
+    nodes, changed = [], False
+    for node in model.graph.node:
+        if node.domain in ("", "ai.onnx") and node.op_type == "RotaryEmbedding" and \
+                (len(node.input) < 4 or not node.input[3]):
+            x = node.input[0]
+            batch = f"{node.name}_x_batch"
+            nodes.append(helper.make_node("Shape", [x], [batch], name=batch, start=0, end=1))
+            for i in (1, 2):
+                cache = node.input[i]
+                rest, shape, wide = (f"{node.name}_{cache}_{k}" for k in ("rest", "shape", "per_batch"))
+                nodes += [helper.make_node("Shape", [cache], [rest], name=rest, start=1),
+                          helper.make_node("Concat", [batch, rest], [shape], name=shape, axis=0),
+                          helper.make_node("Expand", [cache, shape], [wide], name=wide)]
+                node.input[i] = wide
+            changed = True
+        nodes.append(node)
+    if changed:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
 
 
 def stamp(model, meta: dict, what: str) -> None:
@@ -651,11 +682,16 @@ def _check_other_sizes(module, model, names, args, kept, dtype, name):
     for feed in probe_inputs(args, names, kept, 1):
         with torch.no_grad():
             want = M.outputs_of(M.call_forward(module, feed, name))
-        got = session.run({n: t.numpy() for n, t in zip(names, feed)})
+        sizes = {n: list(t.shape) for n, t in zip(names, feed)}
+        try:
+            got = session.run({n: t.numpy() for n, t in zip(names, feed)})
+        except Exception as e:  # noqa: BLE001 - ONNX Runtime's reason, in one line
+            raise UsageError(f"{name}: the export does not run at {sizes} on ONNX Runtime ({type(e).__name__}: "
+                             f"{first_line(e)[:300]}); if the module fixes a size there, say which axes are "
+                             "symbolic with --dynamic") from None
         for out_name, w in zip(list(got), want):
             c = compare(out_name, got[out_name], w.float().numpy(), tol)
             if not c:
-                sizes = {n: list(t.shape) for n, t in zip(names, feed)}
                 raise ExportError(f"{name}: the export differs from the module at {sizes}: {c}")
         checked.append({n: list(t.shape) for n, t in zip(names, feed)})
     return checked

@@ -72,7 +72,7 @@ def intermediates(model: onnx.ModelProto, runtime: str, feed: dict) -> dict[str,
     """Every node output of `model` computed on `runtime`, by name."""
     if runtime == "onnx-ref":
         from onnx.reference import ReferenceEvaluator
-        ev = ReferenceEvaluator(model, new_ops=[R.mha_reference_op()])
+        ev = ReferenceEvaluator(model, new_ops=R.reference_ops())
         with np.errstate(all="ignore"):
             values = ev.run(None, feed, intermediate=True)
         return {k: np.asarray(v) for k, v in values.items() if k and v is not None}

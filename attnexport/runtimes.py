@@ -242,6 +242,26 @@ def prepare_torch(name: str, variant: schema.Variant, options: dict, params: dic
 
 # --- ONNX ------------------------------------------------------------------------------------
 
+def reference_ops() -> list:
+    """The ops attnexport gives onnx's ReferenceEvaluator: com.microsoft.MultiHeadAttention, which
+    it lacks, and GatherElements, which it gets wrong where the gathered axis is longer than the
+    numpy.choose it relies on takes (64 choices in numpy 2; onnx 1.23's fallback then reads one
+    element per row and fails to reshape: a BertModel's position ids, (1, 512) gathered to
+    (1, T), broke the whole model on that runtime). The replacement is the operator's definition
+    with numpy.take_along_axis."""
+    from onnx.reference.op_run import OpRun
+
+    class GatherElements(OpRun):
+        def _run(self, data, indices, axis=None):
+            axis = 0 if axis is None else axis
+            axis = axis % data.ndim
+            indices = np.where(indices < 0, indices + data.shape[axis], indices)  # negative: from the end
+            # out[i][j] = data[i][indices[i][j]] (axis 1): the other axes as long as the indices'.
+            data = data[tuple(slice(None) if a == axis else slice(0, n) for a, n in enumerate(indices.shape))]
+            return (np.take_along_axis(data, indices.astype(np.int64), axis=axis),)
+    return [mha_reference_op(), GatherElements]
+
+
 def mha_reference_op():
     """com.microsoft.MultiHeadAttention for onnx's ReferenceEvaluator (the subset attnexport emits)."""
     from onnx.reference.op_run import OpRun
@@ -283,7 +303,7 @@ def prepare_onnx(name: str, model: onnx.ModelProto, optimize: bool = True) -> Pr
     require(name)
     if name == "onnx-ref":
         from onnx.reference import ReferenceEvaluator
-        ev = ReferenceEvaluator(model, new_ops=[mha_reference_op()])
+        ev = ReferenceEvaluator(model, new_ops=reference_ops())
         ref_names = list(ev.output_names)
 
         def run_ref(feed):

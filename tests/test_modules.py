@@ -385,3 +385,34 @@ class DataDependent(torch.nn.Module):
     r = run("export", "--module", spec, "--input", "x:2x4x8", "-o", out)
     assert r.exit_code == 1 and f"torch.onnx could not export {spec}:" in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output and not out.exists()
+
+
+def test_rotary_embeddings_export_fused_and_run_at_every_batch(tmp_path):
+    """transformers' rotary form (cos and sin of batch 1) is fused into RotaryEmbedding at opset
+    23; the operator takes them per sequence, so the export expands them to the batch (ONNX
+    Runtime refused batch 1 for batch 2 before): the check at other sizes passes, and so does
+    every CPU runtime at batch 3."""
+    module, inputs = M.load("examples/rotary_attention.py:example")
+    result = E.export_module(module, inputs, flavor="attention", name="rotary")
+    ops = [n.op_type for n in result.model.graph.node]
+    assert ops.count("RotaryEmbedding") == 2 and "Attention" in ops
+    assert result.checked  # batch 1 and 5, lengths 1 and 9, before anything was written
+    x = torch.randn(3, 7, 32)
+    with torch.no_grad():
+        want = module(x).numpy()
+    for rt in ("ort-cpu", "onnx-ref"):
+        got = R.prepare_onnx(rt, result.model).run({"x": x.numpy()})["output"]
+        assert compare("output", got, want, tolerance("fp32")), rt
+
+
+def test_a_model_onnx_runtime_cannot_run_at_other_sizes_is_one_line_and_exit_2(tmp_path, monkeypatch):
+    from attnexport import runtimes as RT
+
+    class Refusing:
+        def run(self, feed):
+            raise RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : shapes differ\nmore lines")
+    monkeypatch.setattr(RT, "prepare_onnx", lambda name, model, **kw: Refusing())
+    r = run("export", "--module", "examples/causal_self_attention.py:example", "-o", tmp_path / "m.onnx")
+    assert r.exit_code == 2 and not (tmp_path / "m.onnx").exists()
+    line = r.output.strip()
+    assert "\n" not in line and "does not run at" in line and "INVALID_ARGUMENT : shapes differ" in line, line

@@ -95,3 +95,21 @@ def test_shape_arithmetic_is_told_from_a_fallback():
     placement = {"CPUExecutionProvider": ["Shape:shape", "Gather:from_shape", "ReduceMax:from_values"]}
     assert R.cpu_nodes("ort-cuda", placement, found) == ["ReduceMax:from_values"]
     assert R.cpu_nodes("ort-cpu", placement, found) == []
+
+
+def test_reference_evaluator_gathers_elements_along_a_long_axis():
+    """onnx 1.23's GatherElements breaks where the gathered axis has more than numpy.choose's
+    64 choices (a BertModel's position ids: (1, 512) gathered to (1, T)); attnexport's
+    replacement is the operator's definition, checked against ONNX Runtime."""
+    from onnx import TensorProto, helper
+    node = helper.make_node("GatherElements", ["data", "idx"], ["out"], axis=1)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("data", TensorProto.FLOAT, [2, 128]),
+                                            helper.make_tensor_value_info("idx", TensorProto.INT64, [2, 5])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 5])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    rng = np.random.default_rng(0)
+    feed = {"data": rng.standard_normal((2, 128)).astype(np.float32),
+            "idx": np.array([[0, 127, 64, -1, 3], [5, 6, 7, 100, -128]], np.int64)}
+    want = np.take_along_axis(feed["data"], np.where(feed["idx"] < 0, feed["idx"] + 128, feed["idx"]), axis=1)
+    for rt in ("onnx-ref", "ort-cpu"):
+        np.testing.assert_array_equal(R.prepare_onnx(rt, model).run(feed)["out"], want)
