@@ -1,0 +1,40 @@
+"""Real attention modules (transformers, timm, torch) exported through attnexport and verified
+against themselves: the `[hf]` extra. Built from small configs with random weights; nothing is
+downloaded. By default each module in the attention flavour (the default); every flavour with
+--all-modules."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
+pytest.importorskip("timm", reason="timm is the [hf] extra: pip install -e '.[dev,hf]'")
+
+from attnexport.cli import main  # noqa: E402
+
+# Module, and the number of attention calls torch itself makes in its forward.
+MODULES = {"llama": 1, "mistral": 1, "qwen2": 1, "gpt2_block": 1, "gpt2_model": 2, "bert_model": 2,
+           "whisper_attention": 1, "vit_block": 1, "torch_decoder_layer": 2}
+FUSED = {"primitives": "MatMul+Softmax", "attention": "Attention", "ort": "com.microsoft.MultiHeadAttention"}
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.mark.parametrize("flavor", list(FUSED))
+@pytest.mark.parametrize("name", list(MODULES))
+def test_module_exports_fused_and_verifies_on_every_cpu_runtime(name, flavor, tmp_path, request):
+    if flavor != "attention" and not request.config.getoption("--all-modules"):
+        pytest.skip("the other flavours run with --all-modules")
+    spec = f"examples/transformers_modules.py:{name}"
+    path = tmp_path / "m.onnx"
+    r = run("export", "--module", spec, "--flavor", flavor, "-o", path, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output[r.output.index("{"):])
+    assert doc["attention_op"] == FUSED[flavor] and doc["routed"] == MODULES[name], doc
+    r = run("verify", path, "--module", spec, "--runtimes", "torch,onnx-ref,ort-cpu", "--json")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output[r.output.index("{"):])["results"]
+    assert len(rows) == 12 and all(row["passed"] and row["outputs"] for row in rows)
