@@ -623,12 +623,23 @@ def _verify_module(model_path, spec, runtimes, rtol, atol, skip_unavailable, inp
         if len(want) != len(declared):
             raise UsageError(f"{spec} returns {len(want)} tensor(s), {Path(model_path).name} declares "
                              f"{len(declared)} output(s) ({', '.join(declared)}): it is not this model's module")
+        kind = "the torch module"
+        if any(w.is_floating_point() and torch.isnan(w).any() for w in want):
+            # A fully padded sequence: torch's own kernels give NaN where every key is masked by
+            # an additive -inf (nn.MultiheadAttention's key padding mask); attnexport's semantics
+            # give zeros. The module with its attention routed through the core is the module
+            # under those semantics.
+            with torch.no_grad(), M.routed(M.Routing()):
+                routed = M.outputs_of(module(*feed))
+            if not any(r.is_floating_point() and torch.isnan(r).any() for r in routed):
+                want, kind = routed, ("the torch module, its attention routed through attnexport's core (the module "
+                                      "itself gives NaN for a fully masked row, attnexport zeros)")
         expected = {n: w.detach().double().numpy() for n, w in zip(declared, want)}
         arrays = {n: t.numpy() for n, t in zip(names, feed)}
         for rt in used:
             row = Row(case=label, variant=spec, flavor="-" if rt.startswith("torch") else flavor, runtime=rt,
-                         dtype=dtype, model=Path(model_path).name, tolerance=tol,
-                         expected_kind="the torch module", inputs=arrays, expected=expected)
+                      dtype=dtype, model=Path(model_path).name, tolerance=tol,
+                      expected_kind=kind, inputs=arrays, expected=expected)
             rows.append(row)
             if changed:
                 source = meta.get("attnexport.params_source", "seed")
@@ -711,10 +722,18 @@ def _changed_params(module, entries, dtype) -> list[str]:
 
 
 def _verify_feeds(spec_inputs, example, dtype):
-    """(label, inputs): the export's shape, then VERIFY_SIZES on the symbolic axes."""
+    """(label, inputs): the export's shape, then VERIFY_SIZES on the symbolic axes.
+
+    Floats are seeded. A padding mask (a (batch, length) input of two values, as its example
+    has) gets real padding at every shape: each sequence valid for a drawn length, the rest the
+    other value, and with more than one sequence the last one all padding. Other non-float
+    inputs are filled with the example's most common value."""
     import torch
     rng = np.random.default_rng(0)
     common = {i["name"]: M.common_value(t) for i, t in zip(spec_inputs, example or ()) if not t.is_floating_point()}
+    masks = {i["name"] for i, t in zip(spec_inputs, example or ())
+             if not t.is_floating_point() and t.dim() == 2 and len(torch.unique(t)) == 2 and
+             set(torch.unique(t).tolist()) <= {0, 1}}
     feeds = []
     for batch, length in ((None, None), *VERIFY_SIZES):
         feed, label = [], "export shape" if batch is None else f"batch {batch}, length {length}"
@@ -725,6 +744,13 @@ def _verify_feeds(spec_inputs, example, dtype):
                     shape[int(axis)] = batch if dim == "batch" or int(axis) == 0 else length
             if i["dtype"].startswith("float"):
                 feed.append(torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(D.torch_dtype(dtype)))
+            elif i["name"] in masks:
+                valid = rng.integers(1, shape[1] + 1, size=shape[0])
+                if shape[0] > 1:
+                    valid[-1] = 0  # one sequence that is all padding
+                token = np.arange(shape[1])[None, :] < valid[:, None]
+                keep = bool(common[i["name"]])
+                feed.append(torch.from_numpy(token if keep else ~token).to(getattr(torch, i["dtype"])))
             else:
                 feed.append(torch.full(shape, common.get(i["name"], True if i["dtype"] == "bool" else 0),
                                        dtype=getattr(torch, i["dtype"])))

@@ -416,3 +416,21 @@ def test_a_model_onnx_runtime_cannot_run_at_other_sizes_is_one_line_and_exit_2(t
     assert r.exit_code == 2 and not (tmp_path / "m.onnx").exists()
     line = r.output.strip()
     assert "\n" not in line and "does not run at" in line and "INVALID_ARGUMENT : shapes differ" in line, line
+
+
+def test_verify_module_draws_real_padding_and_a_fully_padded_sequence(tmp_path):
+    """At every shape the padding mask pads (its example's two values: False = token for a key
+    padding mask), the last of several sequences entirely; where torch's own kernels give NaN for
+    that sequence, the expected values are the module's with its attention routed through the
+    core (zeros there, as the export), and every runtime passes."""
+    from attnexport import verify as VF
+    path = tmp_path / "enc.onnx"
+    E.export_module(*M.load("examples/encoder_layer.py:example"), flavor="attention", output=path,
+                    name="examples/encoder_layer.py:example")
+    report = VF.verify_module(path, "examples/encoder_layer.py:example", ["torch", "ort-cpu"])
+    assert report.ok, "\n".join(r.describe() for r in report.failures)
+    rows = {r.case: r for r in report.rows if r.runtime == "ort-cpu"}
+    mask = next(v for k, v in rows["batch 3, length 7"].inputs.items() if v.dtype == np.bool_)
+    assert mask.shape == (3, 7) and mask[-1].all() and not mask[0, 0]  # True = padding; the last all padding
+    assert rows["batch 3, length 7"].expected_kind.startswith("the torch module, its attention routed")
+    assert rows["batch 1, length 5"].expected_kind == "the torch module"
