@@ -30,7 +30,7 @@ from attnexport import runtimes as R
 from attnexport import variants as V
 from attnexport import seeding
 from attnexport import schema
-from attnexport.errors import UnsupportedByFlavor, UsageError
+from attnexport.errors import UnsupportedByFlavor, UsageError, first_line
 
 BENCH_RUNTIMES = ("torch", "torch-cuda", "ort-cpu", "ort-cuda")
 SIZE_LISTS = ("batch", "seq", "kv_seq", "past_seq", "past_kv_seq")  # options that take comma-separated lists
@@ -322,7 +322,7 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
                 try:
                     cands.append(_ort_candidate(rt, f, model, inputs, dtype, threads, True, cands))
                 except Exception as e:  # noqa: BLE001 - e.g. a node on the CPU: no capture possible
-                    refused.append((rt, f, "io-binding cuda-graph", str(e).strip().splitlines()[0][:200]))
+                    refused.append((rt, f, "io-binding cuda-graph", first_line(e)[:200]))
     for c in cands:
         said(f"warming up {c.runtime} {c.flavor}")
         for _ in range(warmup):

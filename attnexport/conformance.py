@@ -88,13 +88,12 @@ def _options(attrs: dict, given: dict, wanted: dict) -> dict:
     bsd = q.ndim == 3
     heads = attrs["q_num_heads"] if bsd else q.shape[1]
     kv_heads = attrs["kv_num_heads"] if bsd else k.shape[1]
+    length = 1 if bsd else 2  # the sequence axis: (B, T, H*d) or (B, H, T, d)
     o = {"layout": "bsd" if bsd else "bhsd", "batch": q.shape[0], "heads": heads, "kv_heads": kv_heads,
-         "seq": q.shape[-2], "kv_seq": k.shape[-2],
+         "seq": q.shape[length], "kv_seq": k.shape[length],
          "head_dim": q.shape[-1] // heads if bsd else q.shape[-1],
          "v_head_dim": v.shape[-1] // kv_heads if bsd else v.shape[-1],
          "causal": bool(attrs.get("is_causal", 0)), "softcap": float(attrs.get("softcap", 0.0))}
-    if bsd:
-        o["seq"], o["kv_seq"] = q.shape[1], k.shape[1]
     if "scale" in attrs:
         o["scale"] = float(attrs["scale"])
     if "softmax_precision" in attrs:
@@ -108,9 +107,7 @@ def _options(attrs: dict, given: dict, wanted: dict) -> dict:
             o["mask_batch"] = mask.shape[0]
         if mask.ndim >= 3:
             o["mask_heads"] = mask.shape[-3]
-        total = k.shape[-2] + (given["past_key"].shape[2] if "past_key" in given else 0)
-        if bsd:
-            total = k.shape[1] + (given["past_key"].shape[2] if "past_key" in given else 0)
+        total = k.shape[length] + (given["past_key"].shape[2] if "past_key" in given else 0)
         if mask.shape[-1] != total:
             o["mask_keys"] = mask.shape[-1]
     if "past_key" in given:
@@ -138,10 +135,10 @@ def run(cases: list[OnnxCase], flavors=None, runtimes=("ort-cpu", "onnx-ref")) -
     from attnexport import runtimes as R
     from attnexport import variants as V
     from attnexport.compare import compare_outputs, tolerance
-    from attnexport.errors import AttnExportError, UnsupportedByFlavor
+    from attnexport.errors import AttnExportError, UnsupportedByFlavor, reason
 
     variant = V.get("sdpa")
-    models, outcomes = {}, []
+    models, sessions, outcomes = {}, {}, []
     for case in cases:
         if case.out_of_scope:
             continue
@@ -157,9 +154,7 @@ def run(cases: list[OnnxCase], flavors=None, runtimes=("ort-cpu", "onnx-ref")) -
             if key not in models:
                 try:
                     models[key] = E.build_model("sdpa", o, flavor, dtype=case.dtype, params={})[0]
-                except UnsupportedByFlavor as e:
-                    models[key] = e
-                except AttnExportError as e:
+                except AttnExportError as e:  # declined (UnsupportedByFlavor) or failed: said per runtime
                     models[key] = e
             model = models[key]
             for rt in runtimes:
@@ -170,10 +165,11 @@ def run(cases: list[OnnxCase], flavors=None, runtimes=("ort-cpu", "onnx-ref")) -
                     outcomes.append(Outcome(case.name, flavor, rt, "error", f"export: {model}"))
                     continue
                 try:
-                    got = R.prepare_onnx(rt, model).run(case.inputs)
+                    if (key, rt) not in sessions:  # one session per model and runtime, for all its cases
+                        sessions[key, rt] = R.prepare_onnx(rt, model)
+                    got = sessions[key, rt].run(case.inputs)
                 except Exception as e:  # noqa: BLE001 - a runtime refusing the model is this case's result
-                    outcomes.append(Outcome(case.name, flavor, rt, "error", f"{type(e).__name__}: "
-                                            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}"))
+                    outcomes.append(Outcome(case.name, flavor, rt, "error", reason(e)))
                     continue
                 comparisons = compare_outputs(list(case.expected), got, case.expected, tol)
                 bad = [c for c in comparisons if not c.passed]

@@ -35,6 +35,11 @@ class ProviderUnavailableError(AttnExportError):
 
 
 def first_line(e: BaseException) -> str:
-    """The first line of an exception's message (a reason said in one line)."""
+    """The first line of an exception's message (a reason said in one line); "" for none."""
     text = str(e).strip().splitlines()
     return text[0] if text else ""
+
+
+def reason(e: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    return f"{type(e).__name__}: {first_line(e)}"

@@ -31,7 +31,7 @@ from attnexport import schema
 from attnexport import modules as M
 from attnexport import weights as W
 from attnexport.compare import compare, tolerance
-from attnexport.errors import AttnExportError, ExportError, UsageError, first_line
+from attnexport.errors import AttnExportError, ExportError, UsageError, first_line, reason
 
 FLAVORS = tuple(FL.FLAVORS)  # names, in the registry's order
 DEFAULT_FLAVOR = FL.DEFAULT
@@ -349,8 +349,7 @@ def export_errors(what: str):
         raise
     except Exception as e:  # noqa: BLE001 - torch's reasons, in one line
         cause = export_error_cause(e)
-        text = str(cause).splitlines()[0] if str(cause) else ""
-        raise ExportError(f"torch.onnx could not export {what}: {type(cause).__name__}: {text}") from None
+        raise ExportError(f"torch.onnx could not export {what}: {reason(cause)}") from None
 
 
 def convert_opset(model, opset: int, what: str):
@@ -363,7 +362,7 @@ def convert_opset(model, opset: int, what: str):
         with _quiet():
             return version_converter.convert_version(model, opset)
     except Exception as e:  # noqa: BLE001
-        raise ExportError(f"cannot convert the {what} model to opset {opset}: {str(e).splitlines()[0]}") from None
+        raise ExportError(f"cannot convert the {what} model to opset {opset}: {first_line(e)}") from None
 
 
 def check_flavor_op(model, flavor: str, what: str, applies: bool = True, flavor_asked: str | None = None) -> str:
@@ -449,7 +448,7 @@ def stamp(model, meta: dict, what: str) -> None:
         onnx.checker.check_model(model, full_check=True)
         onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
     except Exception as e:
-        raise ExportError(f"the exported {what} model fails onnx checks: {str(e).splitlines()[0]}") from None
+        raise ExportError(f"the exported {what} model fails onnx checks: {first_line(e)}") from None
 
 
 def export_error_cause(e: BaseException) -> BaseException:
@@ -686,8 +685,7 @@ def _check_other_sizes(module, model, names, args, kept, dtype, name):
         try:
             got = session.run({n: t.numpy() for n, t in zip(names, feed)})
         except Exception as e:  # noqa: BLE001 - ONNX Runtime's reason, in one line
-            raise UsageError(f"{name}: the export does not run at {sizes} on ONNX Runtime ({type(e).__name__}: "
-                             f"{first_line(e)[:300]}); if the module fixes a size there, say which axes are "
+            raise UsageError(f"{name}: the export does not run at {sizes} on ONNX Runtime ({reason(e)[:300]}); if the module fixes a size there, say which axes are "
                              "symbolic with --dynamic") from None
         for out_name, w in zip(list(got), want):
             c = compare(out_name, got[out_name], w.float().numpy(), tol)

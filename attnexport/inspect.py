@@ -10,7 +10,7 @@ import onnx
 from onnx import external_data_helper
 from google.protobuf.message import DecodeError
 
-from attnexport.errors import UsageError
+from attnexport.errors import UsageError, first_line
 from attnexport.export import attention_op_of
 
 _ELEM = {v: k for k, v in onnx.TensorProto.DataType.items()}
@@ -43,7 +43,7 @@ def load_model(path: str | Path) -> onnx.ModelProto:
     try:
         onnx.checker.check_model(model, full_check=False)
     except onnx.checker.ValidationError as e:
-        raise UsageError(f"{path} is not a valid ONNX model: {str(e).splitlines()[0]}") from None
+        raise UsageError(f"{path} is not a valid ONNX model: {first_line(e)}") from None
     return model
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from attnexport import dtypes as D
-from attnexport.errors import ExportError, UsageError, first_line
+from attnexport.errors import ExportError, UsageError, first_line, reason
 
 SEMANTICS_NOTE = "a fully masked query row gives zeros in the export, where torch {version} gives NaN"
 
@@ -59,7 +59,7 @@ def load(spec: str, seed: int = 0):
     try:
         loader_spec.loader.exec_module(source)
     except Exception as e:  # noqa: BLE001 - the user's file: any error is theirs, said in one line
-        raise UsageError(f"--module {spec}: importing {path.name} raised {type(e).__name__}: {first_line(e)}") from None
+        raise UsageError(f"--module {spec}: importing {path.name} raised {reason(e)}") from None
     if not hasattr(source, name):
         names = sorted(n for n, v in vars(source).items() if not n.startswith("_") and callable(v)
                        and getattr(v, "__module__", None) == mod_name)
@@ -72,7 +72,7 @@ def load(spec: str, seed: int = 0):
             torch.manual_seed(seed)
             made = obj()
     except Exception as e:  # noqa: BLE001
-        raise UsageError(f"--module {spec}: {name}() raised {type(e).__name__}: {first_line(e)}") from None
+        raise UsageError(f"--module {spec}: {name}() raised {reason(e)}") from None
     module, example = (made if isinstance(made, tuple) and len(made) == 2 else (made, None))
     if not isinstance(module, torch.nn.Module):
         raise UsageError(f"--module {spec}: {name}() gave a {type(module).__name__}, not a torch.nn.Module")
@@ -96,7 +96,7 @@ def load_weights(module, path) -> None:
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - a damaged or foreign file: said in one line
-        raise UsageError(f"--weights {path}: cannot be read as a state_dict ({type(e).__name__}: {first_line(e)})") \
+        raise UsageError(f"--weights {path}: cannot be read as a state_dict ({reason(e)})") \
             from None
     if isinstance(state, torch.nn.Module):
         state = state.state_dict()

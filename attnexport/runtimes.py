@@ -22,7 +22,7 @@ import onnx
 from attnexport import dtypes as D
 from attnexport import seeding
 from attnexport import schema
-from attnexport.errors import ProviderUnavailableError, UsageError
+from attnexport.errors import ProviderUnavailableError, UsageError, first_line
 
 RUNTIMES = ("torch", "torch-cuda", "onnx-ref", "ort-cpu", "ort-cuda")
 ONNX_RUNTIMES = ("onnx-ref", "ort-cpu", "ort-cuda")
@@ -187,7 +187,7 @@ def _ort_cuda_status() -> Status:
     try:
         s = ort.InferenceSession(m.SerializeToString(), providers=["CUDAExecutionProvider"])
     except Exception as e:  # noqa: BLE001 - any failure is the reason
-        return Status("ort-cuda", False, f"the CUDA provider failed to start: {str(e).splitlines()[0]}")
+        return Status("ort-cuda", False, f"the CUDA provider failed to start: {first_line(e)}")
     if "CUDAExecutionProvider" not in s.get_providers():
         return Status("ort-cuda", False, "the CUDA provider did not start (no CUDA device or driver?)")
     return Status("ort-cuda", True, "CUDAExecutionProvider")

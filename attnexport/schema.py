@@ -57,6 +57,9 @@ class Variant:
     # axes). The export traces them at the other's size and names them apart in the ONNX inputs.
     broadcast: tuple[tuple[str, str], ...] = ()
     checks: tuple[Callable[[dict], str | None], ...] = field(default=())
+    # Given options whose symbolic sizes were changed (verify's probes at other shapes), the sizes
+    # that depend on others made to fit them again (sdpa: a short mask stays shorter than the keys).
+    refit: Callable[[dict], dict] = lambda o: o
     # How to make its ONNX model: (options, flavor, dtype, params) -> ModelProto; None: the
     # registry's export. A user's module (attnexport.bench.module_variant) brings its own.
     export: Callable[[dict, str, str, dict], Any] | None = None

@@ -127,6 +127,13 @@ def _sdpa_mask_check(o):
     return None
 
 
+def _sdpa_refit(o):
+    """A short mask (--mask-keys) at other sizes: one key shorter than the keys, where it can be."""
+    if o.get("mask_keys") is None:
+        return o
+    return {**o, "mask_keys": max(1, o["kv_seq"] + (o["past_seq"] if o.get("kv_cache") else 0) - 1)}
+
+
 def _sdpa_cache_check(o):
     if o["kv_cache"] and o["nonpad"]:
         return ("--nonpad counts the valid keys of a preallocated cache passed as key/value; the operator "
@@ -317,6 +324,7 @@ _VARIANTS = (
         dynamic=("batch", "heads", "kv_heads", "seq", "kv_seq", "head_dim", "v_head_dim", "past_seq",
                  "mask_batch", "mask_heads", "mask_keys"),
         broadcast=(("mask_batch", "batch"), ("mask_heads", "heads")),
+        refit=_sdpa_refit,
         checks=(_divides("kv_heads", "heads"), _sdpa_mask_check, _sdpa_cache_check,
                 lambda o: None if o["softcap"] >= 0 else "--softcap must be >= 0",
                 lambda o: None if o["scale"] is None or o["scale"] > 0 else "--scale must be > 0"),

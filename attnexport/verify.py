@@ -39,7 +39,7 @@ from attnexport.compare import TOLERANCES, Tolerance, check_tolerance_values, co
     derived_tolerance, tolerance
 from attnexport.cases import seed_of
 from attnexport.decode import CHUNKS, decode, empty_cache, split_inputs, stream_axis
-from attnexport.errors import AttnExportError, ProviderUnavailableError, UnsupportedByFlavor, UsageError, first_line
+from attnexport.errors import AttnExportError, ProviderUnavailableError, UnsupportedByFlavor, UsageError, reason
 from attnexport.inspect import attnexport_metadata, load_model
 from attnexport.localize import Localization, locate
 from attnexport.report import Report, Row
@@ -354,9 +354,7 @@ def _seeded_case(variant, options, sizes, i):
     for k, full in variant.broadcast:  # an axis that was full stays full at the new size
         if options[k] != 1:
             given[k] = given[full]
-    if "mask_keys" in variant.sizes(options):  # a short mask stays shorter than the keys, when it can be
-        given["mask_keys"] = max(1, given["kv_seq"] + (given["past_seq"] if given.get("kv_cache") else 0) - 1)
-    o = variant.resolve(given)
+    o = variant.resolve(variant.refit(given))
     name = f"seeded-{'x'.join(str(o[k]) for k in ('batch', 'seq') if k in o)}"
     return golden.GoldenCase(name, variant.name, o, seeding.make_inputs(variant, o, 1000 + i), {}, {},
                              {"source": "seeded inputs (no stored golden case has these options)"})
@@ -480,11 +478,6 @@ def _plan_model(path, used, golden_dir, dtype, model_variant, model_flavor, mode
 
 # --- execution ---------------------------------------------------------------------------------
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
-
-
 def _execute(step: Step, strict: bool) -> Row:
     case = step.case
     variant = V.get(case.variant)
@@ -508,7 +501,7 @@ def _execute(step: Step, strict: bool) -> Row:
         row.error = str(e)
         return row
     except Exception as e:  # noqa: BLE001 - a model a runtime cannot load fails verification
-        row.error = _first_line(e)
+        row.error = reason(e)
         return row
     feed = D.cast_floats(case.inputs, dtype)
     try:
@@ -519,7 +512,7 @@ def _execute(step: Step, strict: bool) -> Row:
             got, ms = prepared.timed(feed, warmup=0 if step.runtime == "onnx-ref" else 1,
                                      iters=1 if step.runtime == "onnx-ref" else 3)
     except Exception as e:  # noqa: BLE001 - a runtime failing on a model is a verification failure
-        row.error = _first_line(e)
+        row.error = reason(e)
         return row
     row.median_ms, row.arrays = ms, got
     declared = ["output"] if step.decode_chunk else [s.name for s in variant.outputs(case.options)]
@@ -558,7 +551,7 @@ def _localize(row: Row, step: Step, fail_on_divergence: bool) -> None:
     except UnsupportedByFlavor:
         return
     except Exception as e:  # noqa: BLE001 - localization is a diagnosis; its failure is reported
-        row.localization = Localization(note=f"localization failed: {_first_line(e)}")
+        row.localization = Localization(note=f"localization failed: {reason(e)}")
         return
     if fail_on_divergence and row.localization.diverged and row.passed:
         row.passed = False
@@ -659,7 +652,7 @@ def _verify_module(model_path, spec, runtimes, rtol, atol, skip_unavailable, inp
                     row.skipped = f"{rt} runs no module"
                     continue
             except Exception as e:  # noqa: BLE001 - a runtime failing on the model fails verification
-                row.error = f"{type(e).__name__}: {first_line(e)}"
+                row.error = reason(e)
                 continue
             row.comparisons = compare_outputs(declared, got, expected, tol)
             row.passed = bool(row.comparisons) and all(c.passed for c in row.comparisons)

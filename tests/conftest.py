@@ -86,7 +86,7 @@ def pytest_sessionfinish(session, exitstatus):
 def pytest_addoption(parser):
     parser.addoption("--all-onnx-cases", action="store_true",
                      help="run every onnx Attention node case in every flavour (tests/test_conformance.py; "
-                          "about 40 s on 2 cores), not only the representative ones")
+                          "about 50 s on 2 cores), not only the representative ones")
     parser.addoption("--all-modules", action="store_true",
                      help="run every real module of tests/test_hf.py in every flavour (the [hf] extra), not only "
                           "the attention flavour")

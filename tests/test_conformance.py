@@ -87,7 +87,7 @@ def test_the_representative_cases_pass_or_are_declined_with_their_reason(half):
 @pytest.mark.parametrize("shard", range(SHARDS))
 def test_every_in_scope_case_passes_or_is_declined_with_its_reason(shard, request):
     if not request.config.getoption("--all-onnx-cases"):
-        pytest.skip("the whole set runs with --all-onnx-cases (about 40 s on 2 cores); the representative "
+        pytest.skip("the whole set runs with --all-onnx-cases (about 50 s on 2 cores); the representative "
                     "cases run always")
     _check([c for c in _cases() if not c.out_of_scope and _shard(c) == shard])
 
