@@ -487,12 +487,6 @@ def export(variant_name: str, options: dict | None = None, flavor: str = DEFAULT
                         result.opset, result.dtype, result.attention_op, len(data), result.note)
 
 
-def example_feed(variant: schema.Variant | str, options: dict, seed: int, dtype: str = "fp32") -> dict[str, np.ndarray]:
-    """Seeded inputs for a variant at the given options, cast for an ONNX session."""
-    variant = V.get(variant) if isinstance(variant, str) else variant
-    return D.cast_floats(seeding.make_inputs(variant, variant.resolve(options), seed), dtype)
-
-
 # --- a user's module ----------------------------------------------------------------------------
 
 @dataclass

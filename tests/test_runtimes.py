@@ -15,7 +15,7 @@ def mha():
     o = variant.resolve({"weights": True})
     params = seeding.init_params(variant, o, 0)
     model = E.build_model("mha", o, "attention", params=params)[0]
-    return variant, o, params, model, E.example_feed(variant, o, 1)
+    return variant, o, params, model, seeding.make_inputs(variant, o, 1)
 
 
 def test_every_runtime_has_a_status_with_a_reason():
