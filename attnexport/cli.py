@@ -215,6 +215,9 @@ def _given(kwargs) -> dict:
 @click.option("--nan-rows", is_flag=True,
               help="With --module and --flavor primitives: a fully masked query row gives NaN, as in torch "
                    "(default: zeros).")
+@click.option("--allow-unfused", is_flag=True,
+              help="With --module: export attention that is not recognized as MatMul+Softmax in a fused flavor "
+                   "(default: exit 1 naming it).")
 @click.option("--dynamic", "dynamic_specs", multiple=True, metavar="NAME:AXIS=DIM",
               help="With --module: a symbolic axis, e.g. x:1=seq (repeatable; default: axes 0 and 1 of every "
                    "input, where the model allows).")
@@ -230,8 +233,8 @@ def _given(kwargs) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_variant_options
 @reports_errors
-def export(variant, module_spec, input_specs, nan_rows, dynamic_specs, flavor, opset, dtype, seed, output, as_json,
-           **options):
+def export(variant, module_spec, input_specs, nan_rows, allow_unfused, dynamic_specs, flavor, opset, dtype, seed,
+           output, as_json, **options):
     """Export a variant, or your own module, to ONNX (checked, with metadata, written atomically).
 
     Examples: attnexport export --variant mha --heads 8 --flavor ort -o mha.onnx;
@@ -239,11 +242,11 @@ def export(variant, module_spec, input_specs, nan_rows, dynamic_specs, flavor, o
     """
     if (variant is None) == (module_spec is None):
         raise UsageError("give --variant NAME or --module FILE.py:NAME (one of them)")
-    if module_spec is None and (input_specs or dynamic_specs or nan_rows):
-        raise UsageError("--input, --dynamic and --nan-rows go with --module")
+    if module_spec is None and (input_specs or dynamic_specs or nan_rows or allow_unfused):
+        raise UsageError("--input, --dynamic, --nan-rows and --allow-unfused go with --module")
     if module_spec is not None:
         _export_module(module_spec, input_specs, dynamic_specs, flavor, opset, dtype, output, as_json, options,
-                       nan_rows, seed)
+                       nan_rows, seed, allow_unfused)
         return
     result = export_mod.export(variant, _given(options), flavor, opset, dtype, output, seed=seed)
     if as_json:
@@ -282,7 +285,8 @@ def _module_variant(spec, input_specs, seed, weights):
     return bench_mod.module_variant(spec, module, example, names)
 
 
-def _export_module(spec, input_specs, dynamic_specs, flavor, opset, dtype, output, as_json, options, nan_rows, seed):
+def _export_module(spec, input_specs, dynamic_specs, flavor, opset, dtype, output, as_json, options, nan_rows, seed,
+                   allow_unfused=False):
     from attnexport import modules
     weights = _module_weights(options)
     if _given(options):
@@ -299,7 +303,7 @@ def _export_module(spec, input_specs, dynamic_specs, flavor, opset, dtype, outpu
     path = output or str(F.default_output(Path(spec.rpartition(":")[0]).stem))
     result = export_mod.export_module(module, example, flavor=flavor, opset=opset, dtype=dtype, dynamic=dynamic,
                                    output=path, input_names=names, name=spec, nan_rows=nan_rows, seed=seed,
-                                   weights_file=weights)
+                                   weights_file=weights, allow_unfused=allow_unfused)
     if as_json:
         click.echo(json.dumps(result.to_dict()))
     else:

@@ -504,6 +504,7 @@ class ModuleExportResult:
     notes: list = field(default_factory=list)
     model: onnx.ModelProto | None = field(default=None, repr=False)
     outputs: list = field(default_factory=list)  # the model's output names
+    recognized: list = field(default_factory=list)  # attention found in the traced program (recognize.Found)
 
     def summary(self) -> str:
         line = (f"{self.path}: {self.module}, flavor {self.flavor}, opset {self.opset}, {self.dtype}, attention op "
@@ -515,13 +516,14 @@ class ModuleExportResult:
         return {"path": str(self.path), "module": self.module, "flavor": self.flavor, "opset": self.opset,
                 "dtype": self.dtype, "attention_op": self.attention_op, "routed": self.routed,
                 "dynamic": self.dynamic, "checked": self.checked, "outputs": self.outputs, "size": self.size,
-                "notes": self.notes}
+                "notes": self.notes, "recognized": [vars(f) for f in self.recognized]}
 
 
 def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: int | None = None,
                   dtype: str = "fp32", dynamic: dict | None = None, output=None, input_names=None,
                   name: str = "module", nan_rows: bool = False, seed: int | None = None,
-                  weights_file: str | None = None, output_names=None) -> ModuleExportResult:
+                  weights_file: str | None = None, output_names=None,
+                  allow_unfused: bool = False) -> ModuleExportResult:
     """Exports a user's attention module through attnexport's core.
 
     Args:
@@ -535,8 +537,11 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
             `output_1`, ... for a tuple, the keys of a dict (a transformers ModelOutput).
         seed, weights_file: where the module's parameters came from (recorded in the metadata):
             the seed its file was loaded with (`load`), or the file its weights were loaded from.
+        allow_unfused: export attention that was not recognized (see `attnexport.recognize`) as
+            MatMul+Softmax in a fused flavour; without it that is an ExportError.
     """
     import torch
+    from attnexport import recognize
     from attnexport.onnx_attention import torch_dead_rows
 
     FL.check(flavor)
@@ -561,13 +566,21 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
         sample = M.call_forward(module, args, name)
     out_names = list(output_names) if output_names else M.default_output_names(sample)
     routing = M.Routing()
-    with M.routed(routing, module), (torch_dead_rows() if nan_rows else contextlib.nullcontext()):
-        program = to_onnx(module, args, flavor=flavor, opset=opset, input_names=names, output_names=out_names,
-                          dynamic_shapes=dims[0], what=name)
+    with M.routed(routing), (torch_dead_rows() if nan_rows else contextlib.nullcontext()):
+        with export_errors(name), _quiet():
+            traced = torch.export.export(module, args, dynamic_shapes=dims[0])
+        found = recognize.route(traced)
+        missed = [f for f in found if f.reason]
+        if missed and flavor != "primitives" and not allow_unfused:
+            f = missed[0]
+            raise ExportError(f"{name}: attention at {f.where} was not recognized ({f.reason}); the {flavor} flavor "
+                              "would compute it with MatMul+Softmax outside its fused op. --allow-unfused exports "
+                              "it so (--flavor primitives computes all attention that way)")
+        program = to_onnx(traced, args, flavor=flavor, opset=opset, input_names=names, output_names=out_names,
+                          what=name)
     model = program.model_proto
     # Calls routed: the core's nodes in the traced program (tracing may run forward more than once).
-    routing.calls = sum(1 for node in program.exported_program.graph.nodes
-                        if node.target is torch.ops.attnexport.attention.default)
+    routing.calls = sum(1 for node in traced.graph.nodes if node.target is torch.ops.attnexport.attention.default)
     kept = _name_dims(model, names, dims[1])
     if dynamic is not None:
         fixed = [f"{n}:{a}={d}" for n, axes in dims[1].items() for a, d in axes.items() if a not in kept.get(n, {})]
@@ -591,6 +604,8 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
                                                     "scaled_dot_product_attention nor nn.MultiheadAttention "
                                                     "without weights"]
     notes += [f"not routed: {u}" for u in sorted(set(routing.unrouted))]
+    notes += [f"routed: {f.kind} attention at {f.where}" for f in found if f.kind]
+    notes += [f"not routed (MatMul+Softmax in the graph): attention at {f.where}: {f.reason}" for f in missed]
     static = [f"{n} axis {a}" for n, axes in dims[1].items() for a in axes if a not in kept.get(n, {})]
     if static:
         notes.append(f"fixed by the model (not symbolic): {', '.join(static)}")
@@ -600,33 +615,38 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
         path = Path(output)
         F.atomic_write(path, data)
     return ModuleExportResult(path, name, flavor, opset, dtype, op_name, routing.calls, kept, checked, len(data),
-                              notes, model, [o.name for o in model.graph.output])
+                              notes, model, [o.name for o in model.graph.output], found)
 
 
 def _dynamic_shapes(names, args, dynamic):
-    """(dynamic_shapes for torch.export, wanted {input: {axis: name}})."""
+    """(dynamic_shapes for torch.export, wanted {input: {axis: name}}). torch.export is asked to
+    keep each wanted axis symbolic where the program allows (Dim.AUTO): axes the program needs
+    equal share one symbol, and an axis the module fixes is reported by name afterwards."""
     import torch
     if dynamic is None:
         wanted = {n: {0: "batch", **({1: f"{n}_len"} if t.dim() >= 2 else {})}
                   for n, t in zip(names, args) if t.dim() >= 2}
-        shapes = tuple({a: torch.export.Dim.AUTO for a in wanted.get(n, {})} for n in names)
-        return shapes, wanted
-    unknown = set(dynamic) - set(names)
-    if unknown:
-        raise UsageError(f"--dynamic names {', '.join(sorted(unknown))}, not an input (inputs: {', '.join(names)})")
-    wanted = {}
-    for n, t in zip(names, args):
-        for axis, dim in dynamic.get(n, {}).items():
-            if not -t.dim() <= axis < t.dim():
-                raise UsageError(f"--dynamic {n}:{axis}={dim}: {n} has {t.dim()} axes")
-            wanted.setdefault(n, {})[axis % t.dim()] = dim
-    dims = {d: torch.export.Dim(d) for axes in wanted.values() for d in axes.values()}
-    shapes = tuple({a: dims[d] for a, d in wanted.get(n, {}).items()} for n in names)
+    else:
+        unknown = set(dynamic) - set(names)
+        if unknown:
+            raise UsageError(f"--dynamic names {', '.join(sorted(unknown))}, not an input (inputs: "
+                             f"{', '.join(names)})")
+        wanted = {}
+        for n, t in zip(names, args):
+            for axis, dim in dynamic.get(n, {}).items():
+                if not -t.dim() <= axis < t.dim():
+                    raise UsageError(f"--dynamic {n}:{axis}={dim}: {n} has {t.dim()} axes")
+                wanted.setdefault(n, {})[axis % t.dim()] = dim
+    shapes = tuple({a: torch.export.Dim.AUTO for a in wanted.get(n, {})} for n in names)
     return shapes, wanted
 
 
 def _name_dims(model, names, wanted):
     """Names the symbolic input axes as asked; returns those that stayed symbolic."""
+    for value in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
+        for d in value.type.tensor_type.shape.dim:
+            if d.dim_param.isdigit():  # a symbol torch.export specialized: a size, not a name
+                d.dim_value = int(d.dim_param)
     kept, renames = {}, {}
     inputs = {i.name: i for i in model.graph.input}
     for n, axes in wanted.items():

@@ -4,7 +4,8 @@ During the export, every call of `torch.nn.functional.scaled_dot_product_attenti
 attnexport's attention core (`attnexport.models.core.attend`), so the flavour decides the graph
 exactly as for the built-in variants. `nn.MultiheadAttention` (and with it
 `nn.TransformerEncoderLayer`/`DecoderLayer`) calls that function when it is not asked for its
-weights, with its fast path off, which the export turns off. A module is exported by
+weights, with its fast path off, which the export turns off. Attention written out with torch's
+ops is recognized in the traced program (`attnexport.recognize`). A module is exported by
 `attnexport.export.export_module` and verified by `attnexport.verify.verify_module`.
 """
 
@@ -174,11 +175,11 @@ class Routing:
 
 
 @contextlib.contextmanager
-def routed(routing: Routing, module=None):
+def routed(routing: Routing):
     """Within the block, F.scaled_dot_product_attention is attnexport's core, and
     nn.MultiheadAttention's fast path (one fused torch op the exporter cannot route) is off.
-    Given the module, each nn.MultiheadAttention in it that is asked for its weights is noted as
-    unrouted: torch computes those with its own ops, outside scaled_dot_product_attention."""
+    Attention written out with torch's ops (nn.MultiheadAttention's when asked for its weights,
+    eager implementations) is found in the traced program by `attnexport.recognize`."""
     import torch
     from attnexport.models.core import attend
     functional = torch.nn.functional
@@ -200,16 +201,6 @@ def routed(routing: Routing, module=None):
         out = attend(query, key, value, attn_mask, scale=scale, is_causal=is_causal).output
         return out.squeeze(1) if rank == 3 else out
 
-    def weights_asked(name):
-        def hook(mha, args, kwargs):
-            if kwargs.get("need_weights", args[4] if len(args) > 4 else True):
-                routing.unrouted.append(f"nn.MultiheadAttention {name or '(the module)'} with need_weights=True "
-                                        "(torch computes its weights with its own ops)")
-        return hook
-
-    hooks = [m.register_forward_pre_hook(weights_asked(n), with_kwargs=True)
-             for n, m in (module.named_modules() if module is not None else ())
-             if isinstance(m, torch.nn.MultiheadAttention)]
     fastpath = torch.backends.mha.get_fastpath_enabled()
     functional.scaled_dot_product_attention = sdpa
     torch.backends.mha.set_fastpath_enabled(False)
@@ -218,8 +209,30 @@ def routed(routing: Routing, module=None):
     finally:
         functional.scaled_dot_product_attention = original
         torch.backends.mha.set_fastpath_enabled(fastpath)
-        for h in hooks:
-            h.remove()
+
+
+@contextlib.contextmanager
+def dead_softmax_rows_zero():
+    """Within the block, a softmax over a row that is -inf everywhere (a query with no key to
+    attend to) gives zeros, attnexport's semantics, where torch gives NaN: what the torch module
+    computes under those semantics when its attention is written out by hand."""
+    import torch
+    functional = torch.nn.functional
+    originals = (torch.softmax, torch.Tensor.softmax, functional.softmax)
+
+    def zeroing(softmax):
+        def wrapped(input, dim=None, *args, **kwargs):
+            out = softmax(input, dim, *args, **kwargs)
+            if dim is None or not input.is_floating_point():
+                return out
+            return out.masked_fill(torch.isneginf(input).all(dim=dim, keepdim=True), 0.0)
+        return wrapped
+
+    torch.softmax, torch.Tensor.softmax, functional.softmax = (zeroing(f) for f in originals)
+    try:
+        yield
+    finally:
+        torch.softmax, torch.Tensor.softmax, functional.softmax = originals
 
 
 # --- a forward's inputs and outputs --------------------------------------------------------------

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 
+import numpy as np
 import onnx
 from onnx.defs import OpSchema
 from onnxscript import ir, opset18 as op, opset23 as op23
@@ -67,6 +68,22 @@ def _static(dim) -> int | None:
 
 def _const(value, like):
     return op.CastLike(op.Constant(value_float=float(value)), like)
+
+
+# The lowest finite number of each float type a mask may have, and the one after it.
+_LOWEST = {ir.DataType.FLOAT: np.finfo(np.float32).min, ir.DataType.FLOAT16: np.finfo(np.float16).min}
+_NEXT_LOWEST = {t: np.nextafter(x, x.dtype.type(0)) for t, x in _LOWEST.items()}
+
+
+def _lowest_added(mask):  # `mask` a graph input or a node's output whose type is known
+    """ONNX Runtime's CPU Attention kernel (1.31.1) takes a mask value equal to its type's lowest
+    finite number as -inf: a query whose keys all have it gets zeros, where the operator adds the
+    mask and gives the mean of the values. transformers' eager masks are filled with that number
+    (a fully padded sequence). Here the lowest becomes its neighbour, which the kernel adds."""
+    lowest = _LOWEST.get(mask.dtype)
+    if lowest is None:
+        return mask
+    return op.Where(op.Equal(mask, _const(lowest, mask)), _const(_NEXT_LOWEST[mask.dtype], mask), mask)
 
 
 def _empty(like):
@@ -246,7 +263,10 @@ def _standard(query, key, value, attn_mask, past_key, past_value, nonpad, scale,
         # The spec broadcasts the mask, but ONNX Runtime's kernel wants its query axis to be
         # Tq: expand a padding mask (B, 1, 1, Tk) to (B, 1, Tq, Tk).
         lead = _shape(attn_mask, 0, len(attn_mask.shape) - 2)
-        attn_mask = op.Expand(attn_mask, op.Concat(lead, _shape(query, 2, 3), _shape(attn_mask, -1), axis=0))
+        shape = op.Concat(lead, _shape(query, 2, 3), _shape(attn_mask, -1), axis=0)
+        attn_mask = op.Expand(_lowest_added(attn_mask), shape)
+    elif attn_mask is not None:
+        attn_mask = _lowest_added(attn_mask)
     attrs = {"is_causal": int(bool(is_causal))}
     if scale is not None:
         attrs["scale"] = float(scale)

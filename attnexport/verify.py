@@ -622,7 +622,7 @@ def _verify_module(model_path, spec, runtimes, rtol, atol, skip_unavailable, inp
             # an additive -inf (nn.MultiheadAttention's key padding mask); attnexport's semantics
             # give zeros. The module with its attention routed through the core is the module
             # under those semantics.
-            with torch.no_grad(), M.routed(M.Routing()):
+            with torch.no_grad(), M.routed(M.Routing()), M.dead_softmax_rows_zero():
                 routed = M.outputs_of(module(*feed))
             if not any(r.is_floating_point() and torch.isnan(r).any() for r in routed):
                 want, kind = routed, ("the torch module, its attention routed through attnexport's core (the module "
@@ -643,7 +643,7 @@ def _verify_module(model_path, spec, runtimes, rtol, atol, skip_unavailable, inp
                 continue
             try:
                 if rt == "torch":
-                    with torch.no_grad(), M.routed(M.Routing()):
+                    with torch.no_grad(), M.routed(M.Routing()), M.dead_softmax_rows_zero():
                         got_t = M.outputs_of(module(*feed))
                     got = {n: g.detach().double().numpy() for n, g in zip(declared, got_t)}
                 elif rt in prepared:

@@ -14,6 +14,11 @@ def _sdpa(config):
     return config
 
 
+def _eager(config):
+    config._attn_implementation = "eager"  # attention written out: matmul, softmax, matmul
+    return config
+
+
 class _First(nn.Module):
     """Calls the wrapped block with the given keyword arguments and returns its first output."""
 
@@ -95,6 +100,12 @@ def gpt2_block():
     return _First(T.models.gpt2.modeling_gpt2.GPT2Block(config, layer_idx=0)), _hidden()
 
 
+def gpt2_eager_block():
+    import transformers as T
+    config = _eager(T.GPT2Config(n_embd=64, n_head=4, n_layer=1, n_positions=64, vocab_size=100))
+    return _First(T.models.gpt2.modeling_gpt2.GPT2Block(config, layer_idx=0)), _hidden()
+
+
 def gpt2_model():
     import transformers as T
     config = _sdpa(T.GPT2Config(n_embd=64, n_head=4, n_layer=2, n_positions=64, vocab_size=100, use_cache=False))
@@ -105,6 +116,30 @@ def bert_model():
     import transformers as T
     config = _sdpa(T.BertConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128, num_hidden_layers=2,
                                 vocab_size=100, max_position_embeddings=64))
+    return IdsAndMask(T.BertModel(config, add_pooling_layer=False)), _ids_and_mask()
+
+
+def bert_layer():
+    import transformers as T
+    config = _sdpa(T.BertConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128, num_hidden_layers=1,
+                                vocab_size=100))
+    return _First(T.models.bert.modeling_bert.BertLayer(config)), _hidden()
+
+
+def t5_attention():
+    """T5's self-attention with its relative position bias: attention written out, no scale."""
+    import transformers as T
+    config = _eager(T.T5Config(d_model=64, d_kv=16, num_heads=4, d_ff=128, num_layers=1, vocab_size=100))
+    return _First(T.models.t5.modeling_t5.T5Attention(config, has_relative_attention_bias=True, layer_idx=0)), \
+        _hidden()
+
+
+def bert_model_eager():
+    """BertModel with transformers' eager attention: its padding mask is added as the float32's
+    lowest number, which ONNX Runtime's Attention kernel once took for -inf."""
+    import transformers as T
+    config = _eager(T.BertConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128, num_hidden_layers=2,
+                                 vocab_size=100, max_position_embeddings=64))
     return IdsAndMask(T.BertModel(config, add_pooling_layer=False)), _ids_and_mask()
 
 

@@ -24,7 +24,8 @@ def _timm_problem() -> str:
 from attnexport.cli import main  # noqa: E402
 
 # Module, and the number of attention calls torch itself makes in its forward.
-MODULES = {"llama": 1, "mistral": 1, "qwen2": 1, "gpt2_block": 1, "gpt2_model": 2, "bert_model": 2,
+MODULES = {"llama": 1, "mistral": 1, "qwen2": 1, "gpt2_block": 1, "gpt2_eager_block": 1, "gpt2_model": 2,
+           "bert_layer": 1, "bert_model": 2, "bert_model_eager": 2, "t5_attention": 1,
            "whisper_attention": 1, "vit_block": 1, "torch_decoder_layer": 2}
 FUSED = {"primitives": "MatMul+Softmax", "attention": "Attention", "ort": "com.microsoft.MultiHeadAttention"}
 
