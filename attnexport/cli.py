@@ -341,6 +341,12 @@ def inspect(model, as_json):
             if k == "params":  # one line: how many are fingerprinted (the hashes are in --json)
                 entries = json.loads(v) if isinstance(v, str) else v
                 v = f"{len(entries)} parameters fingerprinted (sha256 each; see --json)"
+            elif k == "routed":  # a module's attention calls: how each was found, and where
+                calls = json.loads(v)
+                v = f"{len(calls)} attention call(s)" + "".join(f"; {c['kind']} at {c['where']}" for c in calls)
+            elif k == "inputs":  # a module's inputs: shape, dtype and the name of each symbolic axis
+                v = "; ".join(f"{i['name']} {'x'.join(map(str, i['shape']))} {i['dtype']}" + "".join(
+                    f", axis {a} {d}" for a, d in i["dynamic"].items()) for i in json.loads(v))
             _console().print(f"  {k}: {escape(json.dumps(v) if isinstance(v, dict) else str(v))}")
     else:
         _console().print("no attnexport metadata")

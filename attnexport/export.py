@@ -580,7 +580,8 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
                           what=name)
     model = program.model_proto
     # Calls routed: the core's nodes in the traced program (tracing may run forward more than once).
-    routing.calls = sum(1 for node in traced.graph.nodes if node.target is torch.ops.attnexport.attention.default)
+    calls = recognize.routed_calls(traced)
+    routing.calls = len(calls)
     kept = _name_dims(model, names, dims[1])
     if dynamic is not None:
         fixed = [f"{n}:{a}={d}" for n, axes in dims[1].items() for a, d in axes.items() if a not in kept.get(n, {})]
@@ -591,6 +592,7 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
              "dynamic": {str(a): d for a, d in kept.get(n, {}).items()}} for n, t in zip(names, args)]
     meta = {"attnexport.module": name, "attnexport.inputs": json.dumps(spec), "attnexport.flavor": flavor,
             "attnexport.graph_flavor": flavor, "attnexport.opset": str(opset), "attnexport.dtype": dtype,
+            "attnexport.routed": json.dumps(calls),
             **({"attnexport.seed": str(seed)} if seed is not None else {}),
             "attnexport.params_source": ("given: " + Path(weights_file).name) if weights_file else "seed"}
     params = {k: v.detach().float().numpy() for k, v in module.state_dict().items()}

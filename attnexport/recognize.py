@@ -42,6 +42,7 @@ _CASTS = {aten.to.dtype, aten._to_copy.default, aten.type_as.default, aten.to.dt
 _SAME_VALUES = {aten.clone.default, aten.contiguous.default, aten.alias.default, aten.detach.default,
                 aten.dropout.default}
 _CHECKS = {aten._assert_tensor_metadata.default}
+_KIND = "attnexport_routed"  # the meta key marking a core node this pass made, with how it was found
 _LARGE_NEGATIVE = -1e4  # a fill at or below this hides a key as -inf does (exp underflows to 0)
 
 
@@ -59,17 +60,32 @@ class _NotAttention(Exception):
 
 
 def _where(node: Node) -> str:
-    """The user's source line of a node, from the trace's stack: `file.py:12 (code)`."""
+    """The user's source line of a node, from the trace's stack (the innermost frame outside
+    attnexport and torch): `file.py:12 (code)`."""
     lines = [ln.strip() for ln in (node.meta.get("stack_trace") or "").strip().splitlines()]
-    for i in range(len(lines) - 1, -1, -1):
-        if lines[i].startswith("File "):
-            parts = lines[i].split(",")
-            file = parts[0][len("File "):].strip('"').rsplit("/", 1)[-1]
-            line = parts[1].strip().removeprefix("line ") if len(parts) > 1 else "?"
-            code = lines[i + 1] if i + 1 < len(lines) else ""
-            code = code.rstrip("(").strip()
-            return f"{file}:{line} ({code})" if code else f"{file}:{line}"
-    return f"node {node.name}"
+    frames = []
+    for i, line in enumerate(lines):
+        if line.startswith("File "):
+            parts = line.split(",")
+            path = parts[0][len("File "):].strip('"')
+            number = parts[1].strip().removeprefix("line ") if len(parts) > 1 else "?"
+            code = lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("File ") else ""
+            frames.append((path, number, code.rstrip("(").strip()))
+    outside = [f for f in frames if not any(f"/{pkg}/" in f[0] for pkg in ("attnexport", "torch"))] or frames
+    if not outside:
+        return f"node {node.name}"
+    path, number, code = outside[-1]
+    file = path.rsplit("/", 1)[-1]
+    return f"{file}:{number} ({code})" if code else f"{file}:{number}"
+
+
+def routed_calls(program) -> list[dict]:
+    """Every call of the core in a traced program, in order: {"kind", "where"}; kind is
+    "scaled_dot_product_attention" for a call routed as the module made it, else how
+    `route` found it ("hand-written", "sdpa op")."""
+    core = torch.ops.attnexport.attention.default
+    return [{"kind": n.meta.get(_KIND, "scaled_dot_product_attention"), "where": _where(n)}
+            for n in program.graph.nodes if n.target is core]
 
 
 def _val(x):
@@ -291,6 +307,7 @@ class _Rewriter:
         wanted_precision = 1 if (precision is not None and qv.dtype != torch.float32) else None
         core = self.new(vp, torch.ops.attnexport.attention.default, q, k, v, mask, None, None, None, scale, False,
                         0.0, mode, wanted_precision)
+        core.meta[_KIND] = "hand-written"
         out = self.new(vp, operator.getitem, core, 0)
         if rank == 3:
             out = self.new(vp, aten.squeeze.dim, out, 1)
@@ -358,6 +375,7 @@ class _Rewriter:
                 mask = self.new(node, aten.unsqueeze.default, mask, 1)
         core = self.new(node, torch.ops.attnexport.attention.default, q, k, v, mask, None, None, None, scale,
                         bool(is_causal), 0.0, -1, None)
+        core.meta[_KIND] = "sdpa op"
         out = self.new(node, operator.getitem, core, 0)
         if rank == 3:
             out = self.new(node, aten.squeeze.dim, out, 1)

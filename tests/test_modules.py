@@ -75,9 +75,12 @@ def test_cli_export_writes_the_model_with_its_metadata(tmp_path):
     doc = json.loads(r.output)
     assert doc["routed"] == 1 and doc["attention_op"] == "com.microsoft.MultiHeadAttention"
     meta = {p.key: p.value for p in onnx.load(path).metadata_props}
-    assert set(meta) == {f"attnexport.{k}" for k in ("module", "inputs", "flavor", "graph_flavor", "opset", "dtype",
-                                                     "seed", "params_source", "params", "params_sha256",
+    assert set(meta) == {f"attnexport.{k}" for k in ("module", "inputs", "routed", "flavor", "graph_flavor", "opset",
+                                                     "dtype", "seed", "params_source", "params", "params_sha256",
                                                      "version", "torch_version")}
+    assert json.loads(meta["attnexport.routed"]) == [
+        {"kind": "scaled_dot_product_attention",
+         "where": "causal_self_attention.py:25 (y = F.scaled_dot_product_attention(q, k, v, is_causal=True))"}]
     assert meta["attnexport.module"] == "examples/causal_self_attention.py:example"
     assert (meta["attnexport.flavor"], meta["attnexport.opset"], meta["attnexport.dtype"]) == ("ort", "18", "fp32")
     assert (meta["attnexport.seed"], meta["attnexport.params_source"]) == ("0", "seed")
@@ -165,7 +168,7 @@ def test_a_module_without_attention_exports_and_says_so(tmp_path):
     # Asked for its weights, nn.MultiheadAttention writes attention out with its own ops: recognized.
     r = run("export", "--module", f"{path}:WithWeights", "--input", "x:2x5x8", "-o", tmp_path / "w.onnx")
     assert r.exit_code == 0 and "1 attention call(s) routed" in r.output, r.output
-    assert "routed: hand-written attention at activation.py" in r.output
+    assert "routed: hand-written attention at user.py:" in r.output
 
 
 def _verify_module_everywhere(path, spec):
@@ -435,3 +438,38 @@ def test_verify_module_draws_real_padding_and_a_fully_padded_sequence(tmp_path):
     assert mask.shape == (3, 7) and mask[-1].all() and not mask[0, 0]  # True = padding; the last all padding
     assert rows["batch 3, length 7"].expected_kind.startswith("the torch module, its attention routed")
     assert rows["batch 1, length 5"].expected_kind == "the torch module"
+
+
+TIED = """
+import torch
+from torch import nn
+
+class Padded(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x, mask):
+        return self.attn(x, x, x, key_padding_mask=mask == 0, need_weights=False)[0]
+
+def example():
+    mask = torch.ones(2, 5, dtype=torch.int64)
+    mask[1, 3:] = 0
+    return Padded(), (torch.randn(2, 5, 8), mask)
+"""
+
+
+def test_inputs_the_program_needs_equal_share_one_symbol_and_inspect_shows_the_calls(tmp_path):
+    """x's length and the mask's are one in the traced program: one symbol in the model, so that a
+    deployment app reads from the file that they must be fed equal. inspect shows the module's
+    inputs with their symbolic axes and where each attention call was routed."""
+    path = _write(tmp_path, TIED)
+    out = tmp_path / "tied.onnx"
+    r = run("export", "--module", f"{path}:example", "-o", out)
+    assert r.exit_code == 0, r.output
+    dims = [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in onnx.load(out).graph.input]
+    assert dims == [["batch", "x_len", 8], ["batch", "x_len"]]
+    r = run("inspect", out)
+    text = " ".join(r.output.split())
+    assert "inputs: x 2x5x8 float32, axis 0 batch, axis 1 x_len; mask 2x5 int64, axis 0 batch, axis 1 x_len" in text
+    assert "routed: 1 attention call(s); scaled_dot_product_attention at" in text
