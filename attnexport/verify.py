@@ -604,13 +604,17 @@ def _verify_module(model_path, spec, runtimes, rtol, atol, skip_unavailable, inp
         M.load_weights(module, weights_file)
     module = module.to(D.torch_dtype(dtype)).eval()
     names = [i["name"] for i in spec_inputs]
-    changed = _changed_params(module, json.loads(meta.get("attnexport.params", "{}")), dtype)
+    entries = json.loads(meta.get("attnexport.params", "{}"))
+    changed = _changed_params(module, entries, dtype)
+    damaged = W.read(model, entries)[1] if entries else []  # the file's own initializers against the record
     used, table = R.select(runtimes, skip_unavailable)
     tol = tolerance(dtype, rtol, atol)
     declared = [o.name for o in model.graph.output]
     prepared = {rt: R.prepare_onnx(rt, model) for rt in used if rt in R.ONNX_RUNTIMES}
     rows = []
+    known_good = _KnownGood(module, spec, names, spec_inputs, declared, flavor, meta, dtype)
     for label, feed in _verify_feeds(spec_inputs, example, dtype):
+        known_good.example = known_good.example or feed
         with torch.no_grad():
             want = M.outputs_of(M.call_forward(module, feed, spec))
         if len(want) != len(declared):
@@ -658,7 +662,37 @@ def _verify_module(model_path, spec, runtimes, rtol, atol, skip_unavailable, inp
             row.passed = bool(row.comparisons) and all(c.passed for c in row.comparisons)
             if not row.comparisons:
                 row.error = "compared nothing: no output was declared or produced"
+            if damaged and rt != "torch":
+                row.passed = False
+                row.error = (f"the model file's parameters differ from the sha256 recorded at its export: "
+                             f"{', '.join(damaged[:3])} (the file was changed after the export)")
+            elif not row.passed and rt in prepared and known_good.tries < AUTO_LOCALIZE_LIMIT:
+                row.localization = known_good.locate(model, arrays, rt)
     return Report(rows, table, dtype, [flavor], [str(model_path)])
+
+
+class _KnownGood:
+    """The module exported afresh, as the model file says it was (flavour, opset, dtype, inputs,
+    symbolic axes, output names): what a failing run's intermediate values are compared with to
+    name the first diverging node (`attnexport.localize`). Exported once, on the first failure."""
+
+    def __init__(self, module, spec, names, spec_inputs, declared, flavor, meta, dtype):
+        self.module, self.spec, self.names, self.declared = module, spec, names, declared
+        self.dynamic = {i["name"]: {int(a): d for a, d in i["dynamic"].items()} for i in spec_inputs}
+        self.flavor, self.dtype = flavor, dtype
+        self.opset = int(meta["attnexport.opset"]) if "attnexport.opset" in meta else None
+        self.example, self.model, self.tries = None, None, 0
+
+    def locate(self, model, feed, runtime):
+        self.tries += 1
+        try:
+            if self.model is None:
+                self.model = E.export_module(self.module, self.example, flavor=self.flavor, opset=self.opset,
+                                             dtype=self.dtype, dynamic=self.dynamic, input_names=self.names,
+                                             output_names=self.declared, name=self.spec).model
+            return locate(model, self.model, feed, runtime, self.dtype)
+        except Exception as e:  # noqa: BLE001 - localization is a diagnosis; its failure is reported
+            return Localization(note=f"localization failed: {reason(e)}")
 
 
 _ELEM_NAMES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BOOL: "bool",

@@ -93,3 +93,33 @@ def test_a_nan_the_known_good_graph_lacks_diverges():
     # The same NaN on both sides is the same behaviour: localization looks for a difference.
     feed = {"x": np.array([[np.nan, 0, 0], [0, 0, 0]], np.float32)}
     assert not locate(_graph(), _graph(), feed, "onnx-ref", "fp32").diverged
+
+
+def test_damage_to_a_module_export_is_named(tmp_path):
+    """verify --module names what changed in the file: a parameter, by its sha256 recorded at the
+    export against the file's own initializer; anything else, by the first diverging node of the
+    module exported afresh."""
+    import json
+    from click.testing import CliRunner
+    from attnexport.cli import main
+    spec = "examples/causal_self_attention.py:example"
+    path = tmp_path / "block.onnx"
+    assert CliRunner().invoke(main, ["export", "--module", spec, "-o", str(path)]).exit_code == 0
+    model = onnx.load(path)
+    entries = json.loads({p.key: p.value for p in model.metadata_props}["attnexport.params"])
+    init = next(i for i in model.graph.initializer if i.name == entries["c_attn.weight"]["initializer"])
+    init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * np.float32(1.001), init.name))
+    onnx.save(model, tmp_path / "weight.onnx")
+    model = onnx.load(path)
+    attention = next(n for n in model.graph.node if n.op_type == "Attention")
+    attention.attribute.append(helper.make_attribute("scale", 0.3))
+    onnx.save(model, tmp_path / "attribute.onnx")
+    verify = ["verify", "--module", spec, "--runtimes", "ort-cpu"]
+    r = CliRunner().invoke(main, [*verify, str(tmp_path / "weight.onnx")])
+    assert r.exit_code == 1
+    assert "the model file's parameters differ from the sha256 recorded at its export: c_attn.weight" in r.output
+    r = CliRunner().invoke(main, [*verify, str(tmp_path / "attribute.onnx")])
+    assert r.exit_code == 1
+    where = [line for line in r.output.splitlines() if line.startswith("  where:")]
+    assert where and f"first divergence at Attention node {attention.name!r}" in where[0], r.output
+    assert "scale=0.30000001192092896 (export: None)" in where[0]
