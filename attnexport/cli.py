@@ -218,6 +218,11 @@ def _given(kwargs) -> dict:
 @click.option("--allow-unfused", is_flag=True,
               help="With --module: export attention that is not recognized as MatMul+Softmax in a fused flavor "
                    "(default: exit 1 naming it).")
+@click.option("--cache", "cache_specs", multiple=True, metavar="INPUT:OUTPUT",
+              help="With --module: the module's own key/value cache, an input and the output returning it "
+                   "updated, e.g. past_key:present_key (repeatable); verify then checks decoding with it.")
+@click.option("--output-names", default=None, metavar="A,B,...",
+              help="With --module: the model's output names (default: from the module's return structure).")
 @click.option("--dynamic", "dynamic_specs", multiple=True, metavar="NAME:AXIS=DIM",
               help="With --module: a symbolic axis, e.g. x:1=seq (repeatable; default: axes 0 and 1 of every "
                    "input, where the model allows).")
@@ -233,8 +238,8 @@ def _given(kwargs) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_variant_options
 @reports_errors
-def export(variant, module_spec, input_specs, nan_rows, allow_unfused, dynamic_specs, flavor, opset, dtype, seed,
-           output, as_json, **options):
+def export(variant, module_spec, input_specs, nan_rows, allow_unfused, cache_specs, output_names, dynamic_specs,
+           flavor, opset, dtype, seed, output, as_json, **options):
     """Export a variant, or your own module, to ONNX (checked, with metadata, written atomically).
 
     Examples: attnexport export --variant mha --heads 8 --flavor ort -o mha.onnx;
@@ -242,11 +247,13 @@ def export(variant, module_spec, input_specs, nan_rows, allow_unfused, dynamic_s
     """
     if (variant is None) == (module_spec is None):
         raise UsageError("give --variant NAME or --module FILE.py:NAME (one of them)")
-    if module_spec is None and (input_specs or dynamic_specs or nan_rows or allow_unfused):
-        raise UsageError("--input, --dynamic, --nan-rows and --allow-unfused go with --module")
+    if module_spec is None and (input_specs or dynamic_specs or nan_rows or allow_unfused or cache_specs
+                                or output_names):
+        raise UsageError("--input, --dynamic, --nan-rows, --allow-unfused, --cache and --output-names go with --module")
     if module_spec is not None:
         _export_module(module_spec, input_specs, dynamic_specs, flavor, opset, dtype, output, as_json, options,
-                       nan_rows, seed, allow_unfused)
+                       nan_rows, seed, allow_unfused, _cache_pairs(cache_specs),
+                       output_names.split(",") if output_names else None)
         return
     result = export_mod.export(variant, _given(options), flavor, opset, dtype, output, seed=seed)
     if as_json:
@@ -285,8 +292,19 @@ def _module_variant(spec, input_specs, seed, weights):
     return bench_mod.module_variant(spec, module, example, names)
 
 
+def _cache_pairs(specs) -> dict:
+    """`--cache INPUT:OUTPUT` (repeatable) -> {input: output}."""
+    pairs = {}
+    for text in specs:
+        past, sep, present = text.partition(":")
+        if not sep or not past or not present or ":" in present:
+            raise UsageError(f"--cache takes INPUT:OUTPUT (e.g. past_key:present_key), got {text!r}")
+        pairs[past] = present
+    return pairs
+
+
 def _export_module(spec, input_specs, dynamic_specs, flavor, opset, dtype, output, as_json, options, nan_rows, seed,
-                   allow_unfused=False):
+                   allow_unfused=False, cache=None, output_names=None):
     from attnexport import modules
     weights = _module_weights(options)
     if _given(options):
@@ -303,7 +321,8 @@ def _export_module(spec, input_specs, dynamic_specs, flavor, opset, dtype, outpu
     path = output or str(F.default_output(Path(spec.rpartition(":")[0]).stem))
     result = export_mod.export_module(module, example, flavor=flavor, opset=opset, dtype=dtype, dynamic=dynamic,
                                    output=path, input_names=names, name=spec, nan_rows=nan_rows, seed=seed,
-                                   weights_file=weights, allow_unfused=allow_unfused)
+                                   weights_file=weights, allow_unfused=allow_unfused, cache=cache,
+                                   output_names=output_names)
     if as_json:
         click.echo(json.dumps(result.to_dict()))
     else:
@@ -383,12 +402,15 @@ def inspect(model, as_json):
               help="With one MODEL: compare it with this module (--weights FILE: its trained weights).")
 @click.option("--input", "input_specs", multiple=True, metavar="NAME:SHAPE[:DTYPE]",
               help="With --module and a MODEL from another exporter: its inputs, as for export --module.")
+@click.option("--cache", "cache_specs", multiple=True, metavar="INPUT:OUTPUT",
+              help="With --module: the module's own cache (as for export --module; default: what the MODEL "
+                   "records): check decoding with it.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document and nothing else.")
 @_variant_options
 @reports_errors
 def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, skip_unavailable,
            strict_placement, seed, localize, save_baseline, baseline_dir, max_growth, details, cases, module_spec,
-           input_specs, as_json, **options):
+           input_specs, cache_specs, as_json, **options):
     """Check exported models against the golden cases on every runtime; exit 1 on any mismatch.
 
     With no MODEL: exports every selected golden case in every selected flavor and runs it.
@@ -412,11 +434,12 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
                              "module say what to compare")
         parsed = [modules.parse_input(t) for t in input_specs] or None
         report = verify_mod.verify_module(models[0], module_spec, R.parse(runtimes), rtol, atol, skip_unavailable,
-                                          input_specs=parsed, seed=seed, weights_file=weights)
+                                          input_specs=parsed, seed=seed, weights_file=weights,
+                                          cache=_cache_pairs(cache_specs) or None)
         _report_verify(report, details, as_json)
         return
-    if input_specs:
-        raise UsageError("--input goes with --module (the inputs of a MODEL exported from a module)")
+    if input_specs or cache_specs:
+        raise UsageError("--input and --cache go with --module (the inputs of a MODEL exported from a module)")
     if models and cases:
         raise UsageError("--case selects golden cases to export and run; a MODEL runs those of its own options")
     model_variant = variants[0] if models and variants else None

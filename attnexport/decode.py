@@ -18,35 +18,53 @@ CHUNKS = (1, 3)  # token by token, and in chunks of 3 (the last one shorter)
 def decode(step: Callable[[dict], dict], stream: dict[str, np.ndarray], chunk: int,
            empty_cache: dict[str, np.ndarray], axis: int, once: dict[str, np.ndarray] | None = None,
            masks: dict[str, np.ndarray] | None = None) -> np.ndarray:
+    """The `output` of a variant's cache-step model run over a sequence in chunks of `chunk`,
+    from empty caches (see `decode_all`; each `past_X` input is fed the last `present_X`)."""
+    return decode_all(step, stream, chunk, empty_cache, axis, once, masks)[0]["output"]
+
+
+def decode_all(step: Callable[[dict], dict], stream: dict[str, np.ndarray], chunk: int,
+               empty_cache: dict[str, np.ndarray], axis: int, once: dict[str, np.ndarray] | None = None,
+               masks: dict[str, np.ndarray] | None = None, *, pairs: dict[str, str] | None = None,
+               cache_axes: dict[str, int] | None = None, outputs: dict[str, int] | None = None):
     """The outputs of `step` run over a sequence in chunks of `chunk`, from empty caches.
 
     Args:
         step: one call of the model: {stream inputs, once inputs, past_*} -> {output, present_*}.
         stream: the inputs that run along the sequence (`x`; or `query`, `key`, `value`), whole.
-        empty_cache: every `past_*` input with 0 positions (axis 2).
-        axis: the sequence axis of the stream inputs and of `output`.
+        empty_cache: every cache input with 0 positions.
+        axis: the sequence axis of the stream inputs.
         once: inputs given whole at the first step and empty (0 long on axis 1) at the later
             ones, their keys and values being cached by then (the decoder's memory).
         masks: masks over the whole sequence, (..., T, T): each step gets the rows of its block
             and the columns of every key so far, (..., block, end).
+        pairs: cache input -> the output that updates it (default: past_X -> present_X).
+        cache_axes: cache input -> its positions' axis (default 2: (batch, heads, positions, dim)).
+        outputs: the outputs that run along the sequence -> their sequence axis (default: `output`
+            on `axis`).
 
     Returns:
-        the outputs of every chunk, concatenated along `axis`.
+        ({output: the chunks' values concatenated along its axis}, {cache input: its last value}).
     """
+    pairs = pairs or {name: "present_" + name.removeprefix("past_") for name in empty_cache}
+    cache_axes = cache_axes or {name: 2 for name in empty_cache}
+    outputs = outputs or {"output": axis}
     length = next(iter(stream.values())).shape[axis]
     cache = dict(empty_cache)
-    outs = []
+    outs = {name: [] for name in outputs}
     for start in range(0, length, chunk):
         end = min(start + chunk, length)
         block = {k: np.take(v, np.arange(start, end), axis=axis) for k, v in stream.items()}
         given = {k: v if start == 0 else v[:, :0] for k, v in (once or {}).items()}
         given.update({k: v[..., start:end, :end] for k, v in (masks or {}).items()})
         got = step({**block, **given, **cache})
-        outs.append(np.asarray(got["output"]))
-        cache = {name: np.asarray(got["present_" + name.removeprefix("past_")]) for name in cache}
-        if cache["past_key"].shape[2] != end:
-            raise ValueError(f"present_key has {cache['past_key'].shape[2]} positions after {end} tokens")
-    return np.concatenate(outs, axis=axis)
+        for name in outputs:
+            outs[name].append(np.asarray(got[name]))
+        cache = {name: np.asarray(got[pairs[name]]) for name in cache}
+        for name, value in cache.items():
+            if value.shape[cache_axes[name]] != end:
+                raise ValueError(f"{pairs[name]} has {value.shape[cache_axes[name]]} positions after {end} tokens")
+    return {name: np.concatenate(v, axis=outputs[name]) for name, v in outs.items()}, cache
 
 
 def stream_axis(variant, o: dict) -> int:

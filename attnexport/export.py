@@ -523,7 +523,7 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
                   dtype: str = "fp32", dynamic: dict | None = None, output=None, input_names=None,
                   name: str = "module", nan_rows: bool = False, seed: int | None = None,
                   weights_file: str | None = None, output_names=None,
-                  allow_unfused: bool = False) -> ModuleExportResult:
+                  allow_unfused: bool = False, cache: dict | None = None) -> ModuleExportResult:
     """Exports a user's attention module through attnexport's core.
 
     Args:
@@ -539,6 +539,10 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
             the seed its file was loaded with (`load`), or the file its weights were loaded from.
         allow_unfused: export attention that was not recognized (see `attnexport.recognize`) as
             MatMul+Softmax in a fused flavour; without it that is an ExportError.
+        cache: the module's own key/value cache, {input: the output that returns it updated}:
+            each such input's positions axis (axis -2 unless `dynamic` names another) is symbolic
+            (`past_len`), the export is checked with empty caches too, and `verify --module`
+            checks the decode property (recorded as `attnexport.cache`).
     """
     import torch
     from attnexport import recognize
@@ -561,10 +565,27 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
     tdtype = D.torch_dtype(dtype)
     args = tuple(t.to(tdtype) if t.is_floating_point() else t for t in example_inputs)
     module = copy.deepcopy(module).to(tdtype).eval()  # the caller's module keeps its dtype and mode
-    dims = _dynamic_shapes(names, args, dynamic)
+    cache = dict(cache or {})
+    unknown = sorted(set(cache) - set(names))
+    if unknown:
+        raise UsageError(f"--cache {', '.join(unknown)}: not an input of {name} (inputs: {', '.join(names)})")
+    asked = dynamic
+    if cache:  # a cache's positions axis: axis -2 (`past_len`) unless --dynamic names another
+        asked = dict(dynamic) if dynamic is not None else _default_dynamic(names, args)
+        for n, t in zip(names, args):
+            given = (dynamic or {}).get(n, {})
+            if n in cache and t.dim() < 2:
+                raise UsageError(f"--cache {n}: a cache has a positions axis, {n} has {t.dim()} axis")
+            if n in cache and not any(a % t.dim() != 0 for a in given):
+                asked[n] = {**({0: "batch"} if dynamic is None or 0 in given else {}), t.dim() - 2: "past_len"}
+    dims = _dynamic_shapes(names, args, asked)
     with torch.no_grad(), M.routed(M.Routing()):
         sample = M.call_forward(module, args, name)
     out_names = list(output_names) if output_names else M.default_output_names(sample)
+    missing = sorted(set(cache.values()) - set(out_names or ()))
+    if missing:
+        raise UsageError(f"--cache: {', '.join(missing)} is not an output of {name} (outputs: "
+                         f"{', '.join(out_names or ['nested, unnamed'])})")
     routing = M.Routing()
     with M.routed(routing), (torch_dead_rows() if nan_rows else contextlib.nullcontext()):
         with export_errors(name), _quiet():
@@ -588,17 +609,27 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
         if fixed:
             raise UsageError(f"--dynamic {', '.join(fixed)}: {name} fixes that axis (the export would be static "
                              f"there)")
+    cache_axes = {}
+    for n, t in zip(names, args):
+        if n in cache:
+            axes = [a for a in kept.get(n, {}) if a != 0]
+            if len(axes) != 1:
+                raise UsageError(f"--cache {n}: {name} fixes the cache's positions axis (it must stay symbolic)")
+            cache_axes[n] = axes[0]
     spec = [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
              "dynamic": {str(a): d for a, d in kept.get(n, {}).items()}} for n, t in zip(names, args)]
     meta = {"attnexport.module": name, "attnexport.inputs": json.dumps(spec), "attnexport.flavor": flavor,
             "attnexport.graph_flavor": flavor, "attnexport.opset": str(opset), "attnexport.dtype": dtype,
             "attnexport.routed": json.dumps(calls),
+            **({"attnexport.cache": json.dumps({n: {"output": o, "axis": cache_axes[n]} for n, o in cache.items()})}
+               if cache else {}),
             **({"attnexport.seed": str(seed)} if seed is not None else {}),
             "attnexport.params_source": ("given: " + Path(weights_file).name) if weights_file else "seed"}
     params = {k: v.detach().float().numpy() for k, v in module.state_dict().items()}
     model, op_name = finish(model, flavor=flavor, opset=opset, dtype=dtype, params=params, meta=meta, what=name,
                             applies=routing.calls > 0)
-    checked = _check_other_sizes(module, model, names, args, kept, dtype, name)
+    checked = _check_other_sizes(module, model, names, args, kept, dtype, name,
+                                 empty={kept[n][a] for n, a in cache_axes.items()})
     version = torch.__version__.split("+")[0]
     semantics = ["fully masked query rows give NaN, as in torch (--nan-rows)"] if nan_rows else \
         [M.SEMANTICS_NOTformat(version=version) + " (--nan-rows keeps torch's)"] if torch_nan else []
@@ -620,14 +651,18 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
                               notes, model, [o.name for o in model.graph.output], found)
 
 
+def _default_dynamic(names, args) -> dict:
+    """Axes 0 (`batch`) and 1 (`<input>_len`) of every input of rank 2 or more."""
+    return {n: {0: "batch", **({1: f"{n}_len"} if t.dim() >= 2 else {})} for n, t in zip(names, args) if t.dim() >= 2}
+
+
 def _dynamic_shapes(names, args, dynamic):
     """(dynamic_shapes for torch.export, wanted {input: {axis: name}}). torch.export is asked to
     keep each wanted axis symbolic where the program allows (Dim.AUTO): axes the program needs
     equal share one symbol, and an axis the module fixes is reported by name afterwards."""
     import torch
     if dynamic is None:
-        wanted = {n: {0: "batch", **({1: f"{n}_len"} if t.dim() >= 2 else {})}
-                  for n, t in zip(names, args) if t.dim() >= 2}
+        wanted = _default_dynamic(names, args)
     else:
         unknown = set(dynamic) - set(names)
         if unknown:
@@ -662,9 +697,10 @@ def _name_dims(model, names, wanted):
     return kept
 
 
-def probe_inputs(args, names, kept, seed):
-    """Inputs at other sizes: each symbolic axis 1, and the example's size + 3; floats seeded,
-    other inputs filled with the example's most common value (a mask mostly attends)."""
+def probe_inputs(args, names, kept, seed, empty=()):
+    """Inputs at other sizes: each symbolic axis 1, and the example's size + 3, and (given the
+    names of axes that may be empty, a cache's) those 0; floats seeded, other inputs filled with
+    the example's most common value (a mask mostly attends)."""
     import torch
     sizes = {}
     for n, t in zip(names, args):
@@ -672,7 +708,10 @@ def probe_inputs(args, names, kept, seed):
             sizes.setdefault(d, t.shape[axis])
     rng = np.random.default_rng(seed)
     out = []
-    for variant in ({d: 1 for d in sizes}, {d: s + 3 for d, s in sizes.items()}):
+    variants = [{d: 1 for d in sizes}, {d: s + 3 for d, s in sizes.items()}]
+    if empty:
+        variants.append({d: 0 if d in empty else s for d, s in sizes.items()})
+    for variant in variants:
         feed = []
         for n, t in zip(names, args):
             shape = [variant.get(kept.get(n, {}).get(a), s) for a, s in enumerate(t.shape)]
@@ -684,7 +723,7 @@ def probe_inputs(args, names, kept, seed):
     return out
 
 
-def _check_other_sizes(module, model, names, args, kept, dtype, name):
+def _check_other_sizes(module, model, names, args, kept, dtype, name, empty=()):
     """Runs the model on ONNX Runtime at other sizes against the module itself; an ExportError
     (nothing written) when they differ."""
     import torch
@@ -694,7 +733,7 @@ def _check_other_sizes(module, model, names, args, kept, dtype, name):
     session = R.prepare_onnx("ort-cpu", model)
     tol = tolerance(dtype)
     checked = []
-    for feed in probe_inputs(args, names, kept, 1):
+    for feed in probe_inputs(args, names, kept, 1, empty):
         with torch.no_grad():
             want = M.outputs_of(M.call_forward(module, feed, name))
         sizes = {n: list(t.shape) for n, t in zip(names, feed)}

@@ -38,7 +38,7 @@ from attnexport import weights as W
 from attnexport.compare import TOLERANCES, Tolerance, check_tolerance_values, compare_outputs, \
     derived_tolerance, tolerance
 from attnexport.cases import seed_of
-from attnexport.decode import CHUNKS, decode, empty_cache, split_inputs, stream_axis
+from attnexport.decode import CHUNKS, decode, decode_all, empty_cache, split_inputs, stream_axis
 from attnexport.errors import AttnExportError, ProviderUnavailableError, UnsupportedByFlavor, UsageError, reason
 from attnexport.inspect import attnexport_metadata, load_model
 from attnexport.localize import Localization, locate
@@ -567,7 +567,7 @@ VERIFY_SIZES = ((1, 1), (1, 5), (3, 7))
 
 def verify_module(model_path, spec: str, runtimes: list[str] | None = None, rtol: float | None = None,
                   atol: float | None = None, skip_unavailable: bool = False, *, input_specs=None,
-                  seed: int | None = None, weights_file=None):
+                  seed: int | None = None, weights_file=None, cache: dict | None = None):
     """The model file against the torch module it was exported from, at the export's shape and
     at VERIFY_SIZES, on every selected runtime; a `verify.Report` like the golden runs'.
 
@@ -578,15 +578,19 @@ def verify_module(model_path, spec: str, runtimes: list[str] | None = None, rtol
 
     The `torch` runtime is the module with its attention calls routed through attnexport's core
     (in eager torch): it shows the core agrees with torch's own kernels on these inputs.
+
+    A module with its own key/value cache (`export_module(cache=...)`, recorded in the model, or
+    `cache` here: {input: {"output": the output returning it updated, "axis": its positions
+    axis}}) is also checked for the decode property: see `_decode_rows`.
     """
 
     check_tolerance_values(rtol, atol)
     with np.errstate(all="ignore"):  # a NaN is reported by the comparison, not by a RuntimeWarning
         return _verify_module(model_path, spec, runtimes, rtol, atol, skip_unavailable, input_specs, seed,
-                              weights_file)
+                              weights_file, cache)
 
 
-def _verify_module(model_path, spec, runtimes, rtol, atol, skip_unavailable, input_specs, seed, weights_file):
+def _verify_module(model_path, spec, runtimes, rtol, atol, skip_unavailable, input_specs, seed, weights_file, cache):
     import torch
 
     model = load_model(model_path)
@@ -668,7 +672,87 @@ def _verify_module(model_path, spec, runtimes, rtol, atol, skip_unavailable, inp
                              f"{', '.join(damaged[:3])} (the file was changed after the export)")
             elif not row.passed and rt in prepared and known_good.tries < AUTO_LOCALIZE_LIMIT:
                 row.localization = known_good.locate(model, arrays, rt)
+    cache = _cache_of(model, cache) if cache is not None else json.loads(meta.get("attnexport.cache", "{}"))
+    if cache and not changed:
+        rows += _decode_rows(module, model, spec, spec_inputs, known_good.example, cache, used, prepared, dtype,
+                             tol, flavor, Path(model_path).name)
     return Report(rows, table, dtype, [flavor], [str(model_path)])
+
+
+def _cache_of(model, pairs: dict) -> dict:
+    """{input: output} -> {input: {"output", "axis"}}, the axis being the input's symbolic one
+    besides the batch (the positions)."""
+    inputs = {i.name: i for i in model.graph.input}
+    outputs = {o.name for o in model.graph.output}
+    cache = {}
+    for past, present in pairs.items():
+        if past not in inputs or present not in outputs:
+            raise UsageError(f"--cache {past}:{present}: the model has no input {past!r} or no output {present!r}")
+        axes = [a for a, d in enumerate(inputs[past].type.tensor_type.shape.dim) if d.dim_param and a != 0]
+        if len(axes) != 1:
+            raise UsageError(f"--cache {past}:{present}: {past} has {len(axes)} symbolic axes besides the batch; a "
+                             "cache has one, its positions")
+        cache[past] = {"output": present, "axis": axes[0]}
+    return cache
+
+
+def _decode_rows(module, model, spec, spec_inputs, example, cache, used, prepared, dtype, tol, flavor, model_name):
+    """The decode property of a module with its own cache (`cache`: {input: {"output", "axis"}}):
+    run from empty caches over the export's inputs, a token at a time and in chunks, feeding each
+    step's updated cache back, on every runtime (torch: the module itself), it must give the
+    module's full forward: the outputs along the sequence, and the last cache."""
+    import torch
+    names = [i["name"] for i in spec_inputs]
+    outputs = [o.name for o in model.graph.output]
+    feed = dict(zip(names, (t.numpy() for t in example)))
+    for n, c in cache.items():  # empty caches
+        feed[n] = np.take(feed[n], np.arange(0), axis=c["axis"])
+    length_dims = {d for i in spec_inputs if i["name"] not in cache for a, d in i["dynamic"].items() if a != "0"}
+    if len(length_dims) != 1:
+        raise UsageError(f"{spec}: the decode check splits one sequence axis, the inputs besides the cache have "
+                         f"{len(length_dims)} symbolic lengths ({', '.join(sorted(length_dims)) or 'none'})")
+    (length,) = length_dims
+    stream = {i["name"]: int(a) for i in spec_inputs if i["name"] not in cache
+              for a, d in i["dynamic"].items() if d == length}
+    if len(set(stream.values())) != 1:
+        raise UsageError(f"{spec}: the inputs along the sequence ({', '.join(stream)}) have it on different axes")
+    axis = next(iter(stream.values()))
+    along = {o.name: a for o in model.graph.output if o.name not in {c["output"] for c in cache.values()}
+             for a, d in enumerate(o.type.tensor_type.shape.dim) if d.dim_param == length}
+    always = {n: v for n, v in feed.items() if n not in stream and n not in cache}
+
+    def module_step(given):
+        with torch.no_grad(), M.routed(M.Routing()), M.dead_softmax_rows_zero():
+            out = M.call_forward(module, tuple(torch.from_numpy(np.asarray(given[n])) for n in names), spec)
+        return {n: t.detach().numpy() for n, t in zip(outputs, M.outputs_of(out))}
+
+    full = module_step(feed)
+    expected = {n: full[n].astype(np.float64) for n in along}
+    expected.update({c["output"]: full[c["output"]].astype(np.float64) for c in cache.values()})
+    rows = []
+    for chunk in CHUNKS:
+        label = "decode, a token a step" if chunk == 1 else f"decode, {chunk} tokens a step"
+        for rt in used:
+            row = Row(case=label, variant=spec, flavor="-" if rt.startswith("torch") else flavor, runtime=rt,
+                      dtype=dtype, model=model_name, tolerance=tol,
+                      expected_kind="the torch module's full forward from empty caches",
+                      inputs=feed, expected=expected)
+            rows.append(row)
+            run = module_step if rt == "torch" else prepared[rt].run if rt in prepared else None
+            if run is None:
+                row.skipped = f"{rt} runs no module"
+                continue
+            try:
+                got, last = decode_all(lambda g: run({**g, **always}), {n: feed[n] for n in stream}, chunk,
+                                       {n: feed[n] for n in cache}, axis, pairs={n: c["output"] for n, c in cache.items()},
+                                       cache_axes={n: c["axis"] for n, c in cache.items()}, outputs=along)
+            except Exception as e:  # noqa: BLE001 - a runtime failing on a step fails the check
+                row.error = reason(e)
+                continue
+            got.update({cache[n]["output"]: v for n, v in last.items()})
+            row.comparisons = compare_outputs(list(expected), got, expected, tol)
+            row.passed = bool(row.comparisons) and all(c.passed for c in row.comparisons)
+    return rows
 
 
 class _KnownGood:

@@ -107,3 +107,45 @@ def test_what_a_cache_cannot_do_is_said(tmp_path, args, code, text):
     assert r.exit_code == code and text in r.output and "Traceback" not in r.output, r.output
     assert not (tmp_path / "x.onnx").exists()
 
+
+
+def test_a_modules_own_cache_exports_symbolic_and_verify_checks_decoding(tmp_path):
+    """examples/kv_cache_module.py takes its cache as tensors and returns it updated: with --cache
+    the positions axis is symbolic (empty caches checked at export), and verify --module runs it a
+    token at a time and in chunks against the module's full forward. The same step with torch's
+    top-left is_causal (the classic cache bug) fails that check, on torch itself as on the export."""
+    import json
+    import onnx
+    from click.testing import CliRunner
+    from attnexport.cli import main
+    cache = ["--cache", "past_key:present_key", "--cache", "past_value:present_value"]
+    for name, ok in (("example", True), ("topleft_example", False)):
+        spec, path = f"examples/kv_cache_module.py:{name}", tmp_path / f"{name}.onnx"
+        r = CliRunner().invoke(main, ["export", "--module", spec, *cache, "-o", str(path), "--json"])
+        assert r.exit_code == 0, r.output
+        assert {"past_key": [2, 4, 0, 16], "past_value": [2, 4, 0, 16], "x": [2, 5, 64]} in json.loads(r.output)["checked"]
+        model = onnx.load(path)
+        dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+        assert dims["past_key"] == ["batch", 4, "past_len", 16]
+        meta = {p.key: p.value for p in model.metadata_props}
+        assert json.loads(meta["attnexport.cache"]) == {"past_key": {"output": "present_key", "axis": 2},
+                                                        "past_value": {"output": "present_value", "axis": 2}}
+        r = CliRunner().invoke(main, ["verify", str(path), "--module", spec, "--runtimes", "torch,ort-cpu", "--json"])
+        rows = json.loads(r.output)["results"]
+        decode_rows = [row for row in rows if row["case"].startswith("decode")]
+        assert len(decode_rows) == 4 and all(len(row["outputs"]) == 3 for row in decode_rows)
+        assert all(row["passed"] == ok for row in decode_rows), r.output
+        assert (r.exit_code == 0) == ok
+        assert all(row["passed"] for row in rows if not row["case"].startswith("decode"))
+
+
+def test_a_bad_cache_is_one_line_and_exit_2(tmp_path):
+    from click.testing import CliRunner
+    from attnexport.cli import main
+    spec = "examples/kv_cache_module.py:example"
+    for cache, text in (("past_key", "--cache takes INPUT:OUTPUT"), ("past:present_key", "not an input"),
+                        ("past_key:cache", "is not an output")):
+        out = tmp_path / "m.onnx"
+        r = CliRunner().invoke(main, ["export", "--module", spec, "--cache", cache, "-o", str(out)])
+        assert r.exit_code == 2 and text in r.output and len(r.output.strip().splitlines()) == 1, r.output
+        assert not out.exists()
