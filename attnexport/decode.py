@@ -38,7 +38,8 @@ def decode_all(step: Callable[[dict], dict], stream: dict[str, np.ndarray], chun
             ones, their keys and values being cached by then (the decoder's memory).
         masks: masks over the whole sequence, (..., T, T): each step gets the rows of its block
             and the columns of every key so far, (..., block, end).
-        pairs: cache input -> the output that updates it (default: past_X -> present_X).
+        pairs: cache input -> the output that updates it (default: past_X -> present_X). Each
+            one given must grow by the block at each step; by default `past_key` must.
         cache_axes: cache input -> its positions' axis (default 2: (batch, heads, positions, dim)).
         outputs: the outputs that run along the sequence -> their sequence axis (default: `output`
             on `axis`).
@@ -46,6 +47,7 @@ def decode_all(step: Callable[[dict], dict], stream: dict[str, np.ndarray], chun
     Returns:
         ({output: the chunks' values concatenated along its axis}, {cache input: its last value}).
     """
+    growing = set(pairs) if pairs else {"past_key"} & set(empty_cache)
     pairs = pairs or {name: "present_" + name.removeprefix("past_") for name in empty_cache}
     cache_axes = cache_axes or {name: 2 for name in empty_cache}
     outputs = outputs or {"output": axis}
@@ -61,8 +63,8 @@ def decode_all(step: Callable[[dict], dict], stream: dict[str, np.ndarray], chun
         for name in outputs:
             outs[name].append(np.asarray(got[name]))
         cache = {name: np.asarray(got[pairs[name]]) for name in cache}
-        for name, value in cache.items():
-            if value.shape[cache_axes[name]] != end:
+        for name, value in cache.items():  # self-attention caches grow by the block (a decoder's cross caches do not)
+            if name in growing and value.shape[cache_axes[name]] != end:
                 raise ValueError(f"{pairs[name]} has {value.shape[cache_axes[name]]} positions after {end} tokens")
     return {name: np.concatenate(v, axis=outputs[name]) for name, v in outs.items()}, cache
 
