@@ -90,10 +90,12 @@ def _validate(variant, flavor, opset, dtype, o=None):
     FL.check(flavor)
     D.check(dtype)
     gf = graph_flavor(variant, flavor)
-    if gf == "attention" and (o or {}).get("nonpad") and opset is not None and opset < 24:
-        raise UsageError(f"--opset {opset}: --nonpad needs opset 24 for the attention flavor")
-    # The operator's nonpad_kv_seqlen input came with opset 24.
-    return gf, FL.opset_for(gf, opset, 24 if gf == "attention" and (o or {}).get("nonpad") else None)
+    needs_24 = (o or {}).get("nonpad") or V.static_cache(o or {})
+    if gf == "attention" and needs_24 and opset is not None and opset < 24:
+        what = "--nonpad" if (o or {}).get("nonpad") else "--kv-cache static"
+        raise UsageError(f"--opset {opset}: {what} needs opset 24 for the attention flavor")
+    # The operator's nonpad_kv_seqlen input and TensorScatter came with opset 24.
+    return gf, FL.opset_for(gf, opset, 24 if gf == "attention" and needs_24 else None)
 
 
 @contextlib.contextmanager
@@ -329,9 +331,10 @@ def to_onnx(program, args, *, flavor: str, opset: int, input_names, output_names
     `convert_opset`). Any failure is an ExportError that names `what` and torch's own reason."""
     import torch
     importlib.import_module("attnexport.models.core")  # registers the attnexport::attention custom ops
-    from attnexport.onnx_attention import TRANSLATIONS
+    from attnexport.onnx_attention import CACHE_WRITES, TRANSLATIONS
     _reuse_torchlib_table()
-    table = {torch.ops.attnexport.attention.default: TRANSLATIONS[flavor]}
+    table = {torch.ops.attnexport.attention.default: TRANSLATIONS[flavor],
+             torch.ops.attnexport.cache_write.default: CACHE_WRITES[flavor]}
     with export_errors(what), _quiet(), torch.no_grad():
         return torch.onnx.export(
             program, args, dynamo=True, opset_version=max(opset, 18), dynamic_shapes=dynamic_shapes,

@@ -388,3 +388,28 @@ TRANSLATIONS = {
     "ort": ort_attention,
 }
 assert set(TRANSLATIONS) == set(FL.FLAVORS), "every flavour (attnexport.flavors) has one translation here"
+
+
+# --- a static cache's write: attnexport::cache_write ------------------------------------------
+
+def _scattered_write(cache, update, write_pos):
+    """The new positions written with standard opset-18 ops: ScatterElements at write_pos[b] + t."""
+    t = _shape(update, 2, 3)
+    steps = op.Range(op.Constant(value_int=0), op.Squeeze(t), op.Constant(value_int=1))  # (T,)
+    rows = op.Add(op.Unsqueeze(write_pos, [1]), op.Unsqueeze(steps, [0]))  # (B, T)
+    index = op.Expand(op.Unsqueeze(rows, [1, 3]), op.Shape(update))  # (B, H, T, d)
+    return op.ScatterElements(cache, index, update, axis=2)
+
+
+def _tensor_scatter(cache, update, write_pos):
+    """The operator itself: TensorScatter (opset 24), which ONNX Runtime can run in place when the
+    output is bound to the input's buffer."""
+    return op24.TensorScatter(cache, update, write_pos, axis=2)
+
+
+CACHE_WRITES = {
+    "primitives": _scattered_write,
+    "attention": _tensor_scatter,
+    "ort": _scattered_write,
+}
+assert set(CACHE_WRITES) == set(FL.FLAVORS), "every flavour (attnexport.flavors) has a cache write here"

@@ -211,8 +211,29 @@ def ref_self(params, inputs, o):
     return {"output": out[:, 0], "weights": w[:, 0]} if o["weights"] else {"output": out[:, 0]}
 
 
+def _mha_static_step(params, x, key_cache, value_cache, write_pos, o):
+    """One block over static buffers: sequence b's keys and values are written at write_pos[b],
+    and its query i attends the buffer's positions up to write_pos[b] + i (the rest is ignored)."""
+    q = _heads(_linear(x, params, "q_proj"), o["heads"])
+    k = _heads(_linear(x, params, "k_proj"), o["kv_heads"])
+    v = _heads(_linear(x, params, "v_proj"), o["kv_heads"])
+    q, k, scale = _scale_qk(q, k, o["scaling"], o["temperature"])
+    key_cache, value_cache = _f64(key_cache).copy(), _f64(value_cache).copy()
+    t = x.shape[1]
+    for b, w in enumerate(np.asarray(write_pos)):
+        key_cache[b, :, w:w + t] = k[b]
+        value_cache[b, :, w:w + t] = v[b]
+    valid = np.asarray(write_pos) + t
+    out, _ = sdpa(q, key_cache, value_cache, scale=scale, causal=o["causal"], valid=valid)
+    return _linear(_merge(out), params, "out_proj"), key_cache, value_cache
+
+
 def ref_mha(params, inputs, o):
     x = _f64(inputs["x"])
+    if o.get("kv_cache") and o.get("max_seq") is not None:
+        out, key_cache, value_cache = _mha_static_step(params, x, inputs["key_cache"], inputs["value_cache"],
+                                                       inputs["write_pos"], o)
+        return {"output": out, "key_cache_out": key_cache, "value_cache_out": value_cache}
     if o.get("kv_cache"):
         out, present_key, present_value = _mha_step(params, "", x, x, inputs["past_key"], inputs["past_value"],
                                                     o["heads"], o["kv_heads"], o["causal"], o["scaling"],

@@ -146,9 +146,15 @@ def _build_self(o):
     return SelfAttention(o["dim"], o["scaling"], o["temperature"], o["weights"])
 
 
+def static_cache(o) -> bool:
+    """Whether the options ask for the static cache (`--kv-cache static --max-seq S`)."""
+    return bool(o.get("kv_cache")) and o.get("max_seq") is not None
+
+
 def _build_mha(o):
-    from attnexport.models.multi_head import CachedSelfAttention, MultiHeadAttention
-    cls = CachedSelfAttention if o["kv_cache"] else MultiHeadAttention
+    from attnexport.models.multi_head import CachedSelfAttention, MultiHeadAttention, StaticCachedSelfAttention
+    cls = StaticCachedSelfAttention if static_cache(o) else CachedSelfAttention if o["kv_cache"] else \
+        MultiHeadAttention
     return cls(o["dim"], o["heads"], o["kv_heads"], causal=o["causal"], scaling=o["scaling"],
                temperature=o["temperature"], weights=o["weights"])
 
@@ -164,8 +170,13 @@ def _mha_block_flops(o):
 
 def _kv_cache_check(o):
     """What a cache cannot be combined with (a step must see what the full forward sees)."""
+    if o.get("max_seq") is not None and not o["kv_cache"]:
+        return "--max-seq is the static cache's size: it goes with --kv-cache static"
     if not o["kv_cache"]:
         return None
+    if static_cache(o) and o["past_seq"] + o["seq"] > o["max_seq"]:
+        return (f"--past-seq {o['past_seq']} + --seq {o['seq']} positions do not fit a static cache of "
+                f"--max-seq {o['max_seq']}")
     if o["mask"] != "none":
         return "--kv-cache takes no --mask (a padding mask over cached keys is not supported yet)"
     if o["weights"]:
@@ -178,6 +189,11 @@ def _kv_cache_check(o):
 
 def _mha_inputs(o):
     x = (T("x", ("batch", "seq", "dim"), "float"),)
+    if static_cache(o):  # garbage past each sequence's write position: attention must not read it
+        hd = o["dim"] // o["heads"]
+        return x + (T("key_cache", ("batch", o["kv_heads"], "max_seq", hd), "float"),
+                    T("value_cache", ("batch", o["kv_heads"], "max_seq", hd), "float"),
+                    T("write_pos", ("batch",), "int64", "write_pos"))
     if o["kv_cache"]:
         hd = o["dim"] // o["heads"]
         return x + (T("past_key", ("batch", o["kv_heads"], "past_seq", hd), "float"),
@@ -187,6 +203,10 @@ def _mha_inputs(o):
 
 def _mha_outputs(o):
     out = T("output", ("batch", "seq", "dim"), "float")
+    if static_cache(o):
+        hd = o["dim"] // o["heads"]
+        return (out, T("key_cache_out", ("batch", o["kv_heads"], "max_seq", hd), "float"),
+                T("value_cache_out", ("batch", o["kv_heads"], "max_seq", hd), "float"))
     if o["kv_cache"]:
         hd = o["dim"] // o["heads"]
         return (out, T("present_key", ("batch", o["kv_heads"], "past_seq+seq", hd), "float"),
@@ -353,16 +373,18 @@ _VARIANTS = (
                  Option("mask", str, "none", "key padding mask input (B, T), True = token", ("none", "padding")),
                  WEIGHTS,
                  Option("kv_cache", bool, False, "self-attention key/value cache: past_key/past_value inputs, "
-                        "present_key/present_value outputs, for decoding step by step"),
-                 Option("past_seq", int, 4, "cached positions before the block (--kv-cache; may be 0)",
-                        minimum=0)),
+                        "present_key/present_value outputs, for decoding step by step; `static`: buffers of "
+                        "--max-seq positions written in place (key_cache/value_cache, write_pos)"),
+                 Option("past_seq", int, 4, "cached positions before the block (--kv-cache; may be 0; with "
+                        "--kv-cache static: sequence b's write position is past_seq - b)", minimum=0),
+                 Option("max_seq", int, None, "the static cache's positions (--kv-cache static)", optional=True)),
         build=_build_mha,
         inputs=_mha_inputs,
         outputs=_mha_outputs,
         reference=ref.ref_mha,
         flops=_mha_block_flops,
         dot_product_core=True,
-        dynamic=("batch", "seq", "past_seq"),
+        dynamic=("batch", "seq", "past_seq", "max_seq"),
         checks=(_divides("heads", "dim"), _divides("kv_heads", "heads"), _positive("temperature"),
                 _kv_cache_check),
     ),

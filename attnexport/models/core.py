@@ -178,3 +178,27 @@ def attend(query, key, value, attn_mask=None, *, past_key=None, past_value=None,
     cached = past_key is not None
     return Attended(out, shown if weights else None, present_key if cached else None,
                     present_value if cached else None)
+
+
+@torch.library.custom_op("attnexport::cache_write", mutates_args=())
+def cache_write(cache: torch.Tensor, update: torch.Tensor, write_pos: torch.Tensor) -> torch.Tensor:
+    """A static key/value cache with the new positions written in: the ONNX `TensorScatter`
+    operator (opset 24, linear mode, axis -2).
+
+    Args:
+        cache: (B, H, S, d), the buffer of S = max_seq positions.
+        update: (B, H, T, d), the new keys or values.
+        write_pos: (B,) int64: sequence b's new positions go to write_pos[b] .. write_pos[b]+T-1
+            (each at most S - T).
+
+    Returns:
+        the buffer with the update written in (B, H, S, d); every other position as it was.
+    """
+    b, h, t, d = update.shape
+    index = (write_pos.reshape(-1, 1) + torch.arange(t, device=update.device)).reshape(b, 1, t, 1)
+    return cache.scatter(2, index.expand(b, h, t, d), update)
+
+
+@cache_write.register_fake
+def _(cache, update, write_pos):
+    return torch.empty_like(cache)

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from attnexport.models.core import attend
+from attnexport.models.core import attend, cache_write
 from attnexport.models.dot_product import merge_heads, scale_qk, split_heads
 
 
@@ -75,6 +75,33 @@ class CachedSelfAttention(MultiHeadAttention):
         """
         a = self.attend(x, x, past_key=past_key, past_value=past_value)
         return a.output, a.present_key, a.present_value  # (B, T, D), (B, hkv, P+T, hd) x2
+
+
+class StaticCachedSelfAttention(MultiHeadAttention):
+    """`mha --kv-cache static --max-seq S`: one decoding step over key/value buffers of a fixed
+    size, the new keys and values written in at each sequence's position (TensorScatter), and
+    attention reading each sequence's valid prefix only (nonpad_kv_seqlen)."""
+
+    def forward(self, x, key_cache, value_cache, write_pos):
+        """One decoding step; returns (output, key_cache_out, value_cache_out).
+
+        Args:
+            x: (B, T, D), the new block (T = 1 for one token, or a chunk, or the prompt).
+            key_cache, value_cache: (B, Hkv, S, hd), the buffers; sequence b's first write_pos[b]
+                positions hold its earlier keys and values (after scaling, as attention reads
+                them), the rest is ignored.
+            write_pos: (B,) int64, each sequence's count of cached positions: its block is
+                written there, and its query i attends positions up to write_pos[b] + i.
+        """
+        q = split_heads(self.q_proj(x), self.heads)
+        k = split_heads(self.k_proj(x), self.kv_heads)
+        v = split_heads(self.v_proj(x), self.kv_heads)
+        q, k, scale = scale_qk(q, k, self.scaling, self.temperature)
+        key_cache = cache_write(key_cache, k, write_pos)
+        value_cache = cache_write(value_cache, v, write_pos)
+        valid = write_pos + x.shape[1]
+        a = attend(q, key_cache, value_cache, nonpad_kv_seqlen=valid, scale=scale, is_causal=self.causal)
+        return self.out_proj(merge_heads(a.output)), key_cache, value_cache
 
 
 class CrossAttention(MultiHeadAttention):
