@@ -62,6 +62,10 @@ class BenchRow:
     ratio_min: float | None = None  # the ratio to torch eager, per round: its lowest and highest
     ratio_max: float | None = None
     rounds: int = 0
+    # with --decode, decode rows: the least bytes a step moves (the weights once, the cache's
+    # valid prefix read once) per second, as a fraction of the measured memory bandwidth
+    bandwidth_fraction: float | None = None
+    bandwidth_gbs: float | None = None  # the copy bandwidth it is a fraction of (GB/s)
 
     @property
     def shape_label(self) -> str:
@@ -318,6 +322,8 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
     for f, model in models.items():
         for rt in [r for r in runtimes if r.startswith("ort")]:
             cands.append(_ort_candidate(rt, f, model, inputs, dtype, threads, False, cands))
+            if rt == "ort-cpu" and V.static_cache(o):  # its buffers bound in and out: written in place
+                cands.append(_ort_in_place_candidate(f, model, inputs, dtype, threads))
             if cuda_graph and rt == "ort-cuda":  # with and without CUDA graphs, side by side
                 try:
                     cands.append(_ort_candidate(rt, f, model, inputs, dtype, threads, True, cands))
@@ -416,6 +422,63 @@ def _ort_candidate(rt, flavor, model, inputs, dtype, threads, cuda_graph, cands)
                       lambda: [t.float().cpu().numpy() for t in outs], cpu_nodes, memory=memory)
 
 
+def _ort_in_place_candidate(flavor, model, inputs, dtype, threads):
+    """ONNX Runtime on the CPU with a static cache's buffers as OrtValues bound both as the inputs
+    and as the outputs that return them updated (IO binding), as a generation loop runs it: the
+    TensorScatter kernel then writes the new positions into the buffer instead of copying it."""
+    import onnxruntime as ort
+    feed = D.cast_floats(inputs, dtype)
+    session, cpu_nodes = _ort_session("ort-cpu", model, dtype, threads, False)
+    buffers = {n: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a)) for n, a in feed.items()
+               if n.endswith("_cache")}
+    binding = session.io_binding()
+    for n, a in feed.items():
+        if n in buffers:
+            binding.bind_ortvalue_input(n, buffers[n])
+        else:
+            binding.bind_cpu_input(n, np.ascontiguousarray(a))
+    names = [x.name for x in session.get_outputs()]
+    for name in names:
+        if name.removesuffix("_out") in buffers:
+            binding.bind_ortvalue_output(name, buffers[name.removesuffix("_out")])
+        else:
+            binding.bind_output(name, "cpu")
+
+    def run():
+        session.run_with_iobinding(binding)
+
+    def outputs():
+        run()
+        got = dict(zip(names, binding.copy_outputs_to_cpu()))
+        return [got[n] for n in names]
+    return _Candidate("ort-cpu", flavor, "in-place", "cpu", run, outputs, cpu_nodes)
+
+
+def memory_bandwidth(megabytes: int = 256, runs: int = 5) -> float:
+    """The machine's copy bandwidth in bytes per second, measured here: the median of `runs`
+    copies of a `megabytes` buffer into another (each byte read once and written once)."""
+    src = np.ones(megabytes * 2**20 // 4, np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # the pages of both touched before timing
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - t0)
+    return 2 * src.nbytes / statistics.median(times)
+
+
+def _decode_step_bytes(variant, o, params) -> int:
+    """The least bytes one decoding step moves: every parameter once, and the cache's valid
+    prefix (keys and values, every sequence's positions before and in the step) read once."""
+    weights = sum(np.asarray(p).size for p in params.values()) * 4
+    hd = o["dim"] // o["heads"]
+    kv_heads = o.get("kv_heads") or o["heads"]
+    positions = sum(max(o["past_seq"] - b, 0) + o["seq"] for b in range(o["batch"])) if V.static_cache(o) else \
+        o["batch"] * (o["past_seq"] + o["seq"])
+    return weights + 2 * kv_heads * positions * hd * 4
+
+
 def _torch_graph_candidate(call):
     import torch
     stream = torch.cuda.Stream()
@@ -477,12 +540,27 @@ def bench_decode(variant_name: str, options: dict | None, contexts: list[int], *
             options["kv_seq"] += [memory, 0]
             options["past_kv_seq"] += [0, memory]
     rows = bench(variant_name, options, **kwargs)
+    if V.static_cache(options):  # beside today's concat cache, in the same process
+        for r in rows:
+            r.mode = "static" if r.mode == "eager" else f"static {r.mode}"
+        concat = bench(variant_name, {**options, "max_seq": None}, **{**kwargs, "progress": None})
+        for r in concat:
+            r.mode = "concat" if r.mode == "eager" else f"concat {r.mode}"
+        rows += concat
+    bandwidth = memory_bandwidth() if variant.name == "mha" and any(r.shape for r in rows) else None
+    scalars = {k: v for k, v in options.items() if not isinstance(v, list)}
+    params = seeding.init_params(variant, variant.resolve({**scalars, "seq": 1, "past_seq": 0}),
+                                 kwargs.get("seed", 0)) if bandwidth and variant.name == "mha" else {}
     for r in rows:
         if not r.shape:
             continue
         r.phase = "prefill" if r.shape["past_seq"] == 0 else "decode"
         tokens = r.shape["batch"] * r.shape["seq"]
         r.tokens_per_s = tokens / (r.median_ms / 1e3) if r.median_ms == r.median_ms else None
+        if r.phase == "decode" and r.median_ms == r.median_ms and variant.name == "mha":
+            o = variant.resolve({**scalars, **r.shape})
+            r.bandwidth_gbs = bandwidth / 1e9
+            r.bandwidth_fraction = _decode_step_bytes(variant, o, params) / (r.median_ms / 1e3) / bandwidth
     return rows
 
 

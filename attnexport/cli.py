@@ -192,6 +192,12 @@ def _variant_options(fn=None, *, exclude=()):
                                 help="also output the attention weights; sdpa: --weights raw|softcap|bias|softmax; "
                                      "with --module: --weights FILE, the module's trained weights (a state_dict "
                                      "saved with torch.save, or .safetensors)")
+        elif opt.name == "kv_cache":  # a flag (the concat cache), or --kv-cache static
+            deco = click.option(opt.flag, opt.name, is_flag=False, flag_value="concat", default=None,
+                                type=click.Choice(["concat", "static"]),
+                                help="key/value cache step graph: --kv-cache (past_key/past_value in, present_* "
+                                     "out, grown by concatenation) or --kv-cache static --max-seq S (fixed buffers "
+                                     "written in place at write_pos; mha)")
         elif opt.type is bool:
             deco = click.option(opt.flag, opt.name, flag_value=True, default=None, help=opt.help)
         else:
@@ -202,7 +208,15 @@ def _variant_options(fn=None, *, exclude=()):
 
 
 def _given(kwargs) -> dict:
-    return {k: v for k, v in kwargs.items() if v is not None}
+    given = {k: v for k, v in kwargs.items() if v is not None}
+    cache = given.get("kv_cache")
+    if cache in ("concat", "static"):  # the option is a bool; static is the bool with --max-seq
+        if cache == "static" and given.get("max_seq") is None:
+            raise UsageError("--kv-cache static needs --max-seq S, the buffers' positions")
+        if cache == "concat" and given.get("max_seq") is not None:
+            raise UsageError("--max-seq is the static cache's size: give --kv-cache static")
+        given["kv_cache"] = True
+    return given
 
 
 @main.command()
@@ -695,7 +709,10 @@ def bench(variant, module_spec, input_specs, batch, seq, kv_seq, decode, context
         click.echo(f"fastest on {rt} at {shape}: {flavor} ({ms:.3f} ms)")
     for r in rows:
         if r.phase and r.tokens_per_s:
-            click.echo(f"{r.phase} {r.runtime} {r.flavor} at {r.shape_label}: {r.median_ms:.3f} ms, "
-                       f"{r.tokens_per_s:,.0f} tokens/s")
+            mode = "" if r.mode == "eager" else f" ({r.mode})"
+            bandwidth = f", {r.bandwidth_fraction:.2f} of the {r.bandwidth_gbs:.1f} GB/s memory bandwidth" \
+                if r.bandwidth_fraction is not None else ""
+            click.echo(f"{r.phase} {r.runtime} {r.flavor}{mode} at {r.shape_label}: {r.median_ms:.3f} ms, "
+                       f"{r.tokens_per_s:,.0f} tokens/s{bandwidth}")
     if plot:
         click.echo(f"plot: {plot}")

@@ -92,3 +92,57 @@ def empty_cache(variant, o: dict, dtype) -> dict[str, np.ndarray]:
     """Every past_* input of a cache-step variant at options o, with 0 positions."""
     empty = {**o, **{k: 0 for k in o if k.startswith("past_")}}
     return {s.name: np.zeros(s.shape(empty), dtype) for s in variant.inputs(empty) if s.name.startswith("past_")}
+
+
+STATIC_PROMPT = 3  # the static cache's check: sequence b's prompt is STATIC_PROMPT - b tokens (at least 1)
+
+
+def static_prompts(batch: int) -> np.ndarray:
+    """Prompt lengths of the static cache's decode check: a different one per sequence."""
+    return np.maximum(STATIC_PROMPT - np.arange(batch), 1)
+
+
+def decode_static(step: Callable[[dict], dict], x: np.ndarray, prompts: np.ndarray, chunk: int,
+                  buffers: dict[str, np.ndarray], pairs: dict[str, str]) -> np.ndarray:
+    """The `output` of a static-cache step model over sequences of different prompt lengths.
+
+    Sequence b's prompt is its first prompts[b] tokens. The prompts run as one block (the batch's
+    longest: a shorter prompt's block runs on into its next tokens, whose keys and values the
+    later steps write again at the same positions), then every sequence runs on from its own
+    position in chunks of `chunk`, each step's `write_pos` being the positions that sequence has
+    cached, until each has run n = L - max(prompts) tokens past its prompt.
+
+    Args:
+        step: one call of the model: {x, every buffer, write_pos} -> {output, every updated buffer}.
+        x: (B, L, D), every sequence's tokens.
+        buffers: the cache buffers, (B, H, S, d) with S >= L, their contents garbage (attention
+            must read only what was written).
+        pairs: buffer input -> the output that returns it updated.
+
+    Returns:
+        (B, L, D): sequence b's outputs at positions below prompts[b] + n, zeros past them.
+    """
+    batch, length = x.shape[:2]
+    longest = int(prompts.max())
+    n = length - longest
+    out = np.zeros((*x.shape[:2], 0), x.dtype)
+    cache = dict(buffers)
+
+    def run(block, write_pos):
+        nonlocal cache
+        got = step({"x": block, **cache, "write_pos": write_pos.astype(np.int64)})
+        cache = {name: np.asarray(got[pairs[name]]) for name in cache}
+        return np.asarray(got["output"])
+
+    first = run(x[:, :longest], np.zeros(batch, np.int64))
+    out = np.zeros((batch, length, first.shape[-1]), first.dtype)
+    for b in range(batch):
+        out[b, :prompts[b]] = first[b, :prompts[b]]
+    for start in range(0, n, chunk):
+        size = min(chunk, n - start)
+        at = prompts + start
+        block = np.stack([x[b, at[b]:at[b] + size] for b in range(batch)])
+        got = run(block, at)
+        for b in range(batch):
+            out[b, at[b]:at[b] + size] = got[b]
+    return out

@@ -71,6 +71,8 @@ class Variant:
         """The symbolic sizes that these options' inputs use, with their values (a cache's
         `past_seq` only with the cache)."""
         used = {p for spec in self.inputs(o) for d in spec.dims if isinstance(d, str) for p in d.split("+")}
+        if any(spec.kind == "write_pos" for spec in self.inputs(o)):  # a static cache's positions are data
+            used.add("past_seq")
         open_ = {k: o[k] for k in self.dynamic if k in used}
         # An axis that broadcasts against a fixed size of 1 (a mask's heads where sdpa's bsd layout
         # fixes heads = 1) can only be 1: it is fixed too.

@@ -38,7 +38,8 @@ from attnexport import weights as W
 from attnexport.compare import TOLERANCES, Tolerance, check_tolerance_values, compare_outputs, \
     derived_tolerance, tolerance
 from attnexport.cases import seed_of
-from attnexport.decode import CHUNKS, decode, decode_all, empty_cache, split_inputs, stream_axis
+from attnexport.decode import CHUNKS, decode, decode_all, decode_static, empty_cache, split_inputs, \
+    static_prompts, stream_axis
 from attnexport.errors import AttnExportError, ProviderUnavailableError, UnsupportedByFlavor, UsageError, reason
 from attnexport.inspect import attnexport_metadata, load_model
 from attnexport.localize import Localization, locate
@@ -323,9 +324,13 @@ def _decode_checks(variant, case, params, dtype, rtol, atol) -> list:
     if not (o.get("kv_cache") and o.get("causal", True)):  # causal; the decoder always is
         return []
     sizes = {"seq": DECODE_LENGTH, **({"kv_seq": DECODE_LENGTH} if "kv_seq" in o else {})}
-    full = variant.resolve({**o, "kv_cache": False, **sizes})
+    full = variant.resolve({**o, "kv_cache": False, **({"max_seq": None} if "max_seq" in o else {}), **sizes})
     stream = seeding.make_inputs(variant, full, seed_of(case.name) + 1)
     expected = {"output": np.asarray(variant.reference(params, stream, full)["output"], np.float64)}
+    if V.static_cache(o):  # sequences of different lengths: each compared up to where it ran
+        prompts = static_prompts(o["batch"])
+        reached = prompts + DECODE_LENGTH - prompts.max()
+        expected["output"][np.arange(DECODE_LENGTH)[None, :] >= reached[:, None]] = 0.0
     tol = case_tolerance(variant, params, stream, full, expected, dtype, rtol, atol)
     out = []
     for chunk in CHUNKS:
@@ -346,7 +351,9 @@ def matching_cases(variant, options: dict, cases: list) -> list:
     model's own input specs, never from the variant's list of sizes that may be symbolic."""
     symbolic = variant.sizes(options)
     fixed = variant.graph_options(options)
-    return [c for c in cases if {k: v for k, v in c.options.items() if k not in symbolic} == fixed]
+    defaults = {o.name: o.default for o in variant.options}  # options newer than a stored case: their defaults
+    return [c for c in cases
+            if {k: v for k, v in {**defaults, **c.options}.items() if k not in symbolic} == fixed]
 
 
 def _seeded_case(variant, options, sizes, i):
@@ -533,6 +540,13 @@ def _decode_run(prepared, variant, o, stream, chunk):
     import time
     dtype = next(iter(stream.values())).dtype
     t0 = time.perf_counter()
+    if V.static_cache(o):
+        garbage = seeding.make_inputs(variant, o, 7)  # buffers whose unwritten positions must not be read
+        names = [s.name for s in variant.inputs(o) if s.name.endswith("_cache")]
+        buffers = {n: garbage[n].astype(dtype) for n in names}
+        out = decode_static(prepared.run, stream["x"], static_prompts(o["batch"]), chunk, buffers,
+                            {n: n + "_out" for n in names})
+        return {"output": out}, (time.perf_counter() - t0) * 1e3
     stream, once, masks = split_inputs(variant, o, stream)
     out = decode(prepared.run, stream, chunk, empty_cache(variant, o, dtype), stream_axis(variant, o), once, masks)
     return {"output": out}, (time.perf_counter() - t0) * 1e3

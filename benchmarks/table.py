@@ -9,18 +9,21 @@ def fmt(x, spec):
 
 
 def decode_table(rows):
-    """bench --decode rows: one line per phase, context, runtime and flavour."""
-    lines = ["| phase | context | runtime | flavor | median ms | p10-p90 | tokens/s | x torch eager | x torch spread | "
-             "peak fraction | max abs err vs torch |",
-             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    """bench --decode rows: one line per phase, context, runtime, flavour and mode (a static cache's
+    rows name their cache and whether its buffers were bound in place)."""
+    lines = ["| phase | context | runtime | flavor | mode | median ms | p10-p90 | tokens/s | x torch eager | "
+             "x torch spread | peak fraction | bandwidth fraction | max abs err vs torch |",
+             "| --- | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         if not r.get("phase"):
             continue
         context = r["shape"]["seq"] if r["phase"] == "prefill" else r["shape"]["past_seq"]
-        lines.append(f"| {r['phase']} | {context} | {r['runtime']} | {r['flavor']} | {fmt(r['median_ms'], '.3f')} | "
+        lines.append(f"| {r['phase']} | {context} | {r['runtime']} | {r['flavor']} | {r.get('mode', '')} | "
+                     f"{fmt(r['median_ms'], '.3f')} | "
                      f"{fmt(r['p10_ms'], '.3f')}-{fmt(r['p90_ms'], '.3f')} | {fmt(r['tokens_per_s'], ',.0f')} | "
                      f"{fmt(r['ratio_to_torch'], '.2f')} | {fmt(r.get('ratio_min'), '.2f')}-{fmt(r.get('ratio_max'), '.2f')} | "
-                     f"{fmt(r['peak_fraction'], '.2f')} | {fmt(r['max_abs_err'], '.1e')} |")
+                     f"{fmt(r['peak_fraction'], '.2f')} | {fmt(r.get('bandwidth_fraction'), '.2f')} | "
+                     f"{fmt(r['max_abs_err'], '.1e')} |")
     return "\n".join(lines)
 
 

@@ -147,6 +147,25 @@ def test_decode_bench_times_prefill_and_one_step_per_context():
     assert r.exit_code == 2 and "--context goes with --decode" in r.output
 
 
+def test_decode_bench_of_the_static_cache_runs_in_place_beside_the_concat_cache():
+    """bench --decode --kv-cache static: the static step (ONNX Runtime unbound and in place) beside
+    today's concat step and torch eager of each, with the memory-bandwidth fraction of a step."""
+    rows = B.bench_decode("mha", {"batch": [1], "dim": 32, "heads": 4, "kv_cache": True, "max_seq": 20}, [8, 16],
+                          runtimes=["torch", "ort-cpu"], flavors=["attention"], warmup=1, iters=2, threads=1,
+                          repeat=2)
+    got = {(r.runtime, r.mode, r.phase, r.shape["past_seq"]) for r in rows}
+    for c in (8, 16):
+        for rt, mode in (("torch", "static"), ("ort-cpu", "static"), ("ort-cpu", "static in-place"),
+                         ("torch", "concat"), ("ort-cpu", "concat")):
+            assert (rt, mode, "decode", c) in got, got
+    for r in rows:
+        assert r.max_abs_err < 1e-4
+        if r.phase == "decode":
+            assert r.bandwidth_fraction > 0 and r.bandwidth_gbs > 0
+    r = CliRunner().invoke(main, ["bench", "--variant", "mha", "--decode", "--context", "8", "--kv-cache", "static"])
+    assert r.exit_code == 2 and "--kv-cache static needs --max-seq" in r.output
+
+
 def test_emulated_fp16_is_calibrated_on_the_fp32_units_only(monkeypatch):
     """Where fp16 is emulated (a 1024^3 fp16 matmul takes seconds on such a CPU), the calibration
     times no fp16 matmul beyond the 256^3 probe: the fp32 peak bounds an emulated fp16 block."""

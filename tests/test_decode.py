@@ -149,3 +149,46 @@ def test_a_bad_cache_is_one_line_and_exit_2(tmp_path):
         r = CliRunner().invoke(main, ["export", "--module", spec, "--cache", cache, "-o", str(out)])
         assert r.exit_code == 2 and text in r.output and len(r.output.strip().splitlines()) == 1, r.output
         assert not out.exists()
+
+
+@pytest.mark.parametrize("args, text", [
+    (["--kv-cache", "static"], "--kv-cache static needs --max-seq S"),
+    (["--kv-cache", "--max-seq", "8"], "give --kv-cache static"),
+    (["--max-seq", "8"], "it goes with --kv-cache static"),
+    (["--kv-cache", "static", "--max-seq", "8", "--past-seq", "6", "--seq", "3"], "do not fit a static cache"),
+    (["--kv-cache", "static", "--max-seq", "32", "--opset", "23"], "--kv-cache static needs opset 24"),
+])
+def test_bad_static_cache_options_are_one_line_and_exit_2(tmp_path, args, text):
+    from click.testing import CliRunner
+    from attnexport.cli import main
+    out = tmp_path / "m.onnx"
+    r = CliRunner().invoke(main, ["export", "--variant", "mha", "--causal", *args, "-o", str(out)])
+    assert r.exit_code == 2 and text in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert not out.exists()
+
+
+def test_the_static_cache_check_fails_a_step_that_ignores_the_write_position():
+    """decode_static's check is not vacuous: a step that always writes at position 0 (and attends
+    as if nothing were cached past the block) differs from the full forward."""
+    from attnexport import reference as ref_mod
+    from attnexport.decode import decode_static, static_prompts
+    variant = V.get("mha")
+    o = variant.resolve({"kv_cache": True, "max_seq": 12, "causal": True, "batch": 2, "dim": 32, "heads": 4, "seq": 3})
+    params = seeding.init_params(variant, o, 0)
+    x = np.random.default_rng(1).standard_normal((2, 7, 32)).astype(np.float32)
+    buffers = {n: np.random.default_rng(2).standard_normal((2, 4, 12, 8)).astype(np.float32)
+               for n in ("key_cache", "value_cache")}
+    pairs = {n: n + "_out" for n in buffers}
+    full = variant.reference(params, {"x": x}, variant.resolve({"causal": True, "batch": 2, "seq": 7, "dim": 32,
+                                                                "heads": 4}))["output"]
+    prompts = static_prompts(2)
+    reached = prompts + 7 - prompts.max()
+    full[np.arange(7)[None, :] >= reached[:, None]] = 0.0
+
+    def step(feed, forget=False):
+        feed = {**feed, "write_pos": np.zeros_like(feed["write_pos"])} if forget else feed
+        return ref_mod.ref_mha(params, feed, o)
+
+    for forget, ok in ((False, True), (True, False)):
+        got = decode_static(lambda f: step(f, forget), x, prompts, 1, buffers, pairs)
+        assert np.allclose(got, full, atol=1e-5) == ok

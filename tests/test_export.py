@@ -266,6 +266,29 @@ def test_readme_decode_loop_runs_alone_and_equals_the_full_forward(tmp_path, mon
     assert c, str(c)
 
 
+def test_readme_static_cache_loop_runs_in_place_and_equals_the_full_forward(tmp_path, monkeypatch):
+    """The README's static-cache loop (two sequences, prompts of 5 and 3, 20 steps) in a fresh
+    interpreter without attnexport: its buffers never move, ONNX Runtime logs no copy of them, and
+    each sequence's outputs are the full causal forward's over its own positions."""
+    from click.testing import CliRunner
+    from attnexport.cli import main
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, ["export", "--variant", "mha", "--kv-cache", "static", "--max-seq", "64",
+                                  "--causal", "-o", "models/mha-static.onnx"])
+    assert r.exit_code == 0, r.output
+    proc = _run_without_attnexport(_readme_python("### A static cache, written in place"), tmp_path)
+    assert "written in place: the buffers never moved; sequences hold [25 23] positions" in proc.stdout
+    assert "in-place optimization not activated" not in proc.stderr, proc.stderr
+    tokens, got = np.load(tmp_path / "static_tokens.npy"), np.load(tmp_path / "static_outputs.npy")
+    variant = V.get("mha")
+    params = seeding.init_params(variant, variant.resolve({"kv_cache": True, "max_seq": 64, "causal": True}), 0)
+    for b, length in enumerate((25, 23)):
+        full = variant.resolve({"causal": True, "batch": 1, "seq": length})
+        want = variant.reference(params, {"x": tokens[b:b + 1, :length]}, full)["output"]
+        c = compare("output", got[b:b + 1, :length], want, tolerance("fp32"))
+        assert c, str(c)
+
+
 def test_readme_decoder_loop_runs_alone_and_equals_the_full_forward(tmp_path, monkeypatch):
     """The README's decoder loop (memory once, prefill 5, decode 20) without attnexport; its outputs
     are the decoder's full forward over the same inputs and memory."""

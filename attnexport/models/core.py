@@ -71,6 +71,11 @@ def _attention_impl(query, key, value, attn_mask, past_key, past_value, nonpad_k
         present = (key, value)
     else:
         present = (query.new_empty(0), query.new_empty(0))
+    if nonpad_kv_seqlen is not None and weights == NO_WEIGHTS and attn_mask is None:
+        # Keys at or past every sequence's valid count are padding for all of them (a static
+        # cache's unwritten positions): attend over the valid prefix only, as the fused kernels do.
+        used = max(int(nonpad_kv_seqlen.max()), 1)
+        key, value = key[:, :, :used], value[:, :, :used]
     tq, tk = query.shape[2], key.shape[2]
     bias, causal_only = _bias(attn_mask, is_causal, past, nonpad_kv_seqlen, tq, tk, query)
     if weights == NO_WEIGHTS and softcap <= 0:  # torch's fused kernels have no softcap or score output
