@@ -384,7 +384,7 @@ _VARIANTS = (
         reference=ref.ref_mha,
         flops=_mha_block_flops,
         dot_product_core=True,
-        dynamic=("batch", "seq", "past_seq", "max_seq"),
+        dynamic=("batch", "seq", "past_seq"),  # a static cache's buffers keep their size: --max-seq is fixed
         checks=(_divides("heads", "dim"), _divides("kv_heads", "heads"), _positive("temperature"),
                 _kv_cache_check),
     ),
