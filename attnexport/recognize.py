@@ -208,20 +208,14 @@ class _Rewriter:
                     raise _NotAttention(f"{x.name} scales the scores by a tensor, not a number")
                 scale *= n if t is aten.mul.Tensor else 1.0 / n
                 x = a
-            elif t is aten.masked_fill.Scalar:
-                a, cond, value = x.args[:3]
+            elif t in (aten.masked_fill.Scalar, aten.where.self, aten.where.ScalarOther):
+                # masked_fill(scores, cond, v) hides where cond is True; where(cond, scores, v) keeps there
+                hides = t is aten.masked_fill.Scalar
+                a, cond, value = (x.args[0], x.args[1], x.args[2]) if hides else (x.args[1], x.args[0], x.args[2])
                 fill = _number(value)
                 if fill is None or fill > _LARGE_NEGATIVE:
-                    raise _NotAttention(f"{x.name} fills scores with {value}, not -inf or a large negative number")
-                masks.append(("hide", cond, fill))
-                masks_scale.append(1.0)
-                x = a
-            elif t in (aten.where.self, aten.where.ScalarOther):
-                cond, a, value = x.args[:3]
-                fill = _number(value)
-                if fill is None or fill > _LARGE_NEGATIVE:
-                    raise _NotAttention(f"{x.name} replaces scores with {value}, not -inf or a large negative number")
-                masks.append(("keep", cond, fill))
+                    raise _NotAttention(f"{x.name} puts {value} in the scores, not -inf or a large negative number")
+                masks.append(("hide" if hides else "keep", cond, fill))
                 masks_scale.append(1.0)
                 x = a
             elif t is aten.baddbmm.default:
