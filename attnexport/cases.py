@@ -273,6 +273,10 @@ def _case_defs() -> tuple[CaseDef, ...]:
                                                      "seq": 1, "past_seq": 7, "batch": 3},
                 source="seeded: one token over grouped-query buffers (2 key/value heads for 4), sequence 0 "
                        "writing the buffer's last position, the others 6 and 5 cached"),
+        CaseDef("sdpa-static-cache", "sdpa", {"kv_cache": True, "max_seq": 12, "causal": True, "kv_heads": 2,
+                                              "seq": 2, "kv_seq": 2, "past_seq": 5},
+                source="seeded: the operator over static grouped-query buffers of 12 positions, a block of 2 "
+                       "written at 5 and 4 (TensorScatter), the valid keys as nonpad_kv_seqlen"),
         CaseDef("sdpa-kv-cache", "sdpa", {"kv_cache": True, "causal": True, "kv_heads": 2, "seq": 2, "kv_seq": 2,
                                            "past_seq": 5},
                 source="seeded: the operator with a grouped-query cache, a block of 2 over 5 cached positions"),

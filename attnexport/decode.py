@@ -102,47 +102,61 @@ def static_prompts(batch: int) -> np.ndarray:
     return np.maximum(STATIC_PROMPT - np.arange(batch), 1)
 
 
-def decode_static(step: Callable[[dict], dict], x: np.ndarray, prompts: np.ndarray, chunk: int,
-                  buffers: dict[str, np.ndarray], pairs: dict[str, str]) -> np.ndarray:
+def decode_static(step: Callable[[dict], dict], stream: dict[str, np.ndarray], axis: int, prompts: np.ndarray,
+                  chunk: int, buffers: dict[str, np.ndarray], pairs: dict[str, str]) -> np.ndarray:
     """The `output` of a static-cache step model over sequences of different prompt lengths.
 
-    Sequence b's prompt is its first prompts[b] tokens. The prompts run as one block (the batch's
-    longest: a shorter prompt's block runs on into its next tokens, whose keys and values the
-    later steps write again at the same positions), then every sequence runs on from its own
-    position in chunks of `chunk`, each step's `write_pos` being the positions that sequence has
-    cached, until each has run n = L - max(prompts) tokens past its prompt.
+    Sequence b's prompt is its first prompts[b] positions. The prompts run as one block (the
+    batch's longest: a shorter prompt's block runs on into its next positions, whose keys and
+    values the later steps write again at the same places), then every sequence runs on from its
+    own position in chunks of `chunk`, each step's `write_pos` being the positions that sequence
+    has cached, until each has run n = L - max(prompts) positions past its prompt.
 
     Args:
-        step: one call of the model: {x, every buffer, write_pos} -> {output, every updated buffer}.
-        x: (B, L, D), every sequence's tokens.
+        step: one call of the model: {stream inputs, every buffer, write_pos} -> {output, every
+            updated buffer}.
+        stream: the inputs that run along the sequence (`x`; or `query`, `key`, `value`), whole:
+            L positions on `axis`, which is also the output's.
         buffers: the cache buffers, (B, H, S, d) with S >= L, their contents garbage (attention
             must read only what was written).
         pairs: buffer input -> the output that returns it updated.
 
     Returns:
-        (B, L, D): sequence b's outputs at positions below prompts[b] + n, zeros past them.
+        the outputs: sequence b's at positions below prompts[b] + n, zeros past them.
     """
-    batch, length = x.shape[:2]
+    first_input = next(iter(stream.values()))
+    batch, length = first_input.shape[0], first_input.shape[axis]
     longest = int(prompts.max())
     n = length - longest
-    out = np.zeros((*x.shape[:2], 0), x.dtype)
     cache = dict(buffers)
 
-    def run(block, write_pos):
+    def take(b, start, size):  # sequence b's positions start .. start+size-1, batch axis kept
+        return {k: np.take(v[b:b + 1], np.arange(start, start + size), axis=axis) for k, v in stream.items()}
+
+    def run(blocks, write_pos):
         nonlocal cache
-        got = step({"x": block, **cache, "write_pos": write_pos.astype(np.int64)})
+        given = {k: np.concatenate([blk[k] for blk in blocks]) for k in stream}
+        got = step({**given, **cache, "write_pos": write_pos.astype(np.int64)})
         cache = {name: np.asarray(got[pairs[name]]) for name in cache}
         return np.asarray(got["output"])
 
-    first = run(x[:, :longest], np.zeros(batch, np.int64))
-    out = np.zeros((batch, length, first.shape[-1]), first.dtype)
+    first = run([take(b, 0, longest) for b in range(batch)], np.zeros(batch, np.int64))
+    shape = list(first.shape)
+    shape[axis] = length
+    out = np.zeros(shape, first.dtype)
+    index = [slice(None)] * len(shape)
+
+    def put(b, start, values):  # values: sequence b's outputs (batch axis dropped) from position start
+        at = list(index)
+        at[0], at[axis] = b, slice(start, start + values.shape[axis - 1])
+        out[tuple(at)] = values
+
     for b in range(batch):
-        out[b, :prompts[b]] = first[b, :prompts[b]]
+        put(b, 0, np.take(first[b], np.arange(prompts[b]), axis=axis - 1))
     for start in range(0, n, chunk):
         size = min(chunk, n - start)
         at = prompts + start
-        block = np.stack([x[b, at[b]:at[b] + size] for b in range(batch)])
-        got = run(block, at)
+        got = run([take(b, at[b], size) for b in range(batch)], at)
         for b in range(batch):
-            out[b, at[b]:at[b] + size] = got[b]
+            put(b, at[b], got[b])
     return out

@@ -188,6 +188,14 @@ def ref_sdpa(params, inputs, o):
     if o["layout"] == "bsd":  # (B, T, H*d) -> (B, H, T, d)
         q, k, v = _heads(_f64(q), o["heads"]), _heads(_f64(k), o["kv_heads"]), _heads(_f64(v), o["kv_heads"])
     present, offset = {}, 0
+    if o["kv_cache"] and o.get("max_seq") is not None:  # static buffers: write, then attend the valid prefix
+        key_cache, value_cache = _f64(inputs["key_cache"]).copy(), _f64(inputs["value_cache"]).copy()
+        t = k.shape[2]
+        for b, w in enumerate(np.asarray(inputs["write_pos"])):
+            key_cache[b, :, w:w + t], value_cache[b, :, w:w + t] = _f64(k[b]), _f64(v[b])
+        out, _ = sdpa(q, key_cache, value_cache, scale=o["scale"], causal=o["causal"], softcap=o["softcap"],
+                      valid=np.asarray(inputs["write_pos"]) + t)
+        return {"output": out, "key_cache_out": key_cache, "value_cache_out": value_cache}
     if o["kv_cache"]:
         k = np.concatenate([_f64(inputs["past_key"]), _f64(k)], axis=2)
         v = np.concatenate([_f64(inputs["past_value"]), _f64(v)], axis=2)

@@ -85,7 +85,11 @@ def _sdpa_inputs(o):
         dims = ("mask_batch", "mask_heads", "seq", keys)[4 - o["mask_rank"]:]
         kind = {"bool": ("bool", "bool_mask"), "float": ("float", "additive_mask")}[o["mask"]]
         qkv += (T("attn_mask", dims, *kind),)
-    if o["kv_cache"]:
+    if static_cache(o):  # buffers of --max-seq positions, garbage past each sequence's write position
+        qkv += (T("key_cache", ("batch", heads, o["max_seq"], hd), "float"),
+                T("value_cache", ("batch", heads, o["max_seq"], vd), "float"),
+                T("write_pos", ("batch",), "int64", "write_pos"))
+    elif o["kv_cache"]:
         qkv += (T("past_key", ("batch", heads, "past_seq", hd), "float"),
                 T("past_value", ("batch", heads, "past_seq", vd), "float"))
     if o["nonpad"]:
@@ -98,6 +102,10 @@ def _sdpa_outputs(o):
     out = (T("output", ("batch", "seq", o["heads"] * o["v_head_dim"]) if bsd else
              ("batch", "heads", "seq", "v_head_dim"), "float"),)
     total = "kv_seq"
+    if static_cache(o):
+        given = {s.name: s for s in _sdpa_inputs(o)}
+        return out + (T("key_cache_out", given["key_cache"].dims, "float"),
+                      T("value_cache_out", given["value_cache"].dims, "float"))
     if o["kv_cache"]:
         past = {s.name: s for s in _sdpa_inputs(o)}
         total = "past_seq+kv_seq"
@@ -135,6 +143,17 @@ def _sdpa_refit(o):
 
 
 def _sdpa_cache_check(o):
+    if o.get("max_seq") is not None and not o["kv_cache"]:
+        return "--max-seq is the static cache's size: it goes with --kv-cache static"
+    if static_cache(o):
+        for name, ok in (("--layout bsd", o["layout"] == "bhsd"), ("--mask", o["mask"] == "none"),
+                         ("--weights", o["weights"] == "none"), ("--nonpad", not o["nonpad"])):
+            if not ok:
+                return (f"--kv-cache static takes no {name} (its valid keys are write_pos + the new ones, "
+                        "passed as nonpad_kv_seqlen)")
+        if o["past_seq"] + o["kv_seq"] > o["max_seq"]:
+            return (f"--past-seq {o['past_seq']} + --kv-seq {o['kv_seq']} positions do not fit a static cache "
+                    f"of --max-seq {o['max_seq']}")
     if o["kv_cache"] and o["nonpad"]:
         return ("--nonpad counts the valid keys of a preallocated cache passed as key/value; the operator "
                 "takes it or --kv-cache's past_key/past_value, not both")
@@ -330,6 +349,7 @@ _VARIANTS = (
                         "outputs, as the operator's cache"),
                  Option("past_seq", int, 4, "cached positions before the block (--kv-cache; may be 0)",
                         minimum=0),
+                 Option("max_seq", int, None, "the static cache's positions (--kv-cache static)", optional=True),
                  Option("nonpad", bool, False, "nonpad_kv_seqlen input (B,): the valid keys of each sequence in a "
                         "preallocated cache (opset 24 for the attention flavor)"),
                  Option("softmax_precision", str, None, "the precision of the softmax (default: the input's)",

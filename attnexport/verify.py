@@ -330,7 +330,11 @@ def _decode_checks(variant, case, params, dtype, rtol, atol) -> list:
     if V.static_cache(o):  # sequences of different lengths: each compared up to where it ran
         prompts = static_prompts(o["batch"])
         reached = prompts + DECODE_LENGTH - prompts.max()
-        expected["output"][np.arange(DECODE_LENGTH)[None, :] >= reached[:, None]] = 0.0
+        axis = stream_axis(variant, o)
+        past = np.arange(DECODE_LENGTH)[None, :] >= reached[:, None]  # (B, L)
+        shape = [1] * expected["output"].ndim
+        shape[0], shape[axis] = o["batch"], DECODE_LENGTH
+        expected["output"][np.broadcast_to(past.reshape(shape), expected["output"].shape)] = 0.0
     tol = case_tolerance(variant, params, stream, full, expected, dtype, rtol, atol)
     out = []
     for chunk in CHUNKS:
@@ -544,8 +548,9 @@ def _decode_run(prepared, variant, o, stream, chunk):
         garbage = seeding.make_inputs(variant, o, 7)  # buffers whose unwritten positions must not be read
         names = [s.name for s in variant.inputs(o) if s.name.endswith("_cache")]
         buffers = {n: garbage[n].astype(dtype) for n in names}
-        out = decode_static(prepared.run, stream["x"], static_prompts(o["batch"]), chunk, buffers,
-                            {n: n + "_out" for n in names})
+        streamed = {n: v for n, v in stream.items() if n not in names and n != "write_pos"}
+        out = decode_static(prepared.run, streamed, stream_axis(variant, o), static_prompts(o["batch"]), chunk,
+                            buffers, {n: n + "_out" for n in names})
         return {"output": out}, (time.perf_counter() - t0) * 1e3
     stream, once, masks = split_inputs(variant, o, stream)
     out = decode(prepared.run, stream, chunk, empty_cache(variant, o, dtype), stream_axis(variant, o), once, masks)

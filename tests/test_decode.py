@@ -190,5 +190,17 @@ def test_the_static_cache_check_fails_a_step_that_ignores_the_write_position():
         return ref_mod.ref_mha(params, feed, o)
 
     for forget, ok in ((False, True), (True, False)):
-        got = decode_static(lambda f: step(f, forget), x, prompts, 1, buffers, pairs)
+        got = decode_static(lambda f: step(f, forget), {"x": x}, 1, prompts, 1, buffers, pairs)
         assert np.allclose(got, full, atol=1e-5) == ok
+
+
+@pytest.mark.parametrize("args, text", [
+    (["--layout", "bsd"], "--kv-cache static takes no --layout bsd"),
+    (["--mask", "bool"], "--kv-cache static takes no --mask"),
+    (["--past-seq", "10", "--kv-seq", "4", "--seq", "4"], "do not fit a static cache of --max-seq 12"),
+])
+def test_what_sdpas_static_cache_cannot_take_is_said(tmp_path, args, text):
+    out = tmp_path / "m.onnx"
+    r = run("export", "--variant", "sdpa", "--kv-cache", "static", "--max-seq", "12", *args, "-o", out)
+    assert r.exit_code == 2 and text in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert not out.exists()

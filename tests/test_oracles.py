@@ -259,10 +259,28 @@ def oracle_decoder(p, inputs, o):
             "present_cross_key": ck, "present_cross_value": cv}
 
 
+def oracle_sdpa_static(p, inputs, o):
+    """Static buffers as what they stand for: sequence b's buffers up to write_pos[b] are a cache
+    of earlier positions (the operator's past_key, causal offset by its length), the new keys and
+    values follow them, and the rest of each buffer is left as it was."""
+    keys, values = np.array(inputs["key_cache"]), np.array(inputs["value_cache"])
+    outs = []
+    for b, w in enumerate(inputs["write_pos"]):
+        one = {"query": inputs["query"][b:b + 1], "key": inputs["key"][b:b + 1], "value": inputs["value"][b:b + 1],
+               "past_key": keys[b:b + 1, :, :w], "past_value": values[b:b + 1, :, :w]}
+        got = oracle_sdpa(p, one, {**o, "max_seq": None})
+        keys[b, :, :got["present_key"].shape[2]] = got["present_key"][0]
+        values[b, :, :got["present_value"].shape[2]] = got["present_value"][0]
+        outs.append(got["output"])
+    return {"output": np.concatenate(outs), "key_cache_out": keys, "value_cache_out": values}
+
+
 def oracle_sdpa(p, inputs, o):
     """The ONNX Attention operator from its text: 4-D or 3-D (bsd) inputs, grouped heads, a cache
     before the new keys (causal offset by its length), scale (default 1/sqrt(head size)), softcap,
     a bool (True = attend) or additive mask, valid key counts, and the four score outputs."""
+    if o["kv_cache"] and o.get("max_seq") is not None:
+        return oracle_sdpa_static(p, inputs, o)
     q, k, v = inputs["query"], inputs["key"], inputs["value"]
     if o["layout"] == "bsd":
         q, k, v = _split(q, o["heads"]), _split(k, o["kv_heads"]), _split(v, o["kv_heads"])
@@ -339,10 +357,34 @@ _MODES = {"raw": 0, "softcap": 1, "bias": 2, "softmax": 3}
 _ONNX_REF_DEPARTS = {("sdpa-weights-raw", "weights"): "onnx's reference returns mode 0 after the softcap"}
 
 
+def _static_cache_graph(case):
+    """A static cache case as the opset-24 operators spell it: TensorScatter writes the new keys and
+    values into the buffers at write_pos, and Attention reads write_pos + kv_seq valid keys."""
+    from onnx import TensorProto, helper
+    o = case.options
+    nodes = [helper.make_node("TensorScatter", [f"{n}_cache", n, "write_pos"], [f"{n}_cache_out"], axis=2)
+             for n in ("key", "value")]
+    nodes += [helper.make_node("Constant", [], ["new"], value_int=o["kv_seq"]),
+              helper.make_node("Add", ["write_pos", "new"], ["valid"]),
+              helper.make_node("Attention", ["query", "key_cache_out", "value_cache_out", "", "", "", "valid"],
+                               ["output"], is_causal=int(o["causal"]),
+                               **({"scale": float(o["scale"])} if o["scale"] is not None else {}))]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64 if n == "write_pos" else TensorProto.DOUBLE, None)
+              for n in ("query", "key", "value", "key_cache", "value_cache", "write_pos")]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.DOUBLE, None)
+               for n in ("output", "key_cache_out", "value_cache_out")]
+    model = helper.make_model(helper.make_graph(nodes, "static", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 24)])
+    model.ir_version = 10
+    return model
+
+
 def _attention_node(case):
     """A one-node model of the ONNX Attention operator with the case's options, fed in float64."""
     from onnx import TensorProto, helper
     o = case.options
+    if o.get("max_seq") is not None:
+        return _static_cache_graph(case)
     names = ["query", "key", "value", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen"]
     inputs = [n if n in case.inputs else "" for n in names]
     while inputs and not inputs[-1]:
@@ -406,7 +448,8 @@ def test_sdpa_case_equals_onnx_reference_implementation(name):
 
 
 @pytest.mark.parametrize("name", [n for n in SDPA_CASES if not golden.CASES[n].options.get("softcap")
-                                  and not golden.CASES[n].options.get("nonpad")])
+                                  and not golden.CASES[n].options.get("nonpad")
+                                  and golden.CASES[n].options.get("max_seq") is None])
 def test_sdpa_case_output_equals_torch_sdpa(name):
     """torch's scaled_dot_product_attention in float64 (grouped heads, its own causal flag where
     the operator's is top-left, an explicit mask with a cache)."""

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from attnexport.models.core import attend
+from attnexport.models.core import attend, cache_write
 
 def scale_qk(q, k, scaling: str, temperature: float):
     """Applies a scaling mode to q and k; returns (q, k, static scale for QK^T).
@@ -72,6 +72,12 @@ class ScaledDotProductAttention(nn.Module):
             total = k.shape[2] + (past.shape[2] if past is not None else 0)
             mask = nn.functional.pad(mask, (0, total - mask.shape[-1]),
                                      value=False if mask.dtype == torch.bool else -math.inf)
+        if "key_cache" in given:  # a static cache: the new keys and values written at write_pos
+            key_cache = cache_write(given["key_cache"], k, given["write_pos"])
+            value_cache = cache_write(given["value_cache"], v, given["write_pos"])
+            a = attend(q, key_cache, value_cache, nonpad_kv_seqlen=given["write_pos"] + k.shape[2], scale=self.scale,
+                       is_causal=self.causal, softcap=self.softcap, softmax_precision=self.softmax_precision)
+            return a.output, key_cache, value_cache
         a = attend(q, k, v, mask, past_key=given.get("past_key"),
                    past_value=given.get("past_value"), nonpad_kv_seqlen=given.get("nonpad_kv_seqlen"),
                    scale=self.scale, is_causal=self.causal, softcap=self.softcap, weights=self.weights,
