@@ -314,6 +314,10 @@ def _case_defs() -> tuple[CaseDef, ...]:
                                                 "past_kv_seq": 6},
                 source="seeded: a decoder step of 2 tokens over 3 cached ones, the memory's 6 positions cached "
                        "(no memory given)"),
+        CaseDef("decoder-static-cache", "decoder", {"kv_cache": True, "max_seq": 10, "seq": 2, "past_seq": 3,
+                                                    "kv_seq": 0, "past_kv_seq": 5},
+                source="seeded: a decoder step of 2 positions with its self-attention cache in static buffers of "
+                       "10 (written at 3 and 2) and the memory's 5 positions cached"),
         CaseDef("decoder-kv-cache-first", "decoder", {"kv_cache": True, "seq": 4, "past_seq": 0, "kv_seq": 5,
                                                       "past_kv_seq": 0},
                 source="seeded: a decoder's first step: a prompt of 4 into empty caches, the memory of 5 "

@@ -197,7 +197,7 @@ def _variant_options(fn=None, *, exclude=()):
                                 type=click.Choice(["concat", "static"]),
                                 help="key/value cache step graph: --kv-cache (past_key/past_value in, present_* "
                                      "out, grown by concatenation) or --kv-cache static --max-seq S (fixed buffers "
-                                     "written in place at write_pos; mha, sdpa)")
+                                     "written in place at write_pos; mha, sdpa, decoder)")
         elif opt.type is bool:
             deco = click.option(opt.flag, opt.name, flag_value=True, default=None, help=opt.help)
         else:

@@ -103,7 +103,8 @@ def static_prompts(batch: int) -> np.ndarray:
 
 
 def decode_static(step: Callable[[dict], dict], stream: dict[str, np.ndarray], axis: int, prompts: np.ndarray,
-                  chunk: int, buffers: dict[str, np.ndarray], pairs: dict[str, str]) -> np.ndarray:
+                  chunk: int, buffers: dict[str, np.ndarray], pairs: dict[str, str],
+                  once: dict[str, np.ndarray] | None = None) -> np.ndarray:
     """The `output` of a static-cache step model over sequences of different prompt lengths.
 
     Sequence b's prompt is its first prompts[b] positions. The prompts run as one block (the
@@ -117,9 +118,12 @@ def decode_static(step: Callable[[dict], dict], stream: dict[str, np.ndarray], a
             updated buffer}.
         stream: the inputs that run along the sequence (`x`; or `query`, `key`, `value`), whole:
             L positions on `axis`, which is also the output's.
-        buffers: the cache buffers, (B, H, S, d) with S >= L, their contents garbage (attention
-            must read only what was written).
-        pairs: buffer input -> the output that returns it updated.
+        buffers: the caches: static buffers (B, H, S, d) with S >= L, their contents garbage
+            (attention must read only what was written); and any other cache carried from step
+            to step (a decoder's cross cache, empty at first).
+        pairs: cache input -> the output that returns it updated.
+        once: inputs given whole at the first step and empty (0 long on axis 1) at the later
+            ones, their keys and values being cached by then (the decoder's memory).
 
     Returns:
         the outputs: sequence b's at positions below prompts[b] + n, zeros past them.
@@ -133,9 +137,13 @@ def decode_static(step: Callable[[dict], dict], stream: dict[str, np.ndarray], a
     def take(b, start, size):  # sequence b's positions start .. start+size-1, batch axis kept
         return {k: np.take(v[b:b + 1], np.arange(start, start + size), axis=axis) for k, v in stream.items()}
 
+    steps = 0
+
     def run(blocks, write_pos):
-        nonlocal cache
+        nonlocal cache, steps
         given = {k: np.concatenate([blk[k] for blk in blocks]) for k in stream}
+        given.update({k: v if steps == 0 else v[:, :0] for k, v in (once or {}).items()})
+        steps += 1
         got = step({**given, **cache, "write_pos": write_pos.astype(np.int64)})
         cache = {name: np.asarray(got[pairs[name]]) for name in cache}
         return np.asarray(got["output"])

@@ -219,12 +219,12 @@ def ref_self(params, inputs, o):
     return {"output": out[:, 0], "weights": w[:, 0]} if o["weights"] else {"output": out[:, 0]}
 
 
-def _mha_static_step(params, x, key_cache, value_cache, write_pos, o):
+def _mha_static_step(params, x, key_cache, value_cache, write_pos, o, prefix=""):
     """One block over static buffers: sequence b's keys and values are written at write_pos[b],
     and its query i attends the buffer's positions up to write_pos[b] + i (the rest is ignored)."""
-    q = _heads(_linear(x, params, "q_proj"), o["heads"])
-    k = _heads(_linear(x, params, "k_proj"), o["kv_heads"])
-    v = _heads(_linear(x, params, "v_proj"), o["kv_heads"])
+    q = _heads(_linear(x, params, f"{prefix}q_proj"), o["heads"])
+    k = _heads(_linear(x, params, f"{prefix}k_proj"), o["kv_heads"])
+    v = _heads(_linear(x, params, f"{prefix}v_proj"), o["kv_heads"])
     q, k, scale = _scale_qk(q, k, o["scaling"], o["temperature"])
     key_cache, value_cache = _f64(key_cache).copy(), _f64(value_cache).copy()
     t = x.shape[1]
@@ -233,7 +233,7 @@ def _mha_static_step(params, x, key_cache, value_cache, write_pos, o):
         value_cache[b, :, w:w + t] = v[b]
     valid = np.asarray(write_pos) + t
     out, _ = sdpa(q, key_cache, value_cache, scale=scale, causal=o["causal"], valid=valid)
-    return _linear(_merge(out), params, "out_proj"), key_cache, value_cache
+    return _linear(_merge(out), params, f"{prefix}out_proj"), key_cache, value_cache
 
 
 def ref_mha(params, inputs, o):
@@ -315,7 +315,7 @@ def ref_encoder(params, inputs, o):
 def ref_decoder(params, inputs, o):
     x, mem = _f64(inputs["x"]), _f64(inputs["memory"])
     if o.get("kv_cache"):
-        return _decoder_step(params, inputs, x, mem, o["heads"])
+        return _decoder_step(params, inputs, x, mem, o["heads"], o)
     a, _ = _mha(params, "self_attn.", x, x, o["heads"], o["heads"], causal=True)
     y = _layer_norm(_r(x + a), params, "norm1")
     c, _ = _mha(params, "cross_attn.", y, mem, o["heads"], o["heads"], inputs.get("memory_mask"))
@@ -323,13 +323,21 @@ def ref_decoder(params, inputs, o):
     return {"output": _layer_norm(_r(z + _ffn(z, params, "ffn.")), params, "norm3")}
 
 
-def _decoder_step(params, inputs, x, mem, h):
-    """A decoder layer's step: self-attention over its cache, cross-attention over the memory's
-    cached keys and values followed by those of the memory given now (empty after the first step)."""
-    a, pk, pv = _mha_step(params, "self_attn.", x, x, inputs["past_key"], inputs["past_value"], h, h, True)
+def _decoder_step(params, inputs, x, mem, h, o=None):
+    """A decoder layer's step: self-attention over its cache (static buffers with `max_seq`),
+    cross-attention over the memory's cached keys and values followed by those of the memory given
+    now (empty after the first step)."""
+    if o is not None and o.get("max_seq") is not None:
+        static = {"heads": h, "kv_heads": h, "scaling": "sqrt", "temperature": 0.1, "causal": True}
+        a, pk, pv = _mha_static_step(params, x, inputs["key_cache"], inputs["value_cache"], inputs["write_pos"],
+                                     static, prefix="self_attn.")
+    else:
+        a, pk, pv = _mha_step(params, "self_attn.", x, x, inputs["past_key"], inputs["past_value"], h, h, True)
     y = _layer_norm(_r(x + a), params, "norm1")
     c, ck, cv = _mha_step(params, "cross_attn.", y, mem, inputs["past_cross_key"], inputs["past_cross_value"], h, h,
                           False)
     z = _layer_norm(_r(y + c), params, "norm2")
-    return {"output": _layer_norm(_r(z + _ffn(z, params, "ffn.")), params, "norm3"), "present_key": pk,
-            "present_value": pv, "present_cross_key": ck, "present_cross_value": cv}
+    names = ("key_cache_out", "value_cache_out") if o is not None and o.get("max_seq") is not None else \
+        ("present_key", "present_value")
+    return {"output": _layer_norm(_r(z + _ffn(z, params, "ffn.")), params, "norm3"), names[0]: pk, names[1]: pv,
+            "present_cross_key": ck, "present_cross_value": cv}

@@ -269,12 +269,20 @@ def _build_encoder(o):
 
 
 def _build_decoder(o):
-    from attnexport.models.transformer import CachedDecoderLayer, DecoderLayer
-    return (CachedDecoderLayer if o["kv_cache"] else DecoderLayer)(o["dim"], o["heads"], o["ffn_dim"])
+    from attnexport.models.transformer import CachedDecoderLayer, DecoderLayer, StaticCachedDecoderLayer
+    cls = StaticCachedDecoderLayer if static_cache(o) else CachedDecoderLayer if o["kv_cache"] else DecoderLayer
+    return cls(o["dim"], o["heads"], o["ffn_dim"])
 
 
 def _decoder_inputs(o):
     x = (T("x", ("batch", "seq", "dim"), "float"), T("memory", ("batch", "kv_seq", "dim"), "float"))
+    if static_cache(o):
+        hd = o["dim"] // o["heads"]
+        return x + (T("key_cache", ("batch", o["heads"], o["max_seq"], hd), "float"),
+                    T("value_cache", ("batch", o["heads"], o["max_seq"], hd), "float"),
+                    T("write_pos", ("batch",), "int64", "write_pos"),
+                    T("past_cross_key", ("batch", o["heads"], "past_kv_seq", hd), "float"),
+                    T("past_cross_value", ("batch", o["heads"], "past_kv_seq", hd), "float"))
     if o["kv_cache"]:
         hd = o["dim"] // o["heads"]
         return x + tuple(T(f"past_{n}", ("batch", o["heads"], length, hd), "float")
@@ -288,12 +296,22 @@ def _decoder_outputs(o):
     if not o["kv_cache"]:
         return out
     hd = o["dim"] // o["heads"]
+    if static_cache(o):
+        return out + (T("key_cache_out", ("batch", o["heads"], o["max_seq"], hd), "float"),
+                      T("value_cache_out", ("batch", o["heads"], o["max_seq"], hd), "float"),
+                      T("present_cross_key", ("batch", o["heads"], "past_kv_seq+kv_seq", hd), "float"),
+                      T("present_cross_value", ("batch", o["heads"], "past_kv_seq+kv_seq", hd), "float"))
     return out + tuple(T(f"present_{n}", ("batch", o["heads"], length, hd), "float")
                        for n, length in (("key", "past_seq+seq"), ("value", "past_seq+seq"),
                                          ("cross_key", "past_kv_seq+kv_seq"), ("cross_value", "past_kv_seq+kv_seq")))
 
 
 def _decoder_cache_check(o):
+    if o.get("max_seq") is not None and not o["kv_cache"]:
+        return "--max-seq is the static cache's size: it goes with --kv-cache static"
+    if static_cache(o) and o["past_seq"] + o["seq"] > o["max_seq"]:
+        return (f"--past-seq {o['past_seq']} + --seq {o['seq']} positions do not fit a static cache of "
+                f"--max-seq {o['max_seq']}")
     if not o["kv_cache"]:
         return None if o["kv_seq"] >= 1 else "--kv-seq must be >= 1 (0 is for the steps of --kv-cache)"
     if o["mask"] != "none":
@@ -533,6 +551,8 @@ _VARIANTS = (
                         "cross-attention past_cross_key/past_cross_value in, present_* out"),
                  Option("past_seq", int, 4, "cached target positions before the block (--kv-cache; may be 0)",
                         minimum=0),
+                 Option("max_seq", int, None, "the self-attention cache's positions (--kv-cache static)",
+                        optional=True),
                  Option("past_kv_seq", int, 0, "cached memory positions (--kv-cache; 0 at the first step)",
                         minimum=0)),
         build=_build_decoder,

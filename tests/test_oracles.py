@@ -244,9 +244,27 @@ def oracle_encoder(p, inputs, o):
     return {"output": _layer_norm(y + _ffn(y, p), p, "norm2")}
 
 
+def oracle_decoder_static(p, inputs, o):
+    """The static self-attention buffers as what they stand for, sequence by sequence: the prefix
+    up to write_pos[b] is that sequence's past_key/past_value; the step is then the concat one."""
+    keys, values = np.array(inputs["key_cache"]), np.array(inputs["value_cache"])
+    results = []
+    for b, w in enumerate(inputs["write_pos"]):
+        one = {n: inputs[n][b:b + 1] for n in ("x", "memory", "past_cross_key", "past_cross_value")}
+        one.update(past_key=keys[b:b + 1, :, :w], past_value=values[b:b + 1, :, :w])
+        got = oracle_decoder(p, one, {**o, "max_seq": None})
+        keys[b, :, :got["present_key"].shape[2]] = got["present_key"][0]
+        values[b, :, :got["present_value"].shape[2]] = got["present_value"][0]
+        results.append(got)
+    joined = {n: np.concatenate([r[n] for r in results]) for n in ("output", "present_cross_key", "present_cross_value")}
+    return {**joined, "key_cache_out": keys, "value_cache_out": values}
+
+
 def oracle_decoder(p, inputs, o):
     """Post-norm: causal self-attention, cross-attention on the memory, feed-forward; with a
     cache, both attentions read their cached keys and values first."""
+    if o["kv_cache"] and o.get("max_seq") is not None:
+        return oracle_decoder_static(p, inputs, o)
     x, mem, h = inputs["x"], inputs["memory"], o["heads"]
     cached = o["kv_cache"]
     a, _, pk, pv = _multi_head(p, "self_attn.", x, x, h, h, causal=True,

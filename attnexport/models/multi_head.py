@@ -57,6 +57,19 @@ class MultiHeadAttention(nn.Module):
             a = a._replace(present_key=k, present_value=v)
         return a._replace(output=self.out_proj(merge_heads(a.output)))
 
+    def attend_static(self, x, key_cache, value_cache, write_pos):
+        """Self-attention over static buffers (see StaticCachedSelfAttention): (output projected to
+        (B, T, D), key_cache, value_cache with the block written at write_pos)."""
+        q = split_heads(self.q_proj(x), self.heads)
+        k = split_heads(self.k_proj(x), self.kv_heads)
+        v = split_heads(self.v_proj(x), self.kv_heads)
+        q, k, scale = scale_qk(q, k, self.scaling, self.temperature)
+        key_cache = cache_write(key_cache, k, write_pos)
+        value_cache = cache_write(value_cache, v, write_pos)
+        valid = write_pos + x.shape[1]
+        a = attend(q, key_cache, value_cache, nonpad_kv_seqlen=valid, scale=scale, is_causal=self.causal)
+        return self.out_proj(merge_heads(a.output)), key_cache, value_cache
+
     def forward(self, x, mask=None):
         a = self.attend(x, x, mask)
         return (a.output, a.weights) if self.weights else a.output
@@ -93,15 +106,7 @@ class StaticCachedSelfAttention(MultiHeadAttention):
             write_pos: (B,) int64, each sequence's count of cached positions: its block is
                 written there, and its query i attends positions up to write_pos[b] + i.
         """
-        q = split_heads(self.q_proj(x), self.heads)
-        k = split_heads(self.k_proj(x), self.kv_heads)
-        v = split_heads(self.v_proj(x), self.kv_heads)
-        q, k, scale = scale_qk(q, k, self.scaling, self.temperature)
-        key_cache = cache_write(key_cache, k, write_pos)
-        value_cache = cache_write(value_cache, v, write_pos)
-        valid = write_pos + x.shape[1]
-        a = attend(q, key_cache, value_cache, nonpad_kv_seqlen=valid, scale=scale, is_causal=self.causal)
-        return self.out_proj(merge_heads(a.output)), key_cache, value_cache
+        return self.attend_static(x, key_cache, value_cache, write_pos)
 
 
 class CrossAttention(MultiHeadAttention):

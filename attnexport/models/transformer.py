@@ -90,3 +90,17 @@ class CachedDecoderLayer(DecoderLayer):
                                    join_outside=True)
         z = self.norm2(y + c.output)
         return self.norm3(z + self.ffn(z)), a.present_key, a.present_value, c.present_key, c.present_value
+
+
+class StaticCachedDecoderLayer(DecoderLayer):
+    """`decoder --kv-cache static --max-seq S`: the step of CachedDecoderLayer with its
+    self-attention cache in static buffers written at write_pos (TensorScatter, nonpad_kv_seqlen);
+    the memory's cross cache is as CachedDecoderLayer's (projected once, then passed back)."""
+
+    def forward(self, x, memory, key_cache, value_cache, write_pos, past_cross_key, past_cross_value):
+        a, key_cache, value_cache = self.self_attn.attend_static(x, key_cache, value_cache, write_pos)
+        y = self.norm1(x + a)
+        c = self.cross_attn.attend(y, memory, past_key=past_cross_key, past_value=past_cross_value,
+                                   join_outside=True)
+        z = self.norm2(y + c.output)
+        return self.norm3(z + self.ffn(z)), key_cache, value_cache, c.present_key, c.present_value
