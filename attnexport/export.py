@@ -632,7 +632,7 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
     model, op_name = finish(model, flavor=flavor, opset=opset, dtype=dtype, params=params, meta=meta, what=name,
                             applies=routing.calls > 0)
     checked = _check_other_sizes(module, model, names, args, kept, dtype, name,
-                                 empty={kept[n][a] for n, a in cache_axes.items()})
+                                 empty={kept[n][a] for n, a in cache_axes.items()}, nan_rows=nan_rows)
     version = torch.__version__.split("+")[0]
     semantics = ["fully masked query rows give NaN, as in torch (--nan-rows)"] if nan_rows else \
         [M.SEMANTICS_NOTformat(version=version) + " (--nan-rows keeps torch's)"] if torch_nan else []
@@ -726,8 +726,9 @@ def probe_inputs(args, names, kept, seed, empty=()):
     return out
 
 
-def _check_other_sizes(module, model, names, args, kept, dtype, name, empty=()):
-    """Runs the model on ONNX Runtime at other sizes against the module itself; an ExportError
+def _check_other_sizes(module, model, names, args, kept, dtype, name, empty=(), nan_rows=False):
+    """Runs the model on ONNX Runtime at other sizes against the module itself, under the export's
+    semantics (a query with no key to attend to gives zeros, unless `nan_rows`); an ExportError
     (nothing written) when they differ."""
     import torch
     from attnexport import runtimes as R
@@ -737,7 +738,10 @@ def _check_other_sizes(module, model, names, args, kept, dtype, name, empty=()):
     tol = tolerance(dtype)
     checked = []
     for feed in probe_inputs(args, names, kept, 1, empty):
-        with torch.no_grad():
+        with torch.no_grad(), contextlib.ExitStack() as semantics:
+            if not nan_rows:
+                semantics.enter_context(M.routed(M.Routing()))
+                semantics.enter_context(M.dead_softmax_rows_zero())
             want = M.outputs_of(M.call_forward(module, feed, name))
         sizes = {n: list(t.shape) for n, t in zip(names, feed)}
         try:
