@@ -196,3 +196,14 @@ def test_a_fully_masked_row_filled_with_the_lowest_float_is_the_modules_on_onnx_
     result = export_module(module, args, flavor="attention", input_names=["q", "k", "v", "m"])
     got = R.prepare_onnx("ort-cpu", result.model).run({n: t.numpy() for n, t in zip("qkvm", args)})
     np.testing.assert_allclose(list(got.values())[0], module(*args).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_the_check_at_other_sizes_takes_a_query_with_no_key_as_the_export_does():
+    """A -inf mask that hides every key gives NaN in the module and zeros in the export (the
+    operator's semantics): the export's check at other sizes, whose masks take the example's
+    most common value (here: hidden), compares under those semantics instead of failing."""
+    module = Scores(FORMS["masked_fill -inf"]).eval()
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    mask[0, 0] = True
+    result = export_module(module, (*_qkv(), mask), flavor="attention", input_names=["q", "k", "v", "m"])
+    assert result.routed == 1 and len(result.checked) == 2
