@@ -8,6 +8,7 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
+from hypothesis import given, settings, strategies as st
 from torch import nn
 
 from attnexport import recognize
@@ -207,3 +208,53 @@ def test_the_check_at_other_sizes_takes_a_query_with_no_key_as_the_export_does()
     mask[0, 0] = True
     result = export_module(module, (*_qkv(), mask), flavor="attention", input_names=["q", "k", "v", "m"])
     assert result.routed == 1 and len(result.checked) == 2
+
+
+@settings(max_examples=20, deadline=None)
+@given(scale_on=st.sampled_from(["scores", "queries", "keys", "none"]), divide=st.booleans(),
+       mask=st.sampled_from(["none", "additive", "masked_fill", "where", "two"]), rank3=st.booleans(),
+       float32_softmax=st.booleans(), returned=st.booleans(), heads=st.sampled_from([(4, 4), (4, 2), (4, 1)]))
+def test_any_combination_of_the_forms_keeps_the_modules_numbers(scale_on, divide, mask, rank3, float32_softmax,
+                                                                returned, heads):
+    """The forms combined at random: wherever the scale sits, whatever the masks, rank 3 or 4,
+    grouped heads by broadcasting or repeated, the probabilities also returned: the routed program gives the
+    module's own numbers, and no softmax is left in it."""
+    hq, hk = heads
+    if rank3 and hk != hq:
+        hk = hq  # bmm has no head axis to broadcast
+
+    def fn(q, k, v, m):
+        if k.shape[1] not in (1, hq):  # grouped heads repeated as transformers' repeat_kv does
+            k, v = (t[:, :, None].expand(B, hk, hq // hk, T, D).reshape(B, hq, T, D) for t in (k, v))
+        if rank3:
+            q, k, v = (t.reshape(-1, T, D) for t in (q, k, v))
+        s = 0.3 if not divide else 1 / 0.3
+        op = (lambda t: t / s) if divide else (lambda t: t * s)
+        q = op(q) if scale_on == "queries" else q
+        k = op(k) if scale_on == "keys" else k
+        scores = q @ k.transpose(-2, -1)
+        scores = op(scores) if scale_on == "scores" else scores
+        hidden = ~m[:, None, None, :] if not rank3 else (~m).repeat_interleave(hq, dim=0)[:, None, :]
+        if mask in ("additive", "two"):
+            scores = scores + hidden.float() * -1e9
+        if mask == "two":
+            scores = scores + torch.ones(T, T).triu(1) * -1e4
+        if mask == "masked_fill":
+            scores = scores.masked_fill(hidden, float("-inf"))
+        if mask == "where":
+            scores = torch.where(~hidden, scores, torch.finfo(torch.float32).min)
+        probs = torch.softmax(scores.float() if float32_softmax else scores, dim=-1).type_as(q)
+        out = probs @ v
+        return (out, probs.mean(dim=1 if not rank3 else 0)) if returned else out
+
+    module = Scores(fn).eval()
+    q, k, v = _qkv(heads=hq, kv_heads=hk)
+    args = (q, k, v, _mask())
+    program = torch.export.export(module, args)
+    found = recognize.route(program)
+    assert [f.kind for f in found] == ["hand-written"], found
+    ops = {n.target for n in program.graph.nodes if n.op == "call_function"}
+    assert not {torch.ops.aten.softmax.int, torch.ops.aten._softmax.default} & ops
+    want, got = module(*args), program.module()(*args)
+    for w, g in zip(*(((x,) if isinstance(x, torch.Tensor) else x) for x in (want, got))):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
