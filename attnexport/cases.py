@@ -265,14 +265,11 @@ def _case_defs() -> tuple[CaseDef, ...]:
         CaseDef("mha-kv-cache-cosine", "mha", {"kv_cache": True, "causal": True, "scaling": "cosine",
                                                "seq": 2, "past_seq": 3},
                 source="seeded: cosine scaling over a cache (keys cached normalized)"),
-        CaseDef("mha-static-cache", "mha", {"kv_cache": True, "max_seq": 12, "causal": True, "seq": 3,
-                                            "past_seq": 4},
-                source="seeded: a block of 3 into static buffers of 12 positions, sequence 0 with 4 cached and "
-                       "sequence 1 with 3 (the rest of each buffer garbage, never read)"),
-        CaseDef("mha-static-cache-gqa-full", "mha", {"kv_cache": True, "max_seq": 8, "causal": True, "kv_heads": 2,
-                                                     "seq": 1, "past_seq": 7, "batch": 3},
-                source="seeded: one token over grouped-query buffers (2 key/value heads for 4), sequence 0 "
-                       "writing the buffer's last position, the others 6 and 5 cached"),
+        CaseDef("mha-static-cache", "mha", {"kv_cache": True, "max_seq": 8, "causal": True, "kv_heads": 2,
+                                            "seq": 3, "past_seq": 5, "batch": 3},
+                source="seeded: a block of 3 into grouped-query static buffers of 8 positions (2 key/value heads "
+                       "for 4): sequence 0 with 5 cached writes the buffer's last positions, sequences 1 and 2 "
+                       "with 4 and 3 (the rest of each buffer garbage, never read)"),
         CaseDef("sdpa-static-cache", "sdpa", {"kv_cache": True, "max_seq": 12, "causal": True, "kv_heads": 2,
                                               "seq": 2, "kv_seq": 2, "past_seq": 5},
                 source="seeded: the operator over static grouped-query buffers of 12 positions, a block of 2 "
