@@ -474,8 +474,8 @@ def _decode_step_bytes(variant, o, params) -> int:
     weights = sum(np.asarray(p).size for p in params.values()) * 4
     hd = o["dim"] // o["heads"]
     kv_heads = o.get("kv_heads") or o["heads"]
-    positions = sum(max(o["past_seq"] - b, 0) + o["seq"] for b in range(o["batch"])) if V.static_cache(o) else \
-        o["batch"] * (o["past_seq"] + o["seq"])
+    cached = seeding.write_positions(o).sum() if V.static_cache(o) else o["batch"] * o["past_seq"]
+    positions = int(cached) + o["batch"] * o["seq"]
     return weights + 2 * kv_heads * positions * hd * 4
 
 
@@ -550,14 +550,14 @@ def bench_decode(variant_name: str, options: dict | None, contexts: list[int], *
     bandwidth = memory_bandwidth() if variant.name == "mha" and any(r.shape for r in rows) else None
     scalars = {k: v for k, v in options.items() if not isinstance(v, list)}
     params = seeding.init_params(variant, variant.resolve({**scalars, "seq": 1, "past_seq": 0}),
-                                 kwargs.get("seed", 0)) if bandwidth and variant.name == "mha" else {}
+                                 kwargs.get("seed", 0)) if bandwidth else {}
     for r in rows:
         if not r.shape:
             continue
         r.phase = "prefill" if r.shape["past_seq"] == 0 else "decode"
         tokens = r.shape["batch"] * r.shape["seq"]
         r.tokens_per_s = tokens / (r.median_ms / 1e3) if r.median_ms == r.median_ms else None
-        if r.phase == "decode" and r.median_ms == r.median_ms and variant.name == "mha":
+        if r.phase == "decode" and r.median_ms == r.median_ms and bandwidth:
             o = variant.resolve({**scalars, **r.shape})
             r.bandwidth_gbs = bandwidth / 1e9
             r.bandwidth_fraction = _decode_step_bytes(variant, o, params) / (r.median_ms / 1e3) / bandwidth

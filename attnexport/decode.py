@@ -102,6 +102,12 @@ def static_prompts(batch: int) -> np.ndarray:
     return np.maximum(STATIC_PROMPT - np.arange(batch), 1)
 
 
+def static_reach(prompts: np.ndarray, length: int) -> np.ndarray:
+    """How many positions each sequence of `decode_static` runs through: its prompt, then as many
+    steps as the longest prompt leaves of `length`."""
+    return prompts + length - prompts.max()
+
+
 def decode_static(step: Callable[[dict], dict], stream: dict[str, np.ndarray], axis: int, prompts: np.ndarray,
                   chunk: int, buffers: dict[str, np.ndarray], pairs: dict[str, str],
                   once: dict[str, np.ndarray] | None = None) -> np.ndarray:
@@ -131,24 +137,21 @@ def decode_static(step: Callable[[dict], dict], stream: dict[str, np.ndarray], a
     first_input = next(iter(stream.values()))
     batch, length = first_input.shape[0], first_input.shape[axis]
     longest = int(prompts.max())
-    n = length - longest
+    n = length - longest  # positions each sequence runs past its prompt (see static_reach)
     cache = dict(buffers)
 
     def take(b, start, size):  # sequence b's positions start .. start+size-1, batch axis kept
         return {k: np.take(v[b:b + 1], np.arange(start, start + size), axis=axis) for k, v in stream.items()}
 
-    steps = 0
-
-    def run(blocks, write_pos):
-        nonlocal cache, steps
+    def run(blocks, write_pos, first=False):
+        nonlocal cache
         given = {k: np.concatenate([blk[k] for blk in blocks]) for k in stream}
-        given.update({k: v if steps == 0 else v[:, :0] for k, v in (once or {}).items()})
-        steps += 1
+        given.update({k: v if first else v[:, :0] for k, v in (once or {}).items()})
         got = step({**given, **cache, "write_pos": write_pos.astype(np.int64)})
         cache = {name: np.asarray(got[pairs[name]]) for name in cache}
         return np.asarray(got["output"])
 
-    first = run([take(b, 0, longest) for b in range(batch)], np.zeros(batch, np.int64))
+    first = run([take(b, 0, longest) for b in range(batch)], np.zeros(batch, np.int64), first=True)
     shape = list(first.shape)
     shape[axis] = length
     out = np.zeros(shape, first.dtype)

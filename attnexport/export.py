@@ -582,15 +582,14 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
             if n in cache and not any(a % t.dim() != 0 for a in given):
                 asked[n] = {**({0: "batch"} if dynamic is None or 0 in given else {}), t.dim() - 2: "past_len"}
     dims = _dynamic_shapes(names, args, asked)
-    with torch.no_grad(), M.routed(M.Routing()):
+    with torch.no_grad(), M.routed():
         sample = M.call_forward(module, args, name)
     out_names = list(output_names) if output_names else M.default_output_names(sample)
     missing = sorted(set(cache.values()) - set(out_names or ()))
     if missing:
         raise UsageError(f"--cache: {', '.join(missing)} is not an output of {name} (outputs: "
                          f"{', '.join(out_names or ['nested, unnamed'])})")
-    routing = M.Routing()
-    with M.routed(routing), (torch_dead_rows() if nan_rows else contextlib.nullcontext()):
+    with M.routed(), (torch_dead_rows() if nan_rows else contextlib.nullcontext()):
         with export_errors(name), _quiet():
             traced = torch.export.export(module, args, dynamic_shapes=dims[0])
         found = recognize.route(traced)
@@ -605,7 +604,6 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
     model = program.model_proto
     # Calls routed: the core's nodes in the traced program (tracing may run forward more than once).
     calls = recognize.routed_calls(traced)
-    routing.calls = len(calls)
     kept = _name_dims(model, names, dims[1])
     if dynamic is not None:
         fixed = [f"{n}:{a}={d}" for n, axes in dims[1].items() for a, d in axes.items() if a not in kept.get(n, {})]
@@ -630,16 +628,14 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
             "attnexport.params_source": ("given: " + Path(weights_file).name) if weights_file else "seed"}
     params = {k: v.detach().float().numpy() for k, v in module.state_dict().items()}
     model, op_name = finish(model, flavor=flavor, opset=opset, dtype=dtype, params=params, meta=meta, what=name,
-                            applies=routing.calls > 0)
+                            applies=bool(calls))
     checked = _check_other_sizes(module, model, names, args, kept, dtype, name,
                                  empty={kept[n][a] for n, a in cache_axes.items()}, nan_rows=nan_rows)
     version = torch.__version__.split("+")[0]
     semantics = ["fully masked query rows give NaN, as in torch (--nan-rows)"] if nan_rows else \
         [M.SEMANTICS_NOTformat(version=version) + " (--nan-rows keeps torch's)"] if torch_nan else []
-    notes = semantics if routing.calls else ["no attention call was routed: the module calls neither "
-                                                    "scaled_dot_product_attention nor nn.MultiheadAttention "
-                                                    "without weights"]
-    notes += [f"not routed: {u}" for u in sorted(set(routing.unrouted))]
+    notes = semantics if calls else ["no attention call was routed: the module calls no "
+                                     "scaled_dot_product_attention and computes no softmax(q k^T) v"]
     notes += [f"routed: {f.kind} attention at {f.where}" for f in found if f.kind]
     notes += [f"not routed (MatMul+Softmax in the graph): attention at {f.where}: {f.reason}" for f in missed]
     static = [f"{n} axis {a}" for n, axes in dims[1].items() for a in axes if a not in kept.get(n, {})]
@@ -650,7 +646,7 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
     if output is not None:
         path = Path(output)
         F.atomic_write(path, data)
-    return ModuleExportResult(path, name, flavor, opset, dtype, op_name, routing.calls, kept, checked, len(data),
+    return ModuleExportResult(path, name, flavor, opset, dtype, op_name, len(calls), kept, checked, len(data),
                               notes, model, [o.name for o in model.graph.output], found)
 
 
@@ -738,10 +734,7 @@ def _check_other_sizes(module, model, names, args, kept, dtype, name, empty=(), 
     tol = tolerance(dtype)
     checked = []
     for feed in probe_inputs(args, names, kept, 1, empty):
-        with torch.no_grad(), contextlib.ExitStack() as semantics:
-            if not nan_rows:
-                semantics.enter_context(M.routed(M.Routing()))
-                semantics.enter_context(M.dead_softmax_rows_zero())
+        with torch.no_grad(), (contextlib.nullcontext() if nan_rows else M.export_semantics()):
             want = M.outputs_of(M.call_forward(module, feed, name))
         sizes = {n: list(t.shape) for n, t in zip(names, feed)}
         try:

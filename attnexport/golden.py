@@ -202,11 +202,8 @@ def differences(stored: GoldenCase, fresh: GoldenCase) -> list[str]:
     """What differs between a stored case and a regenerated one: options, names and shapes
     exactly, inputs and parameters to their last unit, expected outputs within EXPECTED_BOUND of
     their scale."""
-    options = json.loads(json.dumps(fresh.options))
-    defaults = {o.name: o.default for o in V.get(fresh.variant).options}
-    # An option added after the case was stored is absent from it: equal where it has its default.
-    options = {k: v for k, v in options.items() if k in stored.options or k not in defaults or v != defaults[k]}
-    if stored.options != options:
+    variant = V.get(stored.variant)
+    if variant.with_defaults(stored.options) != variant.with_defaults(json.loads(json.dumps(fresh.options))):
         return [f"options differ: {stored.options} != {fresh.options}"]
     found = []
     for kind in ("inputs", "params", "expected"):

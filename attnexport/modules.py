@@ -15,7 +15,6 @@ import contextlib
 import importlib.util
 import re
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -168,18 +167,14 @@ def example_tensors(specs, seed: int = 0):
 
 # --- routing -----------------------------------------------------------------------------------
 
-@dataclass
-class Routing:
-    calls: int = 0
-    unrouted: list[str] = field(default_factory=list)
-
-
 @contextlib.contextmanager
-def routed(routing: Routing):
+def routed():
     """Within the block, F.scaled_dot_product_attention is attnexport's core, and
     nn.MultiheadAttention's fast path (one fused torch op the exporter cannot route) is off.
     Attention written out with torch's ops (nn.MultiheadAttention's when asked for its weights,
-    eager implementations) is found in the traced program by `attnexport.recognize`."""
+    eager implementations), and a call this cannot take (other ranks: torch's own op is left in
+    the program), are found in the traced program by `attnexport.recognize`, which routes or
+    reports them; the calls routed are counted there too."""
     import torch
     from attnexport.models.core import attend
     functional = torch.nn.functional
@@ -191,9 +186,7 @@ def routed(routing: Routing):
                               "pass 0.0 when the module is not training (the export is an inference graph)")
         rank = query.dim()
         if rank not in (3, 4) or key.dim() != rank:
-            routing.unrouted.append(f"scaled_dot_product_attention on rank-{rank} inputs")
             return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-        routing.calls += 1
         if rank == 3:  # (N, L, E): one head
             query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
             if attn_mask is not None and attn_mask.dim() == 3:
@@ -205,10 +198,19 @@ def routed(routing: Routing):
     functional.scaled_dot_product_attention = sdpa
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        yield routing
+        yield
     finally:
         functional.scaled_dot_product_attention = original
         torch.backends.mha.set_fastpath_enabled(fastpath)
+
+
+@contextlib.contextmanager
+def export_semantics():
+    """Within the block, the module computes what its export computes: its attention calls routed
+    through the core, and a query with no key to attend to giving zeros (not NaN) in attention
+    written by hand too. What a module's outputs are compared with, at export and in verify."""
+    with routed(), dead_softmax_rows_zero():
+        yield
 
 
 @contextlib.contextmanager

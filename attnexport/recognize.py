@@ -34,6 +34,8 @@ from dataclasses import dataclass
 import torch
 from torch.fx import Node
 
+from attnexport.errors import reason
+
 aten = torch.ops.aten
 
 _SOFTMAX = {aten.softmax.int, aten._softmax.default}
@@ -117,7 +119,6 @@ def _last_axis(dim, rank) -> bool:
 
 class _Rewriter:
     def __init__(self, program):
-        self.program = program
         self.graph = program.graph_module.graph
         sig = program.graph_signature
         self.weights = set(sig.inputs_to_parameters) | set(sig.inputs_to_buffers) | \
@@ -178,8 +179,9 @@ class _Rewriter:
             others += [u for u in users if u is not nxt[0]]
             chain.append(nxt[0])
 
-    def scores(self, x: Node, scale: float, masks: list, masks_scale: list):
-        """Walks back from the softmax's input to the product QK^T. Returns (q, kt, scale)."""
+    def scores(self, x: Node, scale: float, masks: list):
+        """Walks back from the softmax's input to the product QK^T, appending each mask term found
+        to `masks` with the scale applied after it. Returns (q, kt, scale)."""
         while True:
             t = x.target if isinstance(x, Node) else None
             if t in _CASTS or t in (aten.clone.default, aten.contiguous.default):
@@ -197,8 +199,7 @@ class _Rewriter:
                     x, mask = b, a
                 else:
                     raise _NotAttention(f"{x.name} combines two products or subtracts from the scores")
-                masks.append(mask)
-                masks_scale.append(scale)
+                masks.append((mask, scale))
             elif t in (aten.mul.Tensor, aten.div.Tensor):
                 a, b = x.args[:2]
                 if _number(b) is None and _number(a) is not None and t is aten.mul.Tensor:
@@ -215,15 +216,13 @@ class _Rewriter:
                 fill = _number(value)
                 if fill is None or fill > _LARGE_NEGATIVE:
                     raise _NotAttention(f"{x.name} puts {value} in the scores, not -inf or a large negative number")
-                masks.append(("hide" if hides else "keep", cond, fill))
-                masks_scale.append(1.0)
+                masks.append((("hide" if hides else "keep", cond, fill), 1.0))
                 x = a
             elif t is aten.baddbmm.default:
                 bias, q, kt = x.args[:3]
                 if x.kwargs.get("beta", 1) != 1:
                     raise _NotAttention(f"{x.name} scales its mask by beta {x.kwargs['beta']}")
-                masks.append(bias)
-                masks_scale.append(scale)
+                masks.append((bias, scale))
                 return q, kt, scale * x.kwargs.get("alpha", 1)
             elif t in _PRODUCT:
                 return x.args[0], x.args[1], scale
@@ -267,7 +266,7 @@ class _Rewriter:
         vp = value_products[0]
         others += [u for u in users if u is not vp]
         v = vp.args[1]
-        masks, masks_scale = [], []
+        masks = []
         x = softmax.args[0]
         precision = None
         if softmax.target is aten.softmax.int and len(softmax.args) > 2 and softmax.args[2] is not None:
@@ -277,7 +276,7 @@ class _Rewriter:
         if x.target in _CASTS and _val(x).dtype == torch.float32 and _val(x.args[0]).dtype in (torch.float16,
                                                                                               torch.bfloat16):
             precision, x = torch.float32, x.args[0]
-        q, kt, scale = self.scores(x, 1.0, masks, masks_scale)
+        q, kt, scale = self.scores(x, 1.0, masks)
         q, scale = self.operand_scale(q, scale)
         kt, scale = self.operand_scale(kt, scale)
         rank = _rank(q)
@@ -293,25 +292,13 @@ class _Rewriter:
                 raise _NotAttention(f"{hq} query heads and {hk} key heads: key heads must divide query heads")
         if _val(softmax).dtype != qv.dtype and precision is None:
             raise _NotAttention("the softmax's dtype differs from the queries'")
-        k = self.keys(kt, vp)
-        mask = self.mask(masks, masks_scale, vp, rank)
-        if rank == 3:
-            q, k, v = (self.new(vp, aten.unsqueeze.default, t, 1) for t in (q, k, v))
-        mode = 3 if others else -1
         wanted_precision = 1 if (precision is not None and qv.dtype != torch.float32) else None
-        core = self.new(vp, torch.ops.attnexport.attention.default, q, k, v, mask, None, None, None, scale, False,
-                        0.0, mode, wanted_precision)
-        core.meta[_KIND] = "hand-written"
-        out = self.new(vp, operator.getitem, core, 0)
-        if rank == 3:
-            out = self.new(vp, aten.squeeze.dim, out, 1)
+        out, shown = self.call_core(vp, q, self.keys(kt, vp), v, self.mask(masks, vp), scale=scale, is_causal=False,
+                                    kind="hand-written", mode=3 if others else -1, precision=wanted_precision)
         if _val(out).dtype != _val(vp).dtype:
             out = self.new(vp, aten.to.dtype, out, _val(vp).dtype)
         vp.replace_all_uses_with(out)
         if others:
-            shown = self.new(vp, operator.getitem, core, 3)
-            if rank == 3:
-                shown = self.new(vp, aten.squeeze.dim, shown, 1)
             for user in others:
                 src = next(a for a in user.all_input_nodes if a in chain)
                 wanted = _val(src).dtype
@@ -326,10 +313,11 @@ class _Rewriter:
                 self.graph.erase_node(node)
         return Found(where, kind="hand-written")
 
-    def mask(self, masks, masks_scale, before, rank):
-        """One mask for the core from the terms found: None, a boolean (True = attend), or additive."""
+    def mask(self, masks, before):
+        """One mask for the core from the (term, scale) pairs found: None, a boolean (True =
+        attend), or additive."""
         terms = []
-        for m, s in zip(masks, masks_scale):
+        for m, s in masks:
             if isinstance(m, tuple):
                 how, cond, fill = m
                 if math.isinf(fill) and len(masks) == 1:
@@ -346,9 +334,25 @@ class _Rewriter:
         mask = terms[0]
         for t in terms[1:]:
             mask = self.new(before, aten.add.Tensor, mask, t)
-        if rank == 3 and _rank(mask) == 3:
-            mask = self.new(before, aten.unsqueeze.default, mask, 1)
         return mask
+
+    def call_core(self, before: Node, q, k, v, mask, *, scale, is_causal: bool, kind: str, mode: int = -1,
+                  precision=None):
+        """The core called on (q, k, v, mask) before `before`: rank-3 inputs (batch x heads, length,
+        dim) given a head axis and the outputs theirs taken back off. Returns (output, the score
+        output or None)."""
+        rank3 = _rank(q) == 3
+        if rank3:
+            q, k, v = (self.new(before, aten.unsqueeze.default, t, 1) for t in (q, k, v))
+            if mask is not None and _rank(mask) == 3:
+                mask = self.new(before, aten.unsqueeze.default, mask, 1)
+        core = self.new(before, torch.ops.attnexport.attention.default, q, k, v, mask, None, None, None, scale,
+                        is_causal, 0.0, mode, precision)
+        core.meta[_KIND] = kind
+        outs = [self.new(before, operator.getitem, core, i) for i in ((0, 3) if mode != -1 else (0,))]
+        if rank3:
+            outs = [self.new(before, aten.squeeze.dim, o, 1) for o in outs]
+        return outs[0], (outs[1] if len(outs) > 1 else None)
 
     def route_sdpa_op(self, node: Node) -> Found:
         """torch's own scaled_dot_product_attention op (a module that bound the function before the
@@ -356,23 +360,14 @@ class _Rewriter:
         q, k, v = node.args[:3]
         rest = list(node.args[3:]) + [None, 0.0, False][len(node.args) - 3:]
         mask, dropout_p, is_causal = rest[:3]
-        scale, gqa = node.kwargs.get("scale"), node.kwargs.get("enable_gqa", False)
-        del gqa
         if dropout_p:
             raise _NotAttention(f"scaled_dot_product_attention with dropout_p={dropout_p} (pass 0.0 for inference)")
         rank = _rank(q)
         if rank not in (3, 4):
             raise _NotAttention(f"scaled_dot_product_attention on rank-{rank} inputs")
-        if rank == 3:
-            q, k, v = (self.new(node, aten.unsqueeze.default, t, 1) for t in (q, k, v))
-            if mask is not None and _rank(mask) == 3:
-                mask = self.new(node, aten.unsqueeze.default, mask, 1)
-        core = self.new(node, torch.ops.attnexport.attention.default, q, k, v, mask, None, None, None, scale,
-                        bool(is_causal), 0.0, -1, None)
-        core.meta[_KIND] = "sdpa op"
-        out = self.new(node, operator.getitem, core, 0)
-        if rank == 3:
-            out = self.new(node, aten.squeeze.dim, out, 1)
+        # enable_gqa needs nothing: the core takes fewer key heads than query heads as grouped.
+        out, _ = self.call_core(node, q, k, v, mask, scale=node.kwargs.get("scale"), is_causal=bool(is_causal),
+                                kind="sdpa op")
         node.replace_all_uses_with(out)
         return Found(_where(node), kind="sdpa op")
 
@@ -399,7 +394,7 @@ def route(program) -> list[Found]:
                 except _NotAttention:
                     raise
                 except Exception as e:  # noqa: BLE001 - a shape the fake values could not take
-                    raise _NotAttention(f"routing it failed ({type(e).__name__}: {str(e)[:120]})") from None
+                    raise _NotAttention(f"routing it failed ({reason(e)[:160]})") from None
         except _NotAttention as e:
             found.append(Found(_where(node), reason=str(e)))
     if any(f.kind for f in found):

@@ -85,6 +85,11 @@ class Variant:
         symbolic = self.sizes(o)
         return {k: v for k, v in o.items() if k not in symbolic}
 
+    def with_defaults(self, options: dict) -> dict:
+        """Stored options (a golden case's, an older export's) with every option they lack at its
+        default: an option added after they were stored."""
+        return {**{o.name: o.default for o in self.options}, **options}
+
     def resolve(self, given: dict | None = None) -> dict:
         """Fills defaults, rejects unknown options and bad values; returns the full options."""
         given = {k: v for k, v in (given or {}).items() if v is not None}

@@ -35,14 +35,20 @@ def make_inputs(variant: Variant, o: dict, seed: int) -> dict[str, np.ndarray]:
         elif spec.kind in ("true", "false", "zeros"):  # a user's mask or ids: one value throughout
             out[spec.name] = np.full(shape, spec.kind == "true") if spec.dtype == "bool" else \
                 np.zeros(shape, np.dtype(spec.dtype))
-        elif spec.kind == "write_pos":  # a static cache's positions written so far: past_seq - b, at least 0
-            out[spec.name] = np.maximum(o["past_seq"] - np.arange(shape[0]), 0).astype(np.int64)
+        elif spec.kind == "write_pos":
+            out[spec.name] = write_positions(o)
         elif spec.kind == "valid_lens":
             limit = o["kv_seq"]
             out[spec.name] = rng.integers(1, limit + 1, size=shape).astype(np.int64)
         else:
             raise ValueError(f"unknown input kind {spec.kind!r}")
     return out
+
+
+def write_positions(o: dict) -> np.ndarray:
+    """A static cache's positions written so far, per sequence: past_seq - b, at least 0 (so a
+    batch holds sequences of different lengths, and batch 1 is at past_seq)."""
+    return np.maximum(o["past_seq"] - np.arange(o["batch"]), 0).astype(np.int64)
 
 
 def init_params(variant: Variant, o: dict, seed: int) -> dict[str, np.ndarray]:

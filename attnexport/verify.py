@@ -39,7 +39,7 @@ from attnexport.compare import TOLERANCES, Tolerance, check_tolerance_values, co
     derived_tolerance, tolerance
 from attnexport.cases import seed_of
 from attnexport.decode import CHUNKS, decode, decode_all, decode_static, empty_cache, split_inputs, \
-    static_prompts, stream_axis
+    static_prompts, static_reach, stream_axis
 from attnexport.errors import AttnExportError, ProviderUnavailableError, UnsupportedByFlavor, UsageError, reason
 from attnexport.inspect import attnexport_metadata, load_model
 from attnexport.localize import Localization, locate
@@ -328,8 +328,7 @@ def _decode_checks(variant, case, params, dtype, rtol, atol) -> list:
     stream = seeding.make_inputs(variant, full, seed_of(case.name) + 1)
     expected = {"output": np.asarray(variant.reference(params, stream, full)["output"], np.float64)}
     if V.static_cache(o):  # sequences of different lengths: each compared up to where it ran
-        prompts = static_prompts(o["batch"])
-        reached = prompts + DECODE_LENGTH - prompts.max()
+        reached = static_reach(static_prompts(o["batch"]), DECODE_LENGTH)
         axis = stream_axis(variant, o)
         past = np.arange(DECODE_LENGTH)[None, :] >= reached[:, None]  # (B, L)
         shape = [1] * expected["output"].ndim
@@ -355,9 +354,8 @@ def matching_cases(variant, options: dict, cases: list) -> list:
     model's own input specs, never from the variant's list of sizes that may be symbolic."""
     symbolic = variant.sizes(options)
     fixed = variant.graph_options(options)
-    defaults = {o.name: o.default for o in variant.options}  # options newer than a stored case: their defaults
     return [c for c in cases
-            if {k: v for k, v in {**defaults, **c.options}.items() if k not in symbolic} == fixed]
+            if {k: v for k, v in variant.with_defaults(c.options).items() if k not in symbolic} == fixed]
 
 
 def _seeded_case(variant, options, sizes, i):
@@ -659,7 +657,7 @@ def _verify_module(model_path, spec, runtimes, rtol, atol, skip_unavailable, inp
             # an additive -inf (nn.MultiheadAttention's key padding mask); attnexport's semantics
             # give zeros. The module with its attention routed through the core is the module
             # under those semantics.
-            with torch.no_grad(), M.routed(M.Routing()), M.dead_softmax_rows_zero():
+            with torch.no_grad(), M.export_semantics():
                 routed = M.outputs_of(module(*feed))
             if not any(r.is_floating_point() and torch.isnan(r).any() for r in routed):
                 want, kind = routed, ("the torch module, its attention routed through attnexport's core (the module "
@@ -680,7 +678,7 @@ def _verify_module(model_path, spec, runtimes, rtol, atol, skip_unavailable, inp
                 continue
             try:
                 if rt == "torch":
-                    with torch.no_grad(), M.routed(M.Routing()), M.dead_softmax_rows_zero():
+                    with torch.no_grad(), M.export_semantics():
                         got_t = M.outputs_of(module(*feed))
                     got = {n: g.detach().double().numpy() for n, g in zip(declared, got_t)}
                 elif rt in prepared:
@@ -751,7 +749,7 @@ def _decode_rows(module, model, spec, spec_inputs, example, cache, used, prepare
     always = {n: v for n, v in feed.items() if n not in stream and n not in cache}
 
     def module_step(given):
-        with torch.no_grad(), M.routed(M.Routing()), M.dead_softmax_rows_zero():
+        with torch.no_grad(), M.export_semantics():
             out = M.call_forward(module, tuple(torch.from_numpy(np.asarray(given[n])) for n in names), spec)
         return {n: t.detach().numpy() for n, t in zip(outputs, M.outputs_of(out))}
 

@@ -171,7 +171,7 @@ def test_the_static_cache_check_fails_a_step_that_ignores_the_write_position():
     """decode_static's check is not vacuous: a step that always writes at position 0 (and attends
     as if nothing were cached past the block) differs from the full forward."""
     from attnexport import reference as ref_mod
-    from attnexport.decode import decode_static, static_prompts
+    from attnexport.decode import decode_static, static_prompts, static_reach
     variant = V.get("mha")
     o = variant.resolve({"kv_cache": True, "max_seq": 12, "causal": True, "batch": 2, "dim": 32, "heads": 4, "seq": 3})
     params = seeding.init_params(variant, o, 0)
@@ -182,7 +182,7 @@ def test_the_static_cache_check_fails_a_step_that_ignores_the_write_position():
     full = variant.reference(params, {"x": x}, variant.resolve({"causal": True, "batch": 2, "seq": 7, "dim": 32,
                                                                 "heads": 4}))["output"]
     prompts = static_prompts(2)
-    reached = prompts + 7 - prompts.max()
+    reached = static_reach(prompts, 7)
     full[np.arange(7)[None, :] >= reached[:, None]] = 0.0
 
     def step(feed, forget=False):

@@ -71,9 +71,10 @@ def _attention_impl(query, key, value, attn_mask, past_key, past_value, nonpad_k
         present = (key, value)
     else:
         present = (query.new_empty(0), query.new_empty(0))
-    if nonpad_kv_seqlen is not None and weights == NO_WEIGHTS and attn_mask is None:
+    if nonpad_kv_seqlen is not None and weights == NO_WEIGHTS and attn_mask is None and key.device.type == "cpu":
         # Keys at or past every sequence's valid count are padding for all of them (a static
-        # cache's unwritten positions): attend over the valid prefix only, as the fused kernels do.
+        # cache's unwritten positions): attend over the valid prefix only. On the CPU only: on a
+        # GPU reading the count back would synchronize every call and break CUDA graph capture.
         used = max(int(nonpad_kv_seqlen.max()), 1)
         key, value = key[:, :, :used], value[:, :, :used]
     tq, tk = query.shape[2], key.shape[2]
