@@ -633,7 +633,7 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
                                  empty={kept[n][a] for n, a in cache_axes.items()}, nan_rows=nan_rows)
     version = torch.__version__.split("+")[0]
     semantics = ["fully masked query rows give NaN, as in torch (--nan-rows)"] if nan_rows else \
-        [M.SEMANTICS_NOTformat(version=version) + " (--nan-rows keeps torch's)"] if torch_nan else []
+        [M.SEMANTICS_NOTE.format(version=version) + " (--nan-rows keeps torch's)"] if torch_nan else []
     notes = semantics if calls else ["no attention call was routed: the module calls no "
                                      "scaled_dot_product_attention and computes no softmax(q k^T) v"]
     notes += [f"routed: {f.kind} attention at {f.where}" for f in found if f.kind]

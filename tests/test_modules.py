@@ -243,6 +243,19 @@ def test_fully_masked_rows_agree_with_this_torch_or_nan_rows_keeps_its_nan():
     assert np.isnan(got[1]).all() and not np.isnan(got[0]).any()
 
 
+@pytest.mark.parametrize("nan", [True, False])
+def test_the_semantics_note_on_either_torch(nan, monkeypatch):
+    """Both branches of the torch-version check run on any torch: an older torch (NaN for a fully
+    masked row, before 2.13) gets the note, a newer one none."""
+    monkeypatch.setattr(M, "torch_gives_nan_rows", lambda dtype: nan)
+    module, inputs = M.load("examples/causal_self_attention.py:example")
+    result = E.export_module(module, inputs, flavor="attention")
+    notes = [n for n in result.notes if n.startswith("a fully masked query row gives zeros in the export")]
+    assert len(notes) == int(nan)
+    if nan:
+        assert notes[0].endswith("(--nan-rows keeps torch's)") and "torch 2." in notes[0]
+
+
 def test_the_api_at_the_package_top(tmp_path):
     import attnexport
     module, _ = M.load(f"{_write(tmp_path, GOOD)}:Block")
