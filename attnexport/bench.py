@@ -65,7 +65,7 @@ class BenchRow:
     # with --decode, decode rows: the least bytes a step moves (the weights once, the cache's
     # valid prefix read once) per second, as a fraction of the measured memory bandwidth
     bandwidth_fraction: float | None = None
-    bandwidth_gbs: float | None = None  # the copy bandwidth it is a fraction of (GB/s)
+    bandwidth_gbs: float | None = None  # the bandwidth it is a fraction of (GB/s): the CPU's copy, the GPU's read
 
     @property
     def shape_label(self) -> str:
@@ -324,11 +324,16 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
             cands.append(_ort_candidate(rt, f, model, inputs, dtype, threads, False, cands))
             if rt == "ort-cpu" and V.static_cache(o):  # its buffers bound in and out: written in place
                 cands.append(_ort_in_place_candidate(f, model, inputs, dtype, threads))
-            if cuda_graph and rt == "ort-cuda":  # with and without CUDA graphs, side by side
-                try:
-                    cands.append(_ort_candidate(rt, f, model, inputs, dtype, threads, True, cands))
+            if rt != "ort-cuda":
+                continue
+            if V.static_cache(o):
+                cands.append(_ort_candidate(rt, f, model, inputs, dtype, threads, False, cands, in_place=True))
+            for in_place in ([False, True] if V.static_cache(o) else [False]) if cuda_graph else []:
+                try:  # with and without CUDA graphs, side by side
+                    cands.append(_ort_candidate(rt, f, model, inputs, dtype, threads, True, cands, in_place))
                 except Exception as e:  # noqa: BLE001 - e.g. a node on the CPU: no capture possible
-                    refused.append((rt, f, "io-binding cuda-graph", first_line(e)[:200]))
+                    mode = ("in-place" if in_place else "io-binding") + " cuda-graph"
+                    refused.append((rt, f, mode, first_line(e)[:200]))
     for c in cands:
         said(f"warming up {c.runtime} {c.flavor}")
         for _ in range(warmup):
@@ -386,7 +391,11 @@ def _time_one(fn, device) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def _ort_candidate(rt, flavor, model, inputs, dtype, threads, cuda_graph, cands):
+def _ort_candidate(rt, flavor, model, inputs, dtype, threads, cuda_graph, cands, in_place=False):
+    """ONNX Runtime's session as a candidate. On CUDA, inputs and outputs are bound to device memory
+    (IO binding) so host copies are not timed; `in_place`: a static cache's buffers are bound both as
+    the inputs and as the outputs that return them updated, as a generation loop runs the step (the
+    TensorScatter kernel then writes the new positions into the buffer instead of copying it)."""
     import torch
     feed = D.cast_floats(inputs, dtype)
     if rt == "ort-cpu":
@@ -394,19 +403,18 @@ def _ort_candidate(rt, flavor, model, inputs, dtype, threads, cuda_graph, cands)
         names = [x.name for x in session.get_outputs()]
         return _Candidate(rt, flavor, "eager", "cpu", lambda: session.run(names, feed),
                           lambda: session.run(names, feed), cpu_nodes)
-    # CUDA: inputs and outputs bound to device memory, so host copies are not timed.
     ref = next(c for c in cands if c.runtime == "torch-cuda" and c.mode == "eager").outputs()
     np_of = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
     ins = {k: torch.from_numpy(np.ascontiguousarray(a)).cuda() for k, a in feed.items()}
-    outs = [torch.empty(r.shape, dtype=D.torch_dtype(dtype), device="cuda")
-            for r in ref]
     torch.cuda.synchronize()
     free_before = torch.cuda.mem_get_info()[0]
     session, cpu_nodes = _ort_session(rt, model, dtype, threads, cuda_graph)
+    names = [x.name for x in session.get_outputs()]
+    outs = [ins[n.removesuffix("_out")] if in_place and n.endswith("_cache_out") and n.removesuffix("_out") in ins
+            else torch.empty(r.shape, dtype=D.torch_dtype(dtype), device="cuda") for n, r in zip(names, ref)]
     binding = session.io_binding()
     for k, t in ins.items():
         binding.bind_input(k, "cuda", 0, np_of[t.dtype], list(t.shape), t.data_ptr())
-    names = [x.name for x in session.get_outputs()]
     for name, t in zip(names, outs):
         binding.bind_output(name, "cuda", 0, np_of[t.dtype], list(t.shape), t.data_ptr())
 
@@ -416,10 +424,12 @@ def _ort_candidate(rt, flavor, model, inputs, dtype, threads, cuda_graph, cands)
     torch.cuda.synchronize()
     # The session's own device memory (weights, arena, workspace) plus the inputs and outputs it
     # is bound to, which live in torch's memory: torch's peak counts its inputs and outputs too.
-    io_bytes = sum(t.numel() * t.element_size() for t in [*ins.values(), *outs])
+    bound = {t.data_ptr(): t for t in [*ins.values(), *outs]}
+    io_bytes = sum(t.numel() * t.element_size() for t in bound.values())
     memory = max(0, free_before - torch.cuda.mem_get_info()[0]) + io_bytes
-    return _Candidate(rt, flavor, "io-binding" + (" cuda-graph" if cuda_graph else ""), "cuda", run,
-                      lambda: [t.float().cpu().numpy() for t in outs], cpu_nodes, memory=memory)
+    mode = ("in-place" if in_place else "io-binding") + (" cuda-graph" if cuda_graph else "")
+    return _Candidate(rt, flavor, mode, "cuda", run, lambda: [t.float().cpu().numpy() for t in outs], cpu_nodes,
+                      memory=memory)
 
 
 def _ort_in_place_candidate(flavor, model, inputs, dtype, threads):
@@ -468,15 +478,26 @@ def memory_bandwidth(megabytes: int = 256, runs: int = 5) -> float:
     return 2 * src.nbytes / statistics.median(times)
 
 
-def _decode_step_bytes(variant, o, params) -> int:
+def cuda_read_bandwidth(megabytes: int = 1024, runs: int = 20) -> float:
+    """The GPU's read bandwidth in bytes per second, measured here: the fastest of `runs` sums of a
+    `megabytes` buffer in device memory (a read-only reduction: each byte read once), timed with
+    CUDA events."""
+    import torch
+    x = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device="cuda")
+    x.sum()
+    return x.nbytes / (min(_time_one(x.sum, "cuda") for _ in range(runs)) / 1e3)
+
+
+def _decode_step_bytes(variant, o, params, itemsize: int) -> int:
     """The least bytes one decoding step moves: every parameter once, and the cache's valid
-    prefix (keys and values, every sequence's positions before and in the step) read once."""
-    weights = sum(np.asarray(p).size for p in params.values()) * 4
+    prefix (keys and values, every sequence's positions before and in the step) read once, at
+    `itemsize` bytes a number."""
+    weights = sum(np.asarray(p).size for p in params.values()) * itemsize
     hd = o["dim"] // o["heads"]
     kv_heads = o.get("kv_heads") or o["heads"]
     cached = seeding.write_positions(o).sum() if V.static_cache(o) else o["batch"] * o["past_seq"]
     positions = int(cached) + o["batch"] * o["seq"]
-    return weights + 2 * kv_heads * positions * hd * 4
+    return weights + 2 * kv_heads * positions * hd * itemsize
 
 
 def _torch_graph_candidate(call):
@@ -547,20 +568,26 @@ def bench_decode(variant_name: str, options: dict | None, contexts: list[int], *
         for r in concat:
             r.mode = "concat" if r.mode == "eager" else f"concat {r.mode}"
         rows += concat
-    bandwidth = memory_bandwidth() if variant.name == "mha" and any(r.shape for r in rows) else None
+    # The memory-bandwidth limit of each device in the run: the CPU's copy bandwidth, the GPU's
+    # read bandwidth.
+    devices = {"cuda" if r.runtime.endswith("cuda") else "cpu" for r in rows if r.shape}
+    bandwidth = {d: cuda_read_bandwidth() if d == "cuda" else memory_bandwidth() for d in devices} \
+        if variant.name == "mha" else {}
     scalars = {k: v for k, v in options.items() if not isinstance(v, list)}
     params = seeding.init_params(variant, variant.resolve({**scalars, "seq": 1, "past_seq": 0}),
                                  kwargs.get("seed", 0)) if bandwidth else {}
+    itemsize = D.ITEMSIZE[kwargs.get("dtype", "fp32")]
     for r in rows:
         if not r.shape:
             continue
         r.phase = "prefill" if r.shape["past_seq"] == 0 else "decode"
         tokens = r.shape["batch"] * r.shape["seq"]
         r.tokens_per_s = tokens / (r.median_ms / 1e3) if r.median_ms == r.median_ms else None
-        if r.phase == "decode" and r.median_ms == r.median_ms and bandwidth:
+        limit = bandwidth.get("cuda" if r.runtime.endswith("cuda") else "cpu")
+        if r.phase == "decode" and r.median_ms == r.median_ms and limit:
             o = variant.resolve({**scalars, **r.shape})
-            r.bandwidth_gbs = bandwidth / 1e9
-            r.bandwidth_fraction = _decode_step_bytes(variant, o, params) / (r.median_ms / 1e3) / bandwidth
+            r.bandwidth_gbs = limit / 1e9
+            r.bandwidth_fraction = _decode_step_bytes(variant, o, params, itemsize) / (r.median_ms / 1e3) / limit
     return rows
 
 

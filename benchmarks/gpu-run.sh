@@ -61,7 +61,33 @@ kernels() {
     done
 }
 
-export -f placement kernels
+# Decoding (the issue's targets): mha and decoder, concat and static caches (the static buffer holds
+# 8193 positions, so the step's cost at short contexts shows whether it follows the buffer), batch 1
+# and 8, fp16, every flavour beside torch eager and in CUDA graphs.
+decode() {  # decode VARIANT...; batch 8 without the primitives flavour (its prefill of 8 x 8192 tokens
+    # materializes 16 GiB score matrices, several at once)
+    for variant in "$@"; do
+        for batch in 1 8; do
+            flavors=""
+            [ $batch = 8 ] && flavors="--flavor attention --flavor ort"
+            ax bench --variant $variant --dim 1024 --heads 16 --dtype fp16 --batch $batch --decode \
+                --context 128,1024,4096,8192 --kv-cache static --max-seq 8193 \
+                --runtimes torch-cuda,ort-cuda --cuda-graph --warmup 5 --iters 40 --repeat 2 $flavors --json \
+                > "$out/cuda-$variant-decode-b$batch.json"
+            echo "decode $variant batch $batch: exit $?"
+        done
+    done
+}
+# The static step's attention alone: TensorScatter + Attention-24, GroupQueryAttention's shared buffer
+# and torch over the valid prefix, at every context in one 8193-position buffer.
+static_step() { python3 benchmarks/cuda_static.py --json "$out/cuda-static-step.json"; }
+# The examples' modules and the real transformers blocks exported in fp16 and verified on ort-cuda.
+modules() {
+    python3 benchmarks/real_modules.py --examples --dtype fp16 --runtimes torch,ort-cuda \
+        --json "$out/cuda-modules-fp16.json"
+}
+
+export -f placement kernels decode static_step modules
 for s in "$@"; do
     case $s in
         env) step env 60 env_report ;;
@@ -70,6 +96,11 @@ for s in "$@"; do
         placement) step placement 200 placement ;;
         kernels) step kernels 200 kernels ;;
         tests) step tests 400 python3 -m pytest -q -p no:cacheprovider -n 8 ;;
+        cudatests) step cudatests 300 python3 -m pytest -q -p no:cacheprovider -n 0 tests/test_cuda.py ;;
+        decode-mha) step decode-mha 400 decode mha ;;
+        decode-decoder) step decode-decoder 400 decode decoder ;;
+        static) step static 200 static_step ;;
+        modules) step modules 300 modules ;;
         *) echo "unknown step $s"; exit 2 ;;
     esac
 done 2>&1 | tee -a "$out/log.txt"
