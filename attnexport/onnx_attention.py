@@ -128,22 +128,26 @@ def _bias(attn_mask, is_causal, past, nonpad, tq, tk, like):
         valid = op.Reshape(nonpad, op.Constant(value_ints=[-1, 1, 1, 1]))  # (B, 1, 1, 1)
         terms.append(_neg_inf_where(op.GreaterOrEqual(cols, valid), like))
     if is_causal:
-        offset = past
-        if nonpad is not None:
-            offset = op.Sub(op.Reshape(nonpad, op.Constant(value_ints=[-1, 1, 1, 1])), tq)
-        terms.append(_causal_bias(tq, cols, like, offset))
+        terms.append(_neg_inf_where(op.Greater(cols, _query_positions(tq, past, nonpad)), like))
     bias = terms[0] if terms else None
     for t in terms[1:]:
         bias = op.Add(bias, t)
     return bias
 
 
-def _causal_bias(tq, cols, like, offset=None):
-    """0 where query i may attend key j, -inf elsewhere: j <= i + offset (None: 0, top-left)."""
-    rows = op.Unsqueeze(op.Range(op.Constant(value_int=0), op.Squeeze(tq), op.Constant(value_int=1)), [-1])
-    if offset is not None:
-        rows = op.Add(rows, offset)
-    return _neg_inf_where(op.Greater(cols, rows), like)
+def _query_positions(tq, past=None, nonpad=None):
+    """Each query's position among the keys, as a column: i (top-left, (Tq, 1)), past + i, or
+    nonpad[b] - Tq + i ((B, 1, Tq, 1)); query i may attend the keys at or before it.
+
+    Built by Range from the lengths, which ONNX Runtime's CUDA Range reads on the host: no host
+    value enters a device node, so no copy to the device stops a CUDA graph's capture."""
+    one = op.Constant(value_int=1)
+    n = op.Squeeze(tq)
+    if nonpad is not None:  # -Tq .. -1, then offset by each sequence's valid count
+        steps = op.Unsqueeze(op.Range(op.Neg(n), op.Constant(value_int=0), one), [-1])
+        return op.Add(steps, op.Reshape(nonpad, op.Constant(value_ints=[-1, 1, 1, 1])))
+    start = op.Constant(value_int=0) if past is None else op.Squeeze(past)
+    return op.Unsqueeze(op.Range(start, op.Add(start, n), one), [-1])
 
 
 def _dead_rows(bias):
@@ -196,6 +200,15 @@ def _groups(query, key) -> int | None:
     return hq // hkv if hq is not None and hkv is not None else None
 
 
+def _on_device(n):
+    """A length (1-D int64 of one element, read from a shape: a host value) as a tensor of the
+    device: Range(n, n + 1), whose bounds ONNX Runtime's CUDA kernel reads on the host. A device
+    node that took the host value itself would need a copy to the device, which stops a CUDA
+    graph's capture (and the arithmetic before it would run on the CPU)."""
+    start = op.Squeeze(n)
+    return op.Range(start, op.Add(start, op.Constant(value_int=1)), op.Constant(value_int=1))
+
+
 def _scaled_scores(query, key, scale):
     """scale * Q K^T. The scale multiplies the product, not the query: ONNX Runtime's CUDA
     provider put `query / sqrt(d)` on the CPU in fp32 (both inputs are in host memory when the
@@ -203,7 +216,7 @@ def _scaled_scores(query, key, scale):
     the product is made on the device, so the scaling stays there."""
     scores = op.MatMul(query, op.Transpose(key, perm=[0, 1, 3, 2]))
     if scale is None:  # 1/sqrt(head size) read at run time: sdpa's head size is symbolic
-        return op.Div(scores, op.Sqrt(op.CastLike(_shape(query, -1), scores)))
+        return op.Div(scores, op.Sqrt(op.CastLike(_on_device(_shape(query, -1)), scores)))
     return op.Mul(scores, _const(scale, scores))
 
 

@@ -35,3 +35,4 @@ def test_opset_for(flavor, given, lowest, want):
 def test_an_opset_the_flavour_cannot_declare_is_refused(flavor, opset):
     with pytest.raises(UsageError, match=f"--opset {opset} is not available for the {flavor} flavor"):
         FL.opset_for(flavor, opset)
+

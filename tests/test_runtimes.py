@@ -1,6 +1,7 @@
 """runtimes: one adapter per runtime, named outputs, placement recorded, unavailable ones explained."""
 
 import numpy as np
+import onnx
 import pytest
 
 from attnexport import export as E, flavors as FL, runtimes as R, variants as V
@@ -77,9 +78,13 @@ def test_shape_arithmetic_is_told_from_a_fallback():
     model = E.build_model("sdpa", o, "primitives", params=seeding.init_params(v, o, 0))[0]
     found = R.shape_computations(model)
     ops = {n.split(":")[0] for n in found}
-    assert {"Range", "Concat", "Squeeze"} <= ops  # the causal mask's positions, Reshape targets
+    assert {"Range", "Concat", "Squeeze", "Add"} <= ops  # the causal mask's positions and their bounds
     # The causal mask itself (rank 2, from shapes) and everything reading inputs is compute.
-    assert not ops & {"LessOrEqual", "Where", "MatMul", "Softmax", "Add", "Expand", "Reshape"}
+    assert not ops & {"Greater", "LessOrEqual", "Where", "MatMul", "Softmax", "Expand", "Reshape"}
+    ranks = {vi.name: len(vi.type.tensor_type.shape.dim)
+             for vi in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    nodes = {f"{n.op_type}:{n.name}": n for n in model.graph.node}
+    assert all(ranks.get(o, 0) <= 1 for n in found for o in nodes[n].output)
     # A vector read from an input's values is compute, whatever its rank.
     from onnx import TensorProto, helper
     g = helper.make_graph(

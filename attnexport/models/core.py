@@ -186,6 +186,19 @@ def attend(query, key, value, attn_mask=None, *, past_key=None, past_value=None,
                     present_value if cached else None)
 
 
+def valid_keys(write_pos: torch.Tensor, new: int) -> torch.Tensor:
+    """Each sequence's valid cache positions after a static cache's write of `new` (>= 1)
+    positions at write_pos: write_pos + new, (B,).
+
+    Computed as the position after each sequence's last new one, from the positions arange(new)
+    on the device: ONNX Runtime's CUDA provider places a node on the CPU when every input is a
+    graph input or a value computed from shapes, which write_pos + T is (and then the key mask
+    and the causal offset that use it), and a CUDA graph can neither hold a CPU node nor copy a
+    host value to the device. Range reads its bounds on the host and writes on the device."""
+    positions = write_pos.reshape(-1, 1) + torch.arange(new, device=write_pos.device)
+    return positions[:, -1] + 1
+
+
 @torch.library.custom_op("attnexport::cache_write", mutates_args=())
 def cache_write(cache: torch.Tensor, update: torch.Tensor, write_pos: torch.Tensor) -> torch.Tensor:
     """A static key/value cache with the new positions written in: the ONNX `TensorScatter`

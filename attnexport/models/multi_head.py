@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from attnexport.models.core import attend, cache_write
+from attnexport.models.core import attend, cache_write, valid_keys
 from attnexport.models.dot_product import merge_heads, scale_qk, split_heads
 
 
@@ -66,7 +66,7 @@ class MultiHeadAttention(nn.Module):
         q, k, scale = scale_qk(q, k, self.scaling, self.temperature)
         key_cache = cache_write(key_cache, k, write_pos)
         value_cache = cache_write(value_cache, v, write_pos)
-        valid = write_pos + x.shape[1]
+        valid = valid_keys(write_pos, x.shape[1])
         a = attend(q, key_cache, value_cache, nonpad_kv_seqlen=valid, scale=scale, is_causal=self.causal)
         return self.out_proj(merge_heads(a.output)), key_cache, value_cache
 
