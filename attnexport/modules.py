@@ -237,6 +237,41 @@ def dead_softmax_rows_zero():
         torch.softmax, torch.Tensor.softmax, functional.softmax = originals
 
 
+def expected_of(module, feed, name, dtype: str, compute):
+    """What an export of `module` in `dtype` is compared with on `feed`, and the tolerance.
+
+    `compute(module, feed)` gives the module's outputs (under whatever semantics the caller
+    holds). fp32: those outputs, the policy's tolerance. fp16: the module run in float32 on the
+    same parameters and inputs (both already rounded to fp16), the fp16 model's own truth, and a
+    tolerance derived as for the golden cases: FP16_FACTOR times the error torch's fp16 run makes
+    against it, never below the policy. Two fp16 computations of a deep module round differently
+    at every layer, so comparing one with the other (a 2-layer BERT: 1 ulp at values near 4, past
+    the policy's atol) would fail a correct export.
+
+    Returns (list of float64 outputs, Tolerance)."""
+    import torch
+    from attnexport.compare import derived_tolerance, tolerance
+    with torch.no_grad():
+        half = outputs_of(compute(module, feed))
+    if dtype != "fp16":
+        return [t.detach().double() for t in half], tolerance(dtype)
+    module.float()  # fp16 -> fp32 -> fp16 restores every value exactly
+    try:
+        with torch.no_grad():
+            single = outputs_of(compute(module, tuple(t.float() if t.is_floating_point() else t for t in feed)))
+    finally:
+        module.half()
+    err = 0.0
+    for h, f in zip(half, single):
+        if h.is_floating_point():
+            diff = (h.double() - f.double()).abs()
+            finite = torch.isfinite(diff)
+            err = max(err, float(diff[finite].max()) if finite.any() else 0.0)
+    tol = derived_tolerance(dtype, err)
+    basis = tol.basis.replace("fp16-emulated reference error", "torch's fp16 error against the module in fp32")
+    return [t.detach().double() for t in single], type(tol)(tol.rtol, tol.atol, basis)
+
+
 # --- a forward's inputs and outputs --------------------------------------------------------------
 
 def call_forward(module, args, name):

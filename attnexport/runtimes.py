@@ -319,6 +319,22 @@ def prepare_onnx(name: str, model: onnx.ModelProto, optimize: bool = True) -> Pr
     return Prepared(name, run_ort, session.get_providers(), placement, shapes)
 
 
+# ONNX Runtime's CPU provider (1.24 to 1.31.1 at least, x86-64) crashes the process while it
+# creates a session for a float16 graph where a Transpose feeds a MatMul: the provider computes
+# float16 MatMul in float32 behind a Cast, and its NCHWc layout pass dereferences a null schema on
+# that Cast (microsoft/onnxruntime#28392; a MultiHeadAttention block's projections have that
+# shape). The pass serves convolutions only, so attnexport's CPU sessions of float16 graphs run
+# without it; tests/test_runtimes.py checks, in a child process, that the crash is still there.
+CPU_FP16_DISABLED_OPTIMIZERS = ("NchwcTransformer",)
+
+
+def has_fp16(model: onnx.ModelProto) -> bool:
+    """Whether any input, output or initializer of the graph is float16."""
+    g = model.graph
+    return any(vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16 for vi in [*g.input, *g.output]) or \
+        any(i.data_type == onnx.TensorProto.FLOAT16 for i in g.initializer)
+
+
 # Threads of a session's CPU pool when the caller names none; None: ONNX Runtime's choice (every
 # physical core). A process that shares the cores with others (a test worker) sets its share.
 DEFAULT_CPU_THREADS: int | None = None
@@ -348,8 +364,11 @@ def ort_session(name: str, model: onnx.ModelProto, threads: int | None = None, o
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     workdir = None
+    disabled = []
     if name == "ort-cpu":
         providers = ["CPUExecutionProvider"]
+        if has_fp16(model):
+            disabled = list(CPU_FP16_DISABLED_OPTIMIZERS)
     else:
         opts = {"use_tf32": "1" if tf32 else "0"}
         if cuda_graph:
@@ -361,7 +380,8 @@ def ort_session(name: str, model: onnx.ModelProto, threads: int | None = None, o
         if model.ByteSize() < 1 << 30:
             workdir = tempfile.TemporaryDirectory(prefix="attnexport-ort-")
             so.optimized_model_filepath = os.path.join(workdir.name, "optimized.onnx")
-    session = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
+    session = ort.InferenceSession(model.SerializeToString(), so, providers=providers,
+                                   disabled_optimizers=disabled or None)
     got = session.get_providers()
     if name == "ort-cuda" and "CUDAExecutionProvider" not in got:
         raise ProviderUnavailableError(f"runtime ort-cuda: the session fell back to {got}")

@@ -25,9 +25,9 @@ class RotaryBlock(nn.Module):
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.heads, self.hd).permute(2, 0, 3, 1, 4)
         pos = torch.arange(T, device=x.device).unsqueeze(0).float()  # (1, T)
-        freqs = (self.inv_freq[None, :, None] @ pos[:, None, :]).transpose(1, 2)  # (1, T, hd/2)
+        freqs = (self.inv_freq.float()[None, :, None] @ pos[:, None, :]).transpose(1, 2)  # (1, T, hd/2), in fp32
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos()[:, None], emb.sin()[:, None]  # (1, 1, T, hd)
+        cos, sin = emb.cos()[:, None].to(x.dtype), emb.sin()[:, None].to(x.dtype)  # (1, 1, T, hd), as transformers
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)

@@ -1,6 +1,7 @@
 """Users' own modules: the examples in every flavour against the module itself at other shapes,
 the command line, and bad input."""
 
+import copy
 import json
 import textwrap
 
@@ -486,3 +487,33 @@ def test_inputs_the_program_needs_equal_share_one_symbol_and_inspect_shows_the_c
     text = " ".join(r.output.split())
     assert "inputs: x 2x5x8 float32, axis 0 batch, axis 1 x_len; mask 2x5 int64, axis 0 batch, axis 1 x_len" in text
     assert "routed: 1 attention call(s); scaled_dot_product_attention at" in text
+
+
+def test_an_fp16_export_is_compared_with_the_module_in_float32():
+    """modules.expected_of: fp32 gives the module's own outputs under the policy; fp16 gives the
+    module run in float32 on its (fp16) parameters and inputs, with a tolerance of 4x the error
+    torch's fp16 run makes against it, and leaves the module as it was."""
+    from attnexport.compare import TOLERANCES
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.LayerNorm(32))
+                                   for _ in range(4)]).eval()
+    feed = (torch.randn(3, 5, 32),)
+    want, tol = M.expected_of(module, feed, "m", "fp32", lambda m, f: m(*f))
+    assert tol == TOLERANCES["fp32"] and torch.equal(want[0], module(*feed).detach().double())
+    half = module.half()
+    before = {k: v.clone() for k, v in half.state_dict().items()}
+    feed16 = (feed[0].half(),)
+    want, tol = M.expected_of(half, feed16, "m", "fp16", lambda m, f: m(*f))
+    assert all(v.dtype == torch.float16 and torch.equal(v, before[k]) for k, v in half.state_dict().items())
+    single = copy.deepcopy(half).float()(feed16[0].float()).detach().double()
+    assert torch.allclose(want[0], single, rtol=0, atol=1e-6)
+    with torch.no_grad():
+        err = float((half(feed16[0]).double() - single).abs().max())
+    assert err > 0 and tol.atol == pytest.approx(max(TOLERANCES["fp16"].atol, 4 * err))
+    assert tol.basis.startswith("torch's fp16 error against the module in fp32")
+
+
+def test_the_rotary_example_exports_in_fp16():
+    module, inputs = M.load("examples/rotary_attention.py:example")
+    result = E.export_module(module, inputs, flavor="attention", dtype="fp16")
+    assert result.routed == 1 and len(result.checked) == 2
