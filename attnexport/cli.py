@@ -18,6 +18,7 @@ from attnexport import export as export_mod
 from attnexport import flavors as FL
 from attnexport import files as F
 from attnexport import golden as golden_mod
+from attnexport import jsonout
 from attnexport import runtimes as R
 from attnexport import variants as V
 from attnexport import schema
@@ -49,6 +50,10 @@ def reports_errors(fn):
     return wrapper
 
 
+# The exception click 8.2 added for a group called with no arguments; a class no error is with older clicks.
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", type("_NeverRaised", (Exception,), {}))
+
+
 class _OneLineErrors(click.Group):
     """click's own usage errors (an unknown option, a value that is not a number) as one line
     and exit 2, like the library's: `error: No such option '--bogus'. (attnexport export --help)`."""
@@ -58,7 +63,7 @@ class _OneLineErrors(click.Group):
             return super().main(*args, standalone_mode=False, **kwargs)
         try:
             super().main(*args, standalone_mode=False, **kwargs)
-        except click.exceptions.NoArgsIsHelpError as e:
+        except _NO_ARGS_IS_HELP as e:  # click >= 8.2; older clicks print the help and exit 0 themselves
             click.echo(e.ctx.get_help() if e.ctx else e.format_message())
             sys.exit(0)
         except click.ClickException as e:
@@ -127,7 +132,7 @@ def list_cmd(as_json):
             "dynamic_axes": list(v.dynamic),
         })
     if as_json:
-        click.echo(json.dumps(rows, indent=1))
+        click.echo(jsonout.dumps(rows, indent=1))
         return
     table = Table(title=f"{len(rows)} attention variants", show_lines=True)
     for col in ("variant", "inputs -> outputs", "options"):
@@ -138,6 +143,39 @@ def list_cmd(as_json):
         table.add_row(f"[bold]{r['name']}[/bold]\n{escape(r['summary'])}", escape(f"{ins} -> {outs}"),
                       escape(" ".join(_option_text(opt) for opt in v.options)))
     _console().print(table)
+
+
+@main.command("cache")
+@click.option("--clear", is_flag=True, help="Remove every entry (attnexport's files only).")
+@click.option("--json", "as_json", is_flag=True, help="Print the description as JSON.")
+@reports_errors
+def cache_command(clear, as_json):
+    """Show the export cache: where it is, its size and limit, its entries; or clear it.
+
+    Example: attnexport cache; attnexport cache --clear; ATTNEXPORT_CACHE_SIZE=500M attnexport cache
+    """
+    from attnexport import cache as cache_mod
+    d = cache_mod.directory()
+    max_bytes = cache_mod.limit()
+    if clear:
+        n = cache_mod.clear()
+        click.echo(f"removed {n} entries from {d}" if d is not None else "the export cache is off (ATTNEXPORT_CACHE=off)")
+        return
+    found = cache_mod.entries(d)
+    size = sum(e.size for e in found)
+    current = [e for e in found if e.current]
+    doc = {"directory": None if d is None else str(d), "enabled": d is not None, "size_bytes": size,
+           "limit_bytes": max_bytes, "entries": len(found), "entries_of_this_version": len(current),
+           "entries_of_other_versions": len(found) - len(current),
+           "last_used": max((e.last_used for e in found), default=None)}
+    if as_json:
+        click.echo(jsonout.dumps(doc, indent=1))
+        return
+    if d is None:
+        click.echo("the export cache is off (ATTNEXPORT_CACHE=off)")
+        return
+    click.echo(f"{d}: {len(found)} entries, {F.human_size(size)} of {F.human_size(max_bytes)} "
+               f"({len(current)} of this version, {len(found) - len(current)} of other versions, removed first)")
 
 
 @main.command()
@@ -165,8 +203,11 @@ def golden(as_list, check, write, directory):
             raise UsageError(f"--write would change the installed copy in {golden_mod.default_dir()}: "
                              "give --dir (e.g. the golden/ folder of a checkout)")
         paths = golden_mod.write(directory)
-        click.echo(f"wrote {len(paths)} golden cases and {golden_mod.MANIFEST} to "
-                   f"{paths[0].parent if paths else directory}")
+        folder = paths[0].parent if paths else directory
+        click.echo(f"wrote {len(paths)} golden cases and {golden_mod.MANIFEST} to {folder}")
+        foreign = golden_mod.foreign_files(folder)
+        if foreign:
+            click.echo(f"left {len(foreign)} file(s) there that are not golden cases: {', '.join(foreign)}")
         return
     drift = golden_mod.check(directory)
     for d in drift:
@@ -271,7 +312,7 @@ def export(variant, module_spec, input_specs, nan_rows, allow_unfused, cache_spe
         return
     result = export_mod.export(variant, _given(options), flavor, opset, dtype, output, seed=seed)
     if as_json:
-        click.echo(json.dumps(result.to_dict()))
+        click.echo(jsonout.dumps(result.to_dict()))
     else:
         click.echo(result.summary())
 
@@ -338,7 +379,7 @@ def _export_module(spec, input_specs, dynamic_specs, flavor, opset, dtype, outpu
                                    weights_file=weights, allow_unfused=allow_unfused, cache=cache,
                                    output_names=output_names)
     if as_json:
-        click.echo(json.dumps(result.to_dict()))
+        click.echo(jsonout.dumps(result.to_dict()))
     else:
         click.echo(result.summary())
 
@@ -355,7 +396,7 @@ def inspect(model, as_json):
     from attnexport.inspect import describe
     d = describe(model)
     if as_json:
-        click.echo(json.dumps(d, indent=1))
+        click.echo(jsonout.dumps(d, indent=1))
         return
     opsets = ", ".join(f"{k} {v}" for k, v in d["opsets"].items())
     _console().print(f"[bold]{escape(d['path'])}[/bold]: IR {d['ir_version']}, opsets {escape(opsets)}, "
@@ -470,7 +511,7 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
 def _report_verify(report, details, as_json):
     """Prints a verify report (a table, or JSON); exit 1 unless it passed."""
     if as_json:
-        click.echo(json.dumps(report.to_dict(), default=float))
+        click.echo(jsonout.dumps(report.to_dict()))
     else:
         _print_verify(report, details)
     if not report.ok:
@@ -702,7 +743,7 @@ def bench(variant, module_spec, input_specs, batch, seq, kv_seq, decode, context
     if plot:
         bench_mod.plot(rows, plot, f"{title} {dtype}, median latency")
     if as_json:
-        click.echo(json.dumps(bench_mod.to_json(rows), default=float))
+        click.echo(jsonout.dumps(bench_mod.to_json(rows)))
         return
     _print_bench(rows, title, dtype)
     for rt, shape, flavor, ms in bench_mod.fastest(rows):

@@ -192,7 +192,6 @@ def main(argv=None) -> int:
     """Prints the counts per flavour and runtime, then each case that did not pass; --json FILE
     writes every outcome. Exit 1 when a case fails in a flavour (a declined case is not a failure)."""
     import argparse
-    import json
 
     parser = argparse.ArgumentParser(prog="python -m attnexport.conformance", description=main.__doc__)
     parser.add_argument("--json", help="write the outcomes to this file")
@@ -209,11 +208,11 @@ def main(argv=None) -> int:
         if o.status != "passed":
             print(f"{o.case} / {o.flavor} / {o.runtime}: {o.status}: {o.detail}")
     if args.json:
-        from attnexport import files as F
+        from attnexport import files as F, jsonout
         doc = {"onnx": onnx.__version__, "cases": len(cases), "in_scope": len(scope),
                "out_of_scope": {c.name: c.out_of_scope for c in cases if c.out_of_scope},
                "counts": counts(outcomes), "outcomes": [vars(o) for o in outcomes]}
-        F.atomic_write(args.json, (json.dumps(doc, indent=1) + "\n").encode())
+        F.atomic_write(args.json, (jsonout.dumps(doc, indent=1) + "\n").encode())
     return 1 if any(o.status in ("failed", "error") for o in outcomes) else 0
 
 

@@ -15,17 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import stat
 import tempfile
 from pathlib import Path
 
 from attnexport.errors import UsageError
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def resolve_target(path: str | Path, new_folder: bool = False) -> Path:
@@ -70,10 +65,12 @@ def resolve_target(path: str | Path, new_folder: bool = False) -> Path:
 
 
 def human_size(n: int) -> str:
-    """A file's size in the one unit style every command prints: B, KiB or MiB."""
+    """A file's size in the one unit style every command prints: B, KiB, MiB or GiB."""
     if n < 1024:
         return f"{n} B"
-    return f"{n / 1024:.1f} KiB" if n < 1024**2 else f"{n / 1024**2:.1f} MiB"
+    if n < 1024**3:
+        return f"{n / 1024:.1f} KiB" if n < 1024**2 else f"{n / 1024**2:.1f} MiB"
+    return f"{n / 1024**3:.2f} GiB"
 
 
 DEFAULT_FOLDER = Path("models")
@@ -85,19 +82,27 @@ def default_output(stem: str) -> Path:
 
 
 def atomic_write(path: str | Path, data: bytes) -> Path:
-    """Writes `data` to `path` atomically (see the module docstring); returns the path written."""
+    """Writes `data` to `path` atomically (see the module docstring); returns the path written.
+
+    The temporary file is made with mode 0666, which the user's umask reduces as for any new file
+    (the process's umask is never changed: another thread may be making a file), takes the mode
+    of the file it replaces, and is flushed to the disk before the rename, so a crash after it
+    leaves the new content, not an empty file."""
     path = resolve_target(path)
     try:
-        mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~_umask()
-        # A short temporary name: one derived from a long target name can exceed NAME_MAX.
-        fd, tmp = tempfile.mkstemp(prefix=".attnexport-", suffix=".tmp", dir=path.parent)
+        keep = stat.S_IMODE(path.stat().st_mode) if path.exists() else None
+        fd, tmp = _new_temporary(path.parent)
     except OSError as e:
         raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.chmod(tmp, mode)
+            f.flush()
+            os.fsync(f.fileno())
+        if keep is not None:
+            os.chmod(tmp, keep)
         os.replace(tmp, path)
+        _sync_folder(path.parent)
     except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -105,3 +110,29 @@ def atomic_write(path: str | Path, data: bytes) -> Path:
             raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
         raise
     return path
+
+
+def _new_temporary(folder: Path) -> tuple[int, str]:
+    """A new file with a short unused name in `folder` (one derived from a long target name can
+    exceed NAME_MAX), opened for writing with mode 0666 under the umask."""
+    for _ in range(100):
+        name = os.path.join(folder, f".attnexport-{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), name
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no unused temporary name in {folder}")
+
+
+def _sync_folder(folder: Path) -> None:
+    """Flushes the folder's entry of the renamed file to the disk, where the system allows it."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems refuse fsync on a folder; the rename itself is done
+    finally:
+        os.close(fd)

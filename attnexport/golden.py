@@ -118,8 +118,15 @@ def sha256(data: bytes) -> str:
 
 
 def write(directory: Path | None = None) -> list[Path]:
-    """Regenerates every case and writes it, then the manifest. The only writer of golden files."""
+    """Regenerates every case and writes it, then the manifest. The only writer of golden files.
+
+    A case file the folder's earlier manifest listed that is no longer a case is removed; any
+    other file is the user's and stays (`foreign_files` names them)."""
     directory = Path(directory or default_dir())
+    try:
+        earlier = set(read_manifest(directory))
+    except GoldenIntegrityError:  # no manifest, or unreadable: nothing is known to be ours
+        earlier = set()
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -132,12 +139,23 @@ def write(directory: Path | None = None) -> list[Path]:
         path = directory / f"{case.name}.npz"
         F.atomic_write(path, data)
         files[path.name] = sha256(data)
-    for stale in directory.glob("*.npz"):
-        if stale.name not in files:
+    for name in sorted(earlier - set(files)):
+        stale = directory / name
+        if Path(name).name == name and name.endswith(".npz") and stale.is_file() and not stale.is_symlink():
             stale.unlink()
     manifest = {"format": FORMAT, "files": dict(sorted(files.items()))}
     F.atomic_write(directory / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
     return [directory / n for n in files]
+
+
+def foreign_files(directory: Path | None = None) -> list[str]:
+    """The names in a golden folder that are neither a case file of its manifest nor the manifest."""
+    directory = Path(directory or default_dir())
+    try:
+        ours = set(read_manifest(directory)) | {MANIFEST}
+    except GoldenIntegrityError:
+        ours = {MANIFEST}
+    return sorted(p.name for p in directory.iterdir() if p.name not in ours)
 
 
 def read_manifest(directory: Path | None = None) -> dict[str, str]:

@@ -65,9 +65,17 @@ def test_golden_damaged_exits_2(tmp_path):
 
 
 def test_golden_write(tmp_path):
+    """--write writes every case; of what was there it removes only a case file its earlier
+    manifest listed, and names the user's own files, which stay."""
+    (tmp_path / "my_experiment.npz").write_bytes(b"the user's")
+    (tmp_path / "retired-case.npz").write_bytes(b"a case of an older attnexport")
+    (tmp_path / golden.MANIFEST).write_text(json.dumps({"format": 1, "files": {"retired-case.npz": "0" * 64}}))
     r = run("golden", "--write", "--dir", str(tmp_path))
     assert r.exit_code == 0, r.output
     assert f"wrote {len(golden.CASES)} golden cases" in r.output
+    assert (tmp_path / "my_experiment.npz").read_bytes() == b"the user's"
+    assert not (tmp_path / "retired-case.npz").exists()
+    assert r.output.strip().splitlines()[-1] == "left 1 file(s) there that are not golden cases: my_experiment.npz"
     assert set(golden.read_manifest(tmp_path)) == set(golden.read_manifest())
     for name in golden.CASES:  # array by array: the last bits may differ on another CPU
         assert golden.differences(golden.load(name), golden.load(name, tmp_path)) == [], name
@@ -172,3 +180,48 @@ def test_details_wrap_between_names_at_80_columns(tmp_path):
     assert_fits_80(r.output)
     cells = [line[:20].strip() for line in r.output.splitlines()]
     assert "mha-step.onnx:" in cells and "mha-kv-cache-empty/" in cells and "decode-1" in cells
+
+
+def _strict(text):
+    """json.loads that refuses NaN and Infinity, as Node's JSON.parse and strict parsers do."""
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_the_json_of_a_failing_verify_and_of_an_untimed_bench_row_is_strict(tmp_path):
+    """A model whose output is NaN and Inf, and a bench row that did not run (NaN times): every
+    non-finite number is null (attnexport.jsonout), for Python's strict parsing and Node's."""
+    import subprocess
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+    path = tmp_path / "m.onnx"
+    assert run("export", "--variant", "self", "-o", str(path)).exit_code == 0
+    model = onnx.load(path)
+    for i, init in enumerate(model.graph.initializer):
+        if init.name == "W_v":  # an infinite weight: outputs Inf and NaN
+            w = numpy_helper.to_array(init).copy()
+            w[0, 0] = np.inf
+            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(w, "W_v"))
+    onnx.save(model, path)
+    r = run("verify", str(path), "--runtimes", "ort-cpu", "--json")
+    assert r.exit_code == 1
+    verify_doc = _strict(r.stdout)
+    assert not verify_doc["summary"]["ok"]
+    loc = verify_doc["results"][0]["localization"]
+    assert loc["error"] is None and loc["scale"] is None  # were Infinity and NaN
+    r = run("bench", "--variant", "sdpa", "--softcap", "5", "--runtimes", "torch,ort-cpu", "--flavor", "ort",
+            "--iters", "2", "--warmup", "0", "--repeat", "1", "--json")
+    assert r.exit_code == 0, r.output
+    rows = _strict(r.stdout)
+    untimed = [row for row in rows if row["flavor"] == "ort"]
+    assert untimed and untimed[0]["median_ms"] is None and "softcap" in untimed[0]["note"]
+    node = shutil.which("node")
+    if node is None:
+        return  # Python's strict parse above stands; Node is on the development and CI machines
+    for text in (json.dumps(verify_doc), r.stdout):
+        (tmp_path / "doc.json").write_text(text)
+        p = subprocess.run([node, "-e", "JSON.parse(require('fs').readFileSync(process.argv[1], 'utf8'))",
+                            str(tmp_path / "doc.json")], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr

@@ -53,6 +53,22 @@ def test_new_files_get_the_umask_mode_and_replaced_ones_keep_theirs(tmp_path):
     assert not list(tmp_path.glob(".attnexport-*"))
 
 
+def test_a_write_never_changes_the_umask_and_reaches_the_disk_before_the_rename(tmp_path, monkeypatch):
+    """The mode comes from os.open(..., 0o666) under the umask, not from changing the process's umask
+    for a moment (another thread could make a file then); the data is fsynced before the rename."""
+    events = []
+
+    def no_umask(mask):
+        raise AssertionError("os.umask called")
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "umask", no_umask)
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append("replace"), real_replace(a, b))[1])
+    path = F.atomic_write(tmp_path / "a.bin", b"data")
+    assert path.read_bytes() == b"data"
+    assert events[:2] == ["fsync", "replace"]
+
+
 def test_long_file_name_is_written(tmp_path):
     name = "m" * 245 + ".onnx"  # 250 bytes: valid, but a temporary name derived from it would not be
     r = run("export", "--variant", "posenc", "-o", tmp_path / name)

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from attnexport.models.core import attend, cache_write, valid_keys
+from attnexport.models.core import Attended, attend, cache_write, valid_keys
 from attnexport.models.dot_product import merge_heads, scale_qk, split_heads
 
 
@@ -53,9 +53,9 @@ class MultiHeadAttention(nn.Module):
             past_key = past_value = None
         a = attend(q, k, v, mask, past_key=past_key, past_value=past_value, scale=scale, is_causal=self.causal,
                    weights="softmax" if self.weights else None)
-        if join_outside:
-            a = a._replace(present_key=k, present_value=v)
-        return a._replace(output=self.out_proj(merge_heads(a.output)))
+        present = (k, v) if join_outside else (a.present_key, a.present_value)
+        # A new Attended, not a._replace: torch 2.6's tracer cannot step into namedtuple._replace.
+        return Attended(self.out_proj(merge_heads(a.output)), a.weights, *present)
 
     def attend_static(self, x, key_cache, value_cache, write_pos):
         """Self-attention over static buffers (see StaticCachedSelfAttention): (output projected to
