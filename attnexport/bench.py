@@ -32,7 +32,7 @@ from attnexport import seeding
 from attnexport import schema
 from attnexport.errors import UnsupportedByFlavor, UsageError, first_line
 
-BENCH_RUNTIMES = ("torch", "torch-cuda", "ort-cpu", "ort-cuda")
+BENCH_RUNTIMES = R.TIMED_RUNTIMES
 SIZE_LISTS = ("batch", "seq", "kv_seq", "past_seq", "past_kv_seq")  # options that take comma-separated lists
 
 

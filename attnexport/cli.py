@@ -50,6 +50,58 @@ def reports_errors(fn):
     return wrapper
 
 
+class _Checked(click.Choice):
+    """A closed set of values as a click Choice (`--help` lists them, shells complete them) whose
+    error is attnexport's own one line (`unknown flavor 'atention' (did you mean attention?); valid: ...`)."""
+
+    def __init__(self, choices, check):
+        super().__init__(list(choices))
+        self._check = check
+
+    def convert(self, value, param, ctx):
+        try:
+            return self._check(value)
+        except UsageError as e:
+            self.fail(str(e), param, ctx)
+
+
+class _RuntimeList(click.ParamType):
+    """`--runtimes a,b,...`: names from `names`, comma-separated, each checked (runtimes.parse); `--help`
+    lists them and shells complete the name after the last comma."""
+
+    name = "runtimes"
+
+    def __init__(self, names, what=""):
+        self.names, self.what = tuple(names), what
+
+    def get_metavar(self, param, ctx=None):  # ctx: click >= 8.2 passes it
+        return "[" + "|".join(self.names) + "],..."
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        try:
+            names = R.parse(value)
+        except UsageError as e:
+            self.fail(str(e), param, ctx)
+        for n in names:
+            if n not in self.names:
+                self.fail(f"unknown runtime {n!r}{self.what}; valid: {', '.join(self.names)}", param, ctx)
+        return names
+
+    def shell_complete(self, ctx, param, incomplete):
+        from click.shell_completion import CompletionItem
+        done, _, last = incomplete.rpartition(",")
+        prefix = f"{done}," if done else ""
+        return [CompletionItem(prefix + n) for n in self.names if n.startswith(last)]
+
+
+FLAVOR = _Checked(FL.FLAVORS, FL.check)
+DTYPE = _Checked(D.DTYPES, D.check)
+RUNTIME_LIST = _RuntimeList(R.RUNTIMES)
+TIMED_RUNTIME_LIST = _RuntimeList(R.TIMED_RUNTIMES, " for bench")
+
+
 # The exception click 8.2 added for a group called with no arguments; a class no error is with older clicks.
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", type("_NeverRaised", (Exception,), {}))
 
@@ -222,11 +274,14 @@ def _variant_options(fn=None, *, exclude=()):
     """Adds every variant option in the registry as a CLI option (None unless given)."""
     if fn is None:
         return functools.partial(_variant_options, exclude=exclude)
-    seen = {}
+    seen, choices = {}, {}
     for v in V.VARIANTS.values():
         for opt in v.options:
             if opt.name not in exclude:
                 seen.setdefault(opt.name, opt)
+                if opt.choices:  # the union over the variants; each variant checks its own
+                    choices.setdefault(opt.name, [])
+                    choices[opt.name] += [c for c in opt.choices if c not in choices[opt.name]]
     for opt in reversed(list(seen.values())):
         if opt.name == "weights":  # a flag (the softmax weights), or sdpa's score mode as its value
             deco = click.option(opt.flag, opt.name, is_flag=False, flag_value="softmax", default=None,
@@ -242,7 +297,9 @@ def _variant_options(fn=None, *, exclude=()):
         elif opt.type is bool:
             deco = click.option(opt.flag, opt.name, flag_value=True, default=None, help=opt.help)
         else:
-            deco = click.option(opt.flag, opt.name, type=opt.type, default=None,
+            kind = click.Choice(choices[opt.name]) if opt.name in choices else \
+                click.IntRange(min=opt.minimum) if opt.type is int else opt.type
+            deco = click.option(opt.flag, opt.name, type=kind, default=None,
                                 help=f"{opt.help} (where the variant takes it)")
         fn = deco(fn)
     return fn
@@ -281,11 +338,11 @@ def _given(kwargs) -> dict:
 @click.option("--dynamic", "dynamic_specs", multiple=True, metavar="NAME:AXIS=DIM",
               help="With --module: a symbolic axis, e.g. x:1=seq (repeatable; default: axes 0 and 1 of every "
                    "input, where the model allows).")
-@click.option("--flavor", default=export_mod.DEFAULT_FLAVOR, show_default=True,
-              help=f"{FL.help_text()}.")
+@click.option("--flavor", type=FLAVOR, default=export_mod.DEFAULT_FLAVOR, show_default=True,
+              help="The graph flavor.")
 @click.option("--opset", type=int, default=None,
               help="Opset (primitives/ort: 17-18, default 18; attention: 23-24, default 23, 24 for sdpa --nonpad).")
-@click.option("--dtype", default="fp32", show_default=True, help=f"{D.help_text()}.")
+@click.option("--dtype", type=DTYPE, default="fp32", show_default=True, help="The model's float type.")
 @click.option("--seed", type=SEED, default=0, show_default=True,
               help="Seed of the parameters (of a --module class's too: torch's generator is seeded first).")
 @click.option("-o", "--output", type=click.Path(), default=None,
@@ -430,11 +487,11 @@ def inspect(model, as_json):
 @click.argument("models", nargs=-1, type=click.Path())
 @click.option("--variant", "variants", multiple=True,
               help="Only these variants (repeatable); with MODEL files: the variant of a model without metadata.")
-@click.option("--flavor", "flavors", multiple=True,
+@click.option("--flavor", "flavors", multiple=True, type=FLAVOR,
               help="Only these flavors (repeatable; default: all); with a MODEL: its flavor, checked.")
-@click.option("--runtimes", default=None,
-              help="Comma-separated: torch,torch-cuda,onnx-ref,ort-cpu,ort-cuda (default: all available).")
-@click.option("--dtype", default=None, help=f"{D.help_text()} (default: fp32; a MODEL's own dtype).")
+@click.option("--runtimes", type=RUNTIME_LIST, default=None,
+              help="Comma-separated runtimes (default: all available).")
+@click.option("--dtype", type=DTYPE, default=None, help="The float type (default: fp32; a MODEL's own dtype).")
 @click.option("--golden", "golden_dir", type=click.Path(), default=None, help="Golden folder to use.")
 @click.option("--rtol", type=float, default=None, help="Override the relative tolerance (finite, >= 0).")
 @click.option("--atol", type=float, default=None, help="Override the absolute tolerance (finite, >= 0).")
@@ -488,7 +545,7 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
             raise UsageError("--module takes no --variant, --flavor, --case or variant options: the model and the "
                              "module say what to compare")
         parsed = [modules.parse_input(t) for t in input_specs] or None
-        report = verify_mod.verify_module(models[0], module_spec, R.parse(runtimes), rtol, atol, skip_unavailable,
+        report = verify_mod.verify_module(models[0], module_spec, runtimes, rtol, atol, skip_unavailable,
                                           input_specs=parsed, seed=seed, weights_file=weights,
                                           cache=_cache_pairs(cache_specs) or None)
         _report_verify(report, details, as_json)
@@ -500,7 +557,7 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
     model_variant = variants[0] if models and variants else None
     request = verify_mod.VerifyRequest(
         variants=None if models else (list(variants) or None), flavors=list(flavors) or None,
-        runtimes=R.parse(runtimes), dtype=dtype, golden_dir=golden_dir, models=list(models) or None, rtol=rtol,
+        runtimes=runtimes, dtype=dtype, golden_dir=golden_dir, models=list(models) or None, rtol=rtol,
         atol=atol, skip_unavailable=skip_unavailable, strict_placement=strict_placement,
         model_variant=model_variant, model_options=_given(options) or None, seed=seed, localize=localize,
         baseline=baseline_dir, save_baseline=save_baseline, max_growth=max_growth, cases=list(cases) or None)
@@ -684,15 +741,17 @@ def _print_bench(rows, variant, dtype):
 @click.option("--decode", is_flag=True,
               help="Generation with a KV cache: prefill and one decoding step at each --context length.")
 @click.option("--context", default=None, help="With --decode: context lengths, e.g. --context 128,1024,4096.")
-@click.option("--runtimes", default=None,
-              help="Comma-separated: torch, torch-cuda, ort-cpu, ort-cuda (default: every available one).")
-@click.option("--flavor", "flavors", multiple=True, help="Flavors to time (repeatable; default: all).")
-@click.option("--dtype", default="fp32", show_default=True, help=f"{D.help_text()}.")
-@click.option("--warmup", type=int, default=5, show_default=True, help="Untimed runs first.")
-@click.option("--iters", type=int, default=30, show_default=True, help="Timed runs (median, p10, p90).")
+@click.option("--runtimes", type=TIMED_RUNTIME_LIST, default=None,
+              help="Comma-separated runtimes (default: every available one).")
+@click.option("--flavor", "flavors", multiple=True, type=FLAVOR, help="Flavors to time (repeatable; default: all).")
+@click.option("--dtype", type=DTYPE, default="fp32", show_default=True, help="The float type.")
+@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True, help="Untimed runs first.")
+@click.option("--iters", type=click.IntRange(min=1), default=30, show_default=True,
+              help="Timed runs (median, p10, p90).")
 @click.option("--cuda-graph", is_flag=True, help="Also time torch in a CUDA graph; ONNX Runtime with CUDA graphs.")
-@click.option("--threads", type=int, default=None, help="CPU threads for torch and ONNX Runtime (default: all).")
-@click.option("--repeat", type=int, default=5, show_default=True,
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="CPU threads for torch and ONNX Runtime (default: all).")
+@click.option("--repeat", type=click.IntRange(min=1), default=5, show_default=True,
               help="Rounds the timed runs are split into; each ratio is reported with its spread over them.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of parameters and inputs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON list and nothing else.")
@@ -721,7 +780,7 @@ def bench(variant, module_spec, input_specs, batch, seq, kv_seq, decode, context
         values = _int_list("--" + name.replace("_", "-"), text)
         if values:
             opts[name] = values
-    kwargs = dict(runtimes=R.parse(runtimes),
+    kwargs = dict(runtimes=runtimes,
                   flavors=list(flavors) or None,
                   dtype=dtype, warmup=warmup, iters=iters, cuda_graph=cuda_graph, threads=threads, seed=seed,
                   repeat=repeat)

@@ -26,6 +26,7 @@ from attnexport.errors import ProviderUnavailableError, UsageError, first_line
 
 RUNTIMES = ("torch", "torch-cuda", "onnx-ref", "ort-cpu", "ort-cuda")
 ONNX_RUNTIMES = ("onnx-ref", "ort-cpu", "ort-cuda")
+TIMED_RUNTIMES = ("torch", "torch-cuda", "ort-cpu", "ort-cuda")  # what bench times (not the reference evaluator)
 
 
 def parse(text: str | None) -> list[str] | None:

@@ -117,7 +117,7 @@ def test_cli_table_is_readable_at_80_columns(tmp_path):
     (["--seq", "8,x"], "integers separated by commas"),
     (["--batch", "1,2", "--seq", "1,2,3"], "same length"),
     (["--iters", "0"], "--iters"),
-    (["--repeat", "0"], "--repeat must be >= 1"),
+    (["--repeat", "0"], "'--repeat': 0 is not in the range x>=1"),
 ])
 def test_cli_errors(args, message):
     r = CliRunner().invoke(main, ["bench", "--variant", "mha", *args])

@@ -225,3 +225,20 @@ def test_the_json_of_a_failing_verify_and_of_an_untimed_bench_row_is_strict(tmp_
         p = subprocess.run([node, "-e", "JSON.parse(require('fs').readFileSync(process.argv[1], 'utf8'))",
                             str(tmp_path / "doc.json")], capture_output=True, text=True, timeout=60)
         assert p.returncode == 0, p.stderr
+
+
+def test_closed_choices_are_listed_and_completed():
+    """--flavor, --dtype, --runtimes and the variants' choice options list their values in --help and
+    complete in shells; a wrong one is attnexport's one line, exit 2."""
+    from attnexport.cli import RUNTIME_LIST
+    text = run("bench", "--help").output
+    for shown in ("[primitives|attention|ort]", "[fp32|fp16]", "[torch|torch-cuda|ort-cpu|ort-cuda],...",
+                  "[bhsd|bsd]", "INTEGER RANGE"):
+        assert shown in text, shown
+    assert [c.value for c in RUNTIME_LIST.shell_complete(None, None, "torch,ort")] == ["torch,ort-cpu", "torch,ort-cuda"]
+    r = run("export", "--variant", "mha", "--flavor", "atention")
+    assert r.exit_code == 2 and r.output.strip().splitlines() == [
+        "error: Invalid value for '--flavor': unknown flavor 'atention' (did you mean attention?); valid: primitives, "
+        "attention, ort (see `attnexport export --help`)"]
+    r = run("bench", "--variant", "mha", "--runtimes", "onnx-ref")
+    assert r.exit_code == 2 and "unknown runtime 'onnx-ref' for bench; valid: torch, torch-cuda, ort-cpu" in r.output

@@ -93,7 +93,7 @@ def test_unwritable_folders_are_refused_before_any_work(tmp_path):
     (["export", "--variant", "mha", "--batch", "100000", "--seq", "100000"], "GiB; this machine has"),
     (["export", "--variant", "mha", "--dim", "100000", "--heads", "1"], "GiB; this machine has"),
     (["bench", "--variant", "mha", "--batch", "100000", "--seq", "100000"], "GiB; this machine has"),
-    (["bench", "--variant", "mha", "--threads", "-1"], "--threads must be >= 1"),
+    (["bench", "--variant", "mha", "--threads", "-1"], "'--threads': -1 is not in the range x>=1"),
     (["golden", "--check", "--write"], "exclude each other"),
     (["export", "--variant", "sdpa", "--heads", "3"], None),  # --kv-heads follows --heads
     (["export", "--variant", "sdpa", "--softcap", "inf"], "--softcap must be a finite number in [0, 10000]"),
