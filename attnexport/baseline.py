@@ -92,7 +92,7 @@ def load(directory: str | Path) -> dict[str, Entry]:
             raise GoldenIntegrityError(f"baseline file damaged: {directory / name} (sha256 does not match {MANIFEST})")
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             meta = json.loads(str(z["meta"].reshape(-1)[0]))
-            parts = {"inputs": {}, "outputs": {}}
+            parts: dict[str, dict[str, np.ndarray]] = {"inputs": {}, "outputs": {}}
             for k in z.files:
                 if ":" in k:
                     kind, n = k.split(":", 1)

@@ -16,8 +16,9 @@ import io
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Any
 
 import numpy as np
 
@@ -27,9 +28,8 @@ from attnexport import files as F
 from attnexport import flavors as FL
 from attnexport import modules as M
 from attnexport import runtimes as R
+from attnexport import schema, seeding
 from attnexport import variants as V
-from attnexport import seeding
-from attnexport import schema
 from attnexport.errors import UnsupportedByFlavor, UsageError, first_line
 
 BENCH_RUNTIMES = R.TIMED_RUNTIMES
@@ -136,7 +136,7 @@ def fp16_is_emulated(threads: int) -> bool:
     return half > single
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _matmul_ms(device: str, dtype: str, m: int, k: int, n: int, threads: int, iters: int) -> dict[str, float]:
     """The fastest run of torch's (and on the CPU ONNX Runtime's) (m x k) @ (k x n), in ms. Measured
     once per process: later benches in it (the tests, a notebook) share the calibration."""
@@ -275,7 +275,7 @@ class _Run:
 
     runtimes: list[str]
     dtype: str
-    tdtype: object  # torch's dtype for `dtype`
+    tdtype: Any  # torch's dtype for `dtype` (torch is imported when a bench runs)
     devices: set[str]
     peak: dict  # device -> (FLOP/s, where measured)
     warmup: int
@@ -355,14 +355,14 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
             continue
         out = c.outputs()
         err = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
-                  for a, b in zip(out, ref_out[c.device]))
+                  for a, b in zip(out, ref_out[c.device], strict=True))
         row = _row(variant, c.runtime, c.flavor, c.mode, dtype, shape, c.times, flops, peak[c.device][0],
                    statistics.median(base[c.device].times), err, c.memory, threads)
         row.cpu_nodes = c.cpu_nodes
         row.peak_source = peak[c.device][1]
         # The run-to-run spread of the ratio: one ratio per round, each of two medians.
         ratios = [statistics.median(mine) / statistics.median(theirs)
-                  for mine, theirs in zip(c.rounds, base[c.device].rounds)]
+                  for mine, theirs in zip(c.rounds, base[c.device].rounds, strict=True)]
         row.ratio_min, row.ratio_max, row.rounds = min(ratios), max(ratios), len(ratios)
         notes = []
         if c.flavor != "-" and E.graph_flavor(variant, c.flavor) != c.flavor:
@@ -411,11 +411,12 @@ def _ort_candidate(rt, flavor, model, inputs, dtype, threads, cuda_graph, cands,
     session, cpu_nodes = _ort_session(rt, model, dtype, threads, cuda_graph)
     names = [x.name for x in session.get_outputs()]
     outs = [ins[n.removesuffix("_out")] if in_place and n.endswith("_cache_out") and n.removesuffix("_out") in ins
-            else torch.empty(r.shape, dtype=D.torch_dtype(dtype), device="cuda") for n, r in zip(names, ref)]
+            else torch.empty(r.shape, dtype=D.torch_dtype(dtype), device="cuda")
+            for n, r in zip(names, ref, strict=True)]
     binding = session.io_binding()
     for k, t in ins.items():
         binding.bind_input(k, "cuda", 0, np_of[t.dtype], list(t.shape), t.data_ptr())
-    for name, t in zip(names, outs):
+    for name, t in zip(names, outs, strict=True):
         binding.bind_output(name, "cuda", 0, np_of[t.dtype], list(t.shape), t.data_ptr())
 
     def run(ins=ins):  # the binding holds raw pointers: the tensors must live as long as it does
@@ -459,7 +460,7 @@ def _ort_in_place_candidate(flavor, model, inputs, dtype, threads):
 
     def outputs():
         run()
-        got = dict(zip(names, binding.copy_outputs_to_cpu()))
+        got = dict(zip(names, binding.copy_outputs_to_cpu(), strict=True))
         return [got[n] for n in names]
     return _Candidate("ort-cpu", flavor, "in-place", "cpu", run, outputs, cpu_nodes)
 
@@ -606,7 +607,7 @@ def warnings_for(runtimes: list[str] | None, dtype: str, cuda_graph: bool) -> li
 
 def fastest(rows: list[BenchRow]) -> list[tuple[str, str, str, float]]:
     """For each runtime and shape: the fastest flavour (runtime, shape, flavour, median ms)."""
-    best = {}
+    best: dict[tuple[str, str], tuple[str, float]] = {}
     for r in rows:
         if r.flavor == "-" or r.median_ms != r.median_ms:  # torch rows, or NaN (not applicable)
             continue
@@ -628,7 +629,7 @@ def plot(rows: list[BenchRow], path: str, title: str):
         import matplotlib.pyplot as plt
     except ImportError:
         raise UsageError("--plot needs matplotlib: pip install 'attnexport[plot]'") from None
-    series = {}
+    series: dict[str, dict[str, tuple[float, float, float]]] = {}
     labels = []
     for r in rows:
         if r.median_ms != r.median_ms:
@@ -669,12 +670,12 @@ def module_variant(spec: str, module, example_inputs, input_names=None):
     export, and FLOPs counted by torch's FlopCounterMode at each shape."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
-    from attnexport import seeding
-    from attnexport import schema
+
+    from attnexport import schema, seeding
     example = tuple(example_inputs)
     names = list(input_names or M.forward_names(module, len(example)))
     kinds = {}
-    for n, t in zip(names, example):
+    for n, t in zip(names, example, strict=True):
         if t.is_floating_point():
             kinds[n] = ("float", "data")
         else:
@@ -684,7 +685,7 @@ def module_variant(spec: str, module, example_inputs, input_names=None):
     def inputs(o):
         return tuple(schema.TensorSpec(n, tuple("batch" if a == 0 and t.dim() >= 2 else "seq" if a == 1 and t.dim() >= 2
                                            else s for a, s in enumerate(t.shape)), *kinds[n])
-                     for n, t in zip(names, example))
+                     for n, t in zip(names, example, strict=True))
 
     def tensors(o, dtype="fp32"):
         arrays = seeding.make_inputs(variant, o, 0)
@@ -700,7 +701,11 @@ def module_variant(spec: str, module, example_inputs, input_names=None):
         return counter.get_total_flops()
 
     def export(o, flavor, dtype, params):
-        return E.export_module(module, tensors(o, dtype), flavor=flavor, dtype=dtype, input_names=names, name=spec).model
+        return E.export_module(module, tensors(o, dtype), flavor=flavor, dtype=dtype, input_names=names,
+                               name=spec).model
+
+    def no_reference(params, inputs, o):
+        raise UsageError(f"{spec} has no float64 reference: a module is compared with itself")
 
     b = example[0].shape[0] if example and example[0].dim() >= 2 else 1
     t = example[0].shape[1] if example and example[0].dim() >= 2 else 1
@@ -708,5 +713,6 @@ def module_variant(spec: str, module, example_inputs, input_names=None):
                                                                      schema.Option("seq", int, t, "sequence length")),
                         build=lambda o: module, inputs=inputs,
                         outputs=lambda o: (schema.TensorSpec("output", ("batch", "seq"), "float"),),
-                        reference=None, flops=flops, dot_product_core=True, dynamic=("batch", "seq"), export=export)
+                        reference=no_reference, flops=flops, dot_product_core=True, dynamic=("batch", "seq"),
+                        export=export)
     return variant

@@ -173,6 +173,8 @@ def remove(d: Path, k: str) -> None:
 def clear() -> int:
     """Removes every entry (only attnexport's files); returns how many there were."""
     d = directory()
+    if d is None:
+        return 0
     found = entries(d)
     for e in found:
         remove(d, e.key)

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
-from attnexport import variants as V
-
 from attnexport import seeding
+from attnexport import variants as V
 from attnexport.semantics import MODE_OF
+
 
 @dataclass(frozen=True)
 class CaseDef:
@@ -176,7 +176,7 @@ def _case_defs() -> tuple[CaseDef, ...]:
                              source=f"seeded: the {mode} scaling mode of {SRC_SELF}"))
         cases.append(CaseDef(f"mha-scaling-{mode}", "mha", {"scaling": mode, "weights": True, "mask": "padding"},
                              source=f"seeded: the {mode} scaling mode of {SRC_SELF}"))
-    for word, other in (("sweet", "hungry"), ("hungry", "sweet")):
+    for word in ("sweet", "hungry"):
         cases.append(CaseDef(
             f"self-cat-milk-it-{word}", "self", {"batch": 1, "seq": 4, "dim": 4, "weights": True},
             source=f"worked example of {SRC_SELF}: 'The cat drank the milk because it was {word}.'; words "
@@ -237,9 +237,11 @@ def _case_defs() -> tuple[CaseDef, ...]:
                 notes={"analytic": {"output": [[[2.0, 3.0, 4.0, 5.0]], [[10.0, 11.0, 12.0, 13.0]]]},
                        "relation": "identical keys give uniform weights over the valid keys, so the "
                                    "output is the mean of the first valid_len values"}),
-        CaseDef("additive-zero-length", "additive", {"weights": True}, seed=8, source="seeded, valid length 0 in batch 0",
+        CaseDef("additive-zero-length", "additive", {"weights": True}, seed=8,
+                source="seeded, valid length 0 in batch 0",
                 make=lambda o: (seeding.init_params(V.get("additive"), o, 8),
-                                dict(seeding.make_inputs(V.get("additive"), o, 8), valid_lens=np.array([0, 7], np.int64)))),
+                                dict(seeding.make_inputs(V.get("additive"), o, 8),
+                                     valid_lens=np.array([0, 7], np.int64)))),
         CaseDef("masked-softmax-valid-lens", "masked-softmax", {},
                 source=f"seeded: the masked softmax of {SRC_KERNEL} on 2x2x4 uniform scores, valid lengths 2 and 3",
                 make=_masked_softmax_example([2, 3], 2)),

@@ -15,15 +15,13 @@ from rich.table import Table
 from attnexport import cases as cases_mod
 from attnexport import dtypes as D
 from attnexport import export as export_mod
-from attnexport import flavors as FL
 from attnexport import files as F
+from attnexport import flavors as FL
 from attnexport import golden as golden_mod
-from attnexport import jsonout
+from attnexport import jsonout, schema
 from attnexport import runtimes as R
 from attnexport import variants as V
-from attnexport import schema
 from attnexport.errors import AttnExportError, UsageError
-
 
 
 def _console() -> Console:
@@ -164,7 +162,7 @@ def list_cmd(as_json):
                 full[opt.name] = opt.choices[-1]
         cached = dict(o, kv_cache=True) if "kv_cache" in o else None
 
-        def union(specs_of):
+        def union(specs_of, full=full, cached=cached):
             specs = list(specs_of(full))
             names = {s.name for s in specs}
             return specs + [s for s in (specs_of(cached) if cached else ()) if s.name not in names]
@@ -189,7 +187,7 @@ def list_cmd(as_json):
     table = Table(title=f"{len(rows)} attention variants", show_lines=True)
     for col in ("variant", "inputs -> outputs", "options"):
         table.add_column(col, overflow="fold")  # fold long choices, never cut them
-    for r, v in zip(rows, V.VARIANTS.values()):
+    for r, v in zip(rows, V.VARIANTS.values(), strict=True):
         ins = ", ".join(("[" + i["name"] + "]") if i["optional"] else i["name"] for i in r["inputs"])
         outs = ", ".join(("[" + i["name"] + "]") if i["optional"] else i["name"] for i in r["outputs"])
         table.add_row(f"[bold]{r['name']}[/bold]\n{escape(r['summary'])}", escape(f"{ins} -> {outs}"),
@@ -211,7 +209,8 @@ def cache_command(clear, as_json):
     max_bytes = cache_mod.limit()
     if clear:
         n = cache_mod.clear()
-        click.echo(f"removed {n} entries from {d}" if d is not None else "the export cache is off (ATTNEXPORT_CACHE=off)")
+        click.echo(f"removed {n} entries from {d}" if d is not None
+                   else "the export cache is off (ATTNEXPORT_CACHE=off)")
         return
     found = cache_mod.entries(d)
     size = sum(e.size for e in found)
@@ -420,7 +419,8 @@ def _export_module(spec, input_specs, dynamic_specs, flavor, opset, dtype, outpu
     from attnexport import modules
     weights = _module_weights(options)
     if _given(options):
-        raise UsageError(f"--module takes no variant options ({', '.join('--' + k.replace('_', '-') for k in _given(options))})")
+        flags = ", ".join("--" + k.replace("_", "-") for k in _given(options))
+        raise UsageError(f"--module takes no variant options ({flags})")
     module, example, names = _module_and_inputs(spec, input_specs, seed, weights)
     dynamic = None
     if dynamic_specs:

@@ -16,6 +16,7 @@ import importlib
 import io
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -42,7 +43,7 @@ class OnnxCase:
 
 def _collected() -> list[tuple]:
     """(name, node, inputs, outputs, opset) of every Attention case the installed onnx has."""
-    module = importlib.import_module("onnx.backend.test.case.node.attention")
+    module: Any = importlib.import_module("onnx.backend.test.case.node.attention")  # its `expect` is swapped
     found = []
 
     def expect(node, inputs, outputs, name, **kwargs):
@@ -69,8 +70,8 @@ def load_cases() -> list[OnnxCase]:
 
 def _case(name, node, inputs, outputs, opset) -> OnnxCase:
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    given = dict(zip([INPUTS[i] for i, n in enumerate(node.input) if n], inputs))
-    wanted = dict(zip([OUTPUTS[i] for i, n in enumerate(node.output) if n], outputs))
+    given = dict(zip([INPUTS[i] for i, n in enumerate(node.input) if n], inputs, strict=True))
+    wanted = dict(zip([OUTPUTS[i] for i, n in enumerate(node.output) if n], outputs, strict=True))
     q = given["query"]
     dtype = _DTYPES.get(q.dtype, str(q.dtype))
     why = ""
@@ -138,7 +139,9 @@ def run(cases: list[OnnxCase], flavors=None, runtimes=("ort-cpu", "onnx-ref")) -
     from attnexport.errors import AttnExportError, UnsupportedByFlavor, reason
 
     variant = V.get("sdpa")
-    models, sessions, outcomes = {}, {}, []
+    models: dict[tuple, onnx.ModelProto | AttnExportError] = {}
+    sessions: dict = {}
+    outcomes: list = []
     for case in cases:
         if case.out_of_scope:
             continue
@@ -208,7 +211,8 @@ def main(argv=None) -> int:
         if o.status != "passed":
             print(f"{o.case} / {o.flavor} / {o.runtime}: {o.status}: {o.detail}")
     if args.json:
-        from attnexport import files as F, jsonout
+        from attnexport import files as F
+        from attnexport import jsonout
         doc = {"onnx": onnx.__version__, "cases": len(cases), "in_scope": len(scope),
                "out_of_scope": {c.name: c.out_of_scope for c in cases if c.out_of_scope},
                "counts": counts(outcomes), "outcomes": [vars(o) for o in outcomes]}

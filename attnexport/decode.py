@@ -8,7 +8,7 @@ forward over the whole sequence: verify and the tests check exactly that.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -53,7 +53,7 @@ def decode_all(step: Callable[[dict], dict], stream: dict[str, np.ndarray], chun
     outputs = outputs or {"output": axis}
     length = next(iter(stream.values())).shape[axis]
     cache = dict(empty_cache)
-    outs = {name: [] for name in outputs}
+    outs: dict[str, list] = {name: [] for name in outputs}
     for start in range(0, length, chunk):
         end = min(start + chunk, length)
         block = {k: np.take(v, np.arange(start, end), axis=axis) for k, v in stream.items()}

@@ -15,22 +15,22 @@ import logging
 import re
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 
-from attnexport import __version__, cache, golden
+from attnexport import __version__, cache, golden, schema, seeding
 from attnexport import dtypes as D
 from attnexport import files as F
 from attnexport import flavors as FL
-from attnexport import variants as V
-from attnexport import seeding
-from attnexport import schema
 from attnexport import modules as M
+from attnexport import variants as V
 from attnexport import weights as W
-from attnexport.compare import compare, tolerance
+from attnexport.compare import compare
 from attnexport.errors import AttnExportError, ExportError, UsageError, first_line, reason
 
 FLAVORS = tuple(FL.FLAVORS)  # names, in the registry's order
@@ -111,7 +111,7 @@ def _quiet():
             warnings.simplefilter("ignore")
             yield
     finally:
-        for lg, level in zip(loggers, levels):
+        for lg, level in zip(loggers, levels, strict=True):
             lg.setLevel(level)
 
 
@@ -138,17 +138,18 @@ def _registry_built_once() -> None:
     took 31.2 s instead of 32.9 s here."""
     from torch.onnx._internal.exporter import _registration
     registry_class = _registration.ONNXRegistry
-    fill = registry_class.from_torchlib.__func__
-    filled = {}
+    fill = registry_class.from_torchlib.__func__  # type: ignore[attr-defined]  # a classmethod's function
+    filled: dict = {}
 
-    def from_torchlib(cls, opset_version=_registration._constants.TORCHLIB_OPSET):
-        if opset_version not in filled:
-            filled[opset_version] = fill(cls, opset_version)
-        base, copy_ = filled[opset_version], cls()
+    def from_torchlib(cls, *args, **kwargs):  # (opset_version=...) in newer torch; nothing in 2.7
+        key = (args, tuple(sorted(kwargs.items())))
+        if key not in filled:
+            filled[key] = fill(cls, *args, **kwargs)
+        base, copy_ = filled[key], cls()
         copy_.__dict__.update(base.__dict__)
         copy_.functions = {k: list(v) for k, v in base.functions.items()}
         return copy_
-    registry_class.from_torchlib = classmethod(from_torchlib)
+    registry_class.from_torchlib = classmethod(from_torchlib)  # type: ignore[method-assign,assignment]  # the patch
 
 
 def _cia_ops_listed_once() -> None:
@@ -160,7 +161,7 @@ def _cia_ops_listed_once() -> None:
     from torch._export import utils
     from torch.export import decomp_utils, exported_program
     collect = utils._collect_all_valid_cia_ops
-    kept = {}
+    kept: dict = {}
 
     def listed():
         key = tuple((name, len(list(getattr(torch.ops, name)))) for name in sorted(torch.ops._dir)
@@ -333,8 +334,9 @@ def to_onnx(program, args, *, flavor: str, opset: int, input_names, output_names
     importlib.import_module("attnexport.models.core")  # registers the attnexport::attention custom ops
     from attnexport.onnx_attention import CACHE_WRITES, TRANSLATIONS
     _reuse_torchlib_table()
-    table = {torch.ops.attnexport.attention.default: TRANSLATIONS[flavor],
-             torch.ops.attnexport.cache_write.default: CACHE_WRITES[flavor]}
+    table: dict[Callable[..., Any], Callable[..., Any]] = {
+        torch.ops.attnexport.attention.default: TRANSLATIONS[flavor],
+        torch.ops.attnexport.cache_write.default: CACHE_WRITES[flavor]}
     with export_errors(what), _quiet(), torch.no_grad():
         return torch.onnx.export(
             program, args, dynamo=True, opset_version=max(opset, 18), dynamic_shapes=dynamic_shapes,
@@ -450,7 +452,7 @@ def stamp(model, meta: dict, what: str) -> None:
     try:
         onnx.checker.check_model(model, full_check=True)
         onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any failure of onnx's checks is the export's error, said in one line
         raise ExportError(f"the exported {what} model fails onnx checks: {first_line(e)}") from None
 
 
@@ -460,7 +462,7 @@ def export_error_cause(e: BaseException) -> BaseException:
     from attnexport.errors import AttnExportError
     cause = e
     while cause.__cause__ is not None or cause.__context__ is not None:
-        nxt = cause.__cause__ or cause.__context__
+        nxt: BaseException = cause.__cause__ or cause.__context__  # type: ignore[assignment]  # one is set
         if isinstance(nxt, AttnExportError):
             raise nxt from None
         cause = nxt
@@ -548,6 +550,7 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
             checks the decode property (recorded as `attnexport.cache`).
     """
     import torch
+
     from attnexport import recognize
     from attnexport.onnx_attention import torch_dead_rows
 
@@ -565,6 +568,8 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
         F.resolve_target(Path(output))
     example_inputs = tuple(example_inputs)
     names = list(input_names or M.forward_names(module, len(example_inputs)))
+    if len(names) != len(example_inputs):
+        raise UsageError(f"{name}: {len(names)} input name(s) for {len(example_inputs)} example input(s)")
     tdtype = D.torch_dtype(dtype)
     args = tuple(t.to(tdtype) if t.is_floating_point() else t for t in example_inputs)
     module = copy.deepcopy(module).to(tdtype).eval()  # the caller's module keeps its dtype and mode
@@ -575,7 +580,7 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
     asked = dynamic
     if cache:  # a cache's positions axis: axis -2 (`past_len`) unless --dynamic names another
         asked = dict(dynamic) if dynamic is not None else _default_dynamic(names, args)
-        for n, t in zip(names, args):
+        for n, t in zip(names, args, strict=True):
             given = (dynamic or {}).get(n, {})
             if n in cache and t.dim() < 2:
                 raise UsageError(f"--cache {n}: a cache has a positions axis, {n} has {t.dim()} axis")
@@ -611,14 +616,14 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
             raise UsageError(f"--dynamic {', '.join(fixed)}: {name} fixes that axis (the export would be static "
                              f"there)")
     cache_axes = {}
-    for n, t in zip(names, args):
+    for n in names:
         if n in cache:
             axes = [a for a in kept.get(n, {}) if a != 0]
             if len(axes) != 1:
                 raise UsageError(f"--cache {n}: {name} fixes the cache's positions axis (it must stay symbolic)")
             cache_axes[n] = axes[0]
     spec = [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
-             "dynamic": {str(a): d for a, d in kept.get(n, {}).items()}} for n, t in zip(names, args)]
+             "dynamic": {str(a): d for a, d in kept.get(n, {}).items()}} for n, t in zip(names, args, strict=True)]
     meta = {"attnexport.module": name, "attnexport.inputs": json.dumps(spec), "attnexport.flavor": flavor,
             "attnexport.graph_flavor": flavor, "attnexport.opset": str(opset), "attnexport.dtype": dtype,
             "attnexport.routed": json.dumps(calls),
@@ -652,7 +657,7 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
 
 def _default_dynamic(names, args) -> dict:
     """Axes 0 (`batch`) and 1 (`<input>_len`) of every input of rank 2 or more."""
-    return {n: {0: "batch", **({1: f"{n}_len"} if t.dim() >= 2 else {})} for n, t in zip(names, args) if t.dim() >= 2}
+    return {n: {0: "batch", 1: f"{n}_len"} for n, t in zip(names, args, strict=True) if t.dim() >= 2}
 
 
 def _dynamic_shapes(names, args, dynamic):
@@ -668,7 +673,7 @@ def _dynamic_shapes(names, args, dynamic):
             raise UsageError(f"--dynamic names {', '.join(sorted(unknown))}, not an input (inputs: "
                              f"{', '.join(names)})")
         wanted = {}
-        for n, t in zip(names, args):
+        for n, t in zip(names, args, strict=True):
             for axis, dim in dynamic.get(n, {}).items():
                 if not -t.dim() <= axis < t.dim():
                     raise UsageError(f"--dynamic {n}:{axis}={dim}: {n} has {t.dim()} axes")
@@ -702,7 +707,7 @@ def probe_inputs(args, names, kept, seed, empty=()):
     the example's most common value (a mask mostly attends)."""
     import torch
     sizes = {}
-    for n, t in zip(names, args):
+    for n, t in zip(names, args, strict=True):
         for axis, d in kept.get(n, {}).items():
             sizes.setdefault(d, t.shape[axis])
     rng = np.random.default_rng(seed)
@@ -712,7 +717,7 @@ def probe_inputs(args, names, kept, seed, empty=()):
         variants.append({d: 0 if d in empty else s for d, s in sizes.items()})
     for variant in variants:
         feed = []
-        for n, t in zip(names, args):
+        for n, t in zip(names, args, strict=True):
             shape = [variant.get(kept.get(n, {}).get(a), s) for a, s in enumerate(t.shape)]
             if t.is_floating_point():
                 feed.append(torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(t.dtype))
@@ -726,7 +731,7 @@ def _check_other_sizes(module, model, names, args, kept, dtype, name, empty=(), 
     """Runs the model on ONNX Runtime at other sizes against the module itself, under the export's
     semantics (a query with no key to attend to gives zeros, unless `nan_rows`); an ExportError
     (nothing written) when they differ."""
-    import torch
+
     from attnexport import runtimes as R
     if not kept:
         return []
@@ -738,15 +743,16 @@ def _check_other_sizes(module, model, names, args, kept, dtype, name, empty=(), 
             return M.call_forward(module, feed, name)
     for feed in probe_inputs(args, names, kept, 1, empty):
         want, tol = M.expected_of(module, feed, name, dtype, compute)
-        sizes = {n: list(t.shape) for n, t in zip(names, feed)}
+        sizes = {n: list(t.shape) for n, t in zip(names, feed, strict=True)}
         try:
-            got = session.run({n: t.numpy() for n, t in zip(names, feed)})
+            got = session.run({n: t.numpy() for n, t in zip(names, feed, strict=True)})
         except Exception as e:  # noqa: BLE001 - ONNX Runtime's reason, in one line
-            raise UsageError(f"{name}: the export does not run at {sizes} on ONNX Runtime ({reason(e)[:300]}); if the module fixes a size there, say which axes are "
+            raise UsageError(f"{name}: the export does not run at {sizes} on ONNX Runtime ({reason(e)[:300]}); "
+                             "if the module fixes a size there, say which axes are "
                              "symbolic with --dynamic") from None
-        for out_name, w in zip(list(got), want):
+        for out_name, w in zip(list(got), want, strict=True):
             c = compare(out_name, got[out_name], w.numpy(), tol)
             if not c:
                 raise ExportError(f"{name}: the export differs from the module at {sizes}: {c}")
-        checked.append({n: list(t.shape) for n, t in zip(names, feed)})
+        checked.append({n: list(t.shape) for n, t in zip(names, feed, strict=True)})
     return checked

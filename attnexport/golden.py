@@ -20,12 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from attnexport import __version__
+from attnexport import __version__, seeding
 from attnexport import files as F
 from attnexport import variants as V
-from attnexport import seeding
-from attnexport.errors import GoldenIntegrityError, UsageError
 from attnexport.cases import CASES, CaseDef
+from attnexport.errors import GoldenIntegrityError, UsageError
 
 MANIFEST = "MANIFEST.json"
 FORMAT = 1
@@ -67,7 +66,8 @@ def generate(case: CaseDef) -> GoldenCase:
     if case.make is not None:
         params, inputs = case.make(o)
     else:
-        params, inputs = seeding.init_params(variant, o, case.case_seed), seeding.make_inputs(variant, o, case.case_seed)
+        params = seeding.init_params(variant, o, case.case_seed)
+        inputs = seeding.make_inputs(variant, o, case.case_seed)
     expected = {k: np.asarray(v, np.float64) for k, v in variant.reference(params, inputs, o).items()}
     meta = {"format": FORMAT, "name": case.name, "variant": case.variant, "options": o, "seed": case.case_seed,
             "source": case.source, "notes": case.notes,
@@ -103,7 +103,7 @@ def npz_bytes(entries: list[tuple[str, np.ndarray]]) -> bytes:
 def _from_bytes(data: bytes) -> GoldenCase:
     with np.load(io.BytesIO(data), allow_pickle=False) as z:
         meta = json.loads(str(z["meta"].reshape(-1)[0]))
-        parts = {"inputs": {}, "params": {}, "expected": {}}
+        parts: dict[str, dict[str, np.ndarray]] = {"inputs": {}, "params": {}, "expected": {}}
         for key in z.files:
             if ":" in key:
                 kind, name = key.split(":", 1)
@@ -192,7 +192,7 @@ def load(name: str, directory: Path | None = None) -> GoldenCase:
         raise GoldenIntegrityError(f"golden file damaged: {path} (sha256 does not match {MANIFEST})")
     try:
         return _from_bytes(data)
-    except Exception as e:  # a file that hashes right but does not parse was written wrong
+    except Exception as e:  # noqa: BLE001 - a file that hashes right but does not parse was written wrong
         raise GoldenIntegrityError(f"golden file unreadable: {path}: {e}") from None
 
 

@@ -7,8 +7,8 @@ from collections import Counter
 from pathlib import Path
 
 import onnx
-from onnx import external_data_helper
 from google.protobuf.message import DecodeError
+from onnx import external_data_helper
 
 from attnexport.errors import UsageError, first_line
 from attnexport.export import attention_op_of

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -74,7 +75,7 @@ def intermediates(model: onnx.ModelProto, runtime: str, feed: dict) -> dict[str,
         from onnx.reference import ReferenceEvaluator
         ev = ReferenceEvaluator(model, new_ops=R.reference_ops())
         with np.errstate(all="ignore"):
-            values = ev.run(None, feed, intermediate=True)
+            values: Any = ev.run(None, feed, intermediate=True)  # a dict: every value by name
         return {k: np.asarray(v) for k, v in values.items() if k and v is not None}
     exposed = onnx.ModelProto()
     exposed.CopyFrom(model)
@@ -103,7 +104,7 @@ def _align(model, good):
         return pairs, "name", None
     ops = [n.op_type for n in model.graph.node]
     if ops == [n.op_type for n in good.graph.node]:
-        return list(zip(model.graph.node, good.graph.node)), "position", None
+        return list(zip(model.graph.node, good.graph.node, strict=True)), "position", None
     return pairs, "name", ("the graph's value names and op sequence differ from the export: "
                            "only same-named values were compared")
 
@@ -139,10 +140,10 @@ def locate(model: onnx.ModelProto, known_good: onnx.ModelProto, feed: dict, runt
     values = intermediates(model, runtime, feed)
     good_values = intermediates(known_good, "onnx-ref", feed)
     good_values.update(good_inits)
-    rename = {}
+    rename: dict[str, str] = {}
     if loc.matched_by == "position":
         for node, good in pairs:
-            rename.update(zip(node.output, good.output))
+            rename.update(zip(node.output, good.output, strict=False))  # an optional output may be left out
     errors: dict[str, float] = {}
     for node, _ in pairs:
         for out in node.output:

@@ -29,6 +29,7 @@ def torch_gives_nan_rows(dtype: str) -> bool:
     """Whether this torch's scaled_dot_product_attention (on the CPU, in `dtype`) gives NaN for a
     query row whose mask hides every key. torch 2.13 gives zeros; earlier releases gave NaN."""
     import torch
+
     from attnexport.models.core import torch_sdpa
     q = torch.ones((1, 1, 1, 4), dtype=D.torch_dtype(dtype))
     mask = torch.zeros((1, 1, 1, 2), dtype=torch.bool)
@@ -176,6 +177,7 @@ def routed():
     the program), are found in the traced program by `attnexport.recognize`, which routes or
     reports them; the calls routed are counted there too."""
     import torch
+
     from attnexport.models.core import attend
     functional = torch.nn.functional
     original = functional.scaled_dot_product_attention
@@ -250,6 +252,7 @@ def expected_of(module, feed, name, dtype: str, compute):
 
     Returns (list of float64 outputs, Tolerance)."""
     import torch
+
     from attnexport.compare import derived_tolerance, tolerance
     with torch.no_grad():
         half = outputs_of(compute(module, feed))
@@ -262,7 +265,7 @@ def expected_of(module, feed, name, dtype: str, compute):
     finally:
         module.half()
     err = 0.0
-    for h, f in zip(half, single):
+    for h, f in zip(half, single, strict=True):
         if h.is_floating_point():
             diff = (h.double() - f.double()).abs()
             finite = torch.isfinite(diff)
@@ -310,7 +313,7 @@ def default_output_names(out) -> list[str] | None:
     """Stable output names from the module's return structure, so that a deployment app does not
     depend on internal node names (`add_161`); None for anything nested."""
     names = [n for n, _ in named_outputs(out)]
-    return None if None in names else names
+    return None if None in names else [n for n in names if n is not None]
 
 
 def forward_names(module, n):

@@ -18,13 +18,14 @@ import contextlib
 import math
 
 import numpy as np
-import onnx
 from onnx.defs import OpSchema
-from onnxscript import ir, opset18 as op, opset23 as op23
+from onnxscript import ir
+from onnxscript import opset18 as op
+from onnxscript import opset23 as op23
 from onnxscript.values import Op, Opset
 
-from attnexport.errors import UnsupportedByFlavor
 from attnexport import flavors as FL
+from attnexport.errors import UnsupportedByFlavor
 from attnexport.semantics import NO_WEIGHTS
 
 op24 = Opset("", 24)  # onnxscript ships no opset24 module; the op's schema comes from onnx
@@ -39,8 +40,8 @@ def _msft_mha(cached: bool = False) -> Op:
     """
     P, A = OpSchema.FormalParameter, OpSchema.Attribute
     single, opt = OpSchema.FormalParameterOption.Single, OpSchema.FormalParameterOption.Optional
-    names = ("query", "key", "value", "bias", "key_padding_mask", "attention_bias")
-    names += ("past_key", "past_value") if cached else ()
+    names = ("query", "key", "value", "bias", "key_padding_mask", "attention_bias") + \
+        (("past_key", "past_value") if cached else ())
     outputs = [P("output", "T")] + ([P("present_key", "T", param_option=opt), P("present_value", "T", param_option=opt)]
                                     if cached else [])
     schema = OpSchema(
@@ -49,10 +50,10 @@ def _msft_mha(cached: bool = False) -> Op:
                 for i, n in enumerate(names)],
         outputs=outputs,
         type_constraints=[("T", ["tensor(float)", "tensor(float16)"], ""), ("M", ["tensor(int32)"], "")],
-        attributes=[A("num_heads", onnx.AttributeProto.INT, "", required=True),
-                    A("scale", onnx.AttributeProto.FLOAT, "", required=False),
-                    A("unidirectional", onnx.AttributeProto.INT, "", required=False),
-                    A("mask_filter_value", onnx.AttributeProto.FLOAT, "", required=False)])
+        attributes=[A("num_heads", OpSchema.AttrType.INT, "", required=True),
+                    A("scale", OpSchema.AttrType.FLOAT, "", required=False),
+                    A("unidirectional", OpSchema.AttrType.INT, "", required=False),
+                    A("mask_filter_value", OpSchema.AttrType.FLOAT, "", required=False)])
     return Op(Opset("com.microsoft", 1), "MultiHeadAttention", schema)
 
 

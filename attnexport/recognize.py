@@ -30,6 +30,7 @@ import importlib
 import math
 import operator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.fx import Node
@@ -104,6 +105,12 @@ def _number(x):
     return None
 
 
+def _operands(product: Node) -> list[Any]:
+    """The tensors a product multiplies: einsum's list, or matmul's and bmm's two arguments."""
+    args: Any = product.args[1] if product.target is aten.einsum.default else product.args  # fx: untyped
+    return list(args)
+
+
 def _users(node: Node) -> list[Node]:
     return [u for u in node.users if u.target not in _CHECKS]
 
@@ -153,7 +160,7 @@ class _Rewriter:
         if not isinstance(node, Node) or depth == 0 or node.op != "call_function":
             return False
         if node.target in _PRODUCT | {aten.baddbmm.default, aten.einsum.default}:
-            operands = node.args[1] if node.target is aten.einsum.default else node.args[-2:]
+            operands: Any = node.args[1] if node.target is aten.einsum.default else node.args[-2:]
             if all(self.computed(a) for a in operands):
                 return True
         return any(self.product_of_computed(a, depth - 1) for a in node.all_input_nodes
@@ -164,12 +171,12 @@ class _Rewriter:
             return True
         chain, _ = self.probs_chain(softmax)
         return any(u.target in _PRODUCT | {aten.einsum.default} and self.computed(next(
-            (a for a in (u.args[1] if u.target is aten.einsum.default else u.args) if a is not chain[-1]), None))
-            for u in _users(chain[-1]))
+            (a for a in _operands(u) if a is not chain[-1]), None)) for u in _users(chain[-1]))
 
     def probs_chain(self, softmax: Node):
         """(the softmax and the casts/clones/dropouts after it, their other users)."""
-        chain, others = [softmax], []
+        chain: list[Node] = [softmax]
+        others: list[Node] = []
         while True:
             users = _users(chain[-1])
             nxt = [u for u in users if (u.target in _CASTS or u.target in _SAME_VALUES) and u.args[0] is chain[-1]
@@ -179,7 +186,7 @@ class _Rewriter:
             others += [u for u in users if u is not nxt[0]]
             chain.append(nxt[0])
 
-    def scores(self, x: Node, scale: float, masks: list):
+    def scores(self, x: Any, scale: float, masks: list):
         """Walks back from the softmax's input to the product QK^T, appending each mask term found
         to `masks` with the scale applied after it. Returns (q, kt, scale)."""
         while True:
@@ -230,7 +237,7 @@ class _Rewriter:
                 raise _NotAttention(f"the scores come from {getattr(t, '__name__', t)}, not a product of queries "
                                     "and keys")
 
-    def operand_scale(self, x: Node, scale: float):
+    def operand_scale(self, x: Any, scale: float):
         """Peels `mul`/`div` by a number off a query or key operand."""
         while isinstance(x, Node) and x.target in (aten.mul.Tensor, aten.div.Tensor) and _number(x.args[1]) is not None:
             n = _number(x.args[1])
@@ -238,7 +245,7 @@ class _Rewriter:
             x = x.args[0]
         return x, scale
 
-    def keys(self, kt: Node, before: Node) -> Node:
+    def keys(self, kt: Any, before: Node) -> Any:
         """The keys (…, Tk, d) of the product's right operand (…, d, Tk)."""
         rank = _rank(kt)
         last = {rank - 2, rank - 1}
@@ -265,9 +272,9 @@ class _Rewriter:
             raise _NotAttention("the probabilities are not multiplied by values (matmul or bmm)")
         vp = value_products[0]
         others += [u for u in users if u is not vp]
-        v = vp.args[1]
-        masks = []
-        x = softmax.args[0]
+        v: Any = vp.args[1]
+        masks: list = []
+        x: Any = softmax.args[0]
         precision = None
         if softmax.target is aten.softmax.int and len(softmax.args) > 2 and softmax.args[2] is not None:
             precision = softmax.args[2]

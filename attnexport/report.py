@@ -48,7 +48,8 @@ class Row:
     def worst(self) -> Comparison | None:
         """The failing comparison if any, else the one with the largest error."""
         bad = [c for c in self.comparisons if not c.passed]
-        return (bad or sorted(self.comparisons, key=lambda c: -c.max_abs) or [None])[0]
+        ranked = bad or sorted(self.comparisons, key=lambda c: -c.max_abs)
+        return ranked[0] if ranked else None
 
     def describe(self, localization: bool = True) -> str:
         where = f"{self.label} / {self.flavor} / {self.runtime}"
@@ -100,7 +101,7 @@ class Report:
         return not self.failures and any(r.passed for r in self.rows)
 
     def summary(self) -> dict:
-        by = {}
+        by: dict[str, dict] = {}
         for r in self.rows:
             s = by.setdefault(r.runtime, {"passed": 0, "failed": 0, "not_applicable": 0, "total": 0,
                                           "time_ms": 0.0})

@@ -14,14 +14,14 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 
 from attnexport import dtypes as D
-from attnexport import seeding
-from attnexport import schema
+from attnexport import schema, seeding
 from attnexport.errors import ProviderUnavailableError, UsageError, first_line
 
 RUNTIMES = ("torch", "torch-cuda", "onnx-ref", "ort-cpu", "ort-cuda")
@@ -120,7 +120,7 @@ class Prepared:
     """A runtime ready to run one model (or module)."""
 
     runtime: str
-    run: callable  # dict of NumPy inputs -> dict of NumPy outputs, by output name
+    run: Callable[[dict], dict]  # dict of NumPy inputs -> dict of NumPy outputs, by output name
     providers: list[str] = field(default_factory=list)
     placement: dict[str, list[str]] = field(default_factory=dict)  # provider -> "op_type:name"
     shape_nodes: frozenset = frozenset()  # nodes that compute shapes only (shape_computations)
@@ -227,7 +227,8 @@ def prepare_torch(name: str, variant: schema.Variant, options: dict, params: dic
     declared = [s.name for s in variant.outputs(options)]
 
     def run(feed):
-        args = [torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=tdtype if a.dtype.kind == "f" else None)
+        args = [torch.from_numpy(np.ascontiguousarray(a)).to(device=device,
+                                                             dtype=tdtype if a.dtype.kind == "f" else None)
                 for a in feed.values()]
         with torch.no_grad():
             out = module(*args)
@@ -236,7 +237,7 @@ def prepare_torch(name: str, variant: schema.Variant, options: dict, params: dic
         out = out if isinstance(out, tuple) else (out,)
         arrays = [t.float().cpu().numpy() for t in out]
         names = declared + [f"<unnamed {i}>" for i in range(len(declared), len(arrays))]
-        return dict(zip(names, arrays))
+        return dict(zip(names, arrays, strict=False))  # fewer outputs than declared: the missing are said
 
     return Prepared(name, run, [device])
 
@@ -309,14 +310,14 @@ def prepare_onnx(name: str, model: onnx.ModelProto, optimize: bool = True) -> Pr
 
         def run_ref(feed):
             with np.errstate(all="ignore"):  # fully masked rows make NaN before the guard selects 0
-                return {n: np.asarray(o) for n, o in zip(ref_names, ev.run(None, feed))}
+                return {n: np.asarray(o) for n, o in zip(ref_names, ev.run(None, feed), strict=True)}
         return Prepared(name, run_ref, ["ReferenceEvaluator"])
 
     session, placement, shapes = ort_session(name, model, optimize=optimize)
     names = [o.name for o in session.get_outputs()]
 
     def run_ort(feed):
-        return dict(zip(names, session.run(names, feed)))
+        return dict(zip(names, session.run(names, feed), strict=True))
     return Prepared(name, run_ort, session.get_providers(), placement, shapes)
 
 
@@ -366,8 +367,8 @@ def ort_session(name: str, model: onnx.ModelProto, threads: int | None = None, o
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     workdir = None
     disabled = []
+    providers: list = ["CPUExecutionProvider"]  # ort-cuda: CUDA first, the CPU for what it leaves
     if name == "ort-cpu":
-        providers = ["CPUExecutionProvider"]
         if has_fp16(model):
             disabled = list(CPU_FP16_DISABLED_OPTIMIZERS)
     else:
@@ -389,7 +390,7 @@ def ort_session(name: str, model: onnx.ModelProto, threads: int | None = None, o
     placement: dict[str, list[str]] = {}
     for sub in session.get_provider_graph_assignment_info():
         placement.setdefault(sub.ep_name, []).extend(f"{n.op_type}:{n.name}" for n in sub.get_nodes())
-    shapes = frozenset()
+    shapes: frozenset[str] = frozenset()
     if name == "ort-cuda":
         graph = model
         if workdir is not None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from attnexport.errors import UsageError
 
@@ -107,7 +108,7 @@ class Variant:
             ):
                 raise UsageError(f"{opt.flag} must be {opt.type.__name__}, got {value!r}")
             if value is not None and opt.type is float:
-                value = float(value)
+                value = float(value)  # type: ignore[arg-type]  # an int or a float: checked just above
                 lo, hi = opt.bounds or (-math.inf, math.inf)
                 if not (math.isfinite(value) and lo <= value <= hi):
                     within = f" in [{lo:g}, {hi:g}]" if opt.bounds else ""

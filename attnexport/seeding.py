@@ -13,7 +13,7 @@ from attnexport.schema import Variant
 def make_inputs(variant: Variant, o: dict, seed: int) -> dict[str, np.ndarray]:
     """Seeded example inputs: float32 data, masks as the spec's kind says."""
     rng = np.random.default_rng(seed)
-    out = {}
+    out: dict[str, np.ndarray] = {}
     for spec in variant.inputs(o):
         shape = spec.shape(o)
         if spec.kind == "data":

@@ -10,7 +10,6 @@ from attnexport.errors import UnknownVariantError
 from attnexport.schema import Option, TensorSpec, Variant
 from attnexport.semantics import SOFTMAX_PRECISION_TYPES_BY_NAME, WEIGHT_MODES
 
-
 # --- options shared by several variants ---------------------------------------------------
 
 def _size(name, default, help):

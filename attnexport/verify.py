@@ -15,31 +15,44 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import onnx
 
-from attnexport import golden
 from attnexport import baseline as B
 from attnexport import dtypes as D
 from attnexport import export as E
 from attnexport import files as F
 from attnexport import flavors as FL
+from attnexport import golden, schema, seeding
+from attnexport import modules as M
 from attnexport import reference as ref
 from attnexport import runtimes as R
 from attnexport import variants as V
-from attnexport import seeding
-from attnexport import schema
-from attnexport import modules as M
 from attnexport import weights as W
-from attnexport.compare import TOLERANCES, Tolerance, check_tolerance_values, compare_outputs, \
-    derived_tolerance, tolerance
 from attnexport.cases import seed_of
-from attnexport.decode import CHUNKS, decode, decode_all, decode_static, empty_cache, split_inputs, \
-    static_prompts, static_reach, stream_axis
+from attnexport.compare import (
+    TOLERANCES,
+    Tolerance,
+    check_tolerance_values,
+    compare_outputs,
+    derived_tolerance,
+    tolerance,
+)
+from attnexport.decode import (
+    CHUNKS,
+    decode,
+    decode_all,
+    decode_static,
+    empty_cache,
+    split_inputs,
+    static_prompts,
+    static_reach,
+    stream_axis,
+)
 from attnexport.errors import AttnExportError, ProviderUnavailableError, UnsupportedByFlavor, UsageError, reason
 from attnexport.inspect import attnexport_metadata, load_model
 from attnexport.localize import Localization, locate
@@ -65,7 +78,8 @@ class ModelSource:
         self.opset, self.dtype, self.params = opset, dtype, params
         self.good_params = params if good_params is None else good_params
         self.from_file = model is not None
-        self._model, self._good = model, None
+        self._model: onnx.ModelProto | Exception | None = model
+        self._good: onnx.ModelProto | Exception | None = None
 
     def get(self) -> onnx.ModelProto:
         if self._model is None:
@@ -89,7 +103,7 @@ _GRAPHS: dict = {}  # the last exports, by what shapes the graph (at most _GRAPH
 _GRAPHS_KEPT = 64
 
 
-def _export(variant, options, gf, opset, dtype, params):
+def _export(variant, options, gf, opset, dtype, params) -> onnx.ModelProto | Exception:
     """The model of a variant with these options and parameters.
 
     One export per graph: variant, the options that shape the graph (sizes are symbolic), flavour,
@@ -252,20 +266,19 @@ def verify(request: VerifyRequest | None = None, *, progress: Callable[[int, int
         dtype = "/".join(sorted(dtypes))
     else:
         dtype = dtype or "fp32"
-        wanted = cases
-        cases = golden.load_all(golden_dir, variants)
-        if wanted:
-            unknown = sorted(set(wanted) - {c.name for c in cases})
+        loaded = golden.load_all(None if golden_dir is None else Path(golden_dir), variants)
+        if cases:
+            unknown = sorted(set(cases) - {c.name for c in loaded})
             if unknown:
-                close = difflib.get_close_matches(unknown[0], [c.name for c in cases], n=3, cutoff=0.5)
+                close = difflib.get_close_matches(unknown[0], [c.name for c in loaded], n=3, cutoff=0.5)
                 hint = f"; close: {', '.join(close)}" if close else ""
                 raise UsageError(f"no golden case {', '.join(unknown)}"
                                  + (f" among {', '.join(variants)}'s" if variants else "")
                                  + f"{hint} (`attnexport golden --list` lists them)")
-            cases = [c for c in cases if c.name in wanted]
-        if not cases:
+            loaded = [c for c in loaded if c.name in cases]
+        if not loaded:
             raise UsageError(f"no golden cases for {', '.join(variants or [])}")
-        plan = _plan_golden(cases, flavors, used, dtype, rtol, atol)
+        plan = _plan_golden(loaded, flavors, used, dtype, rtol, atol)
         flavors_used = flavors
     rows, localized = [], 0
     for i, step in enumerate(plan):
@@ -298,7 +311,8 @@ def _plan_golden(cases, flavors, used, dtype, rtol, atol) -> list[Step]:
     for case in cases:
         variant = V.get(case.variant)
         tol = case_tolerance(variant, case.params, case.inputs, case.options, case.expected, dtype, rtol, atol)
-        checks = [(case, case.expected, "golden", tol, 0)] + _decode_checks(variant, case, case.params, dtype, rtol, atol)
+        checks = [(case, case.expected, "golden", tol, 0)]
+        checks += _decode_checks(variant, case, case.params, dtype, rtol, atol)
         for c, expected, kind, t, chunk in checks:
             for rt in used:
                 if rt.startswith("torch"):
@@ -568,6 +582,8 @@ def _decode_run(prepared, variant, o, stream, chunk):
 def _localize(row: Row, step: Step, fail_on_divergence: bool) -> None:
     """Attaches the first diverging node; with --localize a divergence fails the run."""
     feed = D.cast_floats(step.case.inputs, row.dtype)
+    if step.source is None:  # a torch run: no graph to localize in
+        return
     try:
         model, good = step.source.get(), step.source.known_good()
         if model is good and row.runtime == "onnx-ref":
@@ -674,8 +690,8 @@ def _verify_module(model_path, spec, runtimes, rtol, atol, skip_unavailable, inp
         if dtype == "fp16" and rtol is None and atol is None:  # the module in fp32: see modules.expected_of
             want, row_tol = M.expected_of(module, feed, spec, dtype, compute)
             kind += ", in float32 on its fp16 parameters and inputs"
-        expected = {n: w.detach().double().numpy() for n, w in zip(declared, want)}
-        arrays = {n: t.numpy() for n, t in zip(names, feed)}
+        expected = {n: w.detach().double().numpy() for n, w in zip(declared, want, strict=True)}
+        arrays = {n: t.numpy() for n, t in zip(names, feed, strict=True)}
         for rt in used:
             row = Row(case=label, variant=spec, flavor="-" if rt.startswith("torch") else flavor, runtime=rt,
                       dtype=dtype, model=Path(model_path).name, tolerance=row_tol,
@@ -692,7 +708,7 @@ def _verify_module(model_path, spec, runtimes, rtol, atol, skip_unavailable, inp
                 if rt == "torch":
                     with torch.no_grad(), M.export_semantics():
                         got_t = M.outputs_of(module(*feed))
-                    got = {n: g.detach().double().numpy() for n, g in zip(declared, got_t)}
+                    got = {n: g.detach().double().numpy() for n, g in zip(declared, got_t, strict=True)}
                 elif rt in prepared:
                     got = prepared[rt].run(arrays)
                 else:
@@ -743,7 +759,7 @@ def _decode_rows(module, model, spec, spec_inputs, example, cache, used, prepare
     import torch
     names = [i["name"] for i in spec_inputs]
     outputs = [o.name for o in model.graph.output]
-    feed = dict(zip(names, (t.numpy() for t in example)))
+    feed = dict(zip(names, (t.numpy() for t in example), strict=True))
     for n, c in cache.items():  # empty caches
         feed[n] = np.take(feed[n], np.arange(0), axis=c["axis"])
     length_dims = {d for i in spec_inputs if i["name"] not in cache for a, d in i["dynamic"].items() if a != "0"}
@@ -763,7 +779,7 @@ def _decode_rows(module, model, spec, spec_inputs, example, cache, used, prepare
     def module_step(given):
         with torch.no_grad(), M.export_semantics():
             out = M.call_forward(module, tuple(torch.from_numpy(np.asarray(given[n])) for n in names), spec)
-        return {n: t.detach().numpy() for n, t in zip(outputs, M.outputs_of(out))}
+        return {n: t.detach().numpy() for n, t in zip(outputs, M.outputs_of(out), strict=True)}
 
     full = module_step(feed)
     expected = {n: full[n].astype(np.float64) for n in along}
@@ -782,8 +798,9 @@ def _decode_rows(module, model, spec, spec_inputs, example, cache, used, prepare
                 row.skipped = f"{rt} runs no module"
                 continue
             try:
-                got, last = decode_all(lambda g: run({**g, **always}), {n: feed[n] for n in stream}, chunk,
-                                       {n: feed[n] for n in cache}, axis, pairs={n: c["output"] for n, c in cache.items()},
+                got, last = decode_all(lambda g, run=run: run({**g, **always}), {n: feed[n] for n in stream}, chunk,
+                                       {n: feed[n] for n in cache}, axis,
+                                       pairs={n: c["output"] for n, c in cache.items()},
                                        cache_axes={n: c["axis"] for n, c in cache.items()}, outputs=along)
             except Exception as e:  # noqa: BLE001 - a runtime failing on a step fails the check
                 row.error = reason(e)
@@ -836,7 +853,7 @@ def _model_inputs(model, model_path, meta, input_specs) -> list[dict]:
         by_name = {i.name: i for i in graph}
         matched = [by_name[n] for n in given] if set(given) == set(by_name) else graph  # by name, else by order
         specs = []
-        for (n, shape, dtype), vi in zip(input_specs, matched):
+        for (n, shape, dtype), vi in zip(input_specs, matched, strict=True):
             dims = vi.type.tensor_type.shape.dim
             if len(dims) != len(shape):
                 raise UsageError(f"--input {n}: rank {len(shape)}, but {model_path}'s input {vi.name!r} has rank "
@@ -844,7 +861,7 @@ def _model_inputs(model, model_path, meta, input_specs) -> list[dict]:
             want = _ELEM_NAMES.get(vi.type.tensor_type.elem_type)
             if want is not None and want != dtype and not (dtype.startswith("float") and want.startswith("float")):
                 raise UsageError(f"--input {n}: {dtype}, but {model_path}'s input {vi.name!r} is {want}")
-            for axis, (d, size) in enumerate(zip(dims, shape)):
+            for axis, (d, size) in enumerate(zip(dims, shape, strict=True)):
                 if d.HasField("dim_value") and d.dim_value != size:
                     raise UsageError(f"--input {n}: axis {axis} is {size}, {model_path} fixes it at {d.dim_value}")
             specs.append({"name": vi.name, "shape": list(shape), "dtype": want or dtype,
@@ -880,8 +897,9 @@ def _verify_feeds(spec_inputs, example, dtype):
     inputs are filled with the example's most common value."""
     import torch
     rng = np.random.default_rng(0)
-    common = {i["name"]: M.common_value(t) for i, t in zip(spec_inputs, example or ()) if not t.is_floating_point()}
-    masks = {i["name"] for i, t in zip(spec_inputs, example or ())
+    common = {i["name"]: M.common_value(t)  # no example (a model from another exporter): none
+              for i, t in zip(spec_inputs, example or (), strict=False) if not t.is_floating_point()}
+    masks = {i["name"] for i, t in zip(spec_inputs, example or (), strict=False)
              if not t.is_floating_point() and t.dim() == 2 and len(torch.unique(t)) == 2 and
              set(torch.unique(t).tolist()) <= {0, 1}}
     feeds = []

@@ -16,7 +16,6 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-
 from attnexport import schema
 from attnexport.errors import UsageError
 

@@ -15,7 +15,10 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from attnexport import dtypes as D, export as E, runtimes as R, variants as V
+from attnexport import dtypes as D
+from attnexport import export as E
+from attnexport import runtimes as R
+from attnexport import variants as V
 
 
 def kernels(fn, runs=5):
@@ -58,7 +61,8 @@ def main():
             binding.bind_input(k, "cuda", 0, np.float16, list(t.shape), t.data_ptr())
         out = torch.empty(x["x"].shape, dtype=torch.float16, device="cuda")
         binding.bind_output(session.get_outputs()[0].name, "cuda", 0, np.float16, list(out.shape), out.data_ptr())
-        report[f"ort-cuda {flavor}"] = kernels(lambda: session.run_with_iobinding(binding))
+        report[f"ort-cuda {flavor}"] = kernels(lambda session=session, binding=binding:
+                                               session.run_with_iobinding(binding))
         report[f"ort-cuda {flavor} nodes"] = {p: len(n) for p, n in placement.items()}
     for name, rows in report.items():
         if name.endswith("nodes"):

@@ -9,7 +9,10 @@ that are a fallback (what `verify --strict-placement` fails).
 import argparse
 import json
 
-from attnexport import export as E, golden, runtimes as R, variants as V
+from attnexport import export as E
+from attnexport import golden
+from attnexport import runtimes as R
+from attnexport import variants as V
 from attnexport.errors import UnsupportedByFlavor
 
 

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 from onnx import TensorProto, helper
 
-from attnexport import bench as B, runtimes as R
+from attnexport import bench as B
+from attnexport import runtimes as R
 
 NP = {torch.float16: np.float16, torch.float32: np.float32, torch.int64: np.int64, torch.int32: np.int32}
 
@@ -41,7 +42,8 @@ def attention24_model(b, h, hkv, s, d, elem):
              helper.make_node("Attention", ["query", "key_cache_out", "value_cache_out", "", "", "", "nonpad"],
                               ["output"], q_num_heads=h, kv_num_heads=hkv)]
     g = helper.make_graph(nodes, "static_step",
-                          [f("query", elem, [b, h, 1, d]), f("key", elem, [b, hkv, 1, d]), f("value", elem, [b, hkv, 1, d]),
+                          [f("query", elem, [b, h, 1, d]), f("key", elem, [b, hkv, 1, d]),
+                           f("value", elem, [b, hkv, 1, d]),
                            f("key_cache", elem, [b, hkv, s, d]), f("value_cache", elem, [b, hkv, s, d]),
                            f("write_pos", TensorProto.INT64, [b])],
                           [f("output", elem, [b, h, 1, d]), f("key_cache_out", elem, [b, hkv, s, d]),
@@ -58,7 +60,8 @@ def gqa_model(b, h, hkv, s, d, elem):
                             ["output", "key_cache_out", "value_cache_out"], domain="com.microsoft",
                             num_heads=h, kv_num_heads=hkv)
     g = helper.make_graph([node], "gqa_step",
-                          [f("query", elem, [b, 1, h * d]), f("key", elem, [b, 1, hkv * d]), f("value", elem, [b, 1, hkv * d]),
+                          [f("query", elem, [b, 1, h * d]), f("key", elem, [b, 1, hkv * d]),
+                           f("value", elem, [b, 1, hkv * d]),
                            f("key_cache", elem, [b, hkv, s, d]), f("value_cache", elem, [b, hkv, s, d]),
                            f("seqlens_k", TensorProto.INT32, [b]), f("total_sequence_length", TensorProto.INT32, [])],
                           [f("output", elem, [b, 1, h * d]), f("key_cache_out", elem, [b, hkv, s, d]),

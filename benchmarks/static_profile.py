@@ -19,6 +19,7 @@ import numpy as np
 
 def main() -> None:
     import onnxruntime as ort
+
     from attnexport import export as E
     parser = argparse.ArgumentParser()
     parser.add_argument("--max-seq", type=int, default=8193)
@@ -57,7 +58,8 @@ def main() -> None:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
             per_op[e["args"]["op_name"]] += e["dur"]
     total = sum(per_op.values())
-    print(f"max_seq {args.max_seq}, context {args.context}: step median {np.median(times):.3f} ms over {args.runs} runs")
+    print(f"max_seq {args.max_seq}, context {args.context}: step median {np.median(times):.3f} ms "
+          f"over {args.runs} runs")
     for op, us in per_op.most_common(6):
         print(f"  {op:14} {us / total:6.1%} of kernel time")
 

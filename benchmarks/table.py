@@ -24,7 +24,8 @@ def decode_table(rows):
         lines.append(f"| {r['phase']} | {context} | {r['runtime']} | {r['flavor']} | {r.get('mode', '')} | "
                      f"{fmt(r['median_ms'], '.3f')} | "
                      f"{fmt(r['p10_ms'], '.3f')}-{fmt(r['p90_ms'], '.3f')} | {fmt(r['tokens_per_s'], ',.0f')} | "
-                     f"{fmt(r['ratio_to_torch'], '.2f')} | {fmt(r.get('ratio_min'), '.2f')}-{fmt(r.get('ratio_max'), '.2f')} | "
+                     f"{fmt(r['ratio_to_torch'], '.2f')} | "
+                     f"{fmt(r.get('ratio_min'), '.2f')}-{fmt(r.get('ratio_max'), '.2f')} | "
                      f"{fmt(r['peak_fraction'], '.2f')} | {fmt(r.get('bandwidth_fraction'), '.2f')} | "
                      f"{fmt(r['max_abs_err'], '.1e')} |")
     return "\n".join(lines)
@@ -36,14 +37,16 @@ def table(path):
         return decode_table(rows)
     spread = any(r.get("ratio_min") is not None for r in rows)
     memory = any(r.get("peak_mem_bytes") for r in rows)
-    lines = ["| runtime | flavor | mode | batch x seq | median ms | p10 | p90 | TFLOP/s | peak fraction | x torch eager | "
+    lines = ["| runtime | flavor | mode | batch x seq | median ms | p10 | p90 | TFLOP/s | peak fraction | "
+             "x torch eager | "
              + ("x torch spread | " if spread else "") + ("peak MiB | " if memory else "") + "max abs err vs torch |",
              "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | " + ("---: | " if spread else "")
              + ("---: | " if memory else "") + "---: |"]
     for r in rows:
         shape = "x".join(str(r["shape"][k]) for k in ("batch", "seq") if k in r["shape"])
         mib = r["peak_mem_bytes"] / 2**20 if r.get("peak_mem_bytes") else None
-        lines.append(f"| {r['runtime']} | {r['flavor']} | {r.get('mode', '')} | {shape} | {fmt(r['median_ms'], '.3f')} | "
+        lines.append(f"| {r['runtime']} | {r['flavor']} | {r.get('mode', '')} | {shape} | "
+                     f"{fmt(r['median_ms'], '.3f')} | "
                      f"{fmt(r['p10_ms'], '.3f')} | {fmt(r['p90_ms'], '.3f')} | {fmt(r['tflops'], '.3f')} | "
                      f"{fmt(r['peak_fraction'], '.2f')} | {fmt(r['ratio_to_torch'], '.3f')} | "
                      + (f"{fmt(r.get('ratio_min'), '.2f')}-{fmt(r.get('ratio_max'), '.2f')} | " if spread else "")
@@ -56,7 +59,8 @@ def decode_summary(rows):
     """The decoding step per cache (static, concat) and context: torch eager, torch in a CUDA graph, and
     ONNX Runtime's fastest flavour and mode without and with a CUDA graph (ms, x torch eager's time,
     and the fraction of the memory bandwidth where the file has it)."""
-    lines = ["| cache | batch | context | torch eager ms | torch CUDA graph ms | ORT best, no graph | ms | x torch eager | "
+    lines = ["| cache | batch | context | torch eager ms | torch CUDA graph ms | ORT best, no graph | ms | "
+             "x torch eager | "
              "ORT best in a CUDA graph | ms | x torch eager | x torch's graph | bandwidth fraction |",
              "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
     decode = [r for r in rows if r.get("phase") == "decode" and r["median_ms"] == r["median_ms"]]
@@ -71,7 +75,7 @@ def decode_summary(rows):
         plain = min((r for r in ort if "graph" not in r["mode"]), key=lambda r: r["median_ms"], default=None)
         captured = min((r for r in ort if "graph" in r["mode"]), key=lambda r: r["median_ms"], default=None)
 
-        def cell(r):
+        def cell(r, eager=eager):
             if r is None:
                 return "- | | "
             mode = r["mode"].split(" ", 1)[1] if " " in r["mode"] else r["mode"]
@@ -87,7 +91,8 @@ def decode_summary(rows):
 def static_step_table(doc):
     """benchmarks/cuda_static.py's file: the step's attention per batch and context, each way's median ms
     (and its fraction of the GPU's read bandwidth), in one buffer."""
-    ways = [("torch", "eager"), ("torch", "cuda-graph"), ("attention24", "in-place"), ("attention24", "in-place cuda-graph"),
+    ways = [("torch", "eager"), ("torch", "cuda-graph"), ("attention24", "in-place"),
+            ("attention24", "in-place cuda-graph"),
             ("gqa", "in-place"), ("gqa", "in-place cuda-graph")]
     lines = [f"{doc['device']}, read bandwidth {doc['read_bandwidth_gbs']:.0f} GB/s, buffer {doc['args']['buffer']} "
              f"positions, {doc['args']['heads']} heads ({doc['args']['kv_heads']} key/value), head size "

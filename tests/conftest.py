@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import Phase, settings, strategies as st
+from hypothesis import Phase, settings
+from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
-
 
 from attnexport import runtimes as R
 from attnexport import seeding
@@ -132,7 +132,7 @@ def run_module(variant, o, params, inputs, dtype=torch.float32):
     with torch.no_grad():
         out = module(*to_torch(inputs, dtype))
     out = out if isinstance(out, tuple) else (out,)
-    return {s.name: t.double().numpy() for s, t in zip(variant.outputs(o), out)}
+    return {s.name: t.double().numpy() for s, t in zip(variant.outputs(o), out, strict=True)}
 
 
 def assert_fits_80(text: str):

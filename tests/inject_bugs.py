@@ -7,33 +7,52 @@ import shutil
 import subprocess
 import sys
 import tempfile
+
 BUGS = [
- ("dropped scale (primitives scores unscaled)", [("attnexport/onnx_attention.py", "    return op.Mul(scores, _const(scale, scores))", "    return scores")], False,
-  ["tests/test_export.py", "-k", "fp32_matches or static_scale"]),
- ("causal mask not offset by the cache", [("attnexport/models/core.py", "            rows = rows + past", "            rows = rows")], False,
-  ["tests/test_models.py", "tests/test_decode.py"]),
- ("hand-written attention routed without its scale", [("attnexport/recognize.py", "                scale *= n if t is aten.mul.Tensor else 1.0 / n", "                scale *= 1.0")], False,
-  ["tests/test_recognize.py"]),
- ("static cache reads the whole buffer", [("attnexport/models/multi_head.py", "        valid = write_pos + x.shape[1]", "        valid = write_pos * 0 + key_cache.shape[2]")], False,
-  ["tests/test_models.py", "tests/test_decode.py", "tests/test_verify.py", "-k", "static or mha"]),
- ("verify skips the weights output", [("attnexport/verify.py", 'declared = ["output"] if step.decode_chunk else [s.name for s in variant.outputs(case.options)]',
-   'declared = ["output"] if step.decode_chunk else [s.name for s in variant.outputs(case.options) if s.name != "weights"]')], False,
-  ["tests/test_verify.py", "-k", "wrong_value"]),
- ("verify compares the first output only", [("attnexport/verify.py", 'declared = ["output"] if step.decode_chunk else [s.name for s in variant.outputs(case.options)]',
-   'declared = ["output"] if step.decode_chunk else [s.name for s in variant.outputs(case.options)][:1]')], False,
-  ["tests/test_verify.py", "-k", "wrong_value"]),
- ("FP16_FACTOR 4 -> 400", [("attnexport/compare.py", "FP16_FACTOR = 4.0", "FP16_FACTOR = 400.0")], False, ["tests/test_compare.py"]),
- ("fp32 atol 1e-5 -> 1e-3", [("attnexport/compare.py", '"fp32": Tolerance(rtol=1e-4, atol=1e-5)', '"fp32": Tolerance(rtol=1e-4, atol=1e-3)')], False, ["tests/test_compare.py"]),
- ("mha FLOPs: attention term halved", [("attnexport/variants.py", "    return proj + 2 * B * H * Tq * Tk * 2 * hd", "    return proj + B * H * Tq * Tk * 2 * hd")], False,
-  ["tests/test_variants.py", "tests/test_bench.py"]),
- ("mha-tied scaled by 1/sqrt(head size) in module and reference, golden rewritten",
-  [("attnexport/models/multi_head.py", "self.scale = 1.0 / math.sqrt(dim)", "self.scale = 1.0 / math.sqrt(dim // heads)"),
-   ("attnexport/reference.py", "scale=1.0 / np.sqrt(E))", "scale=1.0 / np.sqrt(E // h))")], True,
-  ["tests/test_oracles.py", "tests/test_models.py", "tests/test_golden.py"]),
- ("kernel weights softmax(-d^2) in module and reference, golden rewritten",
-  [("attnexport/models/kernel.py", "torch.softmax(-(diff * diff) / 2, dim=-1)", "torch.softmax(-(diff * diff), dim=-1)"),
-   ("attnexport/reference.py", "w = softmax_rows(_r(-(d**2) / 2))", "w = softmax_rows(_r(-(d**2)))")], True,
-  ["tests/test_oracles.py", "tests/test_models.py", "tests/test_golden.py"]),
+    ("dropped scale (primitives scores unscaled)",
+     [("attnexport/onnx_attention.py", "    return op.Mul(scores, _const(scale, scores))", "    return scores")], False,
+     ["tests/test_export.py", "-k", "fp32_matches or static_scale"]),
+    ("causal mask not offset by the cache",
+     [("attnexport/models/core.py", "            rows = rows + past", "            rows = rows")], False,
+     ["tests/test_models.py", "tests/test_decode.py"]),
+    ("hand-written attention routed without its scale",
+     [("attnexport/recognize.py", "                scale *= n if t is aten.mul.Tensor else 1.0 / n",
+       "                scale *= 1.0")], False,
+     ["tests/test_recognize.py"]),
+    ("static cache reads the whole buffer",
+     [("attnexport/models/multi_head.py", "        valid = valid_keys(write_pos, x.shape[1])",
+       "        valid = write_pos * 0 + key_cache.shape[2]")], False,
+     ["tests/test_models.py", "tests/test_decode.py", "tests/test_verify.py", "-k", "static or mha"]),
+    ("verify skips the weights output",
+     [("attnexport/verify.py",
+       'declared = ["output"] if step.decode_chunk else [s.name for s in variant.outputs(case.options)]',
+       'declared = ["output"] if step.decode_chunk else '
+       '[s.name for s in variant.outputs(case.options) if s.name != "weights"]')], False,
+     ["tests/test_verify.py", "-k", "wrong_value"]),
+    ("verify compares the first output only",
+     [("attnexport/verify.py",
+       'declared = ["output"] if step.decode_chunk else [s.name for s in variant.outputs(case.options)]',
+       'declared = ["output"] if step.decode_chunk else [s.name for s in variant.outputs(case.options)][:1]')],
+     False, ["tests/test_verify.py", "-k", "wrong_value"]),
+    ("FP16_FACTOR 4 -> 400", [("attnexport/compare.py", "FP16_FACTOR = 4.0", "FP16_FACTOR = 400.0")], False,
+     ["tests/test_compare.py"]),
+    ("fp32 atol 1e-5 -> 1e-3",
+     [("attnexport/compare.py", '"fp32": Tolerance(rtol=1e-4, atol=1e-5)', '"fp32": Tolerance(rtol=1e-4, atol=1e-3)')],
+     False, ["tests/test_compare.py"]),
+    ("mha FLOPs: attention term halved",
+     [("attnexport/variants.py", "    return proj + 2 * B * H * Tq * Tk * 2 * hd",
+       "    return proj + B * H * Tq * Tk * 2 * hd")], False,
+     ["tests/test_variants.py", "tests/test_bench.py"]),
+    ("mha-tied scaled by 1/sqrt(head size) in module and reference, golden rewritten",
+     [("attnexport/models/multi_head.py", "self.scale = 1.0 / math.sqrt(dim)",
+       "self.scale = 1.0 / math.sqrt(dim // heads)"),
+      ("attnexport/reference.py", "scale=1.0 / np.sqrt(E))", "scale=1.0 / np.sqrt(E // h))")], True,
+     ["tests/test_oracles.py", "tests/test_models.py", "tests/test_golden.py"]),
+    ("kernel weights softmax(-d^2) in module and reference, golden rewritten",
+     [("attnexport/models/kernel.py", "torch.softmax(-(diff * diff) / 2, dim=-1)",
+       "torch.softmax(-(diff * diff), dim=-1)"),
+      ("attnexport/reference.py", "w = softmax_rows(_r(-(d**2) / 2))", "w = softmax_rows(_r(-(d**2)))")], True,
+     ["tests/test_oracles.py", "tests/test_models.py", "tests/test_golden.py"]),
 ]
 src = pathlib.Path(__file__).resolve().parent.parent
 py = sys.executable
@@ -58,7 +77,8 @@ for name, edits, rewrite, tests in BUGS:
                        capture_output=True)
     r = subprocess.run([py, "-m", "pytest", "-q", "-n", "2", "-p", "no:logging", *tests], cwd=dst, env=env,
                        capture_output=True, text=True)
-    failed = [l.split(" - ")[0].replace("FAILED ", "") for l in r.stdout.splitlines() if l.startswith("FAILED")]
+    failed = [line.split(" - ")[0].replace("FAILED ", "") for line in r.stdout.splitlines()
+              if line.startswith("FAILED")]
     last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-300:]
     results.append((name, r.returncode, failed, last))
     print(f"{name}: rc={r.returncode} {last}", flush=True)

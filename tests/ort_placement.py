@@ -48,7 +48,7 @@ def cuda_placement(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
             consumers.setdefault(x, []).append(i)
     on_cpu_values: set[str] = set()
     queue: list[int] = []
-    for i, n in enumerate(g.node):
+    for n in g.node:
         if n.op_type in ("Shape", "Size"):
             on_cpu_values.update(n.output)
             queue += [c for o in n.output for c in consumers.get(o, [])]

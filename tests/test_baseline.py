@@ -2,7 +2,8 @@
 
 import pytest
 
-from attnexport import baseline as B, verify as VF
+from attnexport import baseline as B
+from attnexport import verify as VF
 from attnexport.errors import GoldenIntegrityError, UsageError
 
 

@@ -4,10 +4,11 @@ import json
 
 import pytest
 from click.testing import CliRunner
-
-from attnexport import bench as B, runtimes as R
-from attnexport.cli import main
 from conftest import assert_fits_80, shared_once
+
+from attnexport import bench as B
+from attnexport import runtimes as R
+from attnexport.cli import main
 from attnexport.errors import ProviderUnavailableError, UsageError
 
 SMALL = {"batch": 2, "seq": [8, 16], "dim": 32, "heads": 4}
@@ -50,7 +51,7 @@ def test_row_fields(rows):
 
 
 def test_fastest_picks_the_minimum(rows):
-    for rt, shape, flavor, ms in B.fastest(rows):
+    for rt, shape, _flavor, ms in B.fastest(rows):
         same = [r.median_ms for r in rows if r.runtime == rt and r.shape_label == shape and r.flavor != "-"]
         assert ms == min(same)
 

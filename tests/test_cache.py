@@ -85,6 +85,7 @@ def test_a_put_keeps_the_cache_within_its_limit_and_a_hit_is_a_use(tmp_path, mon
 
 def test_the_cache_command_shows_and_clears_only_its_entries(tmp_path, monkeypatch):
     from click.testing import CliRunner
+
     from attnexport.cli import main
     monkeypatch.setenv("ATTNEXPORT_CACHE", str(tmp_path))
     monkeypatch.setenv("ATTNEXPORT_CACHE_SIZE", "1G")

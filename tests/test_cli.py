@@ -193,6 +193,7 @@ def test_the_json_of_a_failing_verify_and_of_an_untimed_bench_row_is_strict(tmp_
     """A model whose output is NaN and Inf, and a bench row that did not run (NaN times): every
     non-finite number is null (attnexport.jsonout), for Python's strict parsing and Node's."""
     import subprocess
+
     import numpy as np
     import onnx
     from onnx import numpy_helper
@@ -235,7 +236,8 @@ def test_closed_choices_are_listed_and_completed():
     for shown in ("[primitives|attention|ort]", "[fp32|fp16]", "[torch|torch-cuda|ort-cpu|ort-cuda],...",
                   "[bhsd|bsd]", "INTEGER RANGE"):
         assert shown in text, shown
-    assert [c.value for c in RUNTIME_LIST.shell_complete(None, None, "torch,ort")] == ["torch,ort-cpu", "torch,ort-cuda"]
+    completed = [c.value for c in RUNTIME_LIST.shell_complete(None, None, "torch,ort")]
+    assert completed == ["torch,ort-cpu", "torch,ort-cuda"]
     r = run("export", "--variant", "mha", "--flavor", "atention")
     assert r.exit_code == 2 and r.output.strip().splitlines() == [
         "error: Invalid value for '--flavor': unknown flavor 'atention' (did you mean attention?); valid: primitives, "

@@ -5,8 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from attnexport.compare import (TOLERANCES, compare, compare_outputs, derived_tolerance, divergence,
-                                tolerance)
+from attnexport.compare import TOLERANCES, compare, compare_outputs, derived_tolerance, divergence, tolerance
 from attnexport.errors import UsageError
 
 TOL = TOLERANCES["fp32"]

@@ -8,8 +8,12 @@ Every test here needs a CUDA device and ONNX Runtime's CUDA provider; where they
 import numpy as np
 import pytest
 
-from attnexport import bench as B, export as E, golden, runtimes as R, variants as V, verify as VF
-from attnexport import seeding
+from attnexport import bench as B
+from attnexport import export as E
+from attnexport import golden, seeding
+from attnexport import runtimes as R
+from attnexport import variants as V
+from attnexport import verify as VF
 
 
 def _need(*names):

@@ -6,8 +6,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from attnexport import export as E, runtimes as R, variants as V, verify as VF
+from attnexport import export as E
+from attnexport import runtimes as R
 from attnexport import seeding
+from attnexport import variants as V
+from attnexport import verify as VF
 from attnexport.cli import main
 from attnexport.compare import compare, tolerance
 from attnexport.decode import decode, empty_cache, stream_axis
@@ -100,7 +103,7 @@ def test_verify_a_step_model_file_checks_the_property(tmp_path):
     (["--mask", "padding"], 2, "--kv-cache takes no --mask"),
     (["--weights"], 2, "--kv-cache takes no --weights"),
     (["--scaling", "norm"], 2, "depends on all keys at once"),
-    (["--past-seq", "-1"], 2, "--past-seq must be an integer >= 0"),
+    (["--past-seq", "-1"], 2, "'--past-seq': -1 is not in the range x>=0"),
 ])
 def test_what_a_cache_cannot_do_is_said(tmp_path, args, code, text):
     r = run("export", "--variant", "mha", "--kv-cache", "--causal", *args, "-o", tmp_path / "x.onnx")
@@ -115,15 +118,18 @@ def test_a_modules_own_cache_exports_symbolic_and_verify_checks_decoding(tmp_pat
     token at a time and in chunks against the module's full forward. The same step with torch's
     top-left is_causal (the classic cache bug) fails that check, on torch itself as on the export."""
     import json
+
     import onnx
     from click.testing import CliRunner
+
     from attnexport.cli import main
     cache = ["--cache", "past_key:present_key", "--cache", "past_value:present_value"]
     for name, ok in (("example", True), ("topleft_example", False)):
         spec, path = f"examples/kv_cache_module.py:{name}", tmp_path / f"{name}.onnx"
         r = CliRunner().invoke(main, ["export", "--module", spec, *cache, "-o", str(path), "--json"])
         assert r.exit_code == 0, r.output
-        assert {"past_key": [2, 4, 0, 16], "past_value": [2, 4, 0, 16], "x": [2, 5, 64]} in json.loads(r.output)["checked"]
+        empty = {"past_key": [2, 4, 0, 16], "past_value": [2, 4, 0, 16], "x": [2, 5, 64]}
+        assert empty in json.loads(r.output)["checked"]
         model = onnx.load(path)
         dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
         assert dims["past_key"] == ["batch", 4, "past_len", 16]
@@ -141,6 +147,7 @@ def test_a_modules_own_cache_exports_symbolic_and_verify_checks_decoding(tmp_pat
 
 def test_a_bad_cache_is_one_line_and_exit_2(tmp_path):
     from click.testing import CliRunner
+
     from attnexport.cli import main
     spec = "examples/kv_cache_module.py:example"
     for cache, text in (("past_key", "--cache takes INPUT:OUTPUT"), ("past:present_key", "not an input"),
@@ -160,6 +167,7 @@ def test_a_bad_cache_is_one_line_and_exit_2(tmp_path):
 ])
 def test_bad_static_cache_options_are_one_line_and_exit_2(tmp_path, args, text):
     from click.testing import CliRunner
+
     from attnexport.cli import main
     out = tmp_path / "m.onnx"
     r = CliRunner().invoke(main, ["export", "--variant", "mha", "--causal", *args, "-o", str(out)])
@@ -190,7 +198,7 @@ def test_the_static_cache_check_fails_a_step_that_ignores_the_write_position():
         return ref_mod.ref_mha(params, feed, o)
 
     for forget, ok in ((False, True), (True, False)):
-        got = decode_static(lambda f: step(f, forget), {"x": x}, 1, prompts, 1, buffers, pairs)
+        got = decode_static(lambda f, forget=forget: step(f, forget), {"x": x}, 1, prompts, 1, buffers, pairs)
         assert np.allclose(got, full, atol=1e-5) == ok
 
 

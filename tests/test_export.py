@@ -12,12 +12,14 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from conftest import run_module
 
-from attnexport import dtypes as D, export as E, variants as V
+from attnexport import dtypes as D
+from attnexport import export as E
 from attnexport import seeding
+from attnexport import variants as V
 from attnexport.compare import compare, tolerance
 from attnexport.errors import ExportError, UsageError
-from conftest import run_module
 
 ort.set_default_logger_severity(3)
 
@@ -72,7 +74,7 @@ def test_fp32_matches_torch_and_reference_at_other_shapes(exported, name, flavor
         inputs = seeding.make_inputs(variant, o, 11)
         if "attn_mask" in inputs:
             inputs["attn_mask"][0, 0, 0, :] = False  # a fully masked row in every run
-        got = dict(zip([s.name for s in variant.outputs(o)], sess.run(None, inputs)))
+        got = dict(zip([s.name for s in variant.outputs(o)], sess.run(None, inputs), strict=True))
         want_ref = variant.reference(params, inputs, o)
         want_torch = run_module(variant, o, params, inputs, torch.float32)
         for out in want_ref:
@@ -93,7 +95,7 @@ def test_a_static_scale_reaches_the_graph(exported, name, options, flavor):
     variant = V.get(name)
     o = result.options
     params, inputs = seeding.init_params(variant, o, 0), seeding.make_inputs(variant, o, 3)
-    got = dict(zip([s.name for s in variant.outputs(o)], _session(model).run(None, inputs)))
+    got = dict(zip([s.name for s in variant.outputs(o)], _session(model).run(None, inputs), strict=True))
     want = variant.reference(params, inputs, o)
     for out in want:
         assert compare(out, got[out], want[out], tolerance("fp32")), (name, options, flavor, out)
@@ -107,7 +109,7 @@ def test_fp16_runs_on_cpu_provider(exported, name, flavor):
     feed = D.cast_floats(seeding.make_inputs(variant, o, 5), "fp16")
     expected = variant.reference(seeding.init_params(variant, o, 0), seeding.make_inputs(variant, o, 5), o)
     got = _session(model).run(None, feed)
-    for spec, g in zip(variant.outputs(o), got):
+    for spec, g in zip(variant.outputs(o), got, strict=True):
         assert g.dtype == np.float16
         c = compare(spec.name, g, expected[spec.name], tolerance("fp16"))
         assert c, f"{name}/{flavor} fp16: {c}"
@@ -135,9 +137,9 @@ def test_model_hygiene(exported, name, flavor):
     ex = E.example_sizes(variant, result.options)
     assert [i.name for i in model.graph.input] == [s.name for s in variant.inputs(ex)]
     assert [o.name for o in model.graph.output] == [s.name for s in variant.outputs(ex)]
-    for vi, spec in zip(model.graph.input, variant.inputs(ex)):
+    for vi, spec in zip(model.graph.input, variant.inputs(ex), strict=True):
         dims = vi.type.tensor_type.shape.dim
-        for d, sym in zip(dims, spec.dims):
+        for d, sym in zip(dims, spec.dims, strict=True):
             if sym in variant.dynamic:
                 assert d.dim_param, f"{vi.name}: {sym} should be symbolic"
             else:
@@ -232,6 +234,7 @@ def test_readme_deployment_snippet_runs_with_onnxruntime_alone(tmp_path):
     """Exports models/mha.onnx as the README says, then runs the README's snippet in a fresh
     interpreter that cannot import attnexport."""
     from click.testing import CliRunner
+
     from attnexport.cli import main
     cwd = os.getcwd()
     os.chdir(tmp_path)
@@ -249,6 +252,7 @@ def test_readme_decode_loop_runs_alone_and_equals_the_full_forward(tmp_path, mon
     """The README's generation loop (prefill 5, decode 20) in a fresh interpreter without
     attnexport; its outputs are those of the full causal forward over the same inputs."""
     from click.testing import CliRunner
+
     from attnexport.cli import main
     monkeypatch.chdir(tmp_path)  # the README's commands, from a folder without models/
     r = CliRunner().invoke(main, ["export", "--variant", "mha", "--kv-cache", "--causal", "-o",
@@ -271,6 +275,7 @@ def test_readme_static_cache_loop_runs_in_place_and_equals_the_full_forward(tmp_
     interpreter without attnexport: its buffers never move, ONNX Runtime logs no copy of them, and
     each sequence's outputs are the full causal forward's over its own positions."""
     from click.testing import CliRunner
+
     from attnexport.cli import main
     monkeypatch.chdir(tmp_path)
     r = CliRunner().invoke(main, ["export", "--variant", "mha", "--kv-cache", "static", "--max-seq", "64",
@@ -293,6 +298,7 @@ def test_readme_decoder_loop_runs_alone_and_equals_the_full_forward(tmp_path, mo
     """The README's decoder loop (memory once, prefill 5, decode 20) without attnexport; its outputs
     are the decoder's full forward over the same inputs and memory."""
     from click.testing import CliRunner
+
     from attnexport.cli import main
     monkeypatch.chdir(tmp_path)  # the README's commands, from a folder without models/
     r = CliRunner().invoke(main, ["export", "--variant", "decoder", "--kv-cache", "-o",
@@ -314,7 +320,9 @@ def test_readme_decoder_loop_runs_alone_and_equals_the_full_forward(tmp_path, mo
 @pytest.mark.parametrize("flavor", E.FLAVORS)
 def test_one_sdpa_model_takes_every_broadcastable_mask(case, flavor):
     """The mask's batch and head axes are 1 or full in the same model: (1|B, 1|Hq, Tq, Tk)."""
-    from attnexport import golden, reference as ref, runtimes as R
+    from attnexport import golden
+    from attnexport import reference as ref
+    from attnexport import runtimes as R
     v = V.get("sdpa")
     o = golden.load(case).options
     model = E.build_model("sdpa", o, flavor, params={})[0]

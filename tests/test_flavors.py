@@ -2,7 +2,8 @@
 
 import pytest
 
-from attnexport import dtypes as D, flavors as FL
+from attnexport import dtypes as D
+from attnexport import flavors as FL
 from attnexport.errors import UsageError
 from attnexport.onnx_attention import TRANSLATIONS
 

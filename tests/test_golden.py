@@ -113,6 +113,7 @@ def test_expected_values_come_from_the_reference_not_the_modules(monkeypatch):
     """Regenerating cases runs no module and no torch attention (torch only gives the parameters'
     names and shapes; their values are drawn with NumPy), and gives the shipped values."""
     import torch
+
     import attnexport.models.core  # noqa: F401 - it binds torch's kernel at import: before the patch
 
     def refuse(*args, **kwargs):
@@ -128,8 +129,9 @@ def test_installed_wheel_ships_the_golden_cases():
     """The golden folder travels inside the wheel, so verify works from any directory. From a
     wheel install (CI's), the installed files are checked; from an editable one, the build
     configuration that puts them there."""
-    import tomllib
     from importlib import metadata
+
+    import tomllib
     from conftest import ROOT
     try:
         files = metadata.files("attnexport") or []
@@ -158,6 +160,7 @@ def test_the_semantics_leaf_imports_nothing_of_torch_or_attnexport():
     """The operator's enumerations live in a leaf both the models and the registry read: no
     cycle between them, and `list` and the reference need no torch."""
     import ast
+
     from conftest import ROOT
     tree = ast.parse((ROOT / "attnexport" / "semantics.py").read_text())
     assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]

@@ -100,7 +100,9 @@ def test_damage_to_a_module_export_is_named(tmp_path):
     export against the file's own initializer; anything else, by the first diverging node of the
     module exported afresh."""
     import json
+
     from click.testing import CliRunner
+
     from attnexport.cli import main
     spec = "examples/causal_self_attention.py:example"
     path = tmp_path / "block.onnx"

@@ -3,12 +3,13 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
-
-from attnexport import golden, variants as V
-from attnexport import seeding
-from attnexport.compare import compare, tolerance
 from conftest import draw_options, run_module
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from attnexport import golden, seeding
+from attnexport import variants as V
+from attnexport.compare import compare, tolerance
 
 CASE_NAMES = list(golden.CASES)
 
@@ -91,6 +92,7 @@ def test_no_overflowing_mask_constants_in_the_package():
     import io
     import pathlib
     import tokenize
+
     import attnexport
     root = pathlib.Path(attnexport.__file__).parent
     for path in [*root.joinpath("models").rglob("*.py"), root / "onnx_attention.py", root / "reference.py"]:

@@ -11,7 +11,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from attnexport import export as E, modules as M, runtimes as R
+from attnexport import export as E
+from attnexport import modules as M
+from attnexport import runtimes as R
 from attnexport.cli import main
 from attnexport.compare import compare, tolerance
 
@@ -49,7 +51,7 @@ def test_example_exports_and_matches_the_module_at_other_shapes(example, flavor,
         with torch.no_grad():
             want = module(*feed).numpy()
         for rt, session in sessions.items():
-            got = session.run({n: t.numpy() for n, t in zip(names, feed)})
+            got = session.run({n: t.numpy() for n, t in zip(names, feed, strict=True)})
             c = compare("output", next(iter(got.values())), want, tolerance("fp32"))
             assert c, f"{example} {flavor} {rt} at batch {batch}, length {length}: {c}"
     if path is not None:
@@ -60,7 +62,7 @@ def _resized(inputs, dynamic, names, batch, length):
     """The example's inputs at another batch and length (every symbolic length; masks attend)."""
     rng = np.random.default_rng(batch * 10 + length)
     out = []
-    for n, t in zip(names, inputs):
+    for n, t in zip(names, inputs, strict=True):
         shape = [batch if a == 0 else length if a in dynamic.get(n, {}) else s for a, s in enumerate(t.shape)]
         if t.is_floating_point():
             out.append(torch.from_numpy(rng.standard_normal(shape).astype(np.float32)))
@@ -141,7 +143,8 @@ GOOD = """
     ("{file}:Block", [], "give --input NAME:SHAPE"),
     ("{file}:Block", ["--input", "x:2x5x8", "--input", "y:2x5x8"], "forward raised TypeError on inputs of shapes"),
     ("{file}:Block", ["--input", "x:2x5x9"], "forward raised RuntimeError on inputs of shapes 2x5x9"),
-    ("{file}:Block", ["--input", "x:2x5x8", "--dynamic", "x:2=width"], "--dynamic x:2=width: {file}:Block fixes that axis"),
+    ("{file}:Block", ["--input", "x:2x5x8", "--dynamic", "x:2=width"],
+     "--dynamic x:2=width: {file}:Block fixes that axis"),
     ("{file}:Block", ["--input", "x:2x5"], "forward raised RuntimeError on inputs of shapes 2x5"),
     ("{file}:Block", ["--input", "x:2by5"], "the shape is sizes joined by x"),
     ("{file}:Block", ["--input", "x:2x5x8", "--dynamic", "y:1=seq"], "not an input"),
@@ -164,7 +167,8 @@ def test_a_module_without_attention_exports_and_says_so(tmp_path):
     r = run("export", "--module", f"{path}:Block", "--input", "x:2x5x8", "--dynamic", "x:1=seq", "-o",
             tmp_path / "b.onnx")
     assert r.exit_code == 0 and "1 attention call(s) routed" in r.output
-    dims = [d.dim_param or d.dim_value for d in onnx.load(tmp_path / "b.onnx").graph.input[0].type.tensor_type.shape.dim]
+    shape = onnx.load(tmp_path / "b.onnx").graph.input[0].type.tensor_type.shape
+    dims = [d.dim_param or d.dim_value for d in shape.dim]
     assert dims == [2, "seq", 8]
     # Asked for its weights, nn.MultiheadAttention writes attention out with its own ops: recognized.
     r = run("export", "--module", f"{path}:WithWeights", "--input", "x:2x5x8", "-o", tmp_path / "w.onnx")
@@ -191,7 +195,8 @@ def test_verify_module_names_changed_parameters(tmp_path):
     other = tmp_path / "other.py"
     other.write_text("import torch\nimport sys\nsys.path.insert(0, 'examples')\n"
                      "from causal_self_attention import CausalSelfAttention\n\n"
-                     "def example():\n    torch.manual_seed(1)\n    return CausalSelfAttention(), (torch.randn(2, 16, 64),)\n")
+                     "def example():\n    torch.manual_seed(1)\n"
+                     "    return CausalSelfAttention(), (torch.randn(2, 16, 64),)\n")
     r = run("verify", path, "--module", f"{other}:example", "--runtimes", "ort-cpu")
     assert r.exit_code == 1 and "the module's parameters differ from the model's: c_attn.bias" in r.output
     r = run("verify", path, path, "--module", spec)

@@ -47,7 +47,7 @@ def _attention(q, k, v, allowed, scale, softcap=0.0, bias=None):
                 row = _attend_row(q[b, h, i], k[b, h // group], v[b, h // group], allowed[b, h, i], scale, softcap,
                                   None if bias is None else bias[b, h, i])
                 out[b, h, i] = row[0]
-                for name, value in zip(("raw", "softcap", "bias", "softmax"), row[1:]):
+                for name, value in zip(("raw", "softcap", "bias", "softmax"), row[1:], strict=True):
                     parts[name][b, h, i] = value
     return out, parts
 
@@ -256,7 +256,8 @@ def oracle_decoder_static(p, inputs, o):
         keys[b, :, :got["present_key"].shape[2]] = got["present_key"][0]
         values[b, :, :got["present_value"].shape[2]] = got["present_value"][0]
         results.append(got)
-    joined = {n: np.concatenate([r[n] for r in results]) for n in ("output", "present_cross_key", "present_cross_value")}
+    joined = {n: np.concatenate([r[n] for r in results])
+              for n in ("output", "present_cross_key", "present_cross_value")}
     return {**joined, "key_cache_out": keys, "value_cache_out": values}
 
 
@@ -455,7 +456,7 @@ def test_sdpa_case_equals_onnx_reference_implementation(name):
     from onnx.reference import ReferenceEvaluator
     case = golden.load(name)
     model = _attention_node(case)
-    got = dict(zip([o.name for o in model.graph.output], ReferenceEvaluator(model).run(None, _feed(case))))
+    got = dict(zip([o.name for o in model.graph.output], ReferenceEvaluator(model).run(None, _feed(case)), strict=True))
     compared = 0
     for out, expected in case.expected.items():
         if (name, out) in _ONNX_REF_DEPARTS:

@@ -2,10 +2,13 @@
 (tests/ort_placement.py): what a CUDA graph's capture needs holds for every golden case."""
 
 import pytest
-
-from attnexport import export as E, golden, runtimes as R, variants as V
-from attnexport.errors import UnsupportedByFlavor
 from ort_placement import cuda_placement
+
+from attnexport import export as E
+from attnexport import golden
+from attnexport import runtimes as R
+from attnexport import variants as V
+from attnexport.errors import UnsupportedByFlavor
 
 
 @pytest.mark.parametrize("flavor", E.FLAVORS)

@@ -8,13 +8,14 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from attnexport import recognize
-from attnexport.models import core
 from attnexport.cli import main
 from attnexport.export import export_module
+from attnexport.models import core
 
 CORE = core.attention._opoverload
 B, H, T, D = 2, 4, 6, 8
@@ -47,7 +48,8 @@ class Scores(nn.Module):
 FORMS = {
     "scale on the scores": lambda q, k, v, m: torch.softmax(q @ k.transpose(-2, -1) * 0.3, dim=-1) @ v,
     "divided by sqrt(d)": lambda q, k, v, m: (q @ k.transpose(-1, -2) / math.sqrt(D)).softmax(-1) @ v,
-    "no scale (T5)": lambda q, k, v, m: torch.matmul(nn.functional.softmax(torch.matmul(q, k.transpose(3, 2)), dim=-1), v),
+    "no scale (T5)": lambda q, k, v, m: torch.matmul(
+        nn.functional.softmax(torch.matmul(q, k.transpose(3, 2)), dim=-1), v),
     "scale on the queries": lambda q, k, v, m: torch.softmax((q * 0.25) @ k.transpose(-2, -1), dim=-1) @ v,
     "additive mask": lambda q, k, v, m: torch.softmax(
         q @ k.transpose(-2, -1) * 0.3 + (~m[:, None, None, :]).float() * -1e9, dim=-1) @ v,
@@ -97,7 +99,7 @@ def test_rank_3_with_baddbmm_and_the_weights_returned():
     program = torch.export.export(module, args)
     assert [f.kind for f in recognize.route(program)] == ["hand-written"]
     want, got = module(*args), program.module()(*args)
-    for w, g in zip(want, got):
+    for w, g in zip(want, got, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
 
 
@@ -191,13 +193,14 @@ def test_a_fully_masked_row_filled_with_the_lowest_float_is_the_modules_on_onnx_
     evenly to every key. ONNX Runtime's Attention kernel takes that number for -inf (zeros); the
     export hands it the next number, so the model gives the module's answer there too."""
     import numpy as np
+
     from attnexport import runtimes as R
     module = Scores(FORMS["masked_fill finfo.min"]).eval()
     mask = _mask()
     mask[0] = False  # the first sequence is all padding
     args = (*_qkv(), mask)
     result = export_module(module, args, flavor="attention", input_names=["q", "k", "v", "m"])
-    got = R.prepare_onnx("ort-cpu", result.model).run({n: t.numpy() for n, t in zip("qkvm", args)})
+    got = R.prepare_onnx("ort-cpu", result.model).run({n: t.numpy() for n, t in zip("qkvm", args, strict=True)})
     np.testing.assert_allclose(list(got.values())[0], module(*args).numpy(), rtol=1e-4, atol=1e-5)
 
 
@@ -258,5 +261,5 @@ def test_any_combination_of_the_forms_keeps_the_modules_numbers(scale_on, divide
     ops = {n.target for n in program.graph.nodes if n.op == "call_function"}
     assert not {torch.ops.aten.softmax.int, torch.ops.aten._softmax.default} & ops
     want, got = module(*args), program.module()(*args)
-    for w, g in zip(*(((x,) if isinstance(x, torch.Tensor) else x) for x in (want, got))):
+    for w, g in zip(*(((x,) if isinstance(x, torch.Tensor) else x) for x in (want, got)), strict=True):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)

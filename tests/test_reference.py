@@ -3,10 +3,12 @@ the worked examples' relations."""
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx.reference.ops.op_attention import _compute_attention
 
-from attnexport import cases, golden, reference as ref
+from attnexport import cases, golden
+from attnexport import reference as ref
 
 
 @settings(max_examples=60, deadline=None)

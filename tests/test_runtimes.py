@@ -4,8 +4,11 @@ import numpy as np
 import onnx
 import pytest
 
-from attnexport import export as E, flavors as FL, runtimes as R, variants as V
+from attnexport import export as E
+from attnexport import flavors as FL
+from attnexport import runtimes as R
 from attnexport import seeding
+from attnexport import variants as V
 from attnexport.errors import ProviderUnavailableError
 from attnexport.onnx_attention import TRANSLATIONS
 
@@ -72,7 +75,8 @@ def test_flavor_registry_matches_the_translations():
 
 def test_shape_arithmetic_is_told_from_a_fallback():
     """Placement exempts only values computed from shapes and constants, of rank 0 or 1."""
-    from attnexport import export as E, variants as V
+    from attnexport import export as E
+    from attnexport import variants as V
     v = V.get("sdpa")
     o = v.resolve({"causal": True})
     model = E.build_model("sdpa", o, "primitives", params=seeding.init_params(v, o, 0))[0]

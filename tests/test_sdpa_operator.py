@@ -8,8 +8,11 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from attnexport import bench as B, export as E, runtimes as R, variants as V
+from attnexport import bench as B
+from attnexport import export as E
+from attnexport import runtimes as R
 from attnexport import seeding
+from attnexport import variants as V
 from attnexport.cli import main
 from attnexport.compare import compare, tolerance
 from attnexport.errors import UnsupportedByFlavor
@@ -124,7 +127,8 @@ def test_ort_attention_refuses_a_cache_step_without_new_keys():
     decoder step after the first. The decoder's step export runs such a step."""
     node = helper.make_node("Attention", ["q", "k", "v", "", "pk", "pv"], ["y", "pko", "pvo"])
     f = TensorProto.FLOAT
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, f, None) for n in ("q", "k", "v", "pk", "pv")],
+    graph = helper.make_graph([node], "g",
+                              [helper.make_tensor_value_info(n, f, None) for n in ("q", "k", "v", "pk", "pv")],
                               [helper.make_tensor_value_info(n, f, None) for n in ("y", "pko", "pvo")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
     model.ir_version = 10
@@ -171,7 +175,7 @@ def test_fp16_softmax_in_float():
     (["--nonpad", "--kv-cache"], 2, "not both"),
     (["--kv-cache", "--causal", "--softcap", "1", "--flavor", "ort", "--layout", "bsd"], 1, "softcap"),
     (["--weights", "logits"], 2, "--weights must be one of none, raw, softcap, bias, softmax"),
-    (["--softmax-precision", "float16"], 2, "--softmax-precision must be one of float"),
+    (["--softmax-precision", "float16"], 2, "'--softmax-precision': 'float16' is not 'float'"),
     (["--mask-keys", "4"], 2, "--mask-keys is the length of a mask"),
     (["--mask", "bool", "--mask-keys", "17"], 2, "--mask-keys must be from 1 to the number of keys (16)"),
 ])

@@ -14,8 +14,10 @@ import pytest
 from click.testing import CliRunner
 from onnx import helper, numpy_helper
 
-from attnexport import export as E, golden, variants as V, verify as VF
-from attnexport import seeding
+from attnexport import export as E
+from attnexport import golden, seeding
+from attnexport import variants as V
+from attnexport import verify as VF
 from attnexport.cli import main
 from attnexport.errors import UsageError
 

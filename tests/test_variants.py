@@ -1,8 +1,7 @@
 import pytest
 
-from attnexport import variants as V
-
 from attnexport import seeding
+from attnexport import variants as V
 from attnexport.errors import UnknownVariantError, UsageError
 
 ALL = ("sdpa", "self", "mha", "mha-tied", "cross", "additive", "masked-softmax", "kernel",
@@ -115,6 +114,7 @@ def test_flop_count_is_torchs_own(given, name):
     torch's FlopCounterMode on the module itself, the attention core's matmuls included."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
+
     from attnexport.models import core
     v = V.get(name)
     o = v.resolve(given)

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from attnexport import golden, runtimes as R, verify as VF
+from attnexport import golden
+from attnexport import runtimes as R
+from attnexport import verify as VF
 from attnexport.cli import main
 from attnexport.errors import ProviderUnavailableError, UsageError
 
@@ -281,9 +283,11 @@ def test_golden_cases_chosen_for_a_model_fit_its_fixed_axes(name):
     """A golden case is run through a model only where it fits: every axis the model fixes
     (sdpa's heads in the bsd layout, a model dimension) has the case's size. Random options,
     the golden cases' own options among them."""
-    from hypothesis import HealthCheck, given, settings, strategies as st
-    from attnexport import variants as V
     from conftest import draw_options
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from attnexport import variants as V
     v = V.get(name)
     cases = golden.load_all(variants=[name])
 
@@ -318,9 +322,11 @@ def test_bsd_model_is_not_given_a_case_with_other_head_counts(tmp_path):
 def test_verify_passes_every_correct_export(tmp_path):
     """The property: export with random valid options in a random flavour, then `verify MODEL`
     passes (a flavour that cannot express the options refuses at export, exit 1)."""
-    from hypothesis import HealthCheck, given, settings, strategies as st
-    from attnexport import variants as V
     from conftest import draw_options
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from attnexport import variants as V
 
     @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
     @given(name=st.sampled_from(["sdpa", "sdpa", "mha", "decoder", "cross"]),

@@ -3,8 +3,10 @@
 import numpy as np
 import pytest
 
-from attnexport import export as E, variants as V, weights as W
+from attnexport import export as E
 from attnexport import seeding
+from attnexport import variants as V
+from attnexport import weights as W
 from attnexport.errors import UsageError
 
 

@@ -11,7 +11,7 @@ MatMul+Softmax for `primitives`, the standard `Attention` op for `attention`, an
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 
@@ -118,15 +118,15 @@ def attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attn_mask: Optional[torch.Tensor],
-    past_key: Optional[torch.Tensor],
-    past_value: Optional[torch.Tensor],
-    nonpad_kv_seqlen: Optional[torch.Tensor],
-    scale: Optional[float],
+    attn_mask: torch.Tensor | None,
+    past_key: torch.Tensor | None,
+    past_value: torch.Tensor | None,
+    nonpad_kv_seqlen: torch.Tensor | None,
+    scale: float | None,
     is_causal: bool,
     softcap: float,
     weights: int,
-    softmax_precision: Optional[int],
+    softmax_precision: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention over [B, H, T, d] tensors with the ONNX `Attention` operator's semantics.
 
@@ -168,9 +168,9 @@ def _(query, key, value, attn_mask, past_key, past_value, nonpad_kv_seqlen, scal
 
 class Attended(NamedTuple):
     output: torch.Tensor
-    weights: Optional[torch.Tensor]
-    present_key: Optional[torch.Tensor]
-    present_value: Optional[torch.Tensor]
+    weights: torch.Tensor | None
+    present_key: torch.Tensor | None
+    present_value: torch.Tensor | None
 
 
 def attend(query, key, value, attn_mask=None, *, past_key=None, past_value=None, nonpad_kv_seqlen=None,

@@ -9,6 +9,7 @@ from torch import nn
 
 from attnexport.models.core import attend, cache_write, valid_keys
 
+
 def scale_qk(q, k, scaling: str, temperature: float):
     """Applies a scaling mode to q and k; returns (q, k, static scale for QK^T).
 
@@ -61,7 +62,7 @@ class ScaledDotProductAttention(nn.Module):
         self.softmax_precision = softmax_precision
 
     def forward(self, *tensors):
-        given = dict(zip(self.input_names, tensors))
+        given = dict(zip(self.input_names, tensors, strict=True))
         q, k, v = given["query"], given["key"], given["value"]
         if self.heads:  # (B, T, H*d) -> (B, H, T, d)
             q, k, v = split_heads(q, self.heads), split_heads(k, self.kv_heads), split_heads(v, self.kv_heads)
@@ -75,7 +76,8 @@ class ScaledDotProductAttention(nn.Module):
         if "key_cache" in given:  # a static cache: the new keys and values written at write_pos
             key_cache = cache_write(given["key_cache"], k, given["write_pos"])
             value_cache = cache_write(given["value_cache"], v, given["write_pos"])
-            a = attend(q, key_cache, value_cache, nonpad_kv_seqlen=valid_keys(given["write_pos"], k.shape[2]), scale=self.scale,
+            valid = valid_keys(given["write_pos"], k.shape[2])
+            a = attend(q, key_cache, value_cache, nonpad_kv_seqlen=valid, scale=self.scale,
                        is_causal=self.causal, softcap=self.softcap, softmax_precision=self.softmax_precision)
             return a.output, key_cache, value_cache
         a = attend(q, k, v, mask, past_key=given.get("past_key"),
