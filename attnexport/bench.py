@@ -501,19 +501,28 @@ def _decode_step_bytes(variant, o, params, itemsize: int) -> int:
     return weights + 2 * kv_heads * positions * hd * itemsize
 
 
-def _torch_graph_candidate(call):
+def cuda_graph_of(fn):
+    """fn captured in a CUDA graph, after three warm-up calls on a side stream as torch asks:
+    (the graph, fn's result as captured; replaying the graph rewrites it in place). The peak
+    memory statistics start at the capture, so that they count what the graph holds."""
     import torch
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(3):
-            call()
+            fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     torch.cuda.reset_peak_memory_stats()
     with torch.cuda.graph(graph):
-        out = call()
+        out = fn()
     torch.cuda.synchronize()
+    return graph, out
+
+
+def _torch_graph_candidate(call):
+    import torch
+    graph, out = cuda_graph_of(call)
     return _Candidate("torch-cuda", "-", "cuda-graph", "cuda", graph.replay,
                       lambda: [t.float().cpu().numpy() for t in out], memory=torch.cuda.max_memory_allocated())
 

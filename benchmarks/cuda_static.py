@@ -95,20 +95,6 @@ def timed(fn, warmup, iters):
     return statistics.median(ms), float(np.percentile(ms, 90))
 
 
-def torch_graph(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    torch.cuda.synchronize()
-    return g.replay
-
-
 def step(a, b, ctx, bandwidth):
     h, hkv, d, s = a.heads, a.kv_heads, a.head_dim, a.buffer
     dt = torch.float16 if a.dtype == "fp16" else torch.float32
@@ -154,7 +140,7 @@ def step(a, b, ctx, bandwidth):
         out_t[0] = torch.nn.functional.scaled_dot_product_attention(q, kc[:, :, :ctx + 1], vc[:, :, :ctx + 1],
                                                                     enable_gqa=hkv != h)
     add("torch", "eager", torch_step, lambda: out_t[0])
-    replay = torch_graph(torch_step)
+    replay = B.cuda_graph_of(torch_step)[0].replay
     add("torch", "cuda-graph", replay, lambda: out_t[0])
 
     for cuda_graph in (False, True):
