@@ -66,6 +66,7 @@ class BenchRow:
     # valid prefix read once) per second, as a fraction of the measured memory bandwidth
     bandwidth_fraction: float | None = None
     bandwidth_gbs: float | None = None  # the bandwidth it is a fraction of (GB/s): the CPU's copy, the GPU's read
+    ratio_to_ort_cpu: float | None = None  # the deployment runtimes: against Python's ONNX Runtime CPU, same flavour
 
     @property
     def shape_label(self) -> str:
@@ -201,11 +202,13 @@ def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | 
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
     # Default: every runtime that can run here.
-    runtimes = list(runtimes or [r for r in BENCH_RUNTIMES if R.status(r).available])
+    runtimes = list(runtimes or [r for r in BENCH_RUNTIMES if r in R.DEFAULT_RUNTIMES and R.status(r).available])
     for rt in runtimes:
         if rt not in BENCH_RUNTIMES:
             raise UsageError(f"unknown runtime {rt!r} for bench; valid: {', '.join(BENCH_RUNTIMES)}")
         R.require(rt)
+    if any(rt in R.JS_RUNTIMES for rt in runtimes) and "ort-cpu" not in runtimes:
+        runtimes.append("ort-cpu")  # the deployment runtimes are compared with Python's ONNX Runtime too
     flavors = FL.check_all(flavors)
     threads = threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
@@ -267,6 +270,9 @@ class _Candidate:
     memory: int | None = None  # peak device bytes, measured alone when the candidate was built
     times: list[float] = field(default_factory=list)
     rounds: list[list[float]] = field(default_factory=list)  # the timed runs of each round
+    # (runs) -> ms of each, timed where the runtime runs (the deployment runtimes: the pipe to their
+    # process is not timed); None: `fn` is timed here
+    block: Callable[[int], list[float]] | None = None
 
 
 @dataclass(frozen=True)
@@ -321,6 +327,9 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
     refused = []  # (runtime, flavor, mode, why): a CUDA graph ONNX Runtime would not capture
     for f, model in models.items():
         for rt in [r for r in runtimes if r.startswith("ort")]:
+            if rt in R.JS_RUNTIMES:
+                cands.append(_js_candidate(rt, f, model, inputs, dtype))
+                continue
             cands.append(_ort_candidate(rt, f, model, inputs, dtype, threads, False, cands))
             if rt == "ort-cpu" and V.static_cache(o):  # its buffers bound in and out: written in place
                 cands.append(_ort_in_place_candidate(f, model, inputs, dtype, threads))
@@ -336,7 +345,9 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
                     refused.append((rt, f, mode, first_line(e)[:200]))
     for c in cands:
         said(f"warming up {c.runtime} {c.flavor}")
-        for _ in range(warmup):
+        if c.block is not None:
+            c.block(warmup)
+        for _ in range(0 if c.block is not None else warmup):
             c.fn()
     rounds = min(repeat, iters)
     for r in range(rounds):
@@ -344,7 +355,8 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
         for c in cands:
             said(f"round {r + 1} of {rounds}: {c.runtime} {c.flavor}")
             c.fn()  # after another candidate ran: settle the caches and thread pools, untimed
-            c.rounds.append([_time_one(c.fn, c.device) for _ in range(block)])
+            timed = c.block(block) if c.block is not None else [_time_one(c.fn, c.device) for _ in range(block)]
+            c.rounds.append(timed)
             c.times += c.rounds[-1]
     base = {c.device: c for c in cands if c.runtime.startswith("torch") and c.mode == "eager"}
     ref_out = {d: c.outputs() for d, c in base.items()}
@@ -367,9 +379,15 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
         notes = []
         if c.flavor != "-" and E.graph_flavor(variant, c.flavor) != c.flavor:
             notes.append("no dot-product core: primitives graph")
+        if c.runtime == "ort-webgpu":  # the CPU's matmul peak says nothing of a GPU's
+            row.peak_fraction, row.peak_tflops, row.peak_source = float("nan"), float("nan"), ""
         if row.peak_fraction > 1:
             notes.append(f"above the calibrated peak ({row.peak_source}): a kernel beat the calibration; "
                          "this fraction is not meaningful")
+        if c.runtime in R.JS_RUNTIMES:
+            cpu = next((o for o in cands if o.runtime == "ort-cpu" and o.flavor == c.flavor), None)
+            if cpu is not None:
+                row.ratio_to_ort_cpu = row.median_ms / statistics.median(cpu.times)
         row.note = "; ".join(notes)
         rows.append(row)
     rows += [_untimed_row(variant, rt, f, mode, dtype, shape, threads, f"no CUDA graph: {why}")
@@ -431,6 +449,17 @@ def _ort_candidate(rt, flavor, model, inputs, dtype, threads, cuda_graph, cands,
     mode = ("in-place" if in_place else "io-binding") + (" cuda-graph" if cuda_graph else "")
     return _Candidate(rt, flavor, mode, "cuda", run, lambda: [t.float().cpu().numpy() for t in outs], cpu_nodes,
                       memory=memory)
+
+
+def _js_candidate(rt, flavor, model, inputs, dtype):
+    """ONNX Runtime in Node or the browser: each block of runs timed there (performance.now around
+    each awaited run), so the pipe to the JavaScript process is not in the times."""
+    prepared = R.prepare_onnx(rt, model)
+    feed = D.cast_floats(inputs, dtype)
+    assert prepared.time_runs is not None
+    time_runs = prepared.time_runs
+    return _Candidate(rt, flavor, "eager", "cpu", lambda: prepared.run(feed), lambda: list(prepared.run(feed).values()),
+                      prepared.cpu_nodes, block=lambda runs: time_runs(feed, runs) if runs else [])
 
 
 def _ort_in_place_candidate(flavor, model, inputs, dtype, threads):
@@ -603,7 +632,7 @@ def bench_decode(variant_name: str, options: dict | None, contexts: list[int], *
 
 def warnings_for(runtimes: list[str] | None, dtype: str, cuda_graph: bool) -> list[str]:
     """What the user should know before a run starts (said up front, not after minutes)."""
-    runtimes = list(runtimes or [r for r in BENCH_RUNTIMES if R.status(r).available])
+    runtimes = list(runtimes or [r for r in BENCH_RUNTIMES if r in R.DEFAULT_RUNTIMES and R.status(r).available])
     out = []
     if cuda_graph and not any(r.endswith("cuda") for r in runtimes):
         out.append("--cuda-graph does nothing here: no CUDA runtime (torch-cuda, ort-cuda) is in this run")

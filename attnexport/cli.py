@@ -195,6 +195,31 @@ def list_cmd(as_json):
     _console().print(table)
 
 
+@main.command("runtimes")
+@click.option("--install", is_flag=True,
+              help="Install the pinned npm packages of ort-node, ort-wasm and ort-webgpu (else done on first use).")
+@click.option("--json", "as_json", is_flag=True, help="Print the runtimes as JSON.")
+@reports_errors
+def runtimes_command(install, as_json):
+    """List every runtime: whether it can run here, and what it is or why not.
+
+    Example: attnexport runtimes; attnexport runtimes --install
+    """
+    if install:
+        from attnexport.runtimes import js
+        where = js.install()
+        click.echo(f"installed {', '.join(f'{n} {v}' for n, v in js.pins().items())} in {where}", err=as_json)
+    rows = [{"name": n, "available": s.available, "reason": s.reason, "default": n in R.DEFAULT_RUNTIMES}
+            for n, s in ((n, R.status(n)) for n in R.RUNTIMES)]
+    if as_json:
+        click.echo(jsonout.dumps(rows, indent=1))
+        return
+    width = max(len(r["name"]) for r in rows)
+    for r in rows:
+        state = "yes" if r["available"] else "no "
+        click.echo(f"{r['name']:<{width}}  {state}  {r['reason']}")
+
+
 @main.command("cache")
 @click.option("--clear", is_flag=True, help="Remove every entry (attnexport's files only).")
 @click.option("--json", "as_json", is_flag=True, help="Print the description as JSON.")
@@ -711,6 +736,8 @@ def _print_bench(rows, variant, dtype):
             notes.append(f"{r.runtime} {r.flavor}: {r.note}")
             continue
         note = [r.note] if r.note else []
+        if r.ratio_to_ort_cpu is not None:
+            note.append(f"{r.ratio_to_ort_cpu:.2f}x ort-cpu's time")
         if r.cpu_nodes:
             note.append(f"{len(r.cpu_nodes)} node(s) on CPU: {', '.join(r.cpu_nodes[:3])}")
         if r.peak_mem_bytes is not None:

@@ -297,7 +297,7 @@ def verify(request: VerifyRequest | None = None, *, progress: Callable[[int, int
         rows.append(row)
     if progress:
         progress(len(plan), len(plan), "done")
-    report = Report(rows, table, dtype, flavors_used, [str(m) for m in models or []],
+    report = Report(rows, R.described(table), dtype, flavors_used, [str(m) for m in models or []],
                     baseline=None if baseline is None else str(baseline))
     if save_baseline is not None:
         report.saved_baseline = str(B.save(rows, save_baseline))
@@ -731,7 +731,7 @@ def _verify_module(model_path, spec, runtimes, rtol, atol, skip_unavailable, inp
     if cache and not changed:
         rows += _decode_rows(module, model, spec, spec_inputs, known_good.example, cache, used, prepared, dtype,
                              tol, flavor, Path(model_path).name)
-    return Report(rows, table, dtype, [flavor], [str(model_path)])
+    return Report(rows, R.described(table), dtype, [flavor], [str(model_path)])
 
 
 def _cache_of(model, pairs: dict) -> dict:

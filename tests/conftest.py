@@ -87,6 +87,9 @@ def pytest_addoption(parser):
     parser.addoption("--all-onnx-cases", action="store_true",
                      help="run every onnx Attention node case in every flavour (tests/test_conformance.py; "
                           "about 50 s on 2 cores), not only the representative ones")
+    parser.addoption("--all-deployment", action="store_true",
+                     help="run every golden case on ort-node, ort-wasm and ort-webgpu (tests/test_js_runtimes.py), "
+                          "not only the representative ones")
     parser.addoption("--all-modules", action="store_true",
                      help="run every real module of tests/test_hf.py in every flavour (the [hf] extra), not only "
                           "the attention flavour")
@@ -100,6 +103,9 @@ def pytest_configure(config):
         return
     cache = tempfile.mkdtemp(prefix="attnexport-test-cache-")
     os.environ["ATTNEXPORT_CACHE"] = cache
+    # The deployment runtimes' npm packages are installed ahead (`attnexport runtimes --install`,
+    # as .ci/run does), never by a test: where they are missing, those tests skip and say so.
+    os.environ["ATTNEXPORT_JS_INSTALL"] = "0"
     atexit.register(shutil.rmtree, cache, ignore_errors=True)
 
 

@@ -233,10 +233,10 @@ def test_closed_choices_are_listed_and_completed():
     complete in shells; a wrong one is attnexport's one line, exit 2."""
     from attnexport.cli import RUNTIME_LIST
     text = run("bench", "--help").output
-    for shown in ("[primitives|attention|ort]", "[fp32|fp16]", "[torch|torch-cuda|ort-cpu|ort-cuda],...",
+    for shown in ("[primitives|attention|ort]", "[fp32|fp16]", "[torch|torch-cuda|ort-cpu|ort-cuda|ort-node|",
                   "[bhsd|bsd]", "INTEGER RANGE"):
         assert shown in text, shown
-    completed = [c.value for c in RUNTIME_LIST.shell_complete(None, None, "torch,ort")]
+    completed = [c.value for c in RUNTIME_LIST.shell_complete(None, None, "torch,ort-c")]
     assert completed == ["torch,ort-cpu", "torch,ort-cuda"]
     r = run("export", "--variant", "mha", "--flavor", "atention")
     assert r.exit_code == 2 and r.output.strip().splitlines() == [

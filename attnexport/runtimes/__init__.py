@@ -1,0 +1,222 @@
+"""The runtimes: one adapter each, one interface, strict about where the work ran.
+
+`torch` and `torch-cuda` run the PyTorch module (`pytorch`); `onnx-ref` runs an exported model on
+onnx's reference evaluator (`reference`); `ort-cpu` and `ort-cuda` on ONNX Runtime's Python
+package (`ort`); `ort-node`, `ort-wasm` and `ort-webgpu` on ONNX Runtime where apps deploy it: in
+Node (onnxruntime-node) and in a browser (onnxruntime-web's WASM and WebGPU backends in headless
+Chromium), through one JavaScript process (`js`). A runtime that cannot run here says why
+(`status`); the accelerated ones (`ort-cuda`, `ort-webgpu`) also prove where every node ran,
+because ONNX Runtime falls back to the CPU silently. Adding a runtime touches this package only.
+"""
+
+from __future__ import annotations
+
+import difflib
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from attnexport.errors import ProviderUnavailableError, UsageError
+
+JS_RUNTIMES = ("ort-node", "ort-wasm", "ort-webgpu")
+RUNTIMES = ("torch", "torch-cuda", "onnx-ref", "ort-cpu", "ort-cuda", *JS_RUNTIMES)
+ONNX_RUNTIMES = ("onnx-ref", "ort-cpu", "ort-cuda", *JS_RUNTIMES)
+# What verify uses when no runtime is named: the ones in this process. The deployment runtimes
+# start Node (and Chromium) and are used when named.
+DEFAULT_RUNTIMES = ("torch", "torch-cuda", "onnx-ref", "ort-cpu", "ort-cuda")
+TIMED_RUNTIMES = ("torch", "torch-cuda", "ort-cpu", "ort-cuda", *JS_RUNTIMES)  # bench's (not the reference evaluator)
+ACCELERATED = ("ort-cuda", "ort-webgpu")  # where a node left on the CPU is a fallback
+
+# Threads of a session's CPU pool when the caller names none; None: ONNX Runtime's choice (every
+# physical core). A process that shares the cores with others (a test worker) sets its share.
+DEFAULT_CPU_THREADS: int | None = None
+
+
+def parse(text: str | None) -> list[str] | None:
+    """`--runtimes a,b,...` -> the names, checked; None (not given) -> None: the default ones."""
+    if text is None:
+        return None
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise UsageError(f"--runtimes {text!r} names no runtime; valid: {', '.join(RUNTIMES)}")
+    for n in names:
+        if n not in RUNTIMES:
+            close = difflib.get_close_matches(n, RUNTIMES, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise UsageError(f"unknown runtime {n!r}{hint}; valid: {', '.join(RUNTIMES)}")
+    return names
+
+
+def select(requested: list[str] | None, skip_unavailable: bool = False):
+    """Returns (runtimes to use, status list). Asked-for and unavailable is an error unless skipped;
+    none asked for: every available one of DEFAULT_RUNTIMES."""
+    names = list(DEFAULT_RUNTIMES) if requested is None else requested
+    used, table = [], []
+    for n in names:
+        s = status(n)
+        if not s.available and requested is not None and not skip_unavailable:
+            raise ProviderUnavailableError(f"runtime {n} is not available: {s.reason} "
+                                           f"(use --skip-unavailable to skip it)")
+        table.append({"name": n, "available": s.available, "reason": s.reason, "used": s.available})
+        if s.available:
+            used.append(n)
+    if not used:
+        raise ProviderUnavailableError("none of the requested runtimes is available: "
+                                       + "; ".join(f"{t['name']}: {t['reason']}" for t in table))
+    return used, table
+
+
+# Ops whose output is their input's shape, not its values.
+SHAPE_OPS = frozenset({"Shape", "Size"})
+
+
+@dataclass(frozen=True)
+class Status:
+    name: str
+    available: bool
+    reason: str = ""  # why not, when not available; a short description otherwise
+
+
+def cpu_nodes(runtime: str, placement: dict[str, list[str]], shape_nodes: frozenset[str]) -> list[str]:
+    """Compute nodes that an accelerator runtime (ort-cuda, ort-webgpu) left on the CPU. Shape
+    arithmetic does not count (`shape_nodes`, from `shape_computations`): ONNX Runtime's CUDA and
+    WebGPU providers keep it there by design."""
+    if runtime not in ACCELERATED:
+        return []
+    return [n for n in placement.get("CPUExecutionProvider", []) if n not in shape_nodes]
+
+
+def shape_computations(model: onnx.ModelProto) -> frozenset[str]:
+    """The nodes ("op_type:name") that read tensor shapes (`Shape`, `Size`) or compute scalars and
+    short vectors from shapes and constants alone, such as the target shape of a Reshape.
+
+    ONNX Runtime's CUDA provider places such nodes on the CPU on purpose (their values are read
+    by the host), so they are not a fallback. A node whose value depends on an input's values,
+    or that makes a tensor of rank 2 or more (a causal mask built from shapes, say), is not shape
+    arithmetic: on the CPU it is a fallback and its result is copied to the device every run.
+    """
+    try:
+        model = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - without inferred ranks, fewer nodes qualify
+        pass
+    g = model.graph
+    rank = {i.name: len(i.dims) for i in g.initializer}
+    for vi in [*g.input, *g.value_info, *g.output]:
+        t = vi.type.tensor_type
+        if t.HasField("shape"):
+            rank[vi.name] = len(t.shape.dim)
+    initializers = {i.name for i in g.initializer}
+    data = {i.name for i in g.input if i.name not in initializers}  # values that depend on inputs
+    found = set()
+    for node in g.node:
+        if node.op_type in SHAPE_OPS:  # its output is a shape: independent of its input's values
+            found.add(f"{node.op_type}:{node.name}")
+            continue
+        if any(i in data for i in node.input) or any(a.g.node for a in node.attribute):
+            data.update(node.output)
+            continue
+        if all(o == "" or rank.get(o, 99) <= 1 for o in node.output):
+            found.add(f"{node.op_type}:{node.name}")
+    return frozenset(found)
+
+
+@dataclass
+class Prepared:
+    """A runtime ready to run one model (or module)."""
+
+    runtime: str
+    run: Callable[[dict], dict]  # dict of NumPy inputs -> dict of NumPy outputs, by output name
+    providers: list[str] = field(default_factory=list)
+    placement: dict[str, list[str]] = field(default_factory=dict)  # provider -> "op_type:name"
+    shape_nodes: frozenset = frozenset()  # nodes that compute shapes only (shape_computations)
+    note: str = ""  # what the user should know of this runtime's run (the WebGPU adapter that ran)
+    # (feed, runs) -> ms of each run, timed where the runtime runs (in JavaScript: the pipe's cost
+    # is not timed); None: time `run` from Python
+    time_runs: Callable[[dict, int], list[float]] | None = None
+
+    @property
+    def cpu_nodes(self) -> list[str]:
+        return cpu_nodes(self.runtime, self.placement, self.shape_nodes)
+
+    def timed(self, feed: dict, warmup: int = 1, iters: int = 5) -> tuple[dict[str, np.ndarray], float]:
+        """Runs `warmup` times, then `iters` times; returns the outputs and the median ms."""
+        for _ in range(warmup):
+            outs = self.run(feed)
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            outs = self.run(feed)
+            times.append((time.perf_counter() - t0) * 1e3)
+        return outs, statistics.median(times)
+
+
+def status(name: str) -> Status:
+    if name not in RUNTIMES:
+        raise ValueError(name)
+    if name == "torch-cuda":
+        from attnexport.runtimes import pytorch
+        return pytorch.cuda_status()
+    if name == "ort-cuda":
+        from attnexport.runtimes import ort
+        return ort.cuda_status()
+    if name in JS_RUNTIMES:
+        from attnexport.runtimes import js
+        return js.status(name)
+    return Status(name, True, {"torch": "PyTorch eager, CPU", "onnx-ref": "onnx.reference.ReferenceEvaluator",
+                               "ort-cpu": "CPUExecutionProvider"}[name])
+
+
+def described(table: list[dict]) -> list[dict]:
+    """select()'s table with each used runtime's description as it is after the runs (the WebGPU
+    adapter is known once the browser has run)."""
+    return [dict(t, reason=status(t["name"]).reason) if t["used"] else t for t in table]
+
+
+def require(name: str) -> None:
+    s = status(name)
+    if not s.available:
+        raise ProviderUnavailableError(f"runtime {name} is not available: {s.reason}")
+
+
+def prepare_onnx(name: str, model: onnx.ModelProto, optimize: bool = True) -> Prepared:
+    """`model` ready to run on the ONNX runtime `name`; `optimize=False` keeps every node as it is
+    (the runtime's graph optimizations off), for localization."""
+    require(name)
+    if name == "onnx-ref":
+        from attnexport.runtimes import reference
+        return reference.prepare(model)
+    if name in JS_RUNTIMES:
+        from attnexport.runtimes import js
+        return js.prepare(name, model, optimize=optimize)
+    from attnexport.runtimes import ort
+    return ort.prepare(name, model, optimize=optimize)
+
+
+def prepare_torch(name, variant, options, params, dtype) -> Prepared:
+    """The variant's module on `torch` or `torch-cuda` (see runtimes.pytorch)."""
+    from attnexport.runtimes import pytorch
+    return pytorch.prepare_torch(name, variant, options, params, dtype)
+
+
+def ort_session(name: str, model: onnx.ModelProto, threads: int | None = None, optimize: bool = True,
+                tf32: bool = False, cuda_graph: bool = False):
+    """The one place ONNX Runtime sessions are made in Python (see runtimes.ort.ort_session)."""
+    from attnexport.runtimes import ort
+    return ort.ort_session(name, model, threads=threads, optimize=optimize, tf32=tf32, cuda_graph=cuda_graph)
+
+
+def reference_ops() -> list:
+    """The ops attnexport gives onnx's ReferenceEvaluator (see runtimes.reference)."""
+    from attnexport.runtimes import reference
+    return reference.reference_ops()
+
+
+def has_fp16(model: onnx.ModelProto) -> bool:
+    """Whether any input, output or initializer of the graph is float16."""
+    g = model.graph
+    return any(vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16 for vi in [*g.input, *g.output]) or \
+        any(i.data_type == onnx.TensorProto.FLOAT16 for i in g.initializer)

@@ -1,0 +1,312 @@
+"""`ort-node`, `ort-wasm`, `ort-webgpu`: ONNX Runtime where apps deploy it.
+
+`ort-node` is onnxruntime-node in a Node process; `ort-wasm` and `ort-webgpu` are onnxruntime-web's
+WASM and WebGPU backends in headless Chromium (the machine's GPU where it has one, the software
+adapter otherwise; the runtime's description names the adapter that ran). One JavaScript process
+(`js/bridge.mjs`) serves the three: Python starts it on first use and talks to it over a pipe
+(frames of JSON with base64 tensors); the page is served from 127.0.0.1 only.
+
+The npm packages are pinned (`js/package.json`, `js/package-lock.json`) and installed by attnexport
+into its cache folder on first use (`attnexport runtimes --install` does it ahead, as CI does);
+`ATTNEXPORT_JS_HOME` moves that folder, `ATTNEXPORT_JS_INSTALL=0` forbids installing (the test
+suite sets it: it writes nothing outside its temporary folders), `ATTNEXPORT_CHROMIUM` names the
+browser. What is missing is said in one line with its fix.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import functools
+import hashlib
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from attnexport import runtimes as R
+from attnexport.errors import ProviderUnavailableError
+
+PACKAGE = Path(__file__).parent / "js"
+NODE_MIN = 20  # playwright-core 1.65 needs Node 20
+REQUEST_SECONDS = 900  # a request that takes longer (a hung browser) ends the process
+_BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+_DTYPES: dict[np.dtype, str] = {np.dtype(t): name for t, name in (
+    (np.float32, "float32"), (np.float16, "float16"), (np.int64, "int64"), (np.int32, "int32"), (np.bool_, "bool"),
+    (np.uint8, "uint8"), (np.int8, "int8"), (np.float64, "float64"))}
+_NUMPY: dict[str, np.dtype] = {name: dtype for dtype, name in _DTYPES.items()}
+
+
+def pins() -> dict[str, str]:
+    """The npm packages and their exact versions."""
+    return json.loads((PACKAGE / "package.json").read_text())["dependencies"]
+
+
+def home() -> Path:
+    """Where the pinned packages are installed: `ATTNEXPORT_JS_HOME`, else a folder named after the
+    lockfile in attnexport's cache folder (a new pin installs beside the old)."""
+    env = os.environ.get("ATTNEXPORT_JS_HOME")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    lock = hashlib.sha256((PACKAGE / "package-lock.json").read_bytes()).hexdigest()[:12]
+    return Path(base) / "attnexport" / f"js-{lock}"
+
+
+def installed(where: Path | None = None) -> bool:
+    where = home() if where is None else where
+    for name, version in pins().items():
+        try:
+            if json.loads((where / "node_modules" / name / "package.json").read_text())["version"] != version:
+                return False
+        except (OSError, ValueError, KeyError):
+            return False
+    return True
+
+
+@functools.cache
+def find_node() -> tuple[str | None, str]:
+    """(the node executable, its version) or (None, why not)."""
+    node = shutil.which("node")
+    if node is None:
+        return None, "no Node.js (`node`) on the PATH: install Node.js 20 or newer (nodejs.org, or the system's nodejs)"
+    try:
+        version = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+        major = int(version.lstrip("v").split(".")[0])
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None, f"{node} --version did not answer"
+    if major < NODE_MIN:
+        return None, f"Node.js {version} is too old: install Node.js {NODE_MIN} or newer"
+    return node, version
+
+
+@functools.cache
+def find_chromium() -> tuple[str | None, str]:
+    """(the browser executable, its version) or (None, why not)."""
+    given = os.environ.get("ATTNEXPORT_CHROMIUM")
+    if given and not (os.path.isfile(given) and os.access(given, os.X_OK)):
+        return None, f"ATTNEXPORT_CHROMIUM={given} is not an executable file"
+    found = given or next((p for p in map(shutil.which, _BROWSERS) if p), None)
+    if found is None:
+        return None, ("no Chromium: install it (`apt-get install chromium` on Debian and Ubuntu) or set "
+                      "ATTNEXPORT_CHROMIUM to a Chromium or Chrome executable")
+    try:
+        out = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    return found, out.splitlines()[-1] if out else found
+
+
+def _may_install() -> bool:
+    return os.environ.get("ATTNEXPORT_JS_INSTALL", "1").strip().lower() not in ("0", "no", "off", "false")
+
+
+def status(name: str) -> R.Status:
+    node, why = find_node()
+    if node is None:
+        return R.Status(name, False, why)
+    browser = None
+    if name != "ort-node":
+        browser, version = find_chromium()
+        if browser is None:
+            return R.Status(name, False, version)
+    if not installed():
+        if not _may_install():
+            return R.Status(name, False, f"the npm packages are not installed in {home()}: run "
+                                         "`attnexport runtimes --install`")
+        if shutil.which("npm") is None:
+            return R.Status(name, False, "no npm on the PATH to install onnxruntime-node/-web (it comes with Node.js)")
+    pinned = pins()
+    if name == "ort-node":
+        return R.Status(name, True, f"onnxruntime-node {pinned['onnxruntime-node']}, Node {why}")
+    where = f"onnxruntime-web {pinned['onnxruntime-web']} ({name[4:]}), {version}"
+    if name == "ort-webgpu" and _BRIDGE is not None and _BRIDGE.adapter is not None:
+        where += f", adapter: {describe_adapter(_BRIDGE.adapter)}"
+    return R.Status(name, True, where)
+
+
+def describe_adapter(adapter: dict) -> str:
+    if not adapter.get("available"):
+        return f"none ({adapter.get('reason', '')})"
+    words = " ".join(w for w in (adapter.get("vendor"), adapter.get("architecture"), adapter.get("description")) if w)
+    return f"{words or 'unnamed'}" + (" (a software fallback adapter, not a GPU)" if adapter.get("fallback") else "")
+
+
+def install(progress=sys.stderr) -> Path:
+    """Installs the pinned npm packages (once; a folder is renamed into place only when complete)."""
+    target = home()
+    if installed(target):
+        return target
+    npm = shutil.which("npm")
+    if npm is None:
+        raise ProviderUnavailableError("no npm on the PATH to install onnxruntime-node/-web (it comes with Node.js)")
+    listed = ", ".join(f"{n} {v}" for n, v in pins().items())
+    print(f"attnexport: installing {listed} into {target} (about 450 MB, once)", file=progress, flush=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        for f in ("package.json", "package-lock.json"):
+            shutil.copyfile(PACKAGE / f, work / f)
+        env = {**os.environ, "ONNXRUNTIME_NODE_INSTALL": "skip"}  # the CPU build only: no CUDA binaries fetched
+        r = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=work, env=env,
+                           capture_output=True, text=True, timeout=1800)
+        if r.returncode != 0:
+            last = (r.stderr.strip() or r.stdout.strip()).splitlines()
+            raise ProviderUnavailableError(f"npm could not install {listed}: {last[-1] if last else r.returncode}")
+        if installed(target):  # another process finished first
+            return target
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(work, target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+class _Bridge:
+    """The JavaScript process and its pipe; one request at a time."""
+
+    def __init__(self):
+        node, _ = find_node()
+        if node is None:
+            raise ProviderUnavailableError(find_node()[1])
+        if not installed():
+            if not _may_install():
+                raise ProviderUnavailableError(f"the npm packages are not installed in {home()}: run "
+                                               "`attnexport runtimes --install`")
+            install()
+        env = {**os.environ, "ATTNEXPORT_JS_HOME": str(home())}
+        browser, _ = find_chromium()
+        if browser:
+            env["ATTNEXPORT_CHROMIUM"] = browser
+        self.log = tempfile.TemporaryFile()  # the process's own messages: read when it fails
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen([node, str(PACKAGE / "bridge.mjs")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, env=env)
+        self.lock = threading.RLock()
+        self.released: list[int] = []
+        self.adapter: dict | None = None
+        self.call({"op": "hello"})
+        self.startup_ms = {"ort-node": (time.perf_counter() - t0) * 1e3}
+
+    def call(self, request: dict) -> dict:
+        with self.lock:
+            while self.released and request.get("op") != "release":
+                self._exchange({"op": "release", "id": self.released.pop()})
+            answer = self._exchange(request)
+        if "error" in answer:
+            raise RuntimeError(answer["error"] + (f" (browser: {answer['log']})" if answer.get("log") else ""))
+        return answer
+
+    def _exchange(self, request: dict) -> dict:
+        body = json.dumps(request).encode()
+        timer = threading.Timer(REQUEST_SECONDS, self.proc.kill)
+        timer.start()
+        try:
+            assert self.proc.stdin is not None and self.proc.stdout is not None
+            self.proc.stdin.write(struct.pack("<I", len(body)) + body)
+            self.proc.stdin.flush()
+            head = self.proc.stdout.read(4)
+            if len(head) < 4:
+                raise RuntimeError(f"the JavaScript runtime process ended: {self._last_words()}")
+            (n,) = struct.unpack("<I", head)
+            return json.loads(self.proc.stdout.read(n))
+        except BrokenPipeError:
+            raise RuntimeError(f"the JavaScript runtime process ended: {self._last_words()}") from None
+        finally:
+            timer.cancel()
+
+    def _last_words(self) -> str:
+        self.log.seek(0)
+        lines = [ln for ln in self.log.read().decode(errors="replace").splitlines() if ln.strip()]
+        return lines[-1][:300] if lines else f"exit status {self.proc.poll()}"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                body = json.dumps({"op": "quit"}).encode()
+                self.proc.stdin.write(struct.pack("<I", len(body)) + body)
+                self.proc.stdin.close()
+                self.proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+
+
+_BRIDGE: _Bridge | None = None
+
+
+def bridge() -> _Bridge:
+    """The run's JavaScript process, started on first use."""
+    global _BRIDGE
+    if _BRIDGE is None or _BRIDGE.proc.poll() is not None:
+        _BRIDGE = _Bridge()
+        atexit.register(_BRIDGE.close)
+    return _BRIDGE
+
+
+def _tensor(a) -> dict:
+    a = np.ascontiguousarray(a)
+    if a.dtype not in _DTYPES:
+        raise ValueError(f"a {a.dtype} input cannot go to ONNX Runtime in JavaScript")
+    return {"dtype": _DTYPES[a.dtype], "dims": list(a.shape), "data": base64.b64encode(a.tobytes()).decode()}
+
+
+def _array(t: dict) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(t["data"]), dtype=_NUMPY[t["dtype"]]).reshape(t["dims"]).copy()
+
+
+def prepare(name: str, model: onnx.ModelProto, optimize: bool = True) -> R.Prepared:
+    """`model` on `name` (ort-node, ort-wasm or ort-webgpu), run by output name."""
+    b = bridge()
+    request = {"op": "load", "runtime": name, "model": base64.b64encode(model.SerializeToString()).decode(),
+               "optimize": optimize, "threads": R.DEFAULT_CPU_THREADS or 0}
+    if name == "ort-node" and R.has_fp16(model):
+        # The CPU provider's NCHWc pass crashes on fp16 Transpose -> MatMul (see runtimes.ort); the
+        # JavaScript API cannot leave one pass out, so the layout level is not run.
+        request["level"] = "extended"
+    started = time.perf_counter()
+    first_browser = name != "ort-node" and b.adapter is None and not any(k != "ort-node" for k in b.startup_ms)
+    try:
+        info = b.call(request)
+    except RuntimeError as e:
+        if "no WebGPU adapter" in str(e):
+            raise ProviderUnavailableError(f"runtime ort-webgpu is not available: {e}") from None
+        raise
+    if first_browser:
+        b.startup_ms["browser"] = (time.perf_counter() - started) * 1e3
+    if info.get("adapter"):
+        b.adapter = info["adapter"]
+    session = _Session(info["id"])
+    weakref.finalize(session, b.released.append, session.id)  # released before the next request
+    outputs = list(info["outputs"])
+
+    def run(feed: dict) -> dict:  # holds the session as long as it can be called
+        answer = b.call({"op": "run", "id": session.id, "feeds": {n: _tensor(a) for n, a in feed.items()}})
+        return {n: _array(answer["outputs"][n]) for n in outputs}
+
+    def time_runs(feed: dict, runs: int) -> list[float]:
+        return list(b.call({"op": "time", "id": session.id, "feeds": {n: _tensor(a) for n, a in feed.items()},
+                            "runs": runs})["ms"])
+
+    placement = {provider: list(nodes) for provider, nodes in (info.get("placement") or {}).items()}
+    shapes = R.shape_computations(model) if name == "ort-webgpu" else frozenset()
+    note = f"adapter: {describe_adapter(b.adapter)}" if name == "ort-webgpu" and b.adapter else ""
+    return R.Prepared(name, run, sorted(placement) or [name], placement, shapes, note=note, time_runs=time_runs)
+
+
+class _Session:
+    """A session in the JavaScript process, released there when nothing here can run it any more."""
+
+    def __init__(self, id_: int):
+        self.id = id_

@@ -1,0 +1,227 @@
+// attnexport's bridge to ONNX Runtime where apps deploy it: onnxruntime-node in this process, and
+// onnxruntime-web's WASM and WebGPU backends in a headless Chromium driven by playwright-core.
+//
+// Python (attnexport/runtimes/js.py) starts one bridge per run and sends requests on stdin; each
+// request and each answer is a frame: 4 bytes of little-endian length, then that many bytes of
+// JSON. Tensors travel as {dtype, dims, data: base64 of the little-endian bytes}. Requests:
+//   {op: "load", runtime, model: base64, optimize, threads} -> {id, inputs, outputs, placement, adapter}
+//   {op: "run", id, feeds}                                  -> {outputs: {name: tensor}}
+//   {op: "time", id, feeds, runs}                           -> {ms: [one per run]}
+//   {op: "release", id}, {op: "quit"}
+// An error answers {error: "one line"}. The page is served from 127.0.0.1 only.
+//
+// ATTNEXPORT_JS_HOME is the folder holding node_modules (attnexport installs the pinned packages
+// there); ATTNEXPORT_CHROMIUM the browser to drive.
+
+import { createRequire } from 'node:module';
+import fs from 'node:fs';
+import http from 'node:http';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const home = process.env.ATTNEXPORT_JS_HOME;
+const require = createRequire(path.join(home, 'package.json'));
+const here = path.dirname(fileURLToPath(import.meta.url));
+
+// A package's folder and version (onnxruntime-web exports no package.json subpath).
+function packageOf(name) {
+  let dir = path.dirname(require.resolve(name));
+  while (!fs.existsSync(path.join(dir, 'package.json')) ||
+         JSON.parse(fs.readFileSync(path.join(dir, 'package.json'))).name !== name) dir = path.dirname(dir);
+  return { dir, version: JSON.parse(fs.readFileSync(path.join(dir, 'package.json'))).version };
+}
+
+const sessions = new Map(); // id -> {runtime, session (node) | page-side id (browser)}
+let nextId = 1;
+
+// --- tensors --------------------------------------------------------------------------------------
+
+const ARRAYS = {
+  float32: Float32Array, float16: Uint16Array, int64: BigInt64Array, int32: Int32Array, bool: Uint8Array,
+  uint8: Uint8Array, int8: Int8Array, float64: Float64Array,
+};
+
+function decode(ort, t) {
+  const bytes = Buffer.from(t.data, 'base64');
+  const Array_ = ARRAYS[t.dtype];
+  const copy = new Uint8Array(bytes.length); // aligned for the typed array
+  copy.set(bytes);
+  return new ort.Tensor(t.dtype, new Array_(copy.buffer, 0, bytes.length / Array_.BYTES_PER_ELEMENT), t.dims);
+}
+
+function encode(tensor) {
+  const d = tensor.data;
+  return { dtype: tensor.type, dims: Array.from(tensor.dims),
+           data: Buffer.from(d.buffer, d.byteOffset, d.byteLength).toString('base64') };
+}
+
+// --- Node: onnxruntime-node -------------------------------------------------------------------------
+
+let ortNode = null;
+
+async function loadNode(req) {
+  ortNode = ortNode || require('onnxruntime-node');
+  const options = { graphOptimizationLevel: req.optimize ? req.level || 'all' : 'disabled', logSeverityLevel: 3 };
+  if (req.threads) options.intraOpNumThreads = req.threads;
+  const session = await ortNode.InferenceSession.create(Buffer.from(req.model, 'base64'), options);
+  const id = nextId++;
+  sessions.set(id, { runtime: 'ort-node', session });
+  return { id, inputs: session.inputNames, outputs: session.outputNames,
+           placement: { CPUExecutionProvider: ['*'] }, version: packageOf('onnxruntime-node').version };
+}
+
+async function runNode(s, feeds) {
+  const given = {};
+  for (const [name, t] of Object.entries(feeds)) given[name] = decode(ortNode, t);
+  const out = await s.session.run(given);
+  const result = {};
+  for (const name of s.session.outputNames) result[name] = encode(out[name]);
+  return result;
+}
+
+async function timeNode(s, feeds, runs) {
+  const given = {};
+  for (const [name, t] of Object.entries(feeds)) given[name] = decode(ortNode, t);
+  const ms = [];
+  for (let i = 0; i < runs; i++) {
+    const t0 = performance.now();
+    await s.session.run(given);
+    ms.push(performance.now() - t0);
+  }
+  return ms;
+}
+
+// --- the browser: onnxruntime-web in headless Chromium ------------------------------------------------
+
+let browser = null; // {page, server, models: Map(id -> bytes), adapter}
+
+async function startBrowser() {
+  const { chromium } = require('playwright-core');
+  const web = packageOf('onnxruntime-web');
+  const dist = path.join(web.dir, 'dist');
+  const models = new Map();
+  // Cross-origin isolation: WASM threads need SharedArrayBuffer.
+  const isolated = { 'Cross-Origin-Opener-Policy': 'same-origin', 'Cross-Origin-Embedder-Policy': 'require-corp',
+                     'Cache-Control': 'no-store' };
+  const server = http.createServer((req, res) => {
+    const url = new URL(req.url, 'http://127.0.0.1');
+    let body = null;
+    let type = 'application/octet-stream';
+    if (url.pathname === '/') {
+      body = fs.readFileSync(path.join(here, 'page.html'));
+      type = 'text/html';
+    } else if (url.pathname === '/page.mjs') {
+      body = fs.readFileSync(path.join(here, 'page.mjs'));
+      type = 'text/javascript';
+    } else if (url.pathname.startsWith('/ort/')) {
+      const file = path.join(dist, path.basename(url.pathname));
+      if (fs.existsSync(file)) {
+        body = fs.readFileSync(file);
+        type = file.endsWith('.wasm') ? 'application/wasm' : 'text/javascript';
+      }
+    } else if (url.pathname.startsWith('/model/')) {
+      body = models.get(Number(path.basename(url.pathname))) || null;
+    }
+    if (body === null) {
+      res.writeHead(404, isolated);
+      res.end();
+      return;
+    }
+    res.writeHead(200, { ...isolated, 'content-type': type });
+    res.end(body);
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const launched = await chromium.launch({
+    executablePath: process.env.ATTNEXPORT_CHROMIUM, headless: true,
+    args: ['--no-sandbox', '--enable-unsafe-webgpu', '--disable-background-networking', '--disable-component-update',
+           '--no-first-run', '--disable-sync', '--disable-quic', '--disable-extensions'],
+  });
+  const page = await launched.newPage();
+  const logs = [];
+  page.on('console', (m) => logs.push(m.text()));
+  page.on('pageerror', (e) => logs.push(`page error: ${e.message}`));
+  await page.goto(`http://127.0.0.1:${server.address().port}/`);
+  await page.waitForFunction(() => window.attnexport !== undefined, null, { timeout: 60000 });
+  const adapter = await page.evaluate(() => window.attnexport.adapter());
+  browser = { launched, page, server, models, adapter, logs, version: web.version };
+  return browser;
+}
+
+async function loadBrowser(req) {
+  const b = browser || await startBrowser();
+  const ep = req.runtime === 'ort-webgpu' ? 'webgpu' : 'wasm';
+  if (ep === 'webgpu' && !b.adapter.available) {
+    throw new Error(`Chromium has no WebGPU adapter here: ${b.adapter.reason}`);
+  }
+  const id = nextId++;
+  b.models.set(id, Buffer.from(req.model, 'base64'));
+  try {
+    const info = await b.page.evaluate((a) => window.attnexport.load(a),
+                                       { id, ep, optimize: req.optimize, threads: req.threads || 0,
+                                         webgpu: b.adapter.available });
+    sessions.set(id, { runtime: req.runtime });
+    return { id, ...info, adapter: ep === 'webgpu' ? b.adapter : null, version: b.version };
+  } finally {
+    b.models.delete(id);
+  }
+}
+
+// --- the loop ----------------------------------------------------------------------------------------
+
+async function handle(req) {
+  if (req.op === 'hello') return { node: process.version };
+  if (req.op === 'load') return req.runtime === 'ort-node' ? loadNode(req) : loadBrowser(req);
+  const s = sessions.get(req.id);
+  if (req.op === 'release') {
+    sessions.delete(req.id);
+    if (s && s.runtime !== 'ort-node') await browser.page.evaluate((id) => window.attnexport.release(id), req.id);
+    return {};
+  }
+  if (!s) throw new Error(`no session ${req.id}`);
+  if (req.op === 'run') {
+    if (s.runtime === 'ort-node') return { outputs: await runNode(s, req.feeds) };
+    return { outputs: await browser.page.evaluate((a) => window.attnexport.run(a.id, a.feeds), req) };
+  }
+  if (req.op === 'time') {
+    if (s.runtime === 'ort-node') return { ms: await timeNode(s, req.feeds, req.runs) };
+    return { ms: await browser.page.evaluate((a) => window.attnexport.time(a.id, a.feeds, a.runs), req) };
+  }
+  throw new Error(`unknown request ${req.op}`);
+}
+
+function send(message) {
+  const body = Buffer.from(JSON.stringify(message));
+  const head = Buffer.alloc(4);
+  head.writeUInt32LE(body.length, 0);
+  process.stdout.write(Buffer.concat([head, body]));
+}
+
+async function close() {
+  if (browser) {
+    await browser.launched.close().catch(() => {});
+    browser.server.close();
+  }
+  process.exit(0);
+}
+
+let pending = Buffer.alloc(0);
+let queue = Promise.resolve();
+process.stdin.on('data', (chunk) => {
+  pending = Buffer.concat([pending, chunk]);
+  while (pending.length >= 4) {
+    const n = pending.readUInt32LE(0);
+    if (pending.length < 4 + n) break;
+    const req = JSON.parse(pending.subarray(4, 4 + n).toString());
+    pending = pending.subarray(4 + n);
+    queue = queue.then(async () => {
+      if (req.op === 'quit') return close();
+      try {
+        send(await handle(req));
+      } catch (e) {
+        const recent = browser ? browser.logs.slice(-3).join(' | ') : '';
+        send({ error: String(e && e.message ? e.message : e).split('\n')[0], log: recent });
+      }
+    });
+  }
+});
+process.stdin.on('end', () => { queue.then(close); });

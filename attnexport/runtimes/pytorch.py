@@ -1,0 +1,50 @@
+"""`torch` and `torch-cuda`: the variant's PyTorch module itself, on the CPU or a CUDA device."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from attnexport import dtypes as D
+from attnexport import runtimes as R
+from attnexport import schema, seeding
+
+
+@functools.cache
+def cuda_status() -> R.Status:
+    import torch
+    if torch.version.cuda is None:
+        return R.Status("torch-cuda", False, f"this torch build has no CUDA (torch {torch.__version__})")
+    if not torch.cuda.is_available():
+        return R.Status("torch-cuda", False, f"torch {torch.__version__} sees no CUDA device")
+    return R.Status("torch-cuda", True, torch.cuda.get_device_name(0))
+
+
+def prepare_torch(name: str, variant: schema.Variant, options: dict, params: dict, dtype: str) -> R.Prepared:
+    """The variant's module on CPU or CUDA; outputs are named by the variant's declared outputs
+    (a module returning more than it declares gets the extras as `<unnamed i>`)."""
+    import torch
+    R.require(name)
+    device = "cuda" if name == "torch-cuda" else "cpu"
+    tdtype = D.torch_dtype(dtype)
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 parity: no TF32
+        torch.backends.cudnn.allow_tf32 = False
+    module = seeding.load_params(variant.build(options), params).to(device=device, dtype=tdtype).eval()
+    declared = [s.name for s in variant.outputs(options)]
+
+    def run(feed):
+        args = [torch.from_numpy(np.ascontiguousarray(a)).to(device=device,
+                                                             dtype=tdtype if a.dtype.kind == "f" else None)
+                for a in feed.values()]
+        with torch.no_grad():
+            out = module(*args)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        out = out if isinstance(out, tuple) else (out,)
+        arrays = [t.float().cpu().numpy() for t in out]
+        names = declared + [f"<unnamed {i}>" for i in range(len(declared), len(arrays))]
+        return dict(zip(names, arrays, strict=False))  # fewer outputs than declared: the missing are said
+
+    return R.Prepared(name, run, [device])

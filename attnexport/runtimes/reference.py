@@ -1,0 +1,75 @@
+"""`onnx-ref`: onnx's ReferenceEvaluator, with the ops attnexport gives it."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from attnexport import runtimes as R
+
+
+def reference_ops() -> list:
+    """The ops attnexport gives onnx's ReferenceEvaluator: com.microsoft.MultiHeadAttention, which
+    it lacks, and GatherElements, which it gets wrong where the gathered axis is longer than the
+    numpy.choose it relies on takes (64 choices in numpy 2; onnx 1.23's fallback then reads one
+    element per row and fails to reshape: a BertModel's position ids, (1, 512) gathered to
+    (1, T), broke the whole model on that runtime). The replacement is the operator's definition
+    with numpy.take_along_axis."""
+    from onnx.reference.op_run import OpRun
+
+    class GatherElements(OpRun):
+        def _run(self, data, indices, axis=None):
+            axis = 0 if axis is None else axis
+            axis = axis % data.ndim
+            indices = np.where(indices < 0, indices + data.shape[axis], indices)  # negative: from the end
+            # out[i][j] = data[i][indices[i][j]] (axis 1): the other axes as long as the indices'.
+            data = data[tuple(slice(None) if a == axis else slice(0, n) for a, n in enumerate(indices.shape))]
+            return (np.take_along_axis(data, indices.astype(np.int64), axis=axis),)
+    return [mha_reference_op(), GatherElements]
+
+
+def mha_reference_op():
+    """com.microsoft.MultiHeadAttention for onnx's ReferenceEvaluator (the subset attnexport emits)."""
+    from onnx.reference.op_run import OpRun
+
+    class MultiHeadAttention(OpRun):
+        op_domain = "com.microsoft"
+
+        def _run(self, query, key=None, value=None, bias=None, key_padding_mask=None, attention_bias=None,
+                 past_key=None, past_value=None, *unused, num_heads=None, scale=None, unidirectional=None,
+                 mask_filter_value=None):
+            B, S, D = query.shape
+            L, N = key.shape[1], num_heads
+            q = query.reshape(B, S, N, D // N).transpose(0, 2, 1, 3)
+            k = key.reshape(B, L, N, -1).transpose(0, 2, 1, 3)
+            v = value.reshape(B, L, N, -1).transpose(0, 2, 1, 3)
+            P = 0
+            if past_key is not None:  # the cache: past keys/values first; causal offset by their number
+                P = past_key.shape[2]
+                k, v = np.concatenate([past_key, k], axis=2), np.concatenate([past_value, v], axis=2)
+            s = (q @ k.transpose(0, 1, 3, 2)) * (scale if scale else 1.0 / np.sqrt(D // N))
+            if attention_bias is not None:
+                s = s + attention_bias
+            if unidirectional:
+                s = s + np.where(np.tril(np.ones((S, P + L), bool), k=P), 0, -np.inf).astype(s.dtype)
+            with np.errstate(invalid="ignore"):
+                e = np.exp(s - s.max(-1, keepdims=True))
+                p = (e / e.sum(-1, keepdims=True)).astype(query.dtype)
+            out = (p @ v).transpose(0, 2, 1, 3).reshape(B, S, -1)
+            if past_key is not None:
+                return out.astype(query.dtype), k.astype(query.dtype), v.astype(query.dtype)
+            return (out.astype(query.dtype),)
+
+    return MultiHeadAttention
+
+
+def prepare(model: onnx.ModelProto) -> R.Prepared:
+    """The reference evaluator on `model`, run by output name."""
+    from onnx.reference import ReferenceEvaluator
+    ev = ReferenceEvaluator(model, new_ops=reference_ops())
+    names = list(ev.output_names)
+
+    def run(feed: dict) -> dict:
+        with np.errstate(all="ignore"):  # fully masked rows make NaN before the guard selects 0
+            return {n: np.asarray(o) for n, o in zip(names, ev.run(None, feed), strict=True)}
+    return R.Prepared("onnx-ref", run, ["ReferenceEvaluator"])

@@ -1,0 +1,335 @@
+"""The deployment runtimes: ONNX Runtime in Node (`ort-node`) and in headless Chromium
+(`ort-wasm`, `ort-webgpu`), through attnexport's JavaScript process. Each runtime runs a
+representative set here (every flavour, a concat cache, a static cache, a module, the README's
+loops); `--all-deployment` runs every golden case. What onnxruntime-web 1.30.0's WebGPU backend
+computes or refuses differently is pinned below, each departure on a one-node model.
+
+Where Node, Chromium or the npm packages are missing (`attnexport runtimes --install` installs the
+packages; the suite never does), every test here skips with the reason.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper
+
+from attnexport import modules as M
+from attnexport import runtimes as R
+from attnexport import seeding
+from attnexport import variants as V
+from attnexport import verify as VF
+from attnexport.cli import main
+from attnexport.compare import compare, tolerance
+
+ROOT = Path(__file__).resolve().parent.parent
+FLAVORS = ("primitives", "attention", "ort")
+# One case of each kind: a plain block, a concat cache, a static cache (both with the decode
+# checks), sdpa's operator options, a cross-attention block.
+REPRESENTATIVE = ("mha-seeded", "mha-kv-cache", "mha-static-cache", "sdpa-gqa-causal-bool", "cross-padding")
+
+
+def _need(name):
+    s = R.status(name)
+    if not s.available:
+        pytest.skip(f"{name} is not available: {s.reason}")
+
+
+def _webgpu_on_software():
+    """Whether the WebGPU adapter is Chromium's software fallback (SwiftShader), not a GPU."""
+    from attnexport.runtimes import js
+    R.prepare_onnx("ort-webgpu", _one_node("Relu"))  # starts the browser: its adapter is known
+    return bool(js.bridge().adapter and js.bridge().adapter.get("fallback"))
+
+
+def _one_node(op, inputs=("x",), outputs=("y",), domain="", opsets=(("", 17),), **attrs):
+    node = helper.make_node(op, list(inputs), list(outputs), domain=domain, **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                                            for n in inputs if n],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets], ir_version=8)
+
+
+# --- the representative set, on each runtime ------------------------------------------------------
+
+@pytest.mark.parametrize("runtime", R.JS_RUNTIMES)
+def test_representative_cases_pass_in_every_flavour(runtime):
+    """Node and WASM pass every case in every flavour; WebGPU in the primitives and attention
+    flavours (its `ort` flavour departures are pinned below)."""
+    _need(runtime)
+    flavors = FLAVORS if runtime != "ort-webgpu" else ("primitives", "attention")
+    report = VF.verify(runtimes=[runtime], cases=list(REPRESENTATIVE), flavors=list(flavors))
+    assert report.ok, "\n".join(r.describe() for r in report.failures)
+    ran = [r for r in report.rows if not r.skipped]
+    assert {r.flavor for r in ran} == set(flavors)
+    assert any("/decode-" in r.case for r in ran)  # the cache's decode checks ran there too
+    assert all(r.comparisons for r in ran)
+    described = {t["name"]: t["reason"] for t in report.runtimes}
+    if runtime == "ort-webgpu":  # the report says which adapter ran
+        assert "adapter: " in described[runtime]
+
+
+def test_the_cli_verifies_a_model_file_on_the_three_runtimes(tmp_path):
+    for runtime in R.JS_RUNTIMES:
+        _need(runtime)
+    path = tmp_path / "mha.onnx"
+    r = CliRunner().invoke(main, ["export", "--variant", "mha", "--flavor", "primitives", "-o", str(path)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["verify", str(path), "--runtimes", ",".join(R.JS_RUNTIMES), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert {row["runtime"] for row in doc["results"]} == set(R.JS_RUNTIMES)
+    assert all(row["passed"] and row["outputs"] for row in doc["results"])
+
+
+@pytest.mark.parametrize("runtime", R.JS_RUNTIMES)
+def test_a_users_module_verifies_there(runtime, tmp_path):
+    _need(runtime)
+    from attnexport import export as E
+    spec = "examples/causal_self_attention.py:example"
+    module, inputs = M.load(spec)
+    path = tmp_path / "m.onnx"
+    E.export_module(module, inputs, flavor="primitives", output=path, name=spec)
+    report = VF.verify_module(path, spec, [runtime])
+    assert report.rows and all(r.passed and r.comparisons for r in report.rows), \
+        "\n".join(r.describe() for r in report.rows if not r.passed)
+
+
+def test_every_golden_case_on_the_deployment_runtimes(request):
+    """The whole matrix (`--all-deployment`): Node and WASM pass everything; WebGPU's failures are
+    the departures pinned below and nothing else."""
+    if not request.config.getoption("--all-deployment"):
+        pytest.skip("the whole matrix runs with --all-deployment (about 2 minutes on 2 cores)")
+    for runtime in R.JS_RUNTIMES:
+        _need(runtime)
+    report = VF.verify(runtimes=list(R.JS_RUNTIMES))
+    for r in report.failures:
+        if r.runtime != "ort-webgpu":
+            pytest.fail(r.describe())
+        explained = r.variant == "posenc" or (r.flavor == "ort" and r.variant in ("mha", "mha-tied", "decoder",
+                                                                                  "encoder", "cross", "sdpa"))
+        assert explained, r.describe()
+
+
+# --- the README's loops ---------------------------------------------------------------------------
+
+def _readme_block(language: str) -> str:
+    text = (ROOT / "README.md").read_text().split("## Deploying an exported model", 1)[1]
+    return text.split(f"```{language}", 1)[1].split("```", 1)[0]
+
+
+def _reference_output(x):
+    variant = V.get("mha")
+    o = variant.resolve({"batch": x.shape[0], "seq": x.shape[1]})
+    return variant.reference(seeding.init_params(variant, variant.resolve({}), 0), {"x": x}, o)["output"]
+
+
+def _export_mha(folder: Path):
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        assert CliRunner().invoke(main, ["export", "--variant", "mha"]).exit_code == 0
+    finally:
+        os.chdir(cwd)
+
+
+def _inputs():
+    return np.sin(np.arange(3 * 17 * 64, dtype=np.float64)).astype(np.float32).reshape(3, 17, 64)
+
+
+def test_the_readme_node_loop_runs_and_equals_the_full_forward(tmp_path):
+    """The README's Node app, run as `node app.mjs` beside the exported model (onnxruntime-node as
+    the app's own dependency), with one line added that writes the output out."""
+    _need("ort-node")
+    from attnexport.runtimes import js
+    _export_mha(tmp_path)
+    (tmp_path / "node_modules").symlink_to(js.home() / "node_modules")
+    code = _readme_block("js") + "\nimport fs from 'node:fs';\nfs.writeFileSync('output.bin', output.data);\n"
+    (tmp_path / "app.mjs").write_text(code)
+    proc = subprocess.run(["node", "app.mjs"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[ 3, 17, 64 ]"
+    got = np.fromfile(tmp_path / "output.bin", np.float32).reshape(3, 17, 64)
+    c = compare("output", got, _reference_output(_inputs()), tolerance("fp32"))
+    assert c, str(c)
+
+
+class _Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def test_the_readme_web_page_runs_in_chromium_and_equals_the_full_forward(tmp_path):
+    """The README's page served from 127.0.0.1 (onnxruntime-web's dist/ in ort/), opened in headless
+    Chromium by playwright; its output read from the page."""
+    _need("ort-wasm")
+    from attnexport.runtimes import js
+    _export_mha(tmp_path)
+    (tmp_path / "index.html").write_text(_readme_block("html"))
+    (tmp_path / "ort").symlink_to(js.home() / "node_modules" / "onnxruntime-web" / "dist")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_Quiet, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    driver = f"""
+const {{ createRequire }} = require('node:module');
+const req = createRequire({json.dumps(str(js.home() / 'package.json'))});
+const {{ chromium }} = req('playwright-core');
+(async () => {{
+  const browser = await chromium.launch({{ executablePath: process.env.ATTNEXPORT_CHROMIUM, headless: true,
+    args: ['--no-sandbox', '--enable-unsafe-webgpu', '--disable-background-networking', '--no-first-run'] }});
+  const page = await browser.newPage();
+  await page.goto('http://127.0.0.1:{server.server_address[1]}/index.html');
+  await page.waitForFunction(() => window.output !== undefined, null, {{ timeout: 60000 }});
+  const text = await page.evaluate(() => document.body.textContent);
+  const data = await page.evaluate(() => Array.from(window.output.data));
+  console.log(JSON.stringify({{ text, data }}));
+  await browser.close();
+}})().catch((e) => {{ console.error(e); process.exit(1); }});
+"""
+    try:
+        env = {**os.environ, "ATTNEXPORT_CHROMIUM": js.find_chromium()[0] or ""}
+        proc = subprocess.run(["node", "-e", driver], cwd=tmp_path, capture_output=True, text=True, timeout=180,
+                              env=env)
+    finally:
+        server.shutdown()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    page = json.loads(proc.stdout)
+    assert page["text"] == "output 3 x 17 x 64"
+    got = np.asarray(page["data"], np.float32).reshape(3, 17, 64)
+    c = compare("output", got, _reference_output(_inputs()), tolerance("fp32"))
+    assert c, str(c)
+
+
+# --- bench ---------------------------------------------------------------------------------------------
+
+def test_bench_times_them_where_they_run_beside_ort_cpu():
+    """Each block of runs is timed in JavaScript; every row has its ratio to torch eager and to
+    Python's ONNX Runtime CPU (added to the run when not asked for)."""
+    from attnexport import bench as B
+    for runtime in ("ort-node", "ort-wasm"):
+        _need(runtime)
+    rows = B.bench("mha", {"batch": 2, "seq": 8, "dim": 32, "heads": 4}, ["ort-node", "ort-wasm"],
+                   flavors=["primitives"], warmup=1, iters=4, repeat=2, threads=1)
+    got = {r.runtime: r for r in rows}
+    assert {"ort-cpu", "ort-node", "ort-wasm"} <= set(got)
+    for runtime in ("ort-node", "ort-wasm"):
+        r = got[runtime]
+        assert r.median_ms > 0 and r.ratio_to_torch > 0 and r.ratio_to_ort_cpu > 0 and r.rounds == 2
+        assert r.max_abs_err < 1e-5
+
+
+# --- what WebGPU computes differently (onnxruntime-web 1.30.0) ----------------------------------------
+
+def _mha(**attrs):
+    return _one_node("MultiHeadAttention", ("q", "k", "v", "", "", "bias" if attrs.pop("bias", False) else ""),
+                     domain="com.microsoft", opsets=(("", 17), ("com.microsoft", 1)), num_heads=2, **attrs)
+
+
+def _qkv(seed=0, b=2, s=3, width=16):
+    rng = np.random.default_rng(seed)
+    return {n: rng.standard_normal((b, s, width)).astype(np.float32) for n in ("q", "k", "v")}
+
+
+def test_webgpu_multi_head_attention_ignores_scale_and_unidirectional():
+    """com.microsoft.MultiHeadAttention on WebGPU computes with 1/sqrt(head size) whatever `scale`
+    says, and attends to every key whatever `unidirectional` says: it gives the ONNX Runtime CPU
+    result of the node without them. The `ort` flavour's blocks with a scale of their own (mha-tied,
+    cosine scaling) or a causal mask therefore fail verify on ort-webgpu, localized to that node."""
+    _need("ort-webgpu")
+    feed = _qkv()
+    plain = R.prepare_onnx("ort-cpu", _mha()).run(feed)["y"]
+    for attrs in ({"scale": 0.3}, {"unidirectional": 1}):
+        gpu = R.prepare_onnx("ort-webgpu", _mha(**attrs)).run(feed)["y"]
+        cpu = R.prepare_onnx("ort-cpu", _mha(**attrs)).run(feed)["y"]
+        assert np.abs(gpu - plain).max() < 1e-5, attrs  # the attribute had no effect
+        assert np.abs(gpu - cpu).max() > 0.1, attrs  # where it should have
+
+
+def test_webgpu_multi_head_attention_refuses_a_broadcast_attention_bias():
+    """The CPU and CUDA kernels take an attention_bias of (1|B, 1|N, S, T); WebGPU's only the full
+    (B, N, S, T), and fails the run otherwise: the `ort` flavour's masks (padding (B, 1, 1, T),
+    causal (1, 1, S, T)) give errors there."""
+    _need("ort-webgpu")
+    feed = _qkv()
+    rng = np.random.default_rng(1)
+    bias = rng.standard_normal((2, 2, 3, 3)).astype(np.float32)
+    full = R.prepare_onnx("ort-webgpu", _mha(bias=True)).run({**feed, "bias": bias})
+    assert np.isfinite(full["y"]).all()
+    with pytest.raises(RuntimeError, match='Expect "attention_bias" shape'):
+        R.prepare_onnx("ort-webgpu", _mha(bias=True)).run({**feed, "bias": np.zeros((1, 1, 3, 3), np.float32)})
+
+
+def test_webgpu_sin_and_cos_err_within_wgsl_bounds_not_fp32():
+    """posenc fails verify on ort-webgpu: WGSL lets sin and cos err by 2^-11 in absolute terms, and
+    Chromium's software adapter (SwiftShader) uses about 1.9e-4 of it, for every argument; fp32's
+    atol is 1e-5. The first diverging node is the Sin. Pinned on the software adapter; on a GPU the
+    bound holds."""
+    _need("ort-webgpu")
+    x = np.linspace(-100, 100, 20001, dtype=np.float32)
+    for op, fn in (("Sin", np.sin), ("Cos", np.cos)):
+        got = R.prepare_onnx("ort-webgpu", _one_node(op)).run({"x": x})["y"]
+        err = float(np.abs(got - fn(x.astype(np.float64))).max())
+        assert err <= 2.0**-11, (op, err)
+        if _webgpu_on_software():
+            assert err > 1e-4, (op, err)  # SwiftShader's approximation, far above fp32 rounding
+    report = VF.verify(runtimes=["ort-webgpu"], cases=["posenc-seeded"], flavors=["primitives"])
+    (row,) = report.rows
+    assert not row.passed and row.localization is not None and row.localization.op_type == "Sin"
+
+
+def test_webgpu_runs_the_attention_operator_on_the_cpu_and_strict_placement_says_so():
+    """onnxruntime-web has no WebGPU kernel for the standard Attention operator (opset 23): the
+    `attention` flavour's Attention runs on the WASM CPU fallback, with the Transposes and Reshapes
+    around it, and --strict-placement fails the run naming them, as for CUDA."""
+    _need("ort-webgpu")
+    report = VF.verify(runtimes=["ort-webgpu"], cases=["mha-seeded"], flavors=["attention", "primitives"],
+                       strict_placement=True)
+    by_flavor = {r.flavor: r for r in report.rows}
+    attention = by_flavor["attention"]
+    assert any(n.startswith("Attention:") for n in attention.cpu_nodes), attention.cpu_nodes
+    assert not attention.passed and "node(s) ran on the CPU" in attention.error
+    assert by_flavor["primitives"].passed and not by_flavor["primitives"].cpu_nodes
+
+
+def test_a_missing_browser_is_one_line_naming_the_fix(monkeypatch):
+    from attnexport.runtimes import js
+    monkeypatch.setenv("ATTNEXPORT_CHROMIUM", "/no/such/chromium")
+    js.find_chromium.cache_clear()
+    try:
+        r = CliRunner().invoke(main, ["verify", "--runtimes", "ort-wasm", "--variant", "posenc"])
+        assert r.exit_code == 2 and r.output.strip().splitlines() == [
+            "error: runtime ort-wasm is not available: ATTNEXPORT_CHROMIUM=/no/such/chromium is not an executable "
+            "file (use --skip-unavailable to skip it)"]
+    finally:
+        monkeypatch.undo()
+        js.find_chromium.cache_clear()
+
+
+def test_npm_packages_are_not_installed_by_the_suite(monkeypatch, tmp_path):
+    """With ATTNEXPORT_JS_INSTALL=0 (the suite's setting) and no packages, the runtimes say how to
+    install them; `attnexport runtimes` lists every runtime with that reason."""
+    if shutil.which("node") is None:
+        pytest.skip("no node")
+    monkeypatch.setenv("ATTNEXPORT_JS_HOME", str(tmp_path / "nothing"))
+    r = CliRunner().invoke(main, ["runtimes", "--json"])
+    assert r.exit_code == 0
+    rows = {row["name"]: row for row in json.loads(r.stdout)}
+    assert set(rows) == set(R.RUNTIMES)
+    for runtime in R.JS_RUNTIMES:
+        assert not rows[runtime]["available"] and "attnexport runtimes --install" in rows[runtime]["reason"]
+    assert rows["ort-cpu"]["available"] and rows["ort-cpu"]["default"] and not rows["ort-node"]["default"]
+    assert not (tmp_path / "nothing").exists()
+
+
+def test_the_pinned_versions_are_the_lockfiles():
+    from attnexport.runtimes import js
+    lock = json.loads((js.PACKAGE / "package-lock.json").read_text())["packages"]
+    for name, version in js.pins().items():
+        assert lock[f"node_modules/{name}"]["version"] == version
