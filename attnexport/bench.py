@@ -273,6 +273,7 @@ class _Candidate:
     # (runs) -> ms of each, timed where the runtime runs (the deployment runtimes: the pipe to their
     # process is not timed); None: `fn` is timed here
     block: Callable[[int], list[float]] | None = None
+    note: str = ""  # what the runtime says of itself (the WebGPU adapter, the WASM threads)
 
 
 @dataclass(frozen=True)
@@ -328,7 +329,7 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
     for f, model in models.items():
         for rt in [r for r in runtimes if r.startswith("ort")]:
             if rt in R.JS_RUNTIMES:
-                cands.append(_js_candidate(rt, f, model, inputs, dtype))
+                cands.append(_js_candidate(rt, f, model, inputs, dtype, threads))
                 continue
             cands.append(_ort_candidate(rt, f, model, inputs, dtype, threads, False, cands))
             if rt == "ort-cpu" and V.static_cache(o):  # its buffers bound in and out: written in place
@@ -376,7 +377,7 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
         ratios = [statistics.median(mine) / statistics.median(theirs)
                   for mine, theirs in zip(c.rounds, base[c.device].rounds, strict=True)]
         row.ratio_min, row.ratio_max, row.rounds = min(ratios), max(ratios), len(ratios)
-        notes = []
+        notes = [c.note] if c.note else []
         if c.flavor != "-" and E.graph_flavor(variant, c.flavor) != c.flavor:
             notes.append("no dot-product core: primitives graph")
         if c.runtime == "ort-webgpu":  # the CPU's matmul peak says nothing of a GPU's
@@ -451,15 +452,16 @@ def _ort_candidate(rt, flavor, model, inputs, dtype, threads, cuda_graph, cands,
                       memory=memory)
 
 
-def _js_candidate(rt, flavor, model, inputs, dtype):
+def _js_candidate(rt, flavor, model, inputs, dtype, threads):
     """ONNX Runtime in Node or the browser: each block of runs timed there (performance.now around
     each awaited run), so the pipe to the JavaScript process is not in the times."""
-    prepared = R.prepare_onnx(rt, model)
+    prepared = R.prepare_onnx(rt, model, threads=threads)
     feed = D.cast_floats(inputs, dtype)
     assert prepared.time_runs is not None
     time_runs = prepared.time_runs
     return _Candidate(rt, flavor, "eager", "cpu", lambda: prepared.run(feed), lambda: list(prepared.run(feed).values()),
-                      prepared.cpu_nodes, block=lambda runs: time_runs(feed, runs) if runs else [])
+                      prepared.cpu_nodes, block=lambda runs: time_runs(feed, runs) if runs else [],
+                      note=prepared.note)
 
 
 def _ort_in_place_candidate(flavor, model, inputs, dtype, threads):

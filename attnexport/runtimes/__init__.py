@@ -182,18 +182,19 @@ def require(name: str) -> None:
         raise ProviderUnavailableError(f"runtime {name} is not available: {s.reason}")
 
 
-def prepare_onnx(name: str, model: onnx.ModelProto, optimize: bool = True) -> Prepared:
+def prepare_onnx(name: str, model: onnx.ModelProto, optimize: bool = True, threads: int | None = None) -> Prepared:
     """`model` ready to run on the ONNX runtime `name`; `optimize=False` keeps every node as it is
-    (the runtime's graph optimizations off), for localization."""
+    (the runtime's graph optimizations off), for localization; `threads`: the CPU threads of its
+    pool (default DEFAULT_CPU_THREADS; the browser's WASM backend takes them at its first session)."""
     require(name)
     if name == "onnx-ref":
         from attnexport.runtimes import reference
         return reference.prepare(model)
     if name in JS_RUNTIMES:
         from attnexport.runtimes import js
-        return js.prepare(name, model, optimize=optimize)
+        return js.prepare(name, model, optimize=optimize, threads=threads)
     from attnexport.runtimes import ort
-    return ort.prepare(name, model, optimize=optimize)
+    return ort.prepare(name, model, optimize=optimize, threads=threads)
 
 
 def prepare_torch(name, variant, options, params, dtype) -> Prepared:

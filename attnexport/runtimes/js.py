@@ -266,11 +266,11 @@ def _array(t: dict) -> np.ndarray:
     return np.frombuffer(base64.b64decode(t["data"]), dtype=_NUMPY[t["dtype"]]).reshape(t["dims"]).copy()
 
 
-def prepare(name: str, model: onnx.ModelProto, optimize: bool = True) -> R.Prepared:
+def prepare(name: str, model: onnx.ModelProto, optimize: bool = True, threads: int | None = None) -> R.Prepared:
     """`model` on `name` (ort-node, ort-wasm or ort-webgpu), run by output name."""
     b = bridge()
     request = {"op": "load", "runtime": name, "model": base64.b64encode(model.SerializeToString()).decode(),
-               "optimize": optimize, "threads": R.DEFAULT_CPU_THREADS or 0}
+               "optimize": optimize, "threads": threads or R.DEFAULT_CPU_THREADS or 0}
     if name == "ort-node" and R.has_fp16(model):
         # The CPU provider's NCHWc pass crashes on fp16 Transpose -> MatMul (see runtimes.ort); the
         # JavaScript API cannot leave one pass out, so the layout level is not run.
@@ -302,6 +302,8 @@ def prepare(name: str, model: onnx.ModelProto, optimize: bool = True) -> R.Prepa
     placement = {provider: list(nodes) for provider, nodes in (info.get("placement") or {}).items()}
     shapes = R.shape_computations(model) if name == "ort-webgpu" else frozenset()
     note = f"adapter: {describe_adapter(b.adapter)}" if name == "ort-webgpu" and b.adapter else ""
+    if name == "ort-wasm":  # the browser gives WASM threads only to a cross-origin isolated page
+        note = f"{info.get('threads') or 1} WASM thread(s)" + ("" if info.get("isolated") else ", page not isolated")
     return R.Prepared(name, run, sorted(placement) or [name], placement, shapes, note=note, time_runs=time_runs)
 
 

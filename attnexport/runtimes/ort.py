@@ -128,9 +128,9 @@ def ort_session(name: str, model: onnx.ModelProto, threads: int | None = None, o
     return session, placement, shapes
 
 
-def prepare(name: str, model: onnx.ModelProto, optimize: bool = True) -> R.Prepared:
+def prepare(name: str, model: onnx.ModelProto, optimize: bool = True, threads: int | None = None) -> R.Prepared:
     """A session of `model` on `name` (ort-cpu or ort-cuda), run by output name."""
-    session, placement, shapes = ort_session(name, model, optimize=optimize)
+    session, placement, shapes = ort_session(name, model, threads=threads, optimize=optimize)
     names = [o.name for o in session.get_outputs()]
 
     def run(feed: dict) -> dict:

@@ -98,7 +98,7 @@ async function load({ id, ep, optimize, threads, webgpu }) {
   }
   sessions.set(id, session);
   return { inputs: session.inputNames, outputs: session.outputNames, placement: placementOf(lines),
-           threads: ort.env.wasm.numThreads };
+           threads: ort.env.wasm.numThreads, isolated: self.crossOriginIsolated };
 }
 
 async function run(id, feeds) {
