@@ -96,6 +96,7 @@ class _RuntimeList(click.ParamType):
 
 FLAVOR = _Checked(FL.FLAVORS, FL.check)
 DTYPE = _Checked(D.DTYPES, D.check)
+VARIANT = _Checked(V.VARIANTS, lambda name: V.get(name).name)
 RUNTIME_LIST = _RuntimeList(R.RUNTIMES)
 TIMED_RUNTIME_LIST = _RuntimeList(R.TIMED_RUNTIMES, " for bench")
 
@@ -342,7 +343,7 @@ def _given(kwargs) -> dict:
 
 
 @main.command()
-@click.option("--variant", default=None, help="The variant to export (see `attnexport list`).")
+@click.option("--variant", type=VARIANT, default=None, help="The variant to export (see `attnexport list`).")
 @click.option("--module", "module_spec", default=None, metavar="FILE.py:NAME",
               help="Your own module instead: an nn.Module class taking no arguments, or a function returning "
                    "a module or (module, example_inputs).")
@@ -510,7 +511,7 @@ def inspect(model, as_json):
 
 @main.command()
 @click.argument("models", nargs=-1, type=click.Path())
-@click.option("--variant", "variants", multiple=True,
+@click.option("--variant", "variants", multiple=True, type=VARIANT,
               help="Only these variants (repeatable); with MODEL files: the variant of a model without metadata.")
 @click.option("--flavor", "flavors", multiple=True, type=FLAVOR,
               help="Only these flavors (repeatable; default: all); with a MODEL: its flavor, checked.")
@@ -757,7 +758,7 @@ def _print_bench(rows, variant, dtype):
 
 
 @main.command()
-@click.option("--variant", default=None, help="The variant to time (see `attnexport list`).")
+@click.option("--variant", type=VARIANT, default=None, help="The variant to time (see `attnexport list`).")
 @click.option("--module", "module_spec", default=None, metavar="FILE.py:NAME",
               help="Your own module instead (as for export --module); every symbolic length takes --seq.")
 @click.option("--input", "input_specs", multiple=True, metavar="NAME:SHAPE[:DTYPE]",

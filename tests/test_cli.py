@@ -229,12 +229,12 @@ def test_the_json_of_a_failing_verify_and_of_an_untimed_bench_row_is_strict(tmp_
 
 
 def test_closed_choices_are_listed_and_completed():
-    """--flavor, --dtype, --runtimes and the variants' choice options list their values in --help and
+    """--variant, --flavor, --dtype, --runtimes and the variants' choice options list their values in --help and
     complete in shells; a wrong one is attnexport's one line, exit 2."""
     from attnexport.cli import RUNTIME_LIST
     text = run("bench", "--help").output
     for shown in ("[primitives|attention|ort]", "[fp32|fp16]", "[torch|torch-cuda|ort-cpu|ort-cuda|ort-node|",
-                  "[bhsd|bsd]", "INTEGER RANGE"):
+                  "[bhsd|bsd]", "INTEGER RANGE", "[sdpa|self|mha|mha-tied|cross|"):
         assert shown in text, shown
     completed = [c.value for c in RUNTIME_LIST.shell_complete(None, None, "torch,ort-c")]
     assert completed == ["torch,ort-cpu", "torch,ort-cuda"]
@@ -242,5 +242,8 @@ def test_closed_choices_are_listed_and_completed():
     assert r.exit_code == 2 and r.output.strip().splitlines() == [
         "error: Invalid value for '--flavor': unknown flavor 'atention' (did you mean attention?); valid: primitives, "
         "attention, ort (see `attnexport export --help`)"]
+    r = run("verify", "--variant", "mah")
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1
+    assert "unknown variant 'mah' (did you mean 'mha'?); valid: sdpa, self, mha" in r.output
     r = run("bench", "--variant", "mha", "--runtimes", "onnx-ref")
     assert r.exit_code == 2 and "unknown runtime 'onnx-ref' for bench; valid: torch, torch-cuda, ort-cpu" in r.output
