@@ -213,9 +213,9 @@ def test_bad_arguments(kwargs, message, tmp_path):
         E.export(output=tmp_path / "x.onnx", **kwargs)
 
 
-def _readme_python(heading: str) -> str:
-    """The first Python block of the README after `heading`."""
-    text = (Path(__file__).parent.parent / "README.md").read_text()
+def _readme_python(heading: str, page: str = "README.md") -> str:
+    """The first Python block of `page` (the README, or a page under docs/) after `heading`."""
+    text = (Path(__file__).parent.parent / page).read_text()
     section = text.split(heading, 1)[1]
     return section.split("```python", 1)[1].split("```", 1)[0]
 
@@ -258,7 +258,7 @@ def test_readme_decode_loop_runs_alone_and_equals_the_full_forward(tmp_path, mon
     r = CliRunner().invoke(main, ["export", "--variant", "mha", "--kv-cache", "--causal", "-o",
                                   "models/mha-step.onnx"])
     assert r.exit_code == 0, r.output
-    proc = _run_without_attnexport(_readme_python("### Generating with a key/value cache"), tmp_path)
+    proc = _run_without_attnexport(_readme_python("## Generating with a key/value cache", "docs/caches.md"), tmp_path)
     assert "the cache holds 25 positions" in proc.stdout
     x = np.load(tmp_path / "decoded_inputs.npy")
     got = np.load(tmp_path / "decoded_outputs.npy")
@@ -281,7 +281,7 @@ def test_readme_static_cache_loop_runs_in_place_and_equals_the_full_forward(tmp_
     r = CliRunner().invoke(main, ["export", "--variant", "mha", "--kv-cache", "static", "--max-seq", "64",
                                   "--causal", "-o", "models/mha-static.onnx"])
     assert r.exit_code == 0, r.output
-    proc = _run_without_attnexport(_readme_python("### A static cache, written in place"), tmp_path)
+    proc = _run_without_attnexport(_readme_python("## A static cache, written in place", "docs/caches.md"), tmp_path)
     assert "written in place: the buffers never moved; sequences hold [25 23] positions" in proc.stdout
     assert "in-place optimization not activated" not in proc.stderr, proc.stderr
     tokens, got = np.load(tmp_path / "static_tokens.npy"), np.load(tmp_path / "static_outputs.npy")
@@ -304,7 +304,7 @@ def test_readme_decoder_loop_runs_alone_and_equals_the_full_forward(tmp_path, mo
     r = CliRunner().invoke(main, ["export", "--variant", "decoder", "--kv-cache", "-o",
                                   "models/decoder-step.onnx"])
     assert r.exit_code == 0, r.output
-    proc = _run_without_attnexport(_readme_python("### A decoder step"), tmp_path)
+    proc = _run_without_attnexport(_readme_python("## A decoder step", "docs/caches.md"), tmp_path)
     assert "the caches hold 25 and 12 positions" in proc.stdout
     x, got = np.load(tmp_path / "decoder_inputs.npy"), np.load(tmp_path / "decoder_outputs.npy")
     memory = np.random.default_rng(0).standard_normal((1, 12, 64)).astype(np.float32)

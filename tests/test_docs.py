@@ -1,0 +1,121 @@
+"""The README and docs/ as a reader meets them: every link resolves (files and #anchors), every
+`attnexport` command in a shell block parses with the command line's own options and values,
+every Python block compiles, and the README's first Python block runs. The loops of the
+deployment section and docs/caches.md run in tests/test_export.py and tests/test_js_runtimes.py."""
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+
+from attnexport.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "tests" / "README.md"]
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+
+
+def doc_block(page: str, heading: str, language: str) -> str:
+    """The first `language` block of `page` (relative to the checkout) after the line `heading`."""
+    text = (ROOT / page).read_text()
+    assert heading in text, f"{page} has no {heading!r}"
+    return text.split(heading, 1)[1].split(f"```{language}\n", 1)[1].split("```", 1)[0]
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but '-' and '_' dropped, spaces as '-'."""
+    text = re.sub(r"`", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    text = FENCE.sub("", page.read_text())
+    return {_slug(m.group(1)) for m in re.finditer(r"^#{1,6} (.+)$", text, re.M)}
+
+
+def _blocks(language: str):
+    for page in PAGES:
+        for m in FENCE.finditer(page.read_text()):
+            if m.group(1) == language:
+                yield page, m.group(2)
+
+
+def test_pages_exist_and_the_readme_is_short():
+    names = {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert {"variants.md", "exporting.md", "verify.md", "runtimes.md", "caches.md", "modules.md", "operator.md",
+            "bench.md", "benchmarks.md", "layout.md", "development.md"} <= names
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300
+    first_screen = "\n".join(readme.splitlines()[:40])
+    for needed in ("## Install", "pip install", "attnexport export", "attnexport verify"):
+        assert needed in first_screen or needed in "\n".join(readme.splitlines()[:60]), needed
+    linked = set(re.findall(r"\(docs/([\w-]+\.md)", readme))
+    assert names <= linked, f"pages the README does not link: {sorted(names - linked)}"
+
+
+def test_every_link_resolves():
+    broken = []
+    for page in PAGES:
+        text = FENCE.sub("", page.read_text())
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+://", target):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = (page.parent / file).resolve() if file else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def _commands():
+    for page, block in (*_blocks("bash"), *_blocks("")):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.strip().removeprefix("$ ")
+            # Synopses ("--variant NAME [options]") are not commands.
+            if not line.startswith("attnexport ") or "[" in line or "NAME " in line.replace("FILE.py:NAME", ""):
+                continue
+            yield page, line
+
+
+def test_every_documented_command_parses():
+    """Each `attnexport ...` line is parsed by the command it names, its values converted by the
+    options' own types, so a renamed option or a value outside a closed set fails here."""
+    seen = 0
+    for page, line in _commands():
+        args = shlex.split(line, comments=True)[1:]
+        name, rest = args[0], args[1:]
+        command = main.get_command(click.Context(main), name)
+        assert command is not None, f"{page.name}: {line}"
+        try:
+            command.make_context(name, rest, parent=click.Context(main, info_name="attnexport"))
+        except click.exceptions.Exit:
+            pass
+        except click.ClickException as e:
+            pytest.fail(f"{page.relative_to(ROOT)}: `{line}`: {e.format_message()}")
+        seen += 1
+    assert seen >= 30
+
+
+def test_every_python_block_compiles():
+    blocks = list(_blocks("python"))
+    assert len(blocks) >= 5
+    for page, block in blocks:
+        compile(block, str(page), "exec")
+
+
+def test_the_readme_python_api_block_runs(tmp_path):
+    code = doc_block("README.md", "The same from Python:", "python")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("True")
+    assert (tmp_path / "models" / "mha8.onnx").exists()
