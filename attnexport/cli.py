@@ -418,6 +418,7 @@ def _module_and_inputs(spec, input_specs, seed=0, weights=None):
     if input_specs:
         parsed = [modules.parse_input(t) for t in input_specs]
         names, example = [p[0] for p in parsed], modules.example_tensors(parsed)
+        modules.check_input_names(module, names, f"--module {spec}")
     elif example is None:
         raise UsageError(f"--module {spec}: give --input NAME:SHAPE for each input (the NAME gives no example inputs)")
     return module, example, names

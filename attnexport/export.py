@@ -590,6 +590,9 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
     with torch.no_grad(), M.routed():
         sample = M.call_forward(module, args, name)
     out_names = list(output_names) if output_names else M.default_output_names(sample)
+    if output_names and len(output_names) != len(M.outputs_of(sample)):
+        raise UsageError(f"--output-names gives {len(output_names)} name(s) ({', '.join(output_names)}); {name} "
+                         f"returns {len(M.outputs_of(sample))} output(s)")
     missing = sorted(set(cache.values()) - set(out_names or ()))
     if missing:
         raise UsageError(f"--cache: {', '.join(missing)} is not an output of {name} (outputs: "

@@ -38,6 +38,19 @@ _DTYPES = {"float32": "float32", "float": "float32", "float16": "float16", "bool
            "int32": "int32"}
 
 
+@contextlib.contextmanager
+def _importable_beside(path: Path):
+    """The folder of the user's file first on the import path while it loads (as `python FILE.py`
+    has it), so `import helpers` finds the helpers.py beside it; the path is restored after."""
+    folder = str(path.resolve().parent)
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        if folder in sys.path:
+            sys.path.remove(folder)
+
+
 def load(spec: str, seed: int = 0):
     """`FILE.py:NAME` -> (module, example inputs or None). NAME is an nn.Module class taking no
     arguments, or a function returning a module or (module, example_inputs).
@@ -58,7 +71,8 @@ def load(spec: str, seed: int = 0):
     source = importlib.util.module_from_spec(loader_spec)
     sys.modules[mod_name] = source
     try:
-        loader_spec.loader.exec_module(source)
+        with _importable_beside(path):  # as Python runs a script: its siblings import
+            loader_spec.loader.exec_module(source)
     except Exception as e:  # noqa: BLE001 - the user's file: any error is theirs, said in one line
         raise UsageError(f"--module {spec}: importing {path.name} raised {reason(e)}") from None
     if not hasattr(source, name):
@@ -69,7 +83,7 @@ def load(spec: str, seed: int = 0):
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise UsageError(f"the seed must be an integer >= 0, got {seed!r}")
     try:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), _importable_beside(path):
             torch.manual_seed(seed)
             made = obj()
     except Exception as e:  # noqa: BLE001
@@ -314,6 +328,24 @@ def default_output_names(out) -> list[str] | None:
     depend on internal node names (`add_161`); None for anything nested."""
     names = [n for n, _ in named_outputs(out)]
     return None if None in names else [n for n in names if n is not None]
+
+
+def check_input_names(module, names: list[str], what: str) -> None:
+    """`--input` names are `forward`'s parameters, in its order (the tensors are passed to it by
+    position): a name that is not the parameter at its place would silently rename an input."""
+    import inspect
+    sig = inspect.signature(module.forward).parameters.values()
+    if any(p.kind == p.VAR_POSITIONAL for p in sig):
+        return  # forward(*args): any names
+    params = [p.name for p in sig if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(names) > len(params):
+        raise UsageError(f"{what}: {len(names)} --input for forward({', '.join(params)}), which takes "
+                         f"{len(params)}")
+    wrong = [(n, p) for n, p in zip(names, params, strict=False) if n != p]
+    if wrong:
+        n, p = wrong[0]
+        raise UsageError(f"{what}: --input {n} is not forward's parameter at its place ({p}); give the inputs "
+                         f"in forward's order, named as its parameters: {', '.join(params)}")
 
 
 def forward_names(module, n):

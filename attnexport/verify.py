@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -553,7 +554,6 @@ def _execute(step: Step, strict: bool) -> Row:
 
 def _decode_run(prepared, variant, o, stream, chunk):
     """The cache property: the stream decoded in chunks from an empty cache; ({"output": ...}, ms)."""
-    import time
     dtype = next(iter(stream.values())).dtype
     t0 = time.perf_counter()
     if V.static_cache(o):
@@ -647,6 +647,8 @@ def _verify_module(model_path, spec, runtimes, rtol, atol, skip_unavailable, inp
     if seed is None:
         seed = int(meta.get("attnexport.seed", 0))
     module, example = M.load(spec, seed)
+    if input_specs:
+        M.check_input_names(module, [n for n, _, _ in input_specs], f"--module {spec}")
     if weights_file is not None:
         M.load_weights(module, weights_file)
     module = module.to(D.torch_dtype(dtype)).eval()
@@ -706,11 +708,14 @@ def _verify_module(model_path, spec, runtimes, rtol, atol, skip_unavailable, inp
                 continue
             try:
                 if rt == "torch":
+                    started = time.perf_counter()
                     with torch.no_grad(), M.export_semantics():
                         got_t = M.outputs_of(module(*feed))
+                    row.median_ms = (time.perf_counter() - started) * 1e3
                     got = {n: g.detach().double().numpy() for n, g in zip(declared, got_t, strict=True)}
                 elif rt in prepared:
-                    got = prepared[rt].run(arrays)
+                    got, row.median_ms = prepared[rt].timed(arrays, warmup=0 if rt == "onnx-ref" else 1,
+                                                            iters=1 if rt == "onnx-ref" else 3)
                 else:
                     row.skipped = f"{rt} runs no module"
                     continue
@@ -797,6 +802,7 @@ def _decode_rows(module, model, spec, spec_inputs, example, cache, used, prepare
             if run is None:
                 row.skipped = f"{rt} runs no module"
                 continue
+            started = time.perf_counter()
             try:
                 got, last = decode_all(lambda g, run=run: run({**g, **always}), {n: feed[n] for n in stream}, chunk,
                                        {n: feed[n] for n in cache}, axis,
@@ -805,6 +811,7 @@ def _decode_rows(module, model, spec, spec_inputs, example, cache, used, prepare
             except Exception as e:  # noqa: BLE001 - a runtime failing on a step fails the check
                 row.error = reason(e)
                 continue
+            row.median_ms = (time.perf_counter() - started) * 1e3  # the whole decode, every step
             got.update({cache[n]["output"]: v for n, v in last.items()})
             row.comparisons = compare_outputs(list(expected), got, expected, tol)
             row.passed = bool(row.comparisons) and all(c.passed for c in row.comparisons)

@@ -141,7 +141,8 @@ GOOD = """
     ("{file}:Nope", ["--input", "x:2x5x8"], "has no 'Nope' (it defines Block, Broken, NoAttention, WithWeights)"),
     ("{file}:Broken", ["--input", "x:2x5x8"], "Broken() raised RuntimeError: no weights here"),
     ("{file}:Block", [], "give --input NAME:SHAPE"),
-    ("{file}:Block", ["--input", "x:2x5x8", "--input", "y:2x5x8"], "forward raised TypeError on inputs of shapes"),
+    ("{file}:Block", ["--input", "x:2x5x8", "--input", "y:2x5x8"], "2 --input for forward(x), which takes 1"),
+    ("{file}:Block", ["--input", "y:2x5x8"], "--input y is not forward's parameter at its place (x)"),
     ("{file}:Block", ["--input", "x:2x5x9"], "forward raised RuntimeError on inputs of shapes 2x5x9"),
     ("{file}:Block", ["--input", "x:2x5x8", "--dynamic", "x:2=width"],
      "--dynamic x:2=width: {file}:Block fixes that axis"),
@@ -374,11 +375,19 @@ def test_verify_a_plain_torch_onnx_export_with_external_data_from_another_folder
     monkeypatch.chdir(elsewhere)
     r = run("verify", path, "--module", spec, "--runtimes", "torch,onnx-ref,ort-cpu")
     assert r.exit_code == 2 and "give its inputs, e.g. --input x:" in r.output
-    for given in ("x:2x6x16", "tokens:2x6x16"):  # by name, then by order
-        r = run("verify", path, "--module", spec, "--input", given, "--runtimes", "torch,onnx-ref,ort-cpu", "--json")
+    other = tmp_path / "out" / "other.onnx"  # the same module, its input named by another exporter
+    with torch.no_grad():
+        torch.onnx.export(module.eval(), (torch.randn(2, 6, 16),), str(other), dynamo=True, input_names=["input_0"],
+                          dynamic_shapes=({0: batch, 1: length},), verbose=False)
+    for model in (path, other):  # by name, then by order
+        r = run("verify", model, "--module", spec, "--input", "x:2x6x16", "--runtimes", "torch,onnx-ref,ort-cpu",
+                "--json")
         assert r.exit_code == 0, r.output
         doc = json.loads(r.output)
         assert len(doc["results"]) == 12 and all(row["passed"] for row in doc["results"])
+        assert all(row["median_ms"] > 0 for row in doc["results"])  # each run timed
+    r = run("verify", path, "--module", spec, "--input", "tokens:2x6x16", "--runtimes", "ort-cpu")
+    assert r.exit_code == 2 and "--input tokens is not forward's parameter at its place (x)" in r.output
     assert run("inspect", path).exit_code == 0
     r = run("verify", path, "--module", spec, "--input", "x:2x6", "--runtimes", "ort-cpu")
     assert r.exit_code == 2 and "rank 2" in r.output
@@ -530,3 +539,42 @@ def test_the_rotary_example_exports_in_fp16():
     module, inputs = M.load("examples/rotary_attention.py:example")
     result = E.export_module(module, inputs, flavor="attention", dtype="fp16")
     assert result.routed == 1 and len(result.checked) == 2
+
+
+def test_a_module_file_imports_its_sibling(tmp_path):
+    """As `python user.py` would: the file's folder is on the import path while it loads (and
+    while NAME runs), and is taken off again."""
+    import sys
+    (tmp_path / "user_helpers.py").write_text("import torch\n\ndef width():\n    return 8\n")
+    path = _write(tmp_path, """
+        import torch
+        import torch.nn.functional as F
+        from torch import nn
+        from user_helpers import width
+
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj = nn.Linear(width(), width())
+
+            def forward(self, x):
+                q = self.proj(x)
+                return F.scaled_dot_product_attention(q, x, x)
+    """)
+    r = run("export", "--module", f"{path}:Block", "--input", "x:2x5x8", "-o", tmp_path / "b.onnx")
+    assert r.exit_code == 0, r.output
+    assert str(tmp_path) not in sys.path
+
+
+def test_output_names_must_name_every_output(tmp_path):
+    path = _write(tmp_path, GOOD)
+    r = run("export", "--module", f"{path}:Block", "--input", "x:2x5x8", "--output-names", "a,b,c",
+            "-o", tmp_path / "o.onnx")
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1
+    assert "--output-names gives 3 name(s) (a, b, c);" in r.output and "returns 1 output(s)" in r.output
+    assert not (tmp_path / "o.onnx").exists()
+    r = run("export", "--module", f"{path}:Block", "--input", "x:2x5x8", "--output-names", "y",
+            "-o", tmp_path / "o.onnx")
+    assert r.exit_code == 0, r.output
+    assert [o.name for o in onnx.load(tmp_path / "o.onnx").graph.output] == ["y"]
