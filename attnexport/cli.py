@@ -572,7 +572,8 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
             raise UsageError("--module takes no --variant, --flavor, --case or variant options: the model and the "
                              "module say what to compare")
         parsed = [modules.parse_input(t) for t in input_specs] or None
-        report = verify_mod.verify_module(models[0], module_spec, runtimes, rtol, atol, skip_unavailable,
+        report = verify_mod.verify_module(models[0], module_spec, runtimes, rtol=rtol, atol=atol,
+                                          skip_unavailable=skip_unavailable,
                                           input_specs=parsed, seed=seed, weights_file=weights,
                                           cache=_cache_pairs(cache_specs) or None)
         _report_verify(report, details, as_json)

@@ -1,0 +1,161 @@
+"""verify: run golden cases through every flavour and runtime, compare in float64, localize, report.
+
+Two modes share the execution and differ in planning:
+- golden mode (no model files): every selected golden case is exported in every selected
+  flavour and run on every runtime against its stored expected outputs;
+- model mode: each file's variant, options, dtype and parameters are taken from the file itself
+  (its metadata and its initializers, checked against the weight fingerprints of the export),
+  and the golden cases with those options (or seeded inputs at two shapes) are run through it.
+A run passes only when every output the variant declares was compared, by name, then shape,
+then values; a run that compared nothing fails.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from attnexport import baseline as B
+from attnexport import dtypes as D
+from attnexport import export as E
+from attnexport import files as F
+from attnexport import flavors as FL
+from attnexport import golden
+from attnexport import runtimes as R
+from attnexport import variants as V
+from attnexport.compare import check_tolerance_values
+from attnexport.errors import UsageError
+from attnexport.report import Report, Row
+from attnexport.verify.execute import execute, localize_row
+from attnexport.verify.golden_plan import plan_golden
+from attnexport.verify.model_plan import matching_cases, plan_model
+from attnexport.verify.module_check import verify_module
+from attnexport.verify.run import AUTO_LOCALIZE_LIMIT, quiet_numerics
+
+__all__ = ["Report", "Row", "VerifyRequest", "matching_cases", "verify", "verify_module"]
+
+
+@dataclass(frozen=True)
+class VerifyRequest:
+    """What to verify: golden cases (no `models`) or model files, where and how strictly.
+
+    Attributes:
+        dtype: fp32 or fp16; default fp32 for golden cases, the model's own for model files.
+        model_variant, model_options, seed: the variant, options and parameter seed of a model
+            file without metadata (refused, when they disagree, for one that has it).
+        flavors: golden mode: the flavours to export; model mode: at most one, checked against
+            the model's.
+        localize: localize every ONNX run, not only failing ones; a divergence fails the run.
+        baseline, save_baseline, max_growth: compare with / write a known-good baseline folder.
+    """
+
+    variants: list[str] | None = None
+    flavors: list[str] | None = None
+    runtimes: list[str] | None = None
+    dtype: str | None = None
+    golden_dir: str | Path | None = None
+    models: list[str | Path] | None = None
+    rtol: float | None = None
+    atol: float | None = None
+    skip_unavailable: bool = False
+    strict_placement: bool = False
+    model_variant: str | None = None
+    model_options: dict | None = None
+    seed: int | None = None
+    localize: bool = False
+    baseline: str | Path | None = None
+    save_baseline: str | Path | None = None
+    max_growth: float = 10.0
+    cases: list[str] | None = None
+
+
+@quiet_numerics
+def verify(request: VerifyRequest | None = None, *, progress: Callable[[int, int, str], None] | None = None,
+           **fields) -> Report:
+    """Runs golden cases (or model files) on the selected flavours and runtimes; returns a report.
+
+    Takes a VerifyRequest, or its fields as keywords (`verify(cases=["mha-seeded"])`). Never
+    raises on a mismatch (`report.ok` says whether everything passed); raises a UsageError
+    (exit 2) on bad input: an unknown name, a tolerance that is not finite, a model whose
+    interface does not fit its variant, a `--variant`/`--flavor` that contradicts a model's
+    metadata.
+    """
+    if request is not None and fields:
+        raise TypeError("give a VerifyRequest or its fields, not both")
+    r = request or VerifyRequest(**fields)
+    variants, flavors, runtimes, dtype, golden_dir, models = \
+        r.variants, r.flavors, r.runtimes, r.dtype, r.golden_dir, r.models
+    rtol, atol, seed, cases, max_growth = r.rtol, r.atol, r.seed, r.cases, r.max_growth
+    model_variant, model_options, baseline, save_baseline = r.model_variant, r.model_options, r.baseline, \
+        r.save_baseline
+    skip_unavailable, strict_placement, localize = r.skip_unavailable, r.strict_placement, r.localize
+    if dtype is not None:
+        D.check(dtype)
+    check_tolerance_values(rtol, atol)
+    if not (isinstance(max_growth, (int, float)) and np.isfinite(max_growth) and max_growth >= 1):
+        raise UsageError(f"--max-growth must be a finite number >= 1, got {max_growth}")
+    for name in variants or []:
+        V.get(name)
+    if not models and (model_variant or model_options or seed is not None):
+        raise UsageError("variant options and --seed describe a MODEL file without metadata: give the file")
+    if models and variants:
+        raise UsageError("give the variant of a model file with model_variant")
+    flavors = FL.check_all(flavors)
+    if models and len(flavors) > 1 and flavors != list(E.FLAVORS):
+        raise UsageError("a model file has one flavor: give at most one --flavor")
+    entries = B.load(baseline) if baseline is not None else None
+    if save_baseline is not None:  # before any work: the folder must be writable
+        F.resolve_target(Path(save_baseline) / B.MANIFEST, new_folder=True)
+    used, table = R.select(runtimes, skip_unavailable)
+    if models:
+        model_flavor = flavors[0] if flavors != list(E.FLAVORS) else None
+        plan, dtypes = [], set()
+        for path in models:
+            steps, mdtype = plan_model(path, used, golden_dir, dtype, model_variant, model_flavor,
+                                        model_options, seed, rtol, atol)
+            plan += steps
+            dtypes.add(mdtype)
+        flavors_used = sorted({s.flavor for s in plan if s.flavor != "-"})
+        dtype = "/".join(sorted(dtypes))
+    else:
+        dtype = dtype or "fp32"
+        loaded = golden.load_all(None if golden_dir is None else Path(golden_dir), variants)
+        if cases:
+            unknown = sorted(set(cases) - {c.name for c in loaded})
+            if unknown:
+                close = difflib.get_close_matches(unknown[0], [c.name for c in loaded], n=3, cutoff=0.5)
+                hint = f"; close: {', '.join(close)}" if close else ""
+                raise UsageError(f"no golden case {', '.join(unknown)}"
+                                 + (f" among {', '.join(variants)}'s" if variants else "")
+                                 + f"{hint} (`attnexport golden --list` lists them)")
+            loaded = [c for c in loaded if c.name in cases]
+        if not loaded:
+            raise UsageError(f"no golden cases for {', '.join(variants or [])}")
+        plan = plan_golden(loaded, flavors, used, dtype, rtol, atol)
+        flavors_used = flavors
+    rows, localized = [], 0
+    for i, step in enumerate(plan):
+        if progress:
+            progress(i, len(plan), f"{step.case.name} {step.flavor} {step.runtime}")
+        row = execute(step, strict_placement)
+        # Localization needs one ONNX model run on one feed (not a decode loop): every run with
+        # --localize, else failing runs up to a limit.
+        can_localize = step.source is not None and not step.decode_chunk and not row.skipped
+        if can_localize and (localize or (not row.passed and localized < AUTO_LOCALIZE_LIMIT)):
+            localized += 1
+            localize_row(row, step, fail_on_divergence=localize)
+        if entries is not None and not row.skipped:
+            row.baseline = B.check(row, entries.get(B.key(row.case, row.flavor, row.runtime)), max_growth)
+            row.passed = row.passed and row.baseline["passed"]
+        rows.append(row)
+    if progress:
+        progress(len(plan), len(plan), "done")
+    report = Report(rows, R.described(table), dtype, flavors_used, [str(m) for m in models or []],
+                    baseline=None if baseline is None else str(baseline))
+    if save_baseline is not None:
+        report.saved_baseline = str(B.save(rows, save_baseline))
+    return report

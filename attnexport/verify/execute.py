@@ -1,0 +1,91 @@
+"""Running one planned step on its runtime, comparing every declared output, and localizing
+the first diverging node of a failing (or --localize) run."""
+
+from __future__ import annotations
+
+from attnexport import dtypes as D
+from attnexport import runtimes as R
+from attnexport import variants as V
+from attnexport.compare import (
+    compare_outputs,
+)
+from attnexport.errors import AttnExportError, ProviderUnavailableError, UnsupportedByFlavor, reason
+from attnexport.localize import Localization, locate
+from attnexport.report import Row
+from attnexport.verify.decode_checks import decode_run
+from attnexport.verify.run import Step
+
+# --- execution ---------------------------------------------------------------------------------
+
+def execute(step: Step, strict: bool) -> Row:
+    case = step.case
+    variant = V.get(case.variant)
+    dtype = step.dtype
+    row = Row(case.name, case.variant, step.flavor, step.runtime, dtype, step.model, tolerance=step.tol,
+              expected_kind=step.expected_kind, inputs=case.inputs, expected=step.expected)
+    if step.problem:
+        row.error = step.problem
+        return row
+    try:
+        if step.source is None:
+            prepared = R.prepare_torch(step.runtime, variant, case.options, step.params, dtype)
+        else:
+            prepared = R.prepare_onnx(step.runtime, step.source.get())
+    except UnsupportedByFlavor as e:
+        row.skipped = str(e)
+        return row
+    except ProviderUnavailableError:
+        raise
+    except AttnExportError as e:
+        row.error = str(e)
+        return row
+    except Exception as e:  # noqa: BLE001 - a model a runtime cannot load fails verification
+        row.error = reason(e)
+        return row
+    feed = D.cast_floats(case.inputs, dtype)
+    try:
+        if step.decode_chunk:
+            got, ms = decode_run(prepared, variant, case.options, feed, step.decode_chunk)
+        else:
+            # One untimed run, then a few timed ones: verify is a check, bench is the timing tool.
+            got, ms = prepared.timed(feed, warmup=0 if step.runtime == "onnx-ref" else 1,
+                                     iters=1 if step.runtime == "onnx-ref" else 3)
+    except Exception as e:  # noqa: BLE001 - a runtime failing on a model is a verification failure
+        row.error = reason(e)
+        return row
+    row.median_ms, row.arrays = ms, got
+    declared = ["output"] if step.decode_chunk else [s.name for s in variant.outputs(case.options)]
+    row.comparisons = compare_outputs(declared, got, step.expected, step.tol)
+    row.cpu_nodes = prepared.cpu_nodes
+    if not row.comparisons:
+        row.error = "compared nothing: no output was declared or produced"
+        return row
+    row.passed = all(c.passed for c in row.comparisons)
+    if strict and row.cpu_nodes:
+        row.passed = False
+        row.error = f"{len(row.cpu_nodes)} node(s) ran on the CPU: {', '.join(row.cpu_nodes[:5])}"
+    return row
+
+
+
+
+def localize_row(row: Row, step: Step, fail_on_divergence: bool) -> None:
+    """Attaches the first diverging node; with --localize a divergence fails the run."""
+    feed = D.cast_floats(step.case.inputs, row.dtype)
+    if step.source is None:  # a torch run: no graph to localize in
+        return
+    try:
+        model, good = step.source.get(), step.source.known_good()
+        if model is good and row.runtime == "onnx-ref":
+            row.localization = Localization(note="this run is the reference evaluator on the export itself: "
+                                                 "nothing independent to compare with")
+            return
+        row.localization = locate(model, good, feed, row.runtime, row.dtype)
+    except UnsupportedByFlavor:
+        return
+    except Exception as e:  # noqa: BLE001 - localization is a diagnosis; its failure is reported
+        row.localization = Localization(note=f"localization failed: {reason(e)}")
+        return
+    if fail_on_divergence and row.localization.diverged and row.passed:
+        row.passed = False
+        row.error = "intermediate values diverge from the export (--localize)"

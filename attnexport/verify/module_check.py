@@ -1,0 +1,301 @@
+"""A user's module against its model file: output by output at several shapes on every
+runtime, the decode property of its caches, localization against the module exported afresh."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from attnexport import dtypes as D
+from attnexport import export as E
+from attnexport import modules as M
+from attnexport import runtimes as R
+from attnexport import weights as W
+from attnexport.compare import (
+    check_tolerance_values,
+    compare_outputs,
+    tolerance,
+)
+from attnexport.errors import UsageError, reason
+from attnexport.inspect import load_model
+from attnexport.localize import Localization, locate
+from attnexport.report import Report, Row
+from attnexport.verify.decode_checks import cache_of, module_decode_rows
+from attnexport.verify.model_plan import dtype_of, flavor_of
+from attnexport.verify.run import AUTO_LOCALIZE_LIMIT, LoadedModule
+
+# --- a user's module against its model -------------------------------------------------------
+
+# The shapes a module's model is checked at besides the export's: (batch, length) of its symbolic
+# axes; length 1, odd lengths, batch 1 and 3.
+VERIFY_SIZES = ((1, 1), (1, 5), (3, 7))
+
+
+@dataclass(frozen=True)
+class ModuleCheck:
+    """What `verify --module` checks: a model file against the module `spec` (FILE.py:NAME) it was
+    exported from, where and how strictly; the fields are verify_module's keywords."""
+
+    model_path: str | Path
+    spec: str
+    runtimes: list[str] | None = None
+    rtol: float | None = None
+    atol: float | None = None
+    skip_unavailable: bool = False
+    input_specs: list | None = None  # parse_input results, in forward's order
+    seed: int | None = None
+    weights_file: str | Path | None = None
+    cache: dict | None = None  # {input: output} pairs of a model that does not record them
+
+
+def verify_module(model_path, spec: str, runtimes: list[str] | None = None, **fields) -> Report:
+    """The model file against the torch module it was exported from, at the export's shape and
+    at VERIFY_SIZES, on every selected runtime; a `verify.Report` like the golden runs'.
+
+    A model from any exporter (a plain `torch.onnx.export`) works too, given `input_specs`
+    (`parse_input` results, in `forward`'s order): its inputs are matched by name, else by order,
+    and its symbolic axes are read from the graph. `seed` (default: the one the export recorded,
+    else 0) seeds torch while the module is built; `weights_file` loads trained weights.
+
+    The `torch` runtime is the module with its attention calls routed through attnexport's core
+    (in eager torch): it shows the core agrees with torch's own kernels on these inputs.
+
+    A module with its own key/value cache (`export_module(cache=...)`, recorded in the model, or
+    `cache` here: {input: {"output": the output returning it updated, "axis": its positions
+    axis}}) is also checked for the decode property: see `decode_checks.module_decode_rows`.
+    """
+
+    check = ModuleCheck(model_path, spec, runtimes, **fields)
+    check_tolerance_values(check.rtol, check.atol)
+    with np.errstate(all="ignore"):  # a NaN is reported by the comparison, not by a RuntimeWarning
+        return _verify_module(check)
+
+
+def _verify_module(check: ModuleCheck) -> Report:
+    import torch
+    model_path, spec, input_specs, seed, weights_file = (check.model_path, check.spec, check.input_specs, check.seed,
+                                                         check.weights_file)
+
+    model = load_model(model_path)
+    meta = {p.key: p.value for p in model.metadata_props}
+    if "attnexport.variant" in meta:
+        raise UsageError(f"{model_path} was exported from the variant {meta['attnexport.variant']!r}, not from a "
+                         f"module: verify it without --module (`attnexport verify {model_path}`)")
+    spec_inputs = _model_inputs(model, model_path, meta, input_specs)
+    dtype = meta.get("attnexport.dtype") or dtype_of(model)
+    flavor = meta.get("attnexport.flavor") or flavor_of(model)
+    if seed is None:
+        seed = int(meta.get("attnexport.seed", 0))
+    module, example = M.load(spec, seed)
+    if input_specs:
+        M.check_input_names(module, [n for n, _, _ in input_specs], f"--module {spec}")
+    if weights_file is not None:
+        M.load_weights(module, weights_file)
+    module = module.to(D.torch_dtype(dtype)).eval()
+    names = [i["name"] for i in spec_inputs]
+    entries = json.loads(meta.get("attnexport.params", "{}"))
+    changed = _changed_params(module, entries, dtype)
+    damaged = W.read(model, entries)[1] if entries else []  # the file's own initializers against the record
+    used, table = R.select(check.runtimes, check.skip_unavailable)
+    tol = tolerance(dtype, check.rtol, check.atol)
+    declared = [o.name for o in model.graph.output]
+    prepared = {rt: R.prepare_onnx(rt, model) for rt in used if rt in R.ONNX_RUNTIMES}
+    rows = []
+    known_good = _KnownGood(module, spec, names, spec_inputs, declared, flavor, meta, dtype)
+
+    def plain(module, feed):
+        return M.call_forward(module, feed, spec)
+
+    def routed_call(module, feed):
+        with M.export_semantics():
+            return module(*feed)
+    for label, feed in _verify_feeds(spec_inputs, example, dtype):
+        known_good.example = known_good.example or feed
+        compute, row_tol = plain, tol
+        with torch.no_grad():
+            want = M.outputs_of(M.call_forward(module, feed, spec))
+        if len(want) != len(declared):
+            raise UsageError(f"{spec} returns {len(want)} tensor(s), {Path(model_path).name} declares "
+                             f"{len(declared)} output(s) ({', '.join(declared)}): it is not this model's module")
+        kind = "the torch module"
+        if any(w.is_floating_point() and torch.isnan(w).any() for w in want):
+            # A fully padded sequence: torch's own kernels give NaN where every key is masked by
+            # an additive -inf (nn.MultiheadAttention's key padding mask); attnexport's semantics
+            # give zeros. The module with its attention routed through the core is the module
+            # under those semantics.
+            with torch.no_grad(), M.export_semantics():
+                routed = M.outputs_of(module(*feed))
+            if not any(r.is_floating_point() and torch.isnan(r).any() for r in routed):
+                want, kind = routed, ("the torch module, its attention routed through attnexport's core (the module "
+                                      "itself gives NaN for a fully masked row, attnexport zeros)")
+                compute = routed_call
+        if dtype == "fp16" and check.rtol is None and check.atol is None:  # the module in fp32: see modules.expected_of
+            want, row_tol = M.expected_of(module, feed, spec, dtype, compute)
+            kind += ", in float32 on its fp16 parameters and inputs"
+        expected = {n: w.detach().double().numpy() for n, w in zip(declared, want, strict=True)}
+        arrays = {n: t.numpy() for n, t in zip(names, feed, strict=True)}
+        for rt in used:
+            row = Row(case=label, variant=spec, flavor="-" if rt.startswith("torch") else flavor, runtime=rt,
+                      dtype=dtype, model=Path(model_path).name, tolerance=row_tol,
+                      expected_kind=kind, inputs=arrays, expected=expected)
+            rows.append(row)
+            if changed:
+                source = meta.get("attnexport.params_source", "seed")
+                hint = f"; it was exported with --weights {source[len('given: '):]}" \
+                    if source.startswith("given: ") and weights_file is None else ""
+                row.error = (f"the module's parameters differ from the model's: {', '.join(changed[:3])} "
+                             f"(sha256 in the metadata{hint})")
+                continue
+            try:
+                if rt == "torch":
+                    started = time.perf_counter()
+                    with torch.no_grad(), M.export_semantics():
+                        got_t = M.outputs_of(module(*feed))
+                    row.median_ms = (time.perf_counter() - started) * 1e3
+                    got = {n: g.detach().double().numpy() for n, g in zip(declared, got_t, strict=True)}
+                elif rt in prepared:
+                    got, row.median_ms = prepared[rt].timed(arrays, warmup=0 if rt == "onnx-ref" else 1,
+                                                            iters=1 if rt == "onnx-ref" else 3)
+                else:
+                    row.skipped = f"{rt} runs no module"
+                    continue
+            except Exception as e:  # noqa: BLE001 - a runtime failing on the model fails verification
+                row.error = reason(e)
+                continue
+            row.comparisons = compare_outputs(declared, got, expected, row_tol)
+            row.passed = bool(row.comparisons) and all(c.passed for c in row.comparisons)
+            if not row.comparisons:
+                row.error = "compared nothing: no output was declared or produced"
+            if damaged and rt != "torch":
+                row.passed = False
+                row.error = (f"the model file's parameters differ from the sha256 recorded at its export: "
+                             f"{', '.join(damaged[:3])} (the file was changed after the export)")
+            elif not row.passed and rt in prepared and known_good.tries < AUTO_LOCALIZE_LIMIT:
+                row.localization = known_good.locate(model, arrays, rt)
+    cache = cache_of(model, check.cache) if check.cache is not None else \
+        json.loads(meta.get("attnexport.cache", "{}"))
+    if cache and not changed:
+        loaded = LoadedModule(module, model, spec, spec_inputs, used, prepared, dtype, tol, flavor,
+                              Path(model_path).name)
+        rows += module_decode_rows(loaded, known_good.example, cache)
+    return Report(rows, R.described(table), dtype, [flavor], [str(model_path)])
+
+
+class _KnownGood:
+    """The module exported afresh, as the model file says it was (flavour, opset, dtype, inputs,
+    symbolic axes, output names): what a failing run's intermediate values are compared with to
+    name the first diverging node (`attnexport.localize`). Exported once, on the first failure."""
+
+    def __init__(self, module, spec, names, spec_inputs, declared, flavor, meta, dtype):
+        self.module, self.spec, self.names, self.declared = module, spec, names, declared
+        self.dynamic = {i["name"]: {int(a): d for a, d in i["dynamic"].items()} for i in spec_inputs}
+        self.flavor, self.dtype = flavor, dtype
+        self.opset = int(meta["attnexport.opset"]) if "attnexport.opset" in meta else None
+        self.example, self.model, self.tries = None, None, 0
+
+    def locate(self, model, feed, runtime):
+        self.tries += 1
+        try:
+            if self.model is None:
+                self.model = E.export_module(self.module, self.example, flavor=self.flavor, opset=self.opset,
+                                             dtype=self.dtype, dynamic=self.dynamic, input_names=self.names,
+                                             output_names=self.declared, name=self.spec).model
+            return locate(model, self.model, feed, runtime, self.dtype)
+        except Exception as e:  # noqa: BLE001 - localization is a diagnosis; its failure is reported
+            return Localization(note=f"localization failed: {reason(e)}")
+
+
+_ELEM_NAMES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BOOL: "bool",
+               onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT32: "int32"}
+
+
+def _model_inputs(model, model_path, meta, input_specs) -> list[dict]:
+    """The model's inputs as [{name, shape, dtype, dynamic}]: from `--input` (matched with the
+    graph's inputs by name, else by order; symbolic axes from the graph), else from the input
+    spec an `export --module` recorded."""
+    inits = {i.name for i in model.graph.initializer}
+    graph = [i for i in model.graph.input if i.name not in inits]
+    if input_specs:
+        given = [n for n, _, _ in input_specs]
+        if len(given) != len(graph):
+            raise UsageError(f"{model_path} takes {len(graph)} input(s) ({', '.join(i.name for i in graph)}); "
+                             f"--input gives {len(given)}")
+        by_name = {i.name: i for i in graph}
+        matched = [by_name[n] for n in given] if set(given) == set(by_name) else graph  # by name, else by order
+        specs = []
+        for (n, shape, dtype), vi in zip(input_specs, matched, strict=True):
+            dims = vi.type.tensor_type.shape.dim
+            if len(dims) != len(shape):
+                raise UsageError(f"--input {n}: rank {len(shape)}, but {model_path}'s input {vi.name!r} has rank "
+                                 f"{len(dims)}")
+            want = _ELEM_NAMES.get(vi.type.tensor_type.elem_type)
+            if want is not None and want != dtype and not (dtype.startswith("float") and want.startswith("float")):
+                raise UsageError(f"--input {n}: {dtype}, but {model_path}'s input {vi.name!r} is {want}")
+            for axis, (d, size) in enumerate(zip(dims, shape, strict=True)):
+                if d.HasField("dim_value") and d.dim_value != size:
+                    raise UsageError(f"--input {n}: axis {axis} is {size}, {model_path} fixes it at {d.dim_value}")
+            specs.append({"name": vi.name, "shape": list(shape), "dtype": want or dtype,
+                          "dynamic": {str(a): d.dim_param for a, d in enumerate(dims) if d.dim_param}})
+        return specs
+    if "attnexport.inputs" not in meta:
+        raise UsageError(f"{model_path} records no input spec (it was not exported by `attnexport export --module`): "
+                         f"give its inputs, e.g. --input {graph[0].name if graph else 'x'}:2x16x64 (one per input)")
+    specs = json.loads(meta["attnexport.inputs"])
+    if [i["name"] for i in specs] != [i.name for i in graph]:
+        raise UsageError(f"{model_path}: its inputs are not those of its metadata")
+    return specs
+
+
+def _changed_params(module, entries, dtype) -> list[str]:
+    """The parameters whose sha256 differs from the model's record (stored as the model holds
+    them: a transposed layout is hashed transposed)."""
+    state = {k: v.detach().float().numpy().astype(D.NUMPY[dtype]) for k, v in module.state_dict().items()}
+    changed = []
+    for name, entry in sorted(entries.items()):
+        p = state.get(name)
+        if p is None or W.sha256_of(p.T if entry["layout"] == "transposed" else p) != entry["sha256"]:
+            changed.append(name)
+    return changed
+
+
+def _verify_feeds(spec_inputs, example, dtype):
+    """(label, inputs): the export's shape, then VERIFY_SIZES on the symbolic axes.
+
+    Floats are seeded. A padding mask (a (batch, length) input of two values, as its example
+    has) gets real padding at every shape: each sequence valid for a drawn length, the rest the
+    other value, and with more than one sequence the last one all padding. Other non-float
+    inputs are filled with the example's most common value."""
+    import torch
+    rng = np.random.default_rng(0)
+    common = {i["name"]: M.common_value(t)  # no example (a model from another exporter): none
+              for i, t in zip(spec_inputs, example or (), strict=False) if not t.is_floating_point()}
+    masks = {i["name"] for i, t in zip(spec_inputs, example or (), strict=False)
+             if not t.is_floating_point() and t.dim() == 2 and len(torch.unique(t)) == 2 and
+             set(torch.unique(t).tolist()) <= {0, 1}}
+    feeds = []
+    for batch, length in ((None, None), *VERIFY_SIZES):
+        feed, label = [], "export shape" if batch is None else f"batch {batch}, length {length}"
+        for i in spec_inputs:
+            shape = list(i["shape"])
+            if batch is not None:
+                for axis, dim in i["dynamic"].items():  # a plain export names them s0, s1, ...
+                    shape[int(axis)] = batch if dim == "batch" or int(axis) == 0 else length
+            if i["dtype"].startswith("float"):
+                feed.append(torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(D.torch_dtype(dtype)))
+            elif i["name"] in masks:
+                valid = rng.integers(1, shape[1] + 1, size=shape[0])
+                if shape[0] > 1:
+                    valid[-1] = 0  # one sequence that is all padding
+                token = np.arange(shape[1])[None, :] < valid[:, None]
+                keep = bool(common[i["name"]])
+                feed.append(torch.from_numpy(token if keep else ~token).to(getattr(torch, i["dtype"])))
+            else:
+                feed.append(torch.full(shape, common.get(i["name"], True if i["dtype"] == "bool" else 0),
+                                       dtype=getattr(torch, i["dtype"])))
+        feeds.append((label, tuple(feed)))
+    return feeds
