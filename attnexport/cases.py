@@ -169,163 +169,174 @@ def _posenc_zeros(o):
     return {}, {"x": np.zeros((1, o["seq"], o["dim"]), np.float32)}
 
 
-def _case_defs() -> tuple[CaseDef, ...]:
-    cases = [CaseDef(f"{name}-seeded", name, {}, source="seeded") for name in V.VARIANTS]
-    for mode in ("sqrt", "none", "norm", "cosine", "length"):
-        cases.append(CaseDef(f"self-scaling-{mode}", "self", {"scaling": mode, "weights": True},
-                             source=f"seeded: the {mode} scaling mode of {SRC_SELF}"))
-        cases.append(CaseDef(f"mha-scaling-{mode}", "mha", {"scaling": mode, "weights": True, "mask": "padding"},
-                             source=f"seeded: the {mode} scaling mode of {SRC_SELF}"))
-    for word in ("sweet", "hungry"):
-        cases.append(CaseDef(
-            f"self-cat-milk-it-{word}", "self", {"batch": 1, "seq": 4, "dim": 4, "weights": True},
-            source=f"worked example of {SRC_SELF}: 'The cat drank the milk because it was {word}.'; words "
-                   f"cat, milk, it, {word} as printed, 4-dim with the '...' coordinates 0; Q = K = V = X, "
-                   "d_k = 4; expected = the formula softmax(QK^T / sqrt(d_k)) V",
-            make=_identity_self(_words("cat", "milk", "it", word)),
-            notes={"tokens": ["cat", "milk", "it", word], "vectors": {w: list(WORDS[w]) for w in
-                                                                     ("cat", "milk", "it", word)},
-                   "printed": {"scores": PRINTED_SCORES[word], "rows": PRINTED_ROWS[word],
-                               **PRINTED_SIM[word]},
-                   "relation": PRINTED_RELATION}))
-    cases += [
-        CaseDef("sdpa-gqa-causal-bool", "sdpa",
-                {"kv_heads": 2, "seq": 5, "kv_seq": 9, "causal": True, "mask": "bool", "weights": True},
-                source="seeded"),
-        CaseDef("sdpa-softcap-float-mask", "sdpa",
-                {"softcap": 2.0, "scale": 0.3, "mask": "float", "v_head_dim": 24, "heads": 4, "kv_heads": 4},
-                source="seeded"),
-        CaseDef("sdpa-causal-long-query", "sdpa", {"seq": 12, "kv_seq": 7, "causal": True, "weights": True},
-                source="seeded: causal with more queries than keys"),
-        CaseDef("sdpa-mask-per-head", "sdpa", {"mask": "bool", "mask_heads": 8, "weights": True},
-                source="seeded: a boolean mask per sequence and head, (B, Hq, Tq, Tk)"),
-        CaseDef("sdpa-mask-rank3-float", "sdpa", {"mask": "float", "mask_rank": 3, "mask_heads": 4, "heads": 4,
-                                                  "kv_heads": 2, "seq": 5, "kv_seq": 11},
-                source="seeded: an additive rank-3 mask per head, (Hq, Tq, Tk), shared by the batch"),
-        CaseDef("sdpa-mask-rank2-causal", "sdpa", {"mask": "bool", "mask_rank": 2, "causal": True, "seq": 6,
-                                                   "kv_seq": 9, "weights": True},
-                source="seeded: a rank-2 boolean mask (Tq, Tk) shared by every sequence and head, with causal"),
-        CaseDef("sdpa-fully-masked-rows", "sdpa", {"mask": "bool", "weights": True},
-                source="seeded, with two query rows whose mask is all False", make=_sdpa_fully_masked),
-        CaseDef("mha-causal-gqa", "mha", {"causal": True, "kv_heads": 2, "mask": "padding", "weights": True},
-                source="seeded"),
-        CaseDef("mha-padding-all-masked", "mha", {"mask": "padding", "weights": True},
-                source="seeded, with one sequence that is entirely padding", make=_padding_empty),
-        CaseDef("self-64d-single-head", "self", {"batch": 1, "seq": 10, "dim": 64, "weights": True},
-                source=f"worked example of {SRC_SIMPLE}: d_model 64, batch 1, length 10, one head, scores "
-                       "scaled by 1/sqrt(64), inputs uniform on [0, 1) as the source's torch.rand. The source "
-                       "projects three separate tensors q, k, v with biased linear layers; the self variant "
-                       "projects one x without bias (q = k = v = x)", make=_simple_64d),
-        CaseDef("mha-tied-10d-2h", "mha-tied", {"batch": 3, "seq": 5, "kv_seq": 5, "dim": 10, "heads": 2},
-                source=f"worked example of {SRC_TIED}: embed size 10, 2 heads, 3 sequences of length 5, "
-                       "values, keys and query drawn from a standard normal (torch.randn), no mask"),
-        CaseDef("mha-tied-causal-mask", "mha-tied", {"batch": 3, "seq": 5, "kv_seq": 5, "dim": 10, "heads": 2,
-                                                     "mask": "bool"},
-                source=f"seeded: the sizes of {SRC_TIED}'s example with a lower-triangular mask",
-                make=_tied_causal),
-        CaseDef("cross-i-love-you", "cross", {"batch": 1, "seq": 3, "kv_seq": 3, "dim": 4, "kv_dim": 4, "heads": 1,
-                                              "weights": True},
-                source=f"worked example of {SRC_CROSS}: cross-attention of the target \"我 爱 你\" over the "
-                       "source \"I love you\"", make=_i_love_you,
-                notes={"source_tokens": ["I", "love", "you"], "target_tokens": ["我", "爱", "你"],
-                       "relation": "target word j attends most to source word j: 我 -> I, 爱 -> love, 你 -> you"}),
-        CaseDef("additive-valid-lens", "additive", {"batch": 2, "seq": 1, "kv_seq": 10, "dim": 20, "kv_dim": 2,
-                                                    "value_dim": 4, "hidden": 8, "weights": True}, seed=3,
-                source=f"seeded: additive attention with a masked softmax as {SRC_KERNEL} defines them (it "
-                       "prints no example values); keys all ones, values 0..39, valid lengths 2 and 6",
-                make=_additive_example,
-                notes={"analytic": {"output": [[[2.0, 3.0, 4.0, 5.0]], [[10.0, 11.0, 12.0, 13.0]]]},
-                       "relation": "identical keys give uniform weights over the valid keys, so the "
-                                   "output is the mean of the first valid_len values"}),
-        CaseDef("additive-zero-length", "additive", {"weights": True}, seed=8,
-                source="seeded, valid length 0 in batch 0",
-                make=lambda o: (seeding.init_params(V.get("additive"), o, 8),
-                                dict(seeding.make_inputs(V.get("additive"), o, 8),
-                                     valid_lens=np.array([0, 7], np.int64)))),
-        CaseDef("masked-softmax-valid-lens", "masked-softmax", {},
-                source=f"seeded: the masked softmax of {SRC_KERNEL} on 2x2x4 uniform scores, valid lengths 2 and 3",
-                make=_masked_softmax_example([2, 3], 2)),
-        CaseDef("masked-softmax-zero-length", "masked-softmax", {}, source="seeded, valid lengths 0 and 4",
-                make=_masked_softmax_example([0, 4], 9)),
-        CaseDef("kernel-nadaraya-watson", "kernel", {"seq": 100, "kv_seq": 100, "weights": True},
-                source=f"worked example of {SRC_KERNEL}: Nadaraya-Watson regression of f(x) = 2 sin(x) + x^0.8 "
-                       "from 100 samples x ~ U[0, 5), sorted, y = f(x) + N(0, 0.5); every sample is a query "
-                       "over the same samples as keys", make=_nadaraya_watson),
-        CaseDef("kernel-learnable-bandwidth", "kernel", {"seq": 100, "kv_seq": 100, "learnable_bandwidth": True},
-                source=f"seeded: the data of {SRC_KERNEL}'s regression with a learnable bandwidth w = 1.5 "
-                       "(the source fits the fixed kernel only)", make=_nadaraya_watson),
-        CaseDef("posenc-table", "posenc", {"batch": 1, "seq": 60, "dim": 32},
-                source=f"the sinusoidal encoding of {SRC_CROSS}: the table itself (zeros in), 60 steps, 32 dims",
-                make=_posenc_zeros),
-        CaseDef("mha-kv-cache", "mha", {"kv_cache": True, "causal": True, "seq": 3, "past_seq": 4},
-                source="seeded: one causal block of 3 tokens over a cache of 4"),
-        CaseDef("mha-kv-cache-gqa", "mha", {"kv_cache": True, "causal": True, "kv_heads": 2, "seq": 1,
-                                            "past_seq": 6},
-                source="seeded: one token over a grouped-query cache (2 key/value heads for 4)"),
-        CaseDef("mha-kv-cache-empty", "mha", {"kv_cache": True, "causal": True, "seq": 5, "past_seq": 0},
-                source="seeded: a prompt of 5 tokens into an empty cache (prefill)"),
-        CaseDef("mha-kv-cache-cosine", "mha", {"kv_cache": True, "causal": True, "scaling": "cosine",
-                                               "seq": 2, "past_seq": 3},
-                source="seeded: cosine scaling over a cache (keys cached normalized)"),
-        CaseDef("mha-static-cache", "mha", {"kv_cache": True, "max_seq": 8, "causal": True, "kv_heads": 2,
-                                            "seq": 3, "past_seq": 5, "batch": 3},
-                source="seeded: a block of 3 into grouped-query static buffers of 8 positions (2 key/value heads "
-                       "for 4): sequence 0 with 5 cached writes the buffer's last positions, sequences 1 and 2 "
-                       "with 4 and 3 (the rest of each buffer garbage, never read)"),
-        CaseDef("sdpa-static-cache", "sdpa", {"kv_cache": True, "max_seq": 12, "causal": True, "kv_heads": 2,
-                                              "seq": 2, "kv_seq": 2, "past_seq": 5},
-                source="seeded: the operator over static grouped-query buffers of 12 positions, a block of 2 "
-                       "written at 5 and 4 (TensorScatter), the valid keys as nonpad_kv_seqlen"),
-        CaseDef("sdpa-kv-cache", "sdpa", {"kv_cache": True, "causal": True, "kv_heads": 2, "seq": 2, "kv_seq": 2,
-                                           "past_seq": 5},
-                source="seeded: the operator with a grouped-query cache, a block of 2 over 5 cached positions"),
-        CaseDef("sdpa-kv-cache-empty", "sdpa", {"kv_cache": True, "causal": True, "seq": 4, "kv_seq": 4, "past_seq": 0},
-                source="seeded: the operator's cache, empty (the prefill)"),
-        CaseDef("sdpa-kv-cache-more-keys", "sdpa", {"kv_cache": True, "causal": True, "mask": "float", "seq": 2,
-                                                    "kv_seq": 3, "past_seq": 4, "weights": "bias"},
-                source="seeded: a cache with more new keys than queries: the causal offset is the past "
-                       "length (query i attends keys j <= 4 + i), not the keys' count minus the queries'"),
-        CaseDef("sdpa-mask-shorter", "sdpa", {"mask": "bool", "mask_rank": 2, "mask_keys": 5, "seq": 3,
-                                              "kv_seq": 7, "causal": True},
-                source="seeded: a mask shorter than the keys (5 of 7): the keys past it are masked, as "
-                       "the operator pads the mask with -inf"),
-        CaseDef("sdpa-bsd-gqa-causal", "sdpa", {"layout": "bsd", "heads": 4, "kv_heads": 2, "causal": True,
-                                                "seq": 5, "kv_seq": 7, "v_head_dim": 16},
-                source="seeded: the 3-D layout, (B, T, H*d) inputs with 4 query and 2 key/value heads"),
-        CaseDef("sdpa-nonpad-causal", "sdpa", {"nonpad": True, "causal": True, "kv_heads": 2, "seq": 3,
-                                               "kv_seq": 8, "batch": 3},
-                source="seeded: valid key counts in a preallocated cache (opset 24), the causal mask offset "
-                       "by count - Tq per sequence; a count below Tq empties rows"),
-        CaseDef("sdpa-kv-cache-mask-softcap", "sdpa", {"kv_cache": True, "causal": True, "mask": "bool",
-                                                       "softcap": 2.0, "weights": "softmax", "seq": 3,
-                                                       "kv_seq": 3, "past_seq": 4},
-                source="seeded: a cache with a boolean mask over past and new keys, softcap and the weights"),
-        CaseDef("sdpa-kv-cache-bsd-mask", "sdpa", {"layout": "bsd", "kv_cache": True, "causal": True,
-                                                   "mask": "float", "mask_rank": 2, "heads": 4, "kv_heads": 4,
-                                                   "seq": 2, "kv_seq": 2, "past_seq": 5},
-                source="seeded: the 3-D layout with a cache and an additive (Tq, P + Tq) mask"),
-        *(CaseDef(f"sdpa-weights-{mode}", "sdpa", {"weights": mode, "softcap": 1.5, "mask": "bool",
-                                                   "causal": True, "seq": 4, "kv_seq": 6, "heads": 2},
-                  source=f"seeded: the score output in mode {mode} (qk_matmul_output_mode "
-                         f"{MODE_OF[mode]}) with softcap, a mask and causal")
-          for mode in ("raw", "softcap", "bias")),
-        CaseDef("decoder-kv-cache", "decoder", {"kv_cache": True, "seq": 2, "past_seq": 3, "kv_seq": 0,
-                                                "past_kv_seq": 6},
-                source="seeded: a decoder step of 2 tokens over 3 cached ones, the memory's 6 positions cached "
-                       "(no memory given)"),
-        CaseDef("decoder-static-cache", "decoder", {"kv_cache": True, "max_seq": 10, "seq": 2, "past_seq": 3,
-                                                    "kv_seq": 0, "past_kv_seq": 5},
-                source="seeded: a decoder step of 2 positions with its self-attention cache in static buffers of "
-                       "10 (written at 3 and 2) and the memory's 5 positions cached"),
-        CaseDef("decoder-kv-cache-first", "decoder", {"kv_cache": True, "seq": 4, "past_seq": 0, "kv_seq": 5,
-                                                      "past_kv_seq": 0},
-                source="seeded: a decoder's first step: a prompt of 4 into empty caches, the memory of 5 "
-                       "projected and returned as the cross cache"),
-        CaseDef("encoder-padding", "encoder", {"mask": "padding"}, source="seeded"),
-        CaseDef("decoder-padding", "decoder", {"mask": "padding"}, source="seeded"),
-        CaseDef("cross-padding", "cross", {"mask": "padding", "weights": True}, source="seeded"),
-    ]
-    return tuple(cases)
+# --- the catalogue: data, one entry per case (a family of cases as one comprehension) -------------
+
+# A seeded case per variant, at its default options.
+SEEDED = tuple(CaseDef(f"{name}-seeded", name, {}, source="seeded") for name in V.VARIANTS)
+
+# Each scaling mode of self and mha.
+SCALINGS = tuple(
+    case for mode in ("sqrt", "none", "norm", "cosine", "length") for case in (
+        CaseDef(f"self-scaling-{mode}", "self", {"scaling": mode, "weights": True},
+                source=f"seeded: the {mode} scaling mode of {SRC_SELF}"),
+        CaseDef(f"mha-scaling-{mode}", "mha", {"scaling": mode, "weights": True, "mask": "padding"},
+                source=f"seeded: the {mode} scaling mode of {SRC_SELF}")))
+
+# The worked example of SRC_SELF, with both endings of its sentence.
+CAT_MILK = tuple(
+    CaseDef(
+        f"self-cat-milk-it-{word}", "self", {"batch": 1, "seq": 4, "dim": 4, "weights": True},
+        source=f"worked example of {SRC_SELF}: 'The cat drank the milk because it was {word}.'; words "
+               f"cat, milk, it, {word} as printed, 4-dim with the '...' coordinates 0; Q = K = V = X, "
+               "d_k = 4; expected = the formula softmax(QK^T / sqrt(d_k)) V",
+        make=_identity_self(_words("cat", "milk", "it", word)),
+        notes={"tokens": ["cat", "milk", "it", word], "vectors": {w: list(WORDS[w]) for w in
+                                                                 ("cat", "milk", "it", word)},
+               "printed": {"scores": PRINTED_SCORES[word], "rows": PRINTED_ROWS[word],
+                           **PRINTED_SIM[word]},
+               "relation": PRINTED_RELATION})
+    for word in ("sweet", "hungry"))
+
+# Worked examples, edge cases, caches and masks: one entry each.
+LISTED = (
+    CaseDef("sdpa-gqa-causal-bool", "sdpa",
+            {"kv_heads": 2, "seq": 5, "kv_seq": 9, "causal": True, "mask": "bool", "weights": True},
+            source="seeded"),
+    CaseDef("sdpa-softcap-float-mask", "sdpa",
+            {"softcap": 2.0, "scale": 0.3, "mask": "float", "v_head_dim": 24, "heads": 4, "kv_heads": 4},
+            source="seeded"),
+    CaseDef("sdpa-causal-long-query", "sdpa", {"seq": 12, "kv_seq": 7, "causal": True, "weights": True},
+            source="seeded: causal with more queries than keys"),
+    CaseDef("sdpa-mask-per-head", "sdpa", {"mask": "bool", "mask_heads": 8, "weights": True},
+            source="seeded: a boolean mask per sequence and head, (B, Hq, Tq, Tk)"),
+    CaseDef("sdpa-mask-rank3-float", "sdpa", {"mask": "float", "mask_rank": 3, "mask_heads": 4, "heads": 4,
+                                              "kv_heads": 2, "seq": 5, "kv_seq": 11},
+            source="seeded: an additive rank-3 mask per head, (Hq, Tq, Tk), shared by the batch"),
+    CaseDef("sdpa-mask-rank2-causal", "sdpa", {"mask": "bool", "mask_rank": 2, "causal": True, "seq": 6,
+                                               "kv_seq": 9, "weights": True},
+            source="seeded: a rank-2 boolean mask (Tq, Tk) shared by every sequence and head, with causal"),
+    CaseDef("sdpa-fully-masked-rows", "sdpa", {"mask": "bool", "weights": True},
+            source="seeded, with two query rows whose mask is all False", make=_sdpa_fully_masked),
+    CaseDef("mha-causal-gqa", "mha", {"causal": True, "kv_heads": 2, "mask": "padding", "weights": True},
+            source="seeded"),
+    CaseDef("mha-padding-all-masked", "mha", {"mask": "padding", "weights": True},
+            source="seeded, with one sequence that is entirely padding", make=_padding_empty),
+    CaseDef("self-64d-single-head", "self", {"batch": 1, "seq": 10, "dim": 64, "weights": True},
+            source=f"worked example of {SRC_SIMPLE}: d_model 64, batch 1, length 10, one head, scores "
+                   "scaled by 1/sqrt(64), inputs uniform on [0, 1) as the source's torch.rand. The source "
+                   "projects three separate tensors q, k, v with biased linear layers; the self variant "
+                   "projects one x without bias (q = k = v = x)", make=_simple_64d),
+    CaseDef("mha-tied-10d-2h", "mha-tied", {"batch": 3, "seq": 5, "kv_seq": 5, "dim": 10, "heads": 2},
+            source=f"worked example of {SRC_TIED}: embed size 10, 2 heads, 3 sequences of length 5, "
+                   "values, keys and query drawn from a standard normal (torch.randn), no mask"),
+    CaseDef("mha-tied-causal-mask", "mha-tied", {"batch": 3, "seq": 5, "kv_seq": 5, "dim": 10, "heads": 2,
+                                                 "mask": "bool"},
+            source=f"seeded: the sizes of {SRC_TIED}'s example with a lower-triangular mask",
+            make=_tied_causal),
+    CaseDef("cross-i-love-you", "cross", {"batch": 1, "seq": 3, "kv_seq": 3, "dim": 4, "kv_dim": 4, "heads": 1,
+                                          "weights": True},
+            source=f"worked example of {SRC_CROSS}: cross-attention of the target \"我 爱 你\" over the "
+                   "source \"I love you\"", make=_i_love_you,
+            notes={"source_tokens": ["I", "love", "you"], "target_tokens": ["我", "爱", "你"],
+                   "relation": "target word j attends most to source word j: 我 -> I, 爱 -> love, 你 -> you"}),
+    CaseDef("additive-valid-lens", "additive", {"batch": 2, "seq": 1, "kv_seq": 10, "dim": 20, "kv_dim": 2,
+                                                "value_dim": 4, "hidden": 8, "weights": True}, seed=3,
+            source=f"seeded: additive attention with a masked softmax as {SRC_KERNEL} defines them (it "
+                   "prints no example values); keys all ones, values 0..39, valid lengths 2 and 6",
+            make=_additive_example,
+            notes={"analytic": {"output": [[[2.0, 3.0, 4.0, 5.0]], [[10.0, 11.0, 12.0, 13.0]]]},
+                   "relation": "identical keys give uniform weights over the valid keys, so the "
+                               "output is the mean of the first valid_len values"}),
+    CaseDef("additive-zero-length", "additive", {"weights": True}, seed=8,
+            source="seeded, valid length 0 in batch 0",
+            make=lambda o: (seeding.init_params(V.get("additive"), o, 8),
+                            dict(seeding.make_inputs(V.get("additive"), o, 8),
+                                 valid_lens=np.array([0, 7], np.int64)))),
+    CaseDef("masked-softmax-valid-lens", "masked-softmax", {},
+            source=f"seeded: the masked softmax of {SRC_KERNEL} on 2x2x4 uniform scores, valid lengths 2 and 3",
+            make=_masked_softmax_example([2, 3], 2)),
+    CaseDef("masked-softmax-zero-length", "masked-softmax", {}, source="seeded, valid lengths 0 and 4",
+            make=_masked_softmax_example([0, 4], 9)),
+    CaseDef("kernel-nadaraya-watson", "kernel", {"seq": 100, "kv_seq": 100, "weights": True},
+            source=f"worked example of {SRC_KERNEL}: Nadaraya-Watson regression of f(x) = 2 sin(x) + x^0.8 "
+                   "from 100 samples x ~ U[0, 5), sorted, y = f(x) + N(0, 0.5); every sample is a query "
+                   "over the same samples as keys", make=_nadaraya_watson),
+    CaseDef("kernel-learnable-bandwidth", "kernel", {"seq": 100, "kv_seq": 100, "learnable_bandwidth": True},
+            source=f"seeded: the data of {SRC_KERNEL}'s regression with a learnable bandwidth w = 1.5 "
+                   "(the source fits the fixed kernel only)", make=_nadaraya_watson),
+    CaseDef("posenc-table", "posenc", {"batch": 1, "seq": 60, "dim": 32},
+            source=f"the sinusoidal encoding of {SRC_CROSS}: the table itself (zeros in), 60 steps, 32 dims",
+            make=_posenc_zeros),
+    CaseDef("mha-kv-cache", "mha", {"kv_cache": True, "causal": True, "seq": 3, "past_seq": 4},
+            source="seeded: one causal block of 3 tokens over a cache of 4"),
+    CaseDef("mha-kv-cache-gqa", "mha", {"kv_cache": True, "causal": True, "kv_heads": 2, "seq": 1,
+                                        "past_seq": 6},
+            source="seeded: one token over a grouped-query cache (2 key/value heads for 4)"),
+    CaseDef("mha-kv-cache-empty", "mha", {"kv_cache": True, "causal": True, "seq": 5, "past_seq": 0},
+            source="seeded: a prompt of 5 tokens into an empty cache (prefill)"),
+    CaseDef("mha-kv-cache-cosine", "mha", {"kv_cache": True, "causal": True, "scaling": "cosine",
+                                           "seq": 2, "past_seq": 3},
+            source="seeded: cosine scaling over a cache (keys cached normalized)"),
+    CaseDef("mha-static-cache", "mha", {"kv_cache": True, "max_seq": 8, "causal": True, "kv_heads": 2,
+                                        "seq": 3, "past_seq": 5, "batch": 3},
+            source="seeded: a block of 3 into grouped-query static buffers of 8 positions (2 key/value heads "
+                   "for 4): sequence 0 with 5 cached writes the buffer's last positions, sequences 1 and 2 "
+                   "with 4 and 3 (the rest of each buffer garbage, never read)"),
+    CaseDef("sdpa-static-cache", "sdpa", {"kv_cache": True, "max_seq": 12, "causal": True, "kv_heads": 2,
+                                          "seq": 2, "kv_seq": 2, "past_seq": 5},
+            source="seeded: the operator over static grouped-query buffers of 12 positions, a block of 2 "
+                   "written at 5 and 4 (TensorScatter), the valid keys as nonpad_kv_seqlen"),
+    CaseDef("sdpa-kv-cache", "sdpa", {"kv_cache": True, "causal": True, "kv_heads": 2, "seq": 2, "kv_seq": 2,
+                                       "past_seq": 5},
+            source="seeded: the operator with a grouped-query cache, a block of 2 over 5 cached positions"),
+    CaseDef("sdpa-kv-cache-empty", "sdpa", {"kv_cache": True, "causal": True, "seq": 4, "kv_seq": 4, "past_seq": 0},
+            source="seeded: the operator's cache, empty (the prefill)"),
+    CaseDef("sdpa-kv-cache-more-keys", "sdpa", {"kv_cache": True, "causal": True, "mask": "float", "seq": 2,
+                                                "kv_seq": 3, "past_seq": 4, "weights": "bias"},
+            source="seeded: a cache with more new keys than queries: the causal offset is the past "
+                   "length (query i attends keys j <= 4 + i), not the keys' count minus the queries'"),
+    CaseDef("sdpa-mask-shorter", "sdpa", {"mask": "bool", "mask_rank": 2, "mask_keys": 5, "seq": 3,
+                                          "kv_seq": 7, "causal": True},
+            source="seeded: a mask shorter than the keys (5 of 7): the keys past it are masked, as "
+                   "the operator pads the mask with -inf"),
+    CaseDef("sdpa-bsd-gqa-causal", "sdpa", {"layout": "bsd", "heads": 4, "kv_heads": 2, "causal": True,
+                                            "seq": 5, "kv_seq": 7, "v_head_dim": 16},
+            source="seeded: the 3-D layout, (B, T, H*d) inputs with 4 query and 2 key/value heads"),
+    CaseDef("sdpa-nonpad-causal", "sdpa", {"nonpad": True, "causal": True, "kv_heads": 2, "seq": 3,
+                                           "kv_seq": 8, "batch": 3},
+            source="seeded: valid key counts in a preallocated cache (opset 24), the causal mask offset "
+                   "by count - Tq per sequence; a count below Tq empties rows"),
+    CaseDef("sdpa-kv-cache-mask-softcap", "sdpa", {"kv_cache": True, "causal": True, "mask": "bool",
+                                                   "softcap": 2.0, "weights": "softmax", "seq": 3,
+                                                   "kv_seq": 3, "past_seq": 4},
+            source="seeded: a cache with a boolean mask over past and new keys, softcap and the weights"),
+    CaseDef("sdpa-kv-cache-bsd-mask", "sdpa", {"layout": "bsd", "kv_cache": True, "causal": True,
+                                               "mask": "float", "mask_rank": 2, "heads": 4, "kv_heads": 4,
+                                               "seq": 2, "kv_seq": 2, "past_seq": 5},
+            source="seeded: the 3-D layout with a cache and an additive (Tq, P + Tq) mask"),
+    *(CaseDef(f"sdpa-weights-{mode}", "sdpa", {"weights": mode, "softcap": 1.5, "mask": "bool",
+                                               "causal": True, "seq": 4, "kv_seq": 6, "heads": 2},
+              source=f"seeded: the score output in mode {mode} (qk_matmul_output_mode "
+                     f"{MODE_OF[mode]}) with softcap, a mask and causal")
+      for mode in ("raw", "softcap", "bias")),
+    CaseDef("decoder-kv-cache", "decoder", {"kv_cache": True, "seq": 2, "past_seq": 3, "kv_seq": 0,
+                                            "past_kv_seq": 6},
+            source="seeded: a decoder step of 2 tokens over 3 cached ones, the memory's 6 positions cached "
+                   "(no memory given)"),
+    CaseDef("decoder-static-cache", "decoder", {"kv_cache": True, "max_seq": 10, "seq": 2, "past_seq": 3,
+                                                "kv_seq": 0, "past_kv_seq": 5},
+            source="seeded: a decoder step of 2 positions with its self-attention cache in static buffers of "
+                   "10 (written at 3 and 2) and the memory's 5 positions cached"),
+    CaseDef("decoder-kv-cache-first", "decoder", {"kv_cache": True, "seq": 4, "past_seq": 0, "kv_seq": 5,
+                                                  "past_kv_seq": 0},
+            source="seeded: a decoder's first step: a prompt of 4 into empty caches, the memory of 5 "
+                   "projected and returned as the cross cache"),
+    CaseDef("encoder-padding", "encoder", {"mask": "padding"}, source="seeded"),
+    CaseDef("decoder-padding", "decoder", {"mask": "padding"}, source="seeded"),
+    CaseDef("cross-padding", "cross", {"mask": "padding", "weights": True}, source="seeded"),
+)
+
+CASE_DEFS: tuple[CaseDef, ...] = SEEDED + SCALINGS + CAT_MILK + LISTED
 
 
-CASES: dict[str, CaseDef] = {c.name: c for c in _case_defs()}
+CASES: dict[str, CaseDef] = {c.name: c for c in CASE_DEFS}
