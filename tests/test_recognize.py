@@ -69,6 +69,10 @@ FORMS = {
     "softmax in float32": lambda q, k, v, m: torch.softmax((q @ k.transpose(-2, -1)).float(), dim=-1).type_as(q) @ v,
     "grouped heads by broadcasting": lambda q, k, v, m: torch.softmax(
         q @ k[:, :1].transpose(-2, -1) * 0.3, dim=-1) @ v[:, :1],
+    "scale on the keys": lambda q, k, v, m: torch.softmax(q @ (k * 0.3).transpose(-2, -1), dim=-1) @ v,
+    "queries divided": lambda q, k, v, m: torch.softmax((q / 4.0) @ k.transpose(-2, -1), dim=-1) @ v,
+    "clone and cast": lambda q, k, v, m: torch.softmax(
+        (q @ k.transpose(-2, -1) * 0.3).clone().to(torch.float32), dim=-1) @ v,
 }
 
 
@@ -85,6 +89,32 @@ def test_each_form_is_routed_and_keeps_the_modules_numbers(form):
     want = module(*args)
     got = program.module()(*args)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("alpha", [0.3, 1.0])
+def test_rank_3_baddbmm_keeps_its_alpha(alpha):
+    """baddbmm(mask, q, k^T, alpha=a) is mask + a * q k^T: a recognizer that dropped the alpha
+    would give the module's numbers at alpha 1 only."""
+    def fn(q, k, v, m):
+        bias = (~m).float().repeat_interleave(H, dim=0)[:, None, :] * -1e9
+        return torch.bmm(torch.softmax(torch.baddbmm(bias, q, k.transpose(-2, -1), alpha=alpha), dim=-1), v)
+    module = Scores(fn).eval()
+    args = (*_qkv(rank=3), _mask())
+    program = torch.export.export(module, args)
+    assert [f.kind for f in recognize.route(program)] == ["hand-written"]
+    torch.testing.assert_close(program.module()(*args), module(*args), rtol=1e-5, atol=1e-6)
+
+
+def test_rank_4_probabilities_also_returned_become_the_score_output():
+    def fn(q, k, v, m):
+        probs = torch.softmax(q @ k.transpose(-2, -1) * 0.3, dim=-1)
+        return probs @ v, probs
+    module = Scores(fn).eval()
+    args = (*_qkv(), _mask())
+    program = torch.export.export(module, args)
+    assert [f.kind for f in recognize.route(program)] == ["hand-written"]
+    for w, g in zip(module(*args), program.module()(*args), strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
 
 
 def test_rank_3_with_baddbmm_and_the_weights_returned():
