@@ -388,11 +388,14 @@ def export(variant, module_spec, input_specs, nan_rows, allow_unfused, cache_spe
                                 or output_names):
         raise UsageError("--input, --dynamic, --nan-rows, --allow-unfused, --cache and --output-names go with --module")
     if module_spec is not None:
-        _export_module(module_spec, input_specs, dynamic_specs, flavor, opset, dtype, output, as_json, options,
-                       nan_rows, seed, allow_unfused, _cache_pairs(cache_specs),
-                       output_names.split(",") if output_names else None)
-        return
-    result = export_mod.export(variant, _given(options), flavor, opset, dtype, output, seed=seed)
+        request = export_mod.ModuleExport(
+            flavor=flavor, opset=opset, dtype=dtype, dynamic=_dynamic_axes(dynamic_specs), output=output,
+            name=module_spec, nan_rows=nan_rows, seed=seed, allow_unfused=allow_unfused,
+            cache=_cache_pairs(cache_specs) or None, output_names=output_names.split(",") if output_names else None)
+        result = _export_module(module_spec, input_specs, request, options)
+    else:
+        result = export_mod.export(export_mod.ExportRequest(variant, _given(options), flavor, opset, dtype,
+                                                            seed=seed, output=output))
     if as_json:
         click.echo(jsonout.dumps(result.to_dict()))
     else:
@@ -441,31 +444,32 @@ def _cache_pairs(specs) -> dict:
     return pairs
 
 
-def _export_module(spec, input_specs, dynamic_specs, flavor, opset, dtype, output, as_json, options, nan_rows, seed,
-                   allow_unfused=False, cache=None, output_names=None):
+def _dynamic_axes(specs) -> dict | None:
+    """`--dynamic NAME:AXIS=DIM` (repeatable) -> {input: {axis: dim name}}, or None."""
     from attnexport import modules
+    if not specs:
+        return None
+    dynamic: dict = {}
+    for t in specs:
+        n, axis, dim = modules.parse_dynamic(t)
+        dynamic.setdefault(n, {})[axis] = dim
+    return dynamic
+
+
+def _export_module(spec, input_specs, request, options):
+    """export --module: the module loaded (with --seed, --weights and --input), then exported as
+    `request` says, to --output or models/<file>.onnx."""
+    import dataclasses
     weights = _module_weights(options)
     if _given(options):
         flags = ", ".join("--" + k.replace("_", "-") for k in _given(options))
         raise UsageError(f"--module takes no variant options ({flags})")
-    module, example, names = _module_and_inputs(spec, input_specs, seed, weights)
-    dynamic = None
-    if dynamic_specs:
-        dynamic = {}
-        for t in dynamic_specs:
-            n, axis, dim = modules.parse_dynamic(t)
-            dynamic.setdefault(n, {})[axis] = dim
-    if output is not None:
-        F.resolve_target(output)  # before the export runs
-    path = output or str(F.default_output(Path(spec.rpartition(":")[0]).stem))
-    result = export_mod.export_module(module, example, flavor=flavor, opset=opset, dtype=dtype, dynamic=dynamic,
-                                   output=path, input_names=names, name=spec, nan_rows=nan_rows, seed=seed,
-                                   weights_file=weights, allow_unfused=allow_unfused, cache=cache,
-                                   output_names=output_names)
-    if as_json:
-        click.echo(jsonout.dumps(result.to_dict()))
-    else:
-        click.echo(result.summary())
+    module, example, names = _module_and_inputs(spec, input_specs, request.seed, weights)
+    if request.output is not None:
+        F.resolve_target(request.output)  # before the export runs
+    path = request.output or str(F.default_output(Path(spec.rpartition(":")[0]).stem))
+    return export_mod.export_module(module, example, dataclasses.replace(request, output=path, input_names=names,
+                                                                         weights_file=weights))
 
 
 @main.command()

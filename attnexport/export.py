@@ -191,43 +191,89 @@ def _decompose_traced_once() -> None:
     _fx_passes.decompose_with_registry = once
 
 
-def build_model(variant_name: str, options: dict | None = None, flavor: str = DEFAULT_FLAVOR,
-                opset: int | None = None, dtype: str = "fp32", params: dict | None = None,
-                seed: int = 0, use_cache: bool = True) -> tuple[onnx.ModelProto, ExportResult]:
-    """Exports a variant to an in-memory ONNX model; returns it with a result (path unset).
+@dataclass(frozen=True)
+class ExportRequest:
+    """What to export: a variant with its options, in a flavour, opset and dtype, with seeded or
+    given parameters. `export` and `build_model` take one, or its fields as arguments (the
+    variant, options and flavour by position, the rest by name).
 
-    Args:
+    Attributes:
         options: the variant's options (defaults fill the rest).
+        opset: default: the flavour's (see attnexport.flavors).
         params: parameters as NumPy arrays (default: seeded ones from `seed`).
+        output: the file `export` writes (default `models/<variant>.onnx`); build_model writes none.
         use_cache: reuse an identical earlier export from the export cache (see `attnexport.cache`).
     """
-    variant = V.get(variant_name)
-    o = variant.resolve(options)
-    gf, opset = _validate(variant, flavor, opset, dtype, o)
-    schema.check_memory(variant, o, D.ITEMSIZE[dtype])
-    params_source = "seed" if params is None else "given"
-    params = seeding.init_params(variant, o, seed) if params is None else W.validate(variant, o, params)
-    request = {"variant": variant.name, "options": o, "flavor": flavor, "graph_flavor": gf, "opset": opset,
-               "dtype": dtype, "seed": seed, "params_source": params_source,
-               "params": {k: W.sha256_of(v) for k, v in sorted(params.items())}}
-    key = cache.key(request) if use_cache else None
+
+    variant: str
+    options: dict | None = None
+    flavor: str = DEFAULT_FLAVOR
+    opset: int | None = None
+    dtype: str = "fp32"
+    params: dict | None = None
+    seed: int = 0
+    output: str | Path | None = None
+    use_cache: bool = True
+
+
+def _export_request(request: ExportRequest | str, options, flavor, fields) -> ExportRequest:
+    if isinstance(request, ExportRequest):
+        if options is not None or flavor is not None or fields:
+            raise TypeError("give an ExportRequest or its fields, not both")
+        return request
+    return ExportRequest(request, options, DEFAULT_FLAVOR if flavor is None else flavor, **fields)
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    """An export request with everything decided: the options resolved, the graph's flavour and
+    opset, the parameters and where they came from."""
+
+    request: ExportRequest
+    variant: schema.Variant
+    options: dict
+    graph_flavor: str
+    opset: int
+    params: dict
+    params_source: str  # "seed" or "given"
+
+
+def build_model(request: ExportRequest | str, options: dict | None = None, flavor: str | None = None,
+                **fields) -> tuple[onnx.ModelProto, ExportResult]:
+    """Exports a variant to an in-memory ONNX model; returns it with a result (path unset).
+    Takes an ExportRequest, or its fields (`build_model("mha", {"heads": 8}, "ort", dtype="fp16")`)."""
+    r = _export_request(request, options, flavor, fields)
+    variant = V.get(r.variant)
+    o = variant.resolve(r.options)
+    gf, opset = _validate(variant, r.flavor, r.opset, r.dtype, o)
+    schema.check_memory(variant, o, D.ITEMSIZE[r.dtype])
+    params_source = "seed" if r.params is None else "given"
+    params = seeding.init_params(variant, o, r.seed) if r.params is None else W.validate(variant, o, r.params)
+    decided = _Resolved(r, variant, o, gf, opset, params, params_source)
+    request_key = {"variant": variant.name, "options": o, "flavor": r.flavor, "graph_flavor": gf, "opset": opset,
+                   "dtype": r.dtype, "seed": r.seed, "params_source": params_source,
+                   "params": {k: W.sha256_of(v) for k, v in sorted(params.items())}}
+    key = cache.key(request_key) if r.use_cache else None
     hit = cache.get(key) if key else None
     if hit is not None:
         model, info = hit
-        return model, ExportResult(Path(), variant.name, o, flavor, gf, opset, dtype, info["attention_op"], 0,
+        return model, ExportResult(Path(), variant.name, o, r.flavor, gf, opset, r.dtype, info["attention_op"], 0,
                                    info["note"])
     # The flavours share one trace of the module: everything in the request but the flavour.
-    trace_key = json.dumps({k: v for k, v in request.items() if k not in ("flavor", "graph_flavor", "opset")},
+    trace_key = json.dumps({k: v for k, v in request_key.items() if k not in ("flavor", "graph_flavor", "opset")},
                            sort_keys=True)
-    model, result = _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed, trace_key)
+    model, result = _build(decided, trace_key)
     if key:
         cache.put(key, model, {"attention_op": result.attention_op, "note": result.note})
     return model, result
 
 
-def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed, trace_key):
+def _build(decided: _Resolved, trace_key: str):
     import torch
 
+    variant, o, gf, opset, params = decided.variant, decided.options, decided.graph_flavor, decided.opset, \
+        decided.params
+    flavor, dtype, seed = decided.request.flavor, decided.request.dtype, decided.request.seed
     # Building the module imports the core (its custom op); to_onnx sets up the exporter.
     module = seeding.load_params(variant.build(o), params).to(D.torch_dtype(dtype)).eval()
 
@@ -246,9 +292,10 @@ def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed, tr
             dims[k] = dims.get(full) or torch.export.Dim(full)
     # An axis as long as a sum of sizes (a cache step's mask: past_seq+seq) is left to the
     # exporter to relate to the others; it is named after the export.
-    dynamic_shapes = tuple({axis: dims[d] if d in dims else torch.export.Dim.AUTO
-                            for axis, d in enumerate(spec.dims) if d in dims or (isinstance(d, str) and "+" in d)}
-                           for spec in variant.inputs(ex))
+    dynamic_shapes: tuple = tuple({axis: dims[d] if d in dims else torch.export.Dim.AUTO
+                                   for axis, d in enumerate(spec.dims)
+                                   if d in dims or (isinstance(d, str) and "+" in d)}
+                                  for spec in variant.inputs(ex))
     if any(p.kind is p.VAR_POSITIONAL for p in inspect.signature(module.forward).parameters.values()):
         dynamic_shapes = (dynamic_shapes,)  # forward(*tensors): one argument holding them all
     out_specs = variant.outputs(o)
@@ -263,10 +310,9 @@ def _build(variant, o, flavor, gf, opset, dtype, params, params_source, seed, tr
             "attnexport.flavor": flavor, "attnexport.graph_flavor": gf, "attnexport.opset": str(opset),
             "attnexport.dtype": dtype, "attnexport.seed": str(seed),
             # "seed": the parameters come from the seed; "given": the caller's own (params=).
-            "attnexport.params_source": params_source,
+            "attnexport.params_source": decided.params_source,
             "attnexport.golden_manifest_sha256": golden.manifest_hash()}
-    model, op_name = finish(model, flavor=gf, opset=opset, dtype=dtype, params=params, meta=meta, what=what,
-                            applies=variant.dot_product_core, flavor_asked=flavor)
+    model, op_name = finish(model, Finishing(gf, opset, dtype, what, variant.dot_product_core, flavor), params, meta)
     note = "" if variant.dot_product_core or flavor == "primitives" else \
         f"{variant.name} has no dot-product core: exported as primitives"
     return model, ExportResult(Path(), variant.name, o, flavor, gf, opset, dtype, op_name, 0, note)
@@ -381,18 +427,30 @@ def check_flavor_op(model, flavor: str, what: str, applies: bool = True, flavor_
     return op_name
 
 
-def finish(model, *, flavor: str, opset: int, dtype: str, params: dict, meta: dict, what: str,
-           applies: bool = True, flavor_asked: str | None = None):
+@dataclass(frozen=True)
+class Finishing:
+    """How an export is finished: the graph's flavour, opset and dtype, its name in messages,
+    whether the flavour's op applies (a graph with attention), and the flavour asked for."""
+
+    flavor: str
+    opset: int
+    dtype: str
+    what: str
+    applies: bool = True
+    flavor_asked: str | None = None
+
+
+def finish(model, how: Finishing, params: dict, meta: dict):
     """What every export ends with, a variant's and a user's module's alike: the conversion to
     `opset`, the record of where each parameter is held (`attnexport.params`, with the sha256 of
     its bytes), the metadata and the onnx checks (`stamp`), and the check that the graph has the
     flavour's attention op. Returns (model, the attention op's name)."""
-    model = convert_opset(model, opset, what)
+    model = convert_opset(model, how.opset, how.what)
     _rotary_caches_per_batch(model)
-    entries = W.record(model, params, D.NUMPY[dtype])
+    entries = W.record(model, params, D.NUMPY[how.dtype])
     stamp(model, {**meta, "attnexport.params": json.dumps(entries, sort_keys=True),
-                  "attnexport.params_sha256": W.total_sha256(entries)}, what)
-    return model, check_flavor_op(model, flavor, what, applies, flavor_asked)
+                  "attnexport.params_sha256": W.total_sha256(entries)}, how.what)
+    return model, check_flavor_op(model, how.flavor, how.what, how.applies, how.flavor_asked)
 
 
 def _rotary_caches_per_batch(model) -> None:
@@ -478,14 +536,15 @@ def rename_symbols(model, renames: dict) -> None:
                 dim.dim_param = symbol.sub(lambda m: renames.get(m.group(), m.group()), dim.dim_param)
 
 
-def export(variant_name: str, options: dict | None = None, flavor: str = DEFAULT_FLAVOR,
-           opset: int | None = None, dtype: str = "fp32", output: str | Path | None = None,
-           params: dict | None = None, seed: int = 0) -> ExportResult:
-    """Exports a variant to an ONNX file (default `models/<variant>.onnx`), written atomically."""
-    V.get(variant_name)  # an unknown name fails before any work
-    path = Path(output) if output is not None else F.default_output(variant_name)
+def export(request: ExportRequest | str, options: dict | None = None, flavor: str | None = None,
+           **fields) -> ExportResult:
+    """Exports a variant to an ONNX file (default `models/<variant>.onnx`), written atomically.
+    Takes an ExportRequest, or its fields (`export("mha", {"heads": 8}, "ort", output="mha.onnx")`)."""
+    r = _export_request(request, options, flavor, fields)
+    V.get(r.variant)  # an unknown name fails before any work
+    path = Path(r.output) if r.output is not None else F.default_output(r.variant)
     F.resolve_target(path)  # and so does a target that cannot or must not be written
-    model, result = build_model(variant_name, options, flavor, opset, dtype, params, seed)
+    model, result = build_model(r)
     data = model.SerializeToString(deterministic=True)
     F.atomic_write(path, data)
     return ExportResult(path, result.variant, result.options, result.flavor, result.graph_flavor,
@@ -524,18 +583,16 @@ class ModuleExportResult:
                 "notes": self.notes, "recognized": [vars(f) for f in self.recognized]}
 
 
-def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: int | None = None,
-                  dtype: str = "fp32", dynamic: dict | None = None, output=None, input_names=None,
-                  name: str = "module", nan_rows: bool = False, seed: int | None = None,
-                  weights_file: str | None = None, output_names=None,
-                  allow_unfused: bool = False, cache: dict | None = None) -> ModuleExportResult:
-    """Exports a user's attention module through attnexport's core.
+@dataclass(frozen=True)
+class ModuleExport:
+    """How to export a user's module: `export_module`'s keywords, as one object.
 
-    Args:
-        example_inputs: a tuple of tensors for `forward`.
+    Attributes:
         dynamic: {input name: {axis: dim name}}; default: axes 0 (`batch`) and 1 (`<input>_len`)
             of every input of rank 2 or more, wherever torch.export can keep them symbolic.
         output: the file to write (atomically); None: build in memory only.
+        input_names: the model's input names; default: forward's parameters.
+        name: the module's name in messages and metadata (the CLI's FILE.py:NAME).
         nan_rows: keep torch's behaviour for a query row whose mask hides every key (NaN, where
             attnexport gives zeros); only the primitives flavour can, the fused ops define zeros.
         output_names: the model's output names; default: `output` for one tensor, `output_0`,
@@ -549,113 +606,176 @@ def export_module(module, example_inputs, *, flavor: str = FL.DEFAULT, opset: in
             (`past_len`), the export is checked with empty caches too, and `verify --module`
             checks the decode property (recorded as `attnexport.cache`).
     """
+
+    flavor: str = FL.DEFAULT
+    opset: int | None = None
+    dtype: str = "fp32"
+    dynamic: dict | None = None
+    output: str | Path | None = None
+    input_names: list[str] | None = None
+    name: str = "module"
+    nan_rows: bool = False
+    seed: int | None = None
+    weights_file: str | Path | None = None
+    output_names: list[str] | None = None
+    allow_unfused: bool = False
+    cache: dict | None = None
+
+
+@dataclass
+class _ModuleTrace:
+    """A user's module on its way to ONNX: its copy in the export's dtype, the example arguments,
+    the input and output names, the dynamic shapes asked for and its cache pairs."""
+
+    module: Any
+    args: tuple
+    names: list[str]
+    dims: tuple  # (torch.export's dynamic_shapes, {input: {axis: dim name}} asked for)
+    out_names: list[str] | None
+    cache: dict
+    request: ModuleExport
+
+
+def export_module(module, example_inputs, request: ModuleExport | None = None, **fields) -> ModuleExportResult:
+    """Exports a user's attention module through attnexport's core; `example_inputs`: a tuple of
+    tensors for `forward`. Takes a ModuleExport, or its fields as keywords (`flavor="ort"`)."""
     import torch
 
     from attnexport import recognize
-    from attnexport.onnx_attention import torch_dead_rows
 
-    FL.check(flavor)
-    D.check(dtype)
-    opset = FL.opset_for(flavor, opset)
-    torch_nan = M.torch_gives_nan_rows(dtype)
-    if nan_rows and not torch_nan:
+    if request is not None and fields:
+        raise TypeError("give a ModuleExport or its fields, not both")
+    r = request or ModuleExport(**fields)
+    FL.check(r.flavor)
+    D.check(r.dtype)
+    opset = FL.opset_for(r.flavor, r.opset)
+    torch_nan = M.torch_gives_nan_rows(r.dtype)
+    if r.nan_rows and not torch_nan:
         raise UsageError(f"--nan-rows: torch {torch.__version__} gives zeros for a fully masked row too (on the "
                          "CPU), as the export does: there is no NaN to keep")
-    if nan_rows and flavor != "primitives":
-        raise UsageError(f"--nan-rows needs --flavor primitives: the {flavor} flavor's fused op gives zeros for "
+    if r.nan_rows and r.flavor != "primitives":
+        raise UsageError(f"--nan-rows needs --flavor primitives: the {r.flavor} flavor's fused op gives zeros for "
                          "a fully masked row by its own definition")
-    if output is not None:
-        F.resolve_target(Path(output))
-    example_inputs = tuple(example_inputs)
-    names = list(input_names or M.forward_names(module, len(example_inputs)))
-    if len(names) != len(example_inputs):
-        raise UsageError(f"{name}: {len(names)} input name(s) for {len(example_inputs)} example input(s)")
-    tdtype = D.torch_dtype(dtype)
-    args = tuple(t.to(tdtype) if t.is_floating_point() else t for t in example_inputs)
-    module = copy.deepcopy(module).to(tdtype).eval()  # the caller's module keeps its dtype and mode
-    cache = dict(cache or {})
-    unknown = sorted(set(cache) - set(names))
-    if unknown:
-        raise UsageError(f"--cache {', '.join(unknown)}: not an input of {name} (inputs: {', '.join(names)})")
-    asked = dynamic
-    if cache:  # a cache's positions axis: axis -2 (`past_len`) unless --dynamic names another
-        asked = dict(dynamic) if dynamic is not None else _default_dynamic(names, args)
-        for n, t in zip(names, args, strict=True):
-            given = (dynamic or {}).get(n, {})
-            if n in cache and t.dim() < 2:
-                raise UsageError(f"--cache {n}: a cache has a positions axis, {n} has {t.dim()} axis")
-            if n in cache and not any(a % t.dim() != 0 for a in given):
-                asked[n] = {**({0: "batch"} if dynamic is None or 0 in given else {}), t.dim() - 2: "past_len"}
-    dims = _dynamic_shapes(names, args, asked)
-    with torch.no_grad(), M.routed():
-        sample = M.call_forward(module, args, name)
-    out_names = list(output_names) if output_names else M.default_output_names(sample)
-    if output_names and len(output_names) != len(M.outputs_of(sample)):
-        raise UsageError(f"--output-names gives {len(output_names)} name(s) ({', '.join(output_names)}); {name} "
-                         f"returns {len(M.outputs_of(sample))} output(s)")
-    missing = sorted(set(cache.values()) - set(out_names or ()))
-    if missing:
-        raise UsageError(f"--cache: {', '.join(missing)} is not an output of {name} (outputs: "
-                         f"{', '.join(out_names or ['nested, unnamed'])})")
-    with M.routed(), (torch_dead_rows() if nan_rows else contextlib.nullcontext()):
-        with export_errors(name), _quiet():
-            traced = torch.export.export(module, args, dynamic_shapes=dims[0])
-        found = recognize.route(traced)
-        missed = [f for f in found if f.reason]
-        if missed and flavor != "primitives" and not allow_unfused:
-            f = missed[0]
-            raise ExportError(f"{name}: attention at {f.where} was not recognized ({f.reason}); the {flavor} flavor "
-                              "would compute it with MatMul+Softmax outside its fused op. --allow-unfused exports "
-                              "it so (--flavor primitives computes all attention that way)")
-        program = to_onnx(traced, args, flavor=flavor, opset=opset, input_names=names, output_names=out_names,
-                          what=name)
-    model = program.model_proto
+    if r.output is not None:
+        F.resolve_target(Path(r.output))
+    t = _module_trace(module, tuple(example_inputs), r)
+    traced, found, model = _trace_to_onnx(t, opset)
+    missed = [f for f in found if f.reason]
     # Calls routed: the core's nodes in the traced program (tracing may run forward more than once).
     calls = recognize.routed_calls(traced)
-    kept = _name_dims(model, names, dims[1])
-    if dynamic is not None:
-        fixed = [f"{n}:{a}={d}" for n, axes in dims[1].items() for a, d in axes.items() if a not in kept.get(n, {})]
-        if fixed:
-            raise UsageError(f"--dynamic {', '.join(fixed)}: {name} fixes that axis (the export would be static "
-                             f"there)")
-    cache_axes = {}
-    for n in names:
-        if n in cache:
-            axes = [a for a in kept.get(n, {}) if a != 0]
-            if len(axes) != 1:
-                raise UsageError(f"--cache {n}: {name} fixes the cache's positions axis (it must stay symbolic)")
-            cache_axes[n] = axes[0]
-    spec = [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
-             "dynamic": {str(a): d for a, d in kept.get(n, {}).items()}} for n, t in zip(names, args, strict=True)]
-    meta = {"attnexport.module": name, "attnexport.inputs": json.dumps(spec), "attnexport.flavor": flavor,
-            "attnexport.graph_flavor": flavor, "attnexport.opset": str(opset), "attnexport.dtype": dtype,
+    kept = _name_dims(model, t.names, t.dims[1])
+    cache_axes = _kept_axes(t, kept)
+    spec = [{"name": n, "shape": list(a.shape), "dtype": str(a.dtype).replace("torch.", ""),
+             "dynamic": {str(ax): d for ax, d in kept.get(n, {}).items()}}
+            for n, a in zip(t.names, t.args, strict=True)]
+    meta = {"attnexport.module": r.name, "attnexport.inputs": json.dumps(spec), "attnexport.flavor": r.flavor,
+            "attnexport.graph_flavor": r.flavor, "attnexport.opset": str(opset), "attnexport.dtype": r.dtype,
             "attnexport.routed": json.dumps(calls),
-            **({"attnexport.cache": json.dumps({n: {"output": o, "axis": cache_axes[n]} for n, o in cache.items()})}
-               if cache else {}),
-            **({"attnexport.seed": str(seed)} if seed is not None else {}),
-            "attnexport.params_source": ("given: " + Path(weights_file).name) if weights_file else "seed"}
-    params = {k: v.detach().float().numpy() for k, v in module.state_dict().items()}
-    model, op_name = finish(model, flavor=flavor, opset=opset, dtype=dtype, params=params, meta=meta, what=name,
-                            applies=bool(calls))
-    checked = _check_other_sizes(module, model, names, args, kept, dtype, name,
-                                 empty={kept[n][a] for n, a in cache_axes.items()}, nan_rows=nan_rows)
+            **({"attnexport.cache": json.dumps({n: {"output": o, "axis": cache_axes[n]} for n, o in t.cache.items()})}
+               if t.cache else {}),
+            **({"attnexport.seed": str(r.seed)} if r.seed is not None else {}),
+            "attnexport.params_source": ("given: " + Path(r.weights_file).name) if r.weights_file else "seed"}
+    params = {k: v.detach().float().numpy() for k, v in t.module.state_dict().items()}
+    model, op_name = finish(model, Finishing(r.flavor, opset, r.dtype, r.name, bool(calls)), params, meta)
+    checked = _check_other_sizes(t, model, kept, {kept[n][a] for n, a in cache_axes.items()})
     version = torch.__version__.split("+")[0]
-    semantics = ["fully masked query rows give NaN, as in torch (--nan-rows)"] if nan_rows else \
+    semantics = ["fully masked query rows give NaN, as in torch (--nan-rows)"] if r.nan_rows else \
         [M.SEMANTICS_NOTE.format(version=version) + " (--nan-rows keeps torch's)"] if torch_nan else []
     notes = semantics if calls else ["no attention call was routed: the module calls no "
                                      "scaled_dot_product_attention and computes no softmax(q k^T) v"]
     notes += [f"routed: {f.kind} attention at {f.where}" for f in found if f.kind]
     notes += [f"not routed (MatMul+Softmax in the graph): attention at {f.where}: {f.reason}" for f in missed]
-    static = [f"{n} axis {a}" for n, axes in dims[1].items() for a in axes if a not in kept.get(n, {})]
+    static = [f"{n} axis {a}" for n, axes in t.dims[1].items() for a in axes if a not in kept.get(n, {})]
     if static:
         notes.append(f"fixed by the model (not symbolic): {', '.join(static)}")
     data = model.SerializeToString(deterministic=True)
     path = None
-    if output is not None:
-        path = Path(output)
+    if r.output is not None:
+        path = Path(r.output)
         F.atomic_write(path, data)
-    return ModuleExportResult(path, name, flavor, opset, dtype, op_name, len(calls), kept, checked, len(data),
+    return ModuleExportResult(path, r.name, r.flavor, opset, r.dtype, op_name, len(calls), kept, checked, len(data),
                               notes, model, [o.name for o in model.graph.output], found)
+
+
+def _module_trace(module, example_inputs: tuple, r: ModuleExport) -> _ModuleTrace:
+    """The module copied into the export's dtype, its names, dynamic axes and cache pairs checked
+    against what forward takes and returns (one run of it, routed through the core)."""
+    import torch
+
+    names = list(r.input_names or M.forward_names(module, len(example_inputs)))
+    if len(names) != len(example_inputs):
+        raise UsageError(f"{r.name}: {len(names)} input name(s) for {len(example_inputs)} example input(s)")
+    tdtype = D.torch_dtype(r.dtype)
+    args = tuple(t.to(tdtype) if t.is_floating_point() else t for t in example_inputs)
+    module = copy.deepcopy(module).to(tdtype).eval()  # the caller's module keeps its dtype and mode
+    cache = dict(r.cache or {})
+    unknown = sorted(set(cache) - set(names))
+    if unknown:
+        raise UsageError(f"--cache {', '.join(unknown)}: not an input of {r.name} (inputs: {', '.join(names)})")
+    asked = r.dynamic
+    if cache:  # a cache's positions axis: axis -2 (`past_len`) unless --dynamic names another
+        asked = dict(r.dynamic) if r.dynamic is not None else _default_dynamic(names, args)
+        for n, t in zip(names, args, strict=True):
+            given = (r.dynamic or {}).get(n, {})
+            if n in cache and t.dim() < 2:
+                raise UsageError(f"--cache {n}: a cache has a positions axis, {n} has {t.dim()} axis")
+            if n in cache and not any(a % t.dim() != 0 for a in given):
+                asked[n] = {**({0: "batch"} if r.dynamic is None or 0 in given else {}), t.dim() - 2: "past_len"}
+    dims = _dynamic_shapes(names, args, asked)
+    with torch.no_grad(), M.routed():
+        sample = M.call_forward(module, args, r.name)
+    out_names = list(r.output_names) if r.output_names else M.default_output_names(sample)
+    if r.output_names and len(r.output_names) != len(M.outputs_of(sample)):
+        raise UsageError(f"--output-names gives {len(r.output_names)} name(s) ({', '.join(r.output_names)}); "
+                         f"{r.name} returns {len(M.outputs_of(sample))} output(s)")
+    missing = sorted(set(cache.values()) - set(out_names or ()))
+    if missing:
+        raise UsageError(f"--cache: {', '.join(missing)} is not an output of {r.name} (outputs: "
+                         f"{', '.join(out_names or ['nested, unnamed'])})")
+    return _ModuleTrace(module, args, names, dims, out_names, cache, r)
+
+
+def _trace_to_onnx(t: _ModuleTrace, opset: int):
+    """torch.export's program of the module, its attention routed through the core (what was not
+    recognized stops a fused flavour unless allowed), and the ONNX model of it: (program, found, model)."""
+    import torch
+
+    from attnexport import recognize
+    from attnexport.onnx_attention import torch_dead_rows
+
+    r = t.request
+    with M.routed(), (torch_dead_rows() if r.nan_rows else contextlib.nullcontext()):
+        with export_errors(r.name), _quiet():
+            traced = torch.export.export(t.module, t.args, dynamic_shapes=t.dims[0])
+        found = recognize.route(traced)
+        missed = [f for f in found if f.reason]
+        if missed and r.flavor != "primitives" and not r.allow_unfused:
+            f = missed[0]
+            raise ExportError(f"{r.name}: attention at {f.where} was not recognized ({f.reason}); the {r.flavor} "
+                              "flavor would compute it with MatMul+Softmax outside its fused op. --allow-unfused "
+                              "exports it so (--flavor primitives computes all attention that way)")
+        program = to_onnx(traced, t.args, flavor=r.flavor, opset=opset, input_names=t.names,
+                          output_names=t.out_names, what=r.name)
+    return traced, found, program.model_proto
+
+
+def _kept_axes(t: _ModuleTrace, kept: dict) -> dict:
+    """Checks the symbolic axes the model kept against those asked for (--dynamic) and returns
+    each cache input's positions axis."""
+    r = t.request
+    if r.dynamic is not None:
+        fixed = [f"{n}:{a}={d}" for n, axes in t.dims[1].items() for a, d in axes.items() if a not in kept.get(n, {})]
+        if fixed:
+            raise UsageError(f"--dynamic {', '.join(fixed)}: {r.name} fixes that axis (the export would be static "
+                             f"there)")
+    cache_axes = {}
+    for n in t.names:
+        if n in t.cache:
+            axes = [a for a in kept.get(n, {}) if a != 0]
+            if len(axes) != 1:
+                raise UsageError(f"--cache {n}: {r.name} fixes the cache's positions axis (it must stay symbolic)")
+            cache_axes[n] = axes[0]
+    return cache_axes
 
 
 def _default_dynamic(names, args) -> dict:
@@ -730,25 +850,26 @@ def probe_inputs(args, names, kept, seed, empty=()):
     return out
 
 
-def _check_other_sizes(module, model, names, args, kept, dtype, name, empty=(), nan_rows=False):
+def _check_other_sizes(t: _ModuleTrace, model, kept: dict, empty=frozenset()) -> list:
     """Runs the model on ONNX Runtime at other sizes against the module itself, under the export's
     semantics (a query with no key to attend to gives zeros, unless `nan_rows`); an ExportError
-    (nothing written) when they differ."""
+    (nothing written) when they differ. `empty`: the axes that may be 0 (a cache's)."""
 
     from attnexport import runtimes as R
     if not kept:
         return []
+    name, names = t.request.name, t.names
     session = R.prepare_onnx("ort-cpu", model)
     checked = []
 
     def compute(module, feed):
-        with contextlib.nullcontext() if nan_rows else M.export_semantics():
+        with contextlib.nullcontext() if t.request.nan_rows else M.export_semantics():
             return M.call_forward(module, feed, name)
-    for feed in probe_inputs(args, names, kept, 1, empty):
-        want, tol = M.expected_of(module, feed, name, dtype, compute)
-        sizes = {n: list(t.shape) for n, t in zip(names, feed, strict=True)}
+    for feed in probe_inputs(t.args, names, kept, 1, empty):
+        want, tol = M.expected_of(t.module, feed, name, t.request.dtype, compute)
+        sizes = {n: list(x.shape) for n, x in zip(names, feed, strict=True)}
         try:
-            got = session.run({n: t.numpy() for n, t in zip(names, feed, strict=True)})
+            got = session.run({n: x.numpy() for n, x in zip(names, feed, strict=True)})
         except Exception as e:  # noqa: BLE001 - ONNX Runtime's reason, in one line
             raise UsageError(f"{name}: the export does not run at {sizes} on ONNX Runtime ({reason(e)[:300]}); "
                              "if the module fixes a size there, say which axes are "
@@ -757,5 +878,5 @@ def _check_other_sizes(module, model, names, args, kept, dtype, name, empty=(), 
             c = compare(out_name, got[out_name], w.numpy(), tol)
             if not c:
                 raise ExportError(f"{name}: the export differs from the module at {sizes}: {c}")
-        checked.append({n: list(t.shape) for n, t in zip(names, feed, strict=True)})
+        checked.append(sizes)
     return checked

@@ -201,16 +201,16 @@ def test_flavor_whose_op_is_missing_fails(monkeypatch):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"variant_name": "nope"}, "unknown variant 'nope'"),
-    ({"variant_name": "mha", "options": {"heads": 7}}, "must divide --dim"),
-    ({"variant_name": "posenc", "options": {"heads": 2}}, "--heads is not an option"),
-    ({"variant_name": "mha", "flavor": "fast"}, "unknown flavor"),
-    ({"variant_name": "mha", "flavor": "attention", "opset": 18}, "--opset 18 is not available"),
-    ({"variant_name": "mha", "dtype": "int8"}, "unknown dtype"),
+    ({"variant": "nope"}, "unknown variant 'nope'"),
+    ({"variant": "mha", "options": {"heads": 7}}, "must divide --dim"),
+    ({"variant": "posenc", "options": {"heads": 2}}, "--heads is not an option"),
+    ({"variant": "mha", "flavor": "fast"}, "unknown flavor"),
+    ({"variant": "mha", "flavor": "attention", "opset": 18}, "--opset 18 is not available"),
+    ({"variant": "mha", "dtype": "int8"}, "unknown dtype"),
 ])
 def test_bad_arguments(kwargs, message, tmp_path):
     with pytest.raises(UsageError, match=message):
-        E.export(output=tmp_path / "x.onnx", **kwargs)
+        E.export(E.ExportRequest(output=tmp_path / "x.onnx", **kwargs))
 
 
 def _readme_python(heading: str, page: str = "README.md") -> str:
