@@ -11,6 +11,7 @@ time the runs.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import os
@@ -186,14 +187,40 @@ def _ort_session(runtime: str, model, dtype: str, threads: int, cuda_graph: bool
     return session, R.cpu_nodes(runtime, placement, shapes)
 
 
-def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | None = None,
-          flavors: list[str] | None = None, dtype: str = "fp32", warmup: int = 5, iters: int = 30,
-          cuda_graph: bool = False, threads: int | None = None, seed: int = 0, repeat: int = 5,
-          progress: Callable[[int, int, str], None] | None = None) -> list[BenchRow]:
-    """Times the variant on each runtime and flavour at each shape; see the module docstring."""
+@dataclass(frozen=True)
+class BenchRequest:
+    """What to time: a variant (or a user's module as one, `module_variant`) at the shapes its
+    options list (comma lists of sizes), on runtimes and flavours, and how (warm-up runs, timed
+    runs, rounds, threads, CUDA graphs). `bench` takes one, or its fields."""
+
+    variant: str | schema.Variant
+    options: dict | None = None
+    runtimes: list[str] | None = None  # default: every runtime of this process that can run here
+    flavors: list[str] | None = None
+    dtype: str = "fp32"
+    warmup: int = 5
+    iters: int = 30
+    cuda_graph: bool = False
+    threads: int | None = None  # default: every core
+    seed: int = 0
+    repeat: int = 5
+
+
+def bench(request: BenchRequest | str | schema.Variant, options: dict | None = None,
+          runtimes: list[str] | None = None, *, progress: Callable[[int, int, str], None] | None = None,
+          **fields) -> list[BenchRow]:
+    """Times the variant on each runtime and flavour at each shape; see the module docstring.
+    Takes a BenchRequest, or its fields (`bench("mha", {"seq": [128, 512]}, ["torch", "ort-cpu"])`)."""
     import torch
 
-    variant = variant_name if isinstance(variant_name, schema.Variant) else V.get(variant_name)
+    if isinstance(request, BenchRequest):
+        if options is not None or runtimes is not None or fields:
+            raise TypeError("give a BenchRequest or its fields, not both")
+        r = request
+    else:
+        r = BenchRequest(request, options, runtimes, **fields)
+    variant = r.variant if isinstance(r.variant, schema.Variant) else V.get(r.variant)
+    dtype, warmup, iters, repeat, threads, seed = r.dtype, r.warmup, r.iters, r.repeat, r.threads, r.seed
     D.check(dtype)
     if warmup < 0 or iters < 1:
         raise UsageError("--warmup must be >= 0 and --iters >= 1")
@@ -202,17 +229,17 @@ def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | 
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
     # Default: every runtime that can run here.
-    runtimes = list(runtimes or [r for r in BENCH_RUNTIMES if r in R.DEFAULT_RUNTIMES and R.status(r).available])
+    runtimes = list(r.runtimes or [rt for rt in BENCH_RUNTIMES if rt in R.DEFAULT_RUNTIMES and R.status(rt).available])
     for rt in runtimes:
         if rt not in BENCH_RUNTIMES:
             raise UsageError(f"unknown runtime {rt!r} for bench; valid: {', '.join(BENCH_RUNTIMES)}")
         R.require(rt)
     if any(rt in R.JS_RUNTIMES for rt in runtimes) and "ort-cpu" not in runtimes:
         runtimes.append("ort-cpu")  # the deployment runtimes are compared with Python's ONNX Runtime too
-    flavors = FL.check_all(flavors)
+    flavors = FL.check_all(r.flavors)
     threads = threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
-    shapes = [variant.resolve(s) for s in shapes_from(dict(options or {}))]
+    shapes = [variant.resolve(s) for s in shapes_from(dict(r.options or {}))]
     for o in shapes:
         schema.check_memory(variant, o, D.ITEMSIZE[dtype])
     base = shapes[0]
@@ -238,7 +265,7 @@ def bench(variant_name: str, options: dict | None = None, runtimes: list[str] | 
     peak = {d: calibrate_matmul(d, dtype, threads, sizes if d == "cpu" else None) for d in devices}
 
     rows: list[BenchRow] = []
-    run = _Run(runtimes, dtype, tdtype, devices, peak, warmup, iters, cuda_graph, threads, repeat)
+    run = _Run(runtimes, dtype, tdtype, devices, peak, warmup, iters, r.cuda_graph, threads, repeat)
     for i, o in enumerate(shapes):
         def said(what, i=i):
             if progress:
@@ -329,18 +356,18 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
     for f, model in models.items():
         for rt in [r for r in runtimes if r.startswith("ort")]:
             if rt in R.JS_RUNTIMES:
-                cands.append(_js_candidate(rt, f, model, inputs, dtype, threads))
+                cands.append(_js_candidate(rt, f, model, inputs, run))
                 continue
-            cands.append(_ort_candidate(rt, f, model, inputs, dtype, threads, False, cands))
+            cands.append(_ort_candidate(rt, f, model, inputs, run, False, cands))
             if rt == "ort-cpu" and V.static_cache(o):  # its buffers bound in and out: written in place
-                cands.append(_ort_in_place_candidate(f, model, inputs, dtype, threads))
+                cands.append(_ort_in_place_candidate(f, model, inputs, run))
             if rt != "ort-cuda":
                 continue
             if V.static_cache(o):
-                cands.append(_ort_candidate(rt, f, model, inputs, dtype, threads, False, cands, in_place=True))
+                cands.append(_ort_candidate(rt, f, model, inputs, run, False, cands, in_place=True))
             for in_place in ([False, True] if V.static_cache(o) else [False]) if cuda_graph else []:
                 try:  # with and without CUDA graphs, side by side
-                    cands.append(_ort_candidate(rt, f, model, inputs, dtype, threads, True, cands, in_place))
+                    cands.append(_ort_candidate(rt, f, model, inputs, run, True, cands, in_place))
                 except Exception as e:  # noqa: BLE001 - e.g. a node on the CPU: no capture possible
                     mode = ("in-place" if in_place else "io-binding") + " cuda-graph"
                     refused.append((rt, f, mode, first_line(e)[:200]))
@@ -369,8 +396,7 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
         out = c.outputs()
         err = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
                   for a, b in zip(out, ref_out[c.device], strict=True))
-        row = _row(variant, c.runtime, c.flavor, c.mode, dtype, shape, c.times, flops, peak[c.device][0],
-                   statistics.median(base[c.device].times), err, c.memory, threads)
+        row = _row(variant, c, shape, flops, peak[c.device][0], statistics.median(base[c.device].times), err, run)
         row.cpu_nodes = c.cpu_nodes
         row.peak_source = peak[c.device][1]
         # The run-to-run spread of the ratio: one ratio per round, each of two medians.
@@ -410,12 +436,13 @@ def _time_one(fn, device) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def _ort_candidate(rt, flavor, model, inputs, dtype, threads, cuda_graph, cands, in_place=False):
+def _ort_candidate(rt, flavor, model, inputs, run_: _Run, cuda_graph, cands, in_place=False):
     """ONNX Runtime's session as a candidate. On CUDA, inputs and outputs are bound to device memory
     (IO binding) so host copies are not timed; `in_place`: a static cache's buffers are bound both as
     the inputs and as the outputs that return them updated, as a generation loop runs the step (the
     TensorScatter kernel then writes the new positions into the buffer instead of copying it)."""
     import torch
+    dtype, threads = run_.dtype, run_.threads
     feed = D.cast_floats(inputs, dtype)
     if rt == "ort-cpu":
         session, cpu_nodes = _ort_session(rt, model, dtype, threads, False)
@@ -452,11 +479,11 @@ def _ort_candidate(rt, flavor, model, inputs, dtype, threads, cuda_graph, cands,
                       memory=memory)
 
 
-def _js_candidate(rt, flavor, model, inputs, dtype, threads):
+def _js_candidate(rt, flavor, model, inputs, run: _Run):
     """ONNX Runtime in Node or the browser: each block of runs timed there (performance.now around
     each awaited run), so the pipe to the JavaScript process is not in the times."""
-    prepared = R.prepare_onnx(rt, model, threads=threads)
-    feed = D.cast_floats(inputs, dtype)
+    prepared = R.prepare_onnx(rt, model, threads=run.threads)
+    feed = D.cast_floats(inputs, run.dtype)
     assert prepared.time_runs is not None
     time_runs = prepared.time_runs
     return _Candidate(rt, flavor, "eager", "cpu", lambda: prepared.run(feed), lambda: list(prepared.run(feed).values()),
@@ -464,11 +491,12 @@ def _js_candidate(rt, flavor, model, inputs, dtype, threads):
                       note=prepared.note)
 
 
-def _ort_in_place_candidate(flavor, model, inputs, dtype, threads):
+def _ort_in_place_candidate(flavor, model, inputs, run_: _Run):
     """ONNX Runtime on the CPU with a static cache's buffers as OrtValues bound both as the inputs
     and as the outputs that return them updated (IO binding), as a generation loop runs it: the
     TensorScatter kernel then writes the new positions into the buffer instead of copying it."""
     import onnxruntime as ort
+    dtype, threads = run_.dtype, run_.threads
     feed = D.cast_floats(inputs, dtype)
     session, cpu_nodes = _ort_session("ort-cpu", model, dtype, threads, False)
     buffers = {n: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a)) for n, a in feed.items()
@@ -558,21 +586,26 @@ def _torch_graph_candidate(call):
                       lambda: [t.float().cpu().numpy() for t in out], memory=torch.cuda.max_memory_allocated())
 
 
-def _row(variant, rt, flavor, mode, dtype, shape, ms, flops, peak, torch_median, err, mem, threads):
-    med, p10, p90 = _stats(ms)
+def _row(variant, c: _Candidate, shape, flops, peak, torch_median, err, run: _Run) -> BenchRow:
+    med, p10, p90 = _stats(c.times)
     tflops = flops / (med / 1e3) / 1e12
-    return BenchRow(variant.name, rt, flavor, mode, dtype, shape, med, p10, p90, tflops,
-                    tflops * 1e12 / peak, peak / 1e12, med / torch_median, err, mem, threads)
+    return BenchRow(variant.name, c.runtime, c.flavor, c.mode, run.dtype, shape, med, p10, p90, tflops,
+                    tflops * 1e12 / peak, peak / 1e12, med / torch_median, err, c.memory, run.threads)
 
 
-def bench_decode(variant_name: str, options: dict | None, contexts: list[int], **kwargs) -> list[BenchRow]:
+def bench_decode(request: BenchRequest | str, options: dict | None = None, contexts: list[int] | None = None, *,
+                 progress: Callable[[int, int, str], None] | None = None, **fields) -> list[BenchRow]:
     """Generation with a KV cache at each context length: the prefill (the context's tokens into an
     empty cache) and one decoding step (one token over a cache of that many), on every runtime and
     flavour beside torch eager with the same cache; ms, and tokens per second, per phase.
 
-    kwargs are bench()'s (runtimes, flavors, dtype, warmup, iters, threads, seed, repeat, ...).
+    Takes a BenchRequest (its options without the lengths, which the contexts set), or its fields.
     """
-    variant = V.get(variant_name)
+    r = request if isinstance(request, BenchRequest) else BenchRequest(request, options, **fields)
+    if isinstance(request, BenchRequest) and (options is not None or fields):
+        raise TypeError("give a BenchRequest or its fields, not both")
+    variant = r.variant if isinstance(r.variant, schema.Variant) else V.get(r.variant)
+    options, contexts = r.options, contexts or []
     if "kv_cache" not in {o.name for o in variant.options}:
         have = [v.name for v in V.VARIANTS.values() if "kv_cache" in {o.name for o in v.options}]
         raise UsageError(f"--decode needs a variant with a KV cache ({', '.join(have)}); {variant.name} has none")
@@ -601,34 +634,34 @@ def bench_decode(variant_name: str, options: dict | None, contexts: list[int], *
         if "past_kv_seq" in names:
             options["kv_seq"] += [memory, 0]
             options["past_kv_seq"] += [0, memory]
-    rows = bench(variant_name, options, **kwargs)
+    rows = bench(dataclasses.replace(r, options=options), progress=progress)
     if V.static_cache(options):  # beside today's concat cache, in the same process
-        for r in rows:
-            r.mode = "static" if r.mode == "eager" else f"static {r.mode}"
-        concat = bench(variant_name, {**options, "max_seq": None}, **{**kwargs, "progress": None})
-        for r in concat:
-            r.mode = "concat" if r.mode == "eager" else f"concat {r.mode}"
+        for row in rows:
+            row.mode = "static" if row.mode == "eager" else f"static {row.mode}"
+        concat = bench(dataclasses.replace(r, options={**options, "max_seq": None}))
+        for row in concat:
+            row.mode = "concat" if row.mode == "eager" else f"concat {row.mode}"
         rows += concat
     # The memory-bandwidth limit of each device in the run: the CPU's copy bandwidth, the GPU's
     # read bandwidth.
-    devices = {"cuda" if r.runtime.endswith("cuda") else "cpu" for r in rows if r.shape}
+    devices = {"cuda" if row.runtime.endswith("cuda") else "cpu" for row in rows if row.shape}
     bandwidth = {d: cuda_read_bandwidth() if d == "cuda" else memory_bandwidth() for d in devices} \
         if variant.name == "mha" else {}
     scalars = {k: v for k, v in options.items() if not isinstance(v, list)}
     params = seeding.init_params(variant, variant.resolve({**scalars, "seq": 1, "past_seq": 0}),
-                                 kwargs.get("seed", 0)) if bandwidth else {}
-    itemsize = D.ITEMSIZE[kwargs.get("dtype", "fp32")]
-    for r in rows:
-        if not r.shape:
+                                 r.seed) if bandwidth else {}
+    itemsize = D.ITEMSIZE[r.dtype]
+    for row in rows:
+        if not row.shape:
             continue
-        r.phase = "prefill" if r.shape["past_seq"] == 0 else "decode"
-        tokens = r.shape["batch"] * r.shape["seq"]
-        r.tokens_per_s = tokens / (r.median_ms / 1e3) if r.median_ms == r.median_ms else None
-        limit = bandwidth.get("cuda" if r.runtime.endswith("cuda") else "cpu")
-        if r.phase == "decode" and r.median_ms == r.median_ms and limit:
-            o = variant.resolve({**scalars, **r.shape})
-            r.bandwidth_gbs = limit / 1e9
-            r.bandwidth_fraction = _decode_step_bytes(variant, o, params, itemsize) / (r.median_ms / 1e3) / limit
+        row.phase = "prefill" if row.shape["past_seq"] == 0 else "decode"
+        tokens = row.shape["batch"] * row.shape["seq"]
+        row.tokens_per_s = tokens / (row.median_ms / 1e3) if row.median_ms == row.median_ms else None
+        limit = bandwidth.get("cuda" if row.runtime.endswith("cuda") else "cpu")
+        if row.phase == "decode" and row.median_ms == row.median_ms and limit:
+            o = variant.resolve({**scalars, **row.shape})
+            row.bandwidth_gbs = limit / 1e9
+            row.bandwidth_fraction = _decode_step_bytes(variant, o, params, itemsize) / (row.median_ms / 1e3) / limit
     return rows
 
 

@@ -814,24 +814,21 @@ def bench(variant, module_spec, input_specs, batch, seq, kv_seq, decode, context
         values = _int_list("--" + name.replace("_", "-"), text)
         if values:
             opts[name] = values
-    kwargs = dict(runtimes=runtimes,
-                  flavors=list(flavors) or None,
-                  dtype=dtype, warmup=warmup, iters=iters, cuda_graph=cuda_graph, threads=threads, seed=seed,
-                  repeat=repeat)
+    request = bench_mod.BenchRequest(variant, opts, runtimes, list(flavors) or None, dtype, warmup, iters,
+                                     cuda_graph, threads, seed, repeat)
     if plot:
         plot = str(F.resolve_target(plot))  # before the benchmark runs, not after
     if not as_json:
-        for w in bench_mod.warnings_for(kwargs["runtimes"], dtype, cuda_graph):
+        for w in bench_mod.warnings_for(runtimes, dtype, cuda_graph):
             click.echo(f"note: {w}", err=True)
     contexts = _int_list("--context", context)
     if contexts and not decode:
         raise UsageError("--context goes with --decode")
     if decode:
         rows = _with_progress("bench", as_json, lambda progress: bench_mod.bench_decode(
-            variant, opts, contexts, **kwargs, progress=progress))
+            request, None, contexts, progress=progress))
     else:
-        rows = _with_progress("bench", as_json, lambda progress: bench_mod.bench(variant, opts, **kwargs,
-                                                                                progress=progress))
+        rows = _with_progress("bench", as_json, lambda progress: bench_mod.bench(request, progress=progress))
     title = module_spec or variant
     if plot:
         bench_mod.plot(rows, plot, f"{title} {dtype}, median latency")
