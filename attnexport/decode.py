@@ -9,6 +9,7 @@ forward over the whole sequence: verify and the tests check exactly that.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -23,10 +24,26 @@ def decode(step: Callable[[dict], dict], stream: dict[str, np.ndarray], chunk: i
     return decode_all(step, stream, chunk, empty_cache, axis, once, masks)[0]["output"]
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where a step graph keeps its caches and outputs, when it is not a variant's step.
+
+    Attributes:
+        pairs: cache input -> the output that updates it (default: past_X -> present_X). Each
+            one given must grow by the block at each step; by default `past_key` must.
+        cache_axes: cache input -> its positions' axis (default 2: (batch, heads, positions, dim)).
+        outputs: the outputs that run along the sequence -> their sequence axis (default: `output`
+            on the stream's axis).
+    """
+
+    pairs: dict[str, str] | None = None
+    cache_axes: dict[str, int] | None = None
+    outputs: dict[str, int] | None = None
+
+
 def decode_all(step: Callable[[dict], dict], stream: dict[str, np.ndarray], chunk: int,
                empty_cache: dict[str, np.ndarray], axis: int, once: dict[str, np.ndarray] | None = None,
-               masks: dict[str, np.ndarray] | None = None, *, pairs: dict[str, str] | None = None,
-               cache_axes: dict[str, int] | None = None, outputs: dict[str, int] | None = None):
+               masks: dict[str, np.ndarray] | None = None, layout: Layout = Layout()):
     """The outputs of `step` run over a sequence in chunks of `chunk`, from empty caches.
 
     Args:
@@ -38,15 +55,12 @@ def decode_all(step: Callable[[dict], dict], stream: dict[str, np.ndarray], chun
             ones, their keys and values being cached by then (the decoder's memory).
         masks: masks over the whole sequence, (..., T, T): each step gets the rows of its block
             and the columns of every key so far, (..., block, end).
-        pairs: cache input -> the output that updates it (default: past_X -> present_X). Each
-            one given must grow by the block at each step; by default `past_key` must.
-        cache_axes: cache input -> its positions' axis (default 2: (batch, heads, positions, dim)).
-        outputs: the outputs that run along the sequence -> their sequence axis (default: `output`
-            on `axis`).
+        layout: where the caches and outputs are, for a step that is not a variant's (a module's).
 
     Returns:
         ({output: the chunks' values concatenated along its axis}, {cache input: its last value}).
     """
+    pairs, cache_axes, outputs = layout.pairs, layout.cache_axes, layout.outputs
     growing = set(pairs) if pairs else {"past_key"} & set(empty_cache)
     pairs = pairs or {name: "present_" + name.removeprefix("past_") for name in empty_cache}
     cache_axes = cache_axes or {name: 2 for name in empty_cache}

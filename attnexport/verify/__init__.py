@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,43 +33,10 @@ from attnexport.verify.execute import execute, localize_row
 from attnexport.verify.golden_plan import plan_golden
 from attnexport.verify.model_plan import matching_cases, plan_model
 from attnexport.verify.module_check import verify_module
+from attnexport.verify.request import VerifyRequest
 from attnexport.verify.run import AUTO_LOCALIZE_LIMIT, quiet_numerics
 
 __all__ = ["Report", "Row", "VerifyRequest", "matching_cases", "verify", "verify_module"]
-
-
-@dataclass(frozen=True)
-class VerifyRequest:
-    """What to verify: golden cases (no `models`) or model files, where and how strictly.
-
-    Attributes:
-        dtype: fp32 or fp16; default fp32 for golden cases, the model's own for model files.
-        model_variant, model_options, seed: the variant, options and parameter seed of a model
-            file without metadata (refused, when they disagree, for one that has it).
-        flavors: golden mode: the flavours to export; model mode: at most one, checked against
-            the model's.
-        localize: localize every ONNX run, not only failing ones; a divergence fails the run.
-        baseline, save_baseline, max_growth: compare with / write a known-good baseline folder.
-    """
-
-    variants: list[str] | None = None
-    flavors: list[str] | None = None
-    runtimes: list[str] | None = None
-    dtype: str | None = None
-    golden_dir: str | Path | None = None
-    models: list[str | Path] | None = None
-    rtol: float | None = None
-    atol: float | None = None
-    skip_unavailable: bool = False
-    strict_placement: bool = False
-    model_variant: str | None = None
-    model_options: dict | None = None
-    seed: int | None = None
-    localize: bool = False
-    baseline: str | Path | None = None
-    save_baseline: str | Path | None = None
-    max_growth: float = 10.0
-    cases: list[str] | None = None
 
 
 @quiet_numerics
@@ -115,8 +81,7 @@ def verify(request: VerifyRequest | None = None, *, progress: Callable[[int, int
         model_flavor = flavors[0] if flavors != list(E.FLAVORS) else None
         plan, dtypes = [], set()
         for path in models:
-            steps, mdtype = plan_model(path, used, golden_dir, dtype, model_variant, model_flavor,
-                                        model_options, seed, rtol, atol)
+            steps, mdtype = plan_model(path, used, r, model_flavor)
             plan += steps
             dtypes.add(mdtype)
         flavors_used = sorted({s.flavor for s in plan if s.flavor != "-"})

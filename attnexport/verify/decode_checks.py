@@ -15,6 +15,7 @@ from attnexport.cases import seed_of
 from attnexport.compare import compare_outputs
 from attnexport.decode import (
     CHUNKS,
+    Layout,
     decode,
     decode_all,
     decode_static,
@@ -155,10 +156,10 @@ def module_decode_rows(m: LoadedModule, example, cache: dict) -> list:
             try:
                 def step(given: dict, run: Callable = run) -> dict:
                     return run({**given, **always})
-                got, last = decode_all(step, {n: feed[n] for n in stream}, chunk,
-                                       {n: feed[n] for n in cache}, axis,
-                                       pairs={n: c["output"] for n, c in cache.items()},
-                                       cache_axes={n: c["axis"] for n, c in cache.items()}, outputs=along)
+                got, last = decode_all(step, {n: feed[n] for n in stream}, chunk, {n: feed[n] for n in cache}, axis,
+                                       layout=Layout(pairs={n: c["output"] for n, c in cache.items()},
+                                                     cache_axes={n: c["axis"] for n, c in cache.items()},
+                                                     outputs=along))
             except Exception as e:  # noqa: BLE001 - a runtime failing on a step fails the check
                 row.error = reason(e)
                 continue

@@ -18,6 +18,7 @@ from attnexport import weights as W
 from attnexport.errors import UsageError
 from attnexport.inspect import attnexport_metadata, load_model
 from attnexport.verify.decode_checks import golden_decode_checks
+from attnexport.verify.request import VerifyRequest
 from attnexport.verify.run import ModelSource, Step, case_tolerance
 
 _PROBE_SIZES = ({"batch": 2, "seq": 7, "kv_seq": 5}, {"batch": 1, "seq": 1, "kv_seq": 1})
@@ -81,12 +82,18 @@ def check_interface(path, model: onnx.ModelProto, variant: schema.Variant, optio
                              f"rank {len(s.dims)} {list(s.dims)}")
 
 
-def plan_model(path, used, golden_dir, dtype, model_variant, model_flavor, model_options, seed, rtol, atol):
-    """The runs of one model file; returns (steps, the model's dtype)."""
+def plan_model(path, used: list[str], request: VerifyRequest, model_flavor: str | None):
+    """The runs of one model file on the runtimes `used`, as `request` asks (its golden folder,
+    dtype, tolerances, and for a file without metadata its variant, options and seed);
+    `model_flavor`: the flavour given, checked against the file's. Returns (steps, the model's dtype)."""
+    golden_dir, dtype, model_variant, model_options = (request.golden_dir, request.dtype, request.model_variant,
+                                                       request.model_options)
+    seed, rtol, atol = request.seed, request.rtol, request.atol
     model = load_model(path)
     meta = attnexport_metadata(model)
     name = Path(path).name
-    changed, good_params = [], None
+    changed: list[str] = []
+    good_params: dict | None = None
     if meta.get("variant"):
         variant = V.get(meta["variant"])
         options = variant.resolve(meta["options"])  # an earlier export's options lack newer ones
@@ -136,7 +143,8 @@ def plan_model(path, used, golden_dir, dtype, model_variant, model_flavor, model
     if not_finite and not problem:
         problem = f"the model's parameters are not finite (NaN or Inf): {', '.join(not_finite)}"
 
-    cases = matching_cases(variant, options, golden.load_all(golden_dir, [variant.name]))
+    folder = None if golden_dir is None else Path(golden_dir)
+    cases = matching_cases(variant, options, golden.load_all(folder, [variant.name]))
     if not cases:
         # No stored case has these options (e.g. --heads 8): seeded inputs at two shapes, one of
         # length 1, with the reference computing the expected outputs.
