@@ -58,18 +58,24 @@ def softmax_rows(scores, bias=None):
     return _r(np.where(dead, 0.0, p))
 
 
-def sdpa(q, k, v, mask=None, *, scale=None, causal=False, softcap=0.0, causal_offset=0, valid=None,
-         shown="softmax"):
-    """ONNX Attention (opsets 23 and 24) on 4-D inputs, in float64. Returns (output, scores shown).
+def sdpa(q, k, v, mask=None, *, scale=None, causal=False, softcap=0.0, causal_offset=0, valid=None):
+    """ONNX Attention (opsets 23 and 24) on 4-D inputs, in float64. Returns (output, the weights),
+    the weights being the softmax; `scores_of` gives every score output the operator has.
 
     Args:
         causal_offset: the number of cached keys before the queries' block: query i attends
             keys j <= causal_offset + i (0: top-left, the no-cache case).
         valid: None, or (B,) counts of valid keys (nonpad_kv_seqlen): later keys are padding, and
             the causal offset of sequence b is valid[b] - Tq.
-        shown: which scores to return beside the output: raw (scale * Q K^T), softcap (after the
-            softcap), bias (after softcap and mask) or softmax (the weights).
     """
+    out, scores = scores_of(q, k, v, mask, scale=scale, causal=causal, softcap=softcap, causal_offset=causal_offset,
+                            valid=valid)
+    return out, scores["softmax"]
+
+
+def scores_of(q, k, v, mask=None, *, scale=None, causal=False, softcap=0.0, causal_offset=0, valid=None):
+    """sdpa's output and every score the operator can show: {raw (scale * Q K^T), softcap (after
+    the softcap), bias (after softcap and mask), softmax (the weights)}."""
     q, k, v = _f64(q), _f64(k), _f64(v)
     hq, hkv = q.shape[1], k.shape[1]
     if hq != hkv:
@@ -97,7 +103,7 @@ def sdpa(q, k, v, mask=None, *, scale=None, causal=False, softcap=0.0, causal_of
         bias = bias + np.where(cols <= rows, 0.0, NEG_INF)
     bias = np.broadcast_to(bias, s.shape)
     p = softmax_rows(s, bias)
-    scores = {"raw": raw, "softcap": s, "bias": _r(s + bias), "softmax": p}[shown]
+    scores = {"raw": raw, "softcap": s, "bias": _r(s + bias), "softmax": p}
     return _r(np.einsum("bhqk,bhkd->bhqd", p, v)), scores
 
 
@@ -136,8 +142,16 @@ def _merge(x):
     return x.transpose(0, 2, 1, 3).reshape(B, T, h * d)
 
 
-def _mha(params, prefix, x, kv, heads, kv_heads, key_padding=None, causal=False,
-         scaling="sqrt", temperature=0.1):
+def _same_heads(heads: int, causal: bool = False) -> dict:
+    """Attention whose keys and values have as many heads as its queries, scaled by 1/sqrt(d)."""
+    return {"heads": heads, "kv_heads": heads, "causal": causal}
+
+
+def _mha(params, prefix, x, kv, a: dict, key_padding=None):
+    """Multi-head attention of x over kv; `a`: heads, kv_heads, and optionally causal, scaling
+    (default sqrt) and temperature (default 0.1)."""
+    heads, kv_heads, causal = a["heads"], a["kv_heads"], a.get("causal", False)
+    scaling, temperature = a.get("scaling", "sqrt"), a.get("temperature", 0.1)
     q = _heads(_linear(x, params, f"{prefix}q_proj"), heads)
     k = _heads(_linear(kv, params, f"{prefix}k_proj"), kv_heads)
     v = _heads(_linear(kv, params, f"{prefix}v_proj"), kv_heads)
@@ -150,11 +164,12 @@ def _mha(params, prefix, x, kv, heads, kv_heads, key_padding=None, causal=False,
     return _linear(_merge(out), params, f"{prefix}out_proj"), w
 
 
-def _mha_step(params, prefix, x, kv, past_key, past_value, heads, kv_heads, causal, scaling="sqrt",
-              temperature=0.1):
+def _mha_step(params, prefix, x, kv, past_key, past_value, a: dict):
     """One block of attention over a cache: the keys and values of `kv` follow the P cached ones,
-    and with `causal` query i of the block sits at position P + i. Returns (output, present_key,
-    present_value)."""
+    and with `causal` query i of the block sits at position P + i (`a` as for _mha). Returns
+    (output, present_key, present_value)."""
+    heads, kv_heads, causal = a["heads"], a["kv_heads"], a.get("causal", False)
+    scaling, temperature = a.get("scaling", "sqrt"), a.get("temperature", 0.1)
     q = _heads(_linear(x, params, f"{prefix}q_proj"), heads)
     k = _heads(_linear(kv, params, f"{prefix}k_proj"), kv_heads)
     v = _heads(_linear(kv, params, f"{prefix}v_proj"), kv_heads)
@@ -202,8 +217,9 @@ def ref_sdpa(params, inputs, o):
         present = {"present_key": k, "present_value": v}
         offset = inputs["past_key"].shape[2]
     shown = "softmax" if o["weights"] == "none" else o["weights"]
-    out, scores = sdpa(q, k, v, inputs.get("attn_mask"), scale=o["scale"], causal=o["causal"], softcap=o["softcap"],
-                       causal_offset=offset, valid=inputs.get("nonpad_kv_seqlen"), shown=shown)
+    out, every = scores_of(q, k, v, inputs.get("attn_mask"), scale=o["scale"], causal=o["causal"],
+                           softcap=o["softcap"], causal_offset=offset, valid=inputs.get("nonpad_kv_seqlen"))
+    scores = every[shown]
     result = {"output": _merge(out) if o["layout"] == "bsd" else out, **present}
     if o["weights"] != "none":
         result["weights"] = scores
@@ -243,12 +259,9 @@ def ref_mha(params, inputs, o):
                                                        inputs["write_pos"], o)
         return {"output": out, "key_cache_out": key_cache, "value_cache_out": value_cache}
     if o.get("kv_cache"):
-        out, present_key, present_value = _mha_step(params, "", x, x, inputs["past_key"], inputs["past_value"],
-                                                    o["heads"], o["kv_heads"], o["causal"], o["scaling"],
-                                                    o["temperature"])
+        out, present_key, present_value = _mha_step(params, "", x, x, inputs["past_key"], inputs["past_value"], o)
         return {"output": out, "present_key": present_key, "present_value": present_value}
-    out, w = _mha(params, "", x, x, o["heads"], o["kv_heads"], inputs.get("mask"), o["causal"],
-                  o["scaling"], o["temperature"])
+    out, w = _mha(params, "", x, x, o, inputs.get("mask"))
     return {"output": out, "weights": w} if o["weights"] else {"output": out}
 
 
@@ -263,8 +276,8 @@ def ref_mha_tied(params, inputs, o):
 
 
 def ref_cross(params, inputs, o):
-    out, w = _mha(params, "", _f64(inputs["query"]), _f64(inputs["memory"]), o["heads"],
-                  o["heads"], inputs.get("memory_mask"))
+    out, w = _mha(params, "", _f64(inputs["query"]), _f64(inputs["memory"]), _same_heads(o["heads"]),
+                  inputs.get("memory_mask"))
     return {"output": out, "weights": w} if o["weights"] else {"output": out}
 
 
@@ -307,7 +320,7 @@ def ref_posenc(params, inputs, o):
 
 def ref_encoder(params, inputs, o):
     x = _f64(inputs["x"])
-    a, _ = _mha(params, "attn.", x, x, o["heads"], o["heads"], inputs.get("mask"))
+    a, _ = _mha(params, "attn.", x, x, _same_heads(o["heads"]), inputs.get("mask"))
     y = _layer_norm(_r(x + a), params, "norm1")
     return {"output": _layer_norm(_r(y + _ffn(y, params, "ffn.")), params, "norm2")}
 
@@ -316,9 +329,9 @@ def ref_decoder(params, inputs, o):
     x, mem = _f64(inputs["x"]), _f64(inputs["memory"])
     if o.get("kv_cache"):
         return _decoder_step(params, inputs, x, mem, o["heads"], o)
-    a, _ = _mha(params, "self_attn.", x, x, o["heads"], o["heads"], causal=True)
+    a, _ = _mha(params, "self_attn.", x, x, _same_heads(o["heads"], causal=True))
     y = _layer_norm(_r(x + a), params, "norm1")
-    c, _ = _mha(params, "cross_attn.", y, mem, o["heads"], o["heads"], inputs.get("memory_mask"))
+    c, _ = _mha(params, "cross_attn.", y, mem, _same_heads(o["heads"]), inputs.get("memory_mask"))
     z = _layer_norm(_r(y + c), params, "norm2")
     return {"output": _layer_norm(_r(z + _ffn(z, params, "ffn.")), params, "norm3")}
 
@@ -332,10 +345,11 @@ def _decoder_step(params, inputs, x, mem, h, o=None):
         a, pk, pv = _mha_static_step(params, x, inputs["key_cache"], inputs["value_cache"], inputs["write_pos"],
                                      static, prefix="self_attn.")
     else:
-        a, pk, pv = _mha_step(params, "self_attn.", x, x, inputs["past_key"], inputs["past_value"], h, h, True)
+        a, pk, pv = _mha_step(params, "self_attn.", x, x, inputs["past_key"], inputs["past_value"],
+                              _same_heads(h, causal=True))
     y = _layer_norm(_r(x + a), params, "norm1")
-    c, ck, cv = _mha_step(params, "cross_attn.", y, mem, inputs["past_cross_key"], inputs["past_cross_value"], h, h,
-                          False)
+    c, ck, cv = _mha_step(params, "cross_attn.", y, mem, inputs["past_cross_key"], inputs["past_cross_value"],
+                          _same_heads(h))
     z = _layer_norm(_r(y + c), params, "norm2")
     names = ("key_cache_out", "value_cache_out") if o is not None and o.get("max_seq") is not None else \
         ("present_key", "present_value")
