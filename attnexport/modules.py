@@ -193,6 +193,7 @@ def routed():
     import torch
 
     from attnexport.models.core import attend
+    from attnexport.semantics import Core
     functional = torch.nn.functional
     original = functional.scaled_dot_product_attention
 
@@ -207,7 +208,7 @@ def routed():
             query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
             if attn_mask is not None and attn_mask.dim() == 3:
                 attn_mask = attn_mask.unsqueeze(1)
-        out = attend(query, key, value, attn_mask, scale=scale, is_causal=is_causal).output
+        out = attend(query, key, value, attn_mask, core=Core(scale, bool(is_causal))).output
         return out.squeeze(1) if rank == 3 else out
 
     fastpath = torch.backends.mha.get_fastpath_enabled()

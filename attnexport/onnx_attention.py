@@ -26,7 +26,7 @@ from onnxscript.values import Op, Opset
 
 from attnexport import flavors as FL
 from attnexport.errors import UnsupportedByFlavor
-from attnexport.semantics import NO_WEIGHTS
+from attnexport.semantics import NO_WEIGHTS, Core
 
 op24 = Opset("", 24)  # onnxscript ships no opset24 module; the op's schema comes from onnx
 
@@ -223,10 +223,22 @@ def _scaled_scores(query, key, scale):
 
 # --- primitives: MatMul + Softmax, opset 18 --------------------------------------------------
 
-def primitives_attention(query, key, value, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None,
-                         scale=None, is_causal=False, softcap=0.0, weights=NO_WEIGHTS, softmax_precision=None):
-    nonpad = nonpad_kv_seqlen
-    cached = past_key is not None
+def _translation(compute):
+    """The core op's translation for torch.onnx, which passes the op's schema (the operator's
+    inputs and attributes) one by one: `compute(query, key, value, attn_mask, cache, nonpad,
+    core)` with the cache as None or (past_key, past_value) and the attributes as one Core."""
+    def translation(query, key, value, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None,
+                    scale=None, is_causal=False, softcap=0.0, weights=NO_WEIGHTS, softmax_precision=None):
+        cache = None if past_key is None else (past_key, past_value)
+        return compute(query, key, value, attn_mask, cache, nonpad_kv_seqlen,
+                       Core(scale, is_causal, softcap, weights, softmax_precision))
+    return translation
+
+
+def _primitives(query, key, value, attn_mask, cache, nonpad, core):
+    scale, is_causal, softcap, weights, softmax_precision = core.attributes()
+    cached = cache is not None
+    past_key, past_value = cache if cache is not None else (None, None)
     groups = _groups(query, key)  # from the new keys: a Concat's result has no static shape here
     if cached:
         key, value = op.Concat(past_key, key, axis=2), op.Concat(past_value, value, axis=2)
@@ -250,6 +262,9 @@ def primitives_attention(query, key, value, attn_mask=None, past_key=None, past_
     return op.MatMul(probs, v), *present, shown
 
 
+primitives_attention = _translation(_primitives)
+
+
 def _with_weights_beside(fused):
     """A fused translation whose score output, when asked for, comes from MatMul + Softmax on
     the same inputs (paid only with --weights). Neither fused op can give it as the operator
@@ -258,21 +273,20 @@ def _with_weights_beside(fused):
     output modes are supported in unified unfused attention", onnxruntime-gpu 1.31.1 on an
     H100); and its CPU kernel writes -3.4e38 where the operator's mode 2 has -inf (pinned by
     tests/test_sdpa_operator.py)."""
-    def translation(query, key, value, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None,
-                    scale=None, is_causal=False, softcap=0.0, weights=NO_WEIGHTS, softmax_precision=None):
-        args = (query, key, value, attn_mask, past_key, past_value, nonpad_kv_seqlen, scale, is_causal, softcap)
-        out, present_key, present_value = fused(*args, softmax_precision)
+    def compute(query, key, value, attn_mask, cache, nonpad, core):
+        out, present_key, present_value = fused(query, key, value, attn_mask, cache, nonpad, core)
         shown = _empty(query)
-        if weights != NO_WEIGHTS:
-            shown = primitives_attention(*args, weights, softmax_precision)[3]
+        if core.weights != NO_WEIGHTS:
+            shown = _primitives(query, key, value, attn_mask, cache, nonpad, core)[3]
         return out, present_key, present_value, shown
-    return translation
+    return compute
 
 
 # --- attention: the standard Attention op, opset 23 (24 for valid key counts) ---------------
 
-def _standard(query, key, value, attn_mask, past_key, past_value, nonpad, scale, is_causal, softcap,
-              softmax_precision):
+def _standard(query, key, value, attn_mask, cache, nonpad, core):
+    scale, is_causal, softcap, _, softmax_precision = core.attributes()
+    past_key, past_value = cache if cache is not None else (None, None)
     if attn_mask is not None and attn_mask.shape is not None and attn_mask.shape[-2] != query.shape[2]:
         # The spec broadcasts the mask, but ONNX Runtime's kernel wants its query axis to be
         # Tq: expand a padding mask (B, 1, 1, Tk) to (B, 1, Tq, Tk).
@@ -298,13 +312,14 @@ def _standard(query, key, value, attn_mask, past_key, past_value, nonpad, scale,
     return op23.Attention(query, key, value, attn_mask, **attrs)[0], _empty(query), _empty(query)
 
 
-standard_attention = _with_weights_beside(_standard)
+standard_attention = _translation(_with_weights_beside(_standard))
 
 
 # --- ort: com.microsoft.MultiHeadAttention --------------------------------------------------
 
-def _ort(query, key, value, attn_mask, past_key, past_value, nonpad, scale, is_causal, softcap,
-         softmax_precision):
+def _ort(query, key, value, attn_mask, cache, nonpad, core):
+    scale, is_causal, softcap, _, softmax_precision = core.attributes()
+    past_key, past_value = cache if cache is not None else (None, None)
     if softcap and softcap > 0:
         raise UnsupportedByFlavor("the ort flavor cannot express --softcap: com.microsoft.MultiHeadAttention "
                                   "has no softcap; use --flavor attention or primitives")
@@ -393,7 +408,7 @@ def _narrow_kv(present, groups):
     return op.Gather(op.Reshape(present, shape), op.Constant(value_int=0), axis=2)
 
 
-ort_attention = _with_weights_beside(_ort)
+ort_attention = _translation(_with_weights_beside(_ort))
 
 
 TRANSLATIONS = {

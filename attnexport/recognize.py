@@ -30,12 +30,13 @@ import importlib
 import math
 import operator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.fx import Node
 
 from attnexport.errors import reason
+from attnexport.semantics import NO_WEIGHTS, Core
 
 aten = torch.ops.aten
 
@@ -300,8 +301,8 @@ class _Rewriter:
         if _val(softmax).dtype != qv.dtype and precision is None:
             raise _NotAttention("the softmax's dtype differs from the queries'")
         wanted_precision = 1 if (precision is not None and qv.dtype != torch.float32) else None
-        out, shown = self.call_core(vp, q, self.keys(kt, vp), v, self.mask(masks, vp), scale=scale, is_causal=False,
-                                    kind="hand-written", mode=3 if others else -1, precision=wanted_precision)
+        core = Core(scale, weights=Core.mode("softmax" if others else None), softmax_precision=wanted_precision)
+        out, shown = self.call_core(vp, q, self.keys(kt, vp), v, self.mask(masks, vp), core=core, kind="hand-written")
         if _val(out).dtype != _val(vp).dtype:
             out = self.new(vp, aten.to.dtype, out, _val(vp).dtype)
         vp.replace_all_uses_with(out)
@@ -343,8 +344,7 @@ class _Rewriter:
             mask = self.new(before, aten.add.Tensor, mask, t)
         return mask
 
-    def call_core(self, before: Node, q, k, v, mask, *, scale, is_causal: bool, kind: str, mode: int = -1,
-                  precision=None):
+    def call_core(self, before: Node, q, k, v, mask, *, core: Core, kind: str):
         """The core called on (q, k, v, mask) before `before`: rank-3 inputs (batch x heads, length,
         dim) given a head axis and the outputs theirs taken back off. Returns (output, the score
         output or None)."""
@@ -353,10 +353,11 @@ class _Rewriter:
             q, k, v = (self.new(before, aten.unsqueeze.default, t, 1) for t in (q, k, v))
             if mask is not None and _rank(mask) == 3:
                 mask = self.new(before, aten.unsqueeze.default, mask, 1)
-        core = self.new(before, torch.ops.attnexport.attention.default, q, k, v, mask, None, None, None, scale,
-                        is_causal, 0.0, mode, precision)
-        core.meta[_KIND] = kind
-        outs = [self.new(before, operator.getitem, core, i) for i in ((0, 3) if mode != -1 else (0,))]
+        mode = core.weights
+        called = self.new(before, torch.ops.attnexport.attention.default, q, k, v, mask, None, None, None,
+                          *core.attributes())
+        called.meta[_KIND] = kind
+        outs = [self.new(before, operator.getitem, called, i) for i in ((0, 3) if mode != NO_WEIGHTS else (0,))]
         if rank3:
             outs = [self.new(before, aten.squeeze.dim, o, 1) for o in outs]
         return outs[0], (outs[1] if len(outs) > 1 else None)
@@ -373,8 +374,8 @@ class _Rewriter:
         if rank not in (3, 4):
             raise _NotAttention(f"scaled_dot_product_attention on rank-{rank} inputs")
         # enable_gqa needs nothing: the core takes fewer key heads than query heads as grouped.
-        out, _ = self.call_core(node, q, k, v, mask, scale=node.kwargs.get("scale"), is_causal=bool(is_causal),
-                                kind="sdpa op")
+        core = Core(cast(float | None, node.kwargs.get("scale")), bool(is_causal))
+        out, _ = self.call_core(node, q, k, v, mask, core=core, kind="sdpa op")
         node.replace_all_uses_with(out)
         return Found(_where(node), kind="sdpa op")
 

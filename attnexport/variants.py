@@ -8,7 +8,7 @@ import difflib
 from attnexport import reference as ref
 from attnexport.errors import UnknownVariantError
 from attnexport.schema import Option, TensorSpec, Variant
-from attnexport.semantics import SOFTMAX_PRECISION_TYPES_BY_NAME, WEIGHT_MODES
+from attnexport.semantics import SOFTMAX_PRECISION_TYPES_BY_NAME, WEIGHT_MODES, Core
 
 # --- options shared by several variants ---------------------------------------------------
 
@@ -57,12 +57,10 @@ def _mha_flops(B, Tq, Tk, D, H, hd, kv_dim=None, kv_heads=None):
 def _build_sdpa(o):
     from attnexport.models.dot_product import ScaledDotProductAttention
     bsd = o["layout"] == "bsd"
-    return ScaledDotProductAttention(
-        o["causal"], o["scale"], o["softcap"], None if o["weights"] == "none" else o["weights"],
-        inputs=[s.name for s in _sdpa_inputs(o)], heads=o["heads"] if bsd else None,
-        pad_mask=o["mask_keys"] is not None,
-        kv_heads=o["kv_heads"] if bsd else None,
-        softmax_precision=SOFTMAX_PRECISION_TYPES_BY_NAME.get(o["softmax_precision"]))
+    core = Core(o["scale"], o["causal"], o["softcap"], Core.mode(None if o["weights"] == "none" else o["weights"]),
+                SOFTMAX_PRECISION_TYPES_BY_NAME.get(o["softmax_precision"]))
+    return ScaledDotProductAttention(core, inputs=[s.name for s in _sdpa_inputs(o)], heads=o["heads"] if bsd else None,
+                                     kv_heads=o["kv_heads"] if bsd else None, pad_mask=o["mask_keys"] is not None)
 
 
 def _sdpa_inputs(o):

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from attnexport.semantics import MODE_OF, NO_WEIGHTS
+from attnexport.semantics import NO_WEIGHTS, PLAIN, Core
 
 # torch's own kernel, bound at import: `attnexport.modules.routed` replaces the public name with
 # this core while a user's module is exported or verified, and the core must not call itself.
@@ -62,10 +62,12 @@ def _bias(attn_mask, is_causal, past, nonpad_kv_seqlen, tq, tk, like):
     return bias, False
 
 
-def _attention_impl(query, key, value, attn_mask, past_key, past_value, nonpad_kv_seqlen, scale, is_causal,
-                    softcap, weights, softmax_precision):
+def _attention_impl(query, key, value, attn_mask, cache, nonpad_kv_seqlen, core: Core):
+    """The op's eager semantics; `cache`: None or (past_key, past_value)."""
+    scale, is_causal, softcap, weights, softmax_precision = core.attributes()
     past = None
-    if past_key is not None:
+    if cache is not None:
+        past_key, past_value = cache
         past = past_key.shape[2]
         key, value = torch.cat([past_key, key], dim=2), torch.cat([past_value, value], dim=2)
         present = (key, value)
@@ -130,6 +132,10 @@ def attention(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention over [B, H, T, d] tensors with the ONNX `Attention` operator's semantics.
 
+    The op's schema lists the operator's inputs and attributes one by one (torch.library makes
+    the schema from this signature, and torch.onnx passes them so to each flavour's
+    translation); code calls it through `attend`, with the attributes as one `Core`.
+
     Args:
         query: (B, Hq, Tq, d).
         key: (B, Hkv, Tk, d); Hq must be a multiple of Hkv.
@@ -149,8 +155,9 @@ def attention(
         output (B, Hq, Tq, dv); present_key and present_value (past followed by the new keys and
         values; empty without a cache); the score output (B, Hq, Tq, P + Tk; empty without weights).
     """
-    return _attention_impl(query, key, value, attn_mask, past_key, past_value, nonpad_kv_seqlen, scale,
-                           is_causal, softcap, weights, softmax_precision)
+    cache = None if past_key is None else (past_key, past_value)
+    return _attention_impl(query, key, value, attn_mask, cache, nonpad_kv_seqlen,
+                           Core(scale, is_causal, softcap, weights, softmax_precision))
 
 
 @attention.register_fake
@@ -173,16 +180,13 @@ class Attended(NamedTuple):
     present_value: torch.Tensor | None
 
 
-def attend(query, key, value, attn_mask=None, *, past_key=None, past_value=None, nonpad_kv_seqlen=None,
-           scale=None, is_causal=False, softcap=0.0, weights: str | None = None,
-           softmax_precision: int | None = None) -> Attended:
-    """Calls the core op. `weights` names the score output wanted (see attnexport.semantics), if any."""
-    mode = NO_WEIGHTS if weights is None else MODE_OF[weights]
+def attend(query, key, value, attn_mask=None, *, cache=None, nonpad_kv_seqlen=None, core: Core = PLAIN) -> Attended:
+    """Calls the core op with `core`'s attributes; `cache`: None or (past_key, past_value)."""
+    past_key, past_value = cache if cache is not None else (None, None)
     out, present_key, present_value, shown = attention(
-        query, key, value, attn_mask, past_key, past_value, nonpad_kv_seqlen, scale, is_causal, softcap, mode,
-        softmax_precision)
-    cached = past_key is not None
-    return Attended(out, shown if weights else None, present_key if cached else None,
+        query, key, value, attn_mask, past_key, past_value, nonpad_kv_seqlen, *core.attributes())
+    cached = cache is not None
+    return Attended(out, shown if core.weights != NO_WEIGHTS else None, present_key if cached else None,
                     present_value if cached else None)
 
 

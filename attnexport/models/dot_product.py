@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from attnexport.models.core import attend, cache_write, valid_keys
+from attnexport.semantics import NO_WEIGHTS, PLAIN, Core
 
 
 def scale_qk(q, k, scaling: str, temperature: float):
@@ -53,13 +54,12 @@ class ScaledDotProductAttention(nn.Module):
     With `pad_mask`, the mask may be shorter than the keys and is padded to them.
     """
 
-    def __init__(self, causal=False, scale=None, softcap=0.0, weights=None, inputs=("query", "key", "value"),
-                 heads=None, kv_heads=None, softmax_precision=None, pad_mask=False):
+    def __init__(self, core: Core = PLAIN, inputs=("query", "key", "value"), heads=None, kv_heads=None,
+                 pad_mask=False):
         super().__init__()
         self.pad_mask = pad_mask
-        self.causal, self.scale, self.softcap, self.weights = causal, scale, softcap, weights
+        self.core, self.weights = core, core.weights != NO_WEIGHTS
         self.input_names, self.heads, self.kv_heads = tuple(inputs), heads, kv_heads
-        self.softmax_precision = softmax_precision
 
     def forward(self, *tensors):
         given = dict(zip(self.input_names, tensors, strict=True))
@@ -77,13 +77,10 @@ class ScaledDotProductAttention(nn.Module):
             key_cache = cache_write(given["key_cache"], k, given["write_pos"])
             value_cache = cache_write(given["value_cache"], v, given["write_pos"])
             valid = valid_keys(given["write_pos"], k.shape[2])
-            a = attend(q, key_cache, value_cache, nonpad_kv_seqlen=valid, scale=self.scale,
-                       is_causal=self.causal, softcap=self.softcap, softmax_precision=self.softmax_precision)
+            a = attend(q, key_cache, value_cache, nonpad_kv_seqlen=valid, core=self.core)
             return a.output, key_cache, value_cache
-        a = attend(q, k, v, mask, past_key=given.get("past_key"),
-                   past_value=given.get("past_value"), nonpad_kv_seqlen=given.get("nonpad_kv_seqlen"),
-                   scale=self.scale, is_causal=self.causal, softcap=self.softcap, weights=self.weights,
-                   softmax_precision=self.softmax_precision)
+        cache = (given["past_key"], given["past_value"]) if "past_key" in given else None
+        a = attend(q, k, v, mask, cache=cache, nonpad_kv_seqlen=given.get("nonpad_kv_seqlen"), core=self.core)
         out = merge_heads(a.output) if self.heads else a.output
         return (out,) + ((a.present_key, a.present_value) if a.present_key is not None else ()) + (
             (a.weights,) if self.weights else ())
@@ -115,6 +112,6 @@ class SelfAttention(nn.Module):
         v = (x @ self.W_v).unsqueeze(1)
         q, k, scale = scale_qk(q, k, self.scaling, self.temperature)
         bias = None if mask is None else mask.unsqueeze(1)  # (B, 1, T, T) additive
-        a = attend(q, k, v, bias, scale=scale, weights="softmax" if self.weights else None)
+        a = attend(q, k, v, bias, core=Core(scale, weights=Core.mode("softmax" if self.weights else None)))
         out = a.output.squeeze(1)  # (B, T, D)
         return (out, a.weights.squeeze(1)) if self.weights else out

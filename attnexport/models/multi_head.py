@@ -9,6 +9,7 @@ from torch import nn
 
 from attnexport.models.core import Attended, attend, cache_write, valid_keys
 from attnexport.models.dot_product import merge_heads, scale_qk, split_heads
+from attnexport.semantics import Core
 
 
 class MultiHeadAttention(nn.Module):
@@ -51,8 +52,9 @@ class MultiHeadAttention(nn.Module):
         if join_outside and past_key is not None:
             k, v = torch.cat([past_key, k], dim=2), torch.cat([past_value, v], dim=2)
             past_key = past_value = None
-        a = attend(q, k, v, mask, past_key=past_key, past_value=past_value, scale=scale, is_causal=self.causal,
-                   weights="softmax" if self.weights else None)
+        cache = None if past_key is None else (past_key, past_value)
+        a = attend(q, k, v, mask, cache=cache,
+                   core=Core(scale, self.causal, weights=Core.mode("softmax" if self.weights else None)))
         present = (k, v) if join_outside else (a.present_key, a.present_value)
         # A new Attended, not a._replace: torch 2.6's tracer cannot step into namedtuple._replace.
         return Attended(self.out_proj(merge_heads(a.output)), a.weights, *present)
@@ -67,7 +69,7 @@ class MultiHeadAttention(nn.Module):
         key_cache = cache_write(key_cache, k, write_pos)
         value_cache = cache_write(value_cache, v, write_pos)
         valid = valid_keys(write_pos, x.shape[1])
-        a = attend(q, key_cache, value_cache, nonpad_kv_seqlen=valid, scale=scale, is_causal=self.causal)
+        a = attend(q, key_cache, value_cache, nonpad_kv_seqlen=valid, core=Core(scale, self.causal))
         return self.out_proj(merge_heads(a.output)), key_cache, value_cache
 
     def forward(self, x, mask=None):
@@ -134,4 +136,4 @@ class TiedMultiHeadAttention(nn.Module):
         k = self.keys(split_heads(keys, self.heads))
         q = self.queries(split_heads(query, self.heads))  # (B, h, Tq, hd)
         bias = None if mask is None else mask.unsqueeze(1)  # (B, 1, Tq, Tk) bool
-        return self.fc_out(merge_heads(attend(q, k, v, bias, scale=self.scale).output))
+        return self.fc_out(merge_heads(attend(q, k, v, bias, core=Core(self.scale)).output))
