@@ -66,3 +66,51 @@ def test_the_check_sees_lazy_imports():
     edges = _imports()["attnexport.cli"]
     assert "attnexport.bench" in edges  # imported inside a command only
     assert "attnexport.models.core" in _imports()["attnexport.modules"]
+
+
+# Modules whose tests live in a file named for their job rather than for them.
+TESTED_ELSEWHERE = {
+    "__init__": "the package's two shortcuts, used by test_modules.py",
+    "__main__": "`python -m attnexport`: test_cli.py",
+    "errors": "the error types, raised and read by every test",
+    "semantics": "the operator's enumerations and Core: test_onnx_attention.py, test_sdpa_operator.py",
+    "core": "models/core.py, the attention core: test_sdpa_operator.py, test_oracles.py",
+    "additive": "models/: every variant's module against the reference in test_models.py",
+    "dot_product": "models/: test_models.py", "kernel": "models/: test_models.py",
+    "multi_head": "models/: test_models.py", "transformer": "models/: test_models.py",
+    "js": "runtimes/js.py: test_js_runtimes.py", "ort": "runtimes/ort.py: test_runtimes.py, test_placement.py",
+    "pytorch": "runtimes/pytorch.py: test_runtimes.py",
+    "request": "verify/: test_verify.py", "run": "verify/: test_verify.py", "execute": "verify/: test_verify.py",
+    "golden_plan": "verify/: test_verify.py", "model_plan": "verify/: test_verify.py, test_trust.py",
+    "decode_checks": "verify/: test_decode.py", "module_check": "verify/: test_modules.py",
+}
+
+
+def test_every_logic_module_has_its_test_file():
+    tests = {p.stem.removeprefix("test_") for p in (PACKAGE.parent / "tests").glob("test_*.py")}
+    missing = sorted(p.stem for p in PACKAGE.rglob("*.py") if p.stem not in tests and p.stem not in TESTED_ELSEWHERE)
+    assert missing == []
+
+
+# The functions whose parameters are a schema another library reads from the signature: the
+# attention op's (torch.library makes the op's schema from it; its fake kernel and its ONNX
+# translation take the same, as torch.onnx passes them) and the reference evaluator's op (onnx
+# passes the node's inputs and attributes so).
+SCHEMAS = {("models/core.py", "attention"), ("models/core.py", "_"), ("onnx_attention.py", "translation"),
+           ("runtimes/reference.py", "_run")}
+
+
+def test_no_function_outside_the_command_line_takes_more_than_about_8_parameters():
+    many = []
+    for path in PACKAGE.rglob("*.py"):
+        where = str(path.relative_to(PACKAGE))
+        if where == "cli.py":  # click passes every option: the commands build one request from them
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = node.args
+                count = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) - (a.args[:1] != [] and a.args[0].arg
+                                                                                  in ("self", "cls"))
+                if count > 9 and (where, node.name) not in SCHEMAS:
+                    many.append(f"{where}:{node.lineno} {node.name} ({count})")
+    assert many == []
