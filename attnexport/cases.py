@@ -282,7 +282,16 @@ LISTED = (
             source="seeded: a block of 3 into grouped-query static buffers of 8 positions (2 key/value heads "
                    "for 4): sequence 0 with 5 cached writes the buffer's last positions, sequences 1 and 2 "
                    "with 4 and 3 (the rest of each buffer garbage, never read)"),
-    CaseDef("sdpa-static-cache", "sdpa", {"kv_cache": True, "max_seq": 12, "causal": True, "kv_heads": 2,
+    CaseDef("mha-static-cache-token", "mha", {"kv_cache": True, "max_seq": 8, "causal": True, "kv_heads": 2,
+                                              "seq": 1, "past_seq": 6, "batch": 3},
+        source="seeded: one token a sequence into grouped-query static buffers of 8 positions, written at 6, 5 "
+               "and 4: the step every flavour takes at batch > 1 (the ort flavour's GroupQueryAttention takes "
+               "a block of several positions over written ones at batch 1 only)"),
+CaseDef("decoder-static-cache-token", "decoder", {"kv_cache": True, "max_seq": 10, "seq": 1, "past_seq": 4,
+                                                      "kv_seq": 0, "past_kv_seq": 5},
+        source="seeded: a decoder step of one position with its self-attention cache in static buffers of 10 "
+               "(written at 4 and 3) and the memory's 5 positions cached"),
+CaseDef("sdpa-static-cache", "sdpa", {"kv_cache": True, "max_seq": 12, "causal": True, "kv_heads": 2,
                                           "seq": 2, "kv_seq": 2, "past_seq": 5},
             source="seeded: the operator over static grouped-query buffers of 12 positions, a block of 2 "
                    "written at 5 and 4 (TensorScatter), the valid keys as nonpad_kv_seqlen"),

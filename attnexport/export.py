@@ -378,11 +378,12 @@ def to_onnx(program, args, *, flavor: str, opset: int, input_names, output_names
     `convert_opset`). Any failure is an ExportError that names `what` and torch's own reason."""
     import torch
     importlib.import_module("attnexport.models.core")  # registers the attnexport::attention custom ops
-    from attnexport.onnx_attention import CACHE_WRITES, TRANSLATIONS
+    from attnexport.onnx_attention import CACHE_WRITES, STATIC_TRANSLATIONS, TRANSLATIONS
     _reuse_torchlib_table()
     table: dict[Callable[..., Any], Callable[..., Any]] = {
         torch.ops.attnexport.attention.default: TRANSLATIONS[flavor],
-        torch.ops.attnexport.cache_write.default: CACHE_WRITES[flavor]}
+        torch.ops.attnexport.cache_write.default: CACHE_WRITES[flavor],
+        torch.ops.attnexport.static_attention.default: STATIC_TRANSLATIONS[flavor]}
     with export_errors(what), _quiet(), torch.no_grad():
         return torch.onnx.export(
             program, args, dynamo=True, opset_version=max(opset, 18), dynamic_shapes=dynamic_shapes,
@@ -421,10 +422,25 @@ def check_flavor_op(model, flavor: str, what: str, applies: bool = True, flavor_
     core was exported at all: `applies`); else an ExportError."""
     op_name = attention_op_of(model)
     want = FL.FLAVORS[flavor].expected_ops
-    if applies and op_name not in want:
+    if applies and not all(op in want for op in op_name.split(", ")):  # a decoder's may be two of them
         raise ExportError(f"the {flavor_asked or flavor} flavor of {what} should use {' or '.join(want)}, "
                           f"but the exported graph has {op_name}")
     return op_name
+
+
+# What a static step on com.microsoft.GroupQueryAttention accepts, in its metadata: ONNX Runtime
+# (1.31.1) refuses a block of more than one position over written positions at batch > 1 ("batch_size
+# must be 1 when sequence_length > 1 and past context is given"); verify reports such runs as not
+# applicable with this text.
+STATIC_BLOCKS = "attnexport.static_blocks"
+GQA_BLOCKS = ("one position a step over written positions at batch > 1 (a block of several: at batch 1, or into "
+              "empty buffers, write_pos 0): ONNX Runtime's GroupQueryAttention refuses more")
+# And what its buffers' outputs hold: GroupQueryAttention copies each sequence's valid prefix into
+# a present output that is not the past input's memory, and leaves what lies past it undefined
+# (bound in place, the buffer keeps it). verify compares those outputs over the valid prefix.
+STATIC_BUFFERS = "attnexport.static_buffers"
+GQA_BUFFERS = ("key_cache_out and value_cache_out hold each sequence's positions up to write_pos + the block; past "
+               "them they are undefined unless bound to the input buffers (IO binding), which keeps them")
 
 
 @dataclass(frozen=True)
@@ -447,6 +463,8 @@ def finish(model, how: Finishing, params: dict, meta: dict):
     flavour's attention op. Returns (model, the attention op's name)."""
     model = convert_opset(model, how.opset, how.what)
     _rotary_caches_per_batch(model)
+    if any(n.op_type == "GroupQueryAttention" for n in model.graph.node):
+        meta = {**meta, STATIC_BLOCKS: GQA_BLOCKS, STATIC_BUFFERS: GQA_BUFFERS}
     entries = W.record(model, params, D.NUMPY[how.dtype])
     stamp(model, {**meta, "attnexport.params": json.dumps(entries, sort_keys=True),
                   "attnexport.params_sha256": W.total_sha256(entries)}, how.what)

@@ -60,6 +60,27 @@ def _msft_mha(cached: bool = False) -> Op:
 _MultiHeadAttention = _msft_mha()
 _MultiHeadAttentionCached = _msft_mha(cached=True)
 
+
+def _msft_gqa() -> Op:
+    """com.microsoft.GroupQueryAttention as onnxscript can call it (the inputs, outputs and
+    attributes this project uses: no rotary, no packed QKV)."""
+    P, A = OpSchema.FormalParameter, OpSchema.Attribute
+    single = OpSchema.FormalParameterOption.Single
+    schema = OpSchema(
+        "GroupQueryAttention", "com.microsoft", 1,
+        inputs=[P(n, t, param_option=single) for n, t in (
+            ("query", "T"), ("key", "T"), ("value", "T"), ("past_key", "T"), ("past_value", "T"),
+            ("seqlens_k", "M"), ("total_sequence_length", "M"))],
+        outputs=[P("output", "T"), P("present_key", "T"), P("present_value", "T")],
+        type_constraints=[("T", ["tensor(float)", "tensor(float16)"], ""), ("M", ["tensor(int32)"], "")],
+        attributes=[A("num_heads", OpSchema.AttrType.INT, "", required=True),
+                    A("kv_num_heads", OpSchema.AttrType.INT, "", required=True),
+                    A("scale", OpSchema.AttrType.FLOAT, "", required=False)])
+    return Op(Opset("com.microsoft", 1), "GroupQueryAttention", schema)
+
+
+_GroupQueryAttention = _msft_gqa()
+
 # --- helpers (opset 18) --------------------------------------------------------------------
 
 
@@ -442,3 +463,65 @@ CACHE_WRITES = {
     "ort": _scattered_write,
 }
 assert set(CACHE_WRITES) == set(FL.FLAVORS), "every flavour (attnexport.flavors) has a cache write here"
+
+
+# --- a static cache's step: attnexport::static_attention ------------------------------------
+
+def _like(written, cache):
+    """The written buffer, declared with the buffer's type and shape (the attention's translation
+    reads the head counts from them, as it does from the exporter's values)."""
+    written.type, written.shape = cache.type, cache.shape
+    return written
+
+
+def _static_step(write, compute):
+    """The static step as the flavour's cache write of the new keys and values, then its attention
+    over each sequence's valid prefix (`compute`, one of the translations' computations)."""
+    def translation(query, key, value, key_cache, value_cache, write_pos, valid, scale=None, is_causal=False,
+                    softcap=0.0, softmax_precision=None):
+        key_cache, value_cache = _like(write(key_cache, key, write_pos), key_cache), \
+            _like(write(value_cache, value, write_pos), value_cache)
+        core = Core(scale, is_causal, softcap, NO_WEIGHTS, softmax_precision)
+        return compute(query, key_cache, value_cache, None, None, valid, core)[0], key_cache, value_cache
+    return translation
+
+
+_ort_static_scattered = _static_step(_scattered_write, _with_weights_beside(_ort))
+
+
+def _ort_static(query, key, value, key_cache, value_cache, write_pos, valid, scale=None, is_causal=False,
+                softcap=0.0, softmax_precision=None):
+    """The ort flavour's static step: com.microsoft.GroupQueryAttention over the buffers, which it
+    takes as past_key/past_value and returns as present_key/present_value of the same size: bound
+    to the same memory (IO binding), they are written in place, and the kernel reads each
+    sequence's valid prefix only (seqlens_k), so a step costs what its context holds, not what the
+    buffer does. Its causal mask puts query i of sequence b at write_pos[b] + i, the operator's.
+    GroupQueryAttention is causal only and wants fixed head counts: a step that is not causal, has a
+    softcap or a softmax precision of its own, or symbolic heads (sdpa's 4-D layout) is the
+    ScatterElements + MultiHeadAttention graph instead. ONNX Runtime (1.31.1) refuses a block of more
+    than one position over written positions at batch > 1; the model's metadata says so
+    (`attnexport.static_blocks`, see attnexport.export) and verify reports such runs as not
+    applicable."""
+    heads, kv_heads = _static(query.shape[1]), _static(key.shape[1])
+    plain_precision = softmax_precision is None or softmax_precision == query.dtype
+    if not is_causal or heads is None or kv_heads is None or (softcap and softcap > 0) or not plain_precision:
+        return _ort_static_scattered(query, key, value, key_cache, value_cache, write_pos, valid, scale, is_causal,
+                                     softcap, softmax_precision)
+    q3, k3, v3 = (op.Reshape(op.Transpose(t, perm=[0, 2, 1, 3]), [0, 0, -1]) for t in (query, key, value))
+    seqlens = op.Cast(op.Sub(valid, op.Constant(value_int=1)), to=6)  # INT32: the last valid position
+    total = op.Cast(op.ReduceMax(valid, keepdims=0), to=6)
+    attrs = {"num_heads": heads, "kv_num_heads": kv_heads}
+    if scale is not None:
+        attrs["scale"] = float(scale)
+    out, key_cache, value_cache = _GroupQueryAttention(q3, k3, v3, key_cache, value_cache, seqlens, total, **attrs)
+    out = op.Transpose(op.Reshape(out, op.Concat(op.Constant(value_ints=[0, 0, heads]), op.Constant(value_ints=[-1]),
+                                                 axis=0)), perm=[0, 2, 1, 3])
+    return out, key_cache, value_cache
+
+
+STATIC_TRANSLATIONS = {
+    "primitives": _static_step(_scattered_write, _primitives),
+    "attention": _static_step(_tensor_scatter, _with_weights_beside(_standard)),
+    "ort": _ort_static,
+}
+assert set(STATIC_TRANSLATIONS) == set(FL.FLAVORS), "every flavour (attnexport.flavors) has a static step here"

@@ -96,7 +96,8 @@ def test_every_logic_module_has_its_test_file():
 # attention op's (torch.library makes the op's schema from it; its fake kernel and its ONNX
 # translation take the same, as torch.onnx passes them) and the reference evaluator's op (onnx
 # passes the node's inputs and attributes so).
-SCHEMAS = {("models/core.py", "attention"), ("models/core.py", "_"), ("onnx_attention.py", "translation"),
+SCHEMAS = {("models/core.py", "attention"), ("models/core.py", "static_attention"), ("models/core.py", "_"),
+           ("onnx_attention.py", "translation"), ("onnx_attention.py", "_ort_static"),
            ("runtimes/reference.py", "_run")}
 
 

@@ -166,3 +166,63 @@ def test_ort_cache_is_the_kernels_own_where_heads_are_fixed():
     node = _fused(model, MSFT)
     assert len(node.input) >= 8 and node.input[6] and node.input[7]  # past_key, past_value
     assert len(node.output) == 3
+
+
+# --- the static step: attnexport::static_attention ---------------------------------------------
+
+STATIC = {"kv_cache": True, "max_seq": 12, "causal": True, "kv_heads": 2, "seq": 1, "past_seq": 5}
+
+
+def test_ort_static_step_is_one_group_query_attention_over_the_buffers():
+    from attnexport.export import GQA_BLOCKS, STATIC_BLOCKS, STATIC_BUFFERS
+    model = _graph(STATIC, "ort", variant="mha")
+    node = _fused(model, ("com.microsoft", "GroupQueryAttention"))
+    assert node.input[3] == "key_cache" and node.input[4] == "value_cache"
+    assert list(node.output[1:]) == ["key_cache_out", "value_cache_out"]  # the graph's outputs, as they are
+    assert _attrs(node)["num_heads"] == 4 and _attrs(node)["kv_num_heads"] == 2
+    ops = _ops(model)
+    assert ops[("", "ScatterElements")] == 0 and ops[MSFT] == 0 and ops[("", "Softmax")] == 0
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert meta[STATIC_BLOCKS] == GQA_BLOCKS and STATIC_BUFFERS in meta
+
+
+def test_ort_static_step_without_causality_keeps_the_scattered_graph():
+    model = _graph({**STATIC, "causal": False}, "ort", variant="mha")
+    ops = _ops(model)
+    assert ops[("com.microsoft", "GroupQueryAttention")] == 0 and ops[MSFT] == 1 and ops[("", "ScatterElements")] == 2
+
+
+def test_the_other_flavours_static_steps_are_as_before():
+    attention = _ops(_graph(STATIC, "attention", variant="mha"))
+    assert attention[("", "TensorScatter")] == 2 and attention[STANDARD] == 1
+    primitives = _ops(_graph(STATIC, "primitives", variant="mha"))
+    assert primitives[("", "ScatterElements")] == 2 and primitives[STANDARD] == 0
+
+
+def test_ort_static_step_writes_the_bound_buffers_in_place():
+    """Bound as both the past input and the present output (IO binding), the buffers are written
+    at write_pos and kept everywhere else, and the output is the float64 reference's."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from attnexport import seeding
+    from attnexport import variants as V
+    v = V.get("mha")
+    o = v.resolve({**STATIC, "batch": 3})
+    params = seeding.init_params(v, o, 0)
+    model = E.build_model("mha", o, "ort", params=params)[0]
+    feed = seeding.make_inputs(v, o, 1)
+    want = v.reference(params, feed, o)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    buffers = {n: ort.OrtValue.ortvalue_from_numpy(feed[n].copy()) for n in ("key_cache", "value_cache")}
+    binding = session.io_binding()
+    binding.bind_output("output", "cpu")  # first: copy_outputs_to_cpu gives the outputs in binding order
+    for n in ("x", "write_pos"):
+        binding.bind_cpu_input(n, feed[n])
+    for n, value in buffers.items():
+        binding.bind_ortvalue_input(n, value)
+        binding.bind_ortvalue_output(n + "_out", value)
+    session.run_with_iobinding(binding)
+    np.testing.assert_allclose(binding.copy_outputs_to_cpu()[0], want["output"], rtol=1e-4, atol=1e-5)
+    for n, value in buffers.items():  # the reference writes the block and keeps the rest
+        np.testing.assert_allclose(value.numpy(), want[n + "_out"], rtol=1e-4, atol=1e-5)

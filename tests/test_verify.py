@@ -28,9 +28,14 @@ def test_every_golden_case_passes_everywhere(variant):
     cases = {c.name for c in golden.load_all(variants=[variant])}
     assert {r.case.split("/")[0] for r in report.rows} == cases
     for r in report.rows:
-        if r.skipped:  # only what the fused ort op cannot express: softcap, a softmax precision
-            assert r.flavor == "ort" and any(w in r.skipped for w in ("--softcap", "--softmax-precision")), \
+        if r.skipped:  # only what the fused ort op cannot express: softcap, a softmax precision, and
+            # the blocks its static step (GroupQueryAttention) does not take, as its metadata says
+            limit = "the model takes one position a step over written positions at batch > 1"
+            assert r.flavor == "ort" and any(w in r.skipped for w in ("--softcap", "--softmax-precision", limit)), \
                 r.describe()
+            if limit in r.skipped:
+                o = golden.load(r.case.split("/")[0]).options
+                assert o["batch"] > 1 and (r.case.endswith("/decode-3") or o["seq"] > 1), r.describe()
         else:
             assert r.median_ms is not None and r.median_ms > 0
     # Every causal cache case also checks decoding against the full forward, in two chunk sizes.

@@ -225,3 +225,45 @@ def cache_write(cache: torch.Tensor, update: torch.Tensor, write_pos: torch.Tens
 @cache_write.register_fake
 def _(cache, update, write_pos):
     return torch.empty_like(cache)
+
+
+@torch.library.custom_op("attnexport::static_attention", mutates_args=())
+def static_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    write_pos: torch.Tensor,
+    valid: torch.Tensor,
+    scale: float | None,
+    is_causal: bool,
+    softcap: float,
+    softmax_precision: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One step over static buffers: the new keys and values written at write_pos (`cache_write`),
+    then attention over each sequence's valid prefix (`attention` with `nonpad_kv_seqlen` =
+    `valid`, which is write_pos + the new positions, see `valid_keys`). One op, so that a flavour
+    can translate the step whole (the ort flavour: GroupQueryAttention, which writes the buffers in
+    place); its schema is the operator's inputs and attributes one by one, as for `attention`.
+
+    Returns (output (B, Hq, T, dv), key_cache_out, value_cache_out)."""
+    key_cache = cache_write(key_cache, key, write_pos)
+    value_cache = cache_write(value_cache, value, write_pos)
+    out = _attention_impl(query, key_cache, value_cache, None, None, valid,
+                          Core(scale, is_causal, softcap, NO_WEIGHTS, softmax_precision))[0]
+    return out, key_cache, value_cache
+
+
+@static_attention.register_fake
+def _(query, key, value, key_cache, value_cache, write_pos, valid, scale, is_causal, softcap, softmax_precision):
+    return query.new_empty((*query.shape[:-1], value.shape[-1])), torch.empty_like(key_cache), \
+        torch.empty_like(value_cache)
+
+
+def attend_static(query, key, value, caches: tuple, write_pos, core: Core = PLAIN):
+    """A static-cache step through the core (`static_attention`): `caches` the (key, value)
+    buffers; returns (output, key_cache_out, value_cache_out)."""
+    valid = valid_keys(write_pos, key.shape[2])
+    return static_attention(query, key, value, *caches, write_pos, valid, core.scale, core.is_causal, core.softcap,
+                            core.softmax_precision)

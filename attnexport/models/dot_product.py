@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from attnexport.models.core import attend, cache_write, valid_keys
+from attnexport.models.core import attend, attend_static
 from attnexport.semantics import NO_WEIGHTS, PLAIN, Core
 
 
@@ -74,11 +74,9 @@ class ScaledDotProductAttention(nn.Module):
             mask = nn.functional.pad(mask, (0, total - mask.shape[-1]),
                                      value=False if mask.dtype == torch.bool else -math.inf)
         if "key_cache" in given:  # a static cache: the new keys and values written at write_pos
-            key_cache = cache_write(given["key_cache"], k, given["write_pos"])
-            value_cache = cache_write(given["value_cache"], v, given["write_pos"])
-            valid = valid_keys(given["write_pos"], k.shape[2])
-            a = attend(q, key_cache, value_cache, nonpad_kv_seqlen=valid, core=self.core)
-            return a.output, key_cache, value_cache
+            out, key_cache, value_cache = attend_static(q, k, v, (given["key_cache"], given["value_cache"]),
+                                                        given["write_pos"], self.core)
+            return out, key_cache, value_cache
         cache = (given["past_key"], given["past_value"]) if "past_key" in given else None
         a = attend(q, k, v, mask, cache=cache, nonpad_kv_seqlen=given.get("nonpad_kv_seqlen"), core=self.core)
         out = merge_heads(a.output) if self.heads else a.output

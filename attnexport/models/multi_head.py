@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from attnexport.models.core import Attended, attend, cache_write, valid_keys
+from attnexport.models.core import Attended, attend, attend_static
 from attnexport.models.dot_product import merge_heads, scale_qk, split_heads
 from attnexport.semantics import Core
 
@@ -66,11 +66,9 @@ class MultiHeadAttention(nn.Module):
         k = split_heads(self.k_proj(x), self.kv_heads)
         v = split_heads(self.v_proj(x), self.kv_heads)
         q, k, scale = scale_qk(q, k, self.scaling, self.temperature)
-        key_cache = cache_write(key_cache, k, write_pos)
-        value_cache = cache_write(value_cache, v, write_pos)
-        valid = valid_keys(write_pos, x.shape[1])
-        a = attend(q, key_cache, value_cache, nonpad_kv_seqlen=valid, core=Core(scale, self.causal))
-        return self.out_proj(merge_heads(a.output)), key_cache, value_cache
+        out, key_cache, value_cache = attend_static(q, k, v, (key_cache, value_cache), write_pos,
+                                                    Core(scale, self.causal))
+        return self.out_proj(merge_heads(out)), key_cache, value_cache
 
     def forward(self, x, mask=None):
         a = self.attend(x, x, mask)

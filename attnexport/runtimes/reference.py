@@ -25,7 +25,42 @@ def reference_ops() -> list:
             # out[i][j] = data[i][indices[i][j]] (axis 1): the other axes as long as the indices'.
             data = data[tuple(slice(None) if a == axis else slice(0, n) for a, n in enumerate(indices.shape))]
             return (np.take_along_axis(data, indices.astype(np.int64), axis=axis),)
-    return [mha_reference_op(), GatherElements]
+    return [mha_reference_op(), gqa_reference_op(), GatherElements]
+
+
+def gqa_reference_op():
+    """com.microsoft.GroupQueryAttention for onnx's ReferenceEvaluator, from its contract (the
+    subset attnexport emits: no rotary, no packed QKV): the new keys and values are written into
+    the past buffers at seqlens_k[b] + 1 - S .. seqlens_k[b], and query i of sequence b attends
+    the keys at positions up to seqlens_k[b] + 1 - S + i (causal), grouped heads reading their
+    key/value head."""
+    from onnx.reference.op_run import OpRun
+
+    class GroupQueryAttention(OpRun):
+        op_domain = "com.microsoft"
+
+        def _run(self, query, key, value, past_key, past_value, seqlens_k, total_sequence_length, *unused,
+                 num_heads=None, kv_num_heads=None, scale=None):
+            B, S, _ = query.shape
+            d = past_key.shape[-1]
+            q = query.reshape(B, S, num_heads, d).transpose(0, 2, 1, 3).astype(np.float64)
+            present_key, present_value = past_key.copy(), past_value.copy()
+            out = np.zeros((B, num_heads, S, d))
+            for b in range(B):
+                end = int(seqlens_k[b]) + 1
+                present_key[b, :, end - S:end] = key[b].reshape(S, kv_num_heads, d).transpose(1, 0, 2)
+                present_value[b, :, end - S:end] = value[b].reshape(S, kv_num_heads, d).transpose(1, 0, 2)
+                k = np.repeat(present_key[b, :, :end].astype(np.float64), num_heads // kv_num_heads, axis=0)
+                v = np.repeat(present_value[b, :, :end].astype(np.float64), num_heads // kv_num_heads, axis=0)
+                s = (q[b] @ k.transpose(0, 2, 1)) * (scale if scale else 1.0 / np.sqrt(d))
+                rows = end - S + np.arange(S)[:, None]
+                s = np.where(np.arange(end)[None, :] <= rows, s, -np.inf)
+                e = np.exp(s - s.max(-1, keepdims=True))
+                out[b] = (e / e.sum(-1, keepdims=True)) @ v
+            out = out.transpose(0, 2, 1, 3).reshape(B, S, num_heads * d).astype(query.dtype)
+            return out, present_key, present_value
+
+    return GroupQueryAttention
 
 
 def mha_reference_op():

@@ -3,6 +3,8 @@ the first diverging node of a failing (or --localize) run."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from attnexport import dtypes as D
 from attnexport import runtimes as R
 from attnexport import variants as V
@@ -42,6 +44,10 @@ def execute(step: Step, strict: bool) -> Row:
     except Exception as e:  # noqa: BLE001 - a model a runtime cannot load fails verification
         row.error = reason(e)
         return row
+    refused = step.source is not None and _beyond_static_blocks(step)
+    if refused:
+        row.skipped = f"the model takes {refused}"
+        return row
     feed = D.cast_floats(case.inputs, dtype)
     try:
         if step.decode_chunk:
@@ -55,7 +61,10 @@ def execute(step: Step, strict: bool) -> Row:
         return row
     row.median_ms, row.arrays = ms, got
     declared = ["output"] if step.decode_chunk else [s.name for s in variant.outputs(case.options)]
-    row.comparisons = compare_outputs(declared, got, step.expected, step.tol)
+    expected = step.expected
+    if not step.decode_chunk and _prefix_buffers(step):
+        got, expected = _valid_prefix(got, case), _valid_prefix(step.expected, case)
+    row.comparisons = compare_outputs(declared, got, expected, step.tol)
     row.cpu_nodes = prepared.cpu_nodes
     if not row.comparisons:
         row.error = "compared nothing: no output was declared or produced"
@@ -89,3 +98,44 @@ def localize_row(row: Row, step: Step, fail_on_divergence: bool) -> None:
     if fail_on_divergence and row.localization.diverged and row.passed:
         row.passed = False
         row.error = "intermediate values diverge from the export (--localize)"
+
+
+def _beyond_static_blocks(step: Step) -> str:
+    """What the model's metadata says its static step takes (`export.STATIC_BLOCKS`), when this run
+    asks for more: a block of several positions over written positions at batch > 1 (the golden
+    step itself, or the decode check's chunks after the prefill). "" when the run fits."""
+    from attnexport.export import STATIC_BLOCKS
+    model = step.source.get() if step.source is not None else None
+    limit = next((p.value for p in model.metadata_props if p.key == STATIC_BLOCKS), "") if model is not None else ""
+    o = step.case.options
+    if not limit or o.get("batch", 1) == 1:
+        return ""
+    if step.decode_chunk:
+        return limit if step.decode_chunk > 1 else ""
+    block = o["kv_seq"] if "key" in step.case.inputs else o["seq"]
+    written = int(np.asarray(step.case.inputs.get("write_pos", np.zeros(1))).max())
+    return limit if block > 1 and written > 0 else ""
+
+
+def _prefix_buffers(step: Step) -> bool:
+    """Whether the model says its buffers' outputs are defined over the valid prefix only
+    (`export.STATIC_BUFFERS`)."""
+    from attnexport.export import STATIC_BUFFERS
+    model = step.source.get() if step.source is not None else None
+    return model is not None and any(p.key == STATIC_BUFFERS for p in model.metadata_props)
+
+
+def _valid_prefix(arrays: dict, case) -> dict:
+    """The static buffers' outputs with every position past each sequence's write_pos + the block
+    set to 0 (what the model leaves undefined there), the other outputs as they are."""
+    o = case.options
+    block = o["kv_seq"] if "key" in case.inputs else o["seq"]
+    ends = np.asarray(case.inputs["write_pos"]) + block
+    out = dict(arrays)
+    for name, a in arrays.items():
+        if name.endswith("_cache_out"):
+            a = np.array(a, copy=True)
+            for b, end in enumerate(ends):
+                a[b, :, int(end):] = 0
+            out[name] = a
+    return out
