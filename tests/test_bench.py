@@ -8,6 +8,8 @@ from conftest import assert_fits_80, shared_once
 
 from attnexport import bench as B
 from attnexport import runtimes as R
+from attnexport import seeding
+from attnexport import variants as V
 from attnexport.cli import main
 from attnexport.errors import ProviderUnavailableError, UsageError
 
@@ -183,3 +185,39 @@ def test_emulated_fp16_is_calibrated_on_the_fp32_units_only(monkeypatch):
     monkeypatch.setattr(B, "_matmul_ms", lambda d, dt, m, k, n, t, i: timed.append((dt, m)) or {"torch": 1.0})
     B.calibrate_matmul("cpu", "fp16", 1, [(1024, 1024, 1024)])
     assert ("fp16", 1024) in timed
+
+
+@pytest.mark.parametrize("variant, options", [
+    ("mha", {"kv_cache": True, "causal": True, "kv_heads": 2, "seq": 1, "past_seq": 6}),
+    ("mha", {"kv_cache": True, "causal": True, "kv_heads": 2, "seq": 1, "past_seq": 6, "max_seq": 12, "batch": 3}),
+    ("decoder", {"kv_cache": True, "seq": 1, "past_seq": 4, "kv_seq": 0, "past_kv_seq": 5}),
+    ("decoder", {"kv_cache": True, "seq": 2, "past_seq": 4, "kv_seq": 0, "past_kv_seq": 5, "max_seq": 10}),
+    ("sdpa", {"kv_cache": True, "causal": True, "kv_heads": 2, "seq": 1, "kv_seq": 1, "past_seq": 5,
+              "v_head_dim": 24}),
+    ("sdpa", {"kv_cache": True, "causal": True, "kv_heads": 2, "seq": 2, "kv_seq": 2, "past_seq": 5, "max_seq": 12,
+              "batch": 3}),
+])
+def test_the_least_bytes_of_a_decoding_step_are_counted_from_the_tensors(variant, options):
+    """bandwidth_fraction stands on decode_step_bytes: pinned against a count made here from the
+    step's own tensors (every parameter, and each cache's valid positions: a static buffer's up to
+    each sequence's write_pos plus the block, a concat cache's past plus the block, a decoder's
+    memory cache whole)."""
+    v = V.get(variant)
+    o = v.resolve(options)
+    params = seeding.init_params(v, o, 0)
+    inputs = seeding.make_inputs(v, o, 0)
+    new = (inputs["key"].shape[2] if "key" in inputs else inputs["x"].shape[1])
+    count = sum(p.size for p in params.values())
+    for name in ("key_cache", "value_cache"):
+        if name in inputs:
+            b, h, _, d = inputs[name].shape
+            count += sum(h * d * (int(w) + new) for w in inputs["write_pos"])
+    for name in ("past_key", "past_value"):
+        if name in inputs:
+            b, h, p, d = inputs[name].shape
+            count += b * h * (p + new) * d
+    for name in ("past_cross_key", "past_cross_value"):
+        if name in inputs:
+            count += inputs[name].size
+    assert B.decode_step_bytes(v, o, params, 4) == 4 * count
+    assert B.decode_step_bytes(v, o, params, 2) == 2 * count
