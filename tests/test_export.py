@@ -270,16 +270,19 @@ def test_readme_decode_loop_runs_alone_and_equals_the_full_forward(tmp_path, mon
     assert c, str(c)
 
 
-def test_readme_static_cache_loop_runs_in_place_and_equals_the_full_forward(tmp_path, monkeypatch):
+@pytest.mark.parametrize("flavor", ["ort", "attention"])
+def test_readme_static_cache_loop_runs_in_place_and_equals_the_full_forward(tmp_path, monkeypatch, flavor):
     """The README's static-cache loop (two sequences, prompts of 5 and 3, 20 steps) in a fresh
-    interpreter without attnexport: its buffers never move, ONNX Runtime logs no copy of them, and
-    each sequence's outputs are the full causal forward's over its own positions."""
+    interpreter without attnexport, on the flavour it recommends (ort: GroupQueryAttention) and on
+    the standard one: its buffers never move, ONNX Runtime logs no copy of them, and each
+    sequence's outputs are the full causal forward's over its own positions."""
     from click.testing import CliRunner
 
     from attnexport.cli import main
     monkeypatch.chdir(tmp_path)
+    assert "--flavor ort -o models/mha-static.onnx" in (Path(__file__).parent.parent / "docs/caches.md").read_text()
     r = CliRunner().invoke(main, ["export", "--variant", "mha", "--kv-cache", "static", "--max-seq", "64",
-                                  "--causal", "-o", "models/mha-static.onnx"])
+                                  "--causal", "--flavor", flavor, "-o", "models/mha-static.onnx"])
     assert r.exit_code == 0, r.output
     proc = _run_without_attnexport(_readme_python("## A static cache, written in place", "docs/caches.md"), tmp_path)
     assert "written in place: the buffers never moved; sequences hold [25 23] positions" in proc.stdout
