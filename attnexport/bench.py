@@ -645,9 +645,16 @@ def bench_decode(request: BenchRequest | str, options: dict | None = None, conte
                 raise UsageError("--decode takes one --kv-seq (the memory's length)")
             memory = memory[0]
         options.update(kv_seq=[], past_kv_seq=[])
+    new_keys = "kv_seq" in names and "past_kv_seq" not in names  # sdpa: its new keys are the new positions
+    if new_keys:
+        if "kv_seq" in options:
+            raise UsageError("--decode sets --kv-seq itself for sdpa (the new keys are the new positions)")
+        options["kv_seq"] = []
     for c in contexts:
         options["seq"] += [c, 1]  # the prefill of c tokens, then one token over a cache of c
         options["past_seq"] += [0, c]
+        if new_keys:
+            options["kv_seq"] += [c, 1]
         if "past_kv_seq" in names:
             options["kv_seq"] += [memory, 0]
             options["past_kv_seq"] += [0, memory]

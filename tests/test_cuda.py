@@ -103,13 +103,17 @@ def test_static_cache_step_runs_in_place_on_cuda(cuda):
     rows = B.bench_decode("mha", {"batch": [2], "dim": 64, "heads": 4, "kv_cache": True, "max_seq": 80}, [16, 64],
                           runtimes=["torch-cuda", "ort-cuda"], dtype="fp16", warmup=2, iters=6, repeat=2,
                           cuda_graph=True)
-    refused = [(r.flavor, r.mode, r.note) for r in rows if r.median_ms != r.median_ms]
-    assert not refused  # every step captured: nothing of it on the CPU, no copy from the host
+    # The ort flavour's static step is GroupQueryAttention, whose total_sequence_length ONNX Runtime
+    # reads on the host: computed on the device here, its copy to the host may stop a capture. Not
+    # run on a GPU yet (issue 29 owes it): a refusal there is reported, with its reason, not hidden.
+    refused = [(r.flavor, r.mode, r.note) for r in rows if r.median_ms != r.median_ms
+               and not (r.flavor == "ort" and r.mode.startswith("static") and "cuda-graph" in r.mode)]
+    assert not refused  # every other step captured: nothing of it on the CPU, no copy from the host
     got = {(r.runtime, r.flavor, r.mode, r.phase) for r in rows}
     for flavor in E.FLAVORS:
         for mode in ("static io-binding", "static in-place", "static in-place cuda-graph", "concat io-binding",
                      "concat io-binding cuda-graph"):
-            assert ("ort-cuda", flavor, mode, "decode") in got, (flavor, mode, sorted(got))
+            assert ("ort-cuda", flavor, mode, "decode") in got, (flavor, mode, sorted(got))  # timed or refused
     assert ("torch-cuda", "-", "static cuda-graph", "decode") in got
     for r in rows:
         assert r.max_abs_err < 2e-2, (r.runtime, r.flavor, r.mode, r.max_abs_err)
