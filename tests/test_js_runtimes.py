@@ -266,6 +266,38 @@ def test_webgpu_multi_head_attention_refuses_a_broadcast_attention_bias():
         R.prepare_onnx("ort-webgpu", _mha(bias=True)).run({**feed, "bias": np.zeros((1, 1, 3, 3), np.float32)})
 
 
+def _gqa(heads=4, kv_heads=2):
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("q", "k", "v", "pk", "pv")]
+    inputs += [helper.make_tensor_value_info(n, TensorProto.INT32, None) for n in ("seqlens_k", "total")]
+    node = helper.make_node("GroupQueryAttention", [i.name for i in inputs], ["y", "present_key", "present_value"],
+                            domain="com.microsoft", num_heads=heads, kv_num_heads=kv_heads)
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                                                    for n in node.output])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+def test_webgpu_group_query_attention_appends_to_the_buffer_instead_of_writing_into_it():
+    """The `ort` flavour's static step is com.microsoft.GroupQueryAttention over buffers of M
+    positions, the new block written at seqlens_k + 1 - S (the CPU kernel: present of M positions,
+    the past's memory when bound so). onnxruntime-web 1.30's WebGPU kernel returns a present of
+    M + S positions (the whole buffer followed by the block) and attends to that: the static steps
+    of the `ort` flavour fail verify on ort-webgpu (shape, then values); export the `attention`
+    flavour for a page on WebGPU."""
+    _need("ort-webgpu")
+    rng = np.random.default_rng(0)
+    b, s, m, d = 2, 1, 8, 16
+    feed = {"q": rng.standard_normal((b, s, 4 * d)), "k": rng.standard_normal((b, s, 2 * d)),
+            "v": rng.standard_normal((b, s, 2 * d)), "pk": rng.standard_normal((b, 2, m, d)),
+            "pv": rng.standard_normal((b, 2, m, d))}
+    feed = {n: a.astype(np.float32) for n, a in feed.items()}
+    feed.update(seqlens_k=np.array([5, 3], np.int32), total=np.array(6, np.int32))
+    cpu = R.prepare_onnx("ort-cpu", _gqa()).run(feed)
+    gpu = R.prepare_onnx("ort-webgpu", _gqa()).run(feed)
+    assert cpu["present_key"].shape == (b, 2, m, d)
+    assert gpu["present_key"].shape == (b, 2, m + s, d)
+
+
 def test_webgpu_sin_and_cos_err_within_wgsl_bounds_not_fp32():
     """posenc fails verify on ort-webgpu: WGSL lets sin and cos err by 2^-11 in absolute terms, and
     Chromium's software adapter (SwiftShader) uses about 1.9e-4 of it, for every argument; fp32's
