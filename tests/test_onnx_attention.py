@@ -12,7 +12,6 @@ import pytest
 from onnx import helper
 
 from attnexport import export as E
-from attnexport.onnx_attention import TRANSLATIONS
 
 STANDARD, MSFT = ("", "Attention"), ("com.microsoft", "MultiHeadAttention")
 
@@ -33,10 +32,6 @@ def _fused(model, key) -> onnx.NodeProto:
 
 def _attrs(node) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
-def test_every_flavour_has_a_translation():
-    assert set(TRANSLATIONS) == set(E.FLAVORS)
 
 
 # --- attention: the standard operator carries every option as an attribute or an input ----------

@@ -12,6 +12,7 @@ from attnexport.compare import (
     compare_outputs,
 )
 from attnexport.errors import AttnExportError, ProviderUnavailableError, UnsupportedByFlavor, reason
+from attnexport.export import STATIC_BLOCKS, STATIC_BUFFERS
 from attnexport.localize import Localization, locate
 from attnexport.report import Row
 from attnexport.verify.decode_checks import decode_run
@@ -44,7 +45,8 @@ def execute(step: Step, strict: bool) -> Row:
     except Exception as e:  # noqa: BLE001 - a model a runtime cannot load fails verification
         row.error = reason(e)
         return row
-    refused = step.source is not None and _beyond_static_blocks(step)
+    limits = _static_limits(step)
+    refused = _beyond_static_blocks(step, limits.get(STATIC_BLOCKS, ""))
     if refused:
         row.skipped = f"the model takes {refused}"
         return row
@@ -62,7 +64,7 @@ def execute(step: Step, strict: bool) -> Row:
     row.median_ms, row.arrays = ms, got
     declared = ["output"] if step.decode_chunk else [s.name for s in variant.outputs(case.options)]
     expected = step.expected
-    if not step.decode_chunk and _prefix_buffers(step):
+    if not step.decode_chunk and STATIC_BUFFERS in limits:
         got, expected = _valid_prefix(got, case), _valid_prefix(step.expected, case)
     row.comparisons = compare_outputs(declared, got, expected, step.tol)
     row.cpu_nodes = prepared.cpu_nodes
@@ -100,37 +102,35 @@ def localize_row(row: Row, step: Step, fail_on_divergence: bool) -> None:
         row.error = "intermediate values diverge from the export (--localize)"
 
 
-def _beyond_static_blocks(step: Step) -> str:
-    """What the model's metadata says its static step takes (`export.STATIC_BLOCKS`), when this run
-    asks for more: a block of several positions over written positions at batch > 1 (the golden
-    step itself, or the decode check's chunks after the prefill). "" when the run fits."""
-    from attnexport.export import STATIC_BLOCKS
-    model = step.source.get() if step.source is not None else None
-    limit = next((p.value for p in model.metadata_props if p.key == STATIC_BLOCKS), "") if model is not None else ""
-    o = step.case.options
-    if not limit or o.get("batch", 1) == 1:
+def _static_limits(step: Step) -> dict:
+    """What the model's metadata says of its static step (`export.STATIC_BLOCKS`,
+    `export.STATIC_BUFFERS`), if anything: {key: text}."""
+    if step.source is None:
+        return {}
+    return {p.key: p.value for p in step.source.get().metadata_props if p.key in (STATIC_BLOCKS, STATIC_BUFFERS)}
+
+
+def _block(case) -> int:
+    """The positions a static-cache case writes: its new keys (sdpa's kv_seq) or its new positions."""
+    return case.options["kv_seq"] if "key" in case.inputs else case.options["seq"]
+
+
+def _beyond_static_blocks(step: Step, limit: str) -> str:
+    """`limit` (what the model says its static step takes) when this run asks for more: a block of
+    several positions over written positions at batch > 1 (the golden step itself, or the decode
+    check's chunks after the prefill). "" when the run fits."""
+    if not limit or step.case.options.get("batch", 1) == 1:
         return ""
     if step.decode_chunk:
         return limit if step.decode_chunk > 1 else ""
-    block = o["kv_seq"] if "key" in step.case.inputs else o["seq"]
-    written = int(np.asarray(step.case.inputs.get("write_pos", np.zeros(1))).max())
-    return limit if block > 1 and written > 0 else ""
-
-
-def _prefix_buffers(step: Step) -> bool:
-    """Whether the model says its buffers' outputs are defined over the valid prefix only
-    (`export.STATIC_BUFFERS`)."""
-    from attnexport.export import STATIC_BUFFERS
-    model = step.source.get() if step.source is not None else None
-    return model is not None and any(p.key == STATIC_BUFFERS for p in model.metadata_props)
+    written = int(np.asarray(step.case.inputs["write_pos"]).max())
+    return limit if _block(step.case) > 1 and written > 0 else ""
 
 
 def _valid_prefix(arrays: dict, case) -> dict:
     """The static buffers' outputs with every position past each sequence's write_pos + the block
     set to 0 (what the model leaves undefined there), the other outputs as they are."""
-    o = case.options
-    block = o["kv_seq"] if "key" in case.inputs else o["seq"]
-    ends = np.asarray(case.inputs["write_pos"]) + block
+    ends = np.asarray(case.inputs["write_pos"]) + _block(case)
     out = dict(arrays)
     for name, a in arrays.items():
         if name.endswith("_cache_out"):
