@@ -182,3 +182,17 @@ def divergence(actual, expected, dtype: str) -> tuple[bool, float, float]:
     err = float(np.abs(a[fin] - e[fin]).max(initial=0.0))
     scale = max(1.0, float(np.abs(e[fin]).max(initial=0.0)))
     return err > DIVERGENCE[dtype] * scale, err, scale
+
+
+def past_ends_zeroed(arrays: dict, names, ends) -> dict:
+    """`arrays` with each named (B, H, S, d) buffer's positions at or past `ends[b]` set to 0 in
+    sequence b (a static cache's buffers, which a model may leave undefined past each sequence's
+    written positions); the other arrays as they are."""
+    out = dict(arrays)
+    for name in names:
+        if name in arrays:
+            a = np.array(arrays[name], copy=True)
+            for b, end in enumerate(np.asarray(ends).reshape(-1)):
+                a[b, :, int(end):] = 0
+            out[name] = a
+    return out

@@ -30,7 +30,7 @@ from attnexport import flavors as FL
 from attnexport import modules as M
 from attnexport import variants as V
 from attnexport import weights as W
-from attnexport.compare import compare
+from attnexport.compare import compare, past_ends_zeroed
 from attnexport.errors import AttnExportError, ExportError, UsageError, first_line, reason
 
 FLAVORS = tuple(FL.FLAVORS)  # names, in the registry's order
@@ -602,6 +602,16 @@ class ModuleExportResult:
 
 
 @dataclass(frozen=True)
+class StaticBuffers:
+    """A module's static cache: the input with each sequence's write position (B,), the input
+    whose axis 1 is the block written, and the outputs that return the buffers written."""
+
+    write_pos: str
+    block: str
+    outputs: tuple
+
+
+@dataclass(frozen=True)
 class ModuleExport:
     """How to export a user's module: `export_module`'s keywords, as one object.
 
@@ -623,6 +633,13 @@ class ModuleExport:
             each such input's positions axis (axis -2 unless `dynamic` names another) is symbolic
             (`past_len`), the export is checked with empty caches too, and `verify --module`
             checks the decode property (recorded as `attnexport.cache`).
+        extra_meta: more metadata for the model (a language model's `attnexport.hf` layout).
+        buffers: the module's static cache, when it has one: a StaticBuffers naming its write
+            position input and its buffers' outputs (compared over their written prefix where the
+            model leaves the rest undefined, see GQA_BUFFERS).
+        probes: the inputs (tuples of tensors, forward's order) the export is checked on before it
+            is written, where sizes depend on each other (a mask as long as the cache and the block
+            together); default: each symbolic axis at 1 and at the example's size + 3.
     """
 
     flavor: str = FL.DEFAULT
@@ -638,6 +655,9 @@ class ModuleExport:
     output_names: list[str] | None = None
     allow_unfused: bool = False
     cache: dict | None = None
+    extra_meta: dict | None = None
+    buffers: StaticBuffers | None = None
+    probes: tuple | None = None
 
 
 @dataclass
@@ -692,7 +712,8 @@ def export_module(module, example_inputs, request: ModuleExport | None = None, *
             **({"attnexport.cache": json.dumps({n: {"output": o, "axis": cache_axes[n]} for n, o in t.cache.items()})}
                if t.cache else {}),
             **({"attnexport.seed": str(r.seed)} if r.seed is not None else {}),
-            "attnexport.params_source": ("given: " + Path(r.weights_file).name) if r.weights_file else "seed"}
+            "attnexport.params_source": ("given: " + Path(r.weights_file).name) if r.weights_file else "seed",
+            **(r.extra_meta or {})}
     params = {k: v.detach().float().numpy() for k, v in t.module.state_dict().items()}
     model, op_name = finish(model, Finishing(r.flavor, opset, r.dtype, r.name, bool(calls)), params, meta)
     checked = _check_other_sizes(t, model, kept, {kept[n][a] for n, a in cache_axes.items()})
@@ -764,7 +785,7 @@ def _trace_to_onnx(t: _ModuleTrace, opset: int):
     r = t.request
     with M.routed(), (torch_dead_rows() if r.nan_rows else contextlib.nullcontext()):
         with export_errors(r.name), _quiet():
-            traced = torch.export.export(t.module, t.args, dynamic_shapes=t.dims[0])
+            traced = torch.export.export(t.module, t.args, dynamic_shapes=_by_signature(t.module, t.dims[0]))
         found = recognize.route(traced)
         missed = [f for f in found if f.reason]
         if missed and r.flavor != "primitives" and not r.allow_unfused:
@@ -775,6 +796,17 @@ def _trace_to_onnx(t: _ModuleTrace, opset: int):
         program = to_onnx(traced, t.args, flavor=r.flavor, opset=opset, input_names=t.names,
                           output_names=t.out_names, what=r.name)
     return traced, found, program.model_proto
+
+
+def _by_signature(module, shapes: tuple) -> tuple:
+    """The dynamic shapes, one per argument, in the structure torch.export matches against
+    forward's signature: those of a `*args` parameter as one tuple."""
+    import inspect
+    params = list(inspect.signature(module.forward).parameters.values())
+    for k, p in enumerate(params):
+        if p.kind == p.VAR_POSITIONAL:
+            return (*shapes[:k], tuple(shapes[k:]))
+    return shapes
 
 
 def _kept_axes(t: _ModuleTrace, kept: dict) -> dict:
@@ -883,17 +915,25 @@ def _check_other_sizes(t: _ModuleTrace, model, kept: dict, empty=frozenset()) ->
     def compute(module, feed):
         with contextlib.nullcontext() if t.request.nan_rows else M.export_semantics():
             return M.call_forward(module, feed, name)
-    for feed in probe_inputs(t.args, names, kept, 1, empty):
+    undefined_past = t.request.buffers if any(p.key == STATIC_BUFFERS for p in model.metadata_props) else None
+    probes = t.request.probes if t.request.probes is not None else probe_inputs(t.args, names, kept, 1, empty)
+    for feed in probes:
         want, tol = M.expected_of(t.module, feed, name, t.request.dtype, compute)
         sizes = {n: list(x.shape) for n, x in zip(names, feed, strict=True)}
+        want = [w.numpy() for w in want]
         try:
             got = session.run({n: x.numpy() for n, x in zip(names, feed, strict=True)})
         except Exception as e:  # noqa: BLE001 - ONNX Runtime's reason, in one line
             raise UsageError(f"{name}: the export does not run at {sizes} on ONNX Runtime ({reason(e)[:300]}); "
                              "if the module fixes a size there, say which axes are "
                              "symbolic with --dynamic") from None
+        if undefined_past is not None:
+            by_name = dict(zip(names, feed, strict=True))
+            ends = by_name[undefined_past.write_pos].numpy() + by_name[undefined_past.block].shape[1]
+            got = past_ends_zeroed(got, undefined_past.outputs, ends)
+            want = list(past_ends_zeroed(dict(zip(got, want, strict=True)), undefined_past.outputs, ends).values())
         for out_name, w in zip(list(got), want, strict=True):
-            c = compare(out_name, got[out_name], w.numpy(), tol)
+            c = compare(out_name, got[out_name], w, tol)
             if not c:
                 raise ExportError(f"{name}: the export differs from the module at {sizes}: {c}")
         checked.append(sizes)

@@ -88,8 +88,9 @@ def routed_calls(program) -> list[dict]:
     "scaled_dot_product_attention" for a call routed as the module made it, else how
     `route` found it ("hand-written", "sdpa op")."""
     core = torch.ops.attnexport.attention.default
-    return [{"kind": n.meta.get(_KIND, "scaled_dot_product_attention"), "where": _where(n)}
-            for n in program.graph.nodes if n.target is core]
+    static = torch.ops.attnexport.static_attention.default
+    return [{"kind": "static cache step" if n.target is static else n.meta.get(_KIND, "scaled_dot_product_attention"),
+             "where": _where(n)} for n in program.graph.nodes if n.target in (core, static)]
 
 
 def _val(x):

@@ -12,6 +12,7 @@ from attnexport.compare import (
     compare_outputs,
 )
 from attnexport.errors import AttnExportError, ProviderUnavailableError, UnsupportedByFlavor, reason
+from attnexport.compare import past_ends_zeroed
 from attnexport.export import STATIC_BLOCKS, STATIC_BUFFERS
 from attnexport.localize import Localization, locate
 from attnexport.report import Row
@@ -131,11 +132,4 @@ def _valid_prefix(arrays: dict, case) -> dict:
     """The static buffers' outputs with every position past each sequence's write_pos + the block
     set to 0 (what the model leaves undefined there), the other outputs as they are."""
     ends = np.asarray(case.inputs["write_pos"]) + _block(case)
-    out = dict(arrays)
-    for name, a in arrays.items():
-        if name.endswith("_cache_out"):
-            a = np.array(a, copy=True)
-            for b, end in enumerate(ends):
-                a[b, :, int(end):] = 0
-            out[name] = a
-    return out
+    return past_ends_zeroed(arrays, [n for n in arrays if n.endswith("_cache_out")], ends)

@@ -1,0 +1,465 @@
+"""Whole transformers language models: loaded from a `save_pretrained` folder, wrapped into one
+step graph with a known cache structure, and exported through the module path.
+
+A causal language model is a user's module whose cache attnexport knows: the wrappers below turn
+it into a forward of flat tensors (ids, positions, one key and one value tensor per layer) that
+`attnexport.export.export_module` exports as any module, so the export core, the attention
+recognition, the flavours and the localization all apply. Three cache forms:
+
+- `none`: input_ids, attention_mask -> logits.
+- `concat`: the names Optimum's exports use (`input_ids`, `attention_mask`, `position_ids`,
+  `past_key_values.{i}.key`/`.value` -> `logits`, `present.{i}.key`/`.value`), so the file loads
+  where those do; each present is the past with the block's keys after it. transformers' own
+  `DynamicCache` does the concatenation and its sdpa attention (routed through the core) the rest.
+- `static`: `input_ids`, `write_pos`, `past_key_values.{i}.key`/`.value` buffers of `max_seq`
+  positions -> `logits`, `present.{i}.key`/`.value` (the buffers written). Each layer's attention
+  is attnexport's static step (`attnexport.models.core.attend_static`): the block's keys and
+  values written at each sequence's `write_pos`, attention over its valid prefix; the ort flavour
+  makes that one GroupQueryAttention that writes the buffers in place. A sequence's positions are
+  write_pos + 0..T-1, so prompts of different lengths go in right-padded (each sequence's next
+  write_pos is its own length) and no mask is needed.
+
+Grouped heads stay grouped in every cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from attnexport.errors import UsageError, reason
+
+TASK = "causal-lm"
+FORMS = ("none", "concat", "static")
+# The metadata key that says which form a model is and its cache's shape (see `Layout.meta`).
+META = "attnexport.hf"
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A language model's step graph, as apps (and verify and bench) drive it: the cache form,
+    the layers, the cache's heads and head size, the buffers' positions (static), the vocabulary."""
+
+    form: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    max_seq: int = 0
+    pad_token: int = 0
+
+    def cache_names(self, prefix: str) -> list[str]:
+        return [f"{prefix}.{i}.{kv}" for i in range(self.layers) for kv in ("key", "value")]
+
+    @property
+    def inputs(self) -> list[str]:
+        if self.form == "none":
+            return ["input_ids", "attention_mask"]
+        if self.form == "concat":
+            return ["input_ids", "attention_mask", "position_ids", *self.cache_names("past_key_values")]
+        return ["input_ids", "write_pos", *self.cache_names("past_key_values")]
+
+    @property
+    def outputs(self) -> list[str]:
+        return ["logits"] + ([] if self.form == "none" else self.cache_names("present"))
+
+    def meta(self) -> str:
+        return json.dumps({"task": TASK, **vars(self)})
+
+    @classmethod
+    def of(cls, model) -> Layout:
+        """The layout an export recorded (`attnexport.hf`); a UsageError if it has none."""
+        props = {p.key: p.value for p in model.metadata_props}
+        if META not in props:
+            raise UsageError("the model is not a language model exported with --hf (no attnexport.hf metadata)")
+        fields = json.loads(props[META])
+        fields.pop("task", None)
+        return cls(**fields)
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+def _has_weights(folder: Path) -> bool:
+    return any((folder / f).is_file() for f in _WEIGHT_FILES)
+
+
+def load(source: str | Path, seed: int = 0):
+    """(model, where its parameters came from) for a causal language model: `source` is a folder
+    saved with `save_pretrained` (weights read from it, or drawn from `seed` when it has a config
+    only) or a model id transformers' `from_pretrained` resolves. The model is in float32,
+    eval mode, with the sdpa attention (routed through attnexport's core at export)."""
+    import torch
+    try:
+        import transformers
+    except ImportError:
+        raise UsageError("--hf needs transformers: pip install 'attnexport[hf]'") from None
+    folder = Path(source)
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(source))
+    except Exception as e:  # noqa: BLE001 - transformers' reason, in one line
+        raise UsageError(f"--hf {source}: no transformers config there ({reason(e)[:200]})") from None
+    archs = list(getattr(config, "architectures", None) or [])
+    if not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        found = ", ".join(archs) or f"none ({config.model_type})"
+        raise UsageError(f"--hf {source}: not a causal language model (task {TASK}: architectures ending in "
+                         f"ForCausalLM or LMHeadModel; its config lists {found})")
+    try:
+        if folder.is_dir() and not _has_weights(folder):
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
+                                                                      dtype=torch.float32)
+            source_of_params = "seed"
+        else:
+            model = transformers.AutoModelForCausalLM.from_pretrained(str(source), attn_implementation="sdpa",
+                                                                      dtype=torch.float32)
+            source_of_params = "given: " + (folder.name or str(source))
+    except Exception as e:  # noqa: BLE001 - transformers' reason, in one line
+        raise UsageError(f"--hf {source}: transformers cannot build the model ({reason(e)[:300]})") from None
+    return model.eval(), source_of_params
+
+
+def layout_of(model, form: str, max_seq: int = 0) -> Layout:
+    """The step graph's layout for `model` in cache form `form`."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    pad = config.pad_token_id if getattr(config, "pad_token_id", None) is not None else 0
+    return Layout(form, config.num_hidden_layers, kv_heads, head_dim, config.vocab_size, max_seq, int(pad))
+
+
+# --- the step graphs ------------------------------------------------------------------------------
+
+class _Step:
+    """The buffers of one static step while the model runs it: what the attention function reads
+    (each layer's buffers, write_pos) and fills (each layer's buffers written)."""
+
+    def __init__(self, buffers, write_pos):
+        self.buffers, self.write_pos = buffers, write_pos
+        self.written: dict = {}
+
+
+_STEP: contextvars.ContextVar[_Step | None] = contextvars.ContextVar("attnexport_hf_step", default=None)
+STATIC_ATTENTION = "attnexport_static"
+
+
+def _static_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """transformers' attention interface for the static form: the layer's step through
+    attnexport's static core (its buffers from the step under way), in place of the cache update
+    and the attention; returns (output (B, T, H, d), None) as transformers' attention functions do."""
+    from attnexport.models.core import attend_static
+    from attnexport.semantics import Core
+    step = _STEP.get()
+    if step is None:
+        raise RuntimeError("the attnexport_static attention runs inside a StaticStep only")
+    if kwargs.get("sliding_window") is not None and kwargs["sliding_window"] < step.buffers[0].shape[2]:
+        raise UsageError(f"the static form attends over every written position; this model's layers see the last "
+                         f"{kwargs['sliding_window']} only (sliding_window < --max-seq): export --kv-cache concat, "
+                         "or --max-seq at most the window")
+    softcap = kwargs.get("softcap") or 0.0
+    i = module.layer_idx
+    out, key_out, value_out = attend_static(query, key, value, (step.buffers[2 * i], step.buffers[2 * i + 1]),
+                                            step.write_pos, Core(scaling, True, softcap))
+    step.written[i] = (key_out, value_out)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register_static_attention() -> None:
+    from transformers import AttentionInterface
+    AttentionInterface.register(STATIC_ATTENTION, _static_attention)
+
+
+def _logits(out):
+    return out.logits if hasattr(out, "logits") else out[0]
+
+
+def _wrapper_base():
+    import torch
+    return torch.nn.Module
+
+
+class LogitsOnly(_wrapper_base()):  # type: ignore[misc]
+    """input_ids, attention_mask -> logits (no cache)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return _logits(self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False))
+
+
+class ConcatStep(_wrapper_base()):  # type: ignore[misc]
+    """Optimum's step: input_ids, attention_mask (B, P + T), position_ids, each layer's past key
+    and value (B, Hkv, P, d) -> logits, each layer's present (the past, then the block's)."""
+
+    def __init__(self, model, layers: int):
+        super().__init__()
+        self.model, self.layers = model, layers
+
+    def forward(self, input_ids, attention_mask, position_ids, *past):
+        from transformers import DynamicCache
+        cache = DynamicCache()
+        for i in range(self.layers):
+            cache.update(past[2 * i], past[2 * i + 1], i)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache, use_cache=True)
+        present = out.past_key_values
+        return (_logits(out), *(t for i in range(self.layers) for t in _layer_kv(present, i)))
+
+
+def _layer_kv(cache, i):
+    if hasattr(cache, "layers"):
+        return cache.layers[i].keys, cache.layers[i].values
+    return cache.key_cache[i], cache.value_cache[i]
+
+
+class StaticStep(_wrapper_base()):  # type: ignore[misc]
+    """input_ids (B, T), write_pos (B,), each layer's key and value buffers (B, Hkv, max_seq, d) ->
+    logits, each layer's buffers with the block written at write_pos. Position ids are
+    write_pos + 0..T-1; the attention of every layer is attnexport's static step."""
+
+    def __init__(self, model, layers: int):
+        super().__init__()
+        _register_static_attention()
+        self.model, self.layers = model, layers
+
+    def forward(self, input_ids, write_pos, *buffers):
+        import torch
+        positions = write_pos.reshape(-1, 1) + torch.arange(input_ids.shape[1], device=input_ids.device)
+        step = _Step(buffers, write_pos)
+        token = _STEP.set(step)
+        before = self.model.config._attn_implementation
+        self.model.config._attn_implementation = STATIC_ATTENTION
+        try:
+            out = self.model(input_ids=input_ids, position_ids=positions, use_cache=False)
+        finally:
+            self.model.config._attn_implementation = before
+            _STEP.reset(token)
+        missing = [i for i in range(self.layers) if i not in step.written]
+        if missing:
+            raise UsageError(f"the static form needs every layer's attention through transformers' attention "
+                             f"interface; layer(s) {missing} did not call it")
+        return (_logits(out), *(t for i in range(self.layers) for t in step.written[i]))
+
+
+def step_module(model, layout: Layout):
+    """The wrapper that makes `model` the step graph of `layout`."""
+    return {"none": lambda: LogitsOnly(model), "concat": lambda: ConcatStep(model, layout.layers),
+            "static": lambda: StaticStep(model, layout.layers)}[layout.form]()
+
+
+def example_feed(layout: Layout, batch: int = 2, block: int = 5, past: int = 3, seed: int = 0,
+                 padded: int = 0) -> dict:
+    """Inputs for one step of `layout` as NumPy arrays: `block` new tokens after `past` cached
+    positions (concat: a cache of `past` positions; static: written up to `past`), every position
+    a token (the mask all ones) but the first `padded` of sequence 0 (none and concat: left
+    padding, masked out, the positions counting tokens only)."""
+    rng = np.random.default_rng(seed)
+    past = 0 if layout.form == "none" else past  # no cache: the mask covers the block
+    ids = rng.integers(0, layout.vocab, (batch, block), dtype=np.int64)
+    mask = np.ones((batch, past + block), np.int64)
+    mask[0, :padded] = 0
+    if layout.form == "none":
+        return {"input_ids": ids, "attention_mask": mask}
+    if layout.form == "concat":
+        positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, past:]
+        feed = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+        shape = (batch, layout.kv_heads, past, layout.head_dim)
+    else:
+        feed = {"input_ids": ids, "write_pos": np.full((batch,), past, np.int64)}
+        shape = (batch, layout.kv_heads, layout.max_seq, layout.head_dim)
+    for name in layout.cache_names("past_key_values"):
+        feed[name] = rng.standard_normal(shape).astype(np.float32)
+    return feed
+
+
+# --- export -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HFExport:
+    """How to export a language model (`export --hf`): where it is, the cache form (`none`,
+    `concat`, `static`), the static buffers' positions, and the module export's settings."""
+
+    source: str | Path
+    form: str = "concat"
+    max_seq: int = 0
+    flavor: str | None = None
+    opset: int | None = None
+    dtype: str = "fp32"
+    output: str | Path | None = None
+    seed: int = 0
+
+
+def dynamic_axes(layout: Layout) -> dict:
+    """The symbolic axes of each input of the step graph."""
+    dims = {"input_ids": {0: "batch", 1: "sequence"}}
+    cache_axes = {0: "batch"} if layout.form == "static" else {0: "batch", 2: "past_len"}
+    if layout.form == "none":
+        return {**dims, "attention_mask": {0: "batch", 1: "sequence"}}
+    if layout.form == "concat":
+        dims["attention_mask"] = {0: "batch", 1: "total_len"}
+        dims["position_ids"] = {0: "batch", 1: "sequence"}
+    else:
+        dims["write_pos"] = {0: "batch"}
+    for name in layout.cache_names("past_key_values"):
+        dims[name] = dict(cache_axes)
+    return dims
+
+
+def export_hf(request: HFExport):
+    """Exports the model at `request.source` in its cache form; returns the ModuleExportResult."""
+    import torch
+
+    from attnexport import flavors as FL
+    from attnexport.export import ModuleExport, StaticBuffers, export_module
+
+    r = request
+    if r.form not in FORMS:
+        raise UsageError(f"--kv-cache for --hf is one of {', '.join(FORMS)}, got {r.form!r}")
+    if r.form == "static" and r.max_seq < 8:
+        raise UsageError(f"--kv-cache static needs --max-seq N, the buffers' positions (at least 8), got {r.max_seq}")
+    if r.form != "static" and r.max_seq:
+        raise UsageError("--max-seq sizes the static cache's buffers: give it with --kv-cache static")
+    model, params_source = load(r.source, r.seed)
+    layout = layout_of(model, r.form, r.max_seq)
+    wrapper = step_module(model, layout)
+    # A static example writes into empty buffers (write_pos 0): the export's checks at other sizes
+    # fill write_pos with it, and a block over written positions at batch > 1 is beyond
+    # GroupQueryAttention (the ort flavour's step, see attnexport.export.GQA_BLOCKS).
+    feed = example_feed(layout, block=3 if r.form == "static" else 5, past=0 if r.form == "static" else 3)
+    example = tuple(torch.from_numpy(v) for v in feed.values())
+    # Checked before writing at other sizes: one token after one, a longer block after a longer
+    # past with sequence 0 left-padded, and a first block (no past); static: into empty buffers.
+    shapes = [(1, 1, 1, 0), (3, 6, 4, 2), (2, 4, 0, 1)] if r.form != "static" else [(1, 1, 0, 0), (3, 6, 0, 0)]
+    probes = tuple(tuple(torch.from_numpy(v) for v in example_feed(layout, b, t, p, seed=1, padded=pad).values())
+                   for b, t, p, pad in shapes)
+    flavor = r.flavor or FL.DEFAULT
+    # The attention flavour's static step writes with TensorScatter (opset 24).
+    opset = FL.opset_for(flavor, r.opset, 24 if r.form == "static" and flavor == "attention" else None)
+    cache = dict(zip(layout.cache_names("past_key_values"), layout.cache_names("present"), strict=True)) \
+        if r.form == "concat" else None
+    buffers = StaticBuffers("write_pos", "input_ids", tuple(layout.cache_names("present"))) \
+        if r.form == "static" else None
+    module_request = ModuleExport(flavor=flavor, opset=opset, dtype=r.dtype, dynamic=dynamic_axes(layout),
+                                  output=r.output, input_names=list(feed), name=f"{model.config.model_type} ({r.form})",
+                                  seed=r.seed if params_source == "seed" else None, output_names=layout.outputs,
+                                  cache=cache, extra_meta={META: layout.meta(), "attnexport.params_source":
+                                                           params_source}, buffers=buffers, probes=probes)
+    return export_module(wrapper, example, module_request), layout
+
+
+@contextlib.contextmanager
+def _nothing():
+    yield
+
+
+# --- generation ---------------------------------------------------------------------------------
+
+def prompts_for(layout: Layout, lengths, seed: int = 0) -> list[np.ndarray]:
+    """Token ids for prompts of `lengths`, seeded; the pad token and the first few ids (special
+    tokens in most vocabularies) left out."""
+    rng = np.random.default_rng(seed)
+    low = min(3, layout.vocab - 1)
+    return [rng.integers(low, layout.vocab, n, dtype=np.int64) for n in lengths]
+
+
+def _left_padded(prompts, pad: int):
+    """(ids, mask, positions) of prompts left-padded to the longest, as transformers' generate
+    takes them: position ids count tokens (cumsum of the mask - 1; 1 on padding)."""
+    width = max(len(p) for p in prompts)
+    ids = np.full((len(prompts), width), pad, np.int64)
+    mask = np.zeros((len(prompts), width), np.int64)
+    for b, p in enumerate(prompts):
+        ids[b, width - len(p):], mask[b, width - len(p):] = p, 1
+    positions = np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 1)
+    return ids, mask, positions
+
+
+@dataclass
+class Generation:
+    """A greedy generation: the new tokens (B, N), each step's logits of the last position
+    (N arrays (B, V)), and each step's inputs (kept when asked: what localizes a divergence)."""
+
+    tokens: np.ndarray
+    logits: list
+    feeds: list
+
+
+def generate(run, layout: Layout, prompts, new_tokens: int, keep_feeds: bool = False) -> Generation:
+    """Greedy decoding of `new_tokens` tokens after each prompt with the step graph of `layout`:
+    `run(feed) -> {output name: array}` runs one step (any runtime). The loop an app writes:
+    none: the whole sequence each step; concat: prompts left-padded with the mask and position
+    ids, then one token a step with the presents as the next pasts; static: prompts right-padded
+    into empty buffers at write_pos 0, each sequence's next write_pos its own length, then one
+    token a step at write_pos, the buffers written returned as the next step's."""
+    batch = len(prompts)
+    lengths = np.array([len(p) for p in prompts])
+    tokens, logits, feeds = [], [], []
+    cache = layout.cache_names("past_key_values")
+    if layout.form == "static":
+        if lengths.max() + new_tokens > layout.max_seq:
+            raise UsageError(f"prompts of up to {lengths.max()} tokens and {new_tokens} new ones need --max-seq "
+                             f">= {lengths.max() + new_tokens}; the model's buffers hold {layout.max_seq}")
+        ids = np.full((batch, lengths.max()), layout.pad_token, np.int64)
+        for b, p in enumerate(prompts):
+            ids[b, :len(p)] = p
+        shape = (batch, layout.kv_heads, layout.max_seq, layout.head_dim)
+        feed = {"input_ids": ids, "write_pos": np.zeros(batch, np.int64),
+                **{n: np.zeros(shape, np.float32) for n in cache}}
+        last = lengths - 1
+        write_pos = lengths.copy()
+    else:
+        ids, mask, positions = _left_padded(prompts, layout.pad_token)
+        feed = {"input_ids": ids, "attention_mask": mask}
+        if layout.form == "concat":
+            empty = np.zeros((batch, layout.kv_heads, 0, layout.head_dim), np.float32)
+            feed.update({"position_ids": positions, **{n: empty for n in cache}})
+        last = np.full(batch, ids.shape[1] - 1)
+    for _ in range(new_tokens):
+        if keep_feeds:
+            feeds.append(feed)
+        out = run(feed)
+        step_logits = np.asarray(out["logits"])[np.arange(batch), last]
+        token = step_logits.argmax(axis=-1).astype(np.int64)
+        tokens.append(token)
+        logits.append(step_logits)
+        presents = [out[n.replace("past_key_values", "present", 1)] for n in cache]
+        if layout.form == "static":
+            feed = {"input_ids": token[:, None], "write_pos": write_pos.copy(), **dict(zip(cache, presents))}
+            write_pos = write_pos + 1
+            last = np.zeros(batch, np.int64)
+        elif layout.form == "concat":
+            mask = np.concatenate([feed["attention_mask"], np.ones((batch, 1), np.int64)], axis=1)
+            feed = {"input_ids": token[:, None], "attention_mask": mask,
+                    "position_ids": feed["position_ids"][:, -1:] + 1, **dict(zip(cache, presents))}
+            last = np.zeros(batch, np.int64)
+        else:
+            feed = {"input_ids": np.concatenate([feed["input_ids"], token[:, None]], axis=1),
+                    "attention_mask": np.concatenate([feed["attention_mask"], np.ones((batch, 1), np.int64)], axis=1)}
+            last = np.full(batch, feed["input_ids"].shape[1] - 1)
+    return Generation(np.stack(tokens, axis=1), logits, feeds)
+
+
+def reference_generation(model, layout: Layout, prompts, new_tokens: int) -> Generation:
+    """transformers' own `generate(do_sample=False)` on the prompts (left-padded, with the mask),
+    with its own cache and attention: exactly `new_tokens` tokens (no end-of-sequence stop), and
+    each step's logits."""
+    import torch
+    from transformers import GenerationConfig
+    ids, mask, _ = _left_padded(prompts, layout.pad_token)
+    config = GenerationConfig(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=0, eos_token_id=None,
+                              pad_token_id=layout.pad_token, output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        out = model.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                             generation_config=config)
+    tokens = out.sequences[:, ids.shape[1]:].numpy()
+    return Generation(tokens, [t.double().numpy() for t in out.logits], [])
