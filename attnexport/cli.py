@@ -347,6 +347,10 @@ def _given(kwargs) -> dict:
 @click.option("--module", "module_spec", default=None, metavar="FILE.py:NAME",
               help="Your own module instead: an nn.Module class taking no arguments, or a function returning "
                    "a module or (module, example_inputs).")
+@click.option("--hf", "hf_path", default=None, metavar="PATH",
+              help="A transformers causal language model instead: a folder saved with save_pretrained (a config "
+                   "alone: weights from --seed) or a model id; --kv-cache (Optimum's names) or --kv-cache static "
+                   "--max-seq N (buffers written in place), none without.")
 @click.option("--input", "input_specs", multiple=True, metavar="NAME:SHAPE[:DTYPE]",
               help="With --module: an example input, e.g. x:2x16x64 (repeatable; default: the NAME function's).")
 @click.option("--nan-rows", is_flag=True,
@@ -357,7 +361,8 @@ def _given(kwargs) -> dict:
                    "(default: exit 1 naming it).")
 @click.option("--cache", "cache_specs", multiple=True, metavar="INPUT:OUTPUT",
               help="With --module: the module's own key/value cache, an input and the output returning it "
-                   "updated, e.g. past_key:present_key (repeatable); verify then checks decoding with it.")
+                   "updated, e.g. past_key:present_key (repeatable; {i} stands for a layer's number: "
+                   "'past.{i}.key:present.{i}.key'); verify then checks decoding with it.")
 @click.option("--output-names", default=None, metavar="A,B,...",
               help="With --module: the model's output names (default: from the module's return structure).")
 @click.option("--dynamic", "dynamic_specs", multiple=True, metavar="NAME:AXIS=DIM",
@@ -375,15 +380,24 @@ def _given(kwargs) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_variant_options
 @reports_errors
-def export(variant, module_spec, input_specs, nan_rows, allow_unfused, cache_specs, output_names, dynamic_specs,
-           flavor, opset, dtype, seed, output, as_json, **options):
-    """Export a variant, or your own module, to ONNX (checked, with metadata, written atomically).
+def export(variant, hf_path, module_spec, input_specs, nan_rows, allow_unfused, cache_specs, output_names,
+           dynamic_specs, flavor, opset, dtype, seed, output, as_json, **options):
+    """Export a variant, your own module or a transformers language model to ONNX (checked, with
+    metadata, written atomically).
 
     Examples: attnexport export --variant mha --heads 8 --flavor ort -o mha.onnx;
-    attnexport export --module examples/causal_self_attention.py:example -o block.onnx
+    attnexport export --module examples/causal_self_attention.py:example -o block.onnx;
+    attnexport export --hf ./tiny-llama --kv-cache static --max-seq 512 --flavor ort -o llama.onnx
     """
-    if (variant is None) == (module_spec is None):
-        raise UsageError("give --variant NAME or --module FILE.py:NAME (one of them)")
+    if sum(x is not None for x in (variant, module_spec, hf_path)) != 1:
+        raise UsageError("give --variant NAME, --module FILE.py:NAME or --hf PATH (one of them)")
+    if hf_path is not None:
+        if input_specs or dynamic_specs or nan_rows or allow_unfused or cache_specs or output_names:
+            raise UsageError("--input, --dynamic, --nan-rows, --allow-unfused, --cache and --output-names go with "
+                             "--module (--hf knows its model's inputs, outputs and cache)")
+        result = _export_hf(hf_path, flavor, opset, dtype, seed, output, options)
+        click.echo(jsonout.dumps(result.to_dict()) if as_json else result.summary())
+        return
     if module_spec is None and (input_specs or dynamic_specs or nan_rows or allow_unfused or cache_specs
                                 or output_names):
         raise UsageError("--input, --dynamic, --nan-rows, --allow-unfused, --cache and --output-names go with --module")
@@ -400,6 +414,31 @@ def export(variant, module_spec, input_specs, nan_rows, allow_unfused, cache_spe
         click.echo(jsonout.dumps(result.to_dict()))
     else:
         click.echo(result.summary())
+
+
+def _hf_form(options: dict, flag: str = "--hf") -> tuple[str, int]:
+    """(cache form, max_seq) from --kv-cache [static] and --max-seq; no other variant option."""
+    kv_cache, max_seq = options.pop("kv_cache", None), options.pop("max_seq", None)
+    rest = {k: v for k, v in options.items() if v is not None}
+    if rest:
+        raise UsageError(f"{flag} takes no variant options but --kv-cache and --max-seq "
+                         f"({', '.join('--' + k.replace('_', '-') for k in rest)})")
+    form = kv_cache or "none"
+    if form == "static" and max_seq is None:
+        raise UsageError("--kv-cache static needs --max-seq N, the buffers' positions")
+    if form != "static" and max_seq is not None:
+        raise UsageError("--max-seq is the static cache's size: give --kv-cache static")
+    return form, max_seq or 0
+
+
+def _export_hf(path, flavor, opset, dtype, seed, output, options):
+    from attnexport import hf
+    form, max_seq = _hf_form(options)
+    if output is not None:
+        F.resolve_target(Path(output))
+    target = output or str(F.default_output(Path(str(path).rstrip("/")).name or "model"))
+    result, _ = hf.export_hf(hf.HFExport(path, form, max_seq, flavor, opset, dtype, target, seed))
+    return result
 
 
 def _module_weights(options: dict):
@@ -543,6 +582,11 @@ def inspect(model, as_json):
               help="Only these golden cases (repeatable; `attnexport golden --list` lists them).")
 @click.option("--module", "module_spec", default=None, metavar="FILE.py:NAME",
               help="With one MODEL: compare it with this module (--weights FILE: its trained weights).")
+@click.option("--hf", "hf_path", default=None, metavar="PATH",
+              help="With one MODEL exported with export --hf: compare it with this language model (its shapes, "
+                   "the decode property, greedy generation against transformers' generate).")
+@click.option("--new-tokens", type=click.IntRange(min=1), default=32, show_default=True,
+              help="With --hf: the tokens generated for the parity check.")
 @click.option("--input", "input_specs", multiple=True, metavar="NAME:SHAPE[:DTYPE]",
               help="With --module and a MODEL from another exporter: its inputs, as for export --module.")
 @click.option("--cache", "cache_specs", multiple=True, metavar="INPUT:OUTPUT",
@@ -553,7 +597,7 @@ def inspect(model, as_json):
 @reports_errors
 def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, skip_unavailable,
            strict_placement, seed, localize, save_baseline, baseline_dir, max_growth, details, cases, module_spec,
-           input_specs, cache_specs, as_json, **options):
+           hf_path, new_tokens, input_specs, cache_specs, as_json, **options):
     """Check exported models against the golden cases on every runtime; exit 1 on any mismatch.
 
     With no MODEL: exports every selected golden case in every selected flavor and runs it.
@@ -567,6 +611,17 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
 
     if models and len(variants) > 1:
         raise UsageError("a MODEL takes one --variant")
+    if hf_path is not None:
+        from attnexport.verify.hf_check import HFCheck, verify_hf
+        if len(models) != 1 or module_spec is not None:
+            raise UsageError("--hf compares one MODEL with the language model it was exported from: give one MODEL "
+                             "(and no --module)")
+        if _given(options) or variants or flavors or cases or input_specs or cache_specs:
+            raise UsageError("--hf takes no --variant, --flavor, --case, --input, --cache or variant options: the "
+                             "model says what it is")
+        check = HFCheck(models[0], hf_path, runtimes, rtol, atol, skip_unavailable, seed, new_tokens)
+        _report_verify(verify_hf(check), details, as_json)
+        return
     if module_spec is not None:
         from attnexport import modules
         if len(models) != 1:

@@ -56,6 +56,9 @@ class Layout:
     pad_token: int = 0
 
     def cache_names(self, prefix: str) -> list[str]:
+        """`prefix.{i}.key`, `prefix.{i}.value` of every layer, in order (none without a cache)."""
+        if self.form == "none":
+            return []
         return [f"{prefix}.{i}.{kv}" for i in range(self.layers) for kv in ("key", "value")]
 
     @property
@@ -101,6 +104,8 @@ def load(source: str | Path, seed: int = 0):
     except ImportError:
         raise UsageError("--hf needs transformers: pip install 'attnexport[hf]'") from None
     folder = Path(source)
+    if not folder.exists() and (str(source).startswith((".", "/", "~")) or str(source).count("/") > 1):
+        raise UsageError(f"--hf {source}: no such folder")
     try:
         config = transformers.AutoConfig.from_pretrained(str(source))
     except Exception as e:  # noqa: BLE001 - transformers' reason, in one line
@@ -211,9 +216,15 @@ class ConcatStep(_wrapper_base()):  # type: ignore[misc]
         for i in range(self.layers):
             cache.update(past[2 * i], past[2 * i + 1], i)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=cache, use_cache=True)
+                         use_cache=True, **{_cache_keyword(self.model): cache})
         present = out.past_key_values
         return (_logits(out), *(t for i in range(self.layers) for t in _layer_kv(present, i)))
+
+
+def _cache_keyword(model) -> str:
+    """The name forward takes the cache by: `cache` in newer transformers, `past_key_values` before."""
+    import inspect
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _layer_kv(cache, i):

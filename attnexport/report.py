@@ -35,6 +35,7 @@ class Row:
     skipped: str = ""  # why this flavour does not apply to the case's options (not a failure)
     localization: Localization | None = None
     baseline: dict | None = None
+    detail: dict | None = None  # what a check adds (a generation's tokens and its error per step)
     # Kept for baselines and localization; not serialized.
     inputs: dict = field(default_factory=dict, repr=False)
     expected: dict = field(default_factory=dict, repr=False)
@@ -79,7 +80,7 @@ class Row:
                 "median_ms": self.median_ms, "expected": self.expected_kind, "cpu_nodes": self.cpu_nodes,
                 "error": self.error, "skipped": self.skipped,
                 "localization": None if self.localization is None else self.localization.to_dict(),
-                "baseline": self.baseline}
+                "baseline": self.baseline, **({"detail": self.detail} if self.detail else {})}
 
 
 @dataclass
