@@ -441,6 +441,33 @@ def _export_hf(path, flavor, opset, dtype, seed, output, options):
     return result
 
 
+def _bench_hf(path, contexts, flavors, threads, warmup, iters, seed, as_json):
+    import os
+
+    from attnexport import hf_bench
+    request = hf_bench.HFBenchRequest(path, tuple(contexts or hf_bench.CONTEXTS),
+                                      flavors=tuple(flavors) or ("ort", "attention", "primitives"),
+                                      threads=threads or os.cpu_count() or 1, iters=iters, warmup=warmup, seed=seed)
+    rows, info = hf_bench.bench_hf(request, said=(lambda text: None) if as_json else
+                                   (lambda text: click.echo(f"timing {text}", err=True)))
+    if as_json:
+        click.echo(jsonout.dumps({"rows": hf_bench.to_json(rows), "info": info}))
+        return
+    click.echo(f"{path}: {info['layers']} layers, {info['parameters']:,} parameters, fp32, {request.threads} "
+               f"thread(s); memory read bandwidth {info['bandwidth_gbs']:.1f} GB/s")
+    for row in rows:
+        if row.median_ms != row.median_ms:  # NaN: the export failed
+            click.echo(f"{row.engine} {row.form} {row.flavor}: {row.note}")
+            continue
+        ratio = f", {row.ratio_to_transformers:.2f}x transformers" if row.ratio_to_transformers else ""
+        band = f", {row.bandwidth_fraction:.2f} of the memory bandwidth" if row.bandwidth_fraction is not None else ""
+        click.echo(f"{row.phase:7s} {row.context:>5d}  {row.engine} {row.form} {row.flavor} ({row.mode}): "
+                   f"{row.median_ms:.3f} ms (p10 {row.p10_ms:.3f}, p90 {row.p90_ms:.3f}), "
+                   f"{row.tokens_per_s:,.0f} tokens/s{ratio}{band}" + (f"; {row.note}" if row.note else ""))
+    for engine, why in info["skipped"].items():
+        click.echo(f"note: {engine} not timed: {why}")
+
+
 def _module_weights(options: dict):
     """With --module, `--weights FILE` is the module's trained weights (the variant option of that
     name, an output choice, means nothing for a module)."""
@@ -822,6 +849,9 @@ def _print_bench(rows, variant, dtype):
 @click.option("--variant", type=VARIANT, default=None, help="The variant to time (see `attnexport list`).")
 @click.option("--module", "module_spec", default=None, metavar="FILE.py:NAME",
               help="Your own module instead (as for export --module); every symbolic length takes --seq.")
+@click.option("--hf", "hf_path", default=None, metavar="PATH",
+              help="A transformers causal language model (as for export --hf), with --decode: each cache form and "
+                   "flavor against transformers eager (and Optimum's export when optimum-onnx is installed).")
 @click.option("--input", "input_specs", multiple=True, metavar="NAME:SHAPE[:DTYPE]",
               help="With --module: an example input (repeatable; default: the NAME function's).")
 @click.option("--batch", default=None, help="Batch size, or several separated by commas.")
@@ -847,16 +877,24 @@ def _print_bench(rows, variant, dtype):
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a latency chart (PNG).")
 @_variant_options(exclude=("batch", "seq", "kv_seq"))
 @reports_errors
-def bench(variant, module_spec, input_specs, batch, seq, kv_seq, decode, context, runtimes, flavors, dtype, warmup,
-          iters, cuda_graph, threads, repeat, seed, as_json, plot, **options):
+def bench(variant, module_spec, hf_path, input_specs, batch, seq, kv_seq, decode, context, runtimes, flavors, dtype,
+          warmup, iters, cuda_graph, threads, repeat, seed, as_json, plot, **options):
     """Time a variant on every runtime and flavor against PyTorch eager.
 
-    Example: attnexport bench --variant mha --runtimes torch,ort-cpu --batch 8 --seq 512 --dim 512 --heads 8
+    Examples: attnexport bench --variant mha --runtimes torch,ort-cpu --batch 8 --seq 512 --dim 512 --heads 8;
+    attnexport bench --hf ./tiny-llama --decode --context 128,1024 --threads 2
     """
     from attnexport import bench as bench_mod
 
-    if (variant is None) == (module_spec is None):
-        raise UsageError("give --variant NAME or --module FILE.py:NAME (one of them)")
+    if sum(x is not None for x in (variant, module_spec, hf_path)) != 1:
+        raise UsageError("give --variant NAME, --module FILE.py:NAME or --hf PATH (one of them)")
+    if hf_path is not None:
+        if not decode or _given(options) or input_specs or batch or seq or kv_seq or cuda_graph or plot or \
+                dtype != "fp32" or (runtimes and runtimes != ["ort-cpu"]):
+            raise UsageError("--hf takes --decode with --context, --flavor, --threads, --warmup, --iters, --seed and "
+                             "--json (fp32 on ort-cpu, beside transformers and Optimum)")
+        _bench_hf(hf_path, _int_list("--context", context), flavors, threads, warmup, iters, seed, as_json)
+        return
     if module_spec is not None:
         weights = _module_weights(options)
         if decode or _given(options) or kv_seq:

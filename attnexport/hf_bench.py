@@ -1,0 +1,283 @@
+"""`bench --hf PATH --decode`: a language model's prefill and per-token decode at several contexts,
+per cache form and flavour, beside transformers eager with its own cache in the same run, and
+Optimum's export of the same weights when `optimum-onnx` is installed.
+
+Every engine runs the same weights on the same threads. A decode row is one token after a cache
+of `context` positions (concat: the past given as inputs and returned grown; static: buffers
+written in place through IO binding on the ort flavour, else returned as new arrays); a prefill
+row is a prompt of `context` tokens into an empty cache. The least bytes a decode step must read
+are the parameters once (of the input embedding table, the one row gathered) and the cache's
+valid prefix once; `bandwidth_fraction` is that over the step's time, as a fraction of the
+memory's read bandwidth measured in the same run (`attnexport.bench.memory_bandwidth`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from attnexport import hf
+from attnexport.errors import UsageError, reason
+
+CONTEXTS = (128, 1024, 4096)
+FORMS = ("concat", "static")
+
+
+@dataclass(frozen=True)
+class HFBenchRequest:
+    """What `bench --hf` measures: the model, its contexts, forms and flavours, and how long."""
+
+    source: str | Path
+    contexts: tuple = CONTEXTS
+    forms: tuple = FORMS
+    flavors: tuple = ("ort", "attention", "primitives")
+    threads: int = 2
+    iters: int = 30
+    warmup: int = 5
+    seed: int = 0
+    prefill: bool = True
+
+
+@dataclass
+class HFBenchRow:
+    engine: str  # attnexport, transformers, optimum
+    form: str  # concat, static, or the engine's own cache
+    flavor: str
+    mode: str  # how it ran: in-place (IO binding), copies, eager
+    phase: str  # prefill or decode
+    context: int
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    tokens_per_s: float
+    threads: int
+    ratio_to_transformers: float | None = None  # transformers' median over this one (> 1: faster)
+    bandwidth_fraction: float | None = None
+    bandwidth_gbs: float | None = None
+    step_bytes: int | None = None
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def _stats(ms: list[float]) -> tuple[float, float, float]:
+    return float(np.median(ms)), float(np.percentile(ms, 10)), float(np.percentile(ms, 90))
+
+
+def _timed(fn, warmup: int, iters: int) -> tuple[float, float, float]:
+    for _ in range(warmup):
+        fn()
+    ms = []
+    for _ in range(iters):
+        started = time.perf_counter()
+        fn()
+        ms.append((time.perf_counter() - started) * 1e3)
+    return _stats(ms)
+
+
+def step_bytes(model, layout: hf.Layout, context: int) -> int:
+    """The least bytes one decode step reads: every parameter once but the input embedding table
+    (one row of it), and each layer's cached keys and values up to `context` once (fp32)."""
+    embedding = model.get_input_embeddings().weight
+    params = sum(p.numel() for p in model.parameters() if p is not embedding) + embedding.shape[1]
+    cache = 2 * layout.layers * layout.kv_heads * context * layout.head_dim
+    return 4 * (params + cache)
+
+
+def _session(path, threads: int):
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _cache_arrays(layout: hf.Layout, positions: int, rng) -> dict:
+    shape = (1, layout.kv_heads, positions, layout.head_dim)
+    return {n: rng.standard_normal(shape).astype(np.float32) for n in layout.cache_names("past_key_values")}
+
+
+def _decode_call(session, layout: hf.Layout, context: int, in_place: bool):
+    """One decode step at `context` on an ONNX Runtime session, as a callable."""
+    import onnxruntime as ort
+    rng = np.random.default_rng(0)
+    token = np.array([[5]], np.int64)
+    if layout.form == "static":
+        buffers = _cache_arrays(layout, layout.max_seq, rng)
+        feed = {"input_ids": token, "write_pos": np.array([context], np.int64), **buffers}
+        if not in_place:
+            return lambda: session.run(None, feed)
+        binding = session.io_binding()
+        values = {n: ort.OrtValue.ortvalue_from_numpy(a) for n, a in buffers.items()}
+        for n, v in values.items():
+            binding.bind_ortvalue_input(n, v)
+            binding.bind_ortvalue_output(n.replace("past_key_values", "present", 1), v)
+        binding.bind_cpu_input("input_ids", token)
+        binding.bind_cpu_input("write_pos", feed["write_pos"])
+        binding.bind_output("logits", "cpu")
+        return lambda binding=binding, values=values: session.run_with_iobinding(binding)
+    names = {i.name for i in session.get_inputs()}
+    feed = {"input_ids": token, "attention_mask": np.ones((1, context + 1), np.int64),
+            "position_ids": np.array([[context]], np.int64), **_cache_arrays(layout, context, rng)}
+    feed = {k: v for k, v in feed.items() if k in names}
+    return lambda: session.run(None, feed)
+
+
+def _prefill_call(session, layout: hf.Layout, context: int):
+    rng = np.random.default_rng(1)
+    ids = rng.integers(3, layout.vocab, (1, context), dtype=np.int64)
+    names = {i.name for i in session.get_inputs()}
+    if layout.form == "static":
+        feed = {"input_ids": ids, "write_pos": np.zeros(1, np.int64), **_cache_arrays(layout, layout.max_seq, rng)}
+    else:
+        empty = {n: np.zeros((1, layout.kv_heads, 0, layout.head_dim), np.float32)
+                 for n in layout.cache_names("past_key_values")}
+        feed = {"input_ids": ids, "attention_mask": np.ones((1, context), np.int64),
+                "position_ids": np.arange(context)[None, :], **empty}
+    feed = {k: v for k, v in feed.items() if k in names}
+    return lambda: session.run(None, feed)
+
+
+def _transformers_calls(model, layout: hf.Layout, context: int):
+    """(prefill, decode) callables of transformers' own model with its DynamicCache."""
+    import torch
+    from transformers import DynamicCache
+    rng = np.random.default_rng(0)
+    past = _cache_arrays(layout, context, rng)
+    names = layout.cache_names("past_key_values")
+    token = torch.tensor([[5]])
+    mask = torch.ones((1, context + 1), dtype=torch.int64)
+    position = torch.tensor([[context]])
+
+    def decode():
+        cache = DynamicCache()
+        for i in range(layout.layers):
+            cache.update(torch.from_numpy(past[names[2 * i]]), torch.from_numpy(past[names[2 * i + 1]]), i)
+        with torch.no_grad():
+            model(input_ids=token, attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True)
+
+    ids = torch.from_numpy(rng.integers(3, layout.vocab, (1, context), dtype=np.int64))
+
+    def prefill():
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=True)
+    return prefill, decode
+
+
+def _row(engine, form, flavor, mode, phase, context, stats, threads, note="") -> HFBenchRow:
+    median, p10, p90 = stats
+    tokens = context if phase == "prefill" else 1
+    return HFBenchRow(engine, form, flavor, mode, phase, context, median, p10, p90, tokens * 1e3 / median, threads,
+                      note=note)
+
+
+def bench_hf(request: HFBenchRequest, said=lambda text: None) -> tuple[list[HFBenchRow], dict]:
+    """Every engine, form and flavour at every context; returns (rows, what the run measured
+    besides: the bandwidth, the model's sizes, the engines skipped and why)."""
+    import torch
+
+    from attnexport.bench import memory_bandwidth
+
+    r = request
+    if any(c < 1 for c in r.contexts):
+        raise UsageError("--context values are >= 1")
+    model, _ = hf.load(r.source, r.seed)
+    torch.set_num_threads(r.threads)
+    layout = hf.layout_of(model, "concat")
+    rows: list[HFBenchRow] = []
+    info: dict = {"skipped": {}}
+    with tempfile.TemporaryDirectory(prefix="attnexport-hf-bench-") as tmp:
+        weights = Path(tmp) / "weights"
+        model.save_pretrained(str(weights))  # every engine reads these very weights
+        said("transformers")
+        for c in r.contexts:
+            prefill, decode = _transformers_calls(model, layout, c)
+            rows.append(_row("transformers", "DynamicCache", "-", "eager (sdpa)", "decode", c,
+                             _timed(decode, r.warmup, r.iters), r.threads))
+            if r.prefill:
+                rows.append(_row("transformers", "DynamicCache", "-", "eager (sdpa)", "prefill", c,
+                                 _timed(prefill, 1, 3), r.threads))
+        for form in r.forms:
+            for flavor in r.flavors:
+                said(f"attnexport {form} {flavor}")
+                rows += _attnexport_rows(weights, form, flavor, r, Path(tmp))
+        rows += _optimum_rows(weights, layout, r, Path(tmp), info, said)
+    bandwidth = memory_bandwidth(r.threads)
+    info.update(bandwidth_gbs=bandwidth / 1e9, layers=layout.layers, kv_heads=layout.kv_heads,
+                head_dim=layout.head_dim, vocab=layout.vocab,
+                parameters=int(sum(p.numel() for p in model.parameters())))
+    eager = {(row.phase, row.context): row.median_ms for row in rows if row.engine == "transformers"}
+    for row in rows:
+        base = eager.get((row.phase, row.context))
+        row.ratio_to_transformers = base / row.median_ms if base else None
+        if row.phase == "decode":
+            row.step_bytes = step_bytes(model, layout, row.context)
+            row.bandwidth_gbs = bandwidth / 1e9
+            row.bandwidth_fraction = row.step_bytes / (row.median_ms * 1e-3) / bandwidth
+            if row.bandwidth_fraction > 1:
+                row.note = (row.note + "; " if row.note else "") + "faster than the memory's read rate: the bytes " \
+                    "counted are not all read from memory (cache-resident)"
+    return rows, info
+
+
+def _attnexport_rows(weights: Path, form: str, flavor: str, r: HFBenchRequest, tmp: Path) -> list[HFBenchRow]:
+    max_seq = max(r.contexts) + 1
+    path = tmp / f"{form}-{flavor}.onnx"
+    try:
+        hf.export_hf(hf.HFExport(weights, form, max_seq if form == "static" else 0, flavor, output=path))
+    except Exception as e:  # noqa: BLE001 - a flavour that cannot express the model is a row saying why
+        return [HFBenchRow("attnexport", form, flavor, "-", "decode", 0, float("nan"), float("nan"), float("nan"),
+                           0.0, r.threads, note=f"export failed: {reason(e)}")]
+    session = _session(path, r.threads)
+    layout = hf.Layout.of(_metadata_only(path))
+    in_place = form == "static" and any(n.op_type == "GroupQueryAttention" for n in _metadata_only(path).graph.node)
+    mode = "in-place (IO binding)" if in_place else "copies" if form == "static" else "concat"
+    rows = []
+    for c in r.contexts:
+        rows.append(_row("attnexport", form, flavor, mode, "decode", c,
+                         _timed(_decode_call(session, layout, c, in_place), r.warmup, r.iters), r.threads))
+        if r.prefill:
+            rows.append(_row("attnexport", form, flavor, mode, "prefill", c,
+                             _timed(_prefill_call(session, layout, c), 1, 3), r.threads))
+    return rows
+
+
+def _metadata_only(path: Path):
+    import onnx
+    return onnx.load(str(path), load_external_data=False)
+
+
+def _optimum_rows(weights: Path, layout: hf.Layout, r: HFBenchRequest, tmp: Path, info: dict,
+                  said) -> list[HFBenchRow]:
+    """Optimum's `text-generation-with-past` export of the same weights, timed as the concat form."""
+    try:
+        from optimum.exporters.onnx import main_export
+    except Exception as e:  # noqa: BLE001 - not installed (or broken): said in the run's info
+        info["skipped"]["optimum"] = f"optimum-onnx is not installed ({type(e).__name__}): pip install optimum-onnx"
+        return []
+    said("optimum")
+    out = tmp / "optimum"
+    try:
+        with contextlib.redirect_stdout(None), contextlib.redirect_stderr(None), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            main_export(str(weights), output=str(out), task="text-generation-with-past")
+    except Exception as e:  # noqa: BLE001 - Optimum's own failure, said in one line
+        info["skipped"]["optimum"] = f"Optimum's export failed: {reason(e)[:200]}"
+        return []
+    session = _session(out / "model.onnx", r.threads)
+    rows = []
+    for c in r.contexts:
+        rows.append(_row("optimum", "concat", "-", "its export", "decode", c,
+                         _timed(_decode_call(session, layout, c, False), r.warmup, r.iters), r.threads))
+        if r.prefill:
+            rows.append(_row("optimum", "concat", "-", "its export", "prefill", c,
+                             _timed(_prefill_call(session, layout, c), 1, 3), r.threads))
+    return rows
+
+
+def to_json(rows: list[HFBenchRow]) -> list[dict]:
+    return [asdict(row) for row in rows]
