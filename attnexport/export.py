@@ -747,7 +747,7 @@ def _module_trace(module, example_inputs: tuple, r: ModuleExport) -> _ModuleTrac
     tdtype = D.torch_dtype(r.dtype)
     args = tuple(t.to(tdtype) if t.is_floating_point() else t for t in example_inputs)
     module = copy.deepcopy(module).to(tdtype).eval()  # the caller's module keeps its dtype and mode
-    cache = dict(r.cache or {})
+    cache = M.expand_cache_patterns(dict(r.cache or {}), names)
     unknown = sorted(set(cache) - set(names))
     if unknown:
         raise UsageError(f"--cache {', '.join(unknown)}: not an input of {r.name} (inputs: {', '.join(names)})")

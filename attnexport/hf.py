@@ -6,7 +6,7 @@ it into a forward of flat tensors (ids, positions, one key and one value tensor 
 `attnexport.export.export_module` exports as any module, so the export core, the attention
 recognition, the flavours and the localization all apply. Three cache forms:
 
-- `none`: input_ids, attention_mask -> logits.
+- `none`: input_ids, attention_mask, position_ids -> logits.
 - `concat`: the names Optimum's exports use (`input_ids`, `attention_mask`, `position_ids`,
   `past_key_values.{i}.key`/`.value` -> `logits`, `present.{i}.key`/`.value`), so the file loads
   where those do; each present is the past with the block's keys after it. transformers' own
@@ -64,7 +64,7 @@ class Layout:
     @property
     def inputs(self) -> list[str]:
         if self.form == "none":
-            return ["input_ids", "attention_mask"]
+            return ["input_ids", "attention_mask", "position_ids"]
         if self.form == "concat":
             return ["input_ids", "attention_mask", "position_ids", *self.cache_names("past_key_values")]
         return ["input_ids", "write_pos", *self.cache_names("past_key_values")]
@@ -192,14 +192,17 @@ def _wrapper_base():
 
 
 class LogitsOnly(_wrapper_base()):  # type: ignore[misc]
-    """input_ids, attention_mask -> logits (no cache)."""
+    """input_ids, attention_mask, position_ids -> logits (no cache). Position ids are an input, as
+    for the concat form: with left padding they count tokens, which absolute position embeddings
+    (GPT-2's) see."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, attention_mask):
-        return _logits(self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False))
+    def forward(self, input_ids, attention_mask, position_ids):
+        return _logits(self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                  use_cache=False))
 
 
 class ConcatStep(_wrapper_base()):  # type: ignore[misc]
@@ -279,10 +282,10 @@ def example_feed(layout: Layout, batch: int = 2, block: int = 5, past: int = 3, 
     ids = rng.integers(0, layout.vocab, (batch, block), dtype=np.int64)
     mask = np.ones((batch, past + block), np.int64)
     mask[0, :padded] = 0
+    positions = np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 1)[:, past:]  # as transformers' generate
     if layout.form == "none":
-        return {"input_ids": ids, "attention_mask": mask}
+        return {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
     if layout.form == "concat":
-        positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, past:]
         feed = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
         shape = (batch, layout.kv_heads, past, layout.head_dim)
     else:
@@ -315,7 +318,7 @@ def dynamic_axes(layout: Layout) -> dict:
     dims = {"input_ids": {0: "batch", 1: "sequence"}}
     cache_axes = {0: "batch"} if layout.form == "static" else {0: "batch", 2: "past_len"}
     if layout.form == "none":
-        return {**dims, "attention_mask": {0: "batch", 1: "sequence"}}
+        return {**dims, "attention_mask": {0: "batch", 1: "sequence"}, "position_ids": {0: "batch", 1: "sequence"}}
     if layout.form == "concat":
         dims["attention_mask"] = {0: "batch", 1: "total_len"}
         dims["position_ids"] = {0: "batch", 1: "sequence"}
@@ -430,10 +433,10 @@ def generate(run, layout: Layout, prompts, new_tokens: int, keep_feeds: bool = F
         write_pos = lengths.copy()
     else:
         ids, mask, positions = _left_padded(prompts, layout.pad_token)
-        feed = {"input_ids": ids, "attention_mask": mask}
+        feed = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
         if layout.form == "concat":
             empty = np.zeros((batch, layout.kv_heads, 0, layout.head_dim), np.float32)
-            feed.update({"position_ids": positions, **{n: empty for n in cache}})
+            feed.update({n: empty for n in cache})
         last = np.full(batch, ids.shape[1] - 1)
     for _ in range(new_tokens):
         if keep_feeds:
@@ -443,19 +446,20 @@ def generate(run, layout: Layout, prompts, new_tokens: int, keep_feeds: bool = F
         token = step_logits.argmax(axis=-1).astype(np.int64)
         tokens.append(token)
         logits.append(step_logits)
-        presents = [out[n.replace("past_key_values", "present", 1)] for n in cache]
+        presents = dict(zip(cache, (out[n.replace("past_key_values", "present", 1)] for n in cache), strict=True))
         if layout.form == "static":
-            feed = {"input_ids": token[:, None], "write_pos": write_pos.copy(), **dict(zip(cache, presents))}
+            feed = {"input_ids": token[:, None], "write_pos": write_pos.copy(), **presents}
             write_pos = write_pos + 1
             last = np.zeros(batch, np.int64)
         elif layout.form == "concat":
             mask = np.concatenate([feed["attention_mask"], np.ones((batch, 1), np.int64)], axis=1)
             feed = {"input_ids": token[:, None], "attention_mask": mask,
-                    "position_ids": feed["position_ids"][:, -1:] + 1, **dict(zip(cache, presents))}
+                    "position_ids": feed["position_ids"][:, -1:] + 1, **presents}
             last = np.zeros(batch, np.int64)
         else:
             feed = {"input_ids": np.concatenate([feed["input_ids"], token[:, None]], axis=1),
-                    "attention_mask": np.concatenate([feed["attention_mask"], np.ones((batch, 1), np.int64)], axis=1)}
+                    "attention_mask": np.concatenate([feed["attention_mask"], np.ones((batch, 1), np.int64)], axis=1),
+                    "position_ids": np.concatenate([feed["position_ids"], feed["position_ids"][:, -1:] + 1], axis=1)}
             last = np.full(batch, feed["input_ids"].shape[1] - 1)
     return Generation(np.stack(tokens, axis=1), logits, feeds)
 

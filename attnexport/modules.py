@@ -157,6 +157,24 @@ def parse_input(text: str):
     return parts[0], shape, _DTYPES[dtype]
 
 
+def expand_cache_patterns(cache: dict, names: list[str]) -> dict:
+    """{input: output} cache pairs with `{i}` (a layer's number) expanded over the inputs it
+    matches: {"past.{i}.key": "present.{i}.key"} with inputs past.0.key, past.1.key gives two
+    pairs. A pattern that matches no input is kept as written (and refused as not an input)."""
+    out = {}
+    for past, present in cache.items():
+        if "{i}" not in past:
+            out[past] = present
+            continue
+        pattern = re.compile(re.escape(past).replace(re.escape("{i}"), r"(\d+)"))
+        matched = [(n, m.group(1)) for n in names if (m := pattern.fullmatch(n))]
+        if not matched:
+            out[past] = present
+        for n, i in matched:
+            out[n] = present.replace("{i}", i)
+    return out
+
+
 def parse_dynamic(text: str):
     """`NAME:AXIS=DIM` -> (input name, axis, dim name)."""
     m = re.fullmatch(r"([^:]+):(-?\d+)=([A-Za-z_]\w*)", text)

@@ -83,6 +83,7 @@ TESTED_ELSEWHERE = {
     "request": "verify/: test_verify.py", "run": "verify/: test_verify.py", "execute": "verify/: test_verify.py",
     "golden_plan": "verify/: test_verify.py", "model_plan": "verify/: test_verify.py, test_trust.py",
     "decode_checks": "verify/: test_decode.py", "module_check": "verify/: test_modules.py",
+    "hf_check": "verify/: test_hf_models.py", "hf_bench": "bench --hf: test_hf_models.py",
 }
 
 

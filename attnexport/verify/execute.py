@@ -10,9 +10,9 @@ from attnexport import runtimes as R
 from attnexport import variants as V
 from attnexport.compare import (
     compare_outputs,
+    past_ends_zeroed,
 )
 from attnexport.errors import AttnExportError, ProviderUnavailableError, UnsupportedByFlavor, reason
-from attnexport.compare import past_ends_zeroed
 from attnexport.export import STATIC_BLOCKS, STATIC_BUFFERS
 from attnexport.localize import Localization, locate
 from attnexport.report import Row

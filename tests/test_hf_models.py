@@ -1,0 +1,171 @@
+"""Whole language models (`export --hf`, `verify --hf`, `bench --hf`): small random configs of five
+architectures (examples/tiny_lms.py), each cache form exported, verified with generation parity
+against transformers' `generate`, and the README's static loop run. The `[hf]` extra; by default
+each form in one flavour (every flavour is covered), every flavour with --all-modules."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
+
+from attnexport import hf  # noqa: E402
+from attnexport.cli import main  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+ARCHITECTURES = ("llama", "mistral", "qwen2", "phi3", "gpt2")
+FORMS = {"none": [], "concat": ["--kv-cache"], "static": ["--kv-cache", "static", "--max-seq", "64"]}
+# The flavour each form runs in by default (each flavour once); --all-modules: every one.
+DEFAULT_FLAVOR = {"none": "primitives", "concat": "attention", "static": "ort"}
+OPS = {"primitives": "MatMul+Softmax", "attention": "Attention", "ort": "com.microsoft.MultiHeadAttention"}
+STATIC_OPS = {**OPS, "ort": "com.microsoft.GroupQueryAttention"}
+
+
+def _tiny_lms():
+    spec = importlib.util.spec_from_file_location("tiny_lms", ROOT / "examples" / "tiny_lms.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    made = {}
+    for arch in ARCHITECTURES:
+        folder = tmp_path_factory.mktemp(arch)
+        _tiny_lms().save(arch, folder)
+        made[arch] = folder
+    return made
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def _json(result):
+    return json.loads(result.output[result.output.index("{"):])
+
+
+@pytest.mark.parametrize("flavor", list(OPS))
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_exports_and_generates_what_transformers_generates(arch, form, flavor, folders, tmp_path, request):
+    if flavor != DEFAULT_FLAVOR[form] and not request.config.getoption("--all-modules"):
+        pytest.skip("the other flavours run with --all-modules")
+    path = tmp_path / "lm.onnx"
+    r = run("export", "--hf", folders[arch], *FORMS[form], "--flavor", flavor, "-o", path, "--json")
+    assert r.exit_code == 0, r.output
+    doc = _json(r)
+    assert doc["attention_op"] == (STATIC_OPS if form == "static" else OPS)[flavor]
+    assert doc["routed"] == 2  # one attention call a layer
+    layout = hf.Layout.of(onnx.load(path))
+    assert [i.name for i in onnx.load(path).graph.input] == layout.inputs
+    assert doc["outputs"] == layout.outputs
+    if form == "concat":  # Optimum's names
+        assert layout.inputs[:5] == ["input_ids", "attention_mask", "position_ids", "past_key_values.0.key",
+                                     "past_key_values.0.value"]
+        assert layout.outputs[:2] == ["logits", "present.0.key"]
+    r = run("verify", path, "--hf", folders[arch], "--runtimes", "torch,onnx-ref,ort-cpu", "--json")
+    assert r.exit_code == 0, r.output
+    rows = _json(r)["results"]
+    generation = [row for row in rows if row["case"].startswith("generate")]
+    assert [row["runtime"] for row in generation] == ["torch", "onnx-ref", "ort-cpu"]
+    for row in generation:
+        assert row["passed"] and row["outputs"], row
+        assert row["detail"]["tokens"] == row["detail"]["transformers_tokens"]
+        assert len(row["detail"]["logits_max_abs_per_step"]) == 32
+    decode = [row for row in rows if row["case"].startswith("decode")]
+    assert len(decode) == (0 if form == "none" else 6) and all(row["passed"] for row in decode)
+    shapes = [row for row in rows if row["runtime"] == "ort-cpu" and not row["case"].startswith(("generate", "decode"))]
+    assert len(shapes) >= 3 and all(row["passed"] and row["outputs"] for row in shapes)
+
+
+def test_a_divergence_names_the_sequence_the_step_and_both_tokens_and_is_localized(folders, tmp_path):
+    """A model file whose weights were changed after the export (one layer's MLP) generates other
+    tokens: the report says where, and localization names the first diverging node."""
+    path = tmp_path / "lm.onnx"
+    assert run("export", "--hf", folders["llama"], "--kv-cache", "static", "--max-seq", "64", "--flavor", "ort",
+               "-o", path).exit_code == 0
+    model = onnx.load(path)
+    record = json.loads({p.key: p.value for p in model.metadata_props}["attnexport.params"])
+    held = record["model.model.layers.1.mlp.down_proj.weight"]["initializer"]  # where the export keeps it
+    target = next(i for i in model.graph.initializer if i.name == held)
+    weights = onnx.numpy_helper.to_array(target)
+    noisy = weights + np.random.default_rng(0).standard_normal(weights.shape).astype(np.float32) * 0.5
+    target.CopyFrom(onnx.numpy_helper.from_array(noisy, target.name))
+    onnx.save(model, path)
+    r = run("verify", path, "--hf", folders["llama"], "--runtimes", "ort-cpu", "--json")
+    assert r.exit_code == 1, r.output
+    rows = _json(r)["results"]
+    generation = next(row for row in rows if row["case"].startswith("generate"))
+    assert not generation["passed"]
+    assert "transformers generated token" in generation["error"] and "sequence" in generation["error"]
+    assert generation["localization"] and generation["localization"]["node"], generation
+
+
+def test_the_readme_static_loop_generates_what_transformers_generates(folders, tmp_path, monkeypatch):
+    """The README's plain ONNX Runtime + NumPy loop (buffers bound in place) on an export."""
+    from test_docs import doc_block
+    path = tmp_path / "llama-static.onnx"
+    assert run("export", "--hf", folders["llama"], "--kv-cache", "static", "--max-seq", "64", "--flavor", "ort",
+               "-o", path).exit_code == 0
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(doc_block("README.md", "### Generating with the static cache", "python"), scope)  # noqa: S102
+    model, _ = hf.load(folders["llama"])
+    layout = hf.Layout.of(onnx.load(path))
+    prompts = [np.array(p) for p in scope["prompts"]]
+    want = hf.reference_generation(model, layout, prompts, len(scope["generated"]))
+    assert np.array_equal(np.stack(scope["generated"], axis=1), want.tokens)
+
+
+def test_bench_times_every_form_beside_transformers(folders):
+    r = run("bench", "--hf", folders["llama"], "--decode", "--context", "8,32", "--flavor", "ort", "--threads", "1",
+            "--iters", "3", "--warmup", "1", "--json")
+    assert r.exit_code == 0, r.output
+    doc = _json(r)
+    rows = [row for row in doc["rows"] if row["engine"] in ("attnexport", "transformers")]
+    found = {(row["engine"], row["form"], row["phase"], row["context"]) for row in rows}
+    for context in (8, 32):
+        for engine, form in (("transformers", "DynamicCache"), ("attnexport", "concat"), ("attnexport", "static")):
+            assert (engine, form, "decode", context) in found and (engine, form, "prefill", context) in found
+    decode = [row for row in rows if row["phase"] == "decode"]
+    assert all(row["median_ms"] > 0 and row["ratio_to_transformers"] > 0 and 0 < row["bandwidth_fraction"]
+               for row in decode)
+    static = [row for row in decode if row["form"] == "static"]
+    assert all(row["mode"] == "in-place (IO binding)" for row in static)
+
+
+def test_refusals_are_one_line_and_exit_2(folders, tmp_path):
+    cases = [(["export", "--hf", tmp_path / "nothing-here"], "no such folder"),
+             (["export", "--hf", folders["llama"], "--kv-cache", "static"], "--max-seq"),
+             (["export", "--hf", folders["llama"], "--max-seq", "64"], "--kv-cache static"),
+             (["export", "--hf", folders["llama"], "--heads", "3"], "no variant options"),
+             (["export", "--hf", folders["llama"], "--module", "x.py:y"], "one of them"),
+             (["bench", "--hf", folders["llama"]], "--decode")]
+    for args, said in cases:
+        r = run(*args)
+        assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output, (args, r.output)
+    (tmp_path / "enc").mkdir()
+    import transformers
+    transformers.BertConfig(architectures=["BertModel"]).save_pretrained(tmp_path / "enc")
+    r = run("export", "--hf", tmp_path / "enc")
+    assert r.exit_code == 2 and "not a causal language model" in r.output
+
+
+def test_a_cache_pattern_names_every_layer(tmp_path):
+    """`--cache 'past.{i}.key:present.{i}.key'` pairs every layer's tensors, not one flag each."""
+    from attnexport.modules import expand_cache_patterns
+    names = ["x", "past.0.key", "past.1.key", "past.10.key"]
+    assert expand_cache_patterns({"past.{i}.key": "present.{i}.key"}, names) == {
+        "past.0.key": "present.0.key", "past.1.key": "present.1.key", "past.10.key": "present.10.key"}
+    assert expand_cache_patterns({"cache.{i}": "out.{i}"}, names) == {"cache.{i}": "out.{i}"}  # refused later
+
+
+sys.path.insert(0, str(Path(__file__).parent))  # test_docs' doc_block
