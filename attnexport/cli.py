@@ -441,13 +441,15 @@ def _export_hf(path, flavor, opset, dtype, seed, output, options):
     return result
 
 
-def _bench_hf(path, contexts, flavors, threads, warmup, iters, seed, as_json):
+def _bench_hf(path, contexts, flavors, timing, genai_python, as_json):
     import os
 
     from attnexport import hf_bench
+    threads, warmup, iters, seed = timing
     request = hf_bench.HFBenchRequest(path, tuple(contexts or hf_bench.CONTEXTS),
                                       flavors=tuple(flavors) or ("ort", "attention", "primitives"),
-                                      threads=threads or os.cpu_count() or 1, iters=iters, warmup=warmup, seed=seed)
+                                      threads=threads or os.cpu_count() or 1, iters=iters, warmup=warmup, seed=seed,
+                                      genai_python=genai_python)
     rows, info = hf_bench.bench_hf(request, said=(lambda text: None) if as_json else
                                    (lambda text: click.echo(f"timing {text}", err=True)))
     if as_json:
@@ -851,7 +853,11 @@ def _print_bench(rows, variant, dtype):
               help="Your own module instead (as for export --module); every symbolic length takes --seq.")
 @click.option("--hf", "hf_path", default=None, metavar="PATH",
               help="A transformers causal language model (as for export --hf), with --decode: each cache form and "
-                   "flavor against transformers eager (and Optimum's export when optimum-onnx is installed).")
+                   "flavor against transformers eager (and Optimum's export and onnxruntime-genai's model builder "
+                   "when installed).")
+@click.option("--genai-python", default=None, metavar="PYTHON",
+              help="With --hf: the Python that runs onnxruntime-genai's model builder (default: this one; the "
+                   "builder may want another transformers than Optimum).")
 @click.option("--input", "input_specs", multiple=True, metavar="NAME:SHAPE[:DTYPE]",
               help="With --module: an example input (repeatable; default: the NAME function's).")
 @click.option("--batch", default=None, help="Batch size, or several separated by commas.")
@@ -877,8 +883,8 @@ def _print_bench(rows, variant, dtype):
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a latency chart (PNG).")
 @_variant_options(exclude=("batch", "seq", "kv_seq"))
 @reports_errors
-def bench(variant, module_spec, hf_path, input_specs, batch, seq, kv_seq, decode, context, runtimes, flavors, dtype,
-          warmup, iters, cuda_graph, threads, repeat, seed, as_json, plot, **options):
+def bench(variant, module_spec, hf_path, genai_python, input_specs, batch, seq, kv_seq, decode, context, runtimes,
+          flavors, dtype, warmup, iters, cuda_graph, threads, repeat, seed, as_json, plot, **options):
     """Time a variant on every runtime and flavor against PyTorch eager.
 
     Examples: attnexport bench --variant mha --runtimes torch,ort-cpu --batch 8 --seq 512 --dim 512 --heads 8;
@@ -888,12 +894,17 @@ def bench(variant, module_spec, hf_path, input_specs, batch, seq, kv_seq, decode
 
     if sum(x is not None for x in (variant, module_spec, hf_path)) != 1:
         raise UsageError("give --variant NAME, --module FILE.py:NAME or --hf PATH (one of them)")
+    if genai_python is not None and hf_path is None:
+        raise UsageError("--genai-python goes with --hf")
+    if genai_python is not None and hf_path is None:
+        raise UsageError("--genai-python goes with --hf")
     if hf_path is not None:
         if not decode or _given(options) or input_specs or batch or seq or kv_seq or cuda_graph or plot or \
                 dtype != "fp32" or (runtimes and runtimes != ["ort-cpu"]):
             raise UsageError("--hf takes --decode with --context, --flavor, --threads, --warmup, --iters, --seed and "
                              "--json (fp32 on ort-cpu, beside transformers and Optimum)")
-        _bench_hf(hf_path, _int_list("--context", context), flavors, threads, warmup, iters, seed, as_json)
+        _bench_hf(hf_path, _int_list("--context", context), flavors, (threads, warmup, iters, seed), genai_python,
+                  as_json)
         return
     if module_spec is not None:
         weights = _module_weights(options)

@@ -42,6 +42,9 @@ class HFBenchRequest:
     warmup: int = 5
     seed: int = 0
     prefill: bool = True
+    # The Python that runs onnxruntime-genai's model builder (it may need another transformers
+    # than Optimum does); None: this one.
+    genai_python: str | None = None
 
 
 @dataclass
@@ -230,6 +233,7 @@ def bench_hf(request: HFBenchRequest, said=lambda text: None) -> tuple[list[HFBe
                 said(f"attnexport {form} {flavor}")
                 rows += _attnexport_rows(weights, form, flavor, r, Path(tmp))
         rows += _optimum_rows(weights, layout, r, Path(tmp), info, said)
+        rows += _genai_rows(weights, model.config.model_type, r, Path(tmp), info, said)
     # The memory's read rate: the faster of a large reduction (what bench --decode uses) and the
     # one-row MatMul a step's projections are, both over 512 MiB on the run's threads.
     reduction, gemv = memory_bandwidth(r.threads), gemv_bandwidth(r.threads)
@@ -303,6 +307,64 @@ def _optimum_rows(weights: Path, layout: hf.Layout, r: HFBenchRequest, tmp: Path
         if r.prefill:
             rows.append(_row("optimum", "concat", "-", "its export", "prefill", c,
                              _timed(_prefill_call(session, layout, c), 1, 3), r.threads))
+    return rows
+
+
+def _word_tokenizer(folder: Path, vocab: int) -> None:
+    """A tokenizer.json of `vocab` plain words (onnxruntime-genai's builder wants one; the bench
+    feeds token ids, so what the words are does not matter)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(folder / "tokenizer.json"))
+
+
+def _genai_rows(weights: Path, model_type: str, r: HFBenchRequest, tmp: Path, info: dict,
+                said) -> list[HFBenchRow]:
+    """onnxruntime-genai's model builder on the same weights (fp32, CPU), run by its own
+    generator: a prompt of `context` tokens (prefill), then one token a step (decode)."""
+    import json
+    import subprocess
+    import sys
+    try:
+        import onnxruntime_genai as og
+    except Exception as e:  # noqa: BLE001 - not installed (or broken): said in the run's info
+        info["skipped"]["onnxruntime-genai"] = (f"onnxruntime-genai is not installed ({type(e).__name__}): pip install "
+                                                "--no-deps onnxruntime-genai onnx_ir")
+        return []
+    said("onnxruntime-genai")
+    vocab = json.loads((weights / "config.json").read_text())["vocab_size"]
+    if not (weights / "tokenizer.json").exists():
+        _word_tokenizer(weights, vocab)
+    out = tmp / "genai"
+    command = [r.genai_python or sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", model_type,
+               "-i", str(weights), "-o", str(out), "-p", "fp32", "-e", "cpu"]
+    built = subprocess.run(command, capture_output=True, text=True, check=False)
+    if built.returncode != 0:
+        last = (built.stderr.strip().splitlines() or ["(no output)"])[-1]
+        info["skipped"]["onnxruntime-genai"] = f"its model builder failed: {last[:200]}"
+        return []
+    config_path = out / "genai_config.json"
+    config = json.loads(config_path.read_text())
+    config["model"]["decoder"].setdefault("session_options", {}).update(
+        intra_op_num_threads=r.threads, inter_op_num_threads=1)
+    config_path.write_text(json.dumps(config))
+    model = og.Model(str(out))
+    rows = []
+    for c in r.contexts:
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=c + r.warmup + r.iters + 2, do_sample=False)
+        generator = og.Generator(model, params)
+        prompt = np.random.default_rng(1).integers(3, vocab, c).astype(np.int32)
+        started = time.perf_counter()
+        generator.append_tokens(prompt)
+        prefill_ms = (time.perf_counter() - started) * 1e3
+        rows.append(_row("onnxruntime-genai", "shared buffer", "-", "its generator", "decode", c,
+                         _timed(generator.generate_next_token, r.warmup, r.iters), r.threads,
+                         note=f"context {c} to {c + r.warmup + r.iters}"))
+        if r.prefill:
+            rows.append(_row("onnxruntime-genai", "shared buffer", "-", "its generator", "prefill", c,
+                             (prefill_ms, prefill_ms, prefill_ms), r.threads, note="one run"))
     return rows
 
 

@@ -8,13 +8,21 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from attnexport import hf
 from attnexport import modules as M
 from attnexport import runtimes as R
-from attnexport.compare import check_tolerance_values, compare, compare_outputs, past_ends_zeroed, tolerance
+from attnexport.compare import (
+    Tolerance,
+    check_tolerance_values,
+    compare,
+    compare_outputs,
+    past_ends_zeroed,
+    tolerance,
+)
 from attnexport.errors import reason
 from attnexport.export import STATIC_BUFFERS
 from attnexport.inspect import load_model
@@ -45,16 +53,16 @@ class HFCheck:
 @dataclass
 class _Context:
     check: HFCheck
-    onnx_model: object
+    onnx_model: Any
     layout: hf.Layout
-    module: object  # the step wrapper around transformers' model
-    hf_model: object
+    module: Any  # the step wrapper around transformers' model
+    hf_model: Any
     dtype: str
     flavor: str
     used: list
     prepared: dict
-    tol: object
-    known_good: object = None
+    tol: Tolerance
+    known_good: Any = None
 
     @property
     def name(self) -> str:
