@@ -367,7 +367,8 @@ def export_hf(request: HFExport):
                                   output=r.output, input_names=list(feed), name=f"{model.config.model_type} ({r.form})",
                                   seed=r.seed if params_source == "seed" else None, output_names=layout.outputs,
                                   cache=cache, extra_meta={META: layout.meta(), "attnexport.params_source":
-                                                           params_source}, buffers=buffers, probes=probes)
+                                                           params_source}, buffers=buffers, probes=probes,
+                                  fuse_for_ort=True)
     return export_module(wrapper, example, module_request), layout
 
 
