@@ -17,6 +17,7 @@ import contextlib
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -202,9 +203,28 @@ def _row(engine, form, flavor, mode, phase, context, stats, threads, note="") ->
                       note=note)
 
 
+@dataclass
+class _Engine:
+    """One thing timed: its labels, and the callables of a decode step and of a prefill at a
+    context (made once per context; the decode step is called many times)."""
+
+    engine: str
+    form: str
+    flavor: str
+    mode: str
+    decode: Callable
+    prefill: Callable | None = None
+    note: Callable = lambda context: ""
+
+
+ROUNDS = 5  # each context's decode runs are split into rounds, the engines taking turns in each
+
+
 def bench_hf(request: HFBenchRequest, said=lambda text: None) -> tuple[list[HFBenchRow], dict]:
     """Every engine, form and flavour at every context; returns (rows, what the run measured
-    besides: the bandwidth, the model's sizes, the engines skipped and why)."""
+    besides: the bandwidth, the model's sizes, the engines skipped and why). The engines take
+    turns: each context's decode runs are split into ROUNDS rounds, every engine timed in each,
+    so that a machine whose speed drifts over minutes weighs on all of them alike."""
     import torch
 
     from attnexport.bench import memory_bandwidth
@@ -220,32 +240,34 @@ def bench_hf(request: HFBenchRequest, said=lambda text: None) -> tuple[list[HFBe
     with tempfile.TemporaryDirectory(prefix="attnexport-hf-bench-") as tmp:
         weights = Path(tmp) / "weights"
         model.save_pretrained(str(weights))  # every engine reads these very weights
-        said("transformers")
-        for c in r.contexts:
-            prefill, decode = _transformers_calls(model, layout, c)
-            rows.append(_row("transformers", "DynamicCache", "-", "eager (sdpa)", "decode", c,
-                             _timed(decode, r.warmup, r.iters), r.threads))
-            if r.prefill:
-                rows.append(_row("transformers", "DynamicCache", "-", "eager (sdpa)", "prefill", c,
-                                 _timed(prefill, 1, 3), r.threads))
+        engines = [_Engine("transformers", "DynamicCache", "-", "eager (sdpa)",
+                           lambda c: _transformers_calls(model, layout, c)[1],
+                           lambda c: _transformers_calls(model, layout, c)[0])]
         for form in r.forms:
             for flavor in r.flavors:
-                said(f"attnexport {form} {flavor}")
-                rows += _attnexport_rows(weights, form, flavor, r, Path(tmp))
-        rows += _optimum_rows(weights, layout, r, Path(tmp), info, said)
-        rows += _genai_rows(weights, model.config.model_type, r, Path(tmp), info, said)
+                said(f"exporting attnexport {form} {flavor}")
+                made = _attnexport_engine(weights, form, flavor, r, Path(tmp))
+                if isinstance(made, HFBenchRow):
+                    rows.append(made)
+                else:
+                    engines.append(made)
+        engines += _optimum_engines(weights, layout, r, Path(tmp), info, said)
+        engines += _genai_engines(weights, model.config.model_type, r, Path(tmp), info, said)
+        for c in r.contexts:
+            said(f"timing context {c}")
+            rows += _timed_in_turns(engines, c, r)
     # The memory's read rate: the faster of a large reduction (what bench --decode uses) and the
     # one-row MatMul a step's projections are, both over 512 MiB on the run's threads.
     reduction, gemv = memory_bandwidth(r.threads), gemv_bandwidth(r.threads)
     bandwidth = max(reduction, gemv)
     info.update(bandwidth_gbs=bandwidth / 1e9, reduction_gbs=reduction / 1e9, gemv_gbs=gemv / 1e9,
                 layers=layout.layers, kv_heads=layout.kv_heads, head_dim=layout.head_dim, vocab=layout.vocab,
-                parameters=int(sum(p.numel() for p in model.parameters())))
+                parameters=int(sum(p.numel() for p in model.parameters())), rounds=ROUNDS)
     eager = {(row.phase, row.context): row.median_ms for row in rows if row.engine == "transformers"}
     for row in rows:
         base = eager.get((row.phase, row.context))
         row.ratio_to_transformers = base / row.median_ms if base else None
-        if row.phase == "decode":
+        if row.phase == "decode" and row.median_ms == row.median_ms:
             row.step_bytes = step_bytes(model, layout, row.context)
             row.bandwidth_gbs = bandwidth / 1e9
             row.bandwidth_fraction = row.step_bytes / (row.median_ms * 1e-3) / bandwidth
@@ -255,26 +277,45 @@ def bench_hf(request: HFBenchRequest, said=lambda text: None) -> tuple[list[HFBe
     return rows, info
 
 
-def _attnexport_rows(weights: Path, form: str, flavor: str, r: HFBenchRequest, tmp: Path) -> list[HFBenchRow]:
+def _timed_in_turns(engines: list[_Engine], context: int, r: HFBenchRequest) -> list[HFBenchRow]:
+    """Each engine's decode step at `context`, the engines taking turns over ROUNDS rounds, then
+    each prefill (3 runs after 1)."""
+    calls = [engine.decode(context) for engine in engines]
+    for call in calls:
+        for _ in range(r.warmup):
+            call()
+    samples: list[list[float]] = [[] for _ in engines]
+    per_round = max(1, r.iters // ROUNDS)
+    for _ in range(ROUNDS):
+        for call, ms in zip(calls, samples, strict=True):
+            for _ in range(per_round):
+                started = time.perf_counter()
+                call()
+                ms.append((time.perf_counter() - started) * 1e3)
+    del calls
+    rows = [_row(e.engine, e.form, e.flavor, e.mode, "decode", context, _stats(ms), r.threads, e.note(context))
+            for e, ms in zip(engines, samples, strict=True)]
+    if r.prefill:
+        rows += [_row(e.engine, e.form, e.flavor, e.mode, "prefill", context, _timed(e.prefill(context), 1, 3),
+                      r.threads) for e in engines if e.prefill is not None]
+    return rows
+
+
+def _attnexport_engine(weights: Path, form: str, flavor: str, r: HFBenchRequest, tmp: Path):
+    """The engine of one form and flavour, or a row saying why the export failed."""
     max_seq = max(r.contexts) + 1
     path = tmp / f"{form}-{flavor}.onnx"
     try:
         hf.export_hf(hf.HFExport(weights, form, max_seq if form == "static" else 0, flavor, output=path))
     except Exception as e:  # noqa: BLE001 - a flavour that cannot express the model is a row saying why
-        return [HFBenchRow("attnexport", form, flavor, "-", "decode", 0, float("nan"), float("nan"), float("nan"),
-                           0.0, r.threads, note=f"export failed: {reason(e)}")]
+        return HFBenchRow("attnexport", form, flavor, "-", "decode", 0, float("nan"), float("nan"), float("nan"),
+                          0.0, r.threads, note=f"export failed: {reason(e)}")
     session = _session(path, r.threads)
     layout = hf.Layout.of(_metadata_only(path))
     in_place = form == "static" and any(n.op_type == "GroupQueryAttention" for n in _metadata_only(path).graph.node)
     mode = "in-place (IO binding)" if in_place else "copies" if form == "static" else "concat"
-    rows = []
-    for c in r.contexts:
-        rows.append(_row("attnexport", form, flavor, mode, "decode", c,
-                         _timed(_decode_call(session, layout, c, in_place), r.warmup, r.iters), r.threads))
-        if r.prefill:
-            rows.append(_row("attnexport", form, flavor, mode, "prefill", c,
-                             _timed(_prefill_call(session, layout, c), 1, 3), r.threads))
-    return rows
+    return _Engine("attnexport", form, flavor, mode, lambda c: _decode_call(session, layout, c, in_place),
+                   lambda c: _prefill_call(session, layout, c))
 
 
 def _metadata_only(path: Path):
@@ -282,15 +323,15 @@ def _metadata_only(path: Path):
     return onnx.load(str(path), load_external_data=False)
 
 
-def _optimum_rows(weights: Path, layout: hf.Layout, r: HFBenchRequest, tmp: Path, info: dict,
-                  said) -> list[HFBenchRow]:
+def _optimum_engines(weights: Path, layout: hf.Layout, r: HFBenchRequest, tmp: Path, info: dict,
+                     said) -> list[_Engine]:
     """Optimum's `text-generation-with-past` export of the same weights, timed as the concat form."""
     try:
         from optimum.exporters.onnx import main_export
     except Exception as e:  # noqa: BLE001 - not installed (or broken): said in the run's info
         info["skipped"]["optimum"] = f"optimum-onnx is not installed ({type(e).__name__}): pip install optimum-onnx"
         return []
-    said("optimum")
+    said("exporting with optimum")
     out = tmp / "optimum"
     try:
         with contextlib.redirect_stdout(None), contextlib.redirect_stderr(None), warnings.catch_warnings():
@@ -300,14 +341,8 @@ def _optimum_rows(weights: Path, layout: hf.Layout, r: HFBenchRequest, tmp: Path
         info["skipped"]["optimum"] = f"Optimum's export failed: {reason(e)[:200]}"
         return []
     session = _session(out / "model.onnx", r.threads)
-    rows = []
-    for c in r.contexts:
-        rows.append(_row("optimum", "concat", "-", "its export", "decode", c,
-                         _timed(_decode_call(session, layout, c, False), r.warmup, r.iters), r.threads))
-        if r.prefill:
-            rows.append(_row("optimum", "concat", "-", "its export", "prefill", c,
-                             _timed(_prefill_call(session, layout, c), 1, 3), r.threads))
-    return rows
+    return [_Engine("optimum", "concat", "-", "its export", lambda c: _decode_call(session, layout, c, False),
+                    lambda c: _prefill_call(session, layout, c))]
 
 
 def _word_tokenizer(folder: Path, vocab: int) -> None:
@@ -319,8 +354,8 @@ def _word_tokenizer(folder: Path, vocab: int) -> None:
     tokenizer.save(str(folder / "tokenizer.json"))
 
 
-def _genai_rows(weights: Path, model_type: str, r: HFBenchRequest, tmp: Path, info: dict,
-                said) -> list[HFBenchRow]:
+def _genai_engines(weights: Path, model_type: str, r: HFBenchRequest, tmp: Path, info: dict,
+                   said) -> list[_Engine]:
     """onnxruntime-genai's model builder on the same weights (fp32, CPU), run by its own
     generator: a prompt of `context` tokens (prefill), then one token a step (decode)."""
     import json
@@ -332,7 +367,7 @@ def _genai_rows(weights: Path, model_type: str, r: HFBenchRequest, tmp: Path, in
         info["skipped"]["onnxruntime-genai"] = (f"onnxruntime-genai is not installed ({type(e).__name__}): pip install "
                                                 "--no-deps onnxruntime-genai onnx_ir")
         return []
-    said("onnxruntime-genai")
+    said("building with onnxruntime-genai")
     vocab = json.loads((weights / "config.json").read_text())["vocab_size"]
     if not (weights / "tokenizer.json").exists():
         _word_tokenizer(weights, vocab)
@@ -350,22 +385,27 @@ def _genai_rows(weights: Path, model_type: str, r: HFBenchRequest, tmp: Path, in
         intra_op_num_threads=r.threads, inter_op_num_threads=1)
     config_path.write_text(json.dumps(config))
     model = og.Model(str(out))
-    rows = []
-    for c in r.contexts:
+    steps = r.warmup + r.iters + 2
+
+    def primed(context: int):
         params = og.GeneratorParams(model)
-        params.set_search_options(max_length=c + r.warmup + r.iters + 2, do_sample=False)
+        params.set_search_options(max_length=context + steps, do_sample=False)
         generator = og.Generator(model, params)
-        prompt = np.random.default_rng(1).integers(3, vocab, c).astype(np.int32)
-        started = time.perf_counter()
+        prompt = np.random.default_rng(1).integers(3, vocab, context).astype(np.int32)
+        return generator, prompt
+
+    def decode(context: int):
+        generator, prompt = primed(context)
         generator.append_tokens(prompt)
-        prefill_ms = (time.perf_counter() - started) * 1e3
-        rows.append(_row("onnxruntime-genai", "shared buffer", "-", "its generator", "decode", c,
-                         _timed(generator.generate_next_token, r.warmup, r.iters), r.threads,
-                         note=f"context {c} to {c + r.warmup + r.iters}"))
-        if r.prefill:
-            rows.append(_row("onnxruntime-genai", "shared buffer", "-", "its generator", "prefill", c,
-                             (prefill_ms, prefill_ms, prefill_ms), r.threads, note="one run"))
-    return rows
+        return generator.generate_next_token
+
+    def prefill(context: int):
+        def run():
+            generator, prompt = primed(context)
+            generator.append_tokens(prompt)
+        return run
+    return [_Engine("onnxruntime-genai", "shared buffer", "-", "its generator", decode, prefill,
+                    lambda c: f"context {c} to {c + steps}")]
 
 
 def to_json(rows: list[HFBenchRow]) -> list[dict]:
