@@ -217,14 +217,19 @@ class _Engine:
     note: Callable = lambda context: ""
 
 
-ROUNDS = 5  # each context's decode runs are split into rounds, the engines taking turns in each
+# Each context's decode runs may be split into rounds, the engines taking turns in each. One round
+# (each engine's runs back to back) it is: taking turns, the engine timed before leaves its threads
+# spinning (ONNX Runtime's pool, torch's OpenMP) and the p10-p90 spread doubled (measured on the
+# 2-core machine); drift over minutes is shown by running the bench again instead.
+ROUNDS = 1
+# Untimed runs at each turn, before the timed ones.
+SETTLE = 3
 
 
 def bench_hf(request: HFBenchRequest, said=lambda text: None) -> tuple[list[HFBenchRow], dict]:
     """Every engine, form and flavour at every context; returns (rows, what the run measured
-    besides: the bandwidth, the model's sizes, the engines skipped and why). The engines take
-    turns: each context's decode runs are split into ROUNDS rounds, every engine timed in each,
-    so that a machine whose speed drifts over minutes weighs on all of them alike."""
+    besides: the bandwidth, the model's sizes, the engines skipped and why). At each context
+    every engine's decode step is timed (ROUNDS rounds of turns), then every prefill."""
     import torch
 
     from attnexport.bench import memory_bandwidth
@@ -288,6 +293,8 @@ def _timed_in_turns(engines: list[_Engine], context: int, r: HFBenchRequest) -> 
     per_round = max(1, r.iters // ROUNDS)
     for _ in range(ROUNDS):
         for call, ms in zip(calls, samples, strict=True):
+            for _ in range(SETTLE):
+                call()
             for _ in range(per_round):
                 started = time.perf_counter()
                 call()
@@ -385,7 +392,7 @@ def _genai_engines(weights: Path, model_type: str, r: HFBenchRequest, tmp: Path,
         intra_op_num_threads=r.threads, inter_op_num_threads=1)
     config_path.write_text(json.dumps(config))
     model = og.Model(str(out))
-    steps = r.warmup + r.iters + 2
+    steps = r.warmup + r.iters + ROUNDS * SETTLE + 2  # every run of a context extends the sequence
 
     def primed(context: int):
         params = og.GeneratorParams(model)

@@ -1,0 +1,53 @@
+"""The decode table of docs/benchmarks.md ("Whole language models") from one or more
+`bench --hf --json` files of the same model: ms a token at each context (the median over the
+files of each run's median, with the lowest and highest run), the ratio to transformers and the
+memory-bandwidth fraction of that median, over the highest read rate any of the runs measured
+(a run's own measurement can come out low: this VM's reduction read 36 GB/s in one run, 61 in
+the next, and a step cannot read faster than the memory does).
+
+    python benchmarks/hf_table.py benchmarks/cpu-hf-llama-decode-*.json
+"""
+
+import json
+import statistics
+import sys
+
+
+def main(paths: list[str]) -> None:
+    docs = [json.load(open(p)) for p in paths]
+    runs = [[r for r in d["rows"] if r["phase"] == "decode" and r["median_ms"] == r["median_ms"]] for d in docs]
+    contexts = sorted({r["context"] for rows in runs for r in rows})
+    engines: list[tuple] = []
+    for r in runs[0]:
+        key = (r["engine"], r["form"], r["flavor"], r["mode"])
+        if key not in engines:
+            engines.append(key)
+
+    def at(key, context):
+        found = [r for rows in runs for r in rows
+                 if (r["engine"], r["form"], r["flavor"], r["mode"]) == key and r["context"] == context]
+        ms = [r["median_ms"] for r in found]
+        return statistics.median(ms), min(ms), max(ms), found
+
+    eager = {c: at(engines[0], c)[0] for c in contexts}  # transformers, timed first
+    bandwidth = max(d["info"]["bandwidth_gbs"] for d in docs) * 1e9
+    print("| engine | form | flavor | how | " + " | ".join(f"ms at {c}" for c in contexts)
+          + " | x transformers | bandwidth fraction |")
+    print("| --- | --- | --- | --- | " + " | ".join("---:" for _ in contexts) + " | ---: | ---: |")
+    for key in engines:
+        cells, ratios, fractions = [], [], []
+        for c in contexts:
+            median, low, high, found = at(key, c)
+            cells.append(f"{median:.2f} ({low:.2f}-{high:.2f})" if len(found) > 1 else f"{median:.2f}")
+            ratios.append(f"{eager[c] / median:.2f}")
+            fractions.append(f"{found[0]['step_bytes'] / (median * 1e-3) / bandwidth:.2f}")
+        print(f"| {' | '.join(key)} | {' | '.join(cells)} | {'/'.join(ratios)} | {'/'.join(fractions)} |")
+    print(f"\nbandwidth fractions over {bandwidth / 1e9:.1f} GB/s, the highest read rate measured")
+    for path, d in zip(paths, docs, strict=True):
+        info = d["info"]
+        print(f"\n{path}: memory read bandwidth {info['bandwidth_gbs']:.1f} GB/s (reduction {info['reduction_gbs']:.1f}, "
+              f"one-row MatMul {info['gemv_gbs']:.1f}); not timed: {info['skipped'] or 'nothing'}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
