@@ -45,8 +45,9 @@ def main(paths: list[str]) -> None:
     print(f"\nbandwidth fractions over {bandwidth / 1e9:.1f} GB/s, the highest read rate measured")
     for path, d in zip(paths, docs, strict=True):
         info = d["info"]
-        print(f"\n{path}: memory read bandwidth {info['bandwidth_gbs']:.1f} GB/s (reduction {info['reduction_gbs']:.1f}, "
-              f"one-row MatMul {info['gemv_gbs']:.1f}); not timed: {info['skipped'] or 'nothing'}")
+        print(f"\n{path}: memory read bandwidth {info['bandwidth_gbs']:.1f} GB/s (reduction "
+              f"{info['reduction_gbs']:.1f}, one-row MatMul {info['gemv_gbs']:.1f}); not timed: "
+              f"{info['skipped'] or 'nothing'}")
 
 
 if __name__ == "__main__":
