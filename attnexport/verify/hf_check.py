@@ -28,7 +28,7 @@ from attnexport.export import STATIC_BUFFERS
 from attnexport.inspect import load_model
 from attnexport.localize import Localization, locate
 from attnexport.report import Report, Row
-from attnexport.verify.module_check import _changed_params
+from attnexport.verify.module_check import changed_params
 
 # Generation parity: prompts of these lengths in one batch (left- or right-padded by the form's
 # loop), this many new tokens.
@@ -110,7 +110,7 @@ def verify_hf(check: HFCheck) -> Report:
     ctx = _Context(check, model, layout, module, hf_model, dtype, flavor, used,
                    {rt: R.prepare_onnx(rt, model) for rt in used if rt in R.ONNX_RUNTIMES},
                    tolerance(dtype, check.rtol, check.atol))
-    changed = _changed_params(module, json.loads(meta.get("attnexport.params", "{}")), dtype)
+    changed = changed_params(module, json.loads(meta.get("attnexport.params", "{}")), dtype)
     with np.errstate(all="ignore"):
         if changed:
             row = ctx.row("parameters", "-", "the model's record")

@@ -99,7 +99,7 @@ def _verify_module(check: ModuleCheck) -> Report:
     module = module.to(D.torch_dtype(dtype)).eval()
     names = [i["name"] for i in spec_inputs]
     entries = json.loads(meta.get("attnexport.params", "{}"))
-    changed = _changed_params(module, entries, dtype)
+    changed = changed_params(module, entries, dtype)
     damaged = W.read(model, entries)[1] if entries else []  # the file's own initializers against the record
     used, table = R.select(check.runtimes, check.skip_unavailable)
     tol = tolerance(dtype, check.rtol, check.atol)
@@ -251,7 +251,7 @@ def _model_inputs(model, model_path, meta, input_specs) -> list[dict]:
     return specs
 
 
-def _changed_params(module, entries, dtype) -> list[str]:
+def changed_params(module, entries, dtype) -> list[str]:
     """The parameters whose sha256 differs from the model's record (stored as the model holds
     them: a transposed layout is hashed transposed)."""
     state = {k: v.detach().float().numpy().astype(D.NUMPY[dtype]) for k, v in module.state_dict().items()}
