@@ -192,6 +192,22 @@ def _stepped_logits(run, layout: hf.Layout, ids: np.ndarray, first: int, chunk: 
     return np.concatenate(logits, axis=1)
 
 
+def _timed_on(ctx: _Context, row: Row, work):
+    """`work(run)` with the row's runtime's step function, its time in the row; None (the row
+    says why) when the runtime runs no ONNX model or the work fails."""
+    if row.runtime != "torch" and row.runtime not in ctx.prepared:
+        row.skipped = f"{row.runtime} runs no ONNX model"
+        return None
+    started = time.perf_counter()
+    try:
+        done = work(ctx.runner(row.runtime))
+    except Exception as e:  # noqa: BLE001 - a runtime failing on the model fails verification
+        row.error = reason(e)
+        return None
+    row.median_ms = (time.perf_counter() - started) * 1e3
+    return done
+
+
 def _decode_rows(ctx: _Context) -> list[Row]:
     """The decode property: a prefill of 4 tokens, then blocks of 1 (batch 2) or of 3 (batch 1),
     give the logits of one forward over the whole sequence (the module's, empty cache)."""
@@ -206,16 +222,9 @@ def _decode_rows(ctx: _Context) -> list[Row]:
         for rt in ctx.used:
             row = ctx.row(label, rt, "the module's logits of one forward over the whole sequence")
             rows.append(row)
-            if rt != "torch" and rt not in ctx.prepared:
-                row.skipped = f"{rt} runs no ONNX model"
+            got = _timed_on(ctx, row, lambda run, ids=ids, chunk=chunk: _stepped_logits(run, ctx.layout, ids, 4, chunk))
+            if got is None:
                 continue
-            started = time.perf_counter()
-            try:
-                got = _stepped_logits(ctx.runner(rt), ctx.layout, ids, 4, chunk)
-            except Exception as e:  # noqa: BLE001
-                row.error = reason(e)
-                continue
-            row.median_ms = (time.perf_counter() - started) * 1e3
             row.comparisons = [compare("logits", got, whole, ctx.tol)]
             row.passed = row.comparisons[0].passed
     return rows
@@ -231,16 +240,9 @@ def _generation_rows(ctx: _Context) -> list[Row]:
     for rt in ctx.used:
         row = ctx.row(label, rt, "transformers' generate(do_sample=False), its logits at each step")
         rows.append(row)
-        if rt != "torch" and rt not in ctx.prepared:
-            row.skipped = f"{rt} runs no ONNX model"
+        got = _timed_on(ctx, row, lambda run: hf.generate(run, layout, prompts, n, keep_feeds=True))
+        if got is None:
             continue
-        started = time.perf_counter()
-        try:
-            got = hf.generate(ctx.runner(rt), layout, prompts, n, keep_feeds=True)
-        except Exception as e:  # noqa: BLE001
-            row.error = reason(e)
-            continue
-        row.median_ms = (time.perf_counter() - started) * 1e3
         steps = [compare(f"logits of step {i}", g, w, ctx.tol) for i, (g, w) in enumerate(zip(got.logits, want.logits,
                                                                                                strict=True))]
         row.comparisons = [compare("logits", np.stack(got.logits), np.stack(want.logits), ctx.tol)]
