@@ -79,7 +79,8 @@ class BenchRow:
         return f"{label}+{self.shape['past_seq']}" if self.shape.get("past_seq") else label
 
 
-def _stats(ms: list[float]) -> tuple[float, float, float]:
+def stats_of(ms: list[float]) -> tuple[float, float, float]:
+    """(median, p10, p90) of timings."""
     a = np.asarray(ms)
     return float(np.median(a)), float(np.percentile(a, 10)), float(np.percentile(a, 90))
 
@@ -551,6 +552,34 @@ def memory_bandwidth(threads: int | None = None, megabytes: int = 512, runs: int
     return x.nbytes / min(times)
 
 
+def gemv_bandwidth(threads: int, megabytes: int = 512, runs: int = 7) -> float:
+    """The read rate (bytes/s) of ONNX Runtime's MatMul of one row by a `megabytes` fp32 matrix on
+    `threads` threads, best of `runs`: the access a decode step's projections make, which reads
+    faster than a reduction on some machines."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+    k = 4096
+    n = megabytes * 2**20 // (4 * k)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "gemv",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k]),
+                               helper.make_tensor_value_info("w", TensorProto.FLOAT, [k, n])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    feed = {"x": np.ones((1, k), np.float32), "w": np.random.default_rng(0).standard_normal((k, n), np.float32)}
+    session.run(None, feed)
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        session.run(None, feed)
+        times.append(time.perf_counter() - t0)
+    return 4 * k * n / min(times)
+
+
 def cuda_read_bandwidth(megabytes: int = 1024, runs: int = 20) -> float:
     """The GPU's read bandwidth in bytes per second, measured here: the fastest of `runs` sums of a
     `megabytes` buffer in device memory (a read-only reduction: each byte read once), timed with
@@ -604,7 +633,7 @@ def _torch_graph_candidate(call):
 
 
 def _row(variant, c: _Candidate, shape, flops, peak, torch_median, err, run: _Run) -> BenchRow:
-    med, p10, p90 = _stats(c.times)
+    med, p10, p90 = stats_of(c.times)
     tflops = flops / (med / 1e3) / 1e12
     return BenchRow(variant.name, c.runtime, c.flavor, c.mode, run.dtype, shape, med, p10, p90, tflops,
                     tflops * 1e12 / peak, peak / 1e12, med / torch_median, err, c.memory, run.threads)

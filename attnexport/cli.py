@@ -416,19 +416,15 @@ def export(variant, hf_path, module_spec, input_specs, nan_rows, allow_unfused, 
         click.echo(result.summary())
 
 
-def _hf_form(options: dict, flag: str = "--hf") -> tuple[str, int]:
-    """(cache form, max_seq) from --kv-cache [static] and --max-seq; no other variant option."""
+def _hf_form(options: dict) -> tuple[str, int]:
+    """(cache form, max_seq) from --kv-cache [static] and --max-seq (`hf.export_hf` checks that
+    they go together); no other variant option."""
     kv_cache, max_seq = options.pop("kv_cache", None), options.pop("max_seq", None)
     rest = {k: v for k, v in options.items() if v is not None}
     if rest:
-        raise UsageError(f"{flag} takes no variant options but --kv-cache and --max-seq "
+        raise UsageError(f"--hf takes no variant options but --kv-cache and --max-seq "
                          f"({', '.join('--' + k.replace('_', '-') for k in rest)})")
-    form = kv_cache or "none"
-    if form == "static" and max_seq is None:
-        raise UsageError("--kv-cache static needs --max-seq N, the buffers' positions")
-    if form != "static" and max_seq is not None:
-        raise UsageError("--max-seq is the static cache's size: give --kv-cache static")
-    return form, max_seq or 0
+    return kv_cache or "none", max_seq or 0
 
 
 def _export_hf(path, flavor, opset, dtype, seed, output, options):
@@ -441,11 +437,10 @@ def _export_hf(path, flavor, opset, dtype, seed, output, options):
     return result
 
 
-def _bench_hf(path, contexts, flavors, timing, genai_python, as_json):
+def _bench_hf(path, contexts, flavors, threads, warmup, iters, seed, genai_python, as_json):
     import os
 
     from attnexport import hf_bench
-    threads, warmup, iters, seed = timing
     request = hf_bench.HFBenchRequest(path, tuple(contexts or hf_bench.CONTEXTS),
                                       flavors=tuple(flavors) or ("ort", "attention", "primitives"),
                                       threads=threads or os.cpu_count() or 1, iters=iters, warmup=warmup, seed=seed,
@@ -903,7 +898,7 @@ def bench(variant, module_spec, hf_path, genai_python, input_specs, batch, seq, 
                 dtype != "fp32" or (runtimes and runtimes != ["ort-cpu"]):
             raise UsageError("--hf takes --decode with --context, --flavor, --threads, --warmup, --iters, --seed and "
                              "--json (fp32 on ort-cpu, beside transformers and Optimum)")
-        _bench_hf(hf_path, _int_list("--context", context), flavors, (threads, warmup, iters, seed), genai_python,
+        _bench_hf(hf_path, _int_list("--context", context), flavors, threads, warmup, iters, seed, genai_python,
                   as_json)
         return
     if module_spec is not None:

@@ -454,7 +454,6 @@ class Finishing:
     what: str
     applies: bool = True
     flavor_asked: str | None = None
-    fuse: bool = False  # ONNX Runtime's fusions (RMS norms, rotary embeddings): the ort flavour of --hf
 
 
 def finish(model, how: Finishing, params: dict, meta: dict):
@@ -463,8 +462,6 @@ def finish(model, how: Finishing, params: dict, meta: dict):
     its bytes), the metadata and the onnx checks (`stamp`), and the check that the graph has the
     flavour's attention op. Returns (model, the attention op's name)."""
     model = convert_opset(model, how.opset, how.what)
-    if how.fuse:
-        model = fused_for_ort(model, how.what)
     _rotary_caches_per_batch(model)
     if any(n.op_type == "GroupQueryAttention" for n in model.graph.node):
         meta = {**meta, STATIC_BLOCKS: GQA_BLOCKS, STATIC_BUFFERS: GQA_BUFFERS}
@@ -472,54 +469,6 @@ def finish(model, how: Finishing, params: dict, meta: dict):
     stamp(model, {**meta, "attnexport.params": json.dumps(entries, sort_keys=True),
                   "attnexport.params_sha256": W.total_sha256(entries)}, how.what)
     return model, check_flavor_op(model, how.flavor, how.what, how.applies, how.flavor_asked)
-
-
-def fused_for_ort(model, what: str):
-    """The model with onnxscript's ONNX Runtime fusions applied: RMS norms (and each with the
-    residual add before it) into SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization,
-    rotary embeddings into com.microsoft.RotaryEmbedding with cos/sin tables. A language model's
-    step is mostly small ops around its MatMuls: these halve its node count."""
-    import onnx_ir as ir
-    from onnxscript.rewriter.ort_fusions import optimize_for_ort
-    try:
-        fused = optimize_for_ort(ir.from_proto(model))
-        proto = ir.to_proto(fused[0] if isinstance(fused, tuple) else fused)
-    except Exception as e:  # noqa: BLE001 - a fusion failing is the export's error, said in one line
-        raise ExportError(f"{what}: ONNX Runtime's fusions failed: {reason(e)}") from None
-    _unfuse_plain_rms(proto)
-    return proto
-
-
-def _unfuse_plain_rms(model) -> None:
-    """SimplifiedLayerNormalization (an RMS norm with no residual add before it) is ONNX Runtime's
-    op in the ONNX domain, which onnx's checker refuses: each such node back as the ops it
-    stands for (x * 1/sqrt(mean(x^2) + eps) * gamma); the norms after a residual add stay fused
-    (com.microsoft.SkipSimplifiedLayerNormalization)."""
-    from onnx import helper
-    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-    nodes = []
-    for node in model.graph.node:
-        if node.op_type != "SimplifiedLayerNormalization" or node.domain not in ("", "ai.onnx"):
-            nodes.append(node)
-            continue
-        eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
-        x, gamma = node.input[0], node.input[1]
-        t = [f"{node.name or node.output[0]}_{k}"
-             for k in ("sq", "mean", "eps", "plus", "root", "inv", "normed", "axes")]
-        if opset >= 18:  # ReduceMean's axes: an input from opset 18, an attribute before
-            mean = [helper.make_node("Constant", [], [t[7]], value_ints=[-1]),
-                    helper.make_node("ReduceMean", [t[0], t[7]], [t[1]], keepdims=1)]
-        else:
-            mean = [helper.make_node("ReduceMean", [t[0]], [t[1]], axes=[-1], keepdims=1)]
-        nodes += [helper.make_node("Constant", [], [t[2]], value_float=float(eps)),
-                  helper.make_node("Mul", [x, x], [t[0]]), *mean,
-                  helper.make_node("Add", [t[1], t[2]], [t[3]]),
-                  helper.make_node("Sqrt", [t[3]], [t[4]]),
-                  helper.make_node("Reciprocal", [t[4]], [t[5]]),
-                  helper.make_node("Mul", [x, t[5]], [t[6]]),
-                  helper.make_node("Mul", [t[6], gamma], [node.output[0]])]
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
 
 
 def _rotary_caches_per_batch(model) -> None:
@@ -691,7 +640,6 @@ class ModuleExport:
         probes: the inputs (tuples of tensors, forward's order) the export is checked on before it
             is written, where sizes depend on each other (a mask as long as the cache and the block
             together); default: each symbolic axis at 1 and at the example's size + 3.
-        fuse_for_ort: with the ort flavour, apply ONNX Runtime's fusions (`fused_for_ort`).
     """
 
     flavor: str = FL.DEFAULT
@@ -710,7 +658,6 @@ class ModuleExport:
     extra_meta: dict | None = None
     buffers: StaticBuffers | None = None
     probes: tuple | None = None
-    fuse_for_ort: bool = False
 
 
 @dataclass
@@ -768,8 +715,7 @@ def export_module(module, example_inputs, request: ModuleExport | None = None, *
             "attnexport.params_source": ("given: " + Path(r.weights_file).name) if r.weights_file else "seed",
             **(r.extra_meta or {})}
     params = {k: v.detach().float().numpy() for k, v in t.module.state_dict().items()}
-    model, op_name = finish(model, Finishing(r.flavor, opset, r.dtype, r.name, bool(calls),
-                                             fuse=r.fuse_for_ort and r.flavor == "ort"), params, meta)
+    model, op_name = finish(model, Finishing(r.flavor, opset, r.dtype, r.name, bool(calls)), params, meta)
     checked = _check_other_sizes(t, model, kept, {kept[n][a] for n, a in cache_axes.items()})
     version = torch.__version__.split("+")[0]
     semantics = ["fully masked query rows give NaN, as in torch (--nan-rows)"] if r.nan_rows else \

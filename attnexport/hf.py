@@ -24,13 +24,13 @@ Grouped heads stay grouped in every cache.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from attnexport.errors import UsageError, reason
 
@@ -60,6 +60,11 @@ class Layout:
         if self.form == "none":
             return []
         return [f"{prefix}.{i}.{kv}" for i in range(self.layers) for kv in ("key", "value")]
+
+    @property
+    def cache_pairs(self) -> dict[str, str]:
+        """{past input: the present output that returns it written}, every layer's key and value."""
+        return dict(zip(self.cache_names("past_key_values"), self.cache_names("present"), strict=True))
 
     @property
     def inputs(self) -> list[str]:
@@ -98,7 +103,6 @@ def load(source: str | Path, seed: int = 0):
     saved with `save_pretrained` (weights read from it, or drawn from `seed` when it has a config
     only) or a model id transformers' `from_pretrained` resolves. The model is in float32,
     eval mode, with the sdpa attention (routed through attnexport's core at export)."""
-    import torch
     try:
         import transformers
     except ImportError:
@@ -167,7 +171,7 @@ def _static_attention(module, query, key, value, attention_mask, dropout=0.0, sc
         raise RuntimeError("the attnexport_static attention runs inside a StaticStep only")
     if kwargs.get("sliding_window") is not None and kwargs["sliding_window"] < step.buffers[0].shape[2]:
         raise UsageError(f"the static form attends over every written position; this model's layers see the last "
-                         f"{kwargs['sliding_window']} only (sliding_window < --max-seq): export --kv-cache concat, "
+                         f"{kwargs['sliding_window']} only (sliding_window < --max-seq): export with --kv-cache, "
                          "or --max-seq at most the window")
     softcap = kwargs.get("softcap") or 0.0
     i = module.layer_idx
@@ -186,12 +190,7 @@ def _logits(out):
     return out.logits if hasattr(out, "logits") else out[0]
 
 
-def _wrapper_base():
-    import torch
-    return torch.nn.Module
-
-
-class LogitsOnly(_wrapper_base()):  # type: ignore[misc]
+class LogitsOnly(torch.nn.Module):
     """input_ids, attention_mask, position_ids -> logits (no cache). Position ids are an input, as
     for the concat form: with left padding they count tokens, which absolute position embeddings
     (GPT-2's) see."""
@@ -205,7 +204,7 @@ class LogitsOnly(_wrapper_base()):  # type: ignore[misc]
                                   use_cache=False))
 
 
-class ConcatStep(_wrapper_base()):  # type: ignore[misc]
+class ConcatStep(torch.nn.Module):
     """Optimum's step: input_ids, attention_mask (B, P + T), position_ids, each layer's past key
     and value (B, Hkv, P, d) -> logits, each layer's present (the past, then the block's)."""
 
@@ -236,7 +235,7 @@ def _layer_kv(cache, i):
     return cache.key_cache[i], cache.value_cache[i]
 
 
-class StaticStep(_wrapper_base()):  # type: ignore[misc]
+class StaticStep(torch.nn.Module):
     """input_ids (B, T), write_pos (B,), each layer's key and value buffers (B, Hkv, max_seq, d) ->
     logits, each layer's buffers with the block written at write_pos. Position ids are
     write_pos + 0..T-1; the attention of every layer is attnexport's static step."""
@@ -247,7 +246,6 @@ class StaticStep(_wrapper_base()):  # type: ignore[misc]
         self.model, self.layers = model, layers
 
     def forward(self, input_ids, write_pos, *buffers):
-        import torch
         positions = write_pos.reshape(-1, 1) + torch.arange(input_ids.shape[1], device=input_ids.device)
         step = _Step(buffers, write_pos)
         token = _STEP.set(step)
@@ -282,7 +280,7 @@ def example_feed(layout: Layout, batch: int = 2, block: int = 5, past: int = 3, 
     ids = rng.integers(0, layout.vocab, (batch, block), dtype=np.int64)
     mask = np.ones((batch, past + block), np.int64)
     mask[0, :padded] = 0
-    positions = np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 1)[:, past:]  # as transformers' generate
+    positions = _positions(mask)[:, past:]
     if layout.form == "none":
         return {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
     if layout.form == "concat":
@@ -304,7 +302,7 @@ class HFExport:
     `concat`, `static`), the static buffers' positions, and the module export's settings."""
 
     source: str | Path
-    form: str = "concat"
+    form: str = "none"
     max_seq: int = 0
     flavor: str | None = None
     opset: int | None = None
@@ -330,9 +328,8 @@ def dynamic_axes(layout: Layout) -> dict:
 
 
 def export_hf(request: HFExport):
-    """Exports the model at `request.source` in its cache form; returns the ModuleExportResult."""
-    import torch
-
+    """Exports the model at `request.source` in its cache form; returns (the ModuleExportResult,
+    the layout)."""
     from attnexport import flavors as FL
     from attnexport.export import ModuleExport, StaticBuffers, export_module
 
@@ -359,22 +356,15 @@ def export_hf(request: HFExport):
     flavor = r.flavor or FL.DEFAULT
     # The attention flavour's static step writes with TensorScatter (opset 24).
     opset = FL.opset_for(flavor, r.opset, 24 if r.form == "static" and flavor == "attention" else None)
-    cache = dict(zip(layout.cache_names("past_key_values"), layout.cache_names("present"), strict=True)) \
-        if r.form == "concat" else None
+    cache = layout.cache_pairs if r.form == "concat" else None
     buffers = StaticBuffers("write_pos", "input_ids", tuple(layout.cache_names("present"))) \
         if r.form == "static" else None
     module_request = ModuleExport(flavor=flavor, opset=opset, dtype=r.dtype, dynamic=dynamic_axes(layout),
                                   output=r.output, input_names=list(feed), name=f"{model.config.model_type} ({r.form})",
                                   seed=r.seed if params_source == "seed" else None, output_names=layout.outputs,
                                   cache=cache, extra_meta={META: layout.meta(), "attnexport.params_source":
-                                                           params_source}, buffers=buffers, probes=probes,
-                                  fuse_for_ort=True)
+                                                           params_source}, buffers=buffers, probes=probes)
     return export_module(wrapper, example, module_request), layout
-
-
-@contextlib.contextmanager
-def _nothing():
-    yield
 
 
 # --- generation ---------------------------------------------------------------------------------
@@ -389,14 +379,19 @@ def prompts_for(layout: Layout, lengths, seed: int = 0) -> list[np.ndarray]:
 
 def _left_padded(prompts, pad: int):
     """(ids, mask, positions) of prompts left-padded to the longest, as transformers' generate
-    takes them: position ids count tokens (cumsum of the mask - 1; 1 on padding)."""
+    takes them."""
     width = max(len(p) for p in prompts)
     ids = np.full((len(prompts), width), pad, np.int64)
     mask = np.zeros((len(prompts), width), np.int64)
     for b, p in enumerate(prompts):
         ids[b, width - len(p):], mask[b, width - len(p):] = p, 1
-    positions = np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 1)
-    return ids, mask, positions
+    return ids, mask, _positions(mask)
+
+
+def _positions(mask: np.ndarray) -> np.ndarray:
+    """Position ids of a padding mask as transformers' generate makes them: each token's count of
+    tokens before it; 1 on padding (never attended)."""
+    return np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 1)
 
 
 @dataclass
@@ -419,7 +414,7 @@ def generate(run, layout: Layout, prompts, new_tokens: int, keep_feeds: bool = F
     batch = len(prompts)
     lengths = np.array([len(p) for p in prompts])
     tokens, logits, feeds = [], [], []
-    cache = layout.cache_names("past_key_values")
+    pairs = layout.cache_pairs
     if layout.form == "static":
         if lengths.max() + new_tokens > layout.max_seq:
             raise UsageError(f"prompts of up to {lengths.max()} tokens and {new_tokens} new ones need --max-seq "
@@ -429,7 +424,7 @@ def generate(run, layout: Layout, prompts, new_tokens: int, keep_feeds: bool = F
             ids[b, :len(p)] = p
         shape = (batch, layout.kv_heads, layout.max_seq, layout.head_dim)
         feed = {"input_ids": ids, "write_pos": np.zeros(batch, np.int64),
-                **{n: np.zeros(shape, np.float32) for n in cache}}
+                **{n: np.zeros(shape, np.float32) for n in pairs}}
         last = lengths - 1
         write_pos = lengths.copy()
     else:
@@ -437,7 +432,7 @@ def generate(run, layout: Layout, prompts, new_tokens: int, keep_feeds: bool = F
         feed = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
         if layout.form == "concat":
             empty = np.zeros((batch, layout.kv_heads, 0, layout.head_dim), np.float32)
-            feed.update({n: empty for n in cache})
+            feed.update({n: empty for n in pairs})
         last = np.full(batch, ids.shape[1] - 1)
     for _ in range(new_tokens):
         if keep_feeds:
@@ -447,7 +442,7 @@ def generate(run, layout: Layout, prompts, new_tokens: int, keep_feeds: bool = F
         token = step_logits.argmax(axis=-1).astype(np.int64)
         tokens.append(token)
         logits.append(step_logits)
-        presents = dict(zip(cache, (out[n.replace("past_key_values", "present", 1)] for n in cache), strict=True))
+        presents = {past: out[present] for past, present in pairs.items()}
         if layout.form == "static":
             feed = {"input_ids": token[:, None], "write_pos": write_pos.copy(), **presents}
             write_pos = write_pos + 1
@@ -469,7 +464,6 @@ def reference_generation(model, layout: Layout, prompts, new_tokens: int) -> Gen
     """transformers' own `generate(do_sample=False)` on the prompts (left-padded, with the mask),
     with its own cache and attention: exactly `new_tokens` tokens (no end-of-sequence stop), and
     each step's logits."""
-    import torch
     from transformers import GenerationConfig
     ids, mask, _ = _left_padded(prompts, layout.pad_token)
     config = GenerationConfig(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=0, eos_token_id=None,

@@ -1,6 +1,6 @@
 """`bench --hf PATH --decode`: a language model's prefill and per-token decode at several contexts,
 per cache form and flavour, beside transformers eager with its own cache in the same run, and
-Optimum's export of the same weights when `optimum-onnx` is installed.
+Optimum's export and onnxruntime-genai's model builder on the same weights when installed.
 
 Every engine runs the same weights on the same threads. A decode row is one token after a cache
 of `context` positions (concat: the past given as inputs and returned grown; static: buffers
@@ -8,7 +8,8 @@ written in place through IO binding on the ort flavour, else returned as new arr
 row is a prompt of `context` tokens into an empty cache. The least bytes a decode step must read
 are the parameters once (of the input embedding table, the one row gathered) and the cache's
 valid prefix once; `bandwidth_fraction` is that over the step's time, as a fraction of the
-memory's read bandwidth measured in the same run (`attnexport.bench.memory_bandwidth`).
+memory's read rate measured in the same run: the faster of a large reduction
+(`attnexport.bench.memory_bandwidth`) and a one-row MatMul (`attnexport.bench.gemv_bandwidth`).
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from attnexport import hf
+from attnexport.bench import gemv_bandwidth, memory_bandwidth, stats_of
 from attnexport.errors import UsageError, reason
 
 CONTEXTS = (128, 1024, 4096)
@@ -66,11 +68,6 @@ class HFBenchRow:
     bandwidth_gbs: float | None = None
     step_bytes: int | None = None
     note: str = ""
-    extra: dict = field(default_factory=dict)
-
-
-def _stats(ms: list[float]) -> tuple[float, float, float]:
-    return float(np.median(ms)), float(np.percentile(ms, 10)), float(np.percentile(ms, 90))
 
 
 def _timed(fn, warmup: int, iters: int) -> tuple[float, float, float]:
@@ -81,7 +78,7 @@ def _timed(fn, warmup: int, iters: int) -> tuple[float, float, float]:
         started = time.perf_counter()
         fn()
         ms.append((time.perf_counter() - started) * 1e3)
-    return _stats(ms)
+    return stats_of(ms)
 
 
 def step_bytes(model, layout: hf.Layout, context: int) -> int:
@@ -91,30 +88,6 @@ def step_bytes(model, layout: hf.Layout, context: int) -> int:
     params = sum(p.numel() for p in model.parameters() if p is not embedding) + embedding.shape[1]
     cache = 2 * layout.layers * layout.kv_heads * context * layout.head_dim
     return 4 * (params + cache)
-
-
-def gemv_bandwidth(threads: int, megabytes: int = 512, runs: int = 7) -> float:
-    """The read rate (bytes/s) of ONNX Runtime's MatMul of one row by a `megabytes` fp32 matrix on
-    `threads` threads, best of `runs`: the access a decode step's projections make, which reads
-    faster than a reduction on some machines."""
-    from onnx import TensorProto, helper
-    k = 4096
-    n = megabytes * 2**20 // (4 * k)
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "gemv",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k]),
-                               helper.make_tensor_value_info("w", TensorProto.FLOAT, [k, n])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 8
-    import onnxruntime as ort
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    feed = {"x": np.ones((1, k), np.float32), "w": np.random.default_rng(0).standard_normal((k, n), np.float32)}
-    session.run(None, feed)
-    best = min(_timed(lambda: session.run(None, feed), 0, 1)[0] for _ in range(runs))
-    return 4 * k * n / (best * 1e-3)
 
 
 def _session(path, threads: int):
@@ -143,7 +116,7 @@ def _decode_call(session, layout: hf.Layout, context: int, in_place: bool):
         values = {n: ort.OrtValue.ortvalue_from_numpy(a) for n, a in buffers.items()}
         for n, v in values.items():
             binding.bind_ortvalue_input(n, v)
-            binding.bind_ortvalue_output(n.replace("past_key_values", "present", 1), v)
+            binding.bind_ortvalue_output(layout.cache_pairs[n], v)
         binding.bind_cpu_input("input_ids", token)
         binding.bind_cpu_input("write_pos", feed["write_pos"])
         binding.bind_output("logits", "cpu")
@@ -170,30 +143,31 @@ def _prefill_call(session, layout: hf.Layout, context: int):
     return lambda: session.run(None, feed)
 
 
-def _transformers_calls(model, layout: hf.Layout, context: int):
-    """(prefill, decode) callables of transformers' own model with its DynamicCache."""
+def _transformers_decode(model, layout: hf.Layout, context: int):
+    """One decode step of transformers' own model at `context`, its DynamicCache filled anew."""
     import torch
     from transformers import DynamicCache
-    rng = np.random.default_rng(0)
-    past = _cache_arrays(layout, context, rng)
-    names = layout.cache_names("past_key_values")
-    token = torch.tensor([[5]])
+    past = list(_cache_arrays(layout, context, np.random.default_rng(0)).values())
+    token, position = torch.tensor([[5]]), torch.tensor([[context]])
     mask = torch.ones((1, context + 1), dtype=torch.int64)
-    position = torch.tensor([[context]])
 
     def decode():
         cache = DynamicCache()
         for i in range(layout.layers):
-            cache.update(torch.from_numpy(past[names[2 * i]]), torch.from_numpy(past[names[2 * i + 1]]), i)
+            cache.update(torch.from_numpy(past[2 * i]), torch.from_numpy(past[2 * i + 1]), i)
         with torch.no_grad():
             model(input_ids=token, attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True)
+    return decode
 
-    ids = torch.from_numpy(rng.integers(3, layout.vocab, (1, context), dtype=np.int64))
+
+def _transformers_prefill(model, layout: hf.Layout, context: int):
+    import torch
+    ids = torch.from_numpy(np.random.default_rng(1).integers(3, layout.vocab, (1, context), dtype=np.int64))
 
     def prefill():
         with torch.no_grad():
             model(input_ids=ids, use_cache=True)
-    return prefill, decode
+    return prefill
 
 
 def _row(engine, form, flavor, mode, phase, context, stats, threads, note="") -> HFBenchRow:
@@ -217,22 +191,17 @@ class _Engine:
     note: Callable = lambda context: ""
 
 
-# Each context's decode runs may be split into rounds, the engines taking turns in each. One round
-# (each engine's runs back to back) it is: taking turns, the engine timed before leaves its threads
-# spinning (ONNX Runtime's pool, torch's OpenMP) and the p10-p90 spread doubled (measured on the
-# 2-core machine); drift over minutes is shown by running the bench again instead.
-ROUNDS = 1
-# Untimed runs at each turn, before the timed ones.
+# At each context every engine's decode step is warmed up first, then each engine's runs are timed
+# back to back after SETTLE more untimed ones: the engine timed before may leave its threads
+# spinning for a while (ONNX Runtime's pool, torch's OpenMP). Engines taking turns within a context
+# (tried) widened every spread for that reason; drift over minutes shows by running the bench again.
 SETTLE = 3
 
 
 def bench_hf(request: HFBenchRequest, said=lambda text: None) -> tuple[list[HFBenchRow], dict]:
     """Every engine, form and flavour at every context; returns (rows, what the run measured
-    besides: the bandwidth, the model's sizes, the engines skipped and why). At each context
-    every engine's decode step is timed (ROUNDS rounds of turns), then every prefill."""
+    besides: the bandwidth, the model's sizes, the engines skipped and why)."""
     import torch
-
-    from attnexport.bench import memory_bandwidth
 
     r = request
     if any(c < 1 for c in r.contexts):
@@ -246,8 +215,8 @@ def bench_hf(request: HFBenchRequest, said=lambda text: None) -> tuple[list[HFBe
         weights = Path(tmp) / "weights"
         model.save_pretrained(str(weights))  # every engine reads these very weights
         engines = [_Engine("transformers", "DynamicCache", "-", "eager (sdpa)",
-                           lambda c: _transformers_calls(model, layout, c)[1],
-                           lambda c: _transformers_calls(model, layout, c)[0])]
+                           lambda c: _transformers_decode(model, layout, c),
+                           lambda c: _transformers_prefill(model, layout, c))]
         for form in r.forms:
             for flavor in r.flavors:
                 said(f"exporting attnexport {form} {flavor}")
@@ -260,14 +229,14 @@ def bench_hf(request: HFBenchRequest, said=lambda text: None) -> tuple[list[HFBe
         engines += _genai_engines(weights, model.config.model_type, r, Path(tmp), info, said)
         for c in r.contexts:
             said(f"timing context {c}")
-            rows += _timed_in_turns(engines, c, r)
+            rows += _timed_at(engines, c, r)
     # The memory's read rate: the faster of a large reduction (what bench --decode uses) and the
     # one-row MatMul a step's projections are, both over 512 MiB on the run's threads.
     reduction, gemv = memory_bandwidth(r.threads), gemv_bandwidth(r.threads)
     bandwidth = max(reduction, gemv)
     info.update(bandwidth_gbs=bandwidth / 1e9, reduction_gbs=reduction / 1e9, gemv_gbs=gemv / 1e9,
                 layers=layout.layers, kv_heads=layout.kv_heads, head_dim=layout.head_dim, vocab=layout.vocab,
-                parameters=int(sum(p.numel() for p in model.parameters())), rounds=ROUNDS)
+                parameters=int(sum(p.numel() for p in model.parameters())))
     eager = {(row.phase, row.context): row.median_ms for row in rows if row.engine == "transformers"}
     for row in rows:
         base = eager.get((row.phase, row.context))
@@ -282,26 +251,15 @@ def bench_hf(request: HFBenchRequest, said=lambda text: None) -> tuple[list[HFBe
     return rows, info
 
 
-def _timed_in_turns(engines: list[_Engine], context: int, r: HFBenchRequest) -> list[HFBenchRow]:
-    """Each engine's decode step at `context`, the engines taking turns over ROUNDS rounds, then
-    each prefill (3 runs after 1)."""
+def _timed_at(engines: list[_Engine], context: int, r: HFBenchRequest) -> list[HFBenchRow]:
+    """Each engine's decode step at `context` (see SETTLE), then each prefill (3 runs after 1)."""
     calls = [engine.decode(context) for engine in engines]
     for call in calls:
         for _ in range(r.warmup):
             call()
-    samples: list[list[float]] = [[] for _ in engines]
-    per_round = max(1, r.iters // ROUNDS)
-    for _ in range(ROUNDS):
-        for call, ms in zip(calls, samples, strict=True):
-            for _ in range(SETTLE):
-                call()
-            for _ in range(per_round):
-                started = time.perf_counter()
-                call()
-                ms.append((time.perf_counter() - started) * 1e3)
+    rows = [_row(e.engine, e.form, e.flavor, e.mode, "decode", context, _timed(call, SETTLE, r.iters), r.threads,
+                 e.note(context)) for e, call in zip(engines, calls, strict=True)]
     del calls
-    rows = [_row(e.engine, e.form, e.flavor, e.mode, "decode", context, _stats(ms), r.threads, e.note(context))
-            for e, ms in zip(engines, samples, strict=True)]
     if r.prefill:
         rows += [_row(e.engine, e.form, e.flavor, e.mode, "prefill", context, _timed(e.prefill(context), 1, 3),
                       r.threads) for e in engines if e.prefill is not None]
@@ -313,21 +271,16 @@ def _attnexport_engine(weights: Path, form: str, flavor: str, r: HFBenchRequest,
     max_seq = max(r.contexts) + 1
     path = tmp / f"{form}-{flavor}.onnx"
     try:
-        hf.export_hf(hf.HFExport(weights, form, max_seq if form == "static" else 0, flavor, output=path))
+        result, layout = hf.export_hf(hf.HFExport(weights, form, max_seq if form == "static" else 0, flavor,
+                                                  output=path))
     except Exception as e:  # noqa: BLE001 - a flavour that cannot express the model is a row saying why
         return HFBenchRow("attnexport", form, flavor, "-", "decode", 0, float("nan"), float("nan"), float("nan"),
                           0.0, r.threads, note=f"export failed: {reason(e)}")
     session = _session(path, r.threads)
-    layout = hf.Layout.of(_metadata_only(path))
-    in_place = form == "static" and any(n.op_type == "GroupQueryAttention" for n in _metadata_only(path).graph.node)
+    in_place = form == "static" and result.attention_op == "com.microsoft.GroupQueryAttention"
     mode = "in-place (IO binding)" if in_place else "copies" if form == "static" else "concat"
     return _Engine("attnexport", form, flavor, mode, lambda c: _decode_call(session, layout, c, in_place),
                    lambda c: _prefill_call(session, layout, c))
-
-
-def _metadata_only(path: Path):
-    import onnx
-    return onnx.load(str(path), load_external_data=False)
 
 
 def _optimum_engines(weights: Path, layout: hf.Layout, r: HFBenchRequest, tmp: Path, info: dict,
@@ -392,7 +345,7 @@ def _genai_engines(weights: Path, model_type: str, r: HFBenchRequest, tmp: Path,
         intra_op_num_threads=r.threads, inter_op_num_threads=1)
     config_path.write_text(json.dumps(config))
     model = og.Model(str(out))
-    steps = r.warmup + r.iters + ROUNDS * SETTLE + 2  # every run of a context extends the sequence
+    steps = r.warmup + SETTLE + r.iters + 2  # every run of a context extends the sequence
 
     def primed(context: int):
         params = og.GeneratorParams(model)

@@ -5,7 +5,6 @@ each form in one flavour (every flavour is covered), every flavour with --all-mo
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -159,7 +158,7 @@ def test_refusals_are_one_line_and_exit_2(folders, tmp_path):
     assert r.exit_code == 2 and "not a causal language model" in r.output
 
 
-def test_a_cache_pattern_names_every_layer(tmp_path):
+def test_a_cache_pattern_names_every_layer():
     """`--cache 'past.{i}.key:present.{i}.key'` pairs every layer's tensors, not one flag each."""
     from attnexport.modules import expand_cache_patterns
     names = ["x", "past.0.key", "past.1.key", "past.10.key"]
@@ -167,5 +166,3 @@ def test_a_cache_pattern_names_every_layer(tmp_path):
         "past.0.key": "present.0.key", "past.1.key": "present.1.key", "past.10.key": "present.10.key"}
     assert expand_cache_patterns({"cache.{i}": "out.{i}"}, names) == {"cache.{i}": "out.{i}"}  # refused later
 
-
-sys.path.insert(0, str(Path(__file__).parent))  # test_docs' doc_block

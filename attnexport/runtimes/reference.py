@@ -25,77 +25,7 @@ def reference_ops() -> list:
             # out[i][j] = data[i][indices[i][j]] (axis 1): the other axes as long as the indices'.
             data = data[tuple(slice(None) if a == axis else slice(0, n) for a, n in enumerate(indices.shape))]
             return (np.take_along_axis(data, indices.astype(np.int64), axis=axis),)
-    return [mha_reference_op(), gqa_reference_op(), GatherElements, *fused_reference_ops()]
-
-
-def fused_reference_ops() -> list:
-    """The ops ONNX Runtime's fusions put in an ort-flavour language model (`export --hf`), for
-    onnx's ReferenceEvaluator, from their contracts: SimplifiedLayerNormalization (RMS norm over
-    the last axis, scaled), com.microsoft.SkipSimplifiedLayerNormalization (the same over input +
-    skip, which it also returns), com.microsoft.RotaryEmbedding (rotate-half form: cos and sin
-    tables gathered at the position ids, the first rotary_embedding_dim of each head rotated),
-    com.microsoft.SkipLayerNormalization (LayerNorm over input + skip + bias) and
-    com.microsoft.FusedMatMul (alpha * A @ B, either transposed)."""
-    from onnx.reference.op_run import OpRun
-
-    def rms(x, gamma, epsilon):
-        x64 = x.astype(np.float64)
-        inv = 1.0 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + epsilon)
-        return (x64 * inv * gamma).astype(x.dtype), inv.astype(np.float32)
-
-    class SimplifiedLayerNormalization(OpRun):
-        def _run(self, x, gamma, axis=-1, epsilon=1e-5, stash_type=1):
-            y, inv = rms(x, gamma, epsilon)
-            return y, inv
-
-    class SkipSimplifiedLayerNormalization(OpRun):
-        op_domain = "com.microsoft"
-
-        def _run(self, x, skip, gamma, bias=None, epsilon=1e-5):
-            total = x + skip + (bias if bias is not None else 0)
-            y, inv = rms(total, gamma, epsilon)
-            return y, np.zeros_like(inv), inv, total
-
-    class RotaryEmbedding(OpRun):
-        op_domain = "com.microsoft"
-
-        def _run(self, x, position_ids, cos_cache, sin_cache, interleaved=0, num_heads=0, rotary_embedding_dim=0,
-                 is_packed_batching=0, scale=1.0):
-            if interleaved:
-                raise NotImplementedError("interleaved rotary embeddings (attnexport's exports use rotate-half)")
-            four = x.ndim == 4  # (B, N, S, d); else (B, S, N * d)
-            y = x if four else x.reshape(x.shape[0], x.shape[1], num_heads, -1).transpose(0, 2, 1, 3)
-            half = cos_cache.shape[-1]
-            cos = cos_cache[position_ids][:, None].astype(np.float64)  # (B, 1, S, half)
-            sin = sin_cache[position_ids][:, None].astype(np.float64)
-            y64 = y.astype(np.float64)
-            a, b, rest = y64[..., :half], y64[..., half:2 * half], y64[..., 2 * half:]
-            out = np.concatenate([a * cos - b * sin, b * cos + a * sin, rest], axis=-1).astype(x.dtype)
-            return (out if four else out.transpose(0, 2, 1, 3).reshape(x.shape),)
-
-    class SkipLayerNormalization(OpRun):
-        op_domain = "com.microsoft"
-
-        def _run(self, x, skip, gamma, beta=None, bias=None, epsilon=1e-5):
-            total = x + skip + (bias if bias is not None else 0)
-            t64 = total.astype(np.float64)
-            mean = t64.mean(-1, keepdims=True)
-            inv = 1.0 / np.sqrt(((t64 - mean) ** 2).mean(-1, keepdims=True) + epsilon)
-            y = (t64 - mean) * inv * gamma + (beta if beta is not None else 0)
-            return y.astype(x.dtype), mean.astype(np.float32), inv.astype(np.float32), total
-
-    class FusedMatMul(OpRun):
-        op_domain = "com.microsoft"
-
-        def _run(self, a, b, alpha=1.0, transA=0, transB=0, transBatchA=0, transBatchB=0):
-            if transBatchA or transBatchB:
-                raise NotImplementedError("FusedMatMul with transBatchA/transBatchB")
-            a = np.swapaxes(a, -1, -2) if transA else a
-            b = np.swapaxes(b, -1, -2) if transB else b
-            return ((a.astype(np.float64) @ b.astype(np.float64)) * alpha).astype(a.dtype),
-
-    return [SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization, RotaryEmbedding, SkipLayerNormalization,
-            FusedMatMul]
+    return [mha_reference_op(), gqa_reference_op(), GatherElements]
 
 
 def gqa_reference_op():

@@ -145,19 +145,13 @@ def _shape_rows(ctx: _Context) -> list[Row]:
         ends = feed.get("write_pos", np.zeros(batch, np.int64)) + block
         expected = past_ends_zeroed(expected, buffers, ends)
         for rt in ctx.used:
+            if rt == "torch":  # the expected values are the torch module's own: torch's rows are the generation
+                continue
             row = ctx.row(label, rt, "the model in transformers, its attention through attnexport's core")
             row.inputs, row.expected = feed, expected
             rows.append(row)
-            if rt == "torch":
-                row.skipped = "the expected values are the torch module's own (torch's rows are the generation)"
-                continue
-            if rt not in ctx.prepared:
-                row.skipped = f"{rt} runs no ONNX model"
-                continue
-            try:
-                got, row.median_ms = ctx.prepared[rt].timed(feed, warmup=0, iters=1)
-            except Exception as e:  # noqa: BLE001 - a runtime failing on the model fails verification
-                row.error = reason(e)
+            got = _timed_on(ctx, row, lambda run, feed=feed: run(feed))
+            if got is None:
                 continue
             got = past_ends_zeroed(got, buffers, ends)
             row.comparisons = compare_outputs(ctx.layout.outputs, got, expected, ctx.tol)
@@ -170,12 +164,9 @@ def _shape_rows(ctx: _Context) -> list[Row]:
 def _stepped_logits(run, layout: hf.Layout, ids: np.ndarray, first: int, chunk: int) -> np.ndarray:
     """The logits of every position of `ids` from a prefill of `first` tokens, then blocks of `chunk`."""
     batch, total = ids.shape
-    cache = layout.cache_names("past_key_values")
-    if layout.form == "static":
-        shape = (batch, layout.kv_heads, layout.max_seq, layout.head_dim)
-        state = {n: np.zeros(shape, np.float32) for n in cache}
-    else:
-        state = {n: np.zeros((batch, layout.kv_heads, 0, layout.head_dim), np.float32) for n in cache}
+    pairs = layout.cache_pairs
+    positions = layout.max_seq if layout.form == "static" else 0
+    state = {n: np.zeros((batch, layout.kv_heads, positions, layout.head_dim), np.float32) for n in pairs}
     logits, start = [], 0
     while start < total:
         end = first if start == 0 else min(start + chunk, total)
@@ -187,7 +178,7 @@ def _stepped_logits(run, layout: hf.Layout, ids: np.ndarray, first: int, chunk: 
                     "position_ids": np.broadcast_to(np.arange(start, end), block.shape).copy(), **state}
         out = run(feed)
         logits.append(np.asarray(out["logits"], np.float64))
-        state = {n: out[n.replace("past_key_values", "present", 1)] for n in cache}
+        state = {past: out[present] for past, present in pairs.items()}
         start = end
     return np.concatenate(logits, axis=1)
 
