@@ -363,6 +363,10 @@ def _given(kwargs) -> dict:
               help="With --module: the module's own key/value cache, an input and the output returning it "
                    "updated, e.g. past_key:present_key (repeatable; {i} stands for a layer's number: "
                    "'past.{i}.key:present.{i}.key'); verify then checks decoding with it.")
+@click.option("--write-pos", default=None, metavar="INPUT",
+              help="With --module and --cache: the cache is static, its buffers keep their size and each step "
+                   "writes its block where INPUT says (each sequence's first position (B,), or the block's "
+                   "positions (T,)); verify then decodes sequences of different lengths with it.")
 @click.option("--output-names", default=None, metavar="A,B,...",
               help="With --module: the model's output names (default: from the module's return structure).")
 @click.option("--dynamic", "dynamic_specs", multiple=True, metavar="NAME:AXIS=DIM",
@@ -380,7 +384,7 @@ def _given(kwargs) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_variant_options
 @reports_errors
-def export(variant, hf_path, module_spec, input_specs, nan_rows, allow_unfused, cache_specs, output_names,
+def export(variant, hf_path, module_spec, input_specs, nan_rows, allow_unfused, cache_specs, write_pos, output_names,
            dynamic_specs, flavor, opset, dtype, seed, output, as_json, **options):
     """Export a variant, your own module or a transformers language model to ONNX (checked, with
     metadata, written atomically).
@@ -392,20 +396,22 @@ def export(variant, hf_path, module_spec, input_specs, nan_rows, allow_unfused, 
     if sum(x is not None for x in (variant, module_spec, hf_path)) != 1:
         raise UsageError("give --variant NAME, --module FILE.py:NAME or --hf PATH (one of them)")
     if hf_path is not None:
-        if input_specs or dynamic_specs or nan_rows or allow_unfused or cache_specs or output_names:
-            raise UsageError("--input, --dynamic, --nan-rows, --allow-unfused, --cache and --output-names go with "
-                             "--module (--hf knows its model's inputs, outputs and cache)")
+        if input_specs or dynamic_specs or nan_rows or allow_unfused or cache_specs or write_pos or output_names:
+            raise UsageError("--input, --dynamic, --nan-rows, --allow-unfused, --cache, --write-pos and --output-names "
+                             "go with --module (--hf knows its model's inputs, outputs and cache)")
         result = _export_hf(hf_path, flavor, opset, dtype, seed, output, options)
         click.echo(jsonout.dumps(result.to_dict()) if as_json else result.summary())
         return
-    if module_spec is None and (input_specs or dynamic_specs or nan_rows or allow_unfused or cache_specs
+    if module_spec is None and (input_specs or dynamic_specs or nan_rows or allow_unfused or cache_specs or write_pos
                                 or output_names):
-        raise UsageError("--input, --dynamic, --nan-rows, --allow-unfused, --cache and --output-names go with --module")
+        raise UsageError("--input, --dynamic, --nan-rows, --allow-unfused, --cache, --write-pos and --output-names go "
+                         "with --module")
     if module_spec is not None:
         request = export_mod.ModuleExport(
             flavor=flavor, opset=opset, dtype=dtype, dynamic=_dynamic_axes(dynamic_specs), output=output,
             name=module_spec, nan_rows=nan_rows, seed=seed, allow_unfused=allow_unfused,
-            cache=_cache_pairs(cache_specs) or None, output_names=output_names.split(",") if output_names else None)
+            cache=_cache_pairs(cache_specs) or None, write_pos=write_pos,
+            output_names=output_names.split(",") if output_names else None)
         result = _export_module(module_spec, input_specs, request, options)
     else:
         result = export_mod.export(export_mod.ExportRequest(variant, _given(options), flavor, opset, dtype,
@@ -616,12 +622,15 @@ def inspect(model, as_json):
 @click.option("--cache", "cache_specs", multiple=True, metavar="INPUT:OUTPUT",
               help="With --module: the module's own cache (as for export --module; default: what the MODEL "
                    "records): check decoding with it.")
+@click.option("--write-pos", default=None, metavar="INPUT",
+              help="With --module and --cache: the cache is static, written where INPUT says (as for export "
+                   "--module; default: what the MODEL records).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document and nothing else.")
 @_variant_options
 @reports_errors
 def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, skip_unavailable,
            strict_placement, seed, localize, save_baseline, baseline_dir, max_growth, details, cases, module_spec,
-           hf_path, new_tokens, input_specs, cache_specs, as_json, **options):
+           hf_path, new_tokens, input_specs, cache_specs, write_pos, as_json, **options):
     """Check exported models against the golden cases on every runtime; exit 1 on any mismatch.
 
     With no MODEL: exports every selected golden case in every selected flavor and runs it.
@@ -640,9 +649,9 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
         if len(models) != 1 or module_spec is not None:
             raise UsageError("--hf compares one MODEL with the language model it was exported from: give one MODEL "
                              "(and no --module)")
-        if _given(options) or variants or flavors or cases or input_specs or cache_specs:
-            raise UsageError("--hf takes no --variant, --flavor, --case, --input, --cache or variant options: the "
-                             "model says what it is")
+        if _given(options) or variants or flavors or cases or input_specs or cache_specs or write_pos:
+            raise UsageError("--hf takes no --variant, --flavor, --case, --input, --cache, --write-pos or variant "
+                             "options: the model says what it is")
         check = HFCheck(models[0], hf_path, runtimes, rtol, atol, skip_unavailable, seed, new_tokens)
         _report_verify(verify_hf(check), details, as_json)
         return
@@ -658,11 +667,12 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
         report = verify_mod.verify_module(models[0], module_spec, runtimes, rtol=rtol, atol=atol,
                                           skip_unavailable=skip_unavailable,
                                           input_specs=parsed, seed=seed, weights_file=weights,
-                                          cache=_cache_pairs(cache_specs) or None)
+                                          cache=_cache_pairs(cache_specs) or None, write_pos=write_pos)
         _report_verify(report, details, as_json)
         return
-    if input_specs or cache_specs:
-        raise UsageError("--input and --cache go with --module (the inputs of a MODEL exported from a module)")
+    if input_specs or cache_specs or write_pos:
+        raise UsageError("--input, --cache and --write-pos go with --module (the inputs of a MODEL exported from a "
+                         "module)")
     if models and cases:
         raise UsageError("--case selects golden cases to export and run; a MODEL runs those of its own options")
     model_variant = variants[0] if models and variants else None

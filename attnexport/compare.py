@@ -184,15 +184,17 @@ def divergence(actual, expected, dtype: str) -> tuple[bool, float, float]:
     return err > DIVERGENCE[dtype] * scale, err, scale
 
 
-def past_ends_zeroed(arrays: dict, names, ends) -> dict:
-    """`arrays` with each named (B, H, S, d) buffer's positions at or past `ends[b]` set to 0 in
-    sequence b (a static cache's buffers, which a model may leave undefined past each sequence's
-    written positions); the other arrays as they are."""
+def past_ends_zeroed(arrays: dict, names, ends, axis: int = 2) -> dict:
+    """`arrays` with each named buffer's positions (on `axis`: (B, H, S, d) by default) at or
+    past `ends[b]` set to 0 in sequence b (a static cache's buffers, which a model may leave
+    undefined past each sequence's written positions); the other arrays as they are."""
     out = dict(arrays)
     for name in names:
         if name in arrays:
             a = np.array(arrays[name], copy=True)
             for b, end in enumerate(np.asarray(ends).reshape(-1)):
-                a[b, :, int(end):] = 0
+                at: list = [slice(None)] * a.ndim
+                at[0], at[axis] = b, slice(int(end), None)
+                a[tuple(at)] = 0
             out[name] = a
     return out

@@ -122,10 +122,58 @@ def static_reach(prompts: np.ndarray, length: int) -> np.ndarray:
     return prompts + length - prompts.max()
 
 
+@dataclass(frozen=True)
+class WritePos:
+    """How a static cache's step is told where its block goes: the input `name` holds, in `form`,
+
+    - "start": each sequence's first position, (B,) (sequences may be at different positions);
+    - "positions": the block's positions, (T,), the same for every sequence (transformers'
+      `cache_position`);
+    - "shared": the block's first position, the same for every sequence, a scalar or (1,).
+    `shape` and `dtype`: the input's, for the "shared" form."""
+
+    name: str
+    form: str = "start"
+    shape: tuple = ()
+    dtype: str = "int64"
+
+    FORMS = ("start", "positions", "shared")
+
+    @property
+    def ragged(self) -> bool:
+        """Whether sequences may be at different positions."""
+        return self.form == "start"
+
+    def value(self, starts, length: int) -> np.ndarray:
+        """The input for a block of `length` positions written at `starts` (B,), each sequence's
+        first position (one value for all but in the "start" form)."""
+        starts = np.asarray(starts).reshape(-1)
+        if self.form == "start":
+            return starts.astype(self.dtype)
+        if starts.min() != starts.max():
+            raise ValueError(f"{self.name} ({self.form}) writes every sequence at one position, got {starts.tolist()}")
+        first = int(starts[0])
+        if self.form == "positions":
+            return np.arange(first, first + length, dtype=self.dtype)
+        return np.full(self.shape, first, self.dtype)
+
+    def meta(self) -> dict:
+        return {"input": self.name, "form": self.form}
+
+
 def decode_static(step: Callable[[dict], dict], stream: dict[str, np.ndarray], axis: int, prompts: np.ndarray,
                   chunk: int, buffers: dict[str, np.ndarray], pairs: dict[str, str],
                   once: dict[str, np.ndarray] | None = None) -> np.ndarray:
-    """The `output` of a static-cache step model over sequences of different prompt lengths.
+    """The `output` of a variant's static-cache step over sequences of different prompt lengths
+    (see `decode_static_all`)."""
+    return decode_static_all(step, stream, axis, prompts, chunk, buffers, pairs, once)[0]["output"]
+
+
+def decode_static_all(step: Callable[[dict], dict], stream: dict[str, np.ndarray], axis: int, prompts: np.ndarray,
+                      chunk: int, buffers: dict[str, np.ndarray], pairs: dict[str, str],
+                      once: dict[str, np.ndarray] | None = None, write_pos: WritePos = WritePos("write_pos"),
+                      outputs: dict[str, int] | None = None):
+    """The outputs of a static-cache step model over sequences of different prompt lengths.
 
     Sequence b's prompt is its first prompts[b] positions. The prompts run as one block (the
     batch's longest: a shorter prompt's block runs on into its next positions, whose keys and
@@ -134,20 +182,26 @@ def decode_static(step: Callable[[dict], dict], stream: dict[str, np.ndarray], a
     has cached, until each has run n = L - max(prompts) positions past its prompt.
 
     Args:
-        step: one call of the model: {stream inputs, every buffer, write_pos} -> {output, every
+        step: one call of the model: {stream inputs, every buffer, write_pos} -> {outputs, every
             updated buffer}.
         stream: the inputs that run along the sequence (`x`; or `query`, `key`, `value`), whole:
-            L positions on `axis`, which is also the output's.
+            L positions on `axis`, which is also the outputs'.
         buffers: the caches: static buffers (B, H, S, d) with S >= L, their contents garbage
             (attention must read only what was written); and any other cache carried from step
             to step (a decoder's cross cache, empty at first).
         pairs: cache input -> the output that returns it updated.
         once: inputs given whole at the first step and empty (0 long on axis 1) at the later
             ones, their keys and values being cached by then (the decoder's memory).
+        write_pos: the input telling the step where to write (a form other than "start" needs
+            prompts of one length).
+        outputs: the outputs that run along the sequence -> their axis (default: `output` on
+            the stream's axis).
 
     Returns:
-        the outputs: sequence b's at positions below prompts[b] + n, zeros past them.
+        ({output: sequence b's values at positions below prompts[b] + n, zeros past them},
+        {cache input: its last value}).
     """
+    outputs = outputs or {"output": axis}
     first_input = next(iter(stream.values()))
     batch, length = first_input.shape[0], first_input.shape[axis]
     longest = int(prompts.max())
@@ -157,31 +211,34 @@ def decode_static(step: Callable[[dict], dict], stream: dict[str, np.ndarray], a
     def take(b, start, size):  # sequence b's positions start .. start+size-1, batch axis kept
         return {k: np.take(v[b:b + 1], np.arange(start, start + size), axis=axis) for k, v in stream.items()}
 
-    def run(blocks, write_pos, first=False):
+    def run(blocks, starts, size, first=False):
         nonlocal cache
         given = {k: np.concatenate([blk[k] for blk in blocks]) for k in stream}
         given.update({k: v if first else v[:, :0] for k, v in (once or {}).items()})
-        got = step({**given, **cache, "write_pos": write_pos.astype(np.int64)})
+        got = step({**given, **cache, write_pos.name: write_pos.value(starts, size)})
         cache = {name: np.asarray(got[pairs[name]]) for name in cache}
-        return np.asarray(got["output"])
+        return {name: np.asarray(got[name]) for name in outputs}
 
-    first = run([take(b, 0, longest) for b in range(batch)], np.zeros(batch, np.int64), first=True)
-    shape = list(first.shape)
-    shape[axis] = length
-    out = np.zeros(shape, first.dtype)
-    index = [slice(None)] * len(shape)
+    first = run([take(b, 0, longest) for b in range(batch)], np.zeros(batch, np.int64), longest, first=True)
+    out = {}
+    for name, values in first.items():
+        shape = list(values.shape)
+        shape[outputs[name]] = length
+        out[name] = np.zeros(shape, values.dtype)
 
-    def put(b, start, values):  # values: sequence b's outputs (batch axis dropped) from position start
-        at = list(index)
-        at[0], at[axis] = b, slice(start, start + values.shape[axis - 1])
-        out[tuple(at)] = values
+    def put(b, start, got):  # got: the step's outputs; sequence b's from position start
+        for name, values in got.items():
+            along = outputs[name]
+            at: list = [slice(None)] * values.ndim
+            at[0], at[along] = b, slice(start, start + values.shape[along])
+            out[name][tuple(at)] = values[b]
 
     for b in range(batch):
-        put(b, 0, np.take(first[b], np.arange(prompts[b]), axis=axis - 1))
+        put(b, 0, {name: np.take(v, np.arange(prompts[b]), axis=outputs[name]) for name, v in first.items()})
     for start in range(0, n, chunk):
         size = min(chunk, n - start)
         at = prompts + start
-        got = run([take(b, at[b], size) for b in range(batch)], at)
+        got = run([take(b, at[b], size) for b in range(batch)], at, size)
         for b in range(batch):
-            put(b, at[b], got[b])
-    return out
+            put(b, at[b], got)
+    return out, cache

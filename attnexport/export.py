@@ -602,16 +602,6 @@ class ModuleExportResult:
 
 
 @dataclass(frozen=True)
-class StaticBuffers:
-    """A module's static cache: the input with each sequence's write position (B,), the input
-    whose axis 1 is the block written, and the outputs that return the buffers written."""
-
-    write_pos: str
-    block: str
-    outputs: tuple
-
-
-@dataclass(frozen=True)
 class ModuleExport:
     """How to export a user's module: `export_module`'s keywords, as one object.
 
@@ -634,9 +624,12 @@ class ModuleExport:
             (`past_len`), the export is checked with empty caches too, and `verify --module`
             checks the decode property (recorded as `attnexport.cache`).
         extra_meta: more metadata for the model (a language model's `attnexport.hf` layout).
-        buffers: the module's static cache, when it has one: a StaticBuffers naming its write
-            position input and its buffers' outputs (compared over their written prefix where the
-            model leaves the rest undefined, see GQA_BUFFERS).
+        write_pos: the module's cache is static, given: `cache`'s inputs are buffers that keep
+            their size (positions on axis -2), each step writes its block into them where the
+            input `write_pos` says (each sequence's first position (B,), the block's positions
+            (T,), or one first position for all; see `decode.WritePos`). The export is checked at
+            other sizes with valid positions, and `verify --module` decodes sequences of
+            different lengths from buffers full of noise (recorded as `attnexport.write_pos`).
         probes: the inputs (tuples of tensors, forward's order) the export is checked on before it
             is written, where sizes depend on each other (a mask as long as the cache and the block
             together); default: each symbolic axis at 1 and at the example's size + 3.
@@ -656,7 +649,7 @@ class ModuleExport:
     allow_unfused: bool = False
     cache: dict | None = None
     extra_meta: dict | None = None
-    buffers: StaticBuffers | None = None
+    write_pos: str | None = None
     probes: tuple | None = None
 
 
@@ -703,6 +696,7 @@ def export_module(module, example_inputs, request: ModuleExport | None = None, *
     calls = recognize.routed_calls(traced)
     kept = _name_dims(model, t.names, t.dims[1])
     cache_axes = _kept_axes(t, kept)
+    write = _write_pos_of(t, kept, r.write_pos) if r.write_pos is not None else None
     spec = [{"name": n, "shape": list(a.shape), "dtype": str(a.dtype).replace("torch.", ""),
              "dynamic": {str(ax): d for ax, d in kept.get(n, {}).items()}}
             for n, a in zip(t.names, t.args, strict=True)]
@@ -711,12 +705,14 @@ def export_module(module, example_inputs, request: ModuleExport | None = None, *
             "attnexport.routed": json.dumps(calls),
             **({"attnexport.cache": json.dumps({n: {"output": o, "axis": cache_axes[n]} for n, o in t.cache.items()})}
                if t.cache else {}),
+            **({"attnexport.write_pos": json.dumps(write.meta())} if write else {}),
             **({"attnexport.seed": str(r.seed)} if r.seed is not None else {}),
             "attnexport.params_source": ("given: " + Path(r.weights_file).name) if r.weights_file else "seed",
             **(r.extra_meta or {})}
     params = {k: v.detach().float().numpy() for k, v in t.module.state_dict().items()}
     model, op_name = finish(model, Finishing(r.flavor, opset, r.dtype, r.name, bool(calls)), params, meta)
-    checked = _check_other_sizes(t, model, kept, {kept[n][a] for n, a in cache_axes.items()})
+    checked = _check_other_sizes(t, model, kept, set() if write else {kept[n][a] for n, a in cache_axes.items()},
+                                 write)
     version = torch.__version__.split("+")[0]
     semantics = ["fully masked query rows give NaN, as in torch (--nan-rows)"] if r.nan_rows else \
         [M.SEMANTICS_NOTE.format(version=version) + " (--nan-rows keeps torch's)"] if torch_nan else []
@@ -752,6 +748,8 @@ def _module_trace(module, example_inputs: tuple, r: ModuleExport) -> _ModuleTrac
     if unknown:
         raise UsageError(f"--cache {', '.join(unknown)}: not an input of {r.name} (inputs: {', '.join(names)})")
     asked = r.dynamic
+    if r.write_pos is not None:
+        _check_write_pos(r, names, args, cache)
     if cache:  # a cache's positions axis: axis -2 (`past_len`) unless --dynamic names another
         asked = dict(r.dynamic) if r.dynamic is not None else _default_dynamic(names, args)
         for n, t in zip(names, args, strict=True):
@@ -759,7 +757,11 @@ def _module_trace(module, example_inputs: tuple, r: ModuleExport) -> _ModuleTrac
             if n in cache and t.dim() < 2:
                 raise UsageError(f"--cache {n}: a cache has a positions axis, {n} has {t.dim()} axis")
             if n in cache and not any(a % t.dim() != 0 for a in given):
-                asked[n] = {**({0: "batch"} if r.dynamic is None or 0 in given else {}), t.dim() - 2: "past_len"}
+                batch = {0: "batch"} if r.dynamic is None or 0 in given else {}
+                # A static cache's buffers keep their positions; a growing cache's are `past_len`.
+                asked[n] = batch if r.write_pos is not None else {**batch, t.dim() - 2: "past_len"}
+        if r.write_pos is not None and r.write_pos not in (r.dynamic or {}):
+            asked.update(_write_pos_axes(r, names, args, cache, asked))
     dims = _dynamic_shapes(names, args, asked)
     with torch.no_grad(), M.routed():
         sample = M.call_forward(module, args, r.name)
@@ -772,6 +774,101 @@ def _module_trace(module, example_inputs: tuple, r: ModuleExport) -> _ModuleTrac
         raise UsageError(f"--cache: {', '.join(missing)} is not an output of {r.name} (outputs: "
                          f"{', '.join(out_names or ['nested, unnamed'])})")
     return _ModuleTrace(module, args, names, dims, out_names, cache, r)
+
+
+def _check_write_pos(r: ModuleExport, names, args, cache) -> None:
+    """A static cache's write position: an integer input of rank 0 or 1 beside buffers with a
+    positions axis."""
+    if not cache:
+        raise UsageError(f"--write-pos {r.write_pos}: the position a static cache is written at; name its buffers "
+                         "with --cache INPUT:OUTPUT")
+    if r.write_pos not in names:
+        raise UsageError(f"--write-pos {r.write_pos}: not an input of {r.name} (inputs: {', '.join(names)})")
+    if r.write_pos in cache:
+        raise UsageError(f"--write-pos {r.write_pos}: a buffer of the cache cannot be its write position too")
+    for n in cache:
+        moving = [a for a in (r.dynamic or {}).get(n, {}) if a % args[names.index(n)].dim() != 0]
+        if moving:
+            raise UsageError(f"--cache {n} with --write-pos: a static cache's buffers keep their size; --dynamic "
+                             f"makes {n}'s axis {moving[0]} symbolic")
+    import torch
+    t = args[names.index(r.write_pos)]
+    if t.is_floating_point() or t.dtype == torch.bool or t.dim() > 1:
+        raise UsageError(f"--write-pos {r.write_pos}: an integer input of rank 0 or 1 (each sequence's first "
+                         f"position, or the block's positions), got {str(t.dtype).replace('torch.', '')} of shape "
+                         f"{list(t.shape)}")
+
+
+def _write_pos_axes(r: ModuleExport, names, args, cache, asked) -> dict:
+    """The write position's symbolic axis when --dynamic does not name it: the batch, where it
+    holds each sequence's position (B,), or the block's length, where it holds the block's
+    positions (T,); none for a scalar or (1,). Told apart by the example's sizes."""
+    t = args[names.index(r.write_pos)]
+    if t.dim() == 0:
+        return {}
+    batch = args[names.index(next(iter(cache)))].shape[0]
+    blocks = [(n, a.shape[1], asked[n][1]) for n, a in zip(names, args, strict=True)
+              if n not in cache and a.dim() >= 2 and 1 in asked.get(n, {})]
+    size = t.shape[0]
+    along = [(n, dim) for n, length, dim in blocks if length == size]
+    if size == batch and not along:
+        return {r.write_pos: {0: "batch"}}
+    if along and size != batch:
+        return {r.write_pos: {0: along[0][1]}}
+    if size == 1:
+        return {}
+    raise UsageError(f"--write-pos {r.write_pos}: its {size} value(s) are neither one per sequence (batch {batch}) "
+                     f"nor one per new position{' alone' if along else ''} ("
+                     f"{', '.join(f'{n} has {length}' for n, length, _ in blocks) or 'no input runs along a sequence'}"
+                     "); give the example different sizes, or name its axis with --dynamic")
+
+
+def _write_pos_of(t: _ModuleTrace, kept: dict, name: str):
+    """The module's WritePos (input `name`), its form read from the axis the export kept symbolic."""
+    from attnexport.decode import WritePos
+    r = t.request
+    arg = t.args[t.names.index(name)]
+    dims = kept.get(name, {})
+    batch_dim = kept.get(next(iter(t.cache)), {}).get(0)
+    dtype = str(arg.dtype).replace("torch.", "")
+    if not dims:
+        if arg.numel() != 1:
+            raise UsageError(f"--write-pos {r.write_pos}: {r.name} fixes its size at {list(arg.shape)}; it must follow "
+                             "the batch (each sequence's position) or the block (its positions)")
+        return WritePos(name, "shared", tuple(arg.shape), dtype)
+    dim = dims[0]
+    if dim == batch_dim:
+        return WritePos(name, "start", (), dtype)
+    lengths = {d for n, axes in kept.items() if n not in t.cache and n != name for a, d in axes.items() if a}
+    if dim in lengths:
+        return WritePos(name, "positions", (), dtype)
+    raise UsageError(f"--write-pos {r.write_pos}: its axis {dim!r} is neither the batch ({batch_dim}) nor the block's "
+                     f"length ({', '.join(sorted(lengths)) or 'none'})")
+
+
+def static_probes(args, names, kept, cache: dict, write, seed: int) -> list:
+    """Inputs at other sizes for a static cache's step: each symbolic axis at 1 and at the
+    example's size + 3 (a block no longer than the buffers), the buffers drawn at random, each
+    sequence's position drawn where its block fits (one for all but in the "start" form)."""
+    buffers = args[names.index(next(iter(cache)))]
+    positions = buffers.shape[-2]
+    blocks = {d for n, axes in kept.items() if n not in cache and n != write.name for a, d in axes.items() if a}
+    rng = np.random.default_rng(seed)
+    out = []
+    for feed in probe_inputs(args, names, kept, seed, limits={d: positions for d in blocks}):
+        by_name = dict(zip(names, feed, strict=True))
+        batch = by_name[next(iter(cache))].shape[0]
+        length = next((x.shape[a] for n, x in by_name.items() for a, d in kept.get(n, {}).items() if d in blocks), 1)
+        starts = rng.integers(0, positions - length + 1, size=batch if write.ragged else 1).repeat(
+            1 if write.ragged else batch)
+        by_name[write.name] = _torch_of(write.value(starts, length))
+        out.append(tuple(by_name[n] for n in names))
+    return out
+
+
+def _torch_of(a):
+    import torch
+    return torch.from_numpy(np.ascontiguousarray(a))
 
 
 def _trace_to_onnx(t: _ModuleTrace, opset: int):
@@ -820,7 +917,9 @@ def _kept_axes(t: _ModuleTrace, kept: dict) -> dict:
                              f"there)")
     cache_axes = {}
     for n in t.names:
-        if n in t.cache:
+        if n in t.cache and r.write_pos is not None:  # buffers: their positions stay as they are
+            cache_axes[n] = t.args[t.names.index(n)].dim() - 2
+        elif n in t.cache:
             axes = [a for a in kept.get(n, {}) if a != 0]
             if len(axes) != 1:
                 raise UsageError(f"--cache {n}: {r.name} fixes the cache's positions axis (it must stay symbolic)")
@@ -874,10 +973,10 @@ def _name_dims(model, names, wanted):
     return kept
 
 
-def probe_inputs(args, names, kept, seed, empty=()):
-    """Inputs at other sizes: each symbolic axis 1, and the example's size + 3, and (given the
-    names of axes that may be empty, a cache's) those 0; floats seeded, other inputs filled with
-    the example's most common value (a mask mostly attends)."""
+def probe_inputs(args, names, kept, seed, empty=(), limits=None):
+    """Inputs at other sizes: each symbolic axis 1, and the example's size + 3 (at most its
+    `limits` size), and (given the names of axes that may be empty, a cache's) those 0; floats
+    seeded, other inputs filled with the example's most common value (a mask mostly attends)."""
     import torch
     sizes = {}
     for n, t in zip(names, args, strict=True):
@@ -885,7 +984,7 @@ def probe_inputs(args, names, kept, seed, empty=()):
             sizes.setdefault(d, t.shape[axis])
     rng = np.random.default_rng(seed)
     out = []
-    variants = [{d: 1 for d in sizes}, {d: s + 3 for d, s in sizes.items()}]
+    variants = [{d: 1 for d in sizes}, {d: min(s + 3, (limits or {}).get(d, s + 3)) for d, s in sizes.items()}]
     if empty:
         variants.append({d: 0 if d in empty else s for d, s in sizes.items()})
     for variant in variants:
@@ -900,10 +999,21 @@ def probe_inputs(args, names, kept, seed, empty=()):
     return out
 
 
-def _check_other_sizes(t: _ModuleTrace, model, kept: dict, empty=frozenset()) -> list:
+def _written_ends(t: _ModuleTrace, kept, write, feed) -> np.ndarray:
+    """Each sequence's end of the written positions after a static step: where it wrote + the block."""
+    length = next(x.shape[a] for n, x in feed.items() for a in kept.get(n, {})
+                  if a and n not in t.cache and n != write.name)
+    starts = np.asarray(feed[write.name]).reshape(-1)
+    if write.form == "positions":
+        return np.full(feed[next(iter(t.cache))].shape[0], starts.max() + 1)
+    return starts + length if write.ragged else np.full(feed[next(iter(t.cache))].shape[0], starts[0] + length)
+
+
+def _check_other_sizes(t: _ModuleTrace, model, kept: dict, empty=frozenset(), write=None) -> list:
     """Runs the model on ONNX Runtime at other sizes against the module itself, under the export's
     semantics (a query with no key to attend to gives zeros, unless `nan_rows`); an ExportError
-    (nothing written) when they differ. `empty`: the axes that may be 0 (a cache's)."""
+    (nothing written) when they differ. `empty`: the axes that may be 0 (a growing cache's);
+    `write`: a static cache's WritePos."""
 
     from attnexport import runtimes as R
     if not kept:
@@ -915,8 +1025,10 @@ def _check_other_sizes(t: _ModuleTrace, model, kept: dict, empty=frozenset()) ->
     def compute(module, feed):
         with contextlib.nullcontext() if t.request.nan_rows else M.export_semantics():
             return M.call_forward(module, feed, name)
-    undefined_past = t.request.buffers if any(p.key == STATIC_BUFFERS for p in model.metadata_props) else None
-    probes = t.request.probes if t.request.probes is not None else probe_inputs(t.args, names, kept, 1, empty)
+    probes = t.request.probes if t.request.probes is not None else \
+        static_probes(t.args, names, kept, t.cache, write, 1) if write else probe_inputs(t.args, names, kept, 1, empty)
+    # GroupQueryAttention's buffers are undefined past each sequence's written positions.
+    undefined_past = write is not None and any(p.key == STATIC_BUFFERS for p in model.metadata_props)
     for feed in probes:
         want, tol = M.expected_of(t.module, feed, name, t.request.dtype, compute)
         sizes = {n: list(x.shape) for n, x in zip(names, feed, strict=True)}
@@ -927,11 +1039,10 @@ def _check_other_sizes(t: _ModuleTrace, model, kept: dict, empty=frozenset()) ->
             raise UsageError(f"{name}: the export does not run at {sizes} on ONNX Runtime ({reason(e)[:300]}); "
                              "if the module fixes a size there, say which axes are "
                              "symbolic with --dynamic") from None
-        if undefined_past is not None:
-            by_name = dict(zip(names, feed, strict=True))
-            ends = by_name[undefined_past.write_pos].numpy() + by_name[undefined_past.block].shape[1]
-            got = past_ends_zeroed(got, undefined_past.outputs, ends)
-            want = list(past_ends_zeroed(dict(zip(got, want, strict=True)), undefined_past.outputs, ends).values())
+        if undefined_past:
+            ends = _written_ends(t, kept, write, dict(zip(names, feed, strict=True)))
+            got = past_ends_zeroed(got, t.cache.values(), ends)
+            want = list(past_ends_zeroed(dict(zip(got, want, strict=True)), t.cache.values(), ends).values())
         for out_name, w in zip(list(got), want, strict=True):
             c = compare(out_name, got[out_name], w, tol)
             if not c:

@@ -331,7 +331,7 @@ def export_hf(request: HFExport):
     """Exports the model at `request.source` in its cache form; returns (the ModuleExportResult,
     the layout)."""
     from attnexport import flavors as FL
-    from attnexport.export import ModuleExport, StaticBuffers, export_module
+    from attnexport.export import ModuleExport, export_module
 
     r = request
     if r.form not in FORMS:
@@ -356,14 +356,13 @@ def export_hf(request: HFExport):
     flavor = r.flavor or FL.DEFAULT
     # The attention flavour's static step writes with TensorScatter (opset 24).
     opset = FL.opset_for(flavor, r.opset, 24 if r.form == "static" and flavor == "attention" else None)
-    cache = layout.cache_pairs if r.form == "concat" else None
-    buffers = StaticBuffers("write_pos", "input_ids", tuple(layout.cache_names("present"))) \
-        if r.form == "static" else None
+    cache = layout.cache_pairs if r.form != "none" else None
     module_request = ModuleExport(flavor=flavor, opset=opset, dtype=r.dtype, dynamic=dynamic_axes(layout),
                                   output=r.output, input_names=list(feed), name=f"{model.config.model_type} ({r.form})",
                                   seed=r.seed if params_source == "seed" else None, output_names=layout.outputs,
                                   cache=cache, extra_meta={META: layout.meta(), "attnexport.params_source":
-                                                           params_source}, buffers=buffers, probes=probes)
+                                                           params_source},
+                                  write_pos="write_pos" if r.form == "static" else None, probes=probes)
     return export_module(wrapper, example, module_request), layout
 
 

@@ -158,6 +158,131 @@ def test_a_bad_cache_is_one_line_and_exit_2(tmp_path):
         assert not out.exists()
 
 
+STATIC = ["--cache", "key_cache:key_cache_out", "--cache", "value_cache:value_cache_out"]
+
+
+@pytest.mark.parametrize("name, write_pos, flavor, ok", [
+    ("example", "write_pos", "primitives", True),
+    ("example", "write_pos", "attention", True),
+    ("example", "write_pos", "ort", True),
+    ("positions_example", "cache_position", "attention", True),
+    ("unmasked_example", "write_pos", "attention", False),
+])
+def test_a_modules_static_cache_keeps_its_buffers_and_verify_decodes_sequences_apart(tmp_path, name, write_pos,
+                                                                                     flavor, ok):
+    """examples/static_cache_module.py writes its block into buffers of 16 positions: with --cache
+    and --write-pos the buffers keep their size (only the batch is symbolic), the write position
+    follows the batch (each sequence's) or the block (its positions), the export is checked at
+    other sizes with positions where the block fits, and verify --module decodes two sequences
+    from different positions (the per-sequence form) out of buffers full of noise against the
+    module's full forward. The step that attends the whole buffer fails that check on torch
+    itself as on the export; the shape checks cannot see it."""
+    import json
+
+    import onnx
+    from click.testing import CliRunner
+
+    from attnexport.cli import main
+    spec, path = f"examples/static_cache_module.py:{name}", tmp_path / f"{name}.onnx"
+    r = CliRunner().invoke(main, ["export", "--module", spec, *STATIC, "--write-pos", write_pos, "--flavor", flavor,
+                                  "-o", str(path), "--json"])
+    assert r.exit_code == 0, r.output
+    checked = json.loads(r.output)["checked"]
+    assert {tuple(c["key_cache"]) for c in checked} == {(1, 4, 16, 16), (5, 4, 16, 16)}
+    model = onnx.load(path)
+    dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    assert dims["key_cache"] == ["batch", 4, 16, 16]
+    form = "positions" if write_pos == "cache_position" else "start"
+    assert dims[write_pos] == ["x_len" if form == "positions" else "batch"]
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert json.loads(meta["attnexport.write_pos"]) == {"input": write_pos, "form": form}
+    assert json.loads(meta["attnexport.cache"])["key_cache"] == {"output": "key_cache_out", "axis": 2}
+    r = CliRunner().invoke(main, ["verify", str(path), "--module", spec, "--runtimes", "torch,ort-cpu", "--json"])
+    report = json.loads(r.output)
+    rows = report["results"]
+    decode_rows = [row for row in rows if row["case"].startswith("decode")]
+    assert len(decode_rows) == 4 and all(len(row["outputs"]) == 3 for row in decode_rows)
+    assert all(row["passed"] == ok for row in decode_rows), r.output
+    assert (r.exit_code == 0) == ok
+    assert all(row["passed"] for row in rows if not row["case"].startswith("decode"))
+    if form == "start":  # two sequences, each as far as it ran from its own prompt
+        assert "(8, 7 positions)" in decode_rows[0]["expected"]
+
+
+def test_verify_takes_a_static_cache_the_model_does_not_record(tmp_path):
+    """A step exported without attnexport's cache metadata (another exporter's) is decoded when
+    verify is told its buffers and write position; the form is read from the graph's axes."""
+    import json
+
+    import onnx
+    from click.testing import CliRunner
+
+    from attnexport.cli import main
+    spec, path = "examples/static_cache_module.py:example", tmp_path / "m.onnx"
+    r = CliRunner().invoke(main, ["export", "--module", spec, *STATIC, "--write-pos", "write_pos", "-o", str(path)])
+    assert r.exit_code == 0, r.output
+    model = onnx.load(path)
+    kept = [p for p in model.metadata_props if p.key not in ("attnexport.cache", "attnexport.write_pos")]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    plain = tmp_path / "plain.onnx"
+    onnx.save(model, plain)
+    args = ["verify", str(plain), "--module", spec, "--runtimes", "ort-cpu", "--json"]
+    r = CliRunner().invoke(main, args)
+    assert not [row for row in json.loads(r.output)["results"] if row["case"].startswith("decode")]
+    r = CliRunner().invoke(main, [*args, *STATIC, "--write-pos", "write_pos"])
+    decode_rows = [row for row in json.loads(r.output)["results"] if row["case"].startswith("decode")]
+    assert r.exit_code == 0 and len(decode_rows) == 2 and all(row["passed"] for row in decode_rows), r.output
+    r = CliRunner().invoke(main, [*args, "--write-pos", "write_pos"])
+    assert r.exit_code == 2 and "give its buffers with --cache" in r.output, r.output
+
+
+@pytest.mark.parametrize("args, text", [
+    (["--write-pos", "write_pos"], "name its buffers with --cache"),
+    ([*STATIC, "--write-pos", "slot"], "--write-pos slot: not an input"),
+    ([*STATIC, "--write-pos", "x"], "an integer input of rank 0 or 1"),
+    ([*STATIC, "--write-pos", "key_cache"], "a buffer of the cache cannot be its write position"),
+    ([*STATIC, "--write-pos", "write_pos", "--dynamic", "x:0=batch", "--dynamic", "x:1=seq", "--dynamic",
+      "key_cache:2=slots", "--dynamic", "value_cache:2=slots", "--dynamic", "write_pos:0=batch"],
+     "a static cache's buffers keep their size"),
+])
+def test_a_bad_static_cache_is_one_line_and_exit_2(tmp_path, args, text):
+    from click.testing import CliRunner
+
+    from attnexport.cli import main
+    out = tmp_path / "m.onnx"
+    r = CliRunner().invoke(main, ["export", "--module", "examples/static_cache_module.py:example", *args,
+                                  "-o", str(out)])
+    assert r.exit_code == 2 and text in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert not out.exists()
+
+
+def test_a_write_position_told_apart_by_its_size_or_refused():
+    """The write position's axis follows the batch or the block, told apart by the example's sizes;
+    where they are equal the export asks for different sizes (or --dynamic)."""
+    import sys
+
+    import torch
+
+    from attnexport.errors import UsageError
+    from attnexport.export import ModuleExport, export_module
+    sys.path.insert(0, "examples")
+    try:
+        import static_cache_module as S
+    finally:
+        sys.path.remove("examples")
+    request = ModuleExport(cache={"key_cache": "key_cache_out", "value_cache": "value_cache_out"},
+                           write_pos="cache_position")
+    module, (x, k, v, _) = S.positions_example()
+    with pytest.raises(UsageError, match="neither one per sequence"):  # batch 2, block 2, 2 positions
+        export_module(module, (x[:, :2], k, v, torch.arange(2)), request)
+    # One token: torch.export fixes a length of 1, and the position (1,) is one for all sequences.
+    shared = export_module(module, (x[:, :1], k, v, torch.tensor([4])), request)
+    meta = {p.key: p.value for p in shared.model.metadata_props}
+    assert meta["attnexport.write_pos"] == '{"input": "cache_position", "form": "shared"}'
+    assert shared.dynamic == {n: {0: "batch"} for n in ("x", "key_cache", "value_cache")}
+
+
 @pytest.mark.parametrize("args, text", [
     (["--kv-cache", "static"], "--kv-cache static needs --max-seq S"),
     (["--kv-cache", "--max-seq", "8"], "give --kv-cache static"),

@@ -4,21 +4,24 @@ chunks, must give the full forward's outputs (golden cache cases, and users' mod
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import numpy as np
+import onnx
 
 from attnexport import golden, seeding
 from attnexport import modules as M
 from attnexport import variants as V
 from attnexport.cases import seed_of
-from attnexport.compare import compare_outputs
+from attnexport.compare import compare_outputs, past_ends_zeroed
 from attnexport.decode import (
     CHUNKS,
+    STATIC_PROMPT,
     Layout,
+    WritePos,
     decode,
     decode_all,
     decode_static,
+    decode_static_all,
     empty_cache,
     split_inputs,
     static_prompts,
@@ -87,16 +90,23 @@ def decode_run(prepared, variant, o, stream, chunk):
     return {"output": out}, (time.perf_counter() - t0) * 1e3
 
 
-def cache_of(model, pairs: dict) -> dict:
-    """{input: output} -> {input: {"output", "axis"}}, the axis being the input's symbolic one
-    besides the batch (the positions)."""
+def cache_of(model, pairs: dict, static: bool = False) -> dict:
+    """{input: output} -> {input: {"output", "axis"}}, the axis being the input's positions: its
+    symbolic one besides the batch; a static cache's (`static`) buffers, axis -2."""
     inputs = {i.name: i for i in model.graph.input}
     outputs = {o.name for o in model.graph.output}
     cache = {}
     for past, present in pairs.items():
         if past not in inputs or present not in outputs:
             raise UsageError(f"--cache {past}:{present}: the model has no input {past!r} or no output {present!r}")
-        axes = [a for a, d in enumerate(inputs[past].type.tensor_type.shape.dim) if d.dim_param and a != 0]
+        dims = inputs[past].type.tensor_type.shape.dim
+        if static:
+            if len(dims) < 2 or dims[-2].dim_param:
+                raise UsageError(f"--cache {past}:{present} with --write-pos: a static cache's buffers have a fixed "
+                                 "positions axis (axis -2)")
+            cache[past] = {"output": present, "axis": len(dims) - 2}
+            continue
+        axes = [a for a, d in enumerate(dims) if d.dim_param and a != 0]
         if len(axes) != 1:
             raise UsageError(f"--cache {past}:{present}: {past} has {len(axes)} symbolic axes besides the batch; a "
                              "cache has one, its positions")
@@ -104,67 +114,161 @@ def cache_of(model, pairs: dict) -> dict:
     return cache
 
 
-def module_decode_rows(m: LoadedModule, example, cache: dict) -> list:
-    """The decode property of a module with its own cache (`cache`: {input: {"output", "axis"}}):
-    run from empty caches over the export's inputs, a token at a time and in chunks, feeding each
-    step's updated cache back, on every runtime (torch: the module itself), it must give the
-    module's full forward: the outputs along the sequence, and the last cache."""
-    import torch
-    module, model, spec, spec_inputs, used, prepared, dtype, tol, flavor, model_name = (
-        m.module, m.model, m.spec, m.spec_inputs, m.used, m.prepared, m.dtype, m.tol, m.flavor, m.model_name)
-    names = [i["name"] for i in spec_inputs]
-    outputs = [o.name for o in model.graph.output]
-    feed = dict(zip(names, (t.numpy() for t in example), strict=True))
-    for n, c in cache.items():  # empty caches
-        feed[n] = np.take(feed[n], np.arange(0), axis=c["axis"])
-    length_dims = {d for i in spec_inputs if i["name"] not in cache for a, d in i["dynamic"].items() if a != "0"}
+def write_pos_of(model, name: str, cache: dict):
+    """The WritePos of a static cache's step that does not record it (`verify --write-pos`): its
+    form read from the graph, by the axis its write position shares with the buffers (the batch)
+    or with the block."""
+    inputs = {i.name: i for i in model.graph.input}
+    if name not in inputs:
+        raise UsageError(f"--write-pos {name}: the model has no input {name!r}")
+    elem = inputs[name].type.tensor_type.elem_type
+    dtype = {onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT32: "int32"}.get(elem)
+    if dtype is None:
+        raise UsageError(f"--write-pos {name}: an integer input (int64 or int32), the model's is another type")
+    dims = inputs[name].type.tensor_type.shape.dim
+    if len(dims) > 1:
+        raise UsageError(f"--write-pos {name}: rank 0 or 1, the model's has {len(dims)} axes")
+    if not dims or not dims[0].dim_param:
+        return WritePos(name, "shared", tuple(d.dim_value for d in dims), dtype)
+    batch = inputs[next(iter(cache))].type.tensor_type.shape.dim[0].dim_param
+    return WritePos(name, "start" if dims[0].dim_param == batch else "positions", (), dtype)
+
+
+def _stream_of(spec, spec_inputs, skip) -> tuple[str, dict]:
+    """(the symbolic length of the inputs that run along the sequence, {input: its axis}); the
+    inputs in `skip` (caches, a write position) left out."""
+    length_dims = {d for i in spec_inputs if i["name"] not in skip for a, d in i["dynamic"].items() if a != "0"}
     if len(length_dims) != 1:
         raise UsageError(f"{spec}: the decode check splits one sequence axis, the inputs besides the cache have "
                          f"{len(length_dims)} symbolic lengths ({', '.join(sorted(length_dims)) or 'none'})")
     (length,) = length_dims
-    stream = {i["name"]: int(a) for i in spec_inputs if i["name"] not in cache
+    stream = {i["name"]: int(a) for i in spec_inputs if i["name"] not in skip
               for a, d in i["dynamic"].items() if d == length}
     if len(set(stream.values())) != 1:
         raise UsageError(f"{spec}: the inputs along the sequence ({', '.join(stream)}) have it on different axes")
-    axis = next(iter(stream.values()))
-    along = {o.name: a for o in model.graph.output if o.name not in {c["output"] for c in cache.values()}
-             for a, d in enumerate(o.type.tensor_type.shape.dim) if d.dim_param == length}
-    always = {n: v for n, v in feed.items() if n not in stream and n not in cache}
+    return length, stream
 
-    def module_step(given):
+
+def _module_step(m: LoadedModule, names, outputs):
+    """The torch module as a step: {input: array} -> {output: array}, under the export's semantics."""
+    import torch
+
+    def step(given):
         with torch.no_grad(), M.export_semantics():
-            out = M.call_forward(module, tuple(torch.from_numpy(np.asarray(given[n])) for n in names), spec)
+            out = M.call_forward(m.module, tuple(torch.from_numpy(np.asarray(given[n])) for n in names), m.spec)
         return {n: t.detach().numpy() for n, t in zip(outputs, M.outputs_of(out), strict=True)}
+    return step
 
-    full = module_step(feed)
-    expected = {n: full[n].astype(np.float64) for n in along}
-    expected.update({c["output"]: full[c["output"]].astype(np.float64) for c in cache.values()})
+
+def _decode_rows(m: LoadedModule, feed, expected, kind, decode_with) -> list:
+    """The decode property's rows, a token a step and in chunks, on every runtime: `decode_with(
+    step, chunk)` runs the decode with `step` ({input: array} -> {output: array}) and returns
+    the outputs to compare with `expected`."""
+    names = [i["name"] for i in m.spec_inputs]
+    module_step = _module_step(m, names, [o.name for o in m.model.graph.output])
     rows = []
     for chunk in CHUNKS:
         label = "decode, a token a step" if chunk == 1 else f"decode, {chunk} tokens a step"
-        for rt in used:
-            row = Row(case=label, variant=spec, flavor="-" if rt.startswith("torch") else flavor, runtime=rt,
-                      dtype=dtype, model=model_name, tolerance=tol,
-                      expected_kind="the torch module's full forward from empty caches",
+        for rt in m.used:
+            row = Row(case=label, variant=m.spec, flavor="-" if rt.startswith("torch") else m.flavor, runtime=rt,
+                      dtype=m.dtype, model=m.model_name, tolerance=m.tol, expected_kind=kind,
                       inputs=feed, expected=expected)
             rows.append(row)
-            run = module_step if rt == "torch" else prepared[rt].run if rt in prepared else None
+            run = module_step if rt == "torch" else m.prepared[rt].run if rt in m.prepared else None
             if run is None:
                 row.skipped = f"{rt} runs no module"
                 continue
             started = time.perf_counter()
             try:
-                def step(given: dict, run: Callable = run) -> dict:
-                    return run({**given, **always})
-                got, last = decode_all(step, {n: feed[n] for n in stream}, chunk, {n: feed[n] for n in cache}, axis,
-                                       layout=Layout(pairs={n: c["output"] for n, c in cache.items()},
-                                                     cache_axes={n: c["axis"] for n, c in cache.items()},
-                                                     outputs=along))
+                got = decode_with(run, chunk)
             except Exception as e:  # noqa: BLE001 - a runtime failing on a step fails the check
                 row.error = reason(e)
                 continue
             row.median_ms = (time.perf_counter() - started) * 1e3  # the whole decode, every step
-            got.update({cache[n]["output"]: v for n, v in last.items()})
-            row.comparisons = compare_outputs(list(expected), got, expected, tol)
+            row.comparisons = compare_outputs(list(expected), got, expected, m.tol)
             row.passed = bool(row.comparisons) and all(c.passed for c in row.comparisons)
     return rows
+
+
+def module_decode_rows(m: LoadedModule, example, cache: dict) -> list:
+    """The decode property of a module with its own cache (`cache`: {input: {"output", "axis"}}):
+    run from empty caches over the export's inputs, a token at a time and in chunks, feeding each
+    step's updated cache back, on every runtime (torch: the module itself), it must give the
+    module's full forward: the outputs along the sequence, and the last cache."""
+    names = [i["name"] for i in m.spec_inputs]
+    feed = dict(zip(names, (t.numpy() for t in example), strict=True))
+    for n, c in cache.items():  # empty caches
+        feed[n] = np.take(feed[n], np.arange(0), axis=c["axis"])
+    length, stream = _stream_of(m.spec, m.spec_inputs, cache)
+    axis = next(iter(stream.values()))
+    along = {o.name: a for o in m.model.graph.output if o.name not in {c["output"] for c in cache.values()}
+             for a, d in enumerate(o.type.tensor_type.shape.dim) if d.dim_param == length}
+    always = {n: v for n, v in feed.items() if n not in stream and n not in cache}
+    full = _module_step(m, names, [o.name for o in m.model.graph.output])(feed)
+    expected = {n: full[n].astype(np.float64) for n in along}
+    expected.update({c["output"]: full[c["output"]].astype(np.float64) for c in cache.values()})
+    layout = Layout(pairs={n: c["output"] for n, c in cache.items()},
+                    cache_axes={n: c["axis"] for n, c in cache.items()}, outputs=along)
+
+    def decode_with(run, chunk):
+        got, last = decode_all(lambda given: run({**given, **always}), {n: feed[n] for n in stream}, chunk,
+                               {n: feed[n] for n in cache}, axis, layout=layout)
+        return {**got, **{cache[n]["output"]: v for n, v in last.items()}}
+    return _decode_rows(m, feed, expected, "the torch module's full forward from empty caches", decode_with)
+
+
+STATIC_LENGTH = 8  # positions a static cache's decode check runs through (at most the buffers')
+
+
+def module_static_rows(m: LoadedModule, example, cache: dict, write: WritePos) -> list:
+    """The decode property of a module with a static cache (`cache`: {buffer input: {"output",
+    "axis"}}, `write`: where each step writes): from buffers full of noise (attention must read
+    only what was written), the sequences' prompts as one block, then a token at a time and in
+    chunks, each sequence from its own position (prompts of different lengths, where `write`
+    gives one position per sequence), feeding each step's buffers back; on every runtime it must
+    give the module's full forward over the whole sequence written at 0 into the same buffers:
+    the outputs along the sequence, and the buffers, each sequence up to where it ran."""
+    names = [i["name"] for i in m.spec_inputs]
+    example = dict(zip(names, (t.numpy() for t in example), strict=True))
+    length_dim, stream_axes = _stream_of(m.spec, m.spec_inputs, {*cache, write.name})
+    axis = next(iter(stream_axes.values()))
+    buffers = {n: example[n] for n in cache}
+    positions = min(v.shape[cache[n]["axis"]] for n, v in buffers.items())
+    if positions < 2:
+        raise UsageError(f"{m.spec}: the static cache's buffers hold {positions} position(s); the decode check "
+                         "needs 2 or more")
+    total = min(STATIC_LENGTH, positions)
+    batch = next(iter(buffers.values())).shape[0]
+    rng = np.random.default_rng(0)
+    feed = {}
+    for n in stream_axes:
+        shape = list(example[n].shape)
+        shape[axis] = total
+        values, counts = np.unique(example[n], return_counts=True)  # ids: the example's most common one
+        feed[n] = rng.standard_normal(shape).astype(example[n].dtype) if example[n].dtype.kind == "f" else \
+            np.full(shape, values[counts.argmax()], example[n].dtype)
+    noise = {n: rng.standard_normal(v.shape).astype(v.dtype) for n, v in buffers.items()}
+    always = {n: v for n, v in example.items() if n not in stream_axes and n not in cache and n != write.name}
+    prompts = static_prompts(batch) if write.ragged else np.full(batch, STATIC_PROMPT)
+    prompts = np.minimum(prompts, total - 1)
+    reach = static_reach(prompts, total)
+    along = {o.name: a for o in m.model.graph.output if o.name not in {c["output"] for c in cache.values()}
+             for a, d in enumerate(o.type.tensor_type.shape.dim) if d.dim_param == length_dim}
+    outs = {c["output"]: c["axis"] for c in cache.values()}
+
+    def up_to_reach(values: dict) -> dict:  # each sequence as far as it ran, zeros past it
+        values = dict(values)
+        for name, a in {**along, **outs}.items():
+            values = past_ends_zeroed(values, [name], reach, a)
+        return values
+    full_feed = {**feed, **noise, **always, write.name: write.value(np.zeros(batch, np.int64), total)}
+    full = _module_step(m, names, [o.name for o in m.model.graph.output])(full_feed)
+    expected = up_to_reach({n: full[n].astype(np.float64) for n in [*along, *outs]})
+
+    def decode_with(run, chunk):
+        got, last = decode_static_all(lambda given: run({**given, **always}), feed, axis, prompts, chunk, noise,
+                                      {n: c["output"] for n, c in cache.items()}, write_pos=write, outputs=along)
+        return up_to_reach({**got, **{cache[n]["output"]: v for n, v in last.items()}})
+    kind = (f"the torch module's full forward written at 0 into the same noisy buffers, each sequence up to where "
+            f"it ran ({', '.join(map(str, reach))} positions)")
+    return _decode_rows(m, full_feed, expected, kind, decode_with)

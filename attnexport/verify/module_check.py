@@ -21,11 +21,12 @@ from attnexport.compare import (
     compare_outputs,
     tolerance,
 )
+from attnexport.decode import WritePos
 from attnexport.errors import UsageError, reason
 from attnexport.inspect import load_model
 from attnexport.localize import Localization, locate
 from attnexport.report import Report, Row
-from attnexport.verify.decode_checks import cache_of, module_decode_rows
+from attnexport.verify.decode_checks import cache_of, module_decode_rows, module_static_rows, write_pos_of
 from attnexport.verify.model_plan import dtype_of, flavor_of
 from attnexport.verify.run import AUTO_LOCALIZE_LIMIT, LoadedModule
 
@@ -51,6 +52,7 @@ class ModuleCheck:
     seed: int | None = None
     weights_file: str | Path | None = None
     cache: dict | None = None  # {input: output} pairs of a model that does not record them
+    write_pos: str | None = None  # the write position of its static cache (`cache` its buffers)
 
 
 def verify_module(model_path, spec: str, runtimes: list[str] | None = None, **fields) -> Report:
@@ -105,6 +107,9 @@ def _verify_module(check: ModuleCheck) -> Report:
     tol = tolerance(dtype, check.rtol, check.atol)
     declared = [o.name for o in model.graph.output]
     prepared = {rt: R.prepare_onnx(rt, model) for rt in used if rt in R.ONNX_RUNTIMES}
+    cache = cache_of(model, check.cache, static=check.write_pos is not None) if check.cache is not None else \
+        json.loads(meta.get("attnexport.cache", "{}"))
+    write = _write_pos(model, meta, check, cache)
     rows = []
     known_good = _KnownGood(module, spec, names, spec_inputs, declared, flavor, meta, dtype)
 
@@ -114,7 +119,7 @@ def _verify_module(check: ModuleCheck) -> Report:
     def routed_call(module, feed):
         with M.export_semantics():
             return module(*feed)
-    for label, feed in _verify_feeds(spec_inputs, example, dtype):
+    for label, feed in _verify_feeds(spec_inputs, example, dtype, cache if write else None, write):
         known_good.example = known_good.example or feed
         compute, row_tol = plain, tol
         with torch.no_grad():
@@ -177,12 +182,11 @@ def _verify_module(check: ModuleCheck) -> Report:
                              f"{', '.join(damaged[:3])} (the file was changed after the export)")
             elif not row.passed and rt in prepared and known_good.tries < AUTO_LOCALIZE_LIMIT:
                 row.localization = known_good.locate(model, arrays, rt)
-    cache = cache_of(model, check.cache) if check.cache is not None else \
-        json.loads(meta.get("attnexport.cache", "{}"))
     if cache and not changed:
         loaded = LoadedModule(module, model, spec, spec_inputs, used, prepared, dtype, tol, flavor,
                               Path(model_path).name)
-        rows += module_decode_rows(loaded, known_good.example, cache)
+        rows += module_static_rows(loaded, known_good.example, cache, write) if write else \
+            module_decode_rows(loaded, known_good.example, cache)
     return Report(rows, R.described(table), dtype, [flavor], [str(model_path)])
 
 
@@ -263,13 +267,27 @@ def changed_params(module, entries, dtype) -> list[str]:
     return changed
 
 
-def _verify_feeds(spec_inputs, example, dtype):
+def _write_pos(model, meta, check: ModuleCheck, cache: dict) -> WritePos | None:
+    """The static cache's write position: `--write-pos` (with --cache), else what the export recorded."""
+    if check.write_pos is not None:
+        if check.cache is None:
+            raise UsageError("--write-pos names a static cache's write position: give its buffers with --cache")
+        return write_pos_of(model, check.write_pos, cache)
+    if check.cache is not None or "attnexport.write_pos" not in meta:
+        return None
+    recorded = json.loads(meta["attnexport.write_pos"])
+    return write_pos_of(model, recorded["input"], cache)
+
+
+def _verify_feeds(spec_inputs, example, dtype, buffers=None, write=None):
     """(label, inputs): the export's shape, then VERIFY_SIZES on the symbolic axes.
 
     Floats are seeded. A padding mask (a (batch, length) input of two values, as its example
     has) gets real padding at every shape: each sequence valid for a drawn length, the rest the
     other value, and with more than one sequence the last one all padding. Other non-float
-    inputs are filled with the example's most common value."""
+    inputs are filled with the example's most common value. A static cache's (`buffers`: {input:
+    {"axis"}}, `write`: its WritePos) blocks are at most as long as its buffers, and are written
+    where they fit: at a drawn position per sequence (one for all but in the "start" form)."""
     import torch
     rng = np.random.default_rng(0)
     common = {i["name"]: M.common_value(t)  # no example (a model from another exporter): none
@@ -277,8 +295,12 @@ def _verify_feeds(spec_inputs, example, dtype):
     masks = {i["name"] for i, t in zip(spec_inputs, example or (), strict=False)
              if not t.is_floating_point() and t.dim() == 2 and len(torch.unique(t)) == 2 and
              set(torch.unique(t).tolist()) <= {0, 1}}
+    positions = min(i["shape"][buffers[i["name"]]["axis"]] for i in spec_inputs if i["name"] in buffers) \
+        if buffers else None
     feeds = []
     for batch, length in ((None, None), *VERIFY_SIZES):
+        if positions is not None and length is not None:
+            length = min(length, positions)
         feed, label = [], "export shape" if batch is None else f"batch {batch}, length {length}"
         for i in spec_inputs:
             shape = list(i["shape"])
@@ -297,5 +319,12 @@ def _verify_feeds(spec_inputs, example, dtype):
             else:
                 feed.append(torch.full(shape, common.get(i["name"], True if i["dtype"] == "bool" else 0),
                                        dtype=getattr(torch, i["dtype"])))
+        if write is not None:
+            at = next(k for k, i in enumerate(spec_inputs) if i["name"] == write.name)
+            sequences = next(f.shape[0] for f, i in zip(feed, spec_inputs, strict=True) if i["name"] in buffers)
+            length = next(f.shape[int(a)] for f, i in zip(feed, spec_inputs, strict=True)
+                          if i["name"] not in buffers and i["name"] != write.name for a in i["dynamic"] if a != "0")
+            starts = rng.integers(0, positions - length + 1, size=sequences if write.ragged else 1)
+            feed[at] = torch.from_numpy(write.value(starts.repeat(1 if write.ragged else sequences), length))
         feeds.append((label, tuple(feed)))
     return feeds
