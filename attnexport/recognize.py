@@ -12,7 +12,7 @@ What is recognized, walking back from each softmax over the last axis:
 - the value product `matmul`/`bmm` of the probabilities (after casts, clones, and dropout in
   eval) with the values; the probabilities may also be used elsewhere (returned as weights):
   those uses read the core's score output (the operator's mode 3);
-- masks added to the scores (any number, float or boolean), `masked_fill`/`where` with -inf or a
+- masks added to the scores (any number, float or boolean; `scores += mask` too), `masked_fill`/`where` with -inf or a
   large negative value, a constant added to every score (softmax ignores it);
 - scales by numbers: on the scores, on the queries or on the keys (`mul`/`div`), `baddbmm`'s alpha;
 - a softmax in float32 of float16 scores (the operator's `softmax_precision`);
@@ -195,14 +195,17 @@ class _Rewriter:
             t = x.target if isinstance(x, Node) else None
             if t in _CASTS or t in (aten.clone.default, aten.contiguous.default):
                 x = x.args[0]
-            elif t in (aten.add.Tensor, aten.sub.Tensor):
+            elif t in (aten.add.Tensor, aten.sub.Tensor, aten.add_.Tensor):
                 a, b = x.args[:2]
                 if x.kwargs.get("alpha", 1) != 1:
                     raise _NotAttention(f"{x.name} adds with alpha {x.kwargs['alpha']}")
+                if t is aten.add_.Tensor and (len(a.users) != 1 if isinstance(a, Node) else True):
+                    # `scores += mask` (T5): the scores before it must be read nowhere else
+                    raise _NotAttention(f"{x.name} adds to the scores in place, and they are read elsewhere")
                 if _number(b) is not None:  # the same number added to every score: softmax ignores it
                     x = a
                     continue
-                if t is aten.add.Tensor and not self.product_of_computed(b) and self.product_of_computed(a):
+                if t is not aten.sub.Tensor and not self.product_of_computed(b) and self.product_of_computed(a):
                     x, mask = a, b
                 elif t is aten.add.Tensor and not self.product_of_computed(a) and self.product_of_computed(b):
                     x, mask = b, a

@@ -130,8 +130,18 @@ def t5_attention():
     """T5's self-attention with its relative position bias: attention written out, no scale."""
     import transformers as T
     config = _eager(T.T5Config(d_model=64, d_kv=16, num_heads=4, d_ff=128, num_layers=1, vocab_size=100))
-    return _First(T.models.t5.modeling_t5.T5Attention(config, has_relative_attention_bias=True, layer_idx=0)), \
+    return _Positions(T.models.t5.modeling_t5.T5Attention(config, has_relative_attention_bias=True, layer_idx=0)), \
         _hidden()
+
+
+class _Positions(_First):
+    """A block that reads its query length from `cache_position` (T5Attention before transformers
+    5 requires it without a cache): given the positions 0..T-1."""
+
+    def forward(self, hidden_states):
+        positions = torch.arange(hidden_states.shape[1], device=hidden_states.device)
+        out = self.block(hidden_states, cache_position=positions)
+        return out[0] if isinstance(out, tuple) else out
 
 
 def bert_model_eager():

@@ -45,7 +45,21 @@ class Scores(nn.Module):
         return self.fn(q, k, v, mask)
 
 
+def _added_in_place(q, k, v, m):
+    scores = q @ k.transpose(-2, -1)
+    scores += (~m[:, None, None, :]).float() * -1e9  # T5's `scores += position_bias_masked`
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def _added_in_place_and_read_before(q, k, v, m):
+    scores = q @ k.transpose(-2, -1)
+    before = scores.mean(-1, keepdim=True)
+    scores += (~m[:, None, None, :]).float() * -1e9
+    return torch.softmax(scores, dim=-1) @ v + before
+
+
 FORMS = {
+    "mask added in place": _added_in_place,
     "scale on the scores": lambda q, k, v, m: torch.softmax(q @ k.transpose(-2, -1) * 0.3, dim=-1) @ v,
     "divided by sqrt(d)": lambda q, k, v, m: (q @ k.transpose(-1, -2) / math.sqrt(D)).softmax(-1) @ v,
     "no scale (T5)": lambda q, k, v, m: torch.matmul(
@@ -147,6 +161,7 @@ UNRECOGNIZED = {
                                   "not over the last axis"),
     "scaled by a tensor": (lambda q, k, v, m: torch.softmax(q @ k.transpose(-2, -1) * q.mean(), dim=-1) @ v,
                            "by a tensor"),
+    "added in place to scores read elsewhere": (_added_in_place_and_read_before, "read elsewhere"),
     "masked with zeros": (lambda q, k, v, m: torch.softmax(
         (q @ k.transpose(-2, -1)).masked_fill(~m[:, None, None, :], 0.0), dim=-1) @ v, "not -inf"),
 }
