@@ -24,6 +24,7 @@ Grouped heads stay grouped in every cache.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 from dataclasses import dataclass
@@ -148,8 +149,8 @@ def layout_of(model, form: str, max_seq: int = 0) -> Layout:
 # --- the step graphs ------------------------------------------------------------------------------
 
 class _Step:
-    """The buffers of one static step while the model runs it: what the attention function reads
-    (each layer's buffers, write_pos) and fills (each layer's buffers written)."""
+    """One step while the model runs it: what the attention function reads (each layer's past or
+    buffers, the static form's write_pos) and fills (each layer's keys and values written)."""
 
     def __init__(self, buffers, write_pos):
         self.buffers, self.write_pos = buffers, write_pos
@@ -181,11 +182,6 @@ def _static_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     return out.transpose(1, 2).contiguous(), None
 
 
-def _register_static_attention() -> None:
-    from transformers import AttentionInterface
-    AttentionInterface.register(STATIC_ATTENTION, _static_attention)
-
-
 def _logits(out):
     return out.logits if hasattr(out, "logits") else out[0]
 
@@ -204,35 +200,100 @@ class LogitsOnly(torch.nn.Module):
                                   use_cache=False))
 
 
+CONCAT_ATTENTION = "attnexport_concat"
+
+
+def _concat_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                      **kwargs):
+    """transformers' attention interface for the concat form: the layer's past (from the step
+    under way) and the block's keys and values through attnexport's core with its cache, grouped
+    heads as they are (transformers' sdpa function repeats them to the query heads first, a copy of
+    the whole cache each step); the present joined by the core. Returns (output (B, T, H, d), None)."""
+    from attnexport.models.core import attend
+    from attnexport.semantics import Core
+    step = _STEP.get()
+    if step is None:
+        raise RuntimeError("the attnexport_concat attention runs inside a ConcatStep only")
+    i = module.layer_idx
+    past = (step.buffers[2 * i], step.buffers[2 * i + 1])
+    if attention_mask is not None and attention_mask.ndim == 4:  # as transformers' sdpa function takes it
+        attention_mask = attention_mask[:, :, :, :past[0].shape[2] + key.shape[2]]
+    if is_causal is None:
+        is_causal = query.shape[2] > 1 and attention_mask is None and getattr(module, "is_causal", True)
+    a = attend(query, key, value, attention_mask, cache=past,
+               core=Core(scaling, bool(is_causal), kwargs.get("softcap") or 0.0))
+    step.written[i] = (a.present_key, a.present_value)
+    return a.output.transpose(1, 2).contiguous(), None
+
+
+def _register_attention() -> None:
+    """The two attention functions in transformers' registry; the concat one's masks made as for
+    sdpa (the static one reads none: its core masks by write_pos)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    AttentionInterface.register(STATIC_ATTENTION, _static_attention)
+    AttentionInterface.register(CONCAT_ATTENTION, _concat_attention)
+    AttentionMaskInterface.register(CONCAT_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+
+
+@contextlib.contextmanager
+def _stepping(model, step: _Step, attention: str):
+    """The model's layers calling `attention` with `step` under way."""
+    token = _STEP.set(step)
+    before = model.config._attn_implementation
+    model.config._attn_implementation = attention
+    try:
+        yield
+    finally:
+        model.config._attn_implementation = before
+        _STEP.reset(token)
+
+
+def _written(step: _Step, layers: int, form: str) -> tuple:
+    """Each layer's key and value written by the step, in order."""
+    missing = [i for i in range(layers) if i not in step.written]
+    if missing:
+        raise UsageError(f"the {form} form needs every layer's attention through transformers' attention "
+                         f"interface; layer(s) {missing} did not call it")
+    return tuple(t for i in range(layers) for t in step.written[i])
+
+
+def _past_only(past, layers: int):
+    """What a concat step's model sees as its cache: the past's positions (the mask's size), and
+    an update that hands the block's keys and values on as they are (the attention joins them)."""
+    from transformers import DynamicCache
+
+    class PastOnly(DynamicCache):
+        def update(self, key_states, value_states, *args, **kwargs):
+            return key_states, value_states
+    cache = PastOnly()
+    for i in range(layers):
+        DynamicCache.update(cache, past[2 * i], past[2 * i + 1], i)
+    return cache
+
+
 class ConcatStep(torch.nn.Module):
     """Optimum's step: input_ids, attention_mask (B, P + T), position_ids, each layer's past key
-    and value (B, Hkv, P, d) -> logits, each layer's present (the past, then the block's)."""
+    and value (B, Hkv, P, d) -> logits, each layer's present (the past, then the block's). Each
+    layer's attention is attnexport's core with the past as its cache (`_concat_attention`)."""
 
     def __init__(self, model, layers: int):
         super().__init__()
+        _register_attention()
         self.model, self.layers = model, layers
 
     def forward(self, input_ids, attention_mask, position_ids, *past):
-        from transformers import DynamicCache
-        cache = DynamicCache()
-        for i in range(self.layers):
-            cache.update(past[2 * i], past[2 * i + 1], i)
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=True, **{_cache_keyword(self.model): cache})
-        present = out.past_key_values
-        return (_logits(out), *(t for i in range(self.layers) for t in _layer_kv(present, i)))
+        step = _Step(past, None)
+        with _stepping(self.model, step, CONCAT_ATTENTION):
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=True, **{_cache_keyword(self.model): _past_only(past, self.layers)})
+        return (_logits(out), *_written(step, self.layers, "concat"))
 
 
 def _cache_keyword(model) -> str:
     """The name forward takes the cache by: `cache` in newer transformers, `past_key_values` before."""
     import inspect
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def _layer_kv(cache, i):
-    if hasattr(cache, "layers"):
-        return cache.layers[i].keys, cache.layers[i].values
-    return cache.key_cache[i], cache.value_cache[i]
 
 
 class StaticStep(torch.nn.Module):
@@ -242,25 +303,15 @@ class StaticStep(torch.nn.Module):
 
     def __init__(self, model, layers: int):
         super().__init__()
-        _register_static_attention()
+        _register_attention()
         self.model, self.layers = model, layers
 
     def forward(self, input_ids, write_pos, *buffers):
         positions = write_pos.reshape(-1, 1) + torch.arange(input_ids.shape[1], device=input_ids.device)
         step = _Step(buffers, write_pos)
-        token = _STEP.set(step)
-        before = self.model.config._attn_implementation
-        self.model.config._attn_implementation = STATIC_ATTENTION
-        try:
+        with _stepping(self.model, step, STATIC_ATTENTION):
             out = self.model(input_ids=input_ids, position_ids=positions, use_cache=False)
-        finally:
-            self.model.config._attn_implementation = before
-            _STEP.reset(token)
-        missing = [i for i in range(self.layers) if i not in step.written]
-        if missing:
-            raise UsageError(f"the static form needs every layer's attention through transformers' attention "
-                             f"interface; layer(s) {missing} did not call it")
-        return (_logits(out), *(t for i in range(self.layers) for t in step.written[i]))
+        return (_logits(out), *_written(step, self.layers, "static"))
 
 
 def step_module(model, layout: Layout):

@@ -263,8 +263,12 @@ def _primitives(query, key, value, attn_mask, cache, nonpad, core):
     groups = _groups(query, key)  # from the new keys: a Concat's result has no static shape here
     if cached:
         key, value = op.Concat(past_key, key, axis=2), op.Concat(past_value, value, axis=2)
-    k, v = _repeat_kv(key, groups, query), _repeat_kv(value, groups, query)
-    raw = _scaled_scores(query, k, scale)
+    grouped = groups is not None and groups > 1
+    if grouped:  # each key/value head read by its group of query heads as it is, not repeated
+        raw = _from_groups(_scaled_scores(_to_groups(query, key), key, scale), query)
+    else:
+        k, v = _repeat_kv(key, groups, query), _repeat_kv(value, groups, query)
+        raw = _scaled_scores(query, k, scale)
     capped = raw
     if softcap and softcap > 0:
         capped = op.Mul(op.Tanh(op.Div(raw, _const(softcap, raw))), _const(softcap, raw))
@@ -280,7 +284,21 @@ def _primitives(query, key, value, attn_mask, cache, nonpad, core):
         probs = op.Where(_dead_rows(bias), _const(0.0, probs), probs)
     shown = _empty(query) if weights == NO_WEIGHTS else (raw, capped, scores, probs)[weights]
     present = (key, value) if cached else (_empty(query), _empty(query))
-    return op.MatMul(probs, v), *present, shown
+    out = _from_groups(op.MatMul(_to_groups(probs, key), value), query) if grouped else op.MatMul(probs, v)
+    return out, *present, shown
+
+
+def _to_groups(x, key):
+    """(B, Hq, T, n) -> (B, Hkv, G*T, n), `key` (B, Hkv, S, d) giving Hkv; a reshape (the G query
+    heads of a group are consecutive). A MatMul of a group's rows with its key head's keys is then
+    every query head of the group at once, the keys read once and never repeated."""
+    return op.Reshape(x, op.Concat(_shape(x, 0, 1), _shape(key, 1, 2), op.Constant(value_ints=[-1]), _shape(x, 3, 4),
+                                   axis=0))
+
+
+def _from_groups(x, query):
+    """(B, Hkv, G*T, n) -> (B, Hq, T, n), the query's heads again."""
+    return op.Reshape(x, op.Concat(_shape(query, 0, 3), op.Constant(value_ints=[-1]), axis=0))
 
 
 primitives_attention = _translation(_primitives)
