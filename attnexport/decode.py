@@ -34,11 +34,13 @@ class Layout:
         cache_axes: cache input -> its positions' axis (default 2: (batch, heads, positions, dim)).
         outputs: the outputs that run along the sequence -> their sequence axis (default: `output`
             on the stream's axis).
+        write_pos: a static cache's write position (default: `write_pos`, each sequence's).
     """
 
     pairs: dict[str, str] | None = None
     cache_axes: dict[str, int] | None = None
     outputs: dict[str, int] | None = None
+    write_pos: WritePos | None = None
 
 
 def decode_all(step: Callable[[dict], dict], stream: dict[str, np.ndarray], chunk: int,
@@ -166,13 +168,12 @@ def decode_static(step: Callable[[dict], dict], stream: dict[str, np.ndarray], a
                   once: dict[str, np.ndarray] | None = None) -> np.ndarray:
     """The `output` of a variant's static-cache step over sequences of different prompt lengths
     (see `decode_static_all`)."""
-    return decode_static_all(step, stream, axis, prompts, chunk, buffers, pairs, once)[0]["output"]
+    return decode_static_all(step, stream, axis, prompts, chunk, buffers, once, Layout(pairs=pairs))[0]["output"]
 
 
 def decode_static_all(step: Callable[[dict], dict], stream: dict[str, np.ndarray], axis: int, prompts: np.ndarray,
-                      chunk: int, buffers: dict[str, np.ndarray], pairs: dict[str, str],
-                      once: dict[str, np.ndarray] | None = None, write_pos: WritePos = WritePos("write_pos"),
-                      outputs: dict[str, int] | None = None):
+                      chunk: int, buffers: dict[str, np.ndarray], once: dict[str, np.ndarray] | None = None,
+                      layout: Layout = Layout()):
     """The outputs of a static-cache step model over sequences of different prompt lengths.
 
     Sequence b's prompt is its first prompts[b] positions. The prompts run as one block (the
@@ -189,19 +190,19 @@ def decode_static_all(step: Callable[[dict], dict], stream: dict[str, np.ndarray
         buffers: the caches: static buffers (B, H, S, d) with S >= L, their contents garbage
             (attention must read only what was written); and any other cache carried from step
             to step (a decoder's cross cache, empty at first).
-        pairs: cache input -> the output that returns it updated.
         once: inputs given whole at the first step and empty (0 long on axis 1) at the later
             ones, their keys and values being cached by then (the decoder's memory).
-        write_pos: the input telling the step where to write (a form other than "start" needs
-            prompts of one length).
-        outputs: the outputs that run along the sequence -> their axis (default: `output` on
-            the stream's axis).
+        layout: `pairs`, cache input -> the output that returns it updated; `outputs`, those that
+            run along the sequence -> their axis (default: `output` on the stream's axis);
+            `write_pos`, the input telling the step where to write (a form other than "start"
+            needs prompts of one length).
 
     Returns:
         ({output: sequence b's values at positions below prompts[b] + n, zeros past them},
         {cache input: its last value}).
     """
-    outputs = outputs or {"output": axis}
+    pairs, outputs = layout.pairs or {}, layout.outputs or {"output": axis}
+    write_pos = layout.write_pos or WritePos("write_pos")
     first_input = next(iter(stream.values()))
     batch, length = first_input.shape[0], first_input.shape[axis]
     longest = int(prompts.max())

@@ -267,7 +267,8 @@ def module_static_rows(m: LoadedModule, example, cache: dict, write: WritePos) -
 
     def decode_with(run, chunk):
         got, last = decode_static_all(lambda given: run({**given, **always}), feed, axis, prompts, chunk, noise,
-                                      {n: c["output"] for n, c in cache.items()}, write_pos=write, outputs=along)
+                                      layout=Layout(pairs={n: c["output"] for n, c in cache.items()}, outputs=along,
+                                                    write_pos=write))
         return up_to_reach({**got, **{cache[n]["output"]: v for n, v in last.items()}})
     kind = (f"the torch module's full forward written at 0 into the same noisy buffers, each sequence up to where "
             f"it ran ({', '.join(map(str, reach))} positions)")
