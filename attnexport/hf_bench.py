@@ -227,12 +227,17 @@ def bench_hf(request: HFBenchRequest, said=lambda text: None) -> tuple[list[HFBe
                     engines.append(made)
         engines += _optimum_engines(weights, layout, r, Path(tmp), info, said)
         engines += _genai_engines(weights, model.config.model_type, r, Path(tmp), info, said)
+        # The memory's read rate: the faster of a large reduction (what bench --decode uses) and
+        # the one-row MatMul a step's projections are, both over 512 MiB on the run's threads,
+        # measured before each context's timings and after the last (a shared machine's rate
+        # drifts): the highest of them.
+        probes = []
         for c in r.contexts:
+            probes.append((memory_bandwidth(r.threads), gemv_bandwidth(r.threads)))
             said(f"timing context {c}")
             rows += _timed_at(engines, c, r)
-    # The memory's read rate: the faster of a large reduction (what bench --decode uses) and the
-    # one-row MatMul a step's projections are, both over 512 MiB on the run's threads.
-    reduction, gemv = memory_bandwidth(r.threads), gemv_bandwidth(r.threads)
+        probes.append((memory_bandwidth(r.threads), gemv_bandwidth(r.threads)))
+    reduction, gemv = max(p[0] for p in probes), max(p[1] for p in probes)
     bandwidth = max(reduction, gemv)
     info.update(bandwidth_gbs=bandwidth / 1e9, reduction_gbs=reduction / 1e9, gemv_gbs=gemv / 1e9,
                 layers=layout.layers, kv_heads=layout.kv_heads, head_dim=layout.head_dim, vocab=layout.vocab,
