@@ -901,8 +901,6 @@ def bench(variant, module_spec, hf_path, genai_python, input_specs, batch, seq, 
         raise UsageError("give --variant NAME, --module FILE.py:NAME or --hf PATH (one of them)")
     if genai_python is not None and hf_path is None:
         raise UsageError("--genai-python goes with --hf")
-    if genai_python is not None and hf_path is None:
-        raise UsageError("--genai-python goes with --hf")
     if hf_path is not None:
         if not decode or _given(options) or input_specs or batch or seq or kv_seq or cuda_graph or plot or \
                 dtype != "fp32" or (runtimes and runtimes != ["ort-cpu"]):

@@ -139,8 +139,6 @@ class WritePos:
     shape: tuple = ()
     dtype: str = "int64"
 
-    FORMS = ("start", "positions", "shared")
-
     @property
     def ragged(self) -> bool:
         """Whether sequences may be at different positions."""
@@ -158,6 +156,20 @@ class WritePos:
         if self.form == "positions":
             return np.arange(first, first + length, dtype=self.dtype)
         return np.full(self.shape, first, self.dtype)
+
+    def drawn(self, rng, batch: int, length: int, positions: int) -> np.ndarray:
+        """The input for a block of `length` positions at a place drawn where it fits in buffers of
+        `positions`: one per sequence in the "start" form, one for all in the others."""
+        starts = rng.integers(0, positions - length + 1, size=batch if self.ragged else 1)
+        return self.value(starts.repeat(1 if self.ragged else batch), length)
+
+    def ends(self, value, length: int, batch: int) -> np.ndarray:
+        """Each sequence's end of the written positions (B,) after a block of `length` written
+        where the input `value` says."""
+        value = np.asarray(value).reshape(-1)
+        if self.form == "positions":
+            return np.full(batch, value.max() + 1)
+        return value + length if self.ragged else np.full(batch, value[0] + length)
 
     def meta(self) -> dict:
         return {"input": self.name, "form": self.form}

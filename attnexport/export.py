@@ -779,6 +779,7 @@ def _module_trace(module, example_inputs: tuple, r: ModuleExport) -> _ModuleTrac
 def _check_write_pos(r: ModuleExport, names, args, cache) -> None:
     """A static cache's write position: an integer input of rank 0 or 1 beside buffers with a
     positions axis."""
+    import torch
     if not cache:
         raise UsageError(f"--write-pos {r.write_pos}: the position a static cache is written at; name its buffers "
                          "with --cache INPUT:OUTPUT")
@@ -791,7 +792,6 @@ def _check_write_pos(r: ModuleExport, names, args, cache) -> None:
         if moving:
             raise UsageError(f"--cache {n} with --write-pos: a static cache's buffers keep their size; --dynamic "
                              f"makes {n}'s axis {moving[0]} symbolic")
-    import torch
     t = args[names.index(r.write_pos)]
     if t.is_floating_point() or t.dtype == torch.bool or t.dim() > 1:
         raise UsageError(f"--write-pos {r.write_pos}: an integer input of rank 0 or 1 (each sequence's first "
@@ -833,7 +833,7 @@ def _write_pos_of(t: _ModuleTrace, kept: dict, name: str):
     dtype = str(arg.dtype).replace("torch.", "")
     if not dims:
         if arg.numel() != 1:
-            raise UsageError(f"--write-pos {r.write_pos}: {r.name} fixes its size at {list(arg.shape)}; it must follow "
+            raise UsageError(f"--write-pos {name}: {r.name} fixes its size at {list(arg.shape)}; it must follow "
                              "the batch (each sequence's position) or the block (its positions)")
         return WritePos(name, "shared", tuple(arg.shape), dtype)
     dim = dims[0]
@@ -842,7 +842,7 @@ def _write_pos_of(t: _ModuleTrace, kept: dict, name: str):
     lengths = {d for n, axes in kept.items() if n not in t.cache and n != name for a, d in axes.items() if a}
     if dim in lengths:
         return WritePos(name, "positions", (), dtype)
-    raise UsageError(f"--write-pos {r.write_pos}: its axis {dim!r} is neither the batch ({batch_dim}) nor the block's "
+    raise UsageError(f"--write-pos {name}: its axis {dim!r} is neither the batch ({batch_dim}) nor the block's "
                      f"length ({', '.join(sorted(lengths)) or 'none'})")
 
 
@@ -850,6 +850,7 @@ def static_probes(args, names, kept, cache: dict, write, seed: int) -> list:
     """Inputs at other sizes for a static cache's step: each symbolic axis at 1 and at the
     example's size + 3 (a block no longer than the buffers), the buffers drawn at random, each
     sequence's position drawn where its block fits (one for all but in the "start" form)."""
+    import torch
     buffers = args[names.index(next(iter(cache)))]
     positions = buffers.shape[-2]
     blocks = {d for n, axes in kept.items() if n not in cache and n != write.name for a, d in axes.items() if a}
@@ -859,16 +860,9 @@ def static_probes(args, names, kept, cache: dict, write, seed: int) -> list:
         by_name = dict(zip(names, feed, strict=True))
         batch = by_name[next(iter(cache))].shape[0]
         length = next((x.shape[a] for n, x in by_name.items() for a, d in kept.get(n, {}).items() if d in blocks), 1)
-        starts = rng.integers(0, positions - length + 1, size=batch if write.ragged else 1).repeat(
-            1 if write.ragged else batch)
-        by_name[write.name] = _torch_of(write.value(starts, length))
+        by_name[write.name] = torch.from_numpy(write.drawn(rng, batch, length, positions))
         out.append(tuple(by_name[n] for n in names))
     return out
-
-
-def _torch_of(a):
-    import torch
-    return torch.from_numpy(np.ascontiguousarray(a))
 
 
 def _trace_to_onnx(t: _ModuleTrace, opset: int):
@@ -1003,10 +997,7 @@ def _written_ends(t: _ModuleTrace, kept, write, feed) -> np.ndarray:
     """Each sequence's end of the written positions after a static step: where it wrote + the block."""
     length = next(x.shape[a] for n, x in feed.items() for a in kept.get(n, {})
                   if a and n not in t.cache and n != write.name)
-    starts = np.asarray(feed[write.name]).reshape(-1)
-    if write.form == "positions":
-        return np.full(feed[next(iter(t.cache))].shape[0], starts.max() + 1)
-    return starts + length if write.ragged else np.full(feed[next(iter(t.cache))].shape[0], starts[0] + length)
+    return write.ends(feed[write.name], length, feed[next(iter(t.cache))].shape[0])
 
 
 def _check_other_sizes(t: _ModuleTrace, model, kept: dict, empty=frozenset(), write=None) -> list:

@@ -9,8 +9,9 @@ recognition, the flavours and the localization all apply. Three cache forms:
 - `none`: input_ids, attention_mask, position_ids -> logits.
 - `concat`: the names Optimum's exports use (`input_ids`, `attention_mask`, `position_ids`,
   `past_key_values.{i}.key`/`.value` -> `logits`, `present.{i}.key`/`.value`), so the file loads
-  where those do; each present is the past with the block's keys after it. transformers' own
-  `DynamicCache` does the concatenation and its sdpa attention (routed through the core) the rest.
+  where those do; each present is the past with the block's keys after it. Each layer's attention
+  is attnexport's core with the layer's past as its cache (`_concat_attention`), grouped heads as
+  they are; transformers makes its masks as for sdpa.
 - `static`: `input_ids`, `write_pos`, `past_key_values.{i}.key`/`.value` buffers of `max_seq`
   positions -> `logits`, `present.{i}.key`/`.value` (the buffers written). Each layer's attention
   is attnexport's static step (`attnexport.models.core.attend_static`): the block's keys and
@@ -394,9 +395,8 @@ def export_hf(request: HFExport):
     model, params_source = load(r.source, r.seed)
     layout = layout_of(model, r.form, r.max_seq)
     wrapper = step_module(model, layout)
-    # A static example writes into empty buffers (write_pos 0): the export's checks at other sizes
-    # fill write_pos with it, and a block over written positions at batch > 1 is beyond
-    # GroupQueryAttention (the ort flavour's step, see attnexport.export.GQA_BLOCKS).
+    # A static example writes into empty buffers (write_pos 0): a block over written positions at
+    # batch > 1 is beyond GroupQueryAttention (the ort flavour's step, see attnexport.export.GQA_BLOCKS).
     feed = example_feed(layout, block=3 if r.form == "static" else 5, past=0 if r.form == "static" else 3)
     example = tuple(torch.from_numpy(v) for v in feed.values())
     # Checked before writing at other sizes: one token after one, a longer block after a longer

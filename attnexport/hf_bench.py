@@ -9,7 +9,8 @@ row is a prompt of `context` tokens into an empty cache. The least bytes a decod
 are the parameters once (of the input embedding table, the one row gathered) and the cache's
 valid prefix once; `bandwidth_fraction` is that over the step's time, as a fraction of the
 memory's read rate measured in the same run: the faster of a large reduction
-(`attnexport.bench.memory_bandwidth`) and a one-row MatMul (`attnexport.bench.gemv_bandwidth`).
+(`attnexport.bench.memory_bandwidth`) and a one-row MatMul (`attnexport.bench.gemv_bandwidth`),
+each measured before every context's timings and after the last, the highest kept.
 """
 
 from __future__ import annotations

@@ -199,7 +199,7 @@ class _Rewriter:
                 a, b = x.args[:2]
                 if x.kwargs.get("alpha", 1) != 1:
                     raise _NotAttention(f"{x.name} adds with alpha {x.kwargs['alpha']}")
-                if t is aten.add_.Tensor and (len(a.users) != 1 if isinstance(a, Node) else True):
+                if t is aten.add_.Tensor and not (isinstance(a, Node) and len(a.users) == 1):
                     # `scores += mask` (T5): the scores before it must be read nowhere else
                     raise _NotAttention(f"{x.name} adds to the scores in place, and they are read elsewhere")
                 if _number(b) is not None:  # the same number added to every score: softmax ignores it

@@ -2,8 +2,8 @@
 `bench --hf --json` files of the same model: ms a token at each context (the median over the
 files of each run's median, with the lowest and highest run), the ratio to transformers and the
 memory-bandwidth fraction of that median, over the highest read rate any of the runs measured
-(a run's own measurement can come out low: this VM's reduction read 36 GB/s in one run, 61 in
-the next, and a step cannot read faster than the memory does).
+(a run's own measurement can come out low: this VM's read rate drifts between runs, see each file's
+`info`, and a step cannot read faster than the memory does).
 
     python benchmarks/hf_table.py benchmarks/cpu-hf-llama-decode-*.json
 """

@@ -149,6 +149,13 @@ def _stream_of(spec, spec_inputs, skip) -> tuple[str, dict]:
     return length, stream
 
 
+def _along(m: LoadedModule, cache: dict, length: str) -> dict:
+    """{output: its sequence axis} of the outputs besides the cache's that run along `length`."""
+    updated = {c["output"] for c in cache.values()}
+    return {o.name: a for o in m.model.graph.output if o.name not in updated
+            for a, d in enumerate(o.type.tensor_type.shape.dim) if d.dim_param == length}
+
+
 def _module_step(m: LoadedModule, names, outputs):
     """The torch module as a step: {input: array} -> {output: array}, under the export's semantics."""
     import torch
@@ -201,8 +208,7 @@ def module_decode_rows(m: LoadedModule, example, cache: dict) -> list:
         feed[n] = np.take(feed[n], np.arange(0), axis=c["axis"])
     length, stream = _stream_of(m.spec, m.spec_inputs, cache)
     axis = next(iter(stream.values()))
-    along = {o.name: a for o in m.model.graph.output if o.name not in {c["output"] for c in cache.values()}
-             for a, d in enumerate(o.type.tensor_type.shape.dim) if d.dim_param == length}
+    along = _along(m, cache, length)
     always = {n: v for n, v in feed.items() if n not in stream and n not in cache}
     full = _module_step(m, names, [o.name for o in m.model.graph.output])(feed)
     expected = {n: full[n].astype(np.float64) for n in along}
@@ -229,7 +235,8 @@ def module_static_rows(m: LoadedModule, example, cache: dict, write: WritePos) -
     give the module's full forward over the whole sequence written at 0 into the same buffers:
     the outputs along the sequence, and the buffers, each sequence up to where it ran."""
     names = [i["name"] for i in m.spec_inputs]
-    example = dict(zip(names, (t.numpy() for t in example), strict=True))
+    tensors = dict(zip(names, example, strict=True))
+    example = {n: t.numpy() for n, t in tensors.items()}
     length_dim, stream_axes = _stream_of(m.spec, m.spec_inputs, {*cache, write.name})
     axis = next(iter(stream_axes.values()))
     buffers = {n: example[n] for n in cache}
@@ -244,16 +251,14 @@ def module_static_rows(m: LoadedModule, example, cache: dict, write: WritePos) -
     for n in stream_axes:
         shape = list(example[n].shape)
         shape[axis] = total
-        values, counts = np.unique(example[n], return_counts=True)  # ids: the example's most common one
         feed[n] = rng.standard_normal(shape).astype(example[n].dtype) if example[n].dtype.kind == "f" else \
-            np.full(shape, values[counts.argmax()], example[n].dtype)
+            np.full(shape, M.common_value(tensors[n]), example[n].dtype)  # ids: the example's most common one
     noise = {n: rng.standard_normal(v.shape).astype(v.dtype) for n, v in buffers.items()}
     always = {n: v for n, v in example.items() if n not in stream_axes and n not in cache and n != write.name}
     prompts = static_prompts(batch) if write.ragged else np.full(batch, STATIC_PROMPT)
     prompts = np.minimum(prompts, total - 1)
     reach = static_reach(prompts, total)
-    along = {o.name: a for o in m.model.graph.output if o.name not in {c["output"] for c in cache.values()}
-             for a, d in enumerate(o.type.tensor_type.shape.dim) if d.dim_param == length_dim}
+    along = _along(m, cache, length_dim)
     outs = {c["output"]: c["axis"] for c in cache.values()}
 
     def up_to_reach(values: dict) -> dict:  # each sequence as far as it ran, zeros past it

@@ -324,7 +324,6 @@ def _verify_feeds(spec_inputs, example, dtype, buffers=None, write=None):
             sequences = next(f.shape[0] for f, i in zip(feed, spec_inputs, strict=True) if i["name"] in buffers)
             length = next(f.shape[int(a)] for f, i in zip(feed, spec_inputs, strict=True)
                           if i["name"] not in buffers and i["name"] != write.name for a in i["dynamic"] if a != "0")
-            starts = rng.integers(0, positions - length + 1, size=sequences if write.ragged else 1)
-            feed[at] = torch.from_numpy(write.value(starts.repeat(1 if write.ragged else sequences), length))
+            feed[at] = torch.from_numpy(write.drawn(rng, sequences, length, positions))
         feeds.append((label, tuple(feed)))
     return feeds
