@@ -21,6 +21,7 @@ from attnexport import golden as golden_mod
 from attnexport import jsonout, schema
 from attnexport import runtimes as R
 from attnexport import variants as V
+from attnexport.compare import check_tolerance_values
 from attnexport.errors import AttnExportError, UsageError
 
 
@@ -381,27 +382,42 @@ def _given(kwargs) -> dict:
               help="Seed of the parameters (of a --module class's too: torch's generator is seeded first).")
 @click.option("-o", "--output", type=click.Path(), default=None,
               help="Output file (default: models/<variant>.onnx).")
+@click.option("--deploy", type=click.Path(), default=None, metavar="FOLDER",
+              help="With --hf, instead of -o: write the folder a deployment loads (config.json, "
+                   "generation_config.json, the tokenizer's files, onnx/model.onnx), as Optimum's "
+                   "ORTModelForCausalLM and transformers.js read it.")
+@click.option("--rtol", type=float, default=None,
+              help="With --hf or --module: the relative tolerance of the check before writing (default: the "
+                   "policy's, or for --hf derived from torch's own error against the model in float64).")
+@click.option("--atol", type=float, default=None, help="With --hf or --module: the absolute tolerance, likewise.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_variant_options
 @reports_errors
 def export(variant, hf_path, module_spec, input_specs, nan_rows, allow_unfused, cache_specs, write_pos, output_names,
-           dynamic_specs, flavor, opset, dtype, seed, output, as_json, **options):
+           dynamic_specs, flavor, opset, dtype, seed, output, deploy, rtol, atol, as_json, **options):
     """Export a variant, your own module or a transformers language model to ONNX (checked, with
     metadata, written atomically).
 
     Examples: attnexport export --variant mha --heads 8 --flavor ort -o mha.onnx;
     attnexport export --module examples/causal_self_attention.py:example -o block.onnx;
-    attnexport export --hf ./tiny-llama --kv-cache static --max-seq 512 --flavor ort -o llama.onnx
+    attnexport export --hf ./tiny-llama --kv-cache static --max-seq 512 --flavor ort -o llama.onnx;
+    attnexport export --hf SmolLM2-135M-Instruct.Q4_1.gguf --kv-cache --deploy smollm2-onnx
     """
     if sum(x is not None for x in (variant, module_spec, hf_path)) != 1:
         raise UsageError("give --variant NAME, --module FILE.py:NAME or --hf PATH (one of them)")
+    check_tolerance_values(rtol, atol)
+    if deploy is not None and hf_path is None:
+        raise UsageError("--deploy writes a language model's folder: it goes with --hf")
     if hf_path is not None:
         if input_specs or dynamic_specs or nan_rows or allow_unfused or cache_specs or write_pos or output_names:
             raise UsageError("--input, --dynamic, --nan-rows, --allow-unfused, --cache, --write-pos and --output-names "
                              "go with --module (--hf knows its model's inputs, outputs and cache)")
-        result = _export_hf(hf_path, flavor, opset, dtype, seed, output, options)
+        result = _export_hf(hf_path, flavor, opset, dtype, seed, output, deploy, rtol, atol, options)
         click.echo(jsonout.dumps(result.to_dict()) if as_json else result.summary())
         return
+    if variant is not None and (rtol is not None or atol is not None):
+        raise UsageError("--rtol/--atol set the check before writing of --hf and --module exports; a variant's "
+                         "export is checked by verify (which takes them too)")
     if module_spec is None and (input_specs or dynamic_specs or nan_rows or allow_unfused or cache_specs or write_pos
                                 or output_names):
         raise UsageError("--input, --dynamic, --nan-rows, --allow-unfused, --cache, --write-pos and --output-names go "
@@ -411,7 +427,7 @@ def export(variant, hf_path, module_spec, input_specs, nan_rows, allow_unfused, 
             flavor=flavor, opset=opset, dtype=dtype, dynamic=_dynamic_axes(dynamic_specs), output=output,
             name=module_spec, nan_rows=nan_rows, seed=seed, allow_unfused=allow_unfused,
             cache=_cache_pairs(cache_specs) or None, write_pos=write_pos,
-            output_names=output_names.split(",") if output_names else None)
+            output_names=output_names.split(",") if output_names else None, rtol=rtol, atol=atol)
         result = _export_module(module_spec, input_specs, request, options)
     else:
         result = export_mod.export(export_mod.ExportRequest(variant, _given(options), flavor, opset, dtype,
@@ -433,13 +449,18 @@ def _hf_form(options: dict) -> tuple[str, int]:
     return kv_cache or "none", max_seq or 0
 
 
-def _export_hf(path, flavor, opset, dtype, seed, output, options):
-    from attnexport import hf
+def _export_hf(path, flavor, opset, dtype, seed, output, deploy, rtol, atol, options):
+    from attnexport import hf_export
     form, max_seq = _hf_form(options)
+    if output is not None and deploy is not None:
+        raise UsageError("give -o FILE.onnx or --deploy FOLDER, not both")
     if output is not None:
         F.resolve_target(Path(output))
-    target = output or str(F.default_output(Path(str(path).rstrip("/")).name or "model"))
-    result, _ = hf.export_hf(hf.HFExport(path, form, max_seq, flavor, opset, dtype, target, seed))
+    name = Path(str(path).rstrip("/"))
+    name = name.stem if name.suffix.lower() == ".gguf" else name.name
+    target = None if deploy is not None else output or str(F.default_output(name or "model"))
+    result, _ = hf_export.export_hf(hf_export.HFExport(path, form, max_seq, flavor, opset, dtype, target, seed, deploy,
+                                                       rtol, atol))
     return result
 
 

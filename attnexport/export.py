@@ -30,7 +30,7 @@ from attnexport import flavors as FL
 from attnexport import modules as M
 from attnexport import variants as V
 from attnexport import weights as W
-from attnexport.compare import compare, past_ends_zeroed
+from attnexport.compare import compare, past_ends_zeroed, tolerance
 from attnexport.errors import AttnExportError, ExportError, UsageError, first_line, reason
 
 FLAVORS = tuple(FL.FLAVORS)  # names, in the registry's order
@@ -630,9 +630,14 @@ class ModuleExport:
             (T,), or one first position for all; see `decode.WritePos`). The export is checked at
             other sizes with valid positions, and `verify --module` decodes sequences of
             different lengths from buffers full of noise (recorded as `attnexport.write_pos`).
-        probes: the inputs (tuples of tensors, forward's order) the export is checked on before it
-            is written, where sizes depend on each other (a mask as long as the cache and the block
-            together); default: each symbolic axis at 1 and at the example's size + 3.
+        check: the check of the finished model before it is written, in place of the default one
+            (the module against the model at other sizes, each symbolic axis at 1 and at the
+            example's size + 3): called with the model, it returns what it checked (a list, the
+            result's `checked`) and raises an ExportError when the model is wrong. A whole language
+            model's (`attnexport.hf_export`) feeds caches the model wrote and compares with the
+            model in float64.
+        rtol, atol: the tolerance of the default check instead of the policy's (or, in fp16, the
+            one derived from torch's fp16 error).
     """
 
     flavor: str = FL.DEFAULT
@@ -650,7 +655,9 @@ class ModuleExport:
     cache: dict | None = None
     extra_meta: dict | None = None
     write_pos: str | None = None
-    probes: tuple | None = None
+    check: Callable[[onnx.ModelProto], list] | None = None
+    rtol: float | None = None
+    atol: float | None = None
 
 
 @dataclass
@@ -711,8 +718,8 @@ def export_module(module, example_inputs, request: ModuleExport | None = None, *
             **(r.extra_meta or {})}
     params = {k: v.detach().float().numpy() for k, v in t.module.state_dict().items()}
     model, op_name = finish(model, Finishing(r.flavor, opset, r.dtype, r.name, bool(calls)), params, meta)
-    checked = _check_other_sizes(t, model, kept, set() if write else {kept[n][a] for n, a in cache_axes.items()},
-                                 write)
+    checked = r.check(model) if r.check is not None else \
+        _check_other_sizes(t, model, kept, set() if write else {kept[n][a] for n, a in cache_axes.items()}, write)
     version = torch.__version__.split("+")[0]
     semantics = ["fully masked query rows give NaN, as in torch (--nan-rows)"] if r.nan_rows else \
         [M.SEMANTICS_NOTE.format(version=version) + " (--nan-rows keeps torch's)"] if torch_nan else []
@@ -1016,12 +1023,14 @@ def _check_other_sizes(t: _ModuleTrace, model, kept: dict, empty=frozenset(), wr
     def compute(module, feed):
         with contextlib.nullcontext() if t.request.nan_rows else M.export_semantics():
             return M.call_forward(module, feed, name)
-    probes = t.request.probes if t.request.probes is not None else \
-        static_probes(t.args, names, kept, t.cache, write, 1) if write else probe_inputs(t.args, names, kept, 1, empty)
+    probes = static_probes(t.args, names, kept, t.cache, write, 1) if write else \
+        probe_inputs(t.args, names, kept, 1, empty)
     # GroupQueryAttention's buffers are undefined past each sequence's written positions.
     undefined_past = write is not None and any(p.key == STATIC_BUFFERS for p in model.metadata_props)
     for feed in probes:
         want, tol = M.expected_of(t.module, feed, name, t.request.dtype, compute)
+        if t.request.rtol is not None or t.request.atol is not None:
+            tol = tolerance(t.request.dtype, t.request.rtol, t.request.atol)
         sizes = {n: list(x.shape) for n, x in zip(names, feed, strict=True)}
         want = [w.numpy() for w in want]
         try:

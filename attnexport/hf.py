@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,8 @@ FORMS = ("none", "concat", "static")
 META = "attnexport.hf"
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                  "pytorch_model.bin.index.json")
+# What a folder holds when it has a tokenizer (the fast tokenizer's file, or a slow one's vocabulary).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 
 
 @dataclass(frozen=True)
@@ -96,45 +99,144 @@ class Layout:
 
 # --- loading ------------------------------------------------------------------------------------
 
+# The architectures the suite exports and verifies (model_type in the config); others whose layers
+# call transformers' attention interface with a layer_idx are tried, and named as untested when
+# they fail.
+TESTED = ("llama", "mistral", "qwen2", "phi3", "gpt2", "gemma2")
+
+
 def _has_weights(folder: Path) -> bool:
     return any((folder / f).is_file() for f in _WEIGHT_FILES)
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """transformers' progress bars and warnings kept from the user while a model loads."""
+    from transformers.utils import logging as tlog
+    bars, verbosity = tlog.is_progress_bar_enabled(), tlog.get_verbosity()
+    tlog.disable_progress_bar()
+    tlog.set_verbosity_error()
+    try:
+        yield
+    finally:
+        tlog.set_verbosity(verbosity)
+        if bars:
+            tlog.enable_progress_bar()
+
+
+def _build(make, source) -> tuple:
+    """`make(attn_implementation)` with the sdpa attention where the architecture has it, else
+    eager (Gemma2's in newer transformers); the attention is routed through attnexport's core at
+    export either way, and the implementation is the reference's."""
+    try:
+        return make("sdpa"), "sdpa"
+    except ValueError as e:
+        if "scaled_dot_product_attention" not in str(e):
+            raise
+    return make("eager"), "eager"
 
 
 def load(source: str | Path, seed: int = 0):
     """(model, where its parameters came from) for a causal language model: `source` is a folder
     saved with `save_pretrained` (weights read from it, or drawn from `seed` when it has a config
-    only) or a model id transformers' `from_pretrained` resolves. The model is in float32,
-    eval mode, with the sdpa attention (routed through attnexport's core at export)."""
+    only), a GGUF file (its tensors dequantized to float32, as transformers reads them) or a model
+    id transformers' `from_pretrained` resolves. The model is in float32, eval mode, with the
+    sdpa attention where its architecture has one, else eager (routed through attnexport's core
+    at export either way)."""
     try:
         import transformers
     except ImportError:
         raise UsageError("--hf needs transformers: pip install 'attnexport[hf]'") from None
     folder = Path(source)
+    if folder.suffix.lower() == ".gguf" or folder.is_file():
+        return _load_gguf(folder)
     if not folder.exists() and (str(source).startswith((".", "/", "~")) or str(source).count("/") > 1):
         raise UsageError(f"--hf {source}: no such folder")
     try:
-        config = transformers.AutoConfig.from_pretrained(str(source))
+        with _quiet_transformers():
+            config = transformers.AutoConfig.from_pretrained(str(source))
     except Exception as e:  # noqa: BLE001 - transformers' reason, in one line
         raise UsageError(f"--hf {source}: no transformers config there ({reason(e)[:200]})") from None
+    _check_causal(config, source)
+    try:
+        with _quiet_transformers():
+            if folder.is_dir() and not _has_weights(folder):
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(seed)
+                    model, _ = _build(lambda attn: transformers.AutoModelForCausalLM.from_config(
+                        config, attn_implementation=attn, dtype=torch.float32), source)
+                source_of_params = "seed"
+            else:
+                model, _ = _build(lambda attn: transformers.AutoModelForCausalLM.from_pretrained(
+                    str(source), attn_implementation=attn, dtype=torch.float32), source)
+                source_of_params = "given: " + (folder.name or str(source))
+    except Exception as e:  # noqa: BLE001 - transformers' reason, in one line
+        raise UsageError(f"--hf {source}: transformers cannot build the model ({reason(e)[:300]})") from None
+    return model.eval(), source_of_params
+
+
+def _check_causal(config, source) -> None:
     archs = list(getattr(config, "architectures", None) or [])
     if not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
         found = ", ".join(archs) or f"none ({config.model_type})"
         raise UsageError(f"--hf {source}: not a causal language model (task {TASK}: architectures ending in "
-                         f"ForCausalLM or LMHeadModel; its config lists {found})")
+                         f"ForCausalLM or LMHeadModel, tested: {', '.join(TESTED)}; its config lists {found})")
+
+
+def _load_gguf(path: Path):
+    """A GGUF file as transformers reads it: its config (without the quantization, so the model is
+    an ordinary float32 one) and its tensors dequantized, loaded into the architecture it names."""
+    import transformers
+    if not path.is_file():
+        raise UsageError(f"--hf {path}: no such file")
     try:
-        if folder.is_dir() and not _has_weights(folder):
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
-                model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
-                                                                      dtype=torch.float32)
-            source_of_params = "seed"
-        else:
-            model = transformers.AutoModelForCausalLM.from_pretrained(str(source), attn_implementation="sdpa",
-                                                                      dtype=torch.float32)
-            source_of_params = "given: " + (folder.name or str(source))
+        import gguf  # noqa: F401 - transformers reads the file with it
+    except ImportError:
+        raise UsageError(f"--hf {path}: reading a GGUF file needs the gguf package: pip install "
+                         "'attnexport[real]'") from None
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    try:
+        with _quiet_transformers():
+            config = transformers.AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as e:  # noqa: BLE001 - transformers' reason, in one line
-        raise UsageError(f"--hf {source}: transformers cannot build the model ({reason(e)[:300]})") from None
-    return model.eval(), source_of_params
+        raise UsageError(f"--hf {path}: transformers cannot read it as a GGUF model ({reason(e)[:200]})") from None
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    if not getattr(config, "architectures", None):  # GGUF's configs name the model type only
+        names = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        config.architectures = [names[config.model_type]] if config.model_type in names else []
+    _check_causal(config, path)
+    try:
+        with _quiet_transformers():
+            model, _ = _build(lambda attn: transformers.AutoModelForCausalLM.from_config(
+                config, attn_implementation=attn, dtype=torch.float32), path)
+            with contextlib.redirect_stderr(io.StringIO()):  # its own progress bar, outside transformers' switch
+                tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    except Exception as e:  # noqa: BLE001 - transformers' reason, in one line
+        raise UsageError(f"--hf {path}: transformers cannot load its tensors ({reason(e)[:300]})") from None
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise UsageError(f"--hf {path}: its tensors do not fit {config.architectures[0]} (missing: "
+                         f"{', '.join(sorted(set(missing) - tied)[:3]) or 'none'}; unexpected: "
+                         f"{', '.join(unexpected[:3]) or 'none'})")
+    model.tie_weights()
+    return model.eval(), "given: " + path.name
+
+
+def tokenizer_of(source: str | Path):
+    """The tokenizer beside the model at `source` (its folder's tokenizer files, a GGUF file's own
+    vocabulary, or the model id's), or None when there is none (a config-only folder)."""
+    import transformers
+    path = Path(source)
+    where, extra = (str(path.parent), {"gguf_file": path.name}) if path.is_file() else (str(source), {})
+    if path.is_dir() and not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        return None
+    try:
+        with _quiet_transformers():
+            return transformers.AutoTokenizer.from_pretrained(where, **extra)
+    except Exception:  # noqa: BLE001 - no tokenizer there: prompts are drawn as token ids instead
+        return None
 
 
 def layout_of(model, form: str, max_seq: int = 0) -> Layout:
@@ -190,15 +292,18 @@ def _logits(out):
 class LogitsOnly(torch.nn.Module):
     """input_ids, attention_mask, position_ids -> logits (no cache). Position ids are an input, as
     for the concat form: with left padding they count tokens, which absolute position embeddings
-    (GPT-2's) see."""
+    (GPT-2's) see. Each layer's attention is attnexport's core (`_concat_attention` with no past),
+    whichever implementation the model was built with (eager where it has no sdpa)."""
 
     def __init__(self, model):
         super().__init__()
+        _register_attention()
         self.model = model
 
     def forward(self, input_ids, attention_mask, position_ids):
-        return _logits(self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                  use_cache=False))
+        with _stepping(self.model, _Step(None, None), CONCAT_ATTENTION):
+            return _logits(self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                      use_cache=False))
 
 
 CONCAT_ATTENTION = "attnexport_concat"
@@ -214,11 +319,11 @@ def _concat_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     from attnexport.semantics import Core
     step = _STEP.get()
     if step is None:
-        raise RuntimeError("the attnexport_concat attention runs inside a ConcatStep only")
+        raise RuntimeError("the attnexport_concat attention runs inside a ConcatStep or LogitsOnly only")
     i = module.layer_idx
-    past = (step.buffers[2 * i], step.buffers[2 * i + 1])
+    past = (step.buffers[2 * i], step.buffers[2 * i + 1]) if step.buffers is not None else None
     if attention_mask is not None and attention_mask.ndim == 4:  # as transformers' sdpa function takes it
-        attention_mask = attention_mask[:, :, :, :past[0].shape[2] + key.shape[2]]
+        attention_mask = attention_mask[:, :, :, :(past[0].shape[2] if past else 0) + key.shape[2]]
     if is_causal is None:
         is_causal = query.shape[2] > 1 and attention_mask is None and getattr(module, "is_causal", True)
     a = attend(query, key, value, attention_mask, cache=past,
@@ -344,77 +449,6 @@ def example_feed(layout: Layout, batch: int = 2, block: int = 5, past: int = 3, 
     for name in layout.cache_names("past_key_values"):
         feed[name] = rng.standard_normal(shape).astype(np.float32)
     return feed
-
-
-# --- export -------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class HFExport:
-    """How to export a language model (`export --hf`): where it is, the cache form (`none`,
-    `concat`, `static`), the static buffers' positions, and the module export's settings."""
-
-    source: str | Path
-    form: str = "none"
-    max_seq: int = 0
-    flavor: str | None = None
-    opset: int | None = None
-    dtype: str = "fp32"
-    output: str | Path | None = None
-    seed: int = 0
-
-
-def dynamic_axes(layout: Layout) -> dict:
-    """The symbolic axes of each input of the step graph."""
-    dims = {"input_ids": {0: "batch", 1: "sequence"}}
-    cache_axes = {0: "batch"} if layout.form == "static" else {0: "batch", 2: "past_len"}
-    if layout.form == "none":
-        return {**dims, "attention_mask": {0: "batch", 1: "sequence"}, "position_ids": {0: "batch", 1: "sequence"}}
-    if layout.form == "concat":
-        dims["attention_mask"] = {0: "batch", 1: "total_len"}
-        dims["position_ids"] = {0: "batch", 1: "sequence"}
-    else:
-        dims["write_pos"] = {0: "batch"}
-    for name in layout.cache_names("past_key_values"):
-        dims[name] = dict(cache_axes)
-    return dims
-
-
-def export_hf(request: HFExport):
-    """Exports the model at `request.source` in its cache form; returns (the ModuleExportResult,
-    the layout)."""
-    from attnexport import flavors as FL
-    from attnexport.export import ModuleExport, export_module
-
-    r = request
-    if r.form not in FORMS:
-        raise UsageError(f"--kv-cache for --hf is one of {', '.join(FORMS)}, got {r.form!r}")
-    if r.form == "static" and r.max_seq < 8:
-        raise UsageError(f"--kv-cache static needs --max-seq N, the buffers' positions (at least 8), got {r.max_seq}")
-    if r.form != "static" and r.max_seq:
-        raise UsageError("--max-seq sizes the static cache's buffers: give it with --kv-cache static")
-    model, params_source = load(r.source, r.seed)
-    layout = layout_of(model, r.form, r.max_seq)
-    wrapper = step_module(model, layout)
-    # A static example writes into empty buffers (write_pos 0): a block over written positions at
-    # batch > 1 is beyond GroupQueryAttention (the ort flavour's step, see attnexport.export.GQA_BLOCKS).
-    feed = example_feed(layout, block=3 if r.form == "static" else 5, past=0 if r.form == "static" else 3)
-    example = tuple(torch.from_numpy(v) for v in feed.values())
-    # Checked before writing at other sizes: one token after one, a longer block after a longer
-    # past with sequence 0 left-padded, and a first block (no past); static: into empty buffers.
-    shapes = [(1, 1, 1, 0), (3, 6, 4, 2), (2, 4, 0, 1)] if r.form != "static" else [(1, 1, 0, 0), (3, 6, 0, 0)]
-    probes = tuple(tuple(torch.from_numpy(v) for v in example_feed(layout, b, t, p, seed=1, padded=pad).values())
-                   for b, t, p, pad in shapes)
-    flavor = r.flavor or FL.DEFAULT
-    # The attention flavour's static step writes with TensorScatter (opset 24).
-    opset = FL.opset_for(flavor, r.opset, 24 if r.form == "static" and flavor == "attention" else None)
-    cache = layout.cache_pairs if r.form != "none" else None
-    module_request = ModuleExport(flavor=flavor, opset=opset, dtype=r.dtype, dynamic=dynamic_axes(layout),
-                                  output=r.output, input_names=list(feed), name=f"{model.config.model_type} ({r.form})",
-                                  seed=r.seed if params_source == "seed" else None, output_names=layout.outputs,
-                                  cache=cache, extra_meta={META: layout.meta(), "attnexport.params_source":
-                                                           params_source},
-                                  write_pos="write_pos" if r.form == "static" else None, probes=probes)
-    return export_module(wrapper, example, module_request), layout
 
 
 # --- generation ---------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnexport import hf
+from attnexport import hf, hf_export
 from attnexport.bench import gemv_bandwidth, memory_bandwidth, stats_of
 from attnexport.errors import UsageError, reason
 
@@ -277,8 +277,8 @@ def _attnexport_engine(weights: Path, form: str, flavor: str, r: HFBenchRequest,
     max_seq = max(r.contexts) + 1
     path = tmp / f"{form}-{flavor}.onnx"
     try:
-        result, layout = hf.export_hf(hf.HFExport(weights, form, max_seq if form == "static" else 0, flavor,
-                                                  output=path))
+        request = hf_export.HFExport(weights, form, max_seq if form == "static" else 0, flavor, output=path)
+        result, layout = hf_export.export_hf(request)
     except Exception as e:  # noqa: BLE001 - a flavour that cannot express the model is a row saying why
         return HFBenchRow("attnexport", form, flavor, "-", "decode", 0, float("nan"), float("nan"), float("nan"),
                           0.0, r.threads, note=f"export failed: {reason(e)}")

@@ -75,7 +75,8 @@ def _msft_gqa() -> Op:
         type_constraints=[("T", ["tensor(float)", "tensor(float16)"], ""), ("M", ["tensor(int32)"], "")],
         attributes=[A("num_heads", OpSchema.AttrType.INT, "", required=True),
                     A("kv_num_heads", OpSchema.AttrType.INT, "", required=True),
-                    A("scale", OpSchema.AttrType.FLOAT, "", required=False)])
+                    A("scale", OpSchema.AttrType.FLOAT, "", required=False),
+                    A("softcap", OpSchema.AttrType.FLOAT, "", required=False)])
     return Op(Opset("com.microsoft", 1), "GroupQueryAttention", schema)
 
 
@@ -515,14 +516,14 @@ def _ort_static(query, key, value, key_cache, value_cache, write_pos, valid, sca
     sequence's valid prefix only (seqlens_k), so a step costs what its context holds, not what the
     buffer does. Its causal mask puts query i of sequence b at write_pos[b] + i, the operator's.
     GroupQueryAttention is causal only and wants fixed head counts: a step that is not causal, has a
-    softcap or a softmax precision of its own, or symbolic heads (sdpa's 4-D layout) is the
-    ScatterElements + MultiHeadAttention graph instead. ONNX Runtime (1.31.1) refuses a block of more
-    than one position over written positions at batch > 1; the model's metadata says so
+    softmax precision of its own, or symbolic heads (sdpa's 4-D layout) is the ScatterElements +
+    MultiHeadAttention graph instead; a softcap is its attribute (Gemma2's). ONNX Runtime (1.31.1)
+    refuses a block of more than one position over written positions at batch > 1; the model's metadata says so
     (`attnexport.static_blocks`, see attnexport.export) and verify reports such runs as not
     applicable."""
     heads, kv_heads = _static(query.shape[1]), _static(key.shape[1])
     plain_precision = softmax_precision is None or softmax_precision == query.dtype
-    if not is_causal or heads is None or kv_heads is None or (softcap and softcap > 0) or not plain_precision:
+    if not is_causal or heads is None or kv_heads is None or not plain_precision:
         return _ort_static_scattered(query, key, value, key_cache, value_cache, write_pos, valid, scale, is_causal,
                                      softcap, softmax_precision)
     q3, k3, v3 = (op.Reshape(op.Transpose(t, perm=[0, 2, 1, 3]), [0, 0, -1]) for t in (query, key, value))
@@ -531,6 +532,8 @@ def _ort_static(query, key, value, key_cache, value_cache, write_pos, valid, sca
     attrs = {"num_heads": heads, "kv_num_heads": kv_heads}
     if scale is not None:
         attrs["scale"] = float(scale)
+    if softcap and softcap > 0:
+        attrs["softcap"] = float(softcap)
     out, key_cache, value_cache = _GroupQueryAttention(q3, k3, v3, key_cache, value_cache, seqlens, total, **attrs)
     out = op.Transpose(op.Reshape(out, op.Concat(op.Constant(value_ints=[0, 0, heads]), op.Constant(value_ints=[-1]),
                                                  axis=0)), perm=[0, 2, 1, 3])

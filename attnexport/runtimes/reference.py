@@ -33,14 +33,14 @@ def gqa_reference_op():
     subset attnexport emits: no rotary, no packed QKV): the new keys and values are written into
     the past buffers at seqlens_k[b] + 1 - S .. seqlens_k[b], and query i of sequence b attends
     the keys at positions up to seqlens_k[b] + 1 - S + i (causal), grouped heads reading their
-    key/value head."""
+    key/value head; a softcap caps the scaled scores (softcap * tanh(scores / softcap))."""
     from onnx.reference.op_run import OpRun
 
     class GroupQueryAttention(OpRun):
         op_domain = "com.microsoft"
 
         def _run(self, query, key, value, past_key, past_value, seqlens_k, total_sequence_length, *unused,
-                 num_heads=None, kv_num_heads=None, scale=None):
+                 num_heads=None, kv_num_heads=None, scale=None, softcap=None):
             B, S, _ = query.shape
             d = past_key.shape[-1]
             q = query.reshape(B, S, num_heads, d).transpose(0, 2, 1, 3).astype(np.float64)
@@ -53,6 +53,8 @@ def gqa_reference_op():
                 k = np.repeat(present_key[b, :, :end].astype(np.float64), num_heads // kv_num_heads, axis=0)
                 v = np.repeat(present_value[b, :, :end].astype(np.float64), num_heads // kv_num_heads, axis=0)
                 s = (q[b] @ k.transpose(0, 2, 1)) * (scale if scale else 1.0 / np.sqrt(d))
+                if softcap:  # before the causal mask, so that -inf stays -inf
+                    s = softcap * np.tanh(s / softcap)
                 rows = end - S + np.arange(S)[:, None]
                 s = np.where(np.arange(end)[None, :] <= rows, s, -np.inf)
                 e = np.exp(s - s.max(-1, keepdims=True))

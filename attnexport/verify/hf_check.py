@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from attnexport import hf
+from attnexport import hf, hf_export
 from attnexport import modules as M
 from attnexport import runtimes as R
 from attnexport.compare import (
@@ -87,9 +87,9 @@ class _Context:
         """The first diverging node against the model exported afresh (once) from the same source."""
         try:
             if self.known_good is None:
-                request = hf.HFExport(self.check.source, self.layout.form, self.layout.max_seq, self.flavor,
+                request = hf_export.HFExport(self.check.source, self.layout.form, self.layout.max_seq, self.flavor,
                                       dtype=self.dtype, seed=self.check.seed or 0)
-                self.known_good = hf.export_hf(request)[0].model
+                self.known_good = hf_export.export_hf(request)[0].model
             return locate(self.onnx_model, self.known_good, feed, runtime, self.dtype)
         except Exception as e:  # noqa: BLE001 - localization is a diagnosis; its failure is reported
             return Localization(note=f"localization failed: {reason(e)}")

@@ -1,0 +1,240 @@
+"""The numerics of a whole language model: the same model run in float64 is the reference, and each
+output's budget is derived from the error torch's own fp32 forward makes against it.
+
+A single attention op in fp32 is within rtol 1e-4 / atol 1e-5 of its float64 value; thirty layers
+of a trained model are not (SmolLM2-135M's logits: 3e-5 to 5e-4 from float64 in torch itself), so
+the policy's constants would refuse every correct export of a real model. Here each step is run
+three times on the same feed: as exported in torch (fp32, attention through attnexport's core), in
+float64 everywhere (`float64_everywhere`: the casts to float32 that transformers' norms, rotary
+tables and softmaxes make become float64 too), and on the runtime under test. An output passes when
+the runtime's error against float64 is within `compare.derived_tolerance`: FACTOR times torch's
+own fp32 error on that output, never below the fp32 policy. Positions that are padding are never
+compared (their values are whatever each kernel does with a query that sees no key), and a static
+cache's buffers are compared up to where each sequence has written. The caches a checked step
+reads come from running the model on token prefixes (real text where the model has a tokenizer),
+never from random numbers that no model writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from attnexport import dtypes as D
+from attnexport import hf
+from attnexport import modules as M
+from attnexport.compare import Comparison, Tolerance, compare, derived_tolerance, failed, tolerance
+
+# Where the budget comes from, said in every report.
+BASIS = "torch's {dtype} error against the model in float64"
+
+# Text the checks read when the model has a tokenizer: the prefixes its caches are written from,
+# and the sequences the decode property runs over.
+PASSAGE = (
+    "A lighthouse keeper kept a log of every ship that passed the point, the hour it was seen, the "
+    "direction of the wind and the state of the sea. Over forty years the log filled eleven volumes. "
+    "When the light was automated, the volumes went to the town library, where a schoolteacher used "
+    "them to show her class how the harbour had changed: fewer fishing boats each decade, more "
+    "ferries, and in the last years pleasure yachts that came only in summer. The children drew "
+    "charts of the traffic and found that storms had grown rarer in spring but stronger in autumn."
+)
+
+# The prompts of generation parity when the model has a tokenizer (greedy answers a reader can
+# check: a fact, code, a physical constant, a story, a list).
+PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):\n",
+    "Water boils at a temperature of",
+    "Once upon a time, in a small village by the sea,",
+    "The three primary colors are",
+)
+
+
+class _Float64(torch.overrides.TorchFunctionMode):
+    """float32 asked for by name (`.float()`, `.to(torch.float32)`, `dtype=torch.float32`) becomes
+    float64: what a model computes when nothing in it is rounded to single precision."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.float:
+            func = torch.Tensor.double
+        args = tuple(torch.float64 if a is torch.float32 else a for a in args)
+        kwargs = {k: torch.float64 if v is torch.float32 else v for k, v in (kwargs or {}).items()}
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def float64_everywhere():
+    """Within the block a float64 model computes in float64 throughout: transformers' RMS norms,
+    rotary tables and softmaxes cast to float32 on purpose (for fp16 and bf16 models), which in a
+    float64 model would round every layer to single precision; here those casts keep float64, and
+    tensors made without a dtype are float64."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with _Float64():
+            yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def valid_positions(layout: hf.Layout, feed: dict) -> dict:
+    """{output: boolean array broadcastable to it}: the positions a check compares. Logits of
+    padding tokens and the cache entries of padding positions are not (none and concat forms:
+    `attention_mask` is 0 there); a static cache's buffers are compared up to each sequence's
+    write_pos + the block (past it a buffer holds what the runtime left there)."""
+    batch, block = feed["input_ids"].shape
+    if layout.form == "static":
+        ends = np.asarray(feed["write_pos"]).reshape(-1) + block
+        written = np.arange(layout.max_seq)[None, :] < ends[:, None]  # (B, S)
+        return {"logits": np.ones((batch, block, 1), bool),
+                **{n: written[:, None, :, None] for n in layout.cache_names("present")}}
+    mask = np.asarray(feed["attention_mask"]).astype(bool)  # (B, past + T)
+    return {"logits": mask[:, -block:, None], **{n: mask[:, None, :, None] for n in layout.cache_names("present")}}
+
+
+def masked(arrays: dict, valid: dict) -> dict:
+    """`arrays` with the positions that are not compared set to 0 in each (float64)."""
+    return {n: np.where(valid[n], np.asarray(a, np.float64), 0.0) if n in valid else np.asarray(a, np.float64)
+            for n, a in arrays.items()}
+
+
+@dataclass
+class Expected:
+    """What a runtime's outputs of one step are compared with: the float64 model's outputs (the
+    positions compared only), each output's budget, and the positions compared."""
+
+    outputs: dict
+    tolerances: dict
+    valid: dict
+
+    def compare(self, got: dict, names: list[str]) -> list[Comparison]:
+        """Every declared output matched by name, compared over its valid positions with its budget."""
+        got = masked(got, self.valid)
+        out = []
+        for name in names:
+            tol = self.tolerances[name]
+            out.append(compare(name, got[name], self.outputs[name], tol) if name in got else
+                       failed(name, "output missing", tol))
+        out += [failed(n, f"unexpected output (the model declares {', '.join(names)})", Tolerance(0, 0))
+                for n in got if n not in names]
+        return out
+
+
+def budget(torch_out: np.ndarray, fp64: np.ndarray, dtype: str = "fp32", rtol: float | None = None,
+           atol: float | None = None) -> Tolerance:
+    """An output's budget: the user's (--rtol/--atol), or derived from the error torch's run in the
+    export's dtype makes against float64 (`compare.derived_tolerance`)."""
+    if rtol is not None or atol is not None:
+        return tolerance(dtype, rtol, atol)
+    a, e = np.asarray(torch_out, np.float64), np.asarray(fp64, np.float64)
+    error = float(np.abs(a - e).max(initial=0.0)) if np.isfinite(a).all() and np.isfinite(e).all() else np.inf
+    return derived_tolerance(dtype, error, BASIS.format(dtype=dtype))
+
+
+class Reference:
+    """A language model's step graph of `layout` in torch twice: as exported (in the export's
+    dtype, its attention through attnexport's core) and in float64 everywhere (a copy of its
+    parameters in float64).
+
+    Args:
+        model: transformers' model, in float32 (kept as it is).
+        layout: the step graph's layout.
+        dtype: the export's float type (fp32, fp16).
+        rtol, atol: the user's budget for every output instead of the derived one.
+    """
+
+    def __init__(self, model, layout: hf.Layout, dtype: str = "fp32", rtol: float | None = None,
+                 atol: float | None = None):
+        self.layout, self.dtype, self.rtol, self.atol = layout, dtype, rtol, atol
+        self.model = model
+        self.torch_dtype = D.torch_dtype(dtype)
+        low = model if self.torch_dtype == torch.float32 else copy.deepcopy(model).to(self.torch_dtype)
+        self.step = hf.step_module(low, layout)
+        self.model64 = copy.deepcopy(model).double()
+        self.step64 = hf.step_module(self.model64, layout)
+        self.numpy_dtype = D.NUMPY[dtype]
+
+    def run(self, feed: dict) -> dict:
+        """The step in torch as the export computes it (arrays of the export's dtype by output name)."""
+        return self._run(self.step, feed, self.torch_dtype, contextlib.nullcontext())
+
+    def run64(self, feed: dict) -> dict:
+        """The step in float64 (float64 arrays by output name)."""
+        return self._run(self.step64, feed, torch.float64, float64_everywhere())
+
+    def _run(self, step, feed: dict, dtype, mode) -> dict:
+        args = [torch.from_numpy(np.ascontiguousarray(v)) for v in feed.values()]
+        args = [a.to(dtype) if a.is_floating_point() else a for a in args]
+        with torch.no_grad(), M.export_semantics(), mode:
+            out = M.outputs_of(step(*args))
+        return {n: t.detach().numpy() for n, t in zip(self.layout.outputs, out, strict=True)}
+
+    def expect(self, feed: dict) -> Expected:
+        """The float64 outputs of one step and each output's budget (see the module docstring)."""
+        valid = valid_positions(self.layout, feed)
+        want = masked(self.run64(feed), valid)
+        low = masked(self.run(feed), valid)
+        return Expected(want, {n: budget(low[n], want[n], self.dtype, self.rtol, self.atol) for n in want}, valid)
+
+    def logits64(self, sequences: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """transformers' own forward in float64 over whole (left-padded) sequences: (B, T, V) logits."""
+        positions = np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 1)
+        with torch.no_grad(), float64_everywhere():
+            out = self.model64(input_ids=torch.from_numpy(sequences), attention_mask=torch.from_numpy(mask),
+                               position_ids=torch.from_numpy(positions), use_cache=False)
+        return out.logits.double().numpy()
+
+
+# --- what the checks feed ------------------------------------------------------------------------
+
+def token_rows(tokenizer, vocab: int, batch: int, length: int, seed: int) -> np.ndarray:
+    """(batch, length) token ids: windows of PASSAGE at seeded offsets where the model has a
+    tokenizer, else seeded ids (the first three, special in most vocabularies, left out)."""
+    rng = np.random.default_rng(seed)
+    if tokenizer is None:
+        return rng.integers(min(3, vocab - 1), vocab, (batch, length), dtype=np.int64)
+    text = np.asarray(tokenizer(PASSAGE)["input_ids"], np.int64)
+    while len(text) < length + batch:
+        text = np.concatenate([text, text])
+    starts = rng.integers(0, len(text) - length, batch)
+    return np.stack([text[s:s + length] for s in starts])
+
+
+def prompts(tokenizer, layout: hf.Layout, lengths, seed: int = 0) -> list[np.ndarray]:
+    """Generation parity's prompts: PROMPTS tokenized where the model has a tokenizer, else seeded
+    token ids of `lengths`."""
+    if tokenizer is None:
+        return hf.prompts_for(layout, lengths, seed)
+    return [np.asarray(tokenizer(p)["input_ids"], np.int64) for p in PROMPTS]
+
+
+def prefilled_feed(reference: Reference, ids: np.ndarray, past: int, padded: int = 0) -> dict:
+    """The feed of one step over ids[:, past:] after a cache the model itself wrote from
+    ids[:, :past] (in torch, as the export runs): none: the whole of ids (no cache); concat: the
+    past's keys and values, sequence 0's first `padded` positions padding (mask 0, positions
+    counting tokens); static: buffers of max_seq positions written up to `past`, write_pos `past`."""
+    layout = reference.layout
+    batch, total = ids.shape
+    if layout.form == "static":
+        buffers = {n: np.zeros((batch, layout.kv_heads, layout.max_seq, layout.head_dim), reference.numpy_dtype)
+                   for n in layout.cache_pairs}
+        if past:
+            out = reference.run({"input_ids": ids[:, :past], "write_pos": np.zeros(batch, np.int64), **buffers})
+            buffers = {p: out[q] for p, q in layout.cache_pairs.items()}
+        return {"input_ids": ids[:, past:], "write_pos": np.full(batch, past, np.int64), **buffers}
+    mask = np.ones((batch, total), np.int64)
+    mask[0, :padded] = 0
+    positions = np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 1)
+    if layout.form == "none":
+        return {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+    pasts = {n: np.zeros((batch, layout.kv_heads, 0, layout.head_dim), reference.numpy_dtype)
+             for n in layout.cache_pairs}
+    if past:
+        out = reference.run({"input_ids": ids[:, :past], "attention_mask": mask[:, :past],
+                               "position_ids": positions[:, :past], **pasts})
+        pasts = {p: out[q] for p, q in layout.cache_pairs.items()}
+    return {"input_ids": ids[:, past:], "attention_mask": mask, "position_ids": positions[:, past:], **pasts}
