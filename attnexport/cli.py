@@ -21,7 +21,7 @@ from attnexport import golden as golden_mod
 from attnexport import jsonout, schema
 from attnexport import runtimes as R
 from attnexport import variants as V
-from attnexport.compare import check_tolerance_values
+from attnexport.compare import FP32_FACTOR, check_tolerance_values
 from attnexport.errors import AttnExportError, UsageError
 
 
@@ -636,8 +636,11 @@ def inspect(model, as_json):
 @click.option("--hf", "hf_path", default=None, metavar="PATH",
               help="With one MODEL exported with export --hf: compare it with this language model (its shapes, "
                    "the decode property, greedy generation against transformers' generate).")
-@click.option("--new-tokens", type=click.IntRange(min=1), default=32, show_default=True,
+@click.option("--new-tokens", type=click.IntRange(min=1), default=48, show_default=True,
               help="With --hf: the tokens generated for the parity check.")
+@click.option("--clients", "clients_text", default=None, metavar="optimum,transformers.js|all",
+              help="With --hf and a deployment folder as MODEL (export --hf --deploy): also generate from it with "
+                   "these clients (Optimum's ORTModelForCausalLM, transformers.js in Node) and compare their tokens.")
 @click.option("--input", "input_specs", multiple=True, metavar="NAME:SHAPE[:DTYPE]",
               help="With --module and a MODEL from another exporter: its inputs, as for export --module.")
 @click.option("--cache", "cache_specs", multiple=True, metavar="INPUT:OUTPUT",
@@ -651,7 +654,7 @@ def inspect(model, as_json):
 @reports_errors
 def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, skip_unavailable,
            strict_placement, seed, localize, save_baseline, baseline_dir, max_growth, details, cases, module_spec,
-           hf_path, new_tokens, input_specs, cache_specs, write_pos, as_json, **options):
+           hf_path, new_tokens, clients_text, input_specs, cache_specs, write_pos, as_json, **options):
     """Check exported models against the golden cases on every runtime; exit 1 on any mismatch.
 
     With no MODEL: exports every selected golden case in every selected flavor and runs it.
@@ -661,10 +664,13 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
 
     Example: attnexport verify --runtimes torch,ort-cpu --flavor attention
     """
+    from attnexport import clients as clients_mod
     from attnexport import verify as verify_mod
 
     if models and len(variants) > 1:
         raise UsageError("a MODEL takes one --variant")
+    if clients_text is not None and hf_path is None:
+        raise UsageError("--clients generate from a language model's deployment folder: it goes with --hf")
     if hf_path is not None:
         from attnexport.verify.hf_check import HFCheck, verify_hf
         if len(models) != 1 or module_spec is not None:
@@ -673,7 +679,8 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
         if _given(options) or variants or flavors or cases or input_specs or cache_specs or write_pos:
             raise UsageError("--hf takes no --variant, --flavor, --case, --input, --cache, --write-pos or variant "
                              "options: the model says what it is")
-        check = HFCheck(models[0], hf_path, runtimes, rtol, atol, skip_unavailable, seed, new_tokens)
+        check = HFCheck(models[0], hf_path, runtimes, rtol, atol, skip_unavailable, seed, new_tokens,
+                        tuple(clients_mod.parse(clients_text)))
         _report_verify(verify_hf(check), details, as_json)
         return
     if module_spec is not None:
@@ -815,6 +822,11 @@ def _print_verify(report, details, out=None):
         click.echo(f"fp16 tolerances: derived per case ({len(bases)} {'basis' if len(bases) == 1 else 'bases'}; "
                    "see --details or --json), "
                    "atol = max(policy, 4 x the error of the fp16-emulated reference)")
+    derived = [(c, r) for r in report.rows for c in r.comparisons if "in float64" in c.basis]
+    if derived:
+        c, r = max(derived, key=lambda cr: cr[0].atol)
+        click.echo(f"budgets: per output, atol = max(policy, {FP32_FACTOR:g} x torch's own error against the model "
+                   f"in float64), rtol {c.rtol:g}; the largest: {c.name} of {r.case}, atol {c.atol:.3g} ({c.basis})")
     for r in report.failures:
         click.echo(f"FAIL {r.describe(localization=False)}")
         if r.localization is not None and (r.localization.diverged or r.localization.note):

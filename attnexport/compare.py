@@ -72,7 +72,7 @@ def derived_tolerance(dtype: str, error: float, source: str = "fp16-emulated ref
     base = TOLERANCES[dtype]
     factor = FP16_FACTOR if dtype == "fp16" else FP32_FACTOR
     atol = max(base.atol, factor * error)
-    basis = f"{source} {error:.3g} x {factor:g}" + (" (below the policy atol: policy)" if atol == base.atol else "")
+    basis = f"{source} {error:.3g} x {factor:g}" + ("; below the policy atol: policy" if atol == base.atol else "")
     return Tolerance(base.rtol, float(atol), basis)
 
 

@@ -437,7 +437,7 @@ def example_feed(layout: Layout, batch: int = 2, block: int = 5, past: int = 3, 
     ids = rng.integers(0, layout.vocab, (batch, block), dtype=np.int64)
     mask = np.ones((batch, past + block), np.int64)
     mask[0, :padded] = 0
-    positions = _positions(mask)[:, past:]
+    positions = positions_of(mask)[:, past:]
     if layout.form == "none":
         return {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
     if layout.form == "concat":
@@ -461,7 +461,7 @@ def prompts_for(layout: Layout, lengths, seed: int = 0) -> list[np.ndarray]:
     return [rng.integers(low, layout.vocab, n, dtype=np.int64) for n in lengths]
 
 
-def _left_padded(prompts, pad: int):
+def left_padded(prompts, pad: int):
     """(ids, mask, positions) of prompts left-padded to the longest, as transformers' generate
     takes them."""
     width = max(len(p) for p in prompts)
@@ -469,10 +469,10 @@ def _left_padded(prompts, pad: int):
     mask = np.zeros((len(prompts), width), np.int64)
     for b, p in enumerate(prompts):
         ids[b, width - len(p):], mask[b, width - len(p):] = p, 1
-    return ids, mask, _positions(mask)
+    return ids, mask, positions_of(mask)
 
 
-def _positions(mask: np.ndarray) -> np.ndarray:
+def positions_of(mask: np.ndarray) -> np.ndarray:
     """Position ids of a padding mask as transformers' generate makes them: each token's count of
     tokens before it; 1 on padding (never attended)."""
     return np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 1)
@@ -481,23 +481,27 @@ def _positions(mask: np.ndarray) -> np.ndarray:
 @dataclass
 class Generation:
     """A greedy generation: the new tokens (B, N), each step's logits of the last position
-    (N arrays (B, V)), and each step's inputs (kept when asked: what localizes a divergence)."""
+    (N arrays (B, V)), and the inputs of the first step whose token differs from the tokens
+    watched (what localizes a divergence; None when none differs or none was watched)."""
 
     tokens: np.ndarray
     logits: list
-    feeds: list
+    diverged_feed: dict | None = None
 
 
-def generate(run, layout: Layout, prompts, new_tokens: int, keep_feeds: bool = False) -> Generation:
+def generate(run, layout: Layout, prompts, new_tokens: int, watch: np.ndarray | None = None,
+             dtype=np.float32) -> Generation:
     """Greedy decoding of `new_tokens` tokens after each prompt with the step graph of `layout`:
     `run(feed) -> {output name: array}` runs one step (any runtime). The loop an app writes:
     none: the whole sequence each step; concat: prompts left-padded with the mask and position
     ids, then one token a step with the presents as the next pasts; static: prompts right-padded
     into empty buffers at write_pos 0, each sequence's next write_pos its own length, then one
-    token a step at write_pos, the buffers written returned as the next step's."""
+    token a step at write_pos, the buffers written returned as the next step's. `watch`: the
+    tokens expected (B, N), whose first departure's feed is kept; `dtype`: the caches' (the
+    model's float type)."""
     batch = len(prompts)
     lengths = np.array([len(p) for p in prompts])
-    tokens, logits, feeds = [], [], []
+    tokens, logits, diverged = [], [], None
     pairs = layout.cache_pairs
     if layout.form == "static":
         if lengths.max() + new_tokens > layout.max_seq:
@@ -508,22 +512,22 @@ def generate(run, layout: Layout, prompts, new_tokens: int, keep_feeds: bool = F
             ids[b, :len(p)] = p
         shape = (batch, layout.kv_heads, layout.max_seq, layout.head_dim)
         feed = {"input_ids": ids, "write_pos": np.zeros(batch, np.int64),
-                **{n: np.zeros(shape, np.float32) for n in pairs}}
+                **{n: np.zeros(shape, dtype) for n in pairs}}
         last = lengths - 1
         write_pos = lengths.copy()
     else:
-        ids, mask, positions = _left_padded(prompts, layout.pad_token)
+        ids, mask, positions = left_padded(prompts, layout.pad_token)
         feed = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
         if layout.form == "concat":
-            empty = np.zeros((batch, layout.kv_heads, 0, layout.head_dim), np.float32)
+            empty = np.zeros((batch, layout.kv_heads, 0, layout.head_dim), dtype)
             feed.update({n: empty for n in pairs})
         last = np.full(batch, ids.shape[1] - 1)
-    for _ in range(new_tokens):
-        if keep_feeds:
-            feeds.append(feed)
+    for step in range(new_tokens):
         out = run(feed)
         step_logits = np.asarray(out["logits"])[np.arange(batch), last]
         token = step_logits.argmax(axis=-1).astype(np.int64)
+        if watch is not None and diverged is None and (token != watch[:, step]).any():
+            diverged = feed
         tokens.append(token)
         logits.append(step_logits)
         presents = {past: out[present] for past, present in pairs.items()}
@@ -541,7 +545,7 @@ def generate(run, layout: Layout, prompts, new_tokens: int, keep_feeds: bool = F
                     "attention_mask": np.concatenate([feed["attention_mask"], np.ones((batch, 1), np.int64)], axis=1),
                     "position_ids": np.concatenate([feed["position_ids"], feed["position_ids"][:, -1:] + 1], axis=1)}
             last = np.full(batch, feed["input_ids"].shape[1] - 1)
-    return Generation(np.stack(tokens, axis=1), logits, feeds)
+    return Generation(np.stack(tokens, axis=1), logits, diverged)
 
 
 def reference_generation(model, layout: Layout, prompts, new_tokens: int) -> Generation:
@@ -549,11 +553,11 @@ def reference_generation(model, layout: Layout, prompts, new_tokens: int) -> Gen
     with its own cache and attention: exactly `new_tokens` tokens (no end-of-sequence stop), and
     each step's logits."""
     from transformers import GenerationConfig
-    ids, mask, _ = _left_padded(prompts, layout.pad_token)
+    ids, mask, _ = left_padded(prompts, layout.pad_token)
     config = GenerationConfig(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=0, eos_token_id=None,
                               pad_token_id=layout.pad_token, output_logits=True, return_dict_in_generate=True)
-    with torch.no_grad():
+    with torch.no_grad(), _quiet_transformers():
         out = model.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
                              generation_config=config)
     tokens = out.sequences[:, ids.shape[1]:].numpy()
-    return Generation(tokens, [t.double().numpy() for t in out.logits], [])
+    return Generation(tokens, [t.double().numpy() for t in out.logits])

@@ -13,6 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import onnx
 import torch
 
 from attnexport import files as F
@@ -125,7 +126,8 @@ def export_hf(request: HFExport) -> tuple[ModuleExportResult, hf.Layout]:
         cache=layout.cache_pairs if r.form != "none" else None,
         extra_meta={hf.META: layout.meta(), "attnexport.params_source": params_source},
         write_pos="write_pos" if r.form == "static" else None,
-        check=lambda onnx_model: check_before_writing(onnx_model, reference, tokenizer, name))
+        check=lambda onnx_model: check_before_writing(onnx_model, reference, tokenizer, name),
+        rewrite=(lambda onnx_model: pasts_fit_the_batch(onnx_model, layout)) if r.form == "concat" else None)
     try:
         result = export_module(wrapper, example, module_request)
     except ExportError as e:
@@ -137,6 +139,33 @@ def export_hf(request: HFExport) -> tuple[ModuleExportResult, hf.Layout]:
     if deploy is not None:
         result.path = write_deployment(deploy, result, model, r.source, tokenizer, layout)
     return result, layout
+
+
+def pasts_fit_the_batch(model, layout: hf.Layout) -> None:
+    """Each past of the concat form first reshaped to (the block's batch, kv heads, -1, head size):
+    a past as it comes (no copy), and an empty one of any batch as (batch, kv heads, 0, head size).
+    transformers.js 4 feeds the first step's empty pasts with batch 0, which a fused attention op
+    (Attention, MultiHeadAttention) refuses next to a block of batch 1, and from which the exporter
+    may take the batch size for the whole graph."""
+    from onnx import helper
+
+    pasts = set(layout.cache_names("past_key_values"))
+    renamed = {p: f"{p}.batched" for p in pasts}
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            if name in renamed:
+                node.input[i] = renamed[name]
+    dims = helper.make_tensor("attnexport_past_dims", onnx.TensorProto.INT64, [3],
+                              [layout.kv_heads, -1, layout.head_dim])
+    first = [helper.make_node("Shape", ["input_ids"], ["attnexport_batch"], "attnexport_batch", start=0, end=1),
+             helper.make_node("Constant", [], ["attnexport_past_dims"], "attnexport_past_dims", value=dims),
+             helper.make_node("Concat", ["attnexport_batch", "attnexport_past_dims"], ["attnexport_past_shape"],
+                              "attnexport_past_shape", axis=0)]
+    first += [helper.make_node("Reshape", [p, "attnexport_past_shape"], [renamed[p]], f"attnexport_fit_{p}")
+              for p in layout.cache_names("past_key_values")]
+    nodes = first + list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
 
 
 def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: str) -> list:
@@ -201,8 +230,6 @@ def write_deployment(folder: Path, result: ModuleExportResult, model, source, to
     a new folder is then renamed into place whole, an existing one gets each file renamed over its
     own (a link is written through), so an interrupted run leaves no half-written file. Returns
     the model's path."""
-    import onnx
-
     assert result.model is not None
     staging = Path(tempfile.mkdtemp(prefix=".attnexport-", dir=folder.parent if not folder.exists() else folder))
     os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's 0700: the folder a plain mkdir would make

@@ -182,11 +182,22 @@ class Reference:
 
     def logits64(self, sequences: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """transformers' own forward in float64 over whole (left-padded) sequences: (B, T, V) logits."""
-        positions = np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 1)
+        positions = hf.positions_of(mask)
         with torch.no_grad(), float64_everywhere():
             out = self.model64(input_ids=torch.from_numpy(sequences), attention_mask=torch.from_numpy(mask),
                                position_ids=torch.from_numpy(positions), use_cache=False)
         return out.logits.double().numpy()
+
+
+def generation_logits64(reference: Reference, prompts, tokens: np.ndarray) -> list[np.ndarray]:
+    """Each step's logits (B, V) of a greedy generation of `tokens` (B, N) after `prompts`, from
+    the model in float64 over the prompts (left-padded) and the tokens, teacher-forced."""
+    ids, mask, _ = hf.left_padded(prompts, reference.layout.pad_token)
+    width, steps = ids.shape[1], tokens.shape[1]
+    sequences = np.concatenate([ids, tokens[:, :-1]], axis=1)
+    mask = np.concatenate([mask, np.ones((len(prompts), steps - 1), np.int64)], axis=1)
+    logits = reference.logits64(sequences, mask)
+    return [logits[:, width - 1 + i] for i in range(steps)]
 
 
 # --- what the checks feed ------------------------------------------------------------------------
@@ -228,7 +239,7 @@ def prefilled_feed(reference: Reference, ids: np.ndarray, past: int, padded: int
         return {"input_ids": ids[:, past:], "write_pos": np.full(batch, past, np.int64), **buffers}
     mask = np.ones((batch, total), np.int64)
     mask[0, :padded] = 0
-    positions = np.where(mask == 1, np.cumsum(mask, axis=1) - 1, 1)
+    positions = hf.positions_of(mask)
     if layout.form == "none":
         return {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
     pasts = {n: np.zeros((batch, layout.kv_heads, 0, layout.head_dim), reference.numpy_dtype)

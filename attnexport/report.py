@@ -64,8 +64,9 @@ class Row:
             elif c.problem:
                 text = f"{where}: {c.name}: {c.problem}"
             else:
+                basis = f" ({c.basis})" if c.basis and c.basis != "policy" else ""
                 text = (f"{where}: {c.name} max abs {c.max_abs:.3g} at {list(c.argmax)}, max rel {c.max_rel:.3g}, "
-                        f"tolerance rtol={c.rtol:g} atol={c.atol:g}, needs atol>={c.needed_atol:.3g}")
+                        f"tolerance rtol={c.rtol:g} atol={c.atol:g}{basis}, needs atol>={c.needed_atol:.3g}")
         if self.baseline and not self.baseline["passed"]:
             text += f"; baseline: {self.baseline['problem']}"
         if localization and self.localization is not None and self.localization.diverged:

@@ -4,7 +4,8 @@
 WASM and WebGPU backends in headless Chromium (the machine's GPU where it has one, the software
 adapter otherwise; the runtime's description names the adapter that ran). One JavaScript process
 (`js/bridge.mjs`) serves the three: Python starts it on first use and talks to it over a pipe
-(frames of JSON with base64 tensors); the page is served from 127.0.0.1 only.
+(frames of JSON with base64 tensors; a model travels as bytes beside its request); the page is
+served from 127.0.0.1 only.
 
 The npm packages are pinned (`js/package.json`, `js/package-lock.json`) and installed by attnexport
 into its cache folder on first use (`attnexport runtimes --install` does it ahead, as CI does);
@@ -199,22 +200,24 @@ class _Bridge:
         self.call({"op": "hello"})
         self.startup_ms = {"ort-node": (time.perf_counter() - t0) * 1e3}
 
-    def call(self, request: dict) -> dict:
+    def call(self, request: dict, binary: bytes = b"") -> dict:
+        """One request and its answer; `binary` travels beside the JSON (a model's bytes)."""
         with self.lock:
             while self.released and request.get("op") != "release":
                 self._exchange({"op": "release", "id": self.released.pop()})
-            answer = self._exchange(request)
+            answer = self._exchange(request, binary)
         if "error" in answer:
             raise RuntimeError(answer["error"] + (f" (browser: {answer['log']})" if answer.get("log") else ""))
         return answer
 
-    def _exchange(self, request: dict) -> dict:
+    def _exchange(self, request: dict, binary: bytes = b"") -> dict:
         body = json.dumps(request).encode()
         timer = threading.Timer(REQUEST_SECONDS, self.proc.kill)
         timer.start()
         try:
             assert self.proc.stdin is not None and self.proc.stdout is not None
-            self.proc.stdin.write(struct.pack("<I", len(body)) + body)
+            self.proc.stdin.write(struct.pack("<I", len(body)) + body + struct.pack("<I", len(binary)))
+            self.proc.stdin.write(binary)
             self.proc.stdin.flush()
             head = self.proc.stdout.read(4)
             if len(head) < 4:
@@ -236,7 +239,7 @@ class _Bridge:
             try:
                 assert self.proc.stdin is not None
                 body = json.dumps({"op": "quit"}).encode()
-                self.proc.stdin.write(struct.pack("<I", len(body)) + body)
+                self.proc.stdin.write(struct.pack("<I", len(body)) + body + struct.pack("<I", 0))
                 self.proc.stdin.close()
                 self.proc.wait(timeout=30)
             except (OSError, subprocess.TimeoutExpired):
@@ -269,8 +272,7 @@ def _array(t: dict) -> np.ndarray:
 def prepare(name: str, model: onnx.ModelProto, optimize: bool = True, threads: int | None = None) -> R.Prepared:
     """`model` on `name` (ort-node, ort-wasm or ort-webgpu), run by output name."""
     b = bridge()
-    request = {"op": "load", "runtime": name, "model": base64.b64encode(model.SerializeToString()).decode(),
-               "optimize": optimize, "threads": threads or R.DEFAULT_CPU_THREADS or 0}
+    request = {"op": "load", "runtime": name, "optimize": optimize, "threads": threads or R.DEFAULT_CPU_THREADS or 0}
     if name == "ort-node" and R.has_fp16(model):
         # The CPU provider's NCHWc pass crashes on fp16 Transpose -> MatMul (see runtimes.ort); the
         # JavaScript API cannot leave one pass out, so the layout level is not run.
@@ -278,7 +280,7 @@ def prepare(name: str, model: onnx.ModelProto, optimize: bool = True, threads: i
     started = time.perf_counter()
     first_browser = name != "ort-node" and b.adapter is None and not any(k != "ort-node" for k in b.startup_ms)
     try:
-        info = b.call(request)
+        info = b.call(request, model.SerializeToString())
     except RuntimeError as e:
         if "no WebGPU adapter" in str(e):
             raise ProviderUnavailableError(f"runtime ort-webgpu is not available: {e}") from None

@@ -2,9 +2,9 @@
 // onnxruntime-web's WASM and WebGPU backends in a headless Chromium driven by playwright-core.
 //
 // Python (attnexport/runtimes/js.py) starts one bridge per run and sends requests on stdin; each
-// request and each answer is a frame: 4 bytes of little-endian length, then that many bytes of
-// JSON. Tensors travel as {dtype, dims, data: base64 of the little-endian bytes}. Requests:
-//   {op: "load", runtime, model: base64, optimize, threads} -> {id, inputs, outputs, placement, adapter}
+// answer is a frame: 4 bytes of little-endian length, then that many bytes of JSON (a request adds a
+// binary part, see the loop below). Tensors travel as {dtype, dims, data: base64 of the little-endian bytes}. Requests:
+//   {op: "load", runtime, optimize, threads} + the model's bytes -> {id, inputs, outputs, placement, adapter}
 //   {op: "run", id, feeds}                                  -> {outputs: {name: tensor}}
 //   {op: "time", id, feeds, runs}                           -> {ms: [one per run]}
 //   {op: "release", id}, {op: "quit"}
@@ -63,7 +63,7 @@ async function loadNode(req) {
   ortNode = ortNode || require('onnxruntime-node');
   const options = { graphOptimizationLevel: req.optimize ? req.level || 'all' : 'disabled', logSeverityLevel: 3 };
   if (req.threads) options.intraOpNumThreads = req.threads;
-  const session = await ortNode.InferenceSession.create(Buffer.from(req.model, 'base64'), options);
+  const session = await ortNode.InferenceSession.create(req.binary, options);
   const id = nextId++;
   sessions.set(id, { runtime: 'ort-node', session });
   return { id, inputs: session.inputNames, outputs: session.outputNames,
@@ -154,7 +154,7 @@ async function loadBrowser(req) {
     throw new Error(`Chromium has no WebGPU adapter here: ${b.adapter.reason}`);
   }
   const id = nextId++;
-  b.models.set(id, Buffer.from(req.model, 'base64'));
+  b.models.set(id, req.binary);
   try {
     const info = await b.page.evaluate((a) => window.attnexport.load(a),
                                        { id, ep, optimize: req.optimize, threads: req.threads || 0,
@@ -204,15 +204,32 @@ async function close() {
   process.exit(0);
 }
 
-let pending = Buffer.alloc(0);
+// A request frame is the JSON's length and the JSON, then the length of a binary part and its bytes
+// (a model to load; empty otherwise). Chunks are kept as they come and joined once a whole frame is
+// there: joining at every chunk would copy a model of hundreds of MB thousands of times.
+let chunks = [];
+let buffered = 0;
 let queue = Promise.resolve();
+
+function peek(count) { // the first `count` bytes buffered
+  if (chunks[0].length < count) chunks = [Buffer.concat(chunks)];
+  return chunks[0].subarray(0, count);
+}
+
 process.stdin.on('data', (chunk) => {
-  pending = Buffer.concat([pending, chunk]);
-  while (pending.length >= 4) {
-    const n = pending.readUInt32LE(0);
-    if (pending.length < 4 + n) break;
+  chunks.push(chunk);
+  buffered += chunk.length;
+  while (buffered >= 4) {
+    const n = peek(4).readUInt32LE(0);
+    if (buffered < 8 + n) break;
+    const m = peek(8 + n).readUInt32LE(4 + n);
+    if (buffered < 8 + n + m) break;
+    const pending = Buffer.concat(chunks);
     const req = JSON.parse(pending.subarray(4, 4 + n).toString());
-    pending = pending.subarray(4 + n);
+    req.binary = pending.subarray(8 + n, 8 + n + m);
+    const rest = pending.subarray(8 + n + m);
+    chunks = rest.length ? [rest] : [];
+    buffered = rest.length;
     queue = queue.then(async () => {
       if (req.op === 'quit') return close();
       try {
