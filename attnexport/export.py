@@ -636,9 +636,9 @@ class ModuleExport:
             result's `checked`) and raises an ExportError when the model is wrong. A whole language
             model's (`attnexport.hf_export`) feeds caches the model wrote and compares with the
             model in float64.
-        rewrite: a change made to the traced graph in place before it is finished (checked,
-            stamped and checked again): a language model's concat form makes each past fit the
-            block's batch for clients that feed an empty past (`attnexport.hf_export`).
+        rewrite: the traced graph changed before it is finished (checked, stamped and checked
+            again): a language model's past made to fit the block's batch, ONNX Runtime's fused
+            ops in its ort flavour (`attnexport.hf_export`).
         rtol, atol: the tolerance of the default check instead of the policy's (or, in fp16, the
             one derived from torch's fp16 error).
     """
@@ -659,7 +659,7 @@ class ModuleExport:
     extra_meta: dict | None = None
     write_pos: str | None = None
     check: Callable[[onnx.ModelProto], list] | None = None
-    rewrite: Callable[[onnx.ModelProto], None] | None = None
+    rewrite: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None
     rtol: float | None = None
     atol: float | None = None
 
@@ -722,7 +722,7 @@ def export_module(module, example_inputs, request: ModuleExport | None = None, *
             **(r.extra_meta or {})}
     params = {k: v.detach().float().numpy() for k, v in t.module.state_dict().items()}
     if r.rewrite is not None:
-        r.rewrite(model)
+        model = r.rewrite(model)
     model, op_name = finish(model, Finishing(r.flavor, opset, r.dtype, r.name, bool(calls)), params, meta)
     checked = r.check(model) if r.check is not None else \
         _check_other_sizes(t, model, kept, set() if write else {kept[n][a] for n, a in cache_axes.items()}, write)

@@ -16,9 +16,11 @@ from pathlib import Path
 import onnx
 import torch
 
+from attnexport import dtypes as D
 from attnexport import files as F
 from attnexport import flavors as FL
 from attnexport import hf
+from attnexport import hf_fusions as HF
 from attnexport import hf_reference as HR
 from attnexport.errors import ExportError, UsageError, reason
 from attnexport.export import ModuleExport, ModuleExportResult, export_module
@@ -127,7 +129,7 @@ def export_hf(request: HFExport) -> tuple[ModuleExportResult, hf.Layout]:
         extra_meta={hf.META: layout.meta(), "attnexport.params_source": params_source},
         write_pos="write_pos" if r.form == "static" else None,
         check=lambda onnx_model: check_before_writing(onnx_model, reference, tokenizer, name),
-        rewrite=(lambda onnx_model: pasts_fit_the_batch(onnx_model, layout)) if r.form == "concat" else None)
+        rewrite=lambda onnx_model: _rewritten(onnx_model, model, layout, flavor, r.dtype, name))
     try:
         result = export_module(wrapper, example, module_request)
     except ExportError as e:
@@ -139,6 +141,21 @@ def export_hf(request: HFExport) -> tuple[ModuleExportResult, hf.Layout]:
     if deploy is not None:
         result.path = write_deployment(deploy, result, model, r.source, tokenizer, layout)
     return result, layout
+
+
+def _rewritten(onnx_model, model, layout: hf.Layout, flavor: str, dtype: str, name: str):
+    """The traced step graph made what a deployment wants: each past fitting the block's batch
+    (concat), a tied vocabulary matrix kept once as the head reads it, ONNX Runtime's fused ops
+    (ort flavour); see `attnexport.hf_fusions`."""
+    if layout.form == "concat":
+        pasts_fit_the_batch(onnx_model, layout)
+    HF.tied_head(onnx_model)
+    if flavor == "ort":
+        positions = layout.max_seq if layout.form == "static" else \
+            int(getattr(model.config, "max_position_embeddings", 0) or 0)
+        tables = HF.rotary_tables(model, positions, D.NUMPY[dtype]) if positions else None
+        onnx_model = HF.fuse_for_ort(onnx_model, tables, layout.form == "static", name)
+    return onnx_model
 
 
 def pasts_fit_the_batch(model, layout: hf.Layout) -> None:

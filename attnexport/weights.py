@@ -67,8 +67,10 @@ def validate(variant: schema.Variant, options: dict, params: dict) -> dict[str, 
 def record(model: onnx.ModelProto, params: dict[str, np.ndarray], np_dtype) -> dict[str, dict]:
     """Finds every parameter among the model's initializers; returns its metadata entry.
 
-    A parameter the exporter did not keep as one initializer (folded into another constant) is
-    recorded with layout "folded" and the hash of its own value: it is fingerprinted, but
+    A parameter held transposed as a block of columns of a wider initializer (projections packed
+    into one MatMul) is recorded with those columns (`columns: [start, stop]`) and the hash of the
+    block. A parameter the exporter did not keep as one initializer (folded into another constant)
+    is recorded with layout "folded" and the hash of its own value: it is fingerprinted, but
     `read` cannot check it in the file.
     """
     inits = [(i.name, numpy_helper.to_array(i)) for i in model.graph.initializer]
@@ -86,12 +88,32 @@ def record(model: onnx.ModelProto, params: dict[str, np.ndarray], np_dtype) -> d
                 if arr.dtype == p.dtype and arr.shape == pt.shape and np.array_equal(arr, pt):
                     found = (iname, "transposed", arr)
                     break
+        if found is None and p.ndim == 2:
+            block = _columns_of(inits, p.T)
+            if block is not None:
+                iname, start, arr = block
+                entries[name] = {"initializer": iname, "layout": "transposed", "columns": [start, start + p.shape[0]],
+                                 "sha256": sha256_of(arr[:, start:start + p.shape[0]])}
+                continue
         if found is None:
             entries[name] = {"initializer": None, "layout": "folded", "sha256": sha256_of(p)}
         else:
             iname, layout, arr = found
             entries[name] = {"initializer": iname, "layout": layout, "sha256": sha256_of(arr)}
     return entries
+
+
+def _columns_of(inits, block: np.ndarray):
+    """(initializer name, first column, its array) of a 2-D initializer holding `block` as a run of
+    its columns, or None."""
+    rows, width = block.shape
+    for iname, arr in inits:
+        if arr.ndim != 2 or arr.dtype != block.dtype or arr.shape[0] != rows or arr.shape[1] <= width:
+            continue
+        for start in np.flatnonzero((arr == block[:, :1]).all(axis=0)):
+            if start + width <= arr.shape[1] and np.array_equal(arr[:, start:start + width], block):
+                return iname, int(start), arr
+    return None
 
 
 def read(model: onnx.ModelProto, entries: dict[str, dict]) -> tuple[dict[str, np.ndarray], list[str]]:
@@ -109,6 +131,8 @@ def read(model: onnx.ModelProto, entries: dict[str, dict]) -> tuple[dict[str, np
             changed.append(name)
             continue
         arr = numpy_helper.to_array(init)
+        if "columns" in e:
+            arr = np.ascontiguousarray(arr[:, e["columns"][0]:e["columns"][1]])
         if sha256_of(arr) != e["sha256"]:
             changed.append(name)
         value = arr.T if e["layout"] == "transposed" else arr
@@ -135,7 +159,8 @@ def reweight(model: onnx.ModelProto, entries: dict[str, dict], params: dict[str,
     if set(entries) != set(params):
         return None
     holders = [e["initializer"] for e in entries.values()]
-    if any(e["layout"] not in LAYOUTS for e in entries.values()) or len(set(holders)) != len(holders):
+    if any(e["layout"] not in LAYOUTS or "columns" in e for e in entries.values()) or \
+            len(set(holders)) != len(holders):
         return None
     out = onnx.ModelProto()
     out.CopyFrom(model)

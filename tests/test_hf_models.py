@@ -16,6 +16,7 @@ pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip 
 
 from attnexport import hf  # noqa: E402
 from attnexport.cli import main  # noqa: E402
+from attnexport.verify.hf_check import NEW_TOKENS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHITECTURES = ("llama", "mistral", "qwen2", "phi3", "gpt2")
@@ -78,7 +79,7 @@ def test_exports_and_generates_what_transformers_generates(arch, form, flavor, f
     for row in generation:
         assert row["passed"] and row["outputs"], row
         assert row["detail"]["tokens"] == row["detail"]["transformers_tokens"]
-        assert len(row["detail"]["logits_max_abs_per_step"]) == 32
+        assert len(row["detail"]["logits_max_abs_per_step"]) == NEW_TOKENS
     decode = [row for row in rows if row["case"].startswith("decode")]
     assert len(decode) == (0 if form == "none" else 6) and all(row["passed"] for row in decode)
     shapes = [row for row in rows if row["runtime"] == "ort-cpu" and not row["case"].startswith(("generate", "decode"))]

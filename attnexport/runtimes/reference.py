@@ -25,7 +25,49 @@ def reference_ops() -> list:
             # out[i][j] = data[i][indices[i][j]] (axis 1): the other axes as long as the indices'.
             data = data[tuple(slice(None) if a == axis else slice(0, n) for a, n in enumerate(indices.shape))]
             return (np.take_along_axis(data, indices.astype(np.int64), axis=axis),)
-    return [mha_reference_op(), gqa_reference_op(), GatherElements]
+    return [mha_reference_op(), gqa_reference_op(), GatherElements, *fused_reference_ops()]
+
+
+def _rotate_half(x64: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotary embedding in its rotate-half form on (..., d) in float64: the first 2 * half of d
+    rotated by cos and sin (..., half), the rest as it is."""
+    half = cos.shape[-1]
+    a, b, rest = x64[..., :half], x64[..., half:2 * half], x64[..., 2 * half:]
+    return np.concatenate([a * cos - b * sin, b * cos + a * sin, rest], axis=-1)
+
+
+def fused_reference_ops() -> list:
+    """The ops ONNX Runtime's fusions put in an ort-flavour language model (`attnexport.hf_fusions`),
+    for onnx's ReferenceEvaluator, from their contracts: com.microsoft.SkipSimplifiedLayerNormalization
+    (an RMS norm over the last axis of input + skip, scaled, which it also returns) and
+    com.microsoft.RotaryEmbedding (rotate-half: the cos and sin tables gathered at the position
+    ids)."""
+    from onnx.reference.op_run import OpRun
+
+    class SkipSimplifiedLayerNormalization(OpRun):
+        op_domain = "com.microsoft"
+
+        def _run(self, x, skip, gamma, bias=None, epsilon=1e-5):
+            total = x + skip + (bias if bias is not None else 0)
+            t64 = total.astype(np.float64)
+            inv = 1.0 / np.sqrt((t64 * t64).mean(-1, keepdims=True) + epsilon)
+            return (t64 * inv * gamma).astype(x.dtype), np.zeros_like(inv, np.float32), inv.astype(np.float32), total
+
+    class RotaryEmbedding(OpRun):
+        op_domain = "com.microsoft"
+
+        def _run(self, x, position_ids, cos_cache, sin_cache, interleaved=0, num_heads=0, rotary_embedding_dim=0,
+                 is_packed_batching=0, scale=1.0):
+            if interleaved:
+                raise NotImplementedError("interleaved rotary embeddings (attnexport's exports use rotate-half)")
+            four = x.ndim == 4  # (B, N, S, d); else (B, S, N * d)
+            y = x if four else x.reshape(x.shape[0], x.shape[1], num_heads, -1).transpose(0, 2, 1, 3)
+            cos = cos_cache[position_ids][:, None].astype(np.float64)  # (B, 1, S, half)
+            sin = sin_cache[position_ids][:, None].astype(np.float64)
+            out = _rotate_half(y.astype(np.float64), cos, sin).astype(x.dtype)
+            return (out if four else out.transpose(0, 2, 1, 3).reshape(x.shape),)
+
+    return [SkipSimplifiedLayerNormalization, RotaryEmbedding]
 
 
 def gqa_reference_op():
@@ -33,17 +75,30 @@ def gqa_reference_op():
     subset attnexport emits: no rotary, no packed QKV): the new keys and values are written into
     the past buffers at seqlens_k[b] + 1 - S .. seqlens_k[b], and query i of sequence b attends
     the keys at positions up to seqlens_k[b] + 1 - S + i (causal), grouped heads reading their
-    key/value head; a softcap caps the scaled scores (softcap * tanh(scores / softcap))."""
+    key/value head; a softcap caps the scaled scores (softcap * tanh(scores / softcap)); with do_rotary
+    the queries and keys are first rotated (rotate-half) at their positions from the cos and sin
+    tables; a query input with no key and value is the three packed side by side."""
     from onnx.reference.op_run import OpRun
 
     class GroupQueryAttention(OpRun):
         op_domain = "com.microsoft"
 
-        def _run(self, query, key, value, past_key, past_value, seqlens_k, total_sequence_length, *unused,
-                 num_heads=None, kv_num_heads=None, scale=None, softcap=None):
+        def _run(self, query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache=None,
+                 sin_cache=None, *unused, num_heads=None, kv_num_heads=None, scale=None, softcap=None, do_rotary=0,
+                 rotary_interleaved=0, local_window_size=-1):
             B, S, _ = query.shape
             d = past_key.shape[-1]
+            if key is None:  # packed: queries, keys and values side by side
+                query, key, value = np.split(query, [num_heads * d, (num_heads + kv_num_heads) * d], axis=-1)
             q = query.reshape(B, S, num_heads, d).transpose(0, 2, 1, 3).astype(np.float64)
+            if do_rotary:  # queries and keys rotated at their positions, end - S + i
+                if rotary_interleaved:
+                    raise NotImplementedError("interleaved rotary embeddings (attnexport's exports use rotate-half)")
+                at = np.array([int(seqlens_k[b]) + 1 - S + np.arange(S) for b in range(B)])  # (B, S)
+                cos, sin = cos_cache[at][:, None].astype(np.float64), sin_cache[at][:, None].astype(np.float64)
+                q = _rotate_half(q, cos, sin)
+                k4 = key.reshape(B, S, kv_num_heads, d).transpose(0, 2, 1, 3).astype(np.float64)
+                key = _rotate_half(k4, cos, sin).astype(key.dtype).transpose(0, 2, 1, 3).reshape(B, S, -1)
             present_key, present_value = past_key.copy(), past_value.copy()
             out = np.zeros((B, num_heads, S, d))
             for b in range(B):

@@ -268,7 +268,8 @@ def _generation_rows(ctx: _Context, prompts) -> list[Row]:
     want = hf.reference_generation(ctx.reference.model, layout, prompts, n)
     want64 = HR.generation_logits64(ctx.reference, prompts, want.tokens)
     tol = HR.budget(np.stack(want.logits), np.stack(want64), ctx.dtype, ctx.check.rtol, ctx.check.atol)
-    what = "from the tokenizer" if ctx.tokenizer is not None else "of " + ", ".join(map(str, PROMPT_LENGTHS)) + " tokens"
+    lengths = ", ".join(map(str, PROMPT_LENGTHS))
+    what = "from the tokenizer" if ctx.tokenizer is not None else f"of {lengths} tokens"
     label = f"generate {n} tokens, {len(prompts)} prompts {what}"
     rows = []
     for rt in ctx.used:

@@ -1,0 +1,250 @@
+"""ONNX Runtime's fused ops in a language model's step graph of the ort flavour (`export --hf --flavor
+ort`): what makes a step of thirty small layers cost its MatMuls and little else.
+
+A 135M-parameter model's step is some two hundred MatMuls among twelve hundred small ops (the RMS
+norm as seven, the rotary embedding as a dozen a layer, reshapes and transposes around each
+attention), and on two threads those small ops cost as much as a sixth of the step. Here:
+
+- onnxscript's rules fuse each RMS norm after a residual add into one
+  com.microsoft.SkipSimplifiedLayerNormalization (the norm without one, at the start, stays as
+  its ops: its fused form lives in ONNX's own domain, which onnx's checker refuses), and each
+  rotate-half rotary embedding into com.microsoft.RotaryEmbedding;
+- the rotary tables those rules compute every step, from position 0 to the longest position
+  (work that grows with the context), become constants: the model's own rotary module's cos
+  and sin at every position the graph can see (the static buffers' positions, else the
+  config's max_position_embeddings), computed by torch as transformers computes them;
+- in the static form, each layer's two RotaryEmbedding nodes and the reshapes and transposes
+  around them go into its GroupQueryAttention (`do_rotary`, with those tables), which rotates
+  the block's queries and keys at write_pos + i itself, and its three projections become one
+  MatMul whose output is the operator's packed input, as onnxruntime-genai's graphs have it.
+
+Every rewrite keeps the function: the export is checked against the model in float64 after it
+(`attnexport.hf_export.check_before_writing`), and a pattern that is not there is left alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from attnexport.errors import ExportError, reason
+
+COS, SIN = "attnexport_rotary_cos", "attnexport_rotary_sin"
+_MS = "com.microsoft"
+
+
+def rotary_tables(model, positions: int, np_dtype) -> tuple[np.ndarray, np.ndarray] | None:
+    """(cos, sin), each (positions, head_dim / 2), of the model's rotary embedding at positions
+    0 .. positions - 1 (its scaling applied), or None when it has none or it is not rotate-half."""
+    import torch
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    if rotary is None:
+        return None
+    with torch.no_grad():
+        cos, sin = rotary(torch.zeros(1, dtype=torch.float32), torch.arange(positions)[None])
+    cos, sin = cos[0].float(), sin[0].float()
+    half = cos.shape[-1] // 2
+    if not (torch.equal(cos[:, :half], cos[:, half:]) and torch.equal(sin[:, :half], sin[:, half:])):
+        return None
+    return cos[:, :half].numpy().astype(np_dtype), sin[:, :half].numpy().astype(np_dtype)
+
+
+def fuse_for_ort(model: onnx.ModelProto, tables, static: bool, what: str) -> onnx.ModelProto:
+    """The step graph with ONNX Runtime's fused ops (see the module docstring); `tables`: the
+    rotary (cos, sin) to freeze, or None."""
+    import onnx_ir as ir
+    import onnx_ir.passes.common as passes
+    from onnxscript.optimizer import optimize
+    from onnxscript.rewriter.ort_fusions import shape_optimization
+    from onnxscript.rewriter.ort_fusions.cos_sin_cache import fuse_cos_sin_cache
+    from onnxscript.rewriter.ort_fusions.rms_normalization import fuse_rms_normalization
+    from onnxscript.rewriter.ort_fusions.rotary_embedding import fuse_rotary_embedding
+    from onnxscript.rewriter.ort_fusions.skip_normalization import fuse_skip_rms_normalization
+    try:
+        graph = ir.from_proto(model)
+        passes.ShapeInferencePass()(graph)
+        optimize(graph)
+        shape_optimization.rules.apply_to_model(graph)
+        optimize(graph)
+        fuse_rms_normalization(graph)
+        fuse_skip_rms_normalization(graph)
+        if tables is not None:
+            fuse_rotary_embedding(graph)
+            fuse_cos_sin_cache(graph)
+        fused = ir.to_proto(graph)
+    except Exception as e:  # noqa: BLE001 - a fusion failing is the export's error, said in one line
+        raise ExportError(f"{what}: ONNX Runtime's fusions failed: {reason(e)}") from None
+    rotaries = [n for n in fused.graph.node if n.domain == _MS and n.op_type == "RotaryEmbedding"]
+    if rotaries and tables is not None:
+        _freeze_tables(fused, rotaries, tables)
+        if static:
+            _rotary_into_gqa(fused)
+    _unfuse_plain_rms(fused)
+    graph = ir.from_proto(fused)
+    passes.RemoveUnusedNodesPass()(graph)
+    return ir.to_proto(graph)
+
+
+def _freeze_tables(model: onnx.ModelProto, rotaries, tables) -> None:
+    """Every RotaryEmbedding reads the constant tables."""
+    cos, sin = tables
+    model.graph.initializer.extend([numpy_helper.from_array(cos, COS), numpy_helper.from_array(sin, SIN)])
+    for node in rotaries:
+        node.input[2], node.input[3] = COS, SIN
+
+
+def tied_head(model: onnx.ModelProto) -> None:
+    """A vocabulary matrix (V, D) read twice, by the embedding's Gather and transposed by the head's
+    MatMul, kept once as (D, V): the head's MatMul reads it as it is (ONNX Runtime packs a MatMul's
+    constant weights when the session starts, but not a Transpose it folds: the head of SmolLM2-135M
+    took 4.3 ms a token that way and 3.9 ms this way, on 2 threads), and the embedding gathers its
+    columns (axis 1) and puts the model axis last."""
+    inits = {i.name: i for i in model.graph.initializer}
+    readers: dict = {}
+    for node in model.graph.node:
+        for name in node.input:
+            if name in inits:
+                readers.setdefault(name, []).append(node)
+    for name, nodes in readers.items():
+        kinds = sorted(n.op_type for n in nodes)
+        if kinds != ["Gather", "Transpose"] or len(inits[name].dims) != 2:
+            continue
+        gather, turn = sorted(nodes, key=lambda n: n.op_type)
+        if _attr(gather, "axis", 0) != 0 or gather.input[0] != name or _attr(turn, "perm") != [1, 0]:
+            continue
+        flipped = f"{name}.transposed"
+        model.graph.initializer.append(numpy_helper.from_array(
+            np.ascontiguousarray(numpy_helper.to_array(inits[name]).T), flipped))
+        model.graph.initializer.remove(inits[name])
+        for node in model.graph.node:  # the head's MatMul: the (D, V) matrix itself
+            for i, x in enumerate(node.input):
+                if x == turn.output[0]:
+                    node.input[i] = flipped
+        rank = _rank(model, gather.input[1])
+        if rank is None:
+            raise ExportError(f"the rank of {gather.input[1]} is not known")
+        out = gather.output[0]
+        columns = f"{out}_columns"
+        gather.input[0], gather.output[0] = flipped, columns
+        kept = [a for a in gather.attribute if a.name != "axis"]
+        del gather.attribute[:]
+        gather.attribute.extend([*kept, helper.make_attribute("axis", 1)])
+        order = list(model.graph.node)
+        order.remove(turn)
+        order.insert(order.index(gather) + 1, helper.make_node(
+            "Transpose", [columns], [out], f"{gather.name}_model_axis_last", perm=[*range(1, rank + 1), 0]))
+        del model.graph.node[:]
+        model.graph.node.extend(order)
+
+
+def _rank(model: onnx.ModelProto, name: str) -> int | None:
+    for v in [*model.graph.input, *model.graph.value_info]:
+        if v.name == name and v.type.tensor_type.HasField("shape"):
+            return len(v.type.tensor_type.shape.dim)
+    return None
+
+
+def _attr(node, name, default=None):
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
+def _rotary_into_gqa(model: onnx.ModelProto) -> None:
+    """Each GroupQueryAttention fed by Reshape(Transpose(RotaryEmbedding(Transpose(Reshape(x)))))
+    for its queries and keys (x: the projection, (B, S, heads * d)) and Reshape(Reshape(v)) for its
+    values takes x and v as they come and rotates itself (do_rotary, the frozen tables)."""
+    made = {o: n for n in model.graph.node for o in n.output}
+
+    def op(name, op_type, domain=""):
+        node = made.get(name)
+        ok = node is not None and node.op_type == op_type and node.domain in ({domain} if domain else {"", "ai.onnx"})
+        return node if ok else None
+
+    def rotated(name):  # (the projection, the RotaryEmbedding) or None
+        out = op(name, "Reshape")
+        back = out and op(out.input[0], "Transpose")
+        rot = back and op(back.input[0], "RotaryEmbedding", _MS)
+        there = rot and op(rot.input[0], "Transpose")
+        split = there and op(there.input[0], "Reshape")
+        if not (split and _attr(back, "perm") == [0, 2, 1, 3] and _attr(there, "perm") == [0, 2, 1, 3]
+                and not _attr(rot, "interleaved", 0) and rot.input[2] == COS):
+            return None
+        return split.input[0], rot
+
+    def plain(name):  # the values' projection under two reshapes, or None
+        out = op(name, "Reshape")
+        split = out and op(out.input[0], "Reshape")
+        return split.input[0] if split else None
+
+    for node in model.graph.node:
+        if node.domain != _MS or node.op_type != "GroupQueryAttention" or _attr(node, "do_rotary", 0):
+            continue
+        q, k, v = rotated(node.input[0]), rotated(node.input[1]), plain(node.input[2])
+        if q is None or k is None or v is None or q[1].input[1] != k[1].input[1]:
+            continue
+        inputs = list(node.input) + [""] * max(0, 9 - len(node.input))
+        inputs[0], inputs[1], inputs[2], inputs[7], inputs[8] = q[0], k[0], v, COS, SIN
+        del node.input[:]
+        node.input.extend(inputs)
+        node.attribute.extend([helper.make_attribute("do_rotary", 1), helper.make_attribute("rotary_interleaved", 0)])
+    _pack_qkv(model, made)
+
+
+def _pack_qkv(model: onnx.ModelProto, made: dict) -> None:
+    """A GroupQueryAttention whose queries, keys and values are three MatMuls of one input by
+    constant weights (no bias) takes them packed: one MatMul by the weights side by side, its
+    output as the query input, key and value left empty (the operator's packed form). Each weight
+    stays fingerprinted, as its columns of the packed one (`attnexport.weights.record`)."""
+    weights = {i.name: i for i in model.graph.initializer}
+    packed_inits, nodes = [], []
+    for node in model.graph.node:
+        if node.domain != _MS or node.op_type != "GroupQueryAttention" or not _attr(node, "do_rotary", 0):
+            continue
+        mms = [made.get(name) for name in node.input[:3]]
+        if not all(m is not None and m.op_type == "MatMul" and m.domain in ("", "ai.onnx") for m in mms) or \
+                len({m.input[0] for m in mms}) != 1 or not all(m.input[1] in weights for m in mms):
+            continue
+        arrays = [numpy_helper.to_array(weights[m.input[1]]) for m in mms]
+        if any(a.ndim != 2 for a in arrays) or len({a.shape[0] for a in arrays}) != 1:
+            continue
+        name = f"{node.name}_qkv"
+        packed_inits.append(numpy_helper.from_array(np.concatenate(arrays, axis=1), f"{name}.weight"))
+        nodes.append((node, helper.make_node("MatMul", [mms[0].input[0], f"{name}.weight"], [name], name)))
+        node.input[0], node.input[1], node.input[2] = name, "", ""
+    if not nodes:
+        return
+    model.graph.initializer.extend(packed_inits)
+    at = {id(n): i for i, n in enumerate(model.graph.node)}
+    order = list(model.graph.node)
+    for gqa, matmul in sorted(nodes, key=lambda pair: -at[id(pair[0])]):
+        order.insert(at[id(gqa)], matmul)  # just before its attention, after what feeds it
+    del model.graph.node[:]
+    model.graph.node.extend(order)
+
+
+def _unfuse_plain_rms(model: onnx.ModelProto) -> None:
+    """SimplifiedLayerNormalization (an RMS norm with no residual add before it) is ONNX Runtime's
+    op in ONNX's own domain, which onnx's checker refuses: each such node back as the ops it
+    stands for, x / sqrt(mean(x^2) + eps) * gamma (the norms after a residual add stay fused)."""
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type != "SimplifiedLayerNormalization" or node.domain not in ("", "ai.onnx"):
+            nodes.append(node)
+            continue
+        eps = float(_attr(node, "epsilon", 1e-5))
+        x, gamma = node.input[0], node.input[1]
+        t = [f"{node.name or node.output[0]}_{k}" for k in ("sq", "mean", "eps", "plus", "root", "normed", "axes")]
+        if opset >= 18:  # ReduceMean's axes: an input from opset 18, an attribute before
+            mean = [helper.make_node("Constant", [], [t[6]], value_ints=[-1]),
+                    helper.make_node("ReduceMean", [t[0], t[6]], [t[1]], keepdims=1)]
+        else:
+            mean = [helper.make_node("ReduceMean", [t[0]], [t[1]], axes=[-1], keepdims=1)]
+        nodes += [helper.make_node("Constant", [], [t[2]], value_float=eps),
+                  helper.make_node("Mul", [x, x], [t[0]]), *mean,
+                  helper.make_node("Add", [t[1], t[2]], [t[3]]),
+                  helper.make_node("Sqrt", [t[3]], [t[4]]),
+                  helper.make_node("Div", [x, t[4]], [t[5]]),
+                  helper.make_node("Mul", [t[5], gamma], [node.output[0]])]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
