@@ -485,9 +485,11 @@ def _bench_hf(path, contexts, flavors, threads, warmup, iters, seed, genai_pytho
             continue
         ratio = f", {row.ratio_to_transformers:.2f}x transformers" if row.ratio_to_transformers else ""
         band = f", {row.bandwidth_fraction:.2f} of the memory bandwidth" if row.bandwidth_fraction is not None else ""
+        agree = hf_bench.agreement_text(row.agreement)
         click.echo(f"{row.phase:7s} {row.context:>5d}  {row.engine} {row.form} {row.flavor} ({row.mode}): "
                    f"{row.median_ms:.3f} ms (p10 {row.p10_ms:.3f}, p90 {row.p90_ms:.3f}), "
-                   f"{row.tokens_per_s:,.0f} tokens/s{ratio}{band}" + (f"; {row.note}" if row.note else ""))
+                   f"{row.tokens_per_s:,.0f} tokens/s{ratio}{band}" + (f"; {agree}" if agree else "")
+                   + (f"; {row.note}" if row.note else ""))
     for engine, why in info["skipped"].items():
         click.echo(f"note: {engine} not timed: {why}")
 

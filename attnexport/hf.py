@@ -556,8 +556,17 @@ def reference_generation(model, layout: Layout, prompts, new_tokens: int) -> Gen
     ids, mask, _ = left_padded(prompts, layout.pad_token)
     config = GenerationConfig(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=0, eos_token_id=None,
                               pad_token_id=layout.pad_token, output_logits=True, return_dict_in_generate=True)
-    with torch.no_grad(), _quiet_transformers():
-        out = model.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
-                             generation_config=config)
+    # generate() fills what a config leaves at its default from the model's own generation config
+    # (its end-of-sequence token among them, which would stop it): that one has none either while it runs.
+    own = getattr(model, "generation_config", None)
+    model.generation_config = GenerationConfig(pad_token_id=layout.pad_token)
+    try:
+        with torch.no_grad(), _quiet_transformers():
+            out = model.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                                 generation_config=config)
+    finally:
+        model.generation_config = own
     tokens = out.sequences[:, ids.shape[1]:].numpy()
+    if tokens.shape[1] != new_tokens:
+        raise RuntimeError(f"transformers' generate gave {tokens.shape[1]} tokens for {new_tokens}")
     return Generation(tokens, [t.double().numpy() for t in out.logits])

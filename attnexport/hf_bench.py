@@ -26,11 +26,16 @@ from pathlib import Path
 import numpy as np
 
 from attnexport import hf, hf_export
+from attnexport import hf_reference as HR
 from attnexport.bench import gemv_bandwidth, memory_bandwidth, stats_of
 from attnexport.errors import UsageError, reason
 
 CONTEXTS = (128, 1024, 4096)
 FORMS = ("concat", "static")
+# Generation agreement: this many greedy tokens after each prompt (the tokenizer's PROMPTS, else
+# seeded ids of these lengths), one prompt at a time.
+AGREEMENT_TOKENS = 48
+AGREEMENT_LENGTHS = (5, 9, 2, 7, 4)
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,9 @@ class HFBenchRow:
     bandwidth_gbs: float | None = None
     step_bytes: int | None = None
     note: str = ""
+    # What the engine's answers cost: its greedy tokens against transformers' (AGREEMENT_TOKENS after
+    # each prompt), measured once per engine and shown beside each of its times.
+    agreement: dict | None = None
 
 
 def _timed(fn, warmup: int, iters: int) -> tuple[float, float, float]:
@@ -190,6 +198,7 @@ class _Engine:
     decode: Callable
     prefill: Callable | None = None
     note: Callable = lambda context: ""
+    generate: Callable | None = None  # (prompt ids, new tokens) -> the greedy tokens it generates
 
 
 # At each context every engine's decode step is warmed up first, then each engine's runs are timed
@@ -217,7 +226,8 @@ def bench_hf(request: HFBenchRequest, said=lambda text: None) -> tuple[list[HFBe
         model.save_pretrained(str(weights))  # every engine reads these very weights
         engines = [_Engine("transformers", "DynamicCache", "-", "eager (sdpa)",
                            lambda c: _transformers_decode(model, layout, c),
-                           lambda c: _transformers_prefill(model, layout, c))]
+                           lambda c: _transformers_prefill(model, layout, c),
+                           generate=lambda ids, n: hf.reference_generation(model, layout, [ids], n).tokens[0])]
         for form in r.forms:
             for flavor in r.flavors:
                 said(f"exporting attnexport {form} {flavor}")
@@ -238,6 +248,10 @@ def bench_hf(request: HFBenchRequest, said=lambda text: None) -> tuple[list[HFBe
             said(f"timing context {c}")
             rows += _timed_at(engines, c, r)
         probes.append((memory_bandwidth(r.threads), gemv_bandwidth(r.threads)))
+        said("generating with every engine")
+        agreements = _agreements(engines, model, layout, r)
+    for row in rows:
+        row.agreement = agreements.get((row.engine, row.form, row.flavor))
     reduction, gemv = max(p[0] for p in probes), max(p[1] for p in probes)
     bandwidth = max(reduction, gemv)
     info.update(bandwidth_gbs=bandwidth / 1e9, reduction_gbs=reduction / 1e9, gemv_gbs=gemv / 1e9,
@@ -272,9 +286,69 @@ def _timed_at(engines: list[_Engine], context: int, r: HFBenchRequest) -> list[H
     return rows
 
 
+def _agreements(engines: list[_Engine], model, layout: hf.Layout, r: HFBenchRequest) -> dict:
+    """{(engine, form, flavor): its agreement with transformers' greedy tokens}: per prompt, the
+    first token that differs (None: all AGREEMENT_TOKENS equal), and the tokens equal in all."""
+    tokenizer = hf.tokenizer_of(r.source)
+    prompts = HR.prompts(tokenizer, layout, AGREEMENT_LENGTHS, seed=5)
+    want = [hf.reference_generation(model, layout, [p], AGREEMENT_TOKENS).tokens[0] for p in prompts]
+    out = {}
+    for e in engines:
+        if e.generate is None:
+            continue
+        try:
+            got = [np.asarray(e.generate(p, AGREEMENT_TOKENS)) for p in prompts]
+        except Exception as x:  # noqa: BLE001 - an engine failing to generate: said beside its times
+            out[(e.engine, e.form, e.flavor)] = {"error": reason(x)}
+            continue
+        first = [_first_difference(g, w) for g, w in zip(got, want, strict=True)]
+        out[(e.engine, e.form, e.flavor)] = {
+            "prompts": len(prompts), "new_tokens": AGREEMENT_TOKENS, "first_difference": first,
+            "equal_prompts": sum(f is None for f in first), "real_prompts": tokenizer is not None,
+            "compared_tokens": int(sum(min(len(g), len(w)) for g, w in zip(got, want, strict=True))),
+            "equal_tokens": int(sum(min(len(g), len(w)) if f is None else f for g, w, f in zip(got, want, first,
+                                                                                                strict=True)))}
+    return out
+
+
+def _first_difference(got: np.ndarray, want: np.ndarray) -> int | None:
+    """The first step where `got` departs from `want`; a `got` that stopped early (an engine that
+    ends at its end-of-sequence token: its last token) agrees where it stopped if `want` has that
+    token there, else departs where it stops."""
+    for i, w in enumerate(want):
+        if i >= len(got):
+            return None if len(got) and int(got[-1]) == int(want[len(got) - 1]) else i
+        if int(got[i]) != int(w):
+            return i
+    return None
+
+
+def agreement_text(a: dict | None) -> str:
+    """An engine's agreement in a few words: `240/240 tokens as transformers` or where it departs."""
+    if not a:
+        return ""
+    if "error" in a:
+        return f"no generation: {a['error']}"
+    total = a["prompts"] * a["new_tokens"]
+    stopped = a["compared_tokens"] < total
+    if a["equal_prompts"] == a["prompts"]:
+        return f"{a['equal_tokens']}/{a['compared_tokens']} greedy tokens as transformers" + \
+            (" (it stops at its end-of-sequence token)" if stopped else "")
+    firsts = ", ".join("-" if f is None else str(f) for f in a["first_difference"])
+    return f"{a['equal_tokens']}/{total} greedy tokens as transformers; first departure per prompt: {firsts}"
+
+
+def _session_runner(session):
+    """A session's step as `hf.generate` calls it: the inputs it has, every output by name."""
+    names = [o.name for o in session.get_outputs()]
+    inputs = {i.name for i in session.get_inputs()}
+    return lambda feed: dict(zip(names, session.run(None, {k: v for k, v in feed.items() if k in inputs}),
+                                 strict=True))
+
+
 def _attnexport_engine(weights: Path, form: str, flavor: str, r: HFBenchRequest, tmp: Path):
     """The engine of one form and flavour, or a row saying why the export failed."""
-    max_seq = max(r.contexts) + 1
+    max_seq = max(max(r.contexts) + 1, AGREEMENT_TOKENS + 64)  # the generation's prompts fit too
     path = tmp / f"{form}-{flavor}.onnx"
     try:
         request = hf_export.HFExport(weights, form, max_seq if form == "static" else 0, flavor, output=path)
@@ -285,8 +359,10 @@ def _attnexport_engine(weights: Path, form: str, flavor: str, r: HFBenchRequest,
     session = _session(path, r.threads)
     in_place = form == "static" and result.attention_op == "com.microsoft.GroupQueryAttention"
     mode = "in-place (IO binding)" if in_place else "copies" if form == "static" else "concat"
+    run = _session_runner(session)
     return _Engine("attnexport", form, flavor, mode, lambda c: _decode_call(session, layout, c, in_place),
-                   lambda c: _prefill_call(session, layout, c))
+                   lambda c: _prefill_call(session, layout, c),
+                   generate=lambda ids, n: hf.generate(run, layout, [ids], n).tokens[0])
 
 
 def _optimum_engines(weights: Path, layout: hf.Layout, r: HFBenchRequest, tmp: Path, info: dict,
@@ -307,8 +383,10 @@ def _optimum_engines(weights: Path, layout: hf.Layout, r: HFBenchRequest, tmp: P
         info["skipped"]["optimum"] = f"Optimum's export failed: {reason(e)[:200]}"
         return []
     session = _session(out / "model.onnx", r.threads)
+    run = _session_runner(session)
     return [_Engine("optimum", "concat", "-", "its export", lambda c: _decode_call(session, layout, c, False),
-                    lambda c: _prefill_call(session, layout, c))]
+                    lambda c: _prefill_call(session, layout, c),
+                    generate=lambda ids, n: hf.generate(run, layout, [ids], n).tokens[0])]
 
 
 def _word_tokenizer(folder: Path, vocab: int) -> None:
@@ -335,6 +413,9 @@ def _genai_engines(weights: Path, model_type: str, r: HFBenchRequest, tmp: Path,
         return []
     said("building with onnxruntime-genai")
     vocab = json.loads((weights / "config.json").read_text())["vocab_size"]
+    tokenizer = hf.tokenizer_of(r.source)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(weights))  # the model's own (the builder copies it)
     if not (weights / "tokenizer.json").exists():
         _word_tokenizer(weights, vocab)
     out = tmp / "genai"
@@ -370,8 +451,22 @@ def _genai_engines(weights: Path, model_type: str, r: HFBenchRequest, tmp: Path,
             generator, prompt = primed(context)
             generator.append_tokens(prompt)
         return run
+
+    def generate(ids, n: int):  # greedy, until n tokens or its end-of-sequence stop
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=len(ids) + n, do_sample=False)
+        generator = og.Generator(model, params)
+        generator.append_tokens(np.asarray(ids, np.int32))
+        while not generator.is_done():
+            generator.generate_next_token()
+        tokens = np.asarray(generator.get_sequence(0))[len(ids):]
+        if len(tokens) < n:  # it stopped at its end-of-sequence token, which it leaves out
+            tokens = np.append(tokens, eos)
+        return tokens
+    eos = config["model"]["eos_token_id"]
+    eos = eos[0] if isinstance(eos, list) else eos
     return [_Engine("onnxruntime-genai", "shared buffer", "-", "its generator", decode, prefill,
-                    lambda c: f"context {c} to {c + steps}")]
+                    lambda c: f"context {c} to {c + steps}", generate)]
 
 
 def to_json(rows: list[HFBenchRow]) -> list[dict]:
