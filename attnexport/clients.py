@@ -43,6 +43,17 @@ def parse(text: str | None) -> list[str]:
     return names
 
 
+# What a client cannot run, by cache form, and why (checked: tests/test_clients.py).
+CANNOT = {
+    ("transformers.js", "none"): "transformers.js 4 feeds only the new token after the first step (it assumes a "
+                                 "cache), so a model without one sees one token: export with --kv-cache",
+    ("optimum", "static"): "the static form's inputs (write_pos, fixed buffers) are attnexport's own: the README's "
+                           "loop runs it; export with --kv-cache for Optimum",
+    ("transformers.js", "static"): "the static form's inputs (write_pos, fixed buffers) are attnexport's own: "
+                                   "export with --kv-cache for transformers.js",
+}
+
+
 def status(client: str) -> tuple[bool, str]:
     """(available, what it is or why not)."""
     if client == "optimum":
@@ -81,8 +92,10 @@ def _optimum(folder: Path, prompts: list, new_tokens: int, threads: int | None) 
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
+    use_cache = bool(json.loads((Path(folder) / "config.json").read_text()).get("use_cache", True))
     model = ORTModelForCausalLM.from_pretrained(str(folder), subfolder="onnx", file_name="model.onnx",
-                                                provider="CPUExecutionProvider", session_options=options)
+                                                provider="CPUExecutionProvider", session_options=options,
+                                                use_cache=use_cache)
     texts = all(isinstance(p, str) for p in prompts)
     tokenizer = AutoTokenizer.from_pretrained(str(folder)) if texts else None
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0

@@ -106,6 +106,23 @@ def _session(path, threads: int):
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
+class _Sessions:
+    """An engine's ONNX Runtime session, made when first asked for and dropped after each context: a
+    session keeps what its longest run allocated (a prefill of 4096 tokens of SmolLM2-135M left 1.6 GB
+    beside its 1.1 GB of weights), which for seven engines outgrew a 24 GB machine."""
+
+    def __init__(self, path, threads: int):
+        self.path, self.threads, self.session = path, threads, None
+
+    def get(self):
+        if self.session is None:
+            self.session = _session(self.path, self.threads)
+        return self.session
+
+    def drop(self) -> None:
+        self.session = None
+
+
 def _cache_arrays(layout: hf.Layout, positions: int, rng) -> dict:
     shape = (1, layout.kv_heads, positions, layout.head_dim)
     return {n: rng.standard_normal(shape).astype(np.float32) for n in layout.cache_names("past_key_values")}
@@ -149,7 +166,12 @@ def _prefill_call(session, layout: hf.Layout, context: int):
         feed = {"input_ids": ids, "attention_mask": np.ones((1, context), np.int64),
                 "position_ids": np.arange(context)[None, :], **empty}
     feed = {k: v for k, v in feed.items() if k in names}
-    return lambda: session.run(None, feed)
+    # A prompt of thousands of tokens makes logits of hundreds of MB (SmolLM2's: 805 MB at 4096): each
+    # session's memory arena hands it back after the run, or seven engines' arenas outgrow the machine.
+    import onnxruntime as ort
+    options = ort.RunOptions()
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    return lambda: session.run(None, feed, options)
 
 
 def _transformers_decode(model, layout: hf.Layout, context: int):
@@ -199,6 +221,7 @@ class _Engine:
     prefill: Callable | None = None
     note: Callable = lambda context: ""
     generate: Callable | None = None  # (prompt ids, new tokens) -> the greedy tokens it generates
+    release: Callable = lambda: None  # what it holds between contexts, given back
 
 
 # At each context every engine's decode step is warmed up first, then each engine's runs are timed
@@ -280,9 +303,11 @@ def _timed_at(engines: list[_Engine], context: int, r: HFBenchRequest) -> list[H
     rows = [_row(e.engine, e.form, e.flavor, e.mode, "decode", context, _timed(call, SETTLE, r.iters), r.threads,
                  e.note(context)) for e, call in zip(engines, calls, strict=True)]
     del calls
-    if r.prefill:
-        rows += [_row(e.engine, e.form, e.flavor, e.mode, "prefill", context, _timed(e.prefill(context), 1, 3),
-                      r.threads) for e in engines if e.prefill is not None]
+    for e in engines:
+        if r.prefill and e.prefill is not None:
+            rows.append(_row(e.engine, e.form, e.flavor, e.mode, "prefill", context, _timed(e.prefill(context), 1, 3),
+                             r.threads))
+        e.release()
     return rows
 
 
@@ -301,6 +326,8 @@ def _agreements(engines: list[_Engine], model, layout: hf.Layout, r: HFBenchRequ
         except Exception as x:  # noqa: BLE001 - an engine failing to generate: said beside its times
             out[(e.engine, e.form, e.flavor)] = {"error": reason(x)}
             continue
+        finally:
+            e.release()
         first = [_first_difference(g, w) for g, w in zip(got, want, strict=True)]
         out[(e.engine, e.form, e.flavor)] = {
             "prompts": len(prompts), "new_tokens": AGREEMENT_TOKENS, "first_difference": first,
@@ -356,13 +383,13 @@ def _attnexport_engine(weights: Path, form: str, flavor: str, r: HFBenchRequest,
     except Exception as e:  # noqa: BLE001 - a flavour that cannot express the model is a row saying why
         return HFBenchRow("attnexport", form, flavor, "-", "decode", 0, float("nan"), float("nan"), float("nan"),
                           0.0, r.threads, note=f"export failed: {reason(e)}")
-    session = _session(path, r.threads)
+    sessions = _Sessions(path, r.threads)
     in_place = form == "static" and result.attention_op == "com.microsoft.GroupQueryAttention"
     mode = "in-place (IO binding)" if in_place else "copies" if form == "static" else "concat"
-    run = _session_runner(session)
-    return _Engine("attnexport", form, flavor, mode, lambda c: _decode_call(session, layout, c, in_place),
-                   lambda c: _prefill_call(session, layout, c),
-                   generate=lambda ids, n: hf.generate(run, layout, [ids], n).tokens[0])
+    return _Engine("attnexport", form, flavor, mode, lambda c: _decode_call(sessions.get(), layout, c, in_place),
+                   lambda c: _prefill_call(sessions.get(), layout, c),
+                   generate=lambda ids, n: hf.generate(_session_runner(sessions.get()), layout, [ids], n).tokens[0],
+                   release=sessions.drop)
 
 
 def _optimum_engines(weights: Path, layout: hf.Layout, r: HFBenchRequest, tmp: Path, info: dict,
@@ -382,11 +409,11 @@ def _optimum_engines(weights: Path, layout: hf.Layout, r: HFBenchRequest, tmp: P
     except Exception as e:  # noqa: BLE001 - Optimum's own failure, said in one line
         info["skipped"]["optimum"] = f"Optimum's export failed: {reason(e)[:200]}"
         return []
-    session = _session(out / "model.onnx", r.threads)
-    run = _session_runner(session)
-    return [_Engine("optimum", "concat", "-", "its export", lambda c: _decode_call(session, layout, c, False),
-                    lambda c: _prefill_call(session, layout, c),
-                    generate=lambda ids, n: hf.generate(run, layout, [ids], n).tokens[0])]
+    sessions = _Sessions(out / "model.onnx", r.threads)
+    return [_Engine("optimum", "concat", "-", "its export", lambda c: _decode_call(sessions.get(), layout, c, False),
+                    lambda c: _prefill_call(sessions.get(), layout, c),
+                    generate=lambda ids, n: hf.generate(_session_runner(sessions.get()), layout, [ids], n).tokens[0],
+                    release=sessions.drop)]
 
 
 def _word_tokenizer(folder: Path, vocab: int) -> None:

@@ -8,17 +8,24 @@ the weights from its --seed. What the suite and the benchmarks export.
 
 import argparse
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "phi3", "gpt2")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "phi3", "gpt2", "gemma2")
 
 
 def config(arch: str, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2, vocab: int = 1000,
-           positions: int = 8192):
-    """The config of a small `arch` model; token ids 0 (padding), 1 (begin) and 2 (end)."""
+           positions: int = 8192, window: int = 4):
+    """The config of a small `arch` model; token ids 0 (padding), 1 (begin) and 2 (end). Gemma2's
+    layers alternate a sliding window of `window` positions with full attention, and cap their
+    scores and logits (softcap 50 and 30, its defaults)."""
     import transformers as T
     ids = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
     if arch == "gpt2":  # no grouped heads; learned absolute positions
         return T.GPT2Config(n_embd=hidden, n_head=heads, n_layer=layers, n_positions=positions, vocab_size=vocab,
                             architectures=["GPT2LMHeadModel"], **ids)
+    if arch == "gemma2":
+        return T.Gemma2Config(hidden_size=hidden, intermediate_size=hidden * 11 // 4, num_attention_heads=heads,
+                              num_key_value_heads=kv_heads, head_dim=hidden // heads, num_hidden_layers=layers,
+                              vocab_size=vocab, max_position_embeddings=positions, sliding_window=window,
+                              architectures=["Gemma2ForCausalLM"], **ids)
     classes = {"llama": (T.LlamaConfig, "LlamaForCausalLM"), "mistral": (T.MistralConfig, "MistralForCausalLM"),
                "qwen2": (T.Qwen2Config, "Qwen2ForCausalLM"), "phi3": (T.Phi3Config, "Phi3ForCausalLM")}
     cls, name = classes[arch]
@@ -36,8 +43,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("arch", choices=ARCHITECTURES)
     parser.add_argument("folder")
-    for flag, default in (("layers", 2), ("hidden", 64), ("heads", 4), ("kv-heads", 2), ("vocab", 1000)):
+    for flag, default in (("layers", 2), ("hidden", 64), ("heads", 4), ("kv-heads", 2), ("vocab", 1000),
+                          ("window", 4)):
         parser.add_argument(f"--{flag}", type=int, default=default)
     a = parser.parse_args()
-    save(a.arch, a.folder, layers=a.layers, hidden=a.hidden, heads=a.heads, kv_heads=a.kv_heads, vocab=a.vocab)
+    save(a.arch, a.folder, layers=a.layers, hidden=a.hidden, heads=a.heads, kv_heads=a.kv_heads, vocab=a.vocab,
+         window=a.window)
     print(f"wrote {a.folder}/config.json ({a.arch}, {a.layers} layers, hidden {a.hidden}, vocab {a.vocab})")

@@ -317,6 +317,9 @@ def _client_rows(ctx: _Context, folder, prompts) -> list[Row]:
                       "transformers' generate(do_sample=False), one prompt at a time", exact)
         row.flavor = "-"
         rows.append(row)
+        if (client, ctx.layout.form) in clients.CANNOT:
+            row.error = f"{client} cannot run the {ctx.layout.form} form: {clients.CANNOT[client, ctx.layout.form]}"
+            continue
         ok, why = clients.status(client)
         if not ok:
             row.error = f"{client} is not available: {why}"

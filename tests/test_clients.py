@@ -1,0 +1,111 @@
+"""The clients of a deployment folder (`attnexport.clients`, `verify FOLDER --hf PATH --clients`):
+Optimum's ORTModelForCausalLM and transformers.js load the folder `export --hf --deploy` writes
+and generate transformers' tokens from it. Each client's test skips, saying why, where it is not
+installed (CI installs both for the real-model tests: optimum-onnx, and transformers.js among
+attnexport's pinned npm packages)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from attnexport import clients
+from attnexport.errors import UsageError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_clients_are_named_or_refused():
+    assert clients.parse("all") == list(clients.CLIENTS)
+    assert clients.parse("transformers.js, optimum") == ["transformers.js", "optimum"]
+    assert clients.parse(None) == []
+    with pytest.raises(UsageError, match="unknown onnxruntime-genai"):
+        clients.parse("optimum,onnxruntime-genai")
+
+
+def _available(client):
+    ok, why = clients.status(client)
+    if not ok:
+        pytest.skip(f"{client}: {why}")
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
+    from attnexport.cli import main
+    spec = importlib.util.spec_from_file_location("tiny_lms", ROOT / "examples" / "tiny_lms.py")
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    source, out = tmp_path_factory.mktemp("llama"), tmp_path_factory.mktemp("deploy") / "llama-onnx"
+    tiny.save("llama", source)
+    r = CliRunner().invoke(main, ["export", "--hf", str(source), "--kv-cache", "--deploy", str(out)])
+    assert r.exit_code == 0, r.output
+    return source, out
+
+
+@pytest.mark.parametrize("client", clients.CLIENTS)
+def test_each_client_generates_transformers_tokens_from_the_folder(client, deployed):
+    _available(client)
+    from attnexport.cli import main
+    source, out = deployed
+    r = CliRunner().invoke(main, ["verify", str(out), "--hf", str(source), "--runtimes", "ort-cpu", "--clients",
+                                  client, "--new-tokens", "12", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = [row for row in json.loads(r.output)["results"] if row["runtime"] == client]
+    assert len(rows) == 1 and rows[0]["passed"] and rows[0]["outputs"][0]["compared"] == 3 * 12
+    assert rows[0]["detail"]["tokens"] == rows[0]["detail"]["transformers_tokens"]
+
+
+@pytest.mark.parametrize("client", clients.CLIENTS)
+def test_a_folder_a_client_cannot_run_fails_its_row(client, deployed, tmp_path):
+    """The folder's config says other key/value heads than the model has: the client builds its
+    empty pasts from it and the model refuses them."""
+    _available(client)
+    import shutil
+
+    from attnexport.cli import main
+    source, out = deployed
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["num_key_value_heads"] = 1
+    (broken / "config.json").write_text(json.dumps(config))
+    r = CliRunner().invoke(main, ["verify", str(broken), "--hf", str(source), "--runtimes", "ort-cpu", "--clients",
+                                  client, "--new-tokens", "4", "--json"])
+    assert r.exit_code == 1, r.output
+    row = next(row for row in json.loads(r.output)["results"] if row["runtime"] == client)
+    assert not row["passed"] and row["error"]
+
+
+def test_optimum_runs_the_form_without_a_cache_and_transformers_js_is_said_not_to(tmp_path):
+    """Optimum loads a folder without past inputs with use_cache=False (the folder's config says
+    so); transformers.js feeds only the new token after the first step, which such a model cannot
+    run: its row fails saying why, without running."""
+    pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
+    from attnexport.cli import main
+    spec = importlib.util.spec_from_file_location("tiny_lms", ROOT / "examples" / "tiny_lms.py")
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    source, out = tmp_path / "llama", tmp_path / "llama-onnx"
+    source.mkdir()
+    tiny.save("llama", source)
+    assert CliRunner().invoke(main, ["export", "--hf", str(source), "--deploy", str(out)]).exit_code == 0
+    r = CliRunner().invoke(main, ["verify", str(out), "--hf", str(source), "--runtimes", "ort-cpu", "--clients",
+                                  "all", "--new-tokens", "6", "--json"])
+    rows = {row["runtime"]: row for row in json.loads(r.output)["results"] if row["runtime"] in clients.CLIENTS}
+    assert "feeds only the new token" in rows["transformers.js"]["error"] and not rows["transformers.js"]["passed"]
+    if clients.status("optimum")[0]:
+        assert rows["optimum"]["passed"], rows["optimum"]
+
+
+def test_clients_need_a_deployment_folder(deployed, tmp_path):
+    from attnexport.cli import main
+    source, out = deployed
+    alone = tmp_path / "model.onnx"
+    alone.write_bytes((out / "onnx" / "model.onnx").read_bytes())
+    r = CliRunner().invoke(main, ["verify", str(alone), "--hf", str(source), "--clients", "optimum"])
+    assert r.exit_code == 2 and "deployment folder" in r.output
+    r = CliRunner().invoke(main, ["verify", str(tmp_path), "--hf", str(source)])
+    assert r.exit_code == 2 and "holds 0" in r.output

@@ -1,0 +1,203 @@
+"""A whole model's export (`attnexport.hf_export`, `attnexport.hf_fusions`): the deployment folder,
+the user's budget, the graph a client that feeds empty pasts of batch 0 can run, the ort flavour's
+fused ops with every weight still fingerprinted, Gemma2, and the refusals. The `[hf]` extra, on
+small random configs."""
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
+
+from attnexport import hf, hf_export  # noqa: E402
+from attnexport.cli import main  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _tiny():
+    spec = importlib.util.spec_from_file_location("tiny_lms", ROOT / "examples" / "tiny_lms.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    made = {}
+    for arch in ("llama", "gemma2"):  # Gemma2: a window of 4 positions, which the checks' sequences pass
+        made[arch] = tmp_path_factory.mktemp(arch)
+        _tiny().save(arch, made[arch])
+    made["gemma2-wide"] = tmp_path_factory.mktemp("gemma2-wide")  # a window the static buffers fit in
+    _tiny().save("gemma2", made["gemma2-wide"], window=64)
+    tied = tmp_path_factory.mktemp("tied")
+    config = _tiny().config("llama")
+    config.tie_word_embeddings = True
+    config.save_pretrained(tied)
+    made["tied"] = tied
+    return made
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def _json(result):
+    return json.loads(result.output[result.output.index("{"):])
+
+
+def test_a_deployment_folder_holds_what_its_clients_read(folders, tmp_path):
+    out = tmp_path / "deploy"
+    old = os.umask(0o027)
+    try:
+        r = run("export", "--hf", folders["llama"], "--kv-cache", "--deploy", out)
+    finally:
+        os.umask(old)
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "onnx"]
+    assert [p.name for p in (out / "onnx").iterdir()] == ["model.onnx"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["use_cache"] is True
+    assert hf.Layout.of(onnx.load(out / "onnx" / "model.onnx")).form == "concat"
+    for path in [out, out / "onnx", *out.rglob("*")]:  # the user's umask, as a plain mkdir and open would
+        assert path.stat().st_mode & 0o027 == 0, path
+    assert not list(tmp_path.glob(".attnexport-*"))  # no staging folder left
+
+
+def test_an_existing_deployment_folder_gets_its_files_replaced_and_keeps_the_rest(folders, tmp_path):
+    out = tmp_path / "deploy"
+    out.mkdir()
+    (out / "README.md").write_text("mine")
+    (tmp_path / "elsewhere.json").write_text("{}")
+    (out / "config.json").symlink_to(tmp_path / "elsewhere.json")
+    r = run("export", "--hf", folders["llama"], "--kv-cache", "static", "--max-seq", "16", "--flavor", "ort",
+            "--deploy", out)
+    assert r.exit_code == 0, r.output
+    assert (out / "README.md").read_text() == "mine"
+    assert (out / "config.json").is_symlink() and json.loads((tmp_path / "elsewhere.json").read_text())["use_cache"]
+    assert (out / "onnx" / "model_static.onnx").is_file() and not (out / "onnx" / "model.onnx").exists()
+    assert not list(out.glob(".attnexport-*"))
+
+
+def test_a_past_of_batch_0_runs_as_an_empty_one(folders, tmp_path):
+    """transformers.js feeds the first step's empty pasts as (0, kv heads, 0, d): each past is
+    reshaped to the block's batch first, so the fused attention op takes it."""
+    path = tmp_path / "lm.onnx"
+    for flavor in ("attention", "ort", "primitives"):
+        assert run("export", "--hf", folders["llama"], "--kv-cache", "--flavor", flavor, "-o", path).exit_code == 0
+        model = onnx.load(path)
+        layout = hf.Layout.of(model)
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        feed = {"input_ids": np.array([[5, 17, 42]]), "attention_mask": np.ones((1, 3), np.int64),
+                "position_ids": np.arange(3)[None]}
+        outs = []
+        for batch in (1, 0):
+            empty = np.zeros((batch, layout.kv_heads, 0, layout.head_dim), np.float32)
+            outs.append(session.run(["logits"], {**feed, **{n: empty for n in layout.cache_pairs}})[0])
+        np.testing.assert_allclose(outs[1], outs[0], rtol=1e-6, atol=1e-6, err_msg=flavor)
+
+
+def test_the_ort_flavours_static_step_is_one_fused_attention_a_layer_with_every_weight_fingerprinted(folders,
+                                                                                                    tmp_path):
+    path = tmp_path / "lm.onnx"
+    r = run("export", "--hf", folders["llama"], "--kv-cache", "static", "--max-seq", "64", "--flavor", "ort", "-o",
+            path)
+    assert r.exit_code == 0, r.output
+    model = onnx.load(path)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("GroupQueryAttention") == 2 and "RotaryEmbedding" not in ops and "Transpose" not in ops
+    assert ops.count("SkipSimplifiedLayerNormalization") == 4  # every norm after a residual add
+    gqa = next(n for n in model.graph.node if n.op_type == "GroupQueryAttention")
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in gqa.attribute}
+    assert attrs["do_rotary"] == 1 and list(gqa.input[1:3]) == ["", ""]  # rotary inside, q/k/v packed
+    record = json.loads({p.key: p.value for p in model.metadata_props}["attnexport.params"])
+    q = record["model.model.layers.0.self_attn.q_proj.weight"]
+    assert q["columns"] == [0, 64] and q["initializer"] == record["model.model.layers.0.self_attn.v_proj.weight"][
+        "initializer"]
+    assert all(e["layout"] != "folded" for e in record.values())
+    # A weight changed inside the packed matrix is named before any number is compared.
+    packed = next(i for i in model.graph.initializer if i.name == q["initializer"])
+    values = onnx.numpy_helper.to_array(packed).copy()
+    values[0, 70] += 0.5  # a key projection's column
+    packed.CopyFrom(onnx.numpy_helper.from_array(values, packed.name))
+    onnx.save(model, path)
+    r = run("verify", path, "--hf", folders["llama"], "--runtimes", "ort-cpu", "--json")
+    assert r.exit_code == 1 and "layers.0.self_attn.k_proj.weight" in r.output
+
+
+def test_a_tied_vocabulary_matrix_is_kept_once_as_the_head_reads_it(folders, tmp_path):
+    path = tmp_path / "lm.onnx"
+    assert run("export", "--hf", folders["tied"], "-o", path).exit_code == 0
+    model = onnx.load(path)
+    vocab = [i for i in model.graph.initializer if 1000 in i.dims]
+    assert len(vocab) == 1 and list(vocab[0].dims) == [64, 1000]
+    gather = next(n for n in model.graph.node if n.op_type == "Gather" and n.input[0] == vocab[0].name)
+    assert onnx.helper.get_attribute_value(gather.attribute[-1]) == 1
+    r = run("verify", path, "--hf", folders["tied"], "--runtimes", "torch,onnx-ref,ort-cpu", "--new-tokens", "8")
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("form, flavor", [("none", "attention"), ("concat", "primitives"), ("static", "ort")])
+def test_gemma2_softcap_and_sliding_window_export_and_generate_what_eager_transformers_generates(folders, tmp_path,
+                                                                                                form, flavor):
+    path = tmp_path / "gemma2.onnx"
+    folder = folders["gemma2-wide" if form == "static" else "gemma2"]
+    extra = {"none": [], "concat": ["--kv-cache"], "static": ["--kv-cache", "static", "--max-seq", "64"]}[form]
+    r = run("export", "--hf", folder, *extra, "--flavor", flavor, "-o", path, "--json")
+    assert r.exit_code == 0, r.output
+    assert _json(r)["routed"] == 2
+    nodes = onnx.load(path).graph.node
+    tanh = [n.op_type for n in nodes].count("Tanh")
+    if flavor == "primitives":  # one Tanh in each layer's score path, one on the logits
+        assert tanh == 3
+    else:  # the scores' softcap is the fused op's attribute; the logits' is one Tanh
+        fused = [n for n in nodes if n.op_type in ("Attention", "GroupQueryAttention")]
+        assert tanh == 1 and len(fused) == 2
+        assert all({a.name: a.f for a in n.attribute}["softcap"] == pytest.approx(50.0) for n in fused)
+    r = run("verify", path, "--hf", folder, "--runtimes", "torch,onnx-ref,ort-cpu", "--new-tokens", "16", "--json")
+    assert r.exit_code == 0, r.output
+    generation = [row for row in _json(r)["results"] if row["case"].startswith("generate")]
+    assert len(generation) == 3 and all(row["passed"] for row in generation)
+
+
+def test_refusals_are_one_line(folders, tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "bad.gguf").write_bytes(b"not a gguf at all")
+    cases = [(["export", "--hf", folders["llama"], "--kv-cache", "-o", tmp_path / "x.onnx", "--deploy", tmp_path / "d"],
+              2, "not both"),
+             (["export", "--hf", folders["llama"], "--deploy", tmp_path / "a-file"], 2, "it is a file"),
+             (["export", "--hf", folders["llama"], "--deploy", tmp_path / "no" / "such"], 2, "does not exist"),
+             (["export", "--variant", "mha", "--deploy", tmp_path / "d"], 2, "goes with --hf"),
+             (["export", "--variant", "mha", "--atol", "1e-3"], 2, "checked by verify"),
+             (["export", "--hf", folders["llama"], "--rtol", "-1"], 2, "finite number >= 0"),
+             (["export", "--hf", tmp_path / "bad.gguf"], 2, "GGUF"),
+             (["export", "--hf", folders["gemma2"], "--kv-cache", "--flavor", "ort"], 1, "softcap"),
+             (["verify", tmp_path / "x.onnx", "--clients", "optimum"], 2, "goes with --hf")]
+    for args, code, said in cases:
+        r = run(*args)
+        assert r.exit_code == code and said in r.output and "Traceback" not in r.output, (args, r.output)
+        assert len(r.output.strip().splitlines()) == 1, r.output
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_budget_of_nothing_stops_the_export_before_anything_is_written(folders, tmp_path):
+    path = tmp_path / "lm.onnx"
+    r = run("export", "--hf", folders["llama"], "--kv-cache", "--rtol", "0", "--atol", "0", "-o", path)
+    assert r.exit_code == 1 and "differs from the model in float64" in r.output and "override" in r.output
+    assert not path.exists() and not list(tmp_path.iterdir())
+
+
+def test_the_export_says_what_it_checked_and_the_budget(folders, tmp_path):
+    r = run("export", "--hf", folders["llama"], "--kv-cache", "-o", tmp_path / "lm.onnx", "--json")
+    assert r.exit_code == 0, r.output
+    doc = _json(r)
+    assert [e["step"] for e in doc["checked"]] == [c[0] for c in hf_export.CHECKS["concat"]]
+    assert all("float64" in e["logits"]["basis"] and e["logits"]["max_abs"] >= 0 for e in doc["checked"])
+    assert any("checked against the model in float64" in n for n in doc["notes"])

@@ -1,0 +1,155 @@
+"""A whole model's numerics (`attnexport.hf_reference`): the model in float64 everywhere, budgets
+derived from torch's own error, padding never compared, caches written by the model. The `[hf]`
+extra, on a small random Llama (examples/tiny_lms.py)."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
+
+from attnexport import hf  # noqa: E402
+from attnexport import hf_reference as HR  # noqa: E402
+from attnexport.compare import FP32_FACTOR, TOLERANCES  # noqa: E402
+from attnexport.errors import ExportError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    spec = importlib.util.spec_from_file_location("tiny_lms", ROOT / "examples" / "tiny_lms.py")
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    folder = tmp_path_factory.mktemp("llama")
+    tiny.save("llama", folder)
+    return folder, hf.load(folder)[0]
+
+
+def test_float64_everywhere_keeps_what_asks_for_float32_in_float64():
+    x = torch.ones(3, dtype=torch.float64)
+    with HR.float64_everywhere():
+        assert x.float().dtype == torch.float64
+        assert x.to(torch.float32).dtype == torch.float64
+        assert torch.zeros(2, dtype=torch.float32).dtype == torch.float64
+        assert torch.tensor(1.5).dtype == torch.float64
+        assert torch.arange(3).dtype == torch.int64  # integers stay integers
+    assert x.float().dtype == torch.float32 and torch.tensor(1.5).dtype == torch.float32  # restored
+
+
+def test_an_rms_norm_run_in_float64_everywhere_is_the_float64_formula():
+    """transformers' RMS norm casts to float32 on purpose: a plain .double() model rounds there,
+    the float64 mode does not."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    rng = np.random.default_rng(0)
+    norm = LlamaRMSNorm(64, eps=1e-6).double()
+    norm.weight.data = torch.from_numpy(rng.standard_normal(64))
+    x = rng.standard_normal((3, 64)) * 20
+    want = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * norm.weight.detach().numpy()
+    with torch.no_grad():
+        plain = norm(torch.from_numpy(x)).numpy()
+        with HR.float64_everywhere():
+            exact = norm(torch.from_numpy(x)).numpy()
+    assert np.abs(exact - want).max() < 1e-12 * np.abs(want).max()
+    assert np.abs(plain - want).max() > 1e-9 * np.abs(want).max()  # single precision somewhere inside
+
+
+def test_the_budget_is_a_multiple_of_torchs_own_error_never_below_the_policy():
+    fp32 = TOLERANCES["fp32"]
+    tol = HR.budget(np.array([1.0, 2.0 + 3e-5]), np.array([1.0, 2.0]))
+    assert tol.atol == pytest.approx(FP32_FACTOR * 3e-5) and tol.rtol == fp32.rtol
+    assert "3e-05 x 4" in tol.basis and "float64" in tol.basis
+    small = HR.budget(np.array([1.0 + 1e-8]), np.array([1.0]))
+    assert small.atol == fp32.atol and "policy" in small.basis
+    user = HR.budget(np.array([1.0 + 3e-5]), np.array([1.0]), rtol=0.0, atol=1e-3)
+    assert (user.rtol, user.atol, user.basis) == (0.0, 1e-3, "override")
+    broken = HR.budget(np.array([np.nan]), np.array([1.0]))  # nothing to derive from: never an infinite budget
+    assert (broken.rtol, broken.atol) == (fp32.rtol, fp32.atol) and "not finite" in broken.basis
+
+
+def test_padding_is_never_compared_and_everything_else_is(llama):
+    _, model = llama
+    layout = hf.layout_of(model, "concat")
+    reference = HR.Reference(model, layout)
+    ids = HR.token_rows(None, layout.vocab, 2, 7, seed=0)
+    feed = HR.prefilled_feed(reference, ids, past=3, padded=2)  # sequence 0: two padding positions in its past
+    assert feed["attention_mask"][0].tolist() == [0, 0, 1, 1, 1, 1, 1]
+    expected = reference.expect(feed)
+    got = reference.run(feed)
+    assert all(expected.compare(got, layout.outputs))
+    junk = {n: a.copy() for n, a in got.items()}
+    junk["present.1.key"][0, :, :2] = 1e6  # the padded positions: not compared
+    assert all(expected.compare(junk, layout.outputs))
+    junk["present.1.key"][0, :, 2] = 1e6  # the first real one: compared
+    bad = [c for c in expected.compare(junk, layout.outputs) if not c]
+    assert [c.name for c in bad] == ["present.1.key"] and bad[0].max_abs > 1e5
+
+
+def test_a_missing_or_extra_output_fails(llama):
+    _, model = llama
+    layout = hf.layout_of(model, "none")
+    reference = HR.Reference(model, layout)
+    feed = HR.prefilled_feed(reference, HR.token_rows(None, layout.vocab, 1, 4, seed=1), past=0)
+    expected = reference.expect(feed)
+    assert not expected.compare({}, layout.outputs)[0]
+    extra = expected.compare({"logits": reference.run(feed)["logits"], "other": np.zeros(1)}, layout.outputs)
+    assert [bool(c) for c in extra] == [True, False]
+
+
+@pytest.mark.parametrize("form", ["concat", "static"])
+def test_a_step_after_caches_the_model_wrote_gives_the_whole_sequences_logits(llama, form):
+    """The caches of a checked step are the model's own: the step's logits are those of one forward
+    over the prefix and the block together (in float64, where they agree to rounding)."""
+    _, model = llama
+    layout = hf.layout_of(model, form, 32 if form == "static" else 0)
+    reference = HR.Reference(model, layout)
+    ids = HR.token_rows(None, layout.vocab, 2, 9, seed=2)
+    step = reference.run64(HR.prefilled_feed(reference, ids, past=5))["logits"]
+    whole = reference.run64(HR.prefilled_feed(reference, ids, past=0))["logits"][:, 5:]
+    assert np.abs(step - whole).max() < 1e-4 * max(1.0, np.abs(whole).max())  # the prefix written in fp32
+
+
+def test_text_prompts_and_windows_come_from_the_tokenizer():
+    class Words:  # a tokenizer's call: one id a word
+        def __call__(self, text):
+            return {"input_ids": [len(w) for w in text.split()]}
+    rows = HR.token_rows(Words(), 1000, 3, 5, seed=0)
+    assert rows.shape == (3, 5) and set(rows.ravel()) <= {len(w) for w in HR.PASSAGE.split()}
+    layout = hf.Layout("none", 1, 1, 4, 1000)
+    assert [p.tolist() for p in HR.prompts(Words(), layout, (5, 9))] == [[len(w) for w in p.split()]
+                                                                         for p in HR.PROMPTS]
+    drawn = HR.prompts(None, layout, (5, 9))
+    assert [len(p) for p in drawn] == [5, 9]
+
+
+def test_generation_logits_in_float64_line_up_with_transformers_steps(llama):
+    _, model = llama
+    layout = hf.layout_of(model, "concat")
+    reference = HR.Reference(model, layout)
+    prompts = hf.prompts_for(layout, (4, 7), seed=0)
+    want = hf.reference_generation(model, layout, prompts, 6)
+    logits64 = HR.generation_logits64(reference, prompts, want.tokens)
+    assert len(logits64) == 6
+    for w, e in zip(want.logits, logits64, strict=True):  # off by a position, they would differ by O(1)
+        assert np.abs(w - e).max() < 1e-4
+
+
+def test_the_check_before_writing_fails_a_damaged_export_and_passes_the_export(llama):
+    """An export whose one norm weight is 0.1% off fails against the model in float64 (each output
+    within its budget); the export as made passes."""
+    from onnx import numpy_helper
+
+    from attnexport import hf_export
+    folder, model = llama
+    result, layout = hf_export.export_hf(hf_export.HFExport(folder, "concat", flavor="attention"))
+    reference = HR.Reference(model, layout)
+    checked = hf_export.check_before_writing(result.model, reference, None, "llama")
+    assert len(checked) == len(hf_export.CHECKS["concat"]) and all(e["logits"]["max_abs"] < e["logits"]["atol"] +
+                                                                       1e-4 for e in checked)
+    target = next(i for i in result.model.graph.initializer if i.name.endswith("layers.1.input_layernorm.weight"))
+    target.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(target) * 1.001, target.name))
+    with pytest.raises(ExportError, match="differs from the model in float64"):
+        hf_export.check_before_writing(result.model, reference, None, "llama")
