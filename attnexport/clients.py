@@ -129,7 +129,8 @@ def _transformers_js(folder: Path, prompts: list, new_tokens: int, threads: int 
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"transformers.js took more than {SECONDS} s") from None
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
-    answer = json.loads(lines[-1]) if lines else {"error": (done.stderr.strip().splitlines() or ["no answer"])[-1]}
+    answer: dict = json.loads(lines[-1]) if lines else \
+        {"error": (done.stderr.strip().splitlines() or ["no answer"])[-1]}
     if "error" in answer:
         raise RuntimeError(f"transformers.js: {answer['error'][:300]}")
     return ClientRun("transformers.js", answer["prompt_ids"], answer["tokens"], float(answer["ms"]))

@@ -317,7 +317,7 @@ def _agreements(engines: list[_Engine], model, layout: hf.Layout, r: HFBenchRequ
     tokenizer = hf.tokenizer_of(r.source)
     prompts = HR.prompts(tokenizer, layout, AGREEMENT_LENGTHS, seed=5)
     want = [hf.reference_generation(model, layout, [p], AGREEMENT_TOKENS).tokens[0] for p in prompts]
-    out = {}
+    out: dict[tuple, dict] = {}
     for e in engines:
         if e.generate is None:
             continue

@@ -251,8 +251,8 @@ def write_deployment(folder: Path, result: ModuleExportResult, model, source, to
     staging = Path(tempfile.mkdtemp(prefix=".attnexport-", dir=folder.parent if not folder.exists() else folder))
     os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's 0700: the folder a plain mkdir would make
     try:
-        source_dir = Path(source) if Path(source).is_dir() else None
-        kept = [f for f in _KEPT if source_dir is not None and (source_dir / f).is_file()]
+        source_dir = Path(source)
+        kept = [f for f in _KEPT if source_dir.is_dir() and (source_dir / f).is_file()]
         for f in kept:
             shutil.copyfile(source_dir / f, staging / f)
         if tokenizer is not None and not any(f.startswith("tokenizer") for f in kept):

@@ -200,9 +200,9 @@ def _pack_qkv(model: onnx.ModelProto, made: dict) -> None:
     for node in model.graph.node:
         if node.domain != _MS or node.op_type != "GroupQueryAttention" or not _attr(node, "do_rotary", 0):
             continue
-        mms = [made.get(name) for name in node.input[:3]]
-        if not all(m is not None and m.op_type == "MatMul" and m.domain in ("", "ai.onnx") for m in mms) or \
-                len({m.input[0] for m in mms}) != 1 or not all(m.input[1] in weights for m in mms):
+        found = [made.get(name) for name in node.input[:3]]
+        mms = [m for m in found if m is not None and m.op_type == "MatMul" and m.domain in ("", "ai.onnx")]
+        if len(mms) != 3 or len({m.input[0] for m in mms}) != 1 or not all(m.input[1] in weights for m in mms):
             continue
         arrays = [numpy_helper.to_array(weights[m.input[1]]) for m in mms]
         if any(a.ndim != 2 for a in arrays) or len({a.shape[0] for a in arrays}) != 1:

@@ -3,6 +3,7 @@ derived from torch's own error, padding never compared, caches written by the mo
 extra, on a small random Llama (examples/tiny_lms.py)."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
@@ -149,7 +150,9 @@ def test_the_check_before_writing_fails_a_damaged_export_and_passes_the_export(l
     checked = hf_export.check_before_writing(result.model, reference, None, "llama")
     assert len(checked) == len(hf_export.CHECKS["concat"]) and all(e["logits"]["max_abs"] < e["logits"]["atol"] +
                                                                        1e-4 for e in checked)
-    target = next(i for i in result.model.graph.initializer if i.name.endswith("layers.1.input_layernorm.weight"))
+    record = json.loads({p.key: p.value for p in result.model.metadata_props}["attnexport.params"])
+    held = record["model.model.layers.1.input_layernorm.weight"]["initializer"]
+    target = next(i for i in result.model.graph.initializer if i.name == held)
     target.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(target) * 1.001, target.name))
     with pytest.raises(ExportError, match="differs from the model in float64"):
         hf_export.check_before_writing(result.model, reference, None, "llama")

@@ -20,6 +20,7 @@ import numpy as np
 from attnexport import clients, hf, hf_export
 from attnexport import hf_reference as HR
 from attnexport import runtimes as R
+from attnexport import weights as W
 from attnexport.compare import Tolerance, check_tolerance_values, compare
 from attnexport.errors import UsageError, reason
 from attnexport.inspect import load_model
@@ -128,12 +129,16 @@ def verify_hf(check: HFCheck) -> Report:
     used, table = R.select(check.runtimes, check.skip_unavailable)
     ctx = _Context(check, model, layout, reference, tokenizer, dtype, flavor, used,
                    {rt: R.prepare_onnx(rt, model) for rt in used if rt in R.ONNX_RUNTIMES})
-    changed = changed_params(reference.step, json.loads(meta.get("attnexport.params", "{}")), dtype)
+    record = json.loads(meta.get("attnexport.params", "{}"))
+    changed = changed_params(reference.step, record, dtype)
+    damaged = W.read(model, record)[1] if record else []  # the file's own initializers against the record
     with np.errstate(all="ignore"):
-        if changed:
+        if changed or damaged:
             row = ctx.row("parameters", "-", "the model's record")
             row.error = (f"the model's parameters differ from {check.source}'s: {', '.join(changed[:3])} "
-                         "(sha256 in the metadata; --seed for a folder with a config only)")
+                         "(sha256 in the metadata; --seed for a folder with a config only)") if changed else \
+                (f"the model file's parameters differ from the sha256 recorded at its export: "
+                 f"{', '.join(damaged[:3])} (the file was changed after the export)")
             rows = [row]
         else:
             rows = _shape_rows(ctx) + _decode_rows(ctx) + _generation_rows(ctx, prompts)
