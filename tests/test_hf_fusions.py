@@ -21,7 +21,7 @@ def _run(model: onnx.ModelProto, feeds: dict) -> dict:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the graph as written
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
 
 
 def _rms64(x, gamma):
@@ -32,7 +32,8 @@ def _rms64(x, gamma):
 def _rms_nodes(x, gamma, name):
     """An RMS norm as torch exports transformers' LlamaRMSNorm: x * 1/sqrt(mean(x^2) + eps), times gamma."""
     return [helper.make_node("Pow", [x, "two"], [f"{name}.sq"]),
-            helper.make_node("ReduceMean", [f"{name}.sq", "axes"], [f"{name}.mean"], keepdims=1, noop_with_empty_axes=0),
+            helper.make_node("ReduceMean", [f"{name}.sq", "axes"], [f"{name}.mean"], keepdims=1,
+                             noop_with_empty_axes=0),
             helper.make_node("Add", [f"{name}.mean", "eps"], [f"{name}.plus"]),
             helper.make_node("Sqrt", [f"{name}.plus"], [f"{name}.root"]),
             helper.make_node("Reciprocal", [f"{name}.root"], [f"{name}.inv"]),
