@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
 
-from attnexport import hf  # noqa: E402
+from attnexport import hf, hf_fusions  # noqa: E402
 from attnexport.cli import main  # noqa: E402
 from attnexport.verify.hf_check import NEW_TOKENS  # noqa: E402
 
@@ -86,9 +86,7 @@ def test_exports_and_generates_what_transformers_generates(arch, form, flavor, f
     assert len(shapes) >= 3 and all(row["passed"] and row["outputs"] for row in shapes)
 
 
-def test_a_divergence_names_the_sequence_the_step_and_both_tokens_and_is_localized(folders, tmp_path):
-    """A model file whose weights were changed after the export (one layer's MLP) generates other
-    tokens: the report says where, and localization names the first diverging node."""
+def test_a_file_whose_weights_changed_after_the_export_is_refused_before_anything_runs(folders, tmp_path):
     path = tmp_path / "lm.onnx"
     assert run("export", "--hf", folders["llama"], "--kv-cache", "static", "--max-seq", "64", "--flavor", "ort",
                "-o", path).exit_code == 0
@@ -97,7 +95,27 @@ def test_a_divergence_names_the_sequence_the_step_and_both_tokens_and_is_localiz
     held = record["model.model.layers.1.mlp.down_proj.weight"]["initializer"]  # where the export keeps it
     target = next(i for i in model.graph.initializer if i.name == held)
     weights = onnx.numpy_helper.to_array(target)
-    noisy = weights + np.random.default_rng(0).standard_normal(weights.shape).astype(np.float32) * 0.5
+    target.CopyFrom(onnx.numpy_helper.from_array(weights * np.float32(1.5), target.name))
+    onnx.save(model, path)
+    r = run("verify", path, "--hf", folders["llama"], "--runtimes", "ort-cpu", "--json")
+    assert r.exit_code == 1, r.output
+    rows = _json(r)["results"]
+    assert len(rows) == 1 and not rows[0]["passed"], rows
+    error = rows[0]["error"]
+    assert "differ from the sha256 recorded at its export: model.model.layers.1.mlp.down_proj.weight" in error
+
+
+def test_a_divergence_names_the_sequence_the_step_and_both_tokens_and_is_localized(folders, tmp_path):
+    """A model file whose graph was changed after the export, not its weights (the frozen rotary
+    sine table, noised) generates other tokens: the report says where, and localization names the
+    first diverging node."""
+    path = tmp_path / "lm.onnx"
+    assert run("export", "--hf", folders["llama"], "--kv-cache", "static", "--max-seq", "64", "--flavor", "ort",
+               "-o", path).exit_code == 0
+    model = onnx.load(path)
+    target = next(i for i in model.graph.initializer if i.name == hf_fusions.SIN)
+    table = onnx.numpy_helper.to_array(target)
+    noisy = table + np.random.default_rng(0).standard_normal(table.shape).astype(np.float32) * 0.5
     target.CopyFrom(onnx.numpy_helper.from_array(noisy, target.name))
     onnx.save(model, path)
     r = run("verify", path, "--hf", folders["llama"], "--runtimes", "ort-cpu", "--json")
