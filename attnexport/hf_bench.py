@@ -6,10 +6,10 @@ Every engine runs the same weights on the same threads. A decode row is one toke
 of `context` positions (concat: the past given as inputs and returned grown; static: buffers
 written in place through IO binding on the ort flavour, else returned as new arrays); a prefill
 row is a prompt of `context` tokens into an empty cache. The least bytes a decode step must read
-are the parameters once (of the input embedding table, the one row gathered) and the cache's
-valid prefix once; `bandwidth_fraction` is that over the step's time, as a fraction of the
-memory's read rate measured in the same run: the faster of a large reduction
-(`attnexport.bench.memory_bandwidth`) and a one-row MatMul (`attnexport.bench.gemv_bandwidth`),
+are the parameters once (of the input embedding table, the one row gathered, unless a tied head
+reads it whole) and the cache's valid prefix once; `bandwidth_fraction` is that over the step's
+time, as a fraction of the memory's read rate measured in the same run: the faster of a large
+reduction (`attnexport.bench.memory_bandwidth`) and a one-row MatMul (`attnexport.bench.gemv_bandwidth`),
 each measured before every context's timings and after the last, the highest kept.
 """
 
@@ -92,9 +92,13 @@ def _timed(fn, warmup: int, iters: int) -> tuple[float, float, float]:
 
 def step_bytes(model, layout: hf.Layout, context: int) -> int:
     """The least bytes one decode step reads: every parameter once but the input embedding table
-    (one row of it), and each layer's cached keys and values up to `context` once (fp32)."""
+    (one row of it, unless the head reads the same matrix whole: tied weights), and each layer's
+    cached keys and values up to `context` once (fp32)."""
     embedding = model.get_input_embeddings().weight
-    params = sum(p.numel() for p in model.parameters() if p is not embedding) + embedding.shape[1]
+    head = model.get_output_embeddings()
+    params = sum(p.numel() for p in model.parameters())  # a tied matrix is one parameter, counted once
+    if head is None or head.weight is not embedding:
+        params += embedding.shape[1] - embedding.numel()
     cache = 2 * layout.layers * layout.kv_heads * context * layout.head_dim
     return 4 * (params + cache)
 

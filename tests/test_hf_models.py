@@ -160,6 +160,23 @@ def test_bench_times_every_form_beside_transformers(folders):
     assert all(row["mode"] == "in-place (IO binding)" for row in static)
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_decode_steps_least_bytes_count_the_embedding_table_once_when_the_head_reads_it(tied):
+    """One row of an untied input table; the whole matrix when the head is the same matrix."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from attnexport.hf_bench import step_bytes
+    config = LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+    model = LlamaForCausalLM(config)
+    layout = hf.Layout(form="concat", layers=2, kv_heads=2, head_dim=4, vocab=50)
+    per_layer = 16 * 16 * 2 + 16 * 8 * 2 + 16 * 32 * 3 + 16 * 2  # q, o; k, v; the MLP; two norms
+    head = 50 * 16  # the head's matrix, read whole; tied, it is the embedding table, else one row of that
+    params = 2 * per_layer + 16 + head + (0 if tied else 16)  # the layers, the final norm, the head, the row
+    cache = 2 * 2 * 2 * 10 * 4  # keys and values, layers, kv heads, 10 positions, head_dim
+    assert step_bytes(model, layout, 10) == 4 * (params + cache)
+
+
 def test_refusals_are_one_line_and_exit_2(folders, tmp_path):
     cases = [(["export", "--hf", tmp_path / "nothing-here"], "no such folder"),
              (["export", "--hf", folders["llama"], "--kv-cache", "static"], "--max-seq"),
