@@ -72,6 +72,7 @@ def fuse_for_ort(model: onnx.ModelProto, tables, static: bool, what: str) -> onn
         if tables is not None:
             fuse_rotary_embedding(graph)
             fuse_cos_sin_cache(graph)
+            _positions_times_frequencies().apply_to_model(graph)
         fused = ir.to_proto(graph)
     except Exception as e:  # noqa: BLE001 - a fusion failing is the export's error, said in one line
         raise ExportError(f"{what}: ONNX Runtime's fusions failed: {reason(e)}") from None
@@ -84,6 +85,43 @@ def fuse_for_ort(model: onnx.ModelProto, tables, static: bool, what: str) -> onn
     graph = ir.from_proto(fused)
     passes.RemoveUnusedNodesPass()(graph)
     return ir.to_proto(graph)
+
+
+def _positions_times_frequencies():
+    """The rule that turns onnxscript's intermediate rotary embedding (its cos and sin computed in
+    the graph) into ONNX Runtime's op with the position ids and constant tables, for the angles as
+    transformers 5 writes them: Cast(Unsqueeze(positions, -1)) * inv_freq, each angle twice
+    (onnxscript's own rule knows transformers 4's form, a MatMul by the frequencies, transposed).
+    The tables here are the graph's own angles at positions 0 .. 1 of the frozen tables' length;
+    `_freeze_tables` then makes every such node read the model's (`rotary_tables`)."""
+    import onnx_ir as ir
+    from onnxscript.rewriter import pattern
+
+    class PositionsTimesFrequencies(pattern.RewriteRuleClassBase):
+        def pattern(self, op, x, positions, axis, inv_freq, interleaved, num_heads):
+            angles = op.Mul(op.Cast(op.Unsqueeze(positions, axis), to=ir.DataType.FLOAT), inv_freq)
+            both = op.Concat(angles, angles, axis=-1)
+            return op.RotaryEmbedding(x, op.Unsqueeze(op.Cos(both), [1]), op.Unsqueeze(op.Sin(both), [1]),
+                                      interleaved=interleaved, num_heads=num_heads,
+                                      _domain="ai.onnxruntime._fusion")
+
+        def check(self, context, positions, axis, inv_freq, **_):
+            result = pattern.MatchResult()
+            axes = axis.const_value.numpy().ravel().tolist() if axis.const_value is not None else None
+            if positions.shape is None or len(positions.shape) != 2 or axes not in ([-1], [2]):
+                return result.fail("the positions are not (batch, sequence), unsqueezed last")
+            if inv_freq.const_value is None or inv_freq.const_value.numpy().ndim != 1:
+                return result.fail("the frequencies are not a constant vector")
+            return result
+
+        def rewrite(self, op, x, positions, inv_freq, interleaved, num_heads, **_):
+            frequencies = inv_freq.const_value.numpy().astype(np.float32)
+            angles = np.arange(2, dtype=np.float32)[:, None] * frequencies[None, :]
+            return op.RotaryEmbedding(x, positions, op.Constant(value=ir.tensor(np.cos(angles))),
+                                      op.Constant(value=ir.tensor(np.sin(angles))), interleaved=interleaved,
+                                      num_heads=num_heads, _domain=_MS)
+
+    return pattern.RewriteRuleSet([PositionsTimesFrequencies.rule("PositionsTimesFrequencies", remove_nodes=False)])
 
 
 def _freeze_tables(model: onnx.ModelProto, rotaries, tables) -> None:
