@@ -36,6 +36,16 @@ set_hypothesis_home_dir(_HYPOTHESIS_HOME)
 atexit.register(shutil.rmtree, _HYPOTHESIS_HOME, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def tiny_lms():
+    """examples/tiny_lms.py as a module: the small random language models the [hf] tests save."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("tiny_lms", ROOT / "examples" / "tiny_lms.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(autouse=True)
 def _work_in_a_temporary_folder(tmp_path_factory, monkeypatch):
     """Every test runs in a fresh temporary folder, so a command's default output (`models/`)

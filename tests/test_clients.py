@@ -4,17 +4,13 @@ and generate transformers' tokens from it. Each client's test skips, saying why,
 installed (CI installs both for the real-model tests: optimum-onnx, and transformers.js among
 attnexport's pinned npm packages)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from attnexport import clients
 from attnexport.errors import UsageError
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_clients_are_named_or_refused():
@@ -32,14 +28,11 @@ def _available(client):
 
 
 @pytest.fixture(scope="module")
-def deployed(tmp_path_factory):
+def deployed(tmp_path_factory, tiny_lms):
     pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
     from attnexport.cli import main
-    spec = importlib.util.spec_from_file_location("tiny_lms", ROOT / "examples" / "tiny_lms.py")
-    tiny = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tiny)
     source, out = tmp_path_factory.mktemp("llama"), tmp_path_factory.mktemp("deploy") / "llama-onnx"
-    tiny.save("llama", source)
+    tiny_lms.save("llama", source)
     r = CliRunner().invoke(main, ["export", "--hf", str(source), "--kv-cache", "--deploy", str(out)])
     assert r.exit_code == 0, r.output
     return source, out
@@ -79,18 +72,15 @@ def test_a_folder_a_client_cannot_run_fails_its_row(client, deployed, tmp_path):
     assert not row["passed"] and "no-such-model" in row["error"]
 
 
-def test_optimum_runs_the_form_without_a_cache_and_transformers_js_is_said_not_to(tmp_path):
+def test_optimum_runs_the_form_without_a_cache_and_transformers_js_is_said_not_to(tmp_path, tiny_lms):
     """Optimum loads a folder without past inputs with use_cache=False (the folder's config says
     so); transformers.js feeds only the new token after the first step, which such a model cannot
     run: its row fails saying why, without running."""
     pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
     from attnexport.cli import main
-    spec = importlib.util.spec_from_file_location("tiny_lms", ROOT / "examples" / "tiny_lms.py")
-    tiny = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tiny)
     source, out = tmp_path / "llama", tmp_path / "llama-onnx"
     source.mkdir()
-    tiny.save("llama", source)
+    tiny_lms.save("llama", source)
     assert CliRunner().invoke(main, ["export", "--hf", str(source), "--deploy", str(out)]).exit_code == 0
     r = CliRunner().invoke(main, ["verify", str(out), "--hf", str(source), "--runtimes", "ort-cpu", "--clients",
                                   "all", "--new-tokens", "6", "--json"])

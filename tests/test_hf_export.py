@@ -3,10 +3,8 @@ the user's budget, the graph a client that feeds empty pasts of batch 0 can run,
 fused ops with every weight still fingerprinted, Gemma2, and the refusals. The `[hf]` extra, on
 small random configs."""
 
-import importlib.util
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -19,26 +17,17 @@ pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip 
 from attnexport import hf, hf_export  # noqa: E402
 from attnexport.cli import main  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _tiny():
-    spec = importlib.util.spec_from_file_location("tiny_lms", ROOT / "examples" / "tiny_lms.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
+def folders(tmp_path_factory, tiny_lms):
     made = {}
     for arch in ("llama", "gemma2"):  # Gemma2: a window of 4 positions, which the checks' sequences pass
         made[arch] = tmp_path_factory.mktemp(arch)
-        _tiny().save(arch, made[arch])
+        tiny_lms.save(arch, made[arch])
     made["gemma2-wide"] = tmp_path_factory.mktemp("gemma2-wide")  # a window the static buffers fit in
-    _tiny().save("gemma2", made["gemma2-wide"], window=64)
+    tiny_lms.save("gemma2", made["gemma2-wide"], window=64)
     tied = tmp_path_factory.mktemp("tied")
-    config = _tiny().config("llama")
+    config = tiny_lms.config("llama")
     config.tie_word_embeddings = True
     config.save_pretrained(tied)
     made["tied"] = tied

@@ -3,9 +3,7 @@ architectures (examples/tiny_lms.py), each cache form exported, verified with ge
 against transformers' `generate`, and the README's static loop run. The `[hf]` extra; by default
 each form in one flavour (every flavour is covered), every flavour with --all-modules."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -18,7 +16,6 @@ from attnexport import hf, hf_fusions  # noqa: E402
 from attnexport.cli import main  # noqa: E402
 from attnexport.verify.hf_check import NEW_TOKENS  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 ARCHITECTURES = ("llama", "mistral", "qwen2", "phi3", "gpt2")
 FORMS = {"none": [], "concat": ["--kv-cache"], "static": ["--kv-cache", "static", "--max-seq", "64"]}
 # The flavour each form runs in by default (each flavour once); --all-modules: every one.
@@ -27,19 +24,12 @@ OPS = {"primitives": "MatMul+Softmax", "attention": "Attention", "ort": "com.mic
 STATIC_OPS = {**OPS, "ort": "com.microsoft.GroupQueryAttention"}
 
 
-def _tiny_lms():
-    spec = importlib.util.spec_from_file_location("tiny_lms", ROOT / "examples" / "tiny_lms.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
+def folders(tmp_path_factory, tiny_lms):
     made = {}
     for arch in ARCHITECTURES:
         folder = tmp_path_factory.mktemp(arch)
-        _tiny_lms().save(arch, folder)
+        tiny_lms.save(arch, folder)
         made[arch] = folder
     return made
 

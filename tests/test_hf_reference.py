@@ -2,9 +2,7 @@
 derived from torch's own error, padding never compared, caches written by the model. The `[hf]`
 extra, on a small random Llama (examples/tiny_lms.py)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,16 +15,11 @@ from attnexport import hf_reference as HR  # noqa: E402
 from attnexport.compare import FP32_FACTOR, TOLERANCES  # noqa: E402
 from attnexport.errors import ExportError  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location("tiny_lms", ROOT / "examples" / "tiny_lms.py")
-    tiny = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tiny)
+def llama(tmp_path_factory, tiny_lms):
     folder = tmp_path_factory.mktemp("llama")
-    tiny.save("llama", folder)
+    tiny_lms.save("llama", folder)
     return folder, hf.load(folder)[0]
 
 
