@@ -23,6 +23,7 @@ from attnexport import runtimes as R
 from attnexport import variants as V
 from attnexport.compare import FP32_FACTOR, check_tolerance_values
 from attnexport.errors import AttnExportError, UsageError
+from attnexport.precision import PRECISIONS
 
 
 def _console() -> Console:
@@ -390,11 +391,28 @@ def _given(kwargs) -> dict:
               help="With --hf or --module: the relative tolerance of the check before writing (default: the "
                    "policy's, or for --hf derived from torch's own error against the model in float64).")
 @click.option("--atol", type=float, default=None, help="With --hf or --module: the absolute tolerance, likewise.")
+@click.option("--precision", type=click.Choice(PRECISIONS), default=None,
+              help="With --hf: fp32 (the default), fp16 (exported in half), int8 or int4 (weight matrices as ONNX "
+                   "Runtime's MatMulNBits, a GGUF's own 4- or 8-bit grid carried exactly); verify says what it costs.")
+@click.option("--block-size", type=int, default=None,
+              help="With --precision int8/int4: the block along each matrix's input axis (16, 32, 64, 128; "
+                   "default 32).")
+@click.option("--accuracy-level", type=int, default=None,
+              help="With --precision int8/int4: MatMulNBits's accuracy_level, 4 (default: int8 activations, the "
+                   "fastest CPU kernels) or 0 (float activations: a carried grid gives the model's own answers).")
+@click.option("--keep", default=None, metavar="GROUP[=HOW],...",
+              help="With --precision int8/int4: groups held otherwise, e.g. head=int8,first,layers:28-29=int8@0 "
+                   "(GROUP: head, first, last, layer:I, layers:I-J; HOW: fp32 (default), int8, int4, @LEVEL). "
+                   "Default for int4: head=int8. 'none' quantizes everything alike.")
+@click.option("--symmetric/--asymmetric", default=None,
+              help="With --precision int8/int4: ONNX Runtime's quantizer without or with zero points (default "
+                   "asymmetric); a carried grid keeps its own.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_variant_options
 @reports_errors
 def export(variant, hf_path, module_spec, input_specs, nan_rows, allow_unfused, cache_specs, write_pos, output_names,
-           dynamic_specs, flavor, opset, dtype, seed, output, deploy, rtol, atol, as_json, **options):
+           dynamic_specs, flavor, opset, dtype, seed, output, deploy, rtol, atol, precision, block_size, accuracy_level,
+           keep, symmetric, as_json, **options):
     """Export a variant, your own module or a transformers language model to ONNX (checked, with
     metadata, written atomically).
 
@@ -408,11 +426,15 @@ def export(variant, hf_path, module_spec, input_specs, nan_rows, allow_unfused, 
     check_tolerance_values(rtol, atol)
     if deploy is not None and hf_path is None:
         raise UsageError("--deploy writes a language model's folder: it goes with --hf")
+    quant = {"precision": precision, "block_size": block_size, "accuracy_level": accuracy_level, "keep": keep,
+             "symmetric": symmetric}
+    if hf_path is None and any(v is not None for v in quant.values()):
+        raise UsageError("--precision, --block-size, --accuracy-level, --keep and --symmetric go with --hf")
     if hf_path is not None:
         if input_specs or dynamic_specs or nan_rows or allow_unfused or cache_specs or write_pos or output_names:
             raise UsageError("--input, --dynamic, --nan-rows, --allow-unfused, --cache, --write-pos and --output-names "
                              "go with --module (--hf knows its model's inputs, outputs and cache)")
-        result = _export_hf(hf_path, flavor, opset, dtype, seed, output, deploy, rtol, atol, options)
+        result = _export_hf(hf_path, flavor, opset, dtype, seed, output, deploy, rtol, atol, quant, options)
         click.echo(jsonout.dumps(result.to_dict()) if as_json else result.summary())
         return
     if variant is not None and (rtol is not None or atol is not None):
@@ -449,9 +471,16 @@ def _hf_form(options: dict) -> tuple[str, int]:
     return kv_cache or "none", max_seq or 0
 
 
-def _export_hf(path, flavor, opset, dtype, seed, output, deploy, rtol, atol, options):
+def _export_hf(path, flavor, opset, dtype, seed, output, deploy, rtol, atol, quant, options):
     from attnexport import hf_export
+    from attnexport import precision as P
     form, max_seq = _hf_form(options)
+    precision = quant["precision"] or "fp32"
+    how = {k: v for k, v in quant.items() if k != "precision" and v is not None}
+    plan = None
+    if how or precision in P.QUANTIZED:
+        keep = "" if how.get("keep") == "none" else how.get("keep")
+        plan = P.plan_for(precision, how.get("block_size"), how.get("accuracy_level"), keep, how.get("symmetric"))
     if output is not None and deploy is not None:
         raise UsageError("give -o FILE.onnx or --deploy FOLDER, not both")
     if output is not None:
@@ -460,7 +489,7 @@ def _export_hf(path, flavor, opset, dtype, seed, output, deploy, rtol, atol, opt
     name = name.stem if name.suffix.lower() == ".gguf" else name.name
     target = None if deploy is not None else output or str(F.default_output(name or "model"))
     result, _ = hf_export.export_hf(hf_export.HFExport(path, form, max_seq, flavor, opset, dtype, target, seed, deploy,
-                                                       rtol, atol))
+                                                       rtol, atol, precision, plan))
     return result
 
 
@@ -643,6 +672,9 @@ def inspect(model, as_json):
 @click.option("--clients", "clients_text", default=None, metavar="optimum,transformers.js|all",
               help="With --hf and a deployment folder as MODEL (export --hf --deploy): also generate from it with "
                    "these clients (Optimum's ORTModelForCausalLM, transformers.js in Node) and compare their tokens.")
+@click.option("--budget", default=None, metavar="LIMIT=VALUE,...",
+              help="With --hf and a quantized or fp16 MODEL: the accuracy budget's limits instead of the defaults "
+                   "(kl-mean=0.05, top1=0.85, perplexity=0.05, first-tokens=0, margin=1; 'none' drops a limit).")
 @click.option("--input", "input_specs", multiple=True, metavar="NAME:SHAPE[:DTYPE]",
               help="With --module and a MODEL from another exporter: its inputs, as for export --module.")
 @click.option("--cache", "cache_specs", multiple=True, metavar="INPUT:OUTPUT",
@@ -656,7 +688,7 @@ def inspect(model, as_json):
 @reports_errors
 def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, skip_unavailable,
            strict_placement, seed, localize, save_baseline, baseline_dir, max_growth, details, cases, module_spec,
-           hf_path, new_tokens, clients_text, input_specs, cache_specs, write_pos, as_json, **options):
+           hf_path, new_tokens, clients_text, budget, input_specs, cache_specs, write_pos, as_json, **options):
     """Check exported models against the golden cases on every runtime; exit 1 on any mismatch.
 
     With no MODEL: exports every selected golden case in every selected flavor and runs it.
@@ -673,7 +705,10 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
         raise UsageError("a MODEL takes one --variant")
     if clients_text is not None and hf_path is None:
         raise UsageError("--clients generate from a language model's deployment folder: it goes with --hf")
+    if budget is not None and hf_path is None:
+        raise UsageError("--budget is the accuracy budget of a quantized or fp16 language model: it goes with --hf")
     if hf_path is not None:
+        from attnexport.accuracy import Budget
         from attnexport.verify.hf_check import HFCheck, verify_hf
         if len(models) != 1 or module_spec is not None:
             raise UsageError("--hf compares one MODEL with the language model it was exported from: give one MODEL "
@@ -682,7 +717,7 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
             raise UsageError("--hf takes no --variant, --flavor, --case, --input, --cache, --write-pos or variant "
                              "options: the model says what it is")
         check = HFCheck(models[0], hf_path, runtimes, rtol, atol, skip_unavailable, seed, new_tokens,
-                        tuple(clients_mod.parse(clients_text)))
+                        tuple(clients_mod.parse(clients_text)), Budget().with_overrides(budget))
         _report_verify(verify_hf(check), details, as_json)
         return
     if module_spec is not None:
@@ -829,6 +864,12 @@ def _print_verify(report, details, out=None):
         c, r = max(derived, key=lambda cr: cr[0].atol)
         click.echo(f"budgets: per output, atol = max(policy, {FP32_FACTOR:g} x torch's own error against the model "
                    f"in float64), rtol {c.rtol:g}; the largest: {c.name} of {r.case}, atol {c.atol:.3g} ({c.basis})")
+    for r in report.rows:  # a lossy language model's accuracy, in words
+        if r.detail and "summary" in r.detail:
+            click.echo(f"accuracy on {r.runtime}: {r.detail['summary']}; budget: {r.detail['budget']['text']}")
+        if r.detail and r.detail.get("layer_costs"):
+            top = ", ".join(f"{c['group']} {c['kl_mean']:.2g}" for c in r.detail["layer_costs"][:5])
+            click.echo(f"layers that cost most, each quantized alone (mean KL vs fp32): {top}")
     for r in report.failures:
         click.echo(f"FAIL {r.describe(localization=False)}")
         if r.localization is not None and (r.localization.diverged or r.localization.note):

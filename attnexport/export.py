@@ -641,6 +641,8 @@ class ModuleExport:
             ops in its ort flavour (`attnexport.hf_export`).
         rtol, atol: the tolerance of the default check instead of the policy's (or, in fp16, the
             one derived from torch's fp16 error).
+        finalize: the finished model changed once more before its check (a language model's
+            weight matrices quantized, `attnexport.precision`, which needs the parameters' record).
     """
 
     flavor: str = FL.DEFAULT
@@ -662,6 +664,7 @@ class ModuleExport:
     rewrite: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None
     rtol: float | None = None
     atol: float | None = None
+    finalize: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None
 
 
 @dataclass
@@ -724,6 +727,8 @@ def export_module(module, example_inputs, request: ModuleExport | None = None, *
     if r.rewrite is not None:
         model = r.rewrite(model)
     model, op_name = finish(model, Finishing(r.flavor, opset, r.dtype, r.name, bool(calls)), params, meta)
+    if r.finalize is not None:
+        model = r.finalize(model)
     checked = r.check(model) if r.check is not None else \
         _check_other_sizes(t, model, kept, set() if write else {kept[n][a] for n, a in cache_axes.items()}, write)
     version = torch.__version__.split("+")[0]

@@ -451,6 +451,35 @@ def example_feed(layout: Layout, batch: int = 2, block: int = 5, past: int = 3, 
     return feed
 
 
+def stepped_logits(run, layout: Layout, ids: np.ndarray, first: int, chunk: int, dtype=np.float32) -> np.ndarray:
+    """The logits (B, T, V) of every position of `ids` (B, T) from the step graph `run` (any
+    runtime): a prefill of `first` tokens into an empty cache, then blocks of `chunk` tokens, each
+    step's cache fed to the next (concat: the presents as pasts; static: the buffers, write_pos the
+    tokens so far); the none form runs the whole sequence once."""
+    batch, total = ids.shape
+    if layout.form == "none":
+        mask = np.ones((batch, total), np.int64)
+        return np.asarray(run({"input_ids": ids, "attention_mask": mask, "position_ids": positions_of(mask)})["logits"],
+                          np.float64)
+    pairs = layout.cache_pairs
+    positions = layout.max_seq if layout.form == "static" else 0
+    state = {n: np.zeros((batch, layout.kv_heads, positions, layout.head_dim), dtype) for n in pairs}
+    logits, start = [], 0
+    while start < total:
+        end = first if start == 0 else min(start + chunk, total)
+        block = ids[:, start:end]
+        if layout.form == "static":
+            feed = {"input_ids": block, "write_pos": np.full(batch, start, np.int64), **state}
+        else:
+            feed = {"input_ids": block, "attention_mask": np.ones((batch, end), np.int64),
+                    "position_ids": np.broadcast_to(np.arange(start, end), block.shape).copy(), **state}
+        out = run(feed)
+        logits.append(np.asarray(out["logits"], np.float64))
+        state = {past: out[present] for past, present in pairs.items()}
+        start = end
+    return np.concatenate(logits, axis=1)
+
+
 # --- generation ---------------------------------------------------------------------------------
 
 def prompts_for(layout: Layout, lengths, seed: int = 0) -> list[np.ndarray]:

@@ -13,6 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 import torch
 
@@ -22,6 +23,7 @@ from attnexport import flavors as FL
 from attnexport import hf
 from attnexport import hf_fusions as HF
 from attnexport import hf_reference as HR
+from attnexport import precision as P
 from attnexport.errors import ExportError, UsageError, reason
 from attnexport.export import ModuleExport, ModuleExportResult, export_module
 
@@ -64,6 +66,9 @@ class HFExport:
             the tokenizer's files, the model in onnx/), instead of `output`.
         rtol, atol: the user's budget for every output of the check before writing, instead of the
             one derived from torch's fp32 error (`attnexport.hf_reference`).
+        precision: fp32, fp16 (the model exported in half), int8 or int4 (its weight matrices as
+            MatMulNBits, `attnexport.precision`).
+        plan: how int8/int4 quantize (default: `precision.DEFAULT_PLANS`).
     """
 
     source: str | Path
@@ -77,6 +82,8 @@ class HFExport:
     deploy: str | Path | None = None
     rtol: float | None = None
     atol: float | None = None
+    precision: str = "fp32"
+    plan: P.Plan | None = None
 
 
 def dynamic_axes(layout: hf.Layout) -> dict:
@@ -108,6 +115,7 @@ def export_hf(request: HFExport) -> tuple[ModuleExportResult, hf.Layout]:
         raise UsageError("--max-seq sizes the static cache's buffers: give it with --kv-cache static")
     if r.deploy is not None and r.output is not None:
         raise UsageError("give -o FILE.onnx or --deploy FOLDER, not both")
+    dtype, plan = _precision(r)
     deploy = _deploy_target(Path(r.deploy)) if r.deploy is not None else None
     model, params_source = hf.load(r.source, r.seed)
     layout = hf.layout_of(model, r.form, r.max_seq)
@@ -120,16 +128,29 @@ def export_hf(request: HFExport) -> tuple[ModuleExportResult, hf.Layout]:
     # The attention flavour's static step writes with TensorScatter (opset 24).
     opset = FL.opset_for(flavor, r.opset, 24 if r.form == "static" and flavor == "attention" else None)
     name = f"{model.config.model_type} ({r.form})"
-    reference = HR.Reference(model, layout, r.dtype, r.rtol, r.atol)
+    reference = HR.Reference(model, layout, dtype, r.rtol, r.atol)
+    quantized: dict = {}
+
+    def quantize(onnx_model):
+        quantized["before"] = {s.weight: onnx.numpy_helper.to_array(i) for s in P.sites(onnx_model, layout.vocab)
+                               for i in onnx_model.graph.initializer if i.name == s.weight}
+        quantized["done"] = P.quantize(onnx_model, plan, layout.layers, layout.vocab)
+        return onnx_model
+
+    def check(onnx_model):
+        if plan is None:
+            return check_before_writing(onnx_model, reference, tokenizer, name)
+        return check_quantized(onnx_model, model, layout, quantized["before"], tokenizer, name, r)
+
     module_request = ModuleExport(
-        flavor=flavor, opset=opset, dtype=r.dtype, dynamic=dynamic_axes(layout),
+        flavor=flavor, opset=opset, dtype=dtype, dynamic=dynamic_axes(layout),
         output=None if deploy else r.output, input_names=list(feed), name=name,
         seed=r.seed if params_source == "seed" else None, output_names=layout.outputs,
         cache=layout.cache_pairs if r.form != "none" else None,
         extra_meta={hf.META: layout.meta(), "attnexport.params_source": params_source},
         write_pos="write_pos" if r.form == "static" else None,
-        check=lambda onnx_model: check_before_writing(onnx_model, reference, tokenizer, name),
-        rewrite=lambda onnx_model: _rewritten(onnx_model, model, layout, flavor, r.dtype, name))
+        check=check, finalize=quantize if plan is not None else None,
+        rewrite=lambda onnx_model: _rewritten(onnx_model, model, layout, flavor, dtype, name))
     try:
         result = export_module(wrapper, example, module_request)
     except ExportError as e:
@@ -138,9 +159,48 @@ def export_hf(request: HFExport) -> tuple[ModuleExportResult, hf.Layout]:
                               f"{', '.join(hf.TESTED)})") from None
         raise
     result.notes.append(_checked_note(result.checked))
+    if plan is not None:
+        result.notes.append(f"{r.precision}: {quantized['done'].summary()} (block {plan.block}, accuracy level "
+                            f"{plan.accuracy}); what it costs in answers: attnexport verify MODEL --hf SOURCE")
     if deploy is not None:
         result.path = write_deployment(deploy, result, model, r.source, tokenizer, layout)
     return result, layout
+
+
+def _precision(r: HFExport) -> tuple[str, P.Plan | None]:
+    """(the dtype the model is exported in, the quantization plan or None) of `r.precision`."""
+    if r.precision not in P.PRECISIONS:
+        raise UsageError(f"--precision is one of {', '.join(P.PRECISIONS)}, got {r.precision!r}")
+    if r.precision != "fp32" and r.dtype != "fp32":
+        raise UsageError("give --precision or --dtype, not both (--precision fp16 is --dtype fp16)")
+    if r.plan is not None and r.precision not in P.QUANTIZED:
+        raise UsageError(f"--precision {r.precision} quantizes nothing: a quantization plan goes with int8 or int4")
+    if r.precision in P.QUANTIZED:
+        return "fp32", r.plan or P.DEFAULT_PLANS[r.precision]
+    return ("fp16" if r.precision == "fp16" else r.dtype), None
+
+
+def check_quantized(onnx_model, model, layout: hf.Layout, before: dict, tokenizer, name: str, r: HFExport) -> list:
+    """The checks of a quantized step graph before it is written: every quantized matrix is a
+    quantization of the float one it replaced (a carried grid bit for bit, ONNX Runtime's within a
+    step); the graph with float activations computes what its weights say (against the model with
+    the file's weights, in float64, at CHECKS' shapes, fp32's derived budget); and the graph as
+    written runs at each shape with finite logits. What it costs in answers is verify's to say."""
+    from attnexport import accuracy as A
+    from attnexport import runtimes as R
+    bad = P.unfaithful(before, onnx_model)
+    if bad:
+        raise ExportError(f"{name}: the quantized weights are not a quantization of the model's: {bad[0]}"
+                          + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
+    held = HR.Reference(A.file_model(model, onnx_model), layout, "fp32", r.rtol, r.atol)
+    checked = check_before_writing(P.float_activations(onnx_model), held, tokenizer, name)
+    session = R.prepare_onnx("ort-cpu", onnx_model)
+    for label, batch, block, past, padded in CHECKS[layout.form]:
+        ids = HR.token_rows(tokenizer, layout.vocab, batch, past + block, seed=1)
+        logits = np.asarray(session.run(HR.prefilled_feed(held, ids, past, padded))["logits"])
+        if not np.isfinite(logits).all():
+            raise ExportError(f"{name}: the quantized export gives logits that are not finite at {label}")
+    return checked
 
 
 def _rewritten(onnx_model, model, layout: hf.Layout, flavor: str, dtype: str, name: str):

@@ -124,7 +124,7 @@ def read(model: onnx.ModelProto, entries: dict[str, dict]) -> tuple[dict[str, np
     inits = {i.name: i for i in model.graph.initializer}
     params, changed = {}, []
     for name, e in sorted(entries.items()):
-        if e["layout"] == "folded":
+        if e["layout"] == "folded" or "quantized" in e:  # a quantized one: attnexport.precision checks it
             continue
         init = inits.get(e["initializer"])
         if init is None:
@@ -159,7 +159,7 @@ def reweight(model: onnx.ModelProto, entries: dict[str, dict], params: dict[str,
     if set(entries) != set(params):
         return None
     holders = [e["initializer"] for e in entries.values()]
-    if any(e["layout"] not in LAYOUTS or "columns" in e for e in entries.values()) or \
+    if any(e["layout"] not in LAYOUTS or "columns" in e or "quantized" in e for e in entries.values()) or \
             len(set(holders)) != len(holders):
         return None
     out = onnx.ModelProto()

@@ -216,6 +216,18 @@ def reference_ops() -> list:
     return reference.reference_ops()
 
 
+def missing_ops(name: str, model: onnx.ModelProto) -> list[str]:
+    """The ops of `model` that the ONNX runtime `name` has no kernel for ("domain.op_type"):
+    onnx's reference evaluator knows the standard ops and the com.microsoft ones attnexport gives
+    it (`reference_ops`), not MatMulNBits; ONNX Runtime's builds have every contrib op attnexport
+    writes (a WebGPU one runs what its provider lacks on the CPU, which its placement check names)."""
+    if name != "onnx-ref":
+        return []
+    known = {(getattr(op, "op_domain", ""), op.__name__) for op in reference_ops()}
+    return sorted({f"{n.domain}.{n.op_type}" for n in model.graph.node
+                   if n.domain not in ("", "ai.onnx") and (n.domain, n.op_type) not in known})
+
+
 def has_fp16(model: onnx.ModelProto) -> bool:
     """Whether any input, output or initializer of the graph is float16."""
     g = model.graph

@@ -10,6 +10,7 @@ generation's from transformers' own `generate`."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,11 +18,13 @@ from typing import Any
 
 import numpy as np
 
+from attnexport import accuracy as A
 from attnexport import clients, hf, hf_export
 from attnexport import hf_reference as HR
+from attnexport import precision as P
 from attnexport import runtimes as R
 from attnexport import weights as W
-from attnexport.compare import Tolerance, check_tolerance_values, compare
+from attnexport.compare import Comparison, Tolerance, check_tolerance_values, compare
 from attnexport.errors import UsageError, reason
 from attnexport.inspect import load_model
 from attnexport.localize import Localization, locate
@@ -50,6 +53,7 @@ class HFCheck:
     seed: int | None = None
     new_tokens: int = NEW_TOKENS
     clients: tuple = ()  # with a deployment folder: the clients that load it (attnexport.clients)
+    budget: A.Budget = A.Budget()  # what a quantized or fp16 model may cost in answers
 
 
 @dataclass
@@ -126,12 +130,15 @@ def verify_hf(check: HFCheck) -> Report:
     prompts = HR.prompts(tokenizer, layout, PROMPT_LENGTHS, seed=4)
     _check_room(layout, prompts, check.new_tokens)
     reference = HR.Reference(hf_model, layout, dtype, check.rtol, check.atol)
+    quantized = P.record_of(model)
     used, table = R.select(check.runtimes, check.skip_unavailable)
+    used, table = _able(model, used, table, check, quantized)
     ctx = _Context(check, model, layout, reference, tokenizer, dtype, flavor, used,
                    {rt: R.prepare_onnx(rt, model) for rt in used if rt in R.ONNX_RUNTIMES})
     record = json.loads(meta.get("attnexport.params", "{}"))
     changed = changed_params(reference.step, record, dtype)
     damaged = W.read(model, record)[1] if record else []  # the file's own initializers against the record
+    damaged += P.damaged(model, quantized)
     with np.errstate(all="ignore"):
         if changed or damaged:
             row = ctx.row("parameters", "-", "the model's record")
@@ -140,13 +147,121 @@ def verify_hf(check: HFCheck) -> Report:
                 (f"the model file's parameters differ from the sha256 recorded at its export: "
                  f"{', '.join(damaged[:3])} (the file was changed after the export)")
             rows = [row]
+        elif quantized is not None:  # its answers are judged by the accuracy budget, its weights by their source
+            rows = _weights_rows(ctx, quantized) + _accuracy_rows(ctx, prompts)
+        elif dtype != "fp32":  # half precision: each step within fp16's budget, its answers by the accuracy budget
+            rows = _shape_rows(ctx) + _decode_rows(ctx) + _accuracy_rows(ctx, prompts)
         else:
             rows = _shape_rows(ctx) + _decode_rows(ctx) + _generation_rows(ctx, prompts)
+        if not changed and not damaged:
             if check.clients:
                 rows += _client_rows(ctx, folder, prompts)
     runtimes = R.described(table) + [{"name": c, "available": ok, "reason": why, "used": ok}
                                      for c in check.clients for ok, why in [clients.status(c)]]
     return Report(rows, runtimes, dtype, [flavor], [str(check.model_path)])
+
+
+def _able(model, used: list, table: list, check: HFCheck, quantized) -> tuple[list, list]:
+    """The runtimes that can run `model`'s ops: one named with --runtimes that cannot is a
+    UsageError naming the ops it lacks; one taken by default is left out, the table saying why.
+    torch runs the source model, which a lossy model's cost is measured against: not a runtime of it."""
+    kind = _precision_name(model, quantized)
+    keep, out = [], []
+    for row in table:
+        name = row["name"]
+        missing = R.missing_ops(name, model) if name in used else []
+        why = None
+        if missing:
+            why = f"{name} cannot run this {kind} model: it has no {', '.join(missing)}"
+            if check.runtimes is not None:
+                can = [r for r in R.ONNX_RUNTIMES if not R.missing_ops(r, model)]
+                raise UsageError(f"{why} (runtimes that can: {', '.join(can)})")
+        elif name == "torch" and kind != "fp32" and name in used:
+            why = "torch runs the source model, which this model's cost is measured against"
+        if why is not None:
+            out.append({**row, "used": False, "reason": why})
+            continue
+        out.append(row)
+        if name in used:
+            keep.append(name)
+    if not keep:
+        raise UsageError(f"no runtime selected can run this {kind} model")
+    return keep, out
+
+
+def _precision_name(model, quantized) -> str:
+    if quantized is not None:
+        return f"int{quantized['plan']['bits']}"
+    meta = {p.key: p.value for p in model.metadata_props}
+    return meta.get("attnexport.dtype", "fp32")
+
+
+def _weights_rows(ctx: _Context, quantized: dict) -> list[Row]:
+    """One row: every quantized matrix against the source model's float matrix it stands for (a
+    carried grid bit for bit, ONNX Runtime's rounding within a step of its block's scale)."""
+    state = {k: v.detach().float().numpy() for k, v in ctx.reference.step.state_dict().items()}
+    before = {}
+    for e in quantized["matrices"]:
+        if not e["bits"]:
+            continue
+        w = np.zeros((e["k"], e["n"]), np.float32)
+        for name, columns in e["params"].items():
+            if name in state and state[name].ndim == 2:
+                block = state[name].T
+                if columns is None:
+                    w = block
+                else:
+                    w[:, columns[0]:columns[1]] = block
+        before[e["weight"]] = w
+    row = ctx.row("weights: each quantized matrix against the source's", "-",
+                  "the source model's weights; exact for a carried grid, a step for ONNX Runtime's rounding")
+    bad = P.unfaithful(before, ctx.onnx_model, quantized)
+    counts: dict[str, int] = {}
+    for e in quantized["matrices"]:
+        key = "kept" if not e["bits"] else f"{e['how']} {e['bits']}-bit"
+        counts[key] = counts.get(key, 0) + 1
+    row.detail = {"matrices": counts, "unfaithful": bad}
+    if bad:
+        row.error = f"{len(bad)} quantized matrix(es) are not a quantization of the source's: {bad[0]}"
+    else:
+        row.comparisons = [Comparison("quantized matrices faithful to the source", True, 0.0, 0.0, 0, 0, 0.0, 0.0,
+                                      0.0, 0.0, compared=sum(1 for e in quantized["matrices"] if e["bits"]),
+                                      basis="exact grids bit for bit; ORT's rounding within one step")]
+        row.passed = True
+    return [row]
+
+
+def _accuracy_rows(ctx: _Context, prompts) -> list[Row]:
+    """The accuracy cost on each runtime (`attnexport.accuracy`) against the budget, and (one row,
+    torch) which layers cost most when quantized alone."""
+    budget = ctx.check.budget
+    base = A.baseline(ctx.reference, ctx.tokenizer, prompts, ctx.check.new_tokens)
+    rows = []
+    for rt in ctx.used:
+        row = ctx.row("accuracy: teacher-forced KL and top-1, perplexity, greedy first tokens", rt,
+                      "the source model in fp32 (and float64), transformers' greedy tokens")
+        rows.append(row)
+        cost = _timed_on(ctx, row, lambda run: A.measure(run, ctx.layout, base, budget, ctx.reference.numpy_dtype))
+        if cost is None:
+            continue
+        row.comparisons = cost.comparisons(budget)
+        row.detail = {"accuracy": cost.to_dict(), "budget": {**vars(budget), "text": budget.text()},
+                      "summary": cost.text()}
+        row.passed = not cost.failures and all(c.passed for c in row.comparisons)
+        if cost.failures:
+            row.error = f"over the accuracy budget: {'; '.join(cost.failures)} ({cost.text()})"
+    if P.record_of(ctx.onnx_model) is not None:
+        costs = A.layer_costs(ctx.reference, ctx.onnx_model, base)
+        row = ctx.row("accuracy: the cost of each layer quantized alone (weights as the file holds them, "
+                      "activations rounded as its kernels do, emulated in torch)", "-", "the source model in fp32")
+        row.flavor = "-"
+        row.detail = {"layer_costs": costs}
+        row.comparisons = [Comparison(f"mean KL, {c['group']} alone", True, c["kl_mean"], math.nan, 0, 0, 0.0,
+                                      math.inf, c["kl_mean"], math.inf, compared=int(base.eval_ids.size),
+                                      basis="informational: which layers cost most") for c in costs[:3]]
+        row.passed = bool(costs)
+        rows.append(row)
+    return rows
 
 
 def _shapes(layout: hf.Layout):
@@ -200,28 +315,6 @@ def _shape_rows(ctx: _Context) -> list[Row]:
     return rows
 
 
-def _stepped_logits(run, layout: hf.Layout, ids: np.ndarray, first: int, chunk: int, dtype) -> np.ndarray:
-    """The logits of every position of `ids` from a prefill of `first` tokens, then blocks of `chunk`."""
-    batch, total = ids.shape
-    pairs = layout.cache_pairs
-    positions = layout.max_seq if layout.form == "static" else 0
-    state = {n: np.zeros((batch, layout.kv_heads, positions, layout.head_dim), dtype) for n in pairs}
-    logits, start = [], 0
-    while start < total:
-        end = first if start == 0 else min(start + chunk, total)
-        block = ids[:, start:end]
-        if layout.form == "static":
-            feed = {"input_ids": block, "write_pos": np.full(batch, start, np.int64), **state}
-        else:
-            feed = {"input_ids": block, "attention_mask": np.ones((batch, end), np.int64),
-                    "position_ids": np.broadcast_to(np.arange(start, end), block.shape).copy(), **state}
-        out = run(feed)
-        logits.append(np.asarray(out["logits"], np.float64))
-        state = {past: out[present] for past, present in pairs.items()}
-        start = end
-    return np.concatenate(logits, axis=1)
-
-
 def _timed_on(ctx: _Context, row: Row, work):
     """`work(run)` with the row's runtime's step function, its time in the row; None (the row
     says why) when the runtime runs no ONNX model or the work fails."""
@@ -249,14 +342,14 @@ def _decode_rows(ctx: _Context) -> list[Row]:
     dtype, ref = ctx.reference.numpy_dtype, ctx.reference
     for i, (batch, chunk, total) in enumerate(DECODE):
         ids = HR.token_rows(ctx.tokenizer, ctx.layout.vocab, batch, total, seed=3 + i)
-        whole = _stepped_logits(ref.run64, ctx.layout, ids, total, chunk, np.float64)
-        tol = HR.budget(_stepped_logits(ref.run, ctx.layout, ids, total, chunk, dtype), whole, ctx.dtype,
+        whole = hf.stepped_logits(ref.run64, ctx.layout, ids, total, chunk, np.float64)
+        tol = HR.budget(hf.stepped_logits(ref.run, ctx.layout, ids, total, chunk, dtype), whole, ctx.dtype,
                         ctx.check.rtol, ctx.check.atol)
         label = f"decode: batch {batch}, prefill {DECODE_PREFILL}, then blocks of {chunk} to {total}"
         for rt in ctx.used:
             row = ctx.row(label, rt, "the model's logits in float64, one forward over the whole sequence", tol)
             rows.append(row)
-            got = _timed_on(ctx, row, lambda run, ids=ids, chunk=chunk: _stepped_logits(
+            got = _timed_on(ctx, row, lambda run, ids=ids, chunk=chunk: hf.stepped_logits(
                 run, ctx.layout, ids, DECODE_PREFILL, chunk, dtype))
             if got is None:
                 continue

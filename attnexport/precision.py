@@ -1,0 +1,661 @@
+"""Quantized weights of an exported language model: each weight matrix of a MatMul as ONNX Runtime's
+`com.microsoft.MatMulNBits` (4 or 8 bits in blocks along the input axis), chosen per layer, recorded
+in the model's metadata, and read back as the float matrices the file computes with.
+
+attnexport never rounds a weight itself. A matrix goes through ONNX Runtime's own blockwise
+quantizer (`onnxruntime.quantization.matmul_nbits_quantizer`, round to nearest), unless it already
+holds a block grid of the bits asked for (a GGUF file's Q4_0, Q4_1 and Q8_0 blocks, which
+transformers dequantizes to float32 when it reads the file): then the grid is carried into
+MatMulNBits exactly, every weight the file computes with equal bit for bit to the one the model
+holds. Quantizing a weight that is already quantized rounds it a second time, onto a grid shifted
+from its own: on SmolLM2-135M (Q4_1) that alone changed the greedy answer of four prompts in five
+from the first token (docs/quantization.md).
+
+MatMulNBits's grid is `scale * (q - zero)` with an integer zero point. A Q4_1 block is
+`d * q + m` with a float minimum `m`, so its exact form is the integer grid `d * q` (zero point 0)
+plus, per block, `m` times the sum of the block's inputs: one small MatMul of the input's block
+sums by the blocks' minimums, added to the MatMulNBits output (`MINIMUMS`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from attnexport.errors import UsageError
+
+PRECISIONS = ("fp32", "fp16", "int8", "int4")
+QUANTIZED = {"int8": 8, "int4": 4}
+META = "attnexport.precision"
+BLOCKS = (16, 32, 64, 128)
+# MatMulNBits's accuracy_level: 0 computes with float activations; 4 quantizes each block of the
+# activations to int8 first (ONNX Runtime's fastest CPU kernels), 1 to 3 ask for fp32/fp16/bf16
+# compute, which ONNX Runtime's x86 CPU kernels treat as 0.
+ACCURACY_LEVELS = (0, 1, 2, 3, 4)
+# What the minimums of an exact float-minimum grid add: the suffix of its nodes and initializers.
+MINIMUMS = "_minimums"
+# Groups a --keep names: the vocabulary head, the first and last decoder layer, a layer by index.
+GROUP_WORDS = ("head", "first", "last")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one group of matrices is held: `bits` 0 keeps it in the model's float type; `accuracy`
+    is MatMulNBits's accuracy_level for it."""
+
+    bits: int
+    accuracy: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a model's weight matrices are quantized.
+
+    Attributes:
+        bits: the default width, 4 or 8.
+        block: the block size along the input axis (16, 32, 64 or 128).
+        accuracy: MatMulNBits's accuracy_level for every quantized matrix (0: float activations;
+            4: int8 activations, ONNX Runtime's fastest CPU path).
+        symmetric: ORT's quantizer without zero points (it is faster); a carried grid keeps its own.
+        keep: {group: Rule} overrides: a group is `head`, `layer:I` (negative counts from the last).
+    """
+
+    bits: int = 4
+    block: int = 32
+    accuracy: int = 4
+    symmetric: bool = True
+    keep: tuple = ()
+
+    def rule_for(self, group: str, layers: int) -> Rule:
+        rule = Rule(self.bits, self.accuracy)
+        for name, r in self.keep:
+            if _same_group(name, group, layers):
+                rule = r
+        return rule
+
+
+def _same_group(name: str, group: str, layers: int) -> bool:
+    if name == group:
+        return True
+    if name.startswith("layer:") and group.startswith("layer:"):
+        i = int(name.split(":")[1])
+        return (i % layers if layers else i) == int(group.split(":")[1])
+    return False
+
+
+def parse_keep(text: str | None, layers: int | None = None) -> tuple:
+    """`--keep` as ((group, Rule), ...): comma-separated GROUP or GROUP=HOW, GROUP one of `head`,
+    `first`, `last`, `layer:I` (I from 0, negative from the last), `layers:I-J`; HOW `fp32`
+    (the default: not quantized), `int8`, `int4`, or either with `@0`/`@4` for the accuracy level
+    (`head=int8@4`). A UsageError names what is wrong."""
+    if not text:
+        return ()
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, _, how = part.partition("=")
+        bits, accuracy = _how(how or "fp32", part)
+        for group in _groups(name.strip(), part):
+            out.append((group, Rule(bits, accuracy if accuracy is not None else -1)))
+    return tuple(out)
+
+
+def _how(how: str, part: str) -> tuple[int, int | None]:
+    width, _, level = how.partition("@")
+    widths = {"fp32": 0, "float": 0, "int8": 8, "int4": 4}
+    if width not in widths:
+        raise UsageError(f"--keep {part}: after '=' comes fp32, int8 or int4 (optionally @LEVEL), got {width!r}")
+    if level and (not level.isdigit() or int(level) not in ACCURACY_LEVELS):
+        raise UsageError(f"--keep {part}: the accuracy level after '@' is one of "
+                         f"{', '.join(map(str, ACCURACY_LEVELS))}, got {level!r}")
+    return widths[width], int(level) if level else None
+
+
+def _groups(name: str, part: str) -> list[str]:
+    if name == "head":
+        return ["head"]
+    if name == "first":
+        return ["layer:0"]
+    if name == "last":
+        return ["layer:-1"]
+    m = re.fullmatch(r"layers?:(-?\d+)(?:-(-?\d+))?", name)
+    if m is None:
+        raise UsageError(f"--keep {part}: a group is head, first, last, layer:I or layers:I-J, got {name!r}")
+    first, last = int(m.group(1)), int(m.group(2)) if m.group(2) else int(m.group(1))
+    if m.group(2) and last < first:
+        raise UsageError(f"--keep {part}: layers:I-J needs I <= J")
+    return [f"layer:{i}" for i in range(first, last + 1)]
+
+
+# --- where the weight matrices are ------------------------------------------------------------------
+
+@dataclass
+class Site:
+    """One MatMul whose second input is a constant (K, N) float matrix: its node, weight, the
+    parameters it holds (from the export's record: name -> the columns of the matrix it fills)
+    and the group it belongs to (`layer:I`, `head`, or `other`)."""
+
+    node: str
+    weight: str
+    input: str
+    k: int
+    n: int
+    params: dict
+    group: str
+
+
+def sites(model: onnx.ModelProto, vocab: int | None = None) -> list[Site]:
+    """Every MatMul with a constant 2-D float weight, in graph order, with the parameters the
+    export's record (`attnexport.params`) places in it and its group."""
+    inits = {i.name: i for i in model.graph.initializer}
+    meta = {p.key: p.value for p in model.metadata_props}
+    record = json.loads(meta.get("attnexport.params", "{}"))
+    held: dict[str, dict] = {}
+    for name, e in record.items():
+        if e.get("initializer"):
+            held.setdefault(e["initializer"], {})[name] = e.get("columns")
+    out = []
+    for node in model.graph.node:
+        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or node.input[1] not in inits:
+            continue
+        w = inits[node.input[1]]
+        if len(w.dims) != 2 or w.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
+            continue
+        params = held.get(node.input[1], {})
+        out.append(Site(node.name, node.input[1], node.input[0], int(w.dims[0]), int(w.dims[1]), params,
+                        _group(params, int(w.dims[1]), vocab)))
+    return out
+
+
+def _group(params: dict, n: int, vocab: int | None) -> str:
+    for name in params:
+        m = re.search(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.", name)
+        if m:
+            return f"layer:{m.group(1)}"
+    if vocab and n == vocab or any(re.search(r"(lm_head|embed_tokens|wte)\.weight$", p) for p in params):
+        return "head"
+    return "other"
+
+
+# --- grids a matrix already holds -------------------------------------------------------------------
+
+@dataclass
+class Grid:
+    """A (K, N) matrix as `scale * (q - zero) + minimum` per block of `block` rows and column:
+    q (K, N) integers, scale and minimum (K/block, N) float32, `zero` one integer for all."""
+
+    bits: int
+    block: int
+    q: np.ndarray
+    scale: np.ndarray
+    zero: int
+    minimum: np.ndarray | None  # None: no float minimum (a symmetric grid)
+
+    def values(self) -> np.ndarray:
+        """The matrix the grid holds, in float32 as MatMulNBits computes it (the minimum added
+        after)."""
+        rep = np.repeat(self.scale, self.block, axis=0)
+        w = rep * (self.q.astype(np.float32) - np.float32(self.zero))
+        if self.minimum is not None:
+            w = w + np.repeat(self.minimum, self.block, axis=0)
+        return w.astype(np.float32)
+
+
+def grid_of(w: np.ndarray, bits: int, block: int) -> Grid | None:
+    """The block grid `w` (K, N) float32 already holds, exactly, or None: a symmetric one
+    (`d * (q - 2**(bits-1))`, GGUF's Q4_0 and Q8_0) or one with a float minimum (`d * q + m`,
+    Q4_1). Scales and minimums must be fp16 values, as a GGUF block stores them, and the grid must
+    give back every weight bit for bit."""
+    w = np.asarray(w, np.float32)
+    k, n = w.shape
+    if k % block:
+        return None
+    blocks = w.reshape(k // block, block, n)
+    for grid in (_symmetric_grid(blocks, bits), _minimum_grid(blocks, bits)):
+        if grid is not None and np.array_equal(grid.values(), w):
+            return grid
+    return None
+
+
+def _fp16_exact(x: np.ndarray) -> np.ndarray:
+    return np.float32(x).astype(np.float16).astype(np.float32)
+
+
+def _symmetric_grid(blocks: np.ndarray, bits: int) -> Grid | None:
+    """q - zero in [-2**(bits-1), 2**(bits-1) - 1]: GGUF's Q4_0 takes the block's extreme as -8 steps
+    (its sign gives the scale's), Q8_0 the largest magnitude as 127 steps."""
+    zero = 2 ** (bits - 1)
+    with np.errstate(all="ignore"):
+        extreme = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None, :], axis=1)[:, 0, :]
+        scale = _fp16_exact(-extreme / zero) if bits == 4 else _fp16_exact(np.abs(extreme) / (zero - 1))
+        q = np.where(scale[:, None, :] != 0, np.rint(blocks / scale[:, None, :]), 0) + zero
+    if not np.isfinite(q).all() or q.min() < 0 or q.max() > 2 ** bits - 1:
+        return None
+    k = blocks.shape[0] * blocks.shape[1]
+    return Grid(bits, blocks.shape[1], q.reshape(k, -1).astype(np.uint8), scale, zero, None)
+
+
+def _minimum_grid(blocks: np.ndarray, bits: int) -> Grid | None:
+    """d * q + m, q in [0, 2**bits - 1]: GGUF's Q4_1 takes the block's least value as m, and d as
+    its range over 2**bits - 1 steps; both stored in fp16."""
+    low = blocks.min(axis=1)
+    if not np.array_equal(_fp16_exact(low), low):
+        return None
+    with np.errstate(all="ignore"):
+        scale = _fp16_exact((blocks.max(axis=1).astype(np.float64) - low) / (2 ** bits - 1))
+        q = np.where(scale[:, None, :] != 0, np.rint((blocks - low[:, None, :]) / scale[:, None, :]), 0)
+    if not np.isfinite(q).all() or q.min() < 0 or q.max() > 2 ** bits - 1:
+        return None
+    k = blocks.shape[0] * blocks.shape[1]
+    return Grid(bits, blocks.shape[1], q.reshape(k, -1).astype(np.uint8), scale, 0, low.astype(np.float32))
+
+
+# --- MatMulNBits's layout ---------------------------------------------------------------------------
+
+def pack(q: np.ndarray, bits: int, block: int) -> np.ndarray:
+    """(K, N) integers in [0, 2**bits) as MatMulNBits's B: (N, K/block, block*bits/8) bytes, each
+    column's blocks in order, two 4-bit values a byte with the first in the low half."""
+    k, n = q.shape
+    cols = np.ascontiguousarray(q.T.reshape(n, k // block, block)).astype(np.uint8)
+    if bits == 8:
+        return cols
+    return (cols[..., 0::2] | (cols[..., 1::2] << 4)).astype(np.uint8)
+
+
+def unpack(packed: np.ndarray, bits: int, k: int, n: int, block: int) -> np.ndarray:
+    """MatMulNBits's B back to (K, N) integers."""
+    packed = packed.reshape(n, -1)
+    if bits == 4:
+        low, high = packed & 0x0F, packed >> 4
+        packed = np.stack([low, high], axis=-1).reshape(n, -1)
+    return np.ascontiguousarray(packed[:, :k].T)
+
+
+def pack_zeros(zero: np.ndarray, bits: int) -> np.ndarray:
+    """(N, K/block) integer zero points as MatMulNBits's: 4-bit ones two a byte, low half first."""
+    if bits == 8:
+        return zero.astype(np.uint8)
+    n, blocks = zero.shape
+    if blocks % 2:
+        zero = np.concatenate([zero, np.zeros((n, 1), zero.dtype)], axis=1)
+    return (zero[:, 0::2] | (zero[:, 1::2] << 4)).astype(np.uint8)
+
+
+def unpack_zeros(packed: np.ndarray, bits: int, n: int, blocks: int) -> np.ndarray:
+    packed = packed.reshape(n, -1)
+    if bits == 8:
+        return packed[:, :blocks]
+    return np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(n, -1)[:, :blocks]
+
+
+# --- quantizing a model ------------------------------------------------------------------------------
+
+@dataclass
+class Quantized:
+    """What `quantize` did to each matrix (a Site's node, its group, bits, accuracy level, and how:
+    `exact` (a grid it held, carried), `ort` (ONNX Runtime's quantizer) or `kept`), for the
+    metadata and the report."""
+
+    plan: Plan
+    entries: list = field(default_factory=list)
+
+    def meta(self) -> str:
+        return json.dumps({"plan": {**asdict(self.plan), "keep": [[g, asdict(r)] for g, r in self.plan.keep]},
+                           "matrices": self.entries}, sort_keys=True)
+
+    def counts(self) -> dict:
+        out: dict = {}
+        for e in self.entries:
+            key = "kept" if e["how"] == "kept" else f"{e['how']} {e['bits']}-bit"
+            out[key] = out.get(key, 0) + 1
+        return out
+
+    def summary(self) -> str:
+        total = len(self.entries)
+        parts = [f"{v} {k}" for k, v in sorted(self.counts().items())]
+        return f"{total} weight matrices: " + ", ".join(parts)
+
+
+def quantize(model: onnx.ModelProto, plan: Plan, layers: int, vocab: int | None = None) -> Quantized:
+    """Replaces, in place, each constant weight matrix of a MatMul by MatMulNBits as `plan` says
+    for its group: carried exactly where it holds a grid of the bits asked for, else through ONNX
+    Runtime's quantizer. Returns what was done; `model` gets the record (`META`)."""
+    found = sites(model, vocab)
+    if not found:
+        raise UsageError("the model has no MatMul with a constant weight matrix: there is nothing to quantize")
+    inits = {i.name: i for i in model.graph.initializer}
+    done = Quantized(plan)
+    by_bits: dict[int, list[Site]] = {4: [], 8: []}
+    exact: list[tuple[Site, Grid, Rule]] = []
+    for s in found:
+        rule = plan.rule_for(s.group, layers)
+        if rule.accuracy < 0:
+            rule = Rule(rule.bits, plan.accuracy)
+        if rule.bits == 0 or s.k % plan.block:
+            done.entries.append(_entry(s, 0, -1, "kept", plan.block))
+            continue
+        w = numpy_helper.to_array(inits[s.weight]).astype(np.float32)
+        grid = grid_of(w, rule.bits, plan.block)
+        if grid is not None:
+            exact.append((s, grid, rule))
+        else:
+            by_bits[rule.bits].append(s)
+        done.entries.append(_entry(s, rule.bits, rule.accuracy, "exact" if grid is not None else "ort", plan.block))
+    for s, grid, _ in exact:
+        _carry(model, s, grid)
+    for bits, group in by_bits.items():
+        if group:
+            _ort_quantize(model, group, bits, plan)
+    levels = {e["node"]: e["accuracy"] for e in done.entries if e["bits"]}
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            name = node.name[:-len(f"_Q{_attr(node, 'bits')}")] if node.name.endswith(("_Q4", "_Q8")) else node.name
+            level = levels.get(name)
+            if level is not None:
+                _set_attr(node, "accuracy_level", level)
+    _drop_unused(model)
+    _fingerprint(model, done)
+    meta = {p.key: p.value for p in model.metadata_props}
+    meta[META] = done.meta()
+    if "attnexport.params" in meta:
+        meta["attnexport.params"] = json.dumps(_params_record(json.loads(meta["attnexport.params"]), done, model),
+                                               sort_keys=True)
+    del model.metadata_props[:]
+    for key, value in meta.items():
+        model.metadata_props.add(key=key, value=value)
+    return done
+
+
+def _params_record(record: dict, done: Quantized, model) -> dict:
+    """The export's parameter record with each parameter now held in a quantized matrix marked so
+    (`quantized`: its MatMulNBits node): its sha256 stays that of its float value as exported, which
+    verify compares with the source model's; the file's own tensors are checked against the
+    precision record (`damaged`). A parameter the graph still reads as a float initializer elsewhere
+    (the embedding of a tied head) keeps its entry."""
+    still = {i for n in model.graph.node for i in n.input}
+    out = dict(record)
+    for e in done.entries:
+        if not e["bits"]:
+            continue
+        for name in e["params"]:
+            entry = out.get(name)
+            if entry is not None and entry.get("initializer") not in still:
+                out[name] = {**entry, "quantized": f"{e['node']}_Q{e['bits']}"}
+    return out
+
+
+def _entry(s: Site, bits: int, accuracy: int, how: str, block: int) -> dict:
+    return {"node": s.node, "weight": s.weight, "group": s.group, "k": s.k, "n": s.n, "bits": bits,
+            "accuracy": accuracy, "how": how, "block": block, "params": s.params}
+
+
+def _attr(node, name: str, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def _set_attr(node, name: str, value) -> None:
+    kept = [a for a in node.attribute if a.name != name]
+    del node.attribute[:]
+    node.attribute.extend(kept)
+    if value:  # 0 is the attribute's default; left out as ONNX Runtime's quantizer leaves it out
+        node.attribute.append(helper.make_attribute(name, value))
+
+
+def _carry(model: onnx.ModelProto, s: Site, grid: Grid) -> None:
+    """The MatMul at `s` replaced by MatMulNBits holding `grid` exactly (plus the minimums' MatMul
+    for a float-minimum grid)."""
+    base = s.weight
+    blocks = s.k // grid.block
+    inits = [numpy_helper.from_array(pack(grid.q, grid.bits, grid.block), f"{base}_Q{grid.bits}"),
+             numpy_helper.from_array(np.ascontiguousarray(grid.scale.T).astype(np.float32), f"{base}_scales")]
+    inputs = [s.input, inits[0].name, inits[1].name]
+    if grid.minimum is not None or grid.zero != 2 ** (grid.bits - 1):
+        zeros = np.full((s.n, blocks), grid.zero, np.uint8)
+        inits.append(numpy_helper.from_array(pack_zeros(zeros, grid.bits), f"{base}_zero_points"))
+        inputs.append(inits[-1].name)
+    nodes = []
+    for i, node in enumerate(model.graph.node):
+        if node.name == s.node:
+            out = node.output[0]
+            product = f"{out}_grid" if grid.minimum is not None else out
+            nodes.append(helper.make_node("MatMulNBits", inputs, [product], name=f"{s.node}_Q{grid.bits}",
+                                          domain="com.microsoft", K=s.k, N=s.n, bits=grid.bits,
+                                          block_size=grid.block))
+            if grid.minimum is not None:
+                minimums = numpy_helper.from_array(grid.minimum.astype(np.float32), f"{base}{MINIMUMS}")
+                inits.append(minimums)
+                sums = _block_sums(model, nodes, inits, s.input, s.k, grid.block)
+                nodes += [helper.make_node("MatMul", [sums, minimums.name], [f"{out}{MINIMUMS}"],
+                                           name=f"{s.node}{MINIMUMS}"),
+                          helper.make_node("Add", [product, f"{out}{MINIMUMS}"], [out], name=f"{s.node}{MINIMUMS}_add")]
+            nodes += list(model.graph.node)[i + 1:]
+            break
+        nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.graph.initializer.extend(inits)
+    _ensure_domain(model)
+
+
+def _block_sums(model, nodes: list, inits: list, x: str, k: int, block: int) -> str:
+    """The name of `x`'s sums over each block of `block` values of its last axis (..., K/block), a
+    MatMul by a (K, K/block) matrix of ones, made once per input: the inputs several matrices share
+    (a layer's gate and up projections) are summed once."""
+    name = f"{x}_block_sums"
+    if not any(name in n.output for n in nodes):
+        ones = np.kron(np.eye(k // block, dtype=np.float32), np.ones((block, 1), np.float32))  # (K, K/block)
+        inits.append(numpy_helper.from_array(ones, f"{name}_ones"))
+        nodes.append(helper.make_node("MatMul", [x, f"{name}_ones"], [name], name=name))
+    return name
+
+
+def _ensure_domain(model) -> None:
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+
+
+def _ort_quantize(model: onnx.ModelProto, group: list[Site], bits: int, plan: Plan) -> None:
+    """ONNX Runtime's blockwise quantizer (round to nearest) on the MatMuls of `group` only."""
+    import logging
+
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    chosen = {s.node for s in group}
+    others = [n.name for n in model.graph.node if n.name not in chosen]
+    logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)
+    q = MatMulNBitsQuantizer(model, bits=bits, block_size=plan.block, is_symmetric=plan.symmetric,
+                             accuracy_level=None, nodes_to_exclude=others, op_types_to_quantize=("MatMul",))
+    q.process()
+    out = q.model.model
+    if out is not model:
+        model.CopyFrom(out)
+    _ensure_domain(model)
+
+
+def _drop_unused(model: onnx.ModelProto) -> None:
+    used = {i for n in model.graph.node for i in n.input}
+    kept = [i for i in model.graph.initializer if i.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+
+
+# --- reading a quantized model back ---------------------------------------------------------------------
+
+def record_of(model: onnx.ModelProto) -> dict | None:
+    """The record `quantize` left (`META`), or None for a model that is not quantized."""
+    for p in model.metadata_props:
+        if p.key == META:
+            return json.loads(p.value)
+    return None
+
+
+def _nbits_node(model, entry: dict):
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits" and node.name in (f"{entry['node']}_Q{entry['bits']}",):
+            return node
+    return None
+
+
+def matrix(model: onnx.ModelProto, entry: dict, inits: dict | None = None) -> np.ndarray | None:
+    """The (K, N) float32 matrix a quantized entry computes with, decoded from the file (its
+    minimums added); None when its tensors are not in the file."""
+    inits = inits if inits is not None else {i.name: i for i in model.graph.initializer}
+    node = _nbits_node(model, entry)
+    if node is None:
+        return None
+    bits, block, k, n = entry["bits"], int(_attr(node, "block_size")), entry["k"], entry["n"]
+    blocks = -(-k // block)
+    try:
+        q = unpack(numpy_helper.to_array(inits[node.input[1]]), bits, blocks * block, n, block)[:k]
+        scale = numpy_helper.to_array(inits[node.input[2]]).astype(np.float32).reshape(n, blocks).T
+        if len(node.input) > 3 and node.input[3]:
+            zero = unpack_zeros(numpy_helper.to_array(inits[node.input[3]]), bits, n, blocks).T.astype(np.float32)
+        else:
+            zero = np.full((blocks, n), 2 ** (bits - 1), np.float32)
+    except KeyError:
+        return None
+    w = np.repeat(scale, block, axis=0)[:k] * (q.astype(np.float32) - np.repeat(zero, block, axis=0)[:k])
+    minimums = inits.get(f"{entry['weight']}{MINIMUMS}")
+    if minimums is not None:
+        w = w + np.repeat(numpy_helper.to_array(minimums).astype(np.float32), block, axis=0)[:k]
+    return w.astype(np.float32)
+
+
+def _tensors_of(model, entry: dict) -> list[str]:
+    node = _nbits_node(model, entry)
+    names = [i for i in node.input[1:] if i] if node is not None else []
+    return names + ([f"{entry['weight']}{MINIMUMS}"] if entry["how"] == "exact" and
+                    any(i.name == f"{entry['weight']}{MINIMUMS}" for i in model.graph.initializer) else [])
+
+
+def _digest(model, names: list[str], inits: dict) -> str:
+    h = hashlib.sha256()
+    for name in names:
+        h.update(name.encode())
+        h.update(numpy_helper.to_array(inits[name]).tobytes())
+    return h.hexdigest()
+
+
+def _fingerprint(model, done: Quantized) -> None:
+    inits = {i.name: i for i in model.graph.initializer}
+    for e in done.entries:
+        if e["bits"]:
+            e["tensors"] = _tensors_of(model, e)
+            e["sha256"] = _digest(model, e["tensors"], inits)
+
+
+def damaged(model: onnx.ModelProto, record: dict | None = None) -> list[str]:
+    """The quantized matrices whose tensors differ from the sha256 recorded when they were made
+    (or are gone), by node."""
+    record = record if record is not None else record_of(model)
+    if not record:
+        return []
+    inits = {i.name: i for i in model.graph.initializer}
+    bad = []
+    for e in record["matrices"]:
+        if not e["bits"]:
+            continue
+        if any(t not in inits for t in e.get("tensors", [])) or _digest(model, e["tensors"], inits) != e["sha256"]:
+            bad.append(e["node"])
+    return bad
+
+
+def dequantized_params(model: onnx.ModelProto, record: dict | None = None) -> dict[str, np.ndarray]:
+    """{parameter name: the float32 value the file computes with} for every parameter held in a
+    quantized matrix, in the module's layout ((out, in), as torch's Linear holds it)."""
+    record = record if record is not None else record_of(model)
+    inits = {i.name: i for i in model.graph.initializer}
+    out = {}
+    for e in record["matrices"] if record else []:
+        if not e["bits"]:
+            continue
+        w = matrix(model, e, inits)
+        if w is None:
+            continue
+        for name, columns in e["params"].items():
+            block = w if columns is None else w[:, columns[0]:columns[1]]
+            out[name] = np.ascontiguousarray(block.T)
+    return out
+
+
+# --- what a precision means by default, and the checks of a quantized export -------------------------
+
+# The plans `--precision int8|int4` start from (docs/quantization.md has the measurements behind
+# them): blocks of 32 along the input axis, int8 activations (accuracy level 4, ONNX Runtime's
+# fastest CPU kernels), zero points (ORT's asymmetric quantizer is the more accurate), and for int4
+# the vocabulary head at 8 bits: on SmolLM2-135M it is, with the last layer, the group that costs
+# most when quantized alone.
+DEFAULT_PLANS = {
+    "int8": Plan(bits=8, block=32, accuracy=4, symmetric=False),
+    "int4": Plan(bits=4, block=32, accuracy=4, symmetric=False, keep=(("head", Rule(8, -1)),)),
+}
+
+
+def plan_for(precision: str, block: int | None = None, accuracy: int | None = None, keep: str | None = None,
+             symmetric: bool | None = None) -> Plan:
+    """The plan of `--precision` with `--block-size`, `--accuracy-level`, `--keep` and
+    `--symmetric` applied; a UsageError names a bad value."""
+    if precision not in QUANTIZED:
+        raise UsageError(f"--precision {precision} quantizes nothing: --block-size, --accuracy-level, --keep and "
+                         f"--symmetric go with {' or '.join(QUANTIZED)}")
+    base = DEFAULT_PLANS[precision]
+    if block is not None and block not in BLOCKS:
+        raise UsageError(f"--block-size is one of {', '.join(map(str, BLOCKS))}, got {block}")
+    if accuracy is not None and accuracy not in ACCURACY_LEVELS:
+        raise UsageError(f"--accuracy-level is one of {', '.join(map(str, ACCURACY_LEVELS))}, got {accuracy}")
+    return Plan(bits=base.bits, block=block or base.block, accuracy=base.accuracy if accuracy is None else accuracy,
+                symmetric=base.symmetric if symmetric is None else symmetric,
+                keep=base.keep if keep is None else parse_keep(keep))
+
+
+def unfaithful(before: dict, model: onnx.ModelProto, record: dict | None = None) -> list[str]:
+    """The quantized matrices that are not a quantization of the float matrices they replaced
+    (`before`: {weight initializer: (K, N) array}): a carried grid must give back every weight bit
+    for bit, ONNX Runtime's rounding every weight within one step of its block's scale. Each
+    problem in a few words, by node."""
+    record = record if record is not None else record_of(model)
+    inits = {i.name: i for i in model.graph.initializer}
+    bad = []
+    for e in record["matrices"] if record else []:
+        if not e["bits"]:
+            continue
+        w, got = before.get(e["weight"]), matrix(model, e, inits)
+        if w is None or got is None:
+            bad.append(f"{e['node']}: its tensors are missing")
+            continue
+        err = np.abs(got.astype(np.float64) - w)
+        if e["how"] == "exact":
+            if err.max() > 0:
+                bad.append(f"{e['node']}: carried as exact but {int((err > 0).sum())} weight(s) differ (max "
+                           f"{err.max():.3g})")
+            continue
+        node = _nbits_node(model, e)
+        blocks = -(-e["k"] // e["block"])
+        scale = np.abs(numpy_helper.to_array(inits[node.input[2]]).astype(np.float64).reshape(e["n"], blocks).T)
+        step = np.repeat(scale, e["block"], axis=0)[:e["k"]]
+        over = err > step * (1 + 1e-6) + 1e-12
+        if over.any() or not np.isfinite(got).all():
+            bad.append(f"{e['node']}: {int(over.sum())} weight(s) more than one step of their block's scale from the "
+                       f"float weight (max error {err.max():.3g})")
+    return bad
+
+
+def float_activations(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of a quantized model with every MatMulNBits at accuracy level 0 (float activations):
+    it computes with exactly the weights the file holds, so it is checked against them in float64
+    with fp32's budget."""
+    twin = onnx.ModelProto()
+    twin.CopyFrom(model)
+    for node in twin.graph.node:
+        if node.op_type == "MatMulNBits":
+            _set_attr(node, "accuracy_level", 0)
+    return twin
