@@ -493,14 +493,27 @@ def _export_hf(path, flavor, opset, dtype, seed, output, deploy, rtol, atol, qua
     return result
 
 
-def _bench_hf(path, contexts, flavors, threads, warmup, iters, seed, genai_python, as_json):
+def _precisions(text, flag, valid) -> tuple:
+    """`--precision a,b` as a tuple, each checked; None: fp32 alone."""
+    if text is None:
+        return ("fp32",)
+    names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    bad = [n for n in names if n not in valid]
+    if bad or not names:
+        raise UsageError(f"{flag} takes {', '.join(valid)} separated by commas, got {text!r}")
+    return names
+
+
+def _bench_hf(path, contexts, flavors, threads, warmup, iters, seed, genai_python, precisions, genai_precisions,
+              as_json):
     import os
 
     from attnexport import hf_bench
     request = hf_bench.HFBenchRequest(path, tuple(contexts or hf_bench.CONTEXTS),
                                       flavors=tuple(flavors) or ("ort", "attention", "primitives"),
                                       threads=threads or os.cpu_count() or 1, iters=iters, warmup=warmup, seed=seed,
-                                      genai_python=genai_python)
+                                      genai_python=genai_python, precisions=precisions,
+                                      genai_precisions=genai_precisions)
     rows, info = hf_bench.bench_hf(request, said=(lambda text: None) if as_json else
                                    (lambda text: click.echo(f"timing {text}", err=True)))
     if as_json:
@@ -510,12 +523,13 @@ def _bench_hf(path, contexts, flavors, threads, warmup, iters, seed, genai_pytho
                f"thread(s); memory read bandwidth {info['bandwidth_gbs']:.1f} GB/s")
     for row in rows:
         if row.median_ms != row.median_ms:  # NaN: the export failed
-            click.echo(f"{row.engine} {row.form} {row.flavor}: {row.note}")
+            click.echo(f"{row.engine} {row.precision} {row.form} {row.flavor}: {row.note}")
             continue
         ratio = f", {row.ratio_to_transformers:.2f}x transformers" if row.ratio_to_transformers else ""
         band = f", {row.bandwidth_fraction:.2f} of the memory bandwidth" if row.bandwidth_fraction is not None else ""
         agree = hf_bench.agreement_text(row.agreement)
-        click.echo(f"{row.phase:7s} {row.context:>5d}  {row.engine} {row.form} {row.flavor} ({row.mode}): "
+        click.echo(f"{row.phase:7s} {row.context:>5d}  {row.engine} {row.precision} {row.form} {row.flavor} "
+                   f"({row.mode}): "
                    f"{row.median_ms:.3f} ms (p10 {row.p10_ms:.3f}, p90 {row.p90_ms:.3f}), "
                    f"{row.tokens_per_s:,.0f} tokens/s{ratio}{band}" + (f"; {agree}" if agree else "")
                    + (f"; {row.note}" if row.note else ""))
@@ -939,6 +953,11 @@ def _print_bench(rows, variant, dtype):
 @click.option("--genai-python", default=None, metavar="PYTHON",
               help="With --hf: the Python that runs onnxruntime-genai's model builder (default: this one; the "
                    "builder may want another transformers than Optimum).")
+@click.option("--precision", "precisions", default=None, metavar="P,...",
+              help="With --hf: attnexport's precisions to time (fp32, fp16, int8, int4; default fp32), each beside "
+                   "its accuracy.")
+@click.option("--genai-precision", "genai_precisions", default=None, metavar="P,...",
+              help="With --hf: onnxruntime-genai builder's precisions to time (its -p: fp32, int4; default fp32).")
 @click.option("--input", "input_specs", multiple=True, metavar="NAME:SHAPE[:DTYPE]",
               help="With --module: an example input (repeatable; default: the NAME function's).")
 @click.option("--batch", default=None, help="Batch size, or several separated by commas.")
@@ -964,8 +983,9 @@ def _print_bench(rows, variant, dtype):
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a latency chart (PNG).")
 @_variant_options(exclude=("batch", "seq", "kv_seq"))
 @reports_errors
-def bench(variant, module_spec, hf_path, genai_python, input_specs, batch, seq, kv_seq, decode, context, runtimes,
-          flavors, dtype, warmup, iters, cuda_graph, threads, repeat, seed, as_json, plot, **options):
+def bench(variant, module_spec, hf_path, genai_python, precisions, genai_precisions, input_specs, batch, seq, kv_seq,
+          decode, context, runtimes, flavors, dtype, warmup, iters, cuda_graph, threads, repeat, seed, as_json, plot,
+          **options):
     """Time a variant on every runtime and flavor against PyTorch eager.
 
     Examples: attnexport bench --variant mha --runtimes torch,ort-cpu --batch 8 --seq 512 --dim 512 --heads 8;
@@ -975,15 +995,16 @@ def bench(variant, module_spec, hf_path, genai_python, input_specs, batch, seq, 
 
     if sum(x is not None for x in (variant, module_spec, hf_path)) != 1:
         raise UsageError("give --variant NAME, --module FILE.py:NAME or --hf PATH (one of them)")
-    if genai_python is not None and hf_path is None:
-        raise UsageError("--genai-python goes with --hf")
+    if (genai_python or precisions or genai_precisions) is not None and hf_path is None:
+        raise UsageError("--genai-python, --precision and --genai-precision go with --hf")
     if hf_path is not None:
         if not decode or _given(options) or input_specs or batch or seq or kv_seq or cuda_graph or plot or \
                 dtype != "fp32" or (runtimes and runtimes != ["ort-cpu"]):
             raise UsageError("--hf takes --decode with --context, --flavor, --threads, --warmup, --iters, --seed and "
                              "--json (fp32 on ort-cpu, beside transformers and Optimum)")
         _bench_hf(hf_path, _int_list("--context", context), flavors, threads, warmup, iters, seed, genai_python,
-                  as_json)
+                  _precisions(precisions, "--precision", PRECISIONS), _precisions(genai_precisions, "--genai-precision",
+                                                                                   ("fp32", "int4")), as_json)
         return
     if module_spec is not None:
         weights = _module_weights(options)

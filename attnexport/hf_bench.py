@@ -54,6 +54,9 @@ class HFBenchRequest:
     # The Python that runs onnxruntime-genai's model builder (it may need another transformers
     # than Optimum does); None: this one.
     genai_python: str | None = None
+    # attnexport's precisions (`export --precision`) and onnxruntime-genai's builder's (`-p`), each timed.
+    precisions: tuple = ("fp32",)
+    genai_precisions: tuple = ("fp32",)
 
 
 @dataclass
@@ -75,8 +78,10 @@ class HFBenchRow:
     step_bytes: int | None = None
     note: str = ""
     # What the engine's answers cost: its greedy tokens against transformers' (AGREEMENT_TOKENS after
-    # each prompt), measured once per engine and shown beside each of its times.
+    # each prompt) and, for an ONNX step graph, teacher-forced KL, top-1 and perplexity against the fp32
+    # model (`attnexport.accuracy`), measured once per engine and shown beside each of its times.
     agreement: dict | None = None
+    precision: str = "fp32"
 
 
 def _timed(fn, warmup: int, iters: int) -> tuple[float, float, float]:
@@ -88,6 +93,31 @@ def _timed(fn, warmup: int, iters: int) -> tuple[float, float, float]:
         fn()
         ms.append((time.perf_counter() - started) * 1e3)
     return stats_of(ms)
+
+
+def cache_bytes(layout: hf.Layout, context: int, itemsize: int = 4) -> int:
+    """Each layer's cached keys and values up to `context`, read once."""
+    return 2 * layout.layers * layout.kv_heads * context * layout.head_dim * itemsize
+
+
+def file_weight_bytes(path) -> int:
+    """The least bytes of an ONNX file's weights one decode step reads: every initializer once, but
+    of a table only gathered (an input embedding the head does not read), one row. Quantized and
+    half-precision files count as they store their weights (packed 4-bit blocks, their scales)."""
+    import onnx
+    model = onnx.load(str(path), load_external_data=True)
+    readers: dict[str, set] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, set()).add(node.op_type)
+    total = 0
+    for init in model.graph.initializer:
+        size = onnx.numpy_helper.to_array(init).nbytes
+        if readers.get(init.name, set()) <= {"Gather", "GatherBlockQuantized"} and init.dims:
+            rows = max(int(d) for d in init.dims)  # the vocabulary axis: one of its rows is gathered
+            size //= rows
+        total += size
+    return total
 
 
 def step_bytes(model, layout: hf.Layout, context: int) -> int:
@@ -226,6 +256,13 @@ class _Engine:
     note: Callable = lambda context: ""
     generate: Callable | None = None  # (prompt ids, new tokens) -> the greedy tokens it generates
     release: Callable = lambda: None  # what it holds between contexts, given back
+    precision: str = "fp32"
+    step: Callable | None = None  # () -> (its step graph's run function, its layout): teacher-forced accuracy
+    path: Path | None = None  # its ONNX file (what a lossy engine's step reads)
+
+    @property
+    def key(self) -> tuple:
+        return (self.engine, self.form, self.flavor, self.precision)
 
 
 # At each context every engine's decode step is warmed up first, then each engine's runs are timed
@@ -255,16 +292,18 @@ def bench_hf(request: HFBenchRequest, said=lambda text: None) -> tuple[list[HFBe
                            lambda c: _transformers_decode(model, layout, c),
                            lambda c: _transformers_prefill(model, layout, c),
                            generate=lambda ids, n: hf.reference_generation(model, layout, [ids], n).tokens[0])]
-        for form in r.forms:
-            for flavor in r.flavors:
-                said(f"exporting attnexport {form} {flavor}")
-                made = _attnexport_engine(weights, form, flavor, r, Path(tmp))
-                if isinstance(made, HFBenchRow):
-                    rows.append(made)
-                else:
-                    engines.append(made)
+        for precision in r.precisions:
+            for form in r.forms:
+                for flavor in r.flavors:
+                    said(f"exporting attnexport {form} {flavor} {precision}")
+                    made = _attnexport_engine(weights, form, flavor, r, Path(tmp), precision)
+                    if isinstance(made, HFBenchRow):
+                        rows.append(made)
+                    else:
+                        engines.append(made)
         engines += _optimum_engines(weights, layout, r, Path(tmp), info, said)
-        engines += _genai_engines(weights, model.config.model_type, r, Path(tmp), info, said)
+        for precision in r.genai_precisions:
+            engines += _genai_engines(weights, model.config.model_type, r, Path(tmp), info, said, precision)
         # The memory's read rate: the faster of a large reduction (what bench --decode uses) and
         # the one-row MatMul a step's projections are, both over 512 MiB on the run's threads,
         # measured before each context's timings and after the last (a shared machine's rate
@@ -277,8 +316,11 @@ def bench_hf(request: HFBenchRequest, said=lambda text: None) -> tuple[list[HFBe
         probes.append((memory_bandwidth(r.threads), gemv_bandwidth(r.threads)))
         said("generating with every engine")
         agreements = _agreements(engines, model, layout, r)
+        # A lossy engine's weights are what its file holds: its step reads those bytes.
+        weight_bytes = {(e.engine, e.precision): file_weight_bytes(e.path) for e in engines
+                        if e.precision != "fp32" and e.path is not None}
     for row in rows:
-        row.agreement = agreements.get((row.engine, row.form, row.flavor))
+        row.agreement = agreements.get((row.engine, row.form, row.flavor, row.precision))
     reduction, gemv = max(p[0] for p in probes), max(p[1] for p in probes)
     bandwidth = max(reduction, gemv)
     info.update(bandwidth_gbs=bandwidth / 1e9, reduction_gbs=reduction / 1e9, gemv_gbs=gemv / 1e9,
@@ -289,7 +331,9 @@ def bench_hf(request: HFBenchRequest, said=lambda text: None) -> tuple[list[HFBe
         base = eager.get((row.phase, row.context))
         row.ratio_to_transformers = base / row.median_ms if base else None
         if row.phase == "decode" and row.median_ms == row.median_ms:
-            row.step_bytes = step_bytes(model, layout, row.context)
+            held = weight_bytes.get((row.engine, row.precision))
+            row.step_bytes = step_bytes(model, layout, row.context) if held is None else \
+                held + cache_bytes(layout, row.context, 2 if row.precision == "fp16" else 4)
             row.bandwidth_gbs = bandwidth / 1e9
             row.bandwidth_fraction = row.step_bytes / (row.median_ms * 1e-3) / bandwidth
             if row.bandwidth_fraction > 1:
@@ -304,13 +348,17 @@ def _timed_at(engines: list[_Engine], context: int, r: HFBenchRequest) -> list[H
     for call in calls:
         for _ in range(r.warmup):
             call()
-    rows = [_row(e.engine, e.form, e.flavor, e.mode, "decode", context, _timed(call, SETTLE, r.iters), r.threads,
-                 e.note(context)) for e, call in zip(engines, calls, strict=True)]
+    rows = []
+    for e, call in zip(engines, calls, strict=True):
+        rows.append(_row(e.engine, e.form, e.flavor, e.mode, "decode", context, _timed(call, SETTLE, r.iters),
+                         r.threads, e.note(context)))
+        rows[-1].precision = e.precision
     del calls
     for e in engines:
         if r.prefill and e.prefill is not None:
             rows.append(_row(e.engine, e.form, e.flavor, e.mode, "prefill", context, _timed(e.prefill(context), 1, 3),
                              r.threads))
+            rows[-1].precision = e.precision
         e.release()
     return rows
 
@@ -318,28 +366,46 @@ def _timed_at(engines: list[_Engine], context: int, r: HFBenchRequest) -> list[H
 def _agreements(engines: list[_Engine], model, layout: hf.Layout, r: HFBenchRequest) -> dict:
     """{(engine, form, flavor): its agreement with transformers' greedy tokens}: per prompt, the
     first token that differs (None: all AGREEMENT_TOKENS equal), and the tokens equal in all."""
+    from attnexport import accuracy as A
     tokenizer = hf.tokenizer_of(r.source)
     prompts = HR.prompts(tokenizer, layout, AGREEMENT_LENGTHS, seed=5)
     want = [hf.reference_generation(model, layout, [p], AGREEMENT_TOKENS).tokens[0] for p in prompts]
+    base = A.baseline(HR.Reference(model, hf.layout_of(model, "none")), tokenizer, prompts[:1], 1) \
+        if any(e.step is not None for e in engines) else None
     out: dict[tuple, dict] = {}
     for e in engines:
         if e.generate is None:
             continue
         try:
             got = [np.asarray(e.generate(p, AGREEMENT_TOKENS)) for p in prompts]
+            teacher = _teacher_forced(e, base) if base is not None and e.step is not None else None
         except Exception as x:  # noqa: BLE001 - an engine failing to generate: said beside its times
-            out[(e.engine, e.form, e.flavor)] = {"error": reason(x)}
+            out[e.key] = {"error": reason(x)}
             continue
         finally:
             e.release()
         first = [_first_difference(g, w) for g, w in zip(got, want, strict=True)]
-        out[(e.engine, e.form, e.flavor)] = {
+        out[e.key] = {**(teacher or {}),
             "prompts": len(prompts), "new_tokens": AGREEMENT_TOKENS, "first_difference": first,
             "equal_prompts": sum(f is None for f in first), "real_prompts": tokenizer is not None,
             "compared_tokens": int(sum(min(len(g), len(w)) for g, w in zip(got, want, strict=True))),
             "equal_tokens": int(sum(min(len(g), len(w)) if f is None else f for g, w, f in zip(got, want, first,
                                                                                                 strict=True)))}
     return out
+
+
+def _teacher_forced(e: _Engine, base) -> dict:
+    """An ONNX engine's teacher-forced cost on accuracy.EVAL_TEXT and HELD_OUT against the fp32 model:
+    mean KL, top-1 agreement, perplexity growth (`attnexport.accuracy`)."""
+    from attnexport import accuracy as A
+    assert e.step is not None
+    run, layout = e.step()
+    got = hf.stepped_logits(run, layout, base.eval_ids, A.PREFILL, 1)[0]
+    held = hf.stepped_logits(run, layout, base.held_ids, A.PREFILL, 1)[0]
+    ppl, ppl32 = A.perplexity(held, base.held_ids[0]), A.perplexity(base.held32, base.held_ids[0])
+    return {"kl_mean": float(A.kl_per_position(base.eval32, got).mean()),
+            "top1": float((base.eval32.argmax(-1) == got.argmax(-1)).mean()), "perplexity": ppl,
+            "perplexity_fp32": ppl32, "perplexity_delta": ppl / ppl32 - 1, "teacher_forced_tokens": int(got.shape[0])}
 
 
 def _first_difference(got: np.ndarray, want: np.ndarray) -> int | None:
@@ -362,11 +428,13 @@ def agreement_text(a: dict | None) -> str:
         return f"no generation: {a['error']}"
     total = a["prompts"] * a["new_tokens"]
     stopped = a["compared_tokens"] < total
+    teacher = (f"; KL {a['kl_mean']:.2g}, top-1 {a['top1']:.0%}, perplexity {a['perplexity_delta']:+.1%}"
+               if "kl_mean" in a else "")
     if a["equal_prompts"] == a["prompts"]:
         return f"{a['equal_tokens']}/{a['compared_tokens']} greedy tokens as transformers" + \
-            (" (it stops at its end-of-sequence token)" if stopped else "")
+            (" (it stops at its end-of-sequence token)" if stopped else "") + teacher
     firsts = ", ".join("-" if f is None else str(f) for f in a["first_difference"])
-    return f"{a['equal_tokens']}/{total} greedy tokens as transformers; first departure per prompt: {firsts}"
+    return f"{a['equal_tokens']}/{total} greedy tokens as transformers; first departure per prompt: {firsts}" + teacher
 
 
 def _session_runner(session):
@@ -377,23 +445,26 @@ def _session_runner(session):
                                  strict=True))
 
 
-def _attnexport_engine(weights: Path, form: str, flavor: str, r: HFBenchRequest, tmp: Path):
-    """The engine of one form and flavour, or a row saying why the export failed."""
-    max_seq = max(max(r.contexts) + 1, AGREEMENT_TOKENS + 64)  # the generation's prompts fit too
-    path = tmp / f"{form}-{flavor}.onnx"
+def _attnexport_engine(weights: Path, form: str, flavor: str, r: HFBenchRequest, tmp: Path, precision: str = "fp32"):
+    """The engine of one form, flavour and precision, or a row saying why the export failed."""
+    from attnexport import accuracy as A
+    max_seq = max(max(r.contexts) + 1, AGREEMENT_TOKENS + 64, A.TOKENS)  # the accuracy's prompts and texts fit too
+    path = tmp / f"{form}-{flavor}-{precision}.onnx"
     try:
-        request = hf_export.HFExport(weights, form, max_seq if form == "static" else 0, flavor, output=path)
+        request = hf_export.HFExport(weights, form, max_seq if form == "static" else 0, flavor, output=path,
+                                     precision=precision)
         result, layout = hf_export.export_hf(request)
     except Exception as e:  # noqa: BLE001 - a flavour that cannot express the model is a row saying why
         return HFBenchRow("attnexport", form, flavor, "-", "decode", 0, float("nan"), float("nan"), float("nan"),
-                          0.0, r.threads, note=f"export failed: {reason(e)}")
+                          0.0, r.threads, note=f"export failed: {reason(e)}", precision=precision)
     sessions = _Sessions(path, r.threads)
     in_place = form == "static" and result.attention_op == "com.microsoft.GroupQueryAttention"
     mode = "in-place (IO binding)" if in_place else "copies" if form == "static" else "concat"
     return _Engine("attnexport", form, flavor, mode, lambda c: _decode_call(sessions.get(), layout, c, in_place),
                    lambda c: _prefill_call(sessions.get(), layout, c),
                    generate=lambda ids, n: hf.generate(_session_runner(sessions.get()), layout, [ids], n).tokens[0],
-                   release=sessions.drop)
+                   release=sessions.drop, precision=precision,
+                   step=lambda: (_session_runner(sessions.get()), layout), path=path)
 
 
 def _optimum_engines(weights: Path, layout: hf.Layout, r: HFBenchRequest, tmp: Path, info: dict,
@@ -417,7 +488,7 @@ def _optimum_engines(weights: Path, layout: hf.Layout, r: HFBenchRequest, tmp: P
     return [_Engine("optimum", "concat", "-", "its export", lambda c: _decode_call(sessions.get(), layout, c, False),
                     lambda c: _prefill_call(sessions.get(), layout, c),
                     generate=lambda ids, n: hf.generate(_session_runner(sessions.get()), layout, [ids], n).tokens[0],
-                    release=sessions.drop)]
+                    release=sessions.drop, step=lambda: (_session_runner(sessions.get()), layout))]
 
 
 def _word_tokenizer(folder: Path, vocab: int) -> None:
@@ -430,9 +501,10 @@ def _word_tokenizer(folder: Path, vocab: int) -> None:
 
 
 def _genai_engines(weights: Path, model_type: str, r: HFBenchRequest, tmp: Path, info: dict,
-                   said) -> list[_Engine]:
-    """onnxruntime-genai's model builder on the same weights (fp32, CPU), run by its own
-    generator: a prompt of `context` tokens (prefill), then one token a step (decode)."""
+                   said, precision: str = "fp32") -> list[_Engine]:
+    """onnxruntime-genai's model builder on the same weights (`precision`: its `-p`, fp32 or int4;
+    CPU), run by its own generator: a prompt of `context` tokens (prefill), then one token a step
+    (decode). Its teacher-forced accuracy runs its model.onnx as a concat step graph in ONNX Runtime."""
     import json
     import subprocess
     import sys
@@ -442,20 +514,20 @@ def _genai_engines(weights: Path, model_type: str, r: HFBenchRequest, tmp: Path,
         info["skipped"]["onnxruntime-genai"] = (f"onnxruntime-genai is not installed ({type(e).__name__}): pip install "
                                                 "--no-deps onnxruntime-genai onnx_ir")
         return []
-    said("building with onnxruntime-genai")
+    said(f"building with onnxruntime-genai ({precision})")
     vocab = json.loads((weights / "config.json").read_text())["vocab_size"]
     tokenizer = hf.tokenizer_of(r.source)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(weights))  # the model's own (the builder copies it)
     if not (weights / "tokenizer.json").exists():
         _word_tokenizer(weights, vocab)
-    out = tmp / "genai"
+    out = tmp / f"genai-{precision}"
     command = [r.genai_python or sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", model_type,
-               "-i", str(weights), "-o", str(out), "-p", "fp32", "-e", "cpu"]
+               "-i", str(weights), "-o", str(out), "-p", precision, "-e", "cpu"]
     built = subprocess.run(command, capture_output=True, text=True, check=False)
     if built.returncode != 0:
         last = (built.stderr.strip().splitlines() or ["(no output)"])[-1]
-        info["skipped"]["onnxruntime-genai"] = f"its model builder failed: {last[:200]}"
+        info["skipped"][f"onnxruntime-genai {precision}"] = f"its model builder failed: {last[:200]}"
         return []
     config_path = out / "genai_config.json"
     config = json.loads(config_path.read_text())
@@ -496,8 +568,13 @@ def _genai_engines(weights: Path, model_type: str, r: HFBenchRequest, tmp: Path,
         return tokens
     eos = config["model"]["eos_token_id"]
     eos = eos[0] if isinstance(eos, list) else eos
+    decoder = config["model"]["decoder"]
+    layout = hf.Layout("concat", decoder["num_hidden_layers"], decoder["num_key_value_heads"], decoder["head_size"],
+                       vocab)
+    sessions = _Sessions(out / decoder["filename"], r.threads)
     return [_Engine("onnxruntime-genai", "shared buffer", "-", "its generator", decode, prefill,
-                    lambda c: f"context {c} to {c + steps}", generate)]
+                    lambda c: f"context {c} to {c + steps}", generate, release=sessions.drop, precision=precision,
+                    step=lambda: (_session_runner(sessions.get()), layout), path=out / decoder["filename"])]
 
 
 def to_json(rows: list[HFBenchRow]) -> list[dict]:

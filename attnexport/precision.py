@@ -338,7 +338,7 @@ def quantize(model: onnx.ModelProto, plan: Plan, layers: int, vocab: int | None 
         rule = plan.rule_for(s.group, layers)
         if rule.accuracy < 0:
             rule = Rule(rule.bits, plan.accuracy)
-        if rule.bits == 0 or s.k % plan.block:
+        if rule.bits == 0:
             done.entries.append(_entry(s, 0, -1, "kept", plan.block))
             continue
         w = numpy_helper.to_array(inits[s.weight]).astype(np.float32)
