@@ -24,6 +24,7 @@ from attnexport import hf
 from attnexport import hf_fusions as HF
 from attnexport import hf_reference as HR
 from attnexport import precision as P
+from attnexport.compare import QUANTIZED_FACTOR
 from attnexport.errors import ExportError, UsageError, reason
 from attnexport.export import ModuleExport, ModuleExportResult, export_module
 
@@ -192,7 +193,7 @@ def check_quantized(onnx_model, model, layout: hf.Layout, before: dict, tokenize
     if bad:
         raise ExportError(f"{name}: the quantized weights are not a quantization of the model's: {bad[0]}"
                           + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
-    held = HR.Reference(A.file_model(model, onnx_model), layout, "fp32", r.rtol, r.atol)
+    held = HR.Reference(A.file_model(model, onnx_model), layout, "fp32", r.rtol, r.atol, QUANTIZED_FACTOR)
     checked = check_before_writing(P.float_activations(onnx_model), held, tokenizer, name)
     session = R.prepare_onnx("ort-cpu", onnx_model)
     for label, batch, block, past, padded in CHECKS[layout.form]:

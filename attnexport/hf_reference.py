@@ -125,7 +125,7 @@ class Expected:
 
 
 def budget(torch_out: np.ndarray, fp64: np.ndarray, dtype: str = "fp32", rtol: float | None = None,
-           atol: float | None = None) -> Tolerance:
+           atol: float | None = None, factor: float | None = None) -> Tolerance:
     """An output's budget: the user's (--rtol/--atol), or derived from the error torch's run in the
     export's dtype makes against float64 (`compare.derived_tolerance`)."""
     if rtol is not None or atol is not None:
@@ -134,7 +134,7 @@ def budget(torch_out: np.ndarray, fp64: np.ndarray, dtype: str = "fp32", rtol: f
     if not (np.isfinite(a).all() and np.isfinite(e).all()):  # no error to derive from: the policy's own
         base = tolerance(dtype)
         return Tolerance(base.rtol, base.atol, f"policy (torch's {dtype} run or the float64 one is not finite)")
-    return derived_tolerance(dtype, float(np.abs(a - e).max(initial=0.0)), BASIS.format(dtype=dtype))
+    return derived_tolerance(dtype, float(np.abs(a - e).max(initial=0.0)), BASIS.format(dtype=dtype), factor)
 
 
 class Reference:
@@ -147,11 +147,13 @@ class Reference:
         layout: the step graph's layout.
         dtype: the export's float type (fp32, fp16).
         rtol, atol: the user's budget for every output instead of the derived one.
+        factor: the derivation's factor (default compare's for the dtype; a quantized graph's
+            float-activation twin takes compare.QUANTIZED_FACTOR).
     """
 
     def __init__(self, model, layout: hf.Layout, dtype: str = "fp32", rtol: float | None = None,
-                 atol: float | None = None):
-        self.layout, self.dtype, self.rtol, self.atol = layout, dtype, rtol, atol
+                 atol: float | None = None, factor: float | None = None):
+        self.layout, self.dtype, self.rtol, self.atol, self.factor = layout, dtype, rtol, atol, factor
         self.model = model
         self.torch_dtype = D.torch_dtype(dtype)
         low = model if self.torch_dtype == torch.float32 else copy.deepcopy(model).to(self.torch_dtype)
@@ -180,7 +182,8 @@ class Reference:
         valid = valid_positions(self.layout, feed)
         want = masked(self.run64(feed), valid)
         low = masked(self.run(feed), valid)
-        return Expected(want, {n: budget(low[n], want[n], self.dtype, self.rtol, self.atol) for n in want}, valid)
+        return Expected(want, {n: budget(low[n], want[n], self.dtype, self.rtol, self.atol, self.factor) for n in want},
+                        valid)
 
     def logits64(self, sequences: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """transformers' own forward in float64 over whole (left-padded) sequences: (B, T, V) logits."""

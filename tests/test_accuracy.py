@@ -1,0 +1,227 @@
+"""What a lossy language model costs in answers (`attnexport.accuracy`): the measures on known
+distributions, the budget and its overrides, and on small random models exported with
+`--precision` in every cache form: a correct quantization passes the default budget, a broken one
+(wrong scales, a layer zeroed) fails it, and verify says which layers cost most. SmolLM2's are in
+test_real_models.py."""
+
+import json
+import math
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from attnexport import accuracy as A
+from attnexport.cli import main
+from attnexport.errors import UsageError
+
+
+def test_kl_is_zero_for_the_same_distribution_and_infinite_for_nan():
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((5, 11))
+    assert np.abs(A.kl_per_position(logits, logits + 3.0)).max() < 1e-12  # a shift is the same distribution
+    other = logits.copy()
+    other[2] *= 3
+    kl = A.kl_per_position(logits, other)
+    assert kl[2] > 0.01 and np.abs(np.delete(kl, 2)).max() < 1e-12
+    other[4, 0] = np.nan
+    assert math.isinf(A.kl_per_position(logits, other)[4])
+
+
+def test_perplexity_of_a_uniform_and_of_a_certain_model():
+    ids = np.array([0, 3, 1, 2])
+    assert A.perplexity(np.zeros((4, 7)), ids) == pytest.approx(7)
+    certain = np.full((4, 7), -50.0)
+    certain[np.arange(3), ids[1:]] = 50.0
+    assert A.perplexity(certain, ids) == pytest.approx(1, abs=1e-9)
+
+
+def test_the_budget_takes_overrides_and_refuses_what_is_not_a_number():
+    b = A.Budget().with_overrides("kl-mean=0.1, top1=0.5,first-tokens=2,perplexity=none,margin=0.5")
+    assert (b.kl_mean, b.top1, b.first_tokens, b.perplexity, b.margin) == (0.1, 0.5, 2, None, 0.5)
+    for text, message in (("kl-mean=abc", "is not a number"), ("speed=3", "the limits are"),
+                          ("top1=1.5", "at most 1"), ("first-tokens=1.5", "a whole number"),
+                          ("kl-mean=nan", "finite number"), ("margin=none", "not a limit to drop")):
+        with pytest.raises(UsageError, match=message):
+            A.Budget().with_overrides(text)
+
+
+def _cost(**kw):
+    fields = {"kl_mean": 0.01, "kl_p99": 0.05, "kl_max": 0.1, "top1": 0.95, "positions": 100, "perplexity": 10.1,
+              "perplexity_fp32": 10.0, "perplexity_fp64": 10.0, "first_difference": [None, 0, 5],
+              "margins": [3.0, 0.2, 2.0], "equal_tokens": 53, "new_tokens": 144}
+    return A.Cost(**{**fields, **kw})
+
+
+def test_a_first_token_turned_where_fp32_is_undecided_does_not_count():
+    assert _cost().judge(A.Budget()).failures == []
+    bad = _cost(first_difference=[0, 0, 5]).judge(A.Budget())
+    assert bad.failures == ["first greedy token differs on 1 prompt(s) where fp32 leads by >= 1 logits > 0"]
+    assert "(near tie)" in bad.text()
+
+
+def test_each_limit_is_checked_and_nan_fails_them_all():
+    cost = _cost(kl_mean=0.2, top1=0.5, perplexity=12.0).judge(A.Budget())
+    assert len(cost.failures) == 3
+    assert [c.passed for c in cost.comparisons(A.Budget())] == [False, False, False, True]
+    nan = _cost(kl_mean=math.nan, top1=math.nan, perplexity=math.nan).judge(A.Budget())
+    assert len(nan.failures) == 3
+    assert _cost(kl_mean=0.2).judge(A.Budget(kl_mean=None)).failures == []
+
+
+# --- small random models ---------------------------------------------------------------------------
+
+transformers = pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
+
+from attnexport import hf  # noqa: E402
+from attnexport import hf_reference as HR  # noqa: E402
+from attnexport import precision as P  # noqa: E402
+from attnexport import runtimes as R  # noqa: E402
+
+
+def _q4_1(w: np.ndarray, block: int = 32) -> np.ndarray:
+    """(out, in) weights snapped to GGUF's Q4_1 grid along `in`, as a model read from such a file holds them."""
+    rows, cols = w.shape
+    b = w.reshape(rows, cols // block, block)
+    low, step = b.min(-1, keepdims=True), (b.max(-1, keepdims=True) - b.min(-1, keepdims=True)) / 15
+    q = np.clip(np.floor((b - low) / step + 0.5), 0, 15)
+    return (step.astype(np.float16).astype(np.float32) * q + low.astype(np.float16).astype(np.float32)).reshape(
+        rows, cols).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory, tiny_lms):
+    """A small Llama whose random weights are large enough for its next-token distributions to be
+    peaked (at transformers' default scale every one is near uniform, and any rounding turns its top
+    token): what quantizing a trained model risks."""
+    import torch
+    folder = tmp_path_factory.mktemp("plain")
+    config = tiny_lms.config("llama", layers=3)
+    config.initializer_range, config.intermediate_size = 0.1, 192
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def gridded(tmp_path_factory, plain):
+    """The same model with its layers' weights on Q4_1's grid, as a GGUF file's are: int4 carries them."""
+    import torch
+    model = transformers.AutoModelForCausalLM.from_pretrained(plain)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and ".layers." in f".{name}":
+                module.weight.copy_(torch.from_numpy(_q4_1(module.weight.numpy())))
+    folder = tmp_path_factory.mktemp("gridded")
+    model.save_pretrained(folder)
+    return folder
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def _report(result):
+    return json.loads(result.output[result.output.index("{"):])
+
+
+def _accuracy(report):
+    return [r for r in report["results"] if "accuracy" in r.get("detail", {})]
+
+
+@pytest.mark.parametrize("form, precision, flavor, source", [
+    ("static", "int4", "ort", "gridded"), ("concat", "int4", "attention", "gridded"),
+    ("none", "int8", "primitives", "plain"), ("static", "int8", "ort", "plain"), ("static", "fp16", "attention", "plain")])
+def test_a_lossy_export_is_judged_by_its_cost_in_answers(request, tmp_path, form, precision, flavor, source):
+    folder = request.getfixturevalue(source)
+    out = tmp_path / "model.onnx"
+    cache = [] if form == "none" else ["--kv-cache"] + (["static", "--max-seq", "200"] if form == "static" else [])
+    r = run("export", "--hf", folder, *cache, "--flavor", flavor, "--precision", precision, "-o", out)
+    assert r.exit_code == 0, r.output
+    if source == "gridded":
+        assert "exact 4-bit, 1 ort 8-bit" in r.output and "ort 4-bit" not in r.output  # grids carried; head 8 bits
+    report = _report(run("verify", out, "--hf", folder, "--runtimes", "ort-cpu", "--json"))
+    assert report["summary"]["ok"], [row["error"] for row in report["results"] if not row["passed"]]
+    (row,) = _accuracy(report)
+    cost = row["detail"]["accuracy"]
+    assert 0 < cost["kl_mean"] < 0.05 and cost["top1"] >= 0.85 and cost["positions"] >= 150
+    if precision != "fp16":
+        weights = next(r for r in report["results"] if r["case"].startswith("weights"))
+        per_layer = 5 if flavor == "ort" else 7  # the ort flavour packs q, k and v into one matrix
+        assert weights["passed"] and sum(weights["detail"]["matrices"].values()) == 3 * per_layer + 1
+        layers = next(r for r in report["results"] if "layer_costs" in r.get("detail", {}))
+        assert {c["group"] for c in layers["detail"]["layer_costs"]} == {"layer:0", "layer:1", "layer:2", "head"}
+
+
+def _session_run(model):
+    prepared = R.prepare_onnx("ort-cpu", model)
+    return prepared.run
+
+
+@pytest.fixture(scope="module")
+def int4(gridded, tmp_path_factory):
+    out = tmp_path_factory.mktemp("int4") / "model.onnx"
+    r = run("export", "--hf", gridded, "--kv-cache", "static", "--max-seq", "200", "--flavor", "ort", "--precision",
+            "int4", "-o", out)
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def _broken(path, how):
+    model = onnx.load(path)
+    record = P.record_of(model)
+    layer = [e for e in record["matrices"] if e["group"] == "layer:1" and e["bits"]]
+    inits = {i.name: i for i in model.graph.initializer}
+    for e in layer if how == "zeroed" else layer[:1]:
+        scales = inits[e["tensors"][1]]
+        value = onnx.numpy_helper.to_array(scales)
+        scales.CopyFrom(onnx.numpy_helper.from_array(value * 0 if how == "zeroed" else value * 3, scales.name))
+    P.fingerprint(model)  # as a quantizer that made them so would have recorded them
+    return model
+
+
+@pytest.mark.parametrize("how", ["wrong scales", "zeroed"])
+def test_the_budget_catches_a_broken_quantization(gridded, int4, tmp_path, how):
+    model = _broken(int4, how)
+    layout = hf.Layout.of(model)
+    source, _ = hf.load(gridded)
+    reference = HR.Reference(source, layout)
+    prompts = HR.prompts(None, layout, (5, 9, 2), seed=4)
+    base = A.baseline(reference, None, prompts, 8)
+    good = A.measure(_session_run(onnx.load(int4)), layout, base, A.Budget())
+    bad = A.measure(_session_run(model), layout, base, A.Budget())
+    assert good.failures == [] and bad.failures, (good.text(), bad.text())
+    assert bad.kl_mean > 10 * good.kl_mean
+    # Through verify: the weights row names the matrices, the accuracy row the budget's limits.
+    path = tmp_path / "broken.onnx"
+    onnx.save_model(model, path)
+    report = _report(run("verify", path, "--hf", gridded, "--runtimes", "ort-cpu", "--json"))
+    assert not report["summary"]["ok"]
+    failed = {r["case"].split(":")[0]: r["error"] for r in report["results"] if not r["passed"]}
+    assert "not a quantization of the source's" in failed["weights"] and "over the accuracy budget" in failed["accuracy"]
+
+
+def test_an_edited_quantized_file_is_refused_before_any_run(int4, gridded, tmp_path):
+    model = onnx.load(int4)
+    init = next(i for i in model.graph.initializer if i.name.endswith("_scales"))
+    init.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(init) * 2, init.name))
+    onnx.save_model(model, tmp_path / "edited.onnx")
+    report = _report(run("verify", tmp_path / "edited.onnx", "--hf", gridded, "--runtimes", "ort-cpu", "--json"))
+    (row,) = report["results"]
+    assert not report["summary"]["ok"] and "recorded at its export" in row["error"]
+
+
+def test_bad_input_is_one_line(int4, gridded):
+    r = run("verify", int4, "--hf", gridded, "--runtimes", "onnx-ref")
+    assert r.exit_code == 2 and "onnx-ref cannot run this int4 model: it has no com.microsoft.MatMulNBits" in r.output
+    r = run("verify", int4, "--hf", gridded, "--runtimes", "ort-cpu", "--budget", "kl-mean=lots")
+    assert r.exit_code == 2 and "'lots' is not a number" in r.output
+    r = run("export", "--hf", gridded, "--precision", "int4", "--block-size", "48")
+    assert r.exit_code == 2 and "--block-size is one of" in r.output
+    r = run("export", "--variant", "mha", "--precision", "int4")
+    assert r.exit_code == 2 and "go with --hf" in r.output
+    r = run("export", "--hf", gridded, "--precision", "int4", "--dtype", "fp16")
+    assert r.exit_code == 2 and "not both" in r.output
+    assert "Traceback" not in r.output

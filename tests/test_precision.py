@@ -1,0 +1,176 @@
+"""Quantized weight matrices (`attnexport.precision`): grids a matrix already holds found and carried
+bit for bit, ONNX Runtime's quantizer for the rest, MatMulNBits's layout read back, the record and
+its fingerprints, the per-layer plan and its refusals. On handmade one-MatMul graphs run by ONNX
+Runtime; whole models are in test_accuracy.py and test_real_models.py."""
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from attnexport import precision as P
+from attnexport.errors import UsageError
+
+K, N, B = 96, 40, 32
+
+
+def _blocks(w):
+    return w.reshape(K // B, B, N)
+
+
+def q4_1(w):
+    """A GGUF Q4_1 matrix as transformers reads it: d * q + m per block, d and m in fp16."""
+    b = _blocks(w)
+    low, d = b.min(1), (b.max(1) - b.min(1)) / 15
+    q = np.clip(np.floor((b - low[:, None]) / d[:, None] + 0.5), 0, 15)
+    return (d.astype(np.float16).astype(np.float32)[:, None] * q
+            + low.astype(np.float16).astype(np.float32)[:, None]).reshape(K, N).astype(np.float32)
+
+
+def q4_0(w):
+    """GGUF's Q4_0: d * (q - 8), the block's extreme as -8 steps."""
+    b = _blocks(w)
+    extreme = np.take_along_axis(b, np.abs(b).argmax(1)[:, None], 1)[:, 0]
+    d = extreme / -8
+    q = np.clip(np.floor(b / d[:, None] + 8.5), 0, 15)
+    return (d.astype(np.float16).astype(np.float32)[:, None] * (q - 8)).reshape(K, N).astype(np.float32)
+
+
+def q8_0(w):
+    """GGUF's Q8_0: d * q, q in [-127, 127]."""
+    b = _blocks(w)
+    d = np.abs(b).max(1) / 127
+    return (d.astype(np.float16).astype(np.float32)[:, None] * np.rint(b / d[:, None])).reshape(K, N).astype(
+        np.float32)
+
+
+def raw(seed=0):
+    return np.random.default_rng(seed).standard_normal((K, N)).astype(np.float32)
+
+
+def one_matmul(w, param="model.model.layers.3.mlp.down_proj.weight"):
+    """x (1, 3, K) @ w, with the record an export leaves (the parameter held transposed)."""
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, N])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    model.metadata_props.add(key="attnexport.params", value=json.dumps(
+        {param: {"initializer": "w", "layout": "transposed", "sha256": "0"}}))
+    return model
+
+
+def run(model, x):
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("make, bits", [(q4_1, 4), (q4_0, 4), (q8_0, 8)])
+def test_a_gguf_grid_is_found_and_carried_bit_for_bit(make, bits):
+    w = make(raw())
+    grid = P.grid_of(w, bits, B)
+    assert grid is not None and np.array_equal(grid.values(), w)
+    model = one_matmul(w)
+    done = P.quantize(model, P.Plan(bits=bits, block=B, accuracy=0), layers=4)
+    (entry,) = done.entries
+    assert entry["how"] == "exact" and entry["group"] == "layer:3" and entry["bits"] == bits
+    assert np.array_equal(P.matrix(model, entry), w)  # the file holds the very weights
+    x = np.random.default_rng(1).standard_normal((1, 3, K)).astype(np.float32)
+    want = x.astype(np.float64) @ w
+    assert np.abs(run(model, x) - want).max() < 1e-4 * np.abs(want).max()
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("MatMulNBits") == 1 and ("Add" in ops) == (make is q4_1)  # only Q4_1 has float minimums
+
+
+def test_a_matrix_off_every_grid_is_not_taken_for_one():
+    assert P.grid_of(raw(), 4, B) is None
+    nudged = q4_1(raw())
+    nudged[5, 7] = np.nextafter(nudged[5, 7], np.float32(np.inf))  # one weight one ulp off its grid
+    assert P.grid_of(nudged, 4, B) is None
+    assert P.grid_of(q4_1(raw())[:K - 1], 4, B) is None  # rows that fill no whole block
+
+
+@pytest.mark.parametrize("bits, symmetric", [(4, True), (4, False), (8, False)])
+def test_ort_quantizer_rounds_within_a_step_and_its_output_matches_its_weights(bits, symmetric):
+    w = raw()
+    model = one_matmul(w)
+    done = P.quantize(model, P.Plan(bits=bits, block=B, accuracy=0, symmetric=symmetric), layers=4)
+    (entry,) = done.entries
+    assert entry["how"] == "ort"
+    held = P.matrix(model, entry)
+    assert not np.array_equal(held, w) and P.unfaithful({"w": w}, model) == []
+    x = np.random.default_rng(2).standard_normal((1, 3, K)).astype(np.float32)
+    want = x.astype(np.float64) @ held
+    assert np.abs(run(model, x) - want).max() < 1e-4 * np.abs(want).max()
+
+
+def test_pack_and_unpack_are_inverse():
+    rng = np.random.default_rng(3)
+    for bits in (4, 8):
+        q = rng.integers(0, 2 ** bits, (K, N)).astype(np.uint8)
+        assert np.array_equal(P.unpack(P.pack(q, bits, B), bits, K, N, B), q)
+        zeros = rng.integers(0, 2 ** bits, (N, 3)).astype(np.uint8)
+        assert np.array_equal(P.unpack_zeros(P.pack_zeros(zeros, bits), bits, N, 3), zeros)
+
+
+def _scales(model):
+    return next(i for i in model.graph.initializer if i.name.endswith("_scales"))
+
+
+def test_an_edited_quantized_tensor_is_named_and_a_wrong_scale_is_not_a_quantization():
+    w = q4_1(raw())
+    model = one_matmul(w)
+    P.quantize(model, P.Plan(bits=4, block=B), layers=4)
+    assert P.damaged(model) == []
+    init = _scales(model)
+    init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 2, init.name))
+    assert P.damaged(model) == ["mm"]  # the record's sha256 no longer matches
+    P.fingerprint(model)  # a quantizer that got its scales wrong records them as they are
+    assert P.damaged(model) == []
+    assert P.unfaithful({"w": w}, model) and "carried as exact" in P.unfaithful({"w": w}, model)[0]
+
+
+def test_the_plan_per_group():
+    plan = P.plan_for("int4", keep="head=int8,first,layers:2-3=int4@0")
+    assert plan.rule_for("head", 4) == P.Rule(8, -1)
+    assert plan.rule_for("layer:0", 4).bits == 0
+    assert plan.rule_for("layer:3", 4) == P.Rule(4, 0)
+    assert plan.rule_for("layer:1", 4) == P.Rule(4, 4)
+    assert P.plan_for("int4", keep="last").rule_for("layer:3", 4).bits == 0  # the last of 4 layers
+    assert P.DEFAULT_PLANS["int4"].rule_for("head", 30) == P.Rule(8, -1)
+    assert P.plan_for("int8").keep == () and P.plan_for("int8").bits == 8
+
+
+@pytest.mark.parametrize("args, message", [
+    (("int4", 48), "--block-size is one of 16, 32, 64, 128"),
+    (("int4", None, 5), "--accuracy-level is one of"),
+    (("int4", None, None, "tail"), "a group is head, first, last"),
+    (("int4", None, None, "head=int2"), "after '=' comes fp32, int8 or int4"),
+    (("int4", None, None, "head=int8@7"), "the accuracy level after '@'"),
+    (("int4", None, None, "layers:5-2"), "I <= J"),
+    (("fp16", 32), "quantizes nothing"),
+])
+def test_a_bad_plan_is_one_line(args, message):
+    with pytest.raises(UsageError, match=message):
+        P.plan_for(*args)
+
+
+def test_a_model_with_no_matrix_to_quantize_is_refused():
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    with pytest.raises(UsageError, match="no MatMul with a constant weight matrix"):
+        P.quantize(helper.make_model(graph), P.Plan(), layers=1)
+
+
+def test_the_params_record_marks_what_moved_into_a_quantized_matrix():
+    model = one_matmul(q8_0(raw()))
+    P.quantize(model, P.Plan(bits=8, block=B), layers=4)
+    record = json.loads({p.key: p.value for p in model.metadata_props}["attnexport.params"])
+    assert record["model.model.layers.3.mlp.down_proj.weight"]["quantized"] == "mm_Q8"
+    assert "w" not in {i.name for i in model.graph.initializer}  # the float matrix is gone
+    assert P.dequantized_params(model)["model.model.layers.3.mlp.down_proj.weight"].shape == (N, K)
