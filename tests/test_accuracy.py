@@ -133,7 +133,8 @@ def _accuracy(report):
 
 @pytest.mark.parametrize("form, precision, flavor, source", [
     ("static", "int4", "ort", "gridded"), ("concat", "int4", "attention", "gridded"),
-    ("none", "int8", "primitives", "plain"), ("static", "int8", "ort", "plain"), ("static", "fp16", "attention", "plain")])
+    ("none", "int8", "primitives", "plain"), ("static", "int8", "ort", "plain"),
+    ("static", "fp16", "attention", "plain")])
 def test_a_lossy_export_is_judged_by_its_cost_in_answers(request, tmp_path, form, precision, flavor, source):
     folder = request.getfixturevalue(source)
     out = tmp_path / "model.onnx"
@@ -200,7 +201,8 @@ def test_the_budget_catches_a_broken_quantization(gridded, int4, tmp_path, how):
     report = _report(run("verify", path, "--hf", gridded, "--runtimes", "ort-cpu", "--json"))
     assert not report["summary"]["ok"]
     failed = {r["case"].split(":")[0]: r["error"] for r in report["results"] if not r["passed"]}
-    assert "not a quantization of the source's" in failed["weights"] and "over the accuracy budget" in failed["accuracy"]
+    assert "not a quantization of the source's" in failed["weights"]
+    assert "over the accuracy budget" in failed["accuracy"]
 
 
 def test_an_edited_quantized_file_is_refused_before_any_run(int4, gridded, tmp_path):

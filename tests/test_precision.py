@@ -6,7 +6,6 @@ Runtime; whole models are in test_accuracy.py and test_real_models.py."""
 import json
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
