@@ -186,7 +186,7 @@ class Cost:
         return out
 
     def text(self) -> str:
-        firsts = ", ".join(("-" if f is None else str(f)) + ("" if m >= self.margin else " (near tie)")
+        firsts = ", ".join("-" if f is None else f"{f} (near tie)" if f == 0 and m < self.margin else str(f)
                            for f, m in zip(self.first_difference, self.margins, strict=True))
         return (f"mean KL {self.kl_mean:.3g} (p99 {self.kl_p99:.3g}, max {self.kl_max:.3g}), top-1 {self.top1:.1%} of "
                 f"{self.positions}, perplexity {self.perplexity:.3f} vs fp32 {self.perplexity_fp32:.3f} "

@@ -407,12 +407,15 @@ def _given(kwargs) -> dict:
 @click.option("--symmetric/--asymmetric", default=None,
               help="With --precision int8/int4: ONNX Runtime's quantizer without or with zero points (default "
                    "asymmetric); a carried grid keeps its own.")
+@click.option("--requantize", is_flag=True, default=None,
+              help="With --precision int8/int4: round every matrix with ONNX Runtime's quantizer, even one that "
+                   "already holds a grid of the bits asked for (default: such a grid is carried exactly).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_variant_options
 @reports_errors
 def export(variant, hf_path, module_spec, input_specs, nan_rows, allow_unfused, cache_specs, write_pos, output_names,
            dynamic_specs, flavor, opset, dtype, seed, output, deploy, rtol, atol, precision, block_size, accuracy_level,
-           keep, symmetric, as_json, **options):
+           keep, symmetric, requantize, as_json, **options):
     """Export a variant, your own module or a transformers language model to ONNX (checked, with
     metadata, written atomically).
 
@@ -427,9 +430,10 @@ def export(variant, hf_path, module_spec, input_specs, nan_rows, allow_unfused, 
     if deploy is not None and hf_path is None:
         raise UsageError("--deploy writes a language model's folder: it goes with --hf")
     quant = {"precision": precision, "block_size": block_size, "accuracy_level": accuracy_level, "keep": keep,
-             "symmetric": symmetric}
+             "symmetric": symmetric, "requantize": requantize}
     if hf_path is None and any(v is not None for v in quant.values()):
-        raise UsageError("--precision, --block-size, --accuracy-level, --keep and --symmetric go with --hf")
+        raise UsageError("--precision, --block-size, --accuracy-level, --keep, --symmetric and --requantize go with "
+                         "--hf")
     if hf_path is not None:
         if input_specs or dynamic_specs or nan_rows or allow_unfused or cache_specs or write_pos or output_names:
             raise UsageError("--input, --dynamic, --nan-rows, --allow-unfused, --cache, --write-pos and --output-names "
@@ -480,7 +484,8 @@ def _export_hf(path, flavor, opset, dtype, seed, output, deploy, rtol, atol, qua
     plan = None
     if how or precision in P.QUANTIZED:
         keep = "" if how.get("keep") == "none" else how.get("keep")
-        plan = P.plan_for(precision, how.get("block_size"), how.get("accuracy_level"), keep, how.get("symmetric"))
+        plan = P.plan_for(precision, how.get("block_size"), how.get("accuracy_level"), keep, how.get("symmetric"),
+                          None if how.get("requantize") is None else not how["requantize"])
     if output is not None and deploy is not None:
         raise UsageError("give -o FILE.onnx or --deploy FOLDER, not both")
     if output is not None:

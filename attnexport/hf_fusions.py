@@ -265,6 +265,7 @@ def _unfuse_plain_rms(model: onnx.ModelProto) -> None:
     op in ONNX's own domain, which onnx's checker refuses: each such node back as the ops it
     stands for, x / sqrt(mean(x^2) + eps) * gamma (the norms after a residual add stay fused)."""
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    types = {i.name: i.data_type for i in model.graph.initializer}
     nodes = []
     for node in model.graph.node:
         if node.op_type != "SimplifiedLayerNormalization" or node.domain not in ("", "ai.onnx"):
@@ -278,7 +279,9 @@ def _unfuse_plain_rms(model: onnx.ModelProto) -> None:
                     helper.make_node("ReduceMean", [t[0], t[6]], [t[1]], keepdims=1)]
         else:
             mean = [helper.make_node("ReduceMean", [t[0]], [t[1]], axes=[-1], keepdims=1)]
-        nodes += [helper.make_node("Constant", [], [t[2]], value_float=eps),
+        kind = types.get(gamma, onnx.TensorProto.FLOAT)  # eps in the norm's own type (an fp16 model's is fp16)
+        value = helper.make_tensor(t[2], kind, [], [np.array(eps, helper.tensor_dtype_to_np_dtype(kind)).item()])
+        nodes += [helper.make_node("Constant", [], [t[2]], value=value),
                   helper.make_node("Mul", [x, x], [t[0]]), *mean,
                   helper.make_node("Add", [t[1], t[2]], [t[3]]),
                   helper.make_node("Sqrt", [t[3]], [t[4]]),

@@ -64,6 +64,9 @@ class Plan:
             4: int8 activations, ONNX Runtime's fastest CPU path).
         symmetric: ORT's quantizer without zero points (it is faster); a carried grid keeps its own.
         keep: {group: Rule} overrides: a group is `head`, `layer:I` (negative counts from the last).
+        carry: a matrix that already holds a grid of the bits asked for is carried exactly; False
+            rounds it with ONNX Runtime's quantizer like any other (no minimums to add: faster, and
+            on a Q4_1 model far less accurate; verify says how much).
     """
 
     bits: int = 4
@@ -71,6 +74,7 @@ class Plan:
     accuracy: int = 4
     symmetric: bool = True
     keep: tuple = ()
+    carry: bool = True
 
     def rule_for(self, group: str, layers: int) -> Rule:
         rule = Rule(self.bits, self.accuracy)
@@ -342,7 +346,7 @@ def quantize(model: onnx.ModelProto, plan: Plan, layers: int, vocab: int | None 
             done.entries.append(_entry(s, 0, -1, "kept", plan.block))
             continue
         w = numpy_helper.to_array(inits[s.weight]).astype(np.float32)
-        grid = grid_of(w, rule.bits, plan.block)
+        grid = grid_of(w, rule.bits, plan.block) if plan.carry else None
         if grid is not None:
             exact.append((s, grid, rule))
         else:
@@ -464,14 +468,26 @@ def _ensure_domain(model) -> None:
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
 
 
+def _quantizer():
+    """ONNX Runtime's MatMulNBitsQuantizer, imported without the logging setup its module makes
+    (`logging.basicConfig` at INFO, after which every library's INFO messages reach the user)."""
+    import logging
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)
+    return MatMulNBitsQuantizer
+
+
 def _ort_quantize(model: onnx.ModelProto, group: list[Site], bits: int, plan: Plan) -> None:
     """ONNX Runtime's blockwise quantizer (round to nearest) on the MatMuls of `group` only."""
-    import logging
-
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    MatMulNBitsQuantizer = _quantizer()  # noqa: N806 - the class, as ONNX Runtime names it
     chosen = {s.node for s in group}
     others = [n.name for n in model.graph.node if n.name not in chosen]
-    logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)
     q = MatMulNBitsQuantizer(model, bits=bits, block_size=plan.block, is_symmetric=plan.symmetric,
                              accuracy_level=None, nodes_to_exclude=others, op_types_to_quantize=("MatMul",))
     q.process()
@@ -617,12 +633,12 @@ DEFAULT_PLANS = {
 
 
 def plan_for(precision: str, block: int | None = None, accuracy: int | None = None, keep: str | None = None,
-             symmetric: bool | None = None) -> Plan:
-    """The plan of `--precision` with `--block-size`, `--accuracy-level`, `--keep` and
-    `--symmetric` applied; a UsageError names a bad value."""
+             symmetric: bool | None = None, carry: bool | None = None) -> Plan:
+    """The plan of `--precision` with `--block-size`, `--accuracy-level`, `--keep`, `--symmetric`
+    and `--requantize` applied; a UsageError names a bad value."""
     if precision not in QUANTIZED:
-        raise UsageError(f"--precision {precision} quantizes nothing: --block-size, --accuracy-level, --keep and "
-                         f"--symmetric go with {' or '.join(QUANTIZED)}")
+        raise UsageError(f"--precision {precision} quantizes nothing: --block-size, --accuracy-level, --keep, "
+                         f"--symmetric and --requantize go with {' or '.join(QUANTIZED)}")
     base = DEFAULT_PLANS[precision]
     if block is not None and block not in BLOCKS:
         raise UsageError(f"--block-size is one of {', '.join(map(str, BLOCKS))}, got {block}")
@@ -630,7 +646,7 @@ def plan_for(precision: str, block: int | None = None, accuracy: int | None = No
         raise UsageError(f"--accuracy-level is one of {', '.join(map(str, ACCURACY_LEVELS))}, got {accuracy}")
     return Plan(bits=base.bits, block=block or base.block, accuracy=base.accuracy if accuracy is None else accuracy,
                 symmetric=base.symmetric if symmetric is None else symmetric,
-                keep=base.keep if keep is None else parse_keep(keep))
+                keep=base.keep if keep is None else parse_keep(keep), carry=base.carry if carry is None else carry)
 
 
 def unfaithful(before: dict, model: onnx.ModelProto, record: dict | None = None) -> list[str]:

@@ -20,23 +20,23 @@ def main(paths: list[str]) -> None:
     contexts = sorted({r["context"] for rows in runs for r in rows})
     engines: list[tuple] = []
     for r in runs[0]:
-        key = (r["engine"], r["form"], r["flavor"], r["mode"])
+        key = _key(r)
         if key not in engines:
             engines.append(key)
 
     def at(key, context):
-        found = [r for rows in runs for r in rows
-                 if (r["engine"], r["form"], r["flavor"], r["mode"]) == key and r["context"] == context]
+        found = [r for rows in runs for r in rows if _key(r) == key and r["context"] == context]
         ms = [r["median_ms"] for r in found]
         return statistics.median(ms), min(ms), max(ms), found
 
     eager = {c: at(engines[0], c)[0] for c in contexts}  # transformers, timed first
     bandwidth = max(d["info"]["bandwidth_gbs"] for d in docs) * 1e9
     agreed = any(r.get("agreement") for rows in runs for r in rows)
-    print("| engine | form | flavor | how | " + " | ".join(f"ms at {c}" for c in contexts)
-          + " | x transformers | bandwidth fraction |" + (" greedy tokens as transformers |" if agreed else ""))
-    print("| --- | --- | --- | --- | " + " | ".join("---:" for _ in contexts) + " | ---: | ---: |"
-          + (" --- |" if agreed else ""))
+    print("| engine | precision | form | flavor | how | " + " | ".join(f"ms at {c}" for c in contexts)
+          + " | x transformers | bandwidth fraction |" + (" greedy tokens as transformers | teacher-forced vs fp32 |"
+                                                         if agreed else ""))
+    print("| --- | --- | --- | --- | --- | " + " | ".join("---:" for _ in contexts) + " | ---: | ---: |"
+          + (" --- | --- |" if agreed else ""))
     for key in engines:
         cells, ratios, fractions = [], [], []
         for c in contexts:
@@ -46,8 +46,10 @@ def main(paths: list[str]) -> None:
             fractions.append(f"{found[0]['step_bytes'] / (median * 1e-3) / bandwidth:.2f}")
         agreement = ""
         if agreed:  # each run's (the same model and prompts: they differ only if an engine is not deterministic)
-            texts = dict.fromkeys(_agreement(r.get("agreement")) for r in at(key, contexts[0])[3])
-            agreement = f" {'; '.join(texts)} |"
+            found = at(key, contexts[0])[3]
+            texts = dict.fromkeys(_agreement(r.get("agreement")) for r in found)
+            teacher = dict.fromkeys(_teacher(r.get("agreement")) for r in found)
+            agreement = f" {'; '.join(texts)} | {'; '.join(teacher)} |"
         print(f"| {' | '.join(key)} | {' | '.join(cells)} | {'/'.join(ratios)} | {'/'.join(fractions)} |{agreement}")
     print(f"\nbandwidth fractions over {bandwidth / 1e9:.1f} GB/s, the highest read rate measured")
     for path, d in zip(paths, docs, strict=True):
@@ -55,6 +57,18 @@ def main(paths: list[str]) -> None:
         print(f"\n{path}: memory read bandwidth {info['bandwidth_gbs']:.1f} GB/s (reduction "
               f"{info['reduction_gbs']:.1f}, one-row MatMul {info['gemv_gbs']:.1f}); not timed: "
               f"{info['skipped'] or 'nothing'}")
+
+
+def _key(r: dict) -> tuple:
+    """An engine's row key: files written before precisions were timed are all fp32."""
+    return (r["engine"], r.get("precision", "fp32"), r["form"], r["flavor"], r["mode"])
+
+
+def _teacher(a: dict | None) -> str:
+    """Teacher-forced KL, top-1 and perplexity growth against the fp32 model, where measured."""
+    if not a or "kl_mean" not in a:
+        return "-"
+    return f"KL {a['kl_mean']:.2g}, top-1 {a['top1']:.0%}, perplexity {a['perplexity_delta']:+.1%}"
 
 
 def _agreement(a: dict | None) -> str:

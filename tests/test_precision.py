@@ -173,3 +173,25 @@ def test_the_params_record_marks_what_moved_into_a_quantized_matrix():
     assert record["model.model.layers.3.mlp.down_proj.weight"]["quantized"] == "mm_Q8"
     assert "w" not in {i.name for i in model.graph.initializer}  # the float matrix is gone
     assert P.dequantized_params(model)["model.model.layers.3.mlp.down_proj.weight"].shape == (N, K)
+
+
+def test_quantizing_leaves_the_logging_as_it_was():
+    # ONNX Runtime's quantizer module calls logging.basicConfig(level=INFO) when first imported: in a
+    # fresh process, the root logger must have no handler and its level after a quantization.
+    import logging
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = ("import logging, test_precision as t; from attnexport import precision as P; "
+            "P.quantize(t.one_matmul(t.raw()), P.Plan(bits=4, block=t.B), layers=4); "
+            "r = logging.getLogger(); print(len(r.handlers), r.level)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).parent, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert out.stdout.split() == ["0", str(logging.WARNING)]
+
+
+def test_requantize_rounds_a_grid_again():
+    w = q4_1(raw())
+    done = P.quantize(one_matmul(w), P.plan_for("int4", carry=False), layers=4)
+    assert [e["how"] for e in done.entries] == ["ort"]
