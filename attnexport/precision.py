@@ -365,6 +365,7 @@ def quantize(model: onnx.ModelProto, plan: Plan, layers: int, vocab: int | None 
             if level is not None:
                 _set_attr(node, "accuracy_level", level)
     _drop_unused(model)
+    _flatten(model)
     _fingerprint(model, done)
     meta = {p.key: p.value for p in model.metadata_props}
     meta[META] = done.meta()
@@ -393,6 +394,20 @@ def _params_record(record: dict, done: Quantized, model) -> dict:
             if entry is not None and entry.get("initializer") not in still:
                 out[name] = {**entry, "quantized": f"{e['node']}_Q{e['bits']}"}
     return out
+
+
+def _flatten(model: onnx.ModelProto) -> None:
+    """Every MatMulNBits's scales and zero points as the operator's contract has them, 1-D (N x
+    blocks, and its packed bytes): ONNX Runtime's quantizer writes them (N, blocks), which its CPU
+    kernel takes but onnxruntime-web 1.30's WebGPU kernel fails on ("cannot convert shape")."""
+    inits = {i.name: i for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type != "MatMulNBits":
+            continue
+        for name in node.input[2:4]:
+            init = inits.get(name)
+            if init is not None and len(init.dims) > 1:
+                init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).reshape(-1), init.name))
 
 
 def _entry(s: Site, bits: int, accuracy: int, how: str, block: int) -> dict:

@@ -216,16 +216,24 @@ def reference_ops() -> list:
     return reference.reference_ops()
 
 
+# The MatMulNBits widths each ONNX runtime's kernel takes (onnxruntime-web 1.30's WebGPU kernel:
+# "Only 2b and 4b quantization is supported"); a runtime not named takes 2, 4 and 8.
+NBITS = {"ort-webgpu": (2, 4)}
+
+
 def missing_ops(name: str, model: onnx.ModelProto) -> list[str]:
-    """The ops of `model` that the ONNX runtime `name` has no kernel for ("domain.op_type"):
-    onnx's reference evaluator knows the standard ops and the com.microsoft ones attnexport gives
-    it (`reference_ops`), not MatMulNBits; ONNX Runtime's builds have every contrib op attnexport
-    writes (a WebGPU one runs what its provider lacks on the CPU, which its placement check names)."""
-    if name != "onnx-ref":
-        return []
-    known = {(getattr(op, "op_domain", ""), op.__name__) for op in reference_ops()}
-    return sorted({f"{n.domain}.{n.op_type}" for n in model.graph.node
-                   if n.domain not in ("", "ai.onnx") and (n.domain, n.op_type) not in known})
+    """The ops of `model` that the ONNX runtime `name` has no kernel for ("domain.op_type", with
+    what of it is missing): onnx's reference evaluator knows the standard ops and the com.microsoft
+    ones attnexport gives it (`reference_ops`), not MatMulNBits; ONNX Runtime's builds have every
+    contrib op attnexport writes, but WebGPU's MatMulNBits takes 2 and 4 bits only (`NBITS`)."""
+    if name == "onnx-ref":
+        known = {(getattr(op, "op_domain", ""), op.__name__) for op in reference_ops()}
+        return sorted({f"{n.domain}.{n.op_type}" for n in model.graph.node
+                       if n.domain not in ("", "ai.onnx") and (n.domain, n.op_type) not in known})
+    widths = NBITS.get(name, (2, 4, 8))
+    bits = sorted({a.i for n in model.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+                   if a.name == "bits" and a.i not in widths})
+    return [f"com.microsoft.MatMulNBits of {b} bits (it takes {' and '.join(map(str, widths))})" for b in bits]
 
 
 def has_fp16(model: onnx.ModelProto) -> bool:

@@ -25,7 +25,7 @@ from attnexport import precision as P
 from attnexport import runtimes as R
 from attnexport import weights as W
 from attnexport.compare import Comparison, Tolerance, check_tolerance_values, compare
-from attnexport.errors import UsageError, reason
+from attnexport.errors import AttnExportError, UsageError, reason
 from attnexport.inspect import load_model
 from attnexport.localize import Localization, locate
 from attnexport.report import Report, Row
@@ -134,7 +134,7 @@ def verify_hf(check: HFCheck) -> Report:
     used, table = R.select(check.runtimes, check.skip_unavailable)
     used, table = _able(model, used, table, check, quantized)
     ctx = _Context(check, model, layout, reference, tokenizer, dtype, flavor, used,
-                   {rt: R.prepare_onnx(rt, model) for rt in used if rt in R.ONNX_RUNTIMES})
+                   {rt: _prepared(rt, model) for rt in used if rt in R.ONNX_RUNTIMES})
     record = json.loads(meta.get("attnexport.params", "{}"))
     changed = changed_params(reference.step, record, dtype)
     damaged = W.read(model, record)[1] if record else []  # the file's own initializers against the record
@@ -187,6 +187,16 @@ def _able(model, used: list, table: list, check: HFCheck, quantized) -> tuple[li
     if not keep:
         raise UsageError(f"no runtime selected can run this {kind} model")
     return keep, out
+
+
+def _prepared(runtime: str, model) -> R.Prepared:
+    """The model ready on `runtime`; a runtime that cannot even load it is a UsageError in one line."""
+    try:
+        return R.prepare_onnx(runtime, model)
+    except AttnExportError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the runtime's own reason, in one line
+        raise UsageError(f"{runtime} cannot load the model: {reason(e)[:300]}") from None
 
 
 def _precision_name(model, quantized) -> str:

@@ -81,7 +81,13 @@ async function load({ id, ep, optimize, threads, webgpu }) {
   if (ep === 'wasm' && webgpu && !webgpuReady) {
     // onnxruntime-web 1.30: a WebGPU session made after the page's first WASM session fails its
     // MatMul ("no GPU data for input"); a WebGPU session made first, then released, prevents it.
-    await (await ort.InferenceSession.create(bytes, { executionProviders: ['webgpu'], logSeverityLevel: 3 })).release();
+    // A model WebGPU cannot load (8-bit MatMulNBits: its kernel takes 2 and 4 bits) is made on WASM
+    // all the same: the priming is for a later WebGPU session, which such a model cannot have anyway.
+    try {
+      await (await ort.InferenceSession.create(bytes, { executionProviders: ['webgpu'], logSeverityLevel: 3 })).release();
+    } catch {
+      // nothing to prime: the WASM session below is what was asked for
+    }
   }
   if (ep === 'webgpu') webgpuReady = true;
   captured = [];
