@@ -227,3 +227,28 @@ def test_bad_input_is_one_line(int4, gridded):
     r = run("export", "--hf", gridded, "--precision", "int4", "--dtype", "fp16")
     assert r.exit_code == 2 and "not both" in r.output
     assert "Traceback" not in r.output
+
+
+def test_a_carried_grid_on_the_deployment_runtimes(gridded, tmp_path):
+    """Node computes as ONNX Runtime's Python package does (int8 activations at accuracy level 4);
+    WASM and WebGPU take MatMulNBits with float activations, so a carried grid gives the model's own
+    answers there. WebGPU's kernel takes 2 and 4 bits: the default 8-bit head is refused in one line,
+    a float head (--keep head) runs."""
+    for name in ("ort-node", "ort-wasm", "ort-webgpu"):
+        s = R.status(name)
+        if not s.available:
+            pytest.skip(f"{name} is not available: {s.reason}")
+    default = tmp_path / "default.onnx"
+    assert run("export", "--hf", gridded, "--kv-cache", "--flavor", "attention", "--precision", "int4", "-o",
+               default).exit_code == 0
+    r = run("verify", default, "--hf", gridded, "--runtimes", "ort-webgpu")
+    assert r.exit_code == 2 and "it has no com.microsoft.MatMulNBits of 8 bits (it takes 2 and 4)" in r.output
+    out = tmp_path / "float-head.onnx"
+    assert run("export", "--hf", gridded, "--kv-cache", "--flavor", "attention", "--precision", "int4", "--keep",
+               "head", "-o", out).exit_code == 0
+    report = _report(run("verify", out, "--hf", gridded, "--runtimes", "ort-node,ort-wasm,ort-webgpu", "--json"))
+    assert report["summary"]["ok"], [row["error"] for row in report["results"] if not row["passed"]]
+    cost = {row["runtime"]: row["detail"]["accuracy"] for row in _accuracy(report)}
+    assert set(cost) == {"ort-node", "ort-wasm", "ort-webgpu"}
+    for name in ("ort-wasm", "ort-webgpu"):
+        assert cost[name]["kl_mean"] < 1e-6 and cost[name]["equal_tokens"] == cost[name]["new_tokens"]

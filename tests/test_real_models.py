@@ -108,3 +108,72 @@ def test_the_deployment_folder_from_the_gguf_file_loads_in_optimum_and_transform
     assert [row["runtime"] for row in rows] == list(clients.CLIENTS)
     for row in rows:  # each prompt encoded by the client's tokenizer as by transformers', then 48 tokens equal
         assert row["passed"] and row["outputs"][0]["compared"] == len(PROMPTS) * 48
+
+
+# --- quantized: what int4 and int8 cost SmolLM2 (docs/quantization.md) --------------------------------
+
+@pytest.fixture(scope="module")
+def int4(folder, tmp_path_factory):
+    """SmolLM2 in int4, static form, ort flavour: the GGUF's Q4_1 grid carried exactly into
+    MatMulNBits, its Q8_0 head at 8 bits, int8 activations (accuracy level 4)."""
+    path = tmp_path_factory.mktemp("int4") / "smollm2-int4.onnx"
+    r = run("export", "--hf", folder, "--kv-cache", "static", "--max-seq", "200", "--flavor", "ort", "--precision",
+            "int4", "-o", path)
+    assert r.exit_code == 0, r.output
+    assert "151 weight matrices: 150 exact 4-bit, 1 exact 8-bit" in r.output
+    return path
+
+
+def _accuracy_rows(report):
+    return [row for row in report["results"] if "accuracy" in row.get("detail", {})]
+
+
+def test_int4_keeps_the_answers_within_the_budget(folder, int4):
+    r = run("verify", int4, "--hf", folder, "--runtimes", "ort-cpu,ort-node", "--json")
+    report = _json(r)
+    assert r.exit_code == 0, [row["error"] for row in report["results"] if not row["passed"]]
+    weights = next(row for row in report["results"] if row["case"].startswith("weights"))
+    assert weights["detail"]["matrices"] == {"exact 4-bit": 150, "exact 8-bit": 1}
+    for row in _accuracy_rows(report):
+        cost = row["detail"]["accuracy"]
+        assert cost["kl_mean"] < 0.05 and cost["top1"] > 0.85 and abs(cost["perplexity_delta"]) < 0.05
+        assert cost["first_difference"][0] != 0  # "The capital of France is" still answers " Paris"
+    costs = next(row for row in report["results"] if "layer_costs" in row.get("detail", {}))["detail"]["layer_costs"]
+    assert len(costs) == 31 and {c["group"] for c in costs[:3]} & {"head", "layer:29"}
+
+
+@pytest.mark.parametrize("how", ["wrong scales", "a layer zeroed"])
+def test_the_budget_catches_a_broken_int4(folder, int4, how):
+    import onnx
+
+    from attnexport import accuracy as A
+    from attnexport import hf_reference as HR
+    from attnexport import precision as P
+    model = onnx.load(int4)
+    inits = {i.name: i for i in model.graph.initializer}
+    layer = [e for e in P.record_of(model)["matrices"] if e["group"] == "layer:12"]
+    for e in layer if how == "a layer zeroed" else layer[:1]:
+        scales = inits[e["tensors"][1]]
+        value = onnx.numpy_helper.to_array(scales)
+        scales.CopyFrom(onnx.numpy_helper.from_array(value * 0 if how == "a layer zeroed" else value * 3, scales.name))
+    layout = hf.Layout.of(model)
+    source, _ = hf.load(folder)
+    tokenizer = hf.tokenizer_of(folder)
+    base = A.baseline(HR.Reference(source, layout), tokenizer, HR.prompts(tokenizer, layout, (5,), 4), 8)
+    cost = A.measure(R.prepare_onnx("ort-cpu", model).run, layout, base, A.Budget())
+    assert cost.failures, cost.text()
+
+
+def test_int4_in_the_browser_gives_the_models_own_answers(folder, tmp_path):
+    """WASM computes MatMulNBits with float activations: a carried grid is the model itself there."""
+    if not R.status("ort-wasm").available:
+        pytest.skip(f"ort-wasm is not available: {R.status('ort-wasm').reason}")
+    path = tmp_path / "smollm2-int4-concat.onnx"
+    r = run("export", "--hf", folder, "--kv-cache", "--flavor", "attention", "--precision", "int4", "-o", path)
+    assert r.exit_code == 0, r.output
+    r = run("verify", path, "--hf", folder, "--runtimes", "ort-wasm", "--json")
+    report = _json(r)
+    assert r.exit_code == 0, [row["error"] for row in report["results"] if not row["passed"]]
+    (row,) = _accuracy_rows(report)
+    cost = row["detail"]["accuracy"]
+    assert cost["kl_mean"] < 1e-6 and cost["equal_tokens"] == cost["new_tokens"] == len(PROMPTS) * 48
