@@ -337,7 +337,7 @@ def quantize(model: onnx.ModelProto, plan: Plan, layers: int, vocab: int | None 
     inits = {i.name: i for i in model.graph.initializer}
     done = Quantized(plan)
     by_bits: dict[int, list[Site]] = {4: [], 8: []}
-    exact: list[tuple[Site, Grid, Rule]] = []
+    exact: list[tuple[Site, Grid]] = []
     for s in found:
         rule = plan.rule_for(s.group, layers)
         if rule.accuracy < 0:
@@ -348,22 +348,20 @@ def quantize(model: onnx.ModelProto, plan: Plan, layers: int, vocab: int | None 
         w = numpy_helper.to_array(inits[s.weight]).astype(np.float32)
         grid = grid_of(w, rule.bits, plan.block) if plan.carry else None
         if grid is not None:
-            exact.append((s, grid, rule))
+            exact.append((s, grid))
         else:
             by_bits[rule.bits].append(s)
         done.entries.append(_entry(s, rule.bits, rule.accuracy, "exact" if grid is not None else "ort", plan.block))
-    for s, grid, _ in exact:
+    for s, grid in exact:
         _carry(model, s, grid)
     for bits, group in by_bits.items():
         if group:
             _ort_quantize(model, group, bits, plan)
-    levels = {e["node"]: e["accuracy"] for e in done.entries if e["bits"]}
+    # Each matrix's MatMulNBits is named for its MatMul (`{node}_Q{bits}`, as ONNX Runtime's quantizer names it).
+    levels = {f"{e['node']}_Q{e['bits']}": e["accuracy"] for e in done.entries if e["bits"]}
     for node in model.graph.node:
-        if node.op_type == "MatMulNBits":
-            name = node.name[:-len(f"_Q{_attr(node, 'bits')}")] if node.name.endswith(("_Q4", "_Q8")) else node.name
-            level = levels.get(name)
-            if level is not None:
-                _set_attr(node, "accuracy_level", level)
+        if node.op_type == "MatMulNBits" and node.name in levels:
+            _set_attr(node, "accuracy_level", levels[node.name])
     _drop_unused(model)
     _flatten(model)
     _fingerprint(model, done)
@@ -530,10 +528,8 @@ def record_of(model: onnx.ModelProto) -> dict | None:
 
 
 def _nbits_node(model, entry: dict):
-    for node in model.graph.node:
-        if node.op_type == "MatMulNBits" and node.name in (f"{entry['node']}_Q{entry['bits']}",):
-            return node
-    return None
+    name = f"{entry['node']}_Q{entry['bits']}"
+    return next((n for n in model.graph.node if n.op_type == "MatMulNBits" and n.name == name), None)
 
 
 def matrix(model: onnx.ModelProto, entry: dict, inits: dict | None = None) -> np.ndarray | None:
