@@ -164,7 +164,8 @@ def verify_hf(check: HFCheck) -> Report:
 def _able(model, used: list, table: list, check: HFCheck, quantized) -> tuple[list, list]:
     """The runtimes that can run `model`'s ops: one named with --runtimes that cannot is a
     UsageError naming the ops it lacks; one taken by default is left out, the table saying why.
-    torch runs the source model, which a lossy model's cost is measured against: not a runtime of it."""
+    torch runs the source model, which a quantized model's cost is measured against: not a runtime of it
+    (an fp16 model's torch row is the model in torch's fp16)."""
     kind = _precision_name(model, quantized)
     keep, out = [], []
     for row in table:
@@ -176,8 +177,8 @@ def _able(model, used: list, table: list, check: HFCheck, quantized) -> tuple[li
             if check.runtimes is not None:
                 can = [r for r in R.ONNX_RUNTIMES if not R.missing_ops(r, model)]
                 raise UsageError(f"{why} (runtimes that can: {', '.join(can)})")
-        elif name == "torch" and kind != "fp32" and name in used:
-            why = "torch runs the source model, which this model's cost is measured against"
+        elif name == "torch" and quantized is not None and name in used:
+            why = "torch runs the source model, which this quantized model's cost is measured against"
         if why is not None:
             out.append({**row, "used": False, "reason": why})
             continue
