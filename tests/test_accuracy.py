@@ -255,3 +255,19 @@ def test_a_carried_grid_on_the_deployment_runtimes(gridded, tmp_path):
     assert set(cost) == {"ort-node", "ort-wasm", "ort-webgpu"}
     for name in ("ort-wasm", "ort-webgpu"):
         assert cost[name]["kl_mean"] < 1e-6 and cost[name]["equal_tokens"] == cost[name]["new_tokens"]
+
+
+def test_bench_puts_each_precision_beside_its_accuracy(gridded):
+    from attnexport import hf_bench
+    request = hf_bench.HFBenchRequest(gridded, contexts=(16,), forms=("static",), flavors=("ort",), iters=2,
+                                      warmup=1, prefill=False, precisions=("fp32", "int4"), genai_precisions=())
+    rows, _ = hf_bench.bench_hf(request)
+    ours = {r.precision: r for r in rows if r.engine == "attnexport"}
+    assert set(ours) == {"fp32", "int4"}
+    for precision, row in ours.items():
+        a = row.agreement
+        assert a["prompts"] == 5 and a["compared_tokens"] == 5 * hf_bench.AGREEMENT_TOKENS
+        assert (a["kl_mean"] < 1e-9) == (precision == "fp32") and a["teacher_forced_tokens"] > 100
+        assert "KL" in hf_bench.agreement_text(a)
+    # The int4 file's step reads its 4-bit blocks: fewer bytes than the fp32 model's parameters.
+    assert ours["int4"].step_bytes < 0.5 * ours["fp32"].step_bytes
