@@ -15,6 +15,7 @@ exporter's optimizer removes.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 
 import numpy as np
@@ -182,26 +183,26 @@ def _dead_rows(bias):
 
 
 # Whether rows with nothing to attend to give zeros (the operator's semantics, attnexport's
-# default) or are left to the softmax (NaN, as torch's kernels): set by `torch_dead_rows` while
-# a user's module that asks for torch's behaviour is exported.
-_ZERO_DEAD_ROWS = True
+# default) or are left to the softmax (NaN, as torch's kernels): False within `torch_dead_rows`,
+# while a user's module that asks for torch's behaviour is exported. A context variable, so a
+# block restores what it found (nested, or in another thread or task) and nothing lingers.
+_ZERO_DEAD_ROWS: contextvars.ContextVar[bool] = contextvars.ContextVar("attnexport_zero_dead_rows", default=True)
 
 
 @contextlib.contextmanager
 def torch_dead_rows():
     """Within the block, the primitives translation leaves fully masked rows to the softmax (NaN)."""
-    global _ZERO_DEAD_ROWS
-    _ZERO_DEAD_ROWS = False
+    token = _ZERO_DEAD_ROWS.set(False)
     try:
         yield
     finally:
-        _ZERO_DEAD_ROWS = True
+        _ZERO_DEAD_ROWS.reset(token)
 
 
 def _needs_guard(attn_mask, nonpad) -> bool:
     # A causal mask alone never empties a row (key 0, or the first new key, is always visible);
     # an explicit mask can, and so can a valid count (0, or below Tq with a causal offset).
-    return (attn_mask is not None or nonpad is not None) and _ZERO_DEAD_ROWS
+    return (attn_mask is not None or nonpad is not None) and _ZERO_DEAD_ROWS.get()
 
 
 def _repeat_kv(x, groups_known, query):

@@ -9,6 +9,7 @@ so a bug in one is not silently copied into the other.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 
 import numpy as np
 
@@ -17,27 +18,28 @@ NEG_INF = -np.inf
 # The precision every value is rounded to after it is computed: None (float64, the golden
 # outputs) or a narrower NumPy dtype while `rounded_to` is active. Rounding the inputs, the
 # weights and each intermediate result the way an implementation in that dtype must store
-# them gives the error a correct implementation can reach: the basis of fp16 tolerances.
-_ROUND_TO = None
+# them gives the error a correct implementation can reach: the basis of fp16 tolerances. A
+# context variable: a block restores what it found, in its own thread or task only.
+_ROUND_TO: contextvars.ContextVar = contextvars.ContextVar("attnexport_round_to", default=None)
 
 
 @contextlib.contextmanager
 def rounded_to(dtype):
     """Within the block, every reference function rounds its values to `dtype` (e.g. np.float16)."""
-    global _ROUND_TO
-    before, _ROUND_TO = _ROUND_TO, dtype
+    token = _ROUND_TO.set(dtype)
     try:
         yield
     finally:
-        _ROUND_TO = before
+        _ROUND_TO.reset(token)
 
 
 def _r(x):
     """x rounded to the emulated precision, kept as float64."""
-    if _ROUND_TO is None:
+    dtype = _ROUND_TO.get()
+    if dtype is None:
         return x
     with np.errstate(over="ignore"):
-        return np.asarray(x).astype(_ROUND_TO).astype(np.float64)
+        return np.asarray(x).astype(dtype).astype(np.float64)
 
 
 def _f64(x):

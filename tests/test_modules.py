@@ -580,3 +580,23 @@ def test_output_names_must_name_every_output(tmp_path):
             "-o", tmp_path / "o.onnx")
     assert r.exit_code == 0, r.output
     assert [o.name for o in onnx.load(tmp_path / "o.onnx").graph.output] == ["y"]
+
+
+def test_scoped_semantics_restore_what_they_found():
+    """`torch_dead_rows` and `reference.rounded_to` hold their setting for their block only and give
+    back the one they found, nested too (an inner block once reset zeroed dead rows to on inside an
+    outer one that had them off)."""
+    from attnexport import reference as ref
+    from attnexport.onnx_attention import _needs_guard, torch_dead_rows
+    mask = object()
+    with torch_dead_rows():
+        with torch_dead_rows():
+            assert not _needs_guard(mask, None)
+        assert not _needs_guard(mask, None)
+    assert _needs_guard(mask, None)
+    third = np.array(1 / 3)
+    with ref.rounded_to(np.float16):
+        with ref.rounded_to(np.float32):
+            assert ref._r(third) == np.float64(np.float32(1 / 3))
+        assert ref._r(third) == np.float64(np.float16(1 / 3))
+    assert ref._r(third) == 1 / 3
