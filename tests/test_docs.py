@@ -119,3 +119,22 @@ def test_the_readme_python_api_block_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("True")
     assert (tmp_path / "models" / "mha8.onnx").exists()
+
+
+def test_the_layout_names_every_module_and_no_other():
+    """docs/layout.md's table says where each module sits: every module of the package is in it
+    (a package's files too: models/, runtimes/ and verify/ by name in their row), and every name
+    in it is a module that exists. Adding or removing a module without the page fails here."""
+    text = (ROOT / "docs" / "layout.md").read_text()
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    package = ROOT / "attnexport"
+    named = {name for row in rows for name in re.findall(r"`([\w/]+)`", row[1])}
+    modules = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+    packages = {f"{p.name}/" for p in package.iterdir() if (p / "__init__.py").exists()}
+    assert named == modules | packages, (f"not in docs/layout.md: {sorted(modules | packages - named)}; "
+                                         f"named there but absent: {sorted(named - modules - packages)}")
+    for pkg in ("runtimes", "verify"):
+        row = next(r for r in rows if f"`{pkg}/`" in r[1])
+        files = {p.stem for p in (package / pkg).glob("*.py")}
+        said = set(re.findall(r"`([\w]+)`", row[2])) | set(re.findall(r"`" + pkg + r"/(\w+)`", row[2]))
+        assert files <= said, f"docs/layout.md's {pkg}/ row does not name {sorted(files - said)}"
