@@ -254,7 +254,7 @@ def bench(request: BenchRequest | str | schema.Variant, options: dict | None = N
 
     # One export per graph flavour: the symbolic axes serve every shape.
     models, notes = {}, {}
-    onnx_rts = [r for r in runtimes if r.startswith("ort")]
+    onnx_rts = [r for r in runtimes if not R.runs_module(r)]
     for f in flavors if onnx_rts else []:
         gf = E.graph_flavor(variant, f)
         try:
@@ -263,7 +263,7 @@ def bench(request: BenchRequest | str | schema.Variant, options: dict | None = N
         except UnsupportedByFlavor as e:
             notes[f] = str(e)
 
-    devices = {"cuda" if rt.endswith("cuda") else "cpu" for rt in runtimes}
+    devices = {"cuda" if R.on_cuda(rt) else "cpu" for rt in runtimes}
     if progress:
         progress(0, len(shapes), "calibrating the matmul peak")
     sizes = calibration_sizes(shapes)
@@ -359,7 +359,7 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
             cands.append(_torch_graph_candidate(call))
     refused = []  # (runtime, flavor, mode, why): a CUDA graph ONNX Runtime would not capture
     for f, model in models.items():
-        for rt in [r for r in runtimes if r.startswith("ort")]:
+        for rt in [r for r in runtimes if not R.runs_module(r)]:
             if rt in R.JS_RUNTIMES:
                 cands.append(_js_candidate(rt, f, model, inputs, run))
                 continue
@@ -391,12 +391,12 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
             timed = c.block(block) if c.block is not None else [_time_one(c.fn, c.device) for _ in range(block)]
             c.rounds.append(timed)
             c.times += c.rounds[-1]
-    base = {c.device: c for c in cands if c.runtime.startswith("torch") and c.mode == "eager"}
+    base = {c.device: c for c in cands if R.runs_module(c.runtime) and c.mode == "eager"}
     ref_out = {d: c.outputs() for d, c in base.items()}
     flops = variant.flops(o)
     rows = []
     for c in cands:
-        if c.runtime.startswith("torch") and c.runtime not in runtimes:
+        if R.runs_module(c.runtime) and c.runtime not in runtimes:
             continue
         out = c.outputs()
         err = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
@@ -717,7 +717,7 @@ def bench_decode(request: BenchRequest | str, options: dict | None = None, conte
         tokens = row.shape["batch"] * row.shape["seq"]
         row.tokens_per_s = tokens / (row.median_ms / 1e3) if row.median_ms == row.median_ms else None
         if row.phase == "decode" and row.median_ms == row.median_ms:
-            device = "cuda" if row.runtime.endswith("cuda") else "cpu"
+            device = "cuda" if R.on_cuda(row.runtime) else "cpu"
             size = decode_step_bytes(variant, variant.resolve({**scalars, **row.shape}), params, itemsize)
             per_s = size / (row.median_ms / 1e3)
             memory, working = rate(device, 1024 if device == "cuda" else 512), rate(device, max(1, round(size / 2**20)))
@@ -734,9 +734,9 @@ def warnings_for(runtimes: list[str] | None, dtype: str, cuda_graph: bool) -> li
     """What the user should know before a run starts (said up front, not after minutes)."""
     runtimes = list(runtimes or [r for r in BENCH_RUNTIMES if r in R.DEFAULT_RUNTIMES and R.status(r).available])
     out = []
-    if cuda_graph and not any(r.endswith("cuda") for r in runtimes):
+    if cuda_graph and not any(R.on_cuda(r) for r in runtimes):
         out.append("--cuda-graph does nothing here: no CUDA runtime (torch-cuda, ort-cuda) is in this run")
-    cpu = [r for r in runtimes if not r.endswith("cuda")]
+    cpu = [r for r in runtimes if not R.on_cuda(r)]
     if dtype == "fp16" and cpu:
         out.append(f"fp16 on {', '.join(cpu)}: the CPU has no fp16 matrix units, so torch and ONNX Runtime "
                    "emulate it, often 10-100x slower than fp32; a run can take minutes")

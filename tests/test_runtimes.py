@@ -30,6 +30,32 @@ def test_every_runtime_has_a_status_with_a_reason():
         R.status("tpu")
 
 
+def test_a_runtime_is_its_registry_line_and_its_adapter(mha, monkeypatch):
+    """What docs/layout.md shows: a runtime added as one REGISTRY line and an adapter module (here
+    ONNX Runtime's CPU provider under another name) is found, described and run through the one
+    dispatch, and what it is (module or ONNX, its device) is read from its line, not its name."""
+    import sys
+    import types
+
+    from attnexport.runtimes import ort
+    adapter = types.ModuleType("attnexport.runtimes.other")
+    adapter.status = lambda name: R.Status(name, True, "another adapter")
+    adapter.prepare = lambda name, model, optimize=True, threads=None: ort.prepare("ort-cpu", model, optimize, threads)
+    monkeypatch.setitem(sys.modules, "attnexport.runtimes.other", adapter)
+    monkeypatch.setitem(R.REGISTRY, "cuda-lookalike", R.Runtime("cuda-lookalike", "onnx", "cpu", "other",
+                                                                default=False, timed=True))
+    assert R.status("cuda-lookalike").reason == "another adapter"
+    assert not R.on_cuda("cuda-lookalike") and not R.runs_module("cuda-lookalike")
+    _, _, _, model, feed = mha
+    got = R.prepare_onnx("cuda-lookalike", model).run(feed)
+    want = R.prepare_onnx("ort-cpu", model).run(feed)
+    np.testing.assert_allclose(got["output"], want["output"], rtol=1e-6, atol=1e-6)
+    assert [n for n in R.RUNTIMES if R.runs_module(n)] == ["torch", "torch-cuda"]
+    assert [n for n in R.RUNTIMES if R.on_cuda(n)] == ["torch-cuda", "ort-cuda"]
+    with pytest.raises(ValueError):
+        R.prepare_onnx("torch", model)
+
+
 def test_torch_and_onnx_runtimes_agree_by_output_name(mha):
     variant, o, params, model, feed = mha
     results = {"torch": R.prepare_torch("torch", variant, o, params, "fp32").run(feed)}

@@ -6,12 +6,14 @@ package (`ort`); `ort-node`, `ort-wasm` and `ort-webgpu` on ONNX Runtime where a
 Node (onnxruntime-node) and in a browser (onnxruntime-web's WASM and WebGPU backends in headless
 Chromium), through one JavaScript process (`js`). A runtime that cannot run here says why
 (`status`); the accelerated ones (`ort-cuda`, `ort-webgpu`) also prove where every node ran,
-because ONNX Runtime falls back to the CPU silently. Adding a runtime touches this package only.
+because ONNX Runtime falls back to the CPU silently. Adding a runtime touches this package only:
+its line in `REGISTRY` and its adapter module (`status`, and `prepare` for an ONNX runtime).
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
 import statistics
 import time
 from collections.abc import Callable
@@ -22,14 +24,56 @@ import onnx
 
 from attnexport.errors import ProviderUnavailableError, UsageError
 
-JS_RUNTIMES = ("ort-node", "ort-wasm", "ort-webgpu")
-RUNTIMES = ("torch", "torch-cuda", "onnx-ref", "ort-cpu", "ort-cuda", *JS_RUNTIMES)
-ONNX_RUNTIMES = ("onnx-ref", "ort-cpu", "ort-cuda", *JS_RUNTIMES)
-# What verify uses when no runtime is named: the ones in this process. The deployment runtimes
-# start Node (and Chromium) and are used when named.
-DEFAULT_RUNTIMES = ("torch", "torch-cuda", "onnx-ref", "ort-cpu", "ort-cuda")
-TIMED_RUNTIMES = ("torch", "torch-cuda", "ort-cpu", "ort-cuda", *JS_RUNTIMES)  # bench's (not the reference evaluator)
-ACCELERATED = ("ort-cuda", "ort-webgpu")  # where a node left on the CPU is a fallback
+
+@dataclass(frozen=True)
+class Runtime:
+    """What a runtime is, said once: what it runs, on which device, through which adapter module of
+    this package, and where verify and bench use it. Everything else asks this table (`REGISTRY`,
+    the tuples below, `runs_module`, `on_cuda`) rather than reading the name."""
+
+    name: str
+    runs: str  # "module": the PyTorch module itself; "onnx": an exported model
+    device: str  # "cpu", "cuda", or "gpu" (the browser's WebGPU adapter)
+    adapter: str  # its module in attnexport.runtimes: status(name), and prepare(name, model, ...) for "onnx"
+    default: bool  # verify uses it when no runtime is named (it runs in this process)
+    timed: bool  # bench times it
+    accelerated: bool = False  # a compute node it leaves on the CPU is a fallback
+
+
+REGISTRY = {r.name: r for r in (
+    Runtime("torch", "module", "cpu", "pytorch", default=True, timed=True),
+    Runtime("torch-cuda", "module", "cuda", "pytorch", default=True, timed=True),
+    Runtime("onnx-ref", "onnx", "cpu", "reference", default=True, timed=False),
+    Runtime("ort-cpu", "onnx", "cpu", "ort", default=True, timed=True),
+    Runtime("ort-cuda", "onnx", "cuda", "ort", default=True, timed=True, accelerated=True),
+    # ONNX Runtime where apps deploy it, through one JavaScript process; started when named.
+    Runtime("ort-node", "onnx", "cpu", "js", default=False, timed=True),
+    Runtime("ort-wasm", "onnx", "cpu", "js", default=False, timed=True),
+    Runtime("ort-webgpu", "onnx", "gpu", "js", default=False, timed=True, accelerated=True),
+)}
+RUNTIMES = tuple(REGISTRY)
+ONNX_RUNTIMES = tuple(n for n, r in REGISTRY.items() if r.runs == "onnx")
+JS_RUNTIMES = tuple(n for n, r in REGISTRY.items() if r.adapter == "js")
+DEFAULT_RUNTIMES = tuple(n for n, r in REGISTRY.items() if r.default)
+TIMED_RUNTIMES = tuple(n for n, r in REGISTRY.items() if r.timed)  # bench's (not the reference evaluator)
+ACCELERATED = tuple(n for n, r in REGISTRY.items() if r.accelerated)
+
+
+def runs_module(name: str) -> bool:
+    """Whether `name` runs the PyTorch module itself (torch, torch-cuda), not an exported model."""
+    return REGISTRY[name].runs == "module"
+
+
+def on_cuda(name: str) -> bool:
+    """Whether `name` runs on a CUDA device (its inputs and timings live there)."""
+    return REGISTRY[name].device == "cuda"
+
+
+def _adapter(name: str):
+    if name not in REGISTRY:
+        raise ValueError(name)
+    return importlib.import_module(f"attnexport.runtimes.{REGISTRY[name].adapter}")
+
 
 # Threads of a session's CPU pool when the caller names none; None: ONNX Runtime's choice (every
 # physical core). A process that shares the cores with others (a test worker) sets its share.
@@ -155,19 +199,8 @@ class Prepared:
 
 
 def status(name: str) -> Status:
-    if name not in RUNTIMES:
-        raise ValueError(name)
-    if name == "torch-cuda":
-        from attnexport.runtimes import pytorch
-        return pytorch.cuda_status()
-    if name == "ort-cuda":
-        from attnexport.runtimes import ort
-        return ort.cuda_status()
-    if name in JS_RUNTIMES:
-        from attnexport.runtimes import js
-        return js.status(name)
-    return Status(name, True, {"torch": "PyTorch eager, CPU", "onnx-ref": "onnx.reference.ReferenceEvaluator",
-                               "ort-cpu": "CPUExecutionProvider"}[name])
+    """Whether `name` can run here, and what it is (or why not): its adapter says."""
+    return _adapter(name).status(name)
 
 
 def described(table: list[dict]) -> list[dict]:
@@ -187,14 +220,9 @@ def prepare_onnx(name: str, model: onnx.ModelProto, optimize: bool = True, threa
     (the runtime's graph optimizations off), for localization; `threads`: the CPU threads of its
     pool (default DEFAULT_CPU_THREADS; the browser's WASM backend takes them at its first session)."""
     require(name)
-    if name == "onnx-ref":
-        from attnexport.runtimes import reference
-        return reference.prepare(model)
-    if name in JS_RUNTIMES:
-        from attnexport.runtimes import js
-        return js.prepare(name, model, optimize=optimize, threads=threads)
-    from attnexport.runtimes import ort
-    return ort.prepare(name, model, optimize=optimize, threads=threads)
+    if REGISTRY[name].runs != "onnx":
+        raise ValueError(f"{name} runs the PyTorch module, not an ONNX model")
+    return _adapter(name).prepare(name, model, optimize=optimize, threads=threads)
 
 
 def prepare_torch(name, variant, options, params, dtype) -> Prepared:

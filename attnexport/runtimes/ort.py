@@ -24,6 +24,10 @@ def _ort():
     return ort
 
 
+def status(name: str) -> R.Status:
+    return cuda_status() if R.on_cuda(name) else R.Status(name, True, "CPUExecutionProvider")
+
+
 @functools.cache
 def cuda_status() -> R.Status:
     ort = _ort()

@@ -11,6 +11,10 @@ from attnexport import runtimes as R
 from attnexport import schema, seeding
 
 
+def status(name: str) -> R.Status:
+    return cuda_status() if R.on_cuda(name) else R.Status(name, True, "PyTorch eager, CPU")
+
+
 @functools.cache
 def cuda_status() -> R.Status:
     import torch
@@ -26,7 +30,7 @@ def prepare_torch(name: str, variant: schema.Variant, options: dict, params: dic
     (a module returning more than it declares gets the extras as `<unnamed i>`)."""
     import torch
     R.require(name)
-    device = "cuda" if name == "torch-cuda" else "cpu"
+    device = "cuda" if R.on_cuda(name) else "cpu"
     tdtype = D.torch_dtype(dtype)
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 parity: no TF32

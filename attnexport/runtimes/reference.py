@@ -155,8 +155,13 @@ def mha_reference_op():
     return MultiHeadAttention
 
 
-def prepare(model: onnx.ModelProto) -> R.Prepared:
-    """The reference evaluator on `model`, run by output name."""
+def status(name: str) -> R.Status:
+    return R.Status(name, True, "onnx.reference.ReferenceEvaluator")
+
+
+def prepare(name: str, model: onnx.ModelProto, optimize: bool = True, threads: int | None = None) -> R.Prepared:
+    """The reference evaluator on `model`, run by output name (it has no graph optimizations or
+    threads to set)."""
     from onnx.reference import ReferenceEvaluator
     ev = ReferenceEvaluator(model, new_ops=reference_ops())
     names = list(ev.output_names)
@@ -164,4 +169,4 @@ def prepare(model: onnx.ModelProto) -> R.Prepared:
     def run(feed: dict) -> dict:
         with np.errstate(all="ignore"):  # fully masked rows make NaN before the guard selects 0
             return {n: np.asarray(o) for n, o in zip(names, ev.run(None, feed), strict=True)}
-    return R.Prepared("onnx-ref", run, ["ReferenceEvaluator"])
+    return R.Prepared(name, run, ["ReferenceEvaluator"])

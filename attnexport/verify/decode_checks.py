@@ -10,6 +10,7 @@ import onnx
 
 from attnexport import golden, seeding
 from attnexport import modules as M
+from attnexport import runtimes as R
 from attnexport import variants as V
 from attnexport.cases import seed_of
 from attnexport.compare import compare_outputs, past_ends_zeroed
@@ -177,7 +178,7 @@ def _decode_rows(m: LoadedModule, feed, expected, kind, decode_with) -> list:
     for chunk in CHUNKS:
         label = "decode, a token a step" if chunk == 1 else f"decode, {chunk} tokens a step"
         for rt in m.used:
-            row = Row(case=label, variant=m.spec, flavor="-" if rt.startswith("torch") else m.flavor, runtime=rt,
+            row = Row(case=label, variant=m.spec, flavor="-" if R.runs_module(rt) else m.flavor, runtime=rt,
                       dtype=m.dtype, model=m.model_name, tolerance=m.tol, expected_kind=kind,
                       inputs=feed, expected=expected)
             rows.append(row)

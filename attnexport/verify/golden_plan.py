@@ -20,7 +20,7 @@ def plan_golden(cases, flavors, used, dtype, rtol, atol) -> list[Step]:
         checks += golden_decode_checks(variant, case, case.params, dtype, rtol, atol)
         for c, expected, kind, t, chunk in checks:
             for rt in used:
-                if rt.startswith("torch"):
+                if R.runs_module(rt):
                     plan.append(Step(c, "-", rt, dtype, t, expected, kind, case.params, decode_chunk=chunk))
         for flavor in flavors:
             source = ModelSource(case.variant, case.options, E.graph_flavor(variant, flavor), None, dtype,

@@ -13,6 +13,7 @@ from attnexport import dtypes as D
 from attnexport import export as E
 from attnexport import flavors as FL
 from attnexport import golden, schema, seeding
+from attnexport import runtimes as R
 from attnexport import variants as V
 from attnexport import weights as W
 from attnexport.errors import UsageError
@@ -164,7 +165,7 @@ def plan_model(path, used: list[str], request: VerifyRequest, model_flavor: str 
         checks = [(mcase, expected, ekind, tol, 0)] + golden_decode_checks(variant, mcase, params, mdtype, rtol, atol)
         for c, exp, kind_, t, chunk in checks:
             for rt in used:
-                src = None if rt.startswith("torch") else source
+                src = None if R.runs_module(rt) else source
                 steps.append(Step(c, "-" if src is None else flavor, rt, mdtype, t, exp, kind_, params, src, name,
                                   problem, decode_chunk=chunk))
     return steps, mdtype

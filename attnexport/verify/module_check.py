@@ -145,7 +145,7 @@ def _verify_module(check: ModuleCheck) -> Report:
         expected = {n: w.detach().double().numpy() for n, w in zip(declared, want, strict=True)}
         arrays = {n: t.numpy() for n, t in zip(names, feed, strict=True)}
         for rt in used:
-            row = Row(case=label, variant=spec, flavor="-" if rt.startswith("torch") else flavor, runtime=rt,
+            row = Row(case=label, variant=spec, flavor="-" if R.runs_module(rt) else flavor, runtime=rt,
                       dtype=dtype, model=Path(model_path).name, tolerance=row_tol,
                       expected_kind=kind, inputs=arrays, expected=expected)
             rows.append(row)
