@@ -90,12 +90,9 @@ def _validate(variant, flavor, opset, dtype, o=None):
     FL.check(flavor)
     D.check(dtype)
     gf = graph_flavor(variant, flavor)
-    needs_24 = (o or {}).get("nonpad") or V.static_cache(o or {})
-    if gf == "attention" and needs_24 and opset is not None and opset < 24:
-        what = "--nonpad" if (o or {}).get("nonpad") else "--kv-cache static"
-        raise UsageError(f"--opset {opset}: {what} needs opset 24 for the attention flavor")
-    # The operator's nonpad_kv_seqlen input and TensorScatter came with opset 24.
-    return gf, FL.opset_for(gf, opset, 24 if gf == "attention" and needs_24 else None)
+    needs = [option for option, asked in (("--nonpad", (o or {}).get("nonpad")),
+                                          ("--kv-cache static", V.static_cache(o or {}))) if asked]
+    return gf, FL.opset_for(gf, opset, needs)
 
 
 @contextlib.contextmanager

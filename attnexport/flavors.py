@@ -20,13 +20,18 @@ class Flavor:
     default_opset: int
     expected_ops: tuple[str, ...]  # the attention op a dot-product variant's graph must have (one of)
     summary: str
+    # What a graph of this flavour needs a newer opset for: {the option that asks for it: its lowest opset}.
+    needs: tuple[tuple[str, int], ...] = ()
 
 
 FLAVORS: dict[str, Flavor] = {f.name: f for f in (
     Flavor("primitives", (17, 18), 18, ("MatMul+Softmax",),
            "standard ops only (MatMul, Softmax, Where, ...): runs on any runtime, old ones too"),
     Flavor("attention", (23, 24), 23, ("Attention",),
-           "the standard ONNX Attention op: one fused node, no vendor lock-in"),
+           "the standard ONNX Attention op: one fused node, no vendor lock-in",
+           # The operator's valid key counts (nonpad_kv_seqlen) and TensorScatter, which writes
+           # a static cache in place, came with opset 24.
+           needs=(("--nonpad", 24), ("--kv-cache static", 24))),
     Flavor("ort", (17, 18), 18, ("com.microsoft.MultiHeadAttention", "com.microsoft.Attention",
                                  "com.microsoft.GroupQueryAttention"),
            "ONNX Runtime's fused contrib ops: its fastest kernels, ONNX Runtime only"),
@@ -36,12 +41,16 @@ FLAVORS: dict[str, Flavor] = {f.name: f for f in (
 DEFAULT = "attention"
 
 
-def opset_for(flavor: str, opset: int | None, lowest: int | None = None) -> int:
-    """The opset to export `flavor` at: `opset`, checked, or the flavour's default (at least
-    `lowest`, when the options need a newer one)."""
+def opset_for(flavor: str, opset: int | None, needs=()) -> int:
+    """The opset to export `flavor` at: `opset`, checked, or the flavour's default, at least what
+    the options in `needs` (e.g. "--kv-cache static") take in this flavour (`Flavor.needs`)."""
     from attnexport.errors import UsageError
     lo, hi = FLAVORS[flavor].opsets
-    lo = max(lo, lowest or lo)
+    wanted = [(option, least) for option, least in FLAVORS[flavor].needs if option in needs]
+    for option, least in wanted:
+        if opset is not None and opset < least:
+            raise UsageError(f"--opset {opset}: {option} needs opset {least} for the {flavor} flavor")
+    lo = max([lo, *(least for _, least in wanted)])
     opset = max(FLAVORS[flavor].default_opset, lo) if opset is None else opset
     if not lo <= opset <= hi:
         allowed = str(lo) if lo == hi else f"{lo} to {hi}"

@@ -126,8 +126,7 @@ def export_hf(request: HFExport) -> tuple[ModuleExportResult, hf.Layout]:
     feed = hf.example_feed(layout, block=3 if r.form == "static" else 5, past=0 if r.form == "static" else 3)
     example = tuple(torch.from_numpy(v) for v in feed.values())
     flavor = r.flavor or FL.DEFAULT
-    # The attention flavour's static step writes with TensorScatter (opset 24).
-    opset = FL.opset_for(flavor, r.opset, 24 if r.form == "static" and flavor == "attention" else None)
+    opset = FL.opset_for(flavor, r.opset, ["--kv-cache static"] if r.form == "static" else [])
     name = f"{model.config.model_type} ({r.form})"
     reference = HR.Reference(model, layout, dtype, r.rtol, r.atol)
     quantized: dict = {}

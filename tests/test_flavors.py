@@ -25,11 +25,22 @@ def test_each_flavour_has_one_translation_and_its_ops_name_it():
         ["attention", "ort", "primitives", "primitives"]
 
 
-@pytest.mark.parametrize("flavor, given, lowest, want", [("primitives", None, None, 18), ("primitives", 17, None, 17),
-                                                         ("attention", None, None, 23), ("attention", None, 24, 24),
-                                                         ("ort", 18, None, 18)])
-def test_opset_for(flavor, given, lowest, want):
-    assert FL.opset_for(flavor, given, lowest) == want
+@pytest.mark.parametrize("flavor, given, needs, want", [
+    ("primitives", None, (), 18), ("primitives", 17, (), 17), ("attention", None, (), 23),
+    ("attention", None, ("--kv-cache static",), 24), ("attention", 24, ("--nonpad",), 24),
+    ("ort", 18, ("--kv-cache static",), 18), ("primitives", None, ("--nonpad",), 18)])
+def test_opset_for(flavor, given, needs, want):
+    assert FL.opset_for(flavor, given, needs) == want
+
+
+@pytest.mark.parametrize("option", ["--nonpad", "--kv-cache static"])
+def test_what_needs_a_newer_opset_is_said_once_and_named(option):
+    """The attention flavour's opset-24 needs live in its table entry: asked for below it, the
+    option is named; other flavours do not need it."""
+    assert dict(FL.FLAVORS["attention"].needs)[option] == 24
+    with pytest.raises(UsageError, match=f"--opset 23: {option} needs opset 24 for the attention flavor"):
+        FL.opset_for("attention", 23, [option])
+    assert all(not f.needs for name, f in FL.FLAVORS.items() if name != "attention")
 
 
 @pytest.mark.parametrize("flavor, opset", [("primitives", 16), ("attention", 18), ("ort", 23)])
