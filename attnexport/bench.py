@@ -556,7 +556,6 @@ def gemv_bandwidth(threads: int, megabytes: int = 512, runs: int = 7) -> float:
     """The read rate (bytes/s) of ONNX Runtime's MatMul of one row by a `megabytes` fp32 matrix on
     `threads` threads, best of `runs`: the access a decode step's projections make, which reads
     faster than a reduction on some machines."""
-    import onnxruntime as ort
     from onnx import TensorProto, helper
     k = 4096
     n = megabytes * 2**20 // (4 * k)
@@ -566,10 +565,7 @@ def gemv_bandwidth(threads: int, megabytes: int = 512, runs: int = 7) -> float:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 8
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
+    session = R.ort_session("ort-cpu", model, threads=threads, spinning=True)[0]
     feed = {"x": np.ones((1, k), np.float32), "w": np.random.default_rng(0).standard_normal((k, n), np.float32)}
     session.run(None, feed)
     times = []

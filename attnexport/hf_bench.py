@@ -27,6 +27,7 @@ import numpy as np
 
 from attnexport import hf, hf_export
 from attnexport import hf_reference as HR
+from attnexport import runtimes as R
 from attnexport.bench import gemv_bandwidth, memory_bandwidth, stats_of
 from attnexport.errors import UsageError, reason
 
@@ -134,10 +135,9 @@ def step_bytes(model, layout: hf.Layout, context: int) -> int:
 
 
 def _session(path, threads: int):
-    import onnxruntime as ort
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    """The engine's session on ONNX Runtime's CPU provider (`runtimes.ort_session`), its pool
+    spinning between steps as in an app's decode loop."""
+    return R.ort_session("ort-cpu", path, threads=threads, spinning=True)[0]
 
 
 class _Sessions:

@@ -182,3 +182,18 @@ print("ok")
     assert ours.returncode == 0 and ours.stdout.strip() == "ok", ours.stderr[-2000:]
     default = subprocess.run([sys.executable, "-c", script, "default"], capture_output=True, text=True, timeout=120)
     assert default.returncode == 0 or default.returncode < 0, default.stderr[-2000:]  # ran, or crashed
+
+
+def test_a_session_from_a_file_path_is_made_in_the_one_place(mha, tmp_path):
+    """bench --hf's engines open their files by path through `ort_session` too: a float16 file (the
+    CPU pass that crashes on it skipped), with the pool spinning, runs as the ModelProto's session."""
+    variant, o, params, _, feed = mha
+    model = E.build_model("mha", o, "attention", dtype="fp16", params=params)[0]
+    path = tmp_path / "mha-fp16.onnx"
+    onnx.save(model, str(path))
+    half = {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in feed.items()}
+    by_path, placement, _ = R.ort_session("ort-cpu", path, threads=1, spinning=True)
+    by_proto = R.ort_session("ort-cpu", model, threads=1)[0]
+    got, want = by_path.run(None, half), by_proto.run(None, half)
+    assert placement == {"CPUExecutionProvider": placement["CPUExecutionProvider"]}
+    np.testing.assert_allclose(got[0].astype(np.float32), want[0].astype(np.float32), rtol=1e-3, atol=1e-3)

@@ -231,11 +231,12 @@ def prepare_torch(name, variant, options, params, dtype) -> Prepared:
     return pytorch.prepare_torch(name, variant, options, params, dtype)
 
 
-def ort_session(name: str, model: onnx.ModelProto, threads: int | None = None, optimize: bool = True,
-                tf32: bool = False, cuda_graph: bool = False):
+def ort_session(name: str, model, threads: int | None = None, optimize: bool = True,
+                tf32: bool = False, cuda_graph: bool = False, spinning: bool = False):
     """The one place ONNX Runtime sessions are made in Python (see runtimes.ort.ort_session)."""
     from attnexport.runtimes import ort
-    return ort.ort_session(name, model, threads=threads, optimize=optimize, tf32=tf32, cuda_graph=cuda_graph)
+    return ort.ort_session(name, model, threads=threads, optimize=optimize, tf32=tf32, cuda_graph=cuda_graph,
+                           spinning=spinning)
 
 
 def reference_ops() -> list:

@@ -71,28 +71,35 @@ def cuda_status() -> R.Status:
 CPU_FP16_DISABLED_OPTIMIZERS = ("NchwcTransformer",)
 
 
-def ort_session(name: str, model: onnx.ModelProto, threads: int | None = None, optimize: bool = True,
-                tf32: bool = False, cuda_graph: bool = False):
+def ort_session(name: str, model, threads: int | None = None, optimize: bool = True,
+                tf32: bool = False, cuda_graph: bool = False, spinning: bool = False):
     """An ONNX Runtime session on `name`'s provider, and where each node was placed.
 
-    The one place sessions are made (verify, bench, localization): the CPU pool does not spin
-    between runs (its spinning took the cores torch needed when the two took turns, and torch's
-    time grew 2-300x), every node's provider is recorded, and a CUDA session that fell back to
-    the CPU is an error, never a silent success. TF32 stays off unless asked for (fp32 parity).
+    The one place sessions are made (verify, bench, bench --hf, localization), of a ModelProto or
+    a model file's path: the CPU pool does not spin between runs (its spinning took the cores
+    torch needed when the two took turns, and torch's time grew 2-300x) unless `spinning` (a
+    language model's decode loop timed alone, as apps run it), every node's provider is recorded,
+    a float16 graph on the CPU skips the pass that crashes on it, and a CUDA session that fell
+    back to the CPU is an error, never a silent success. TF32 stays off unless asked for (fp32
+    parity).
 
     Returns:
         (session, {provider: ["op_type:node name", ...]}, the shape computations among the
         nodes of the graph the session runs: see `shape_computations`).
     """
     ort = _ort()
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    if not isinstance(model, onnx.ModelProto):
+        model = onnx.load(str(model), load_external_data=False)
     so = ort.SessionOptions()
     so.log_severity_level = 3
     threads = threads or R.DEFAULT_CPU_THREADS
     if threads:
         so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
     if not optimize:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     workdir = None
     disabled = []
@@ -111,7 +118,7 @@ def ort_session(name: str, model: onnx.ModelProto, threads: int | None = None, o
         if model.ByteSize() < 1 << 30:
             workdir = tempfile.TemporaryDirectory(prefix="attnexport-ort-")
             so.optimized_model_filepath = os.path.join(workdir.name, "optimized.onnx")
-    session = ort.InferenceSession(model.SerializeToString(), so, providers=providers,
+    session = ort.InferenceSession(source, so, providers=providers,
                                    disabled_optimizers=disabled or None)
     got = session.get_providers()
     if name == "ort-cuda" and "CUDAExecutionProvider" not in got:
