@@ -166,9 +166,9 @@ def _best_of(fn, device: str, iters: int) -> float:
     threads (0.4 s for 2048^3 on one core) gets as many runs as fit CALIBRATION_SECONDS, at least
     3, which keeps the calibration a small part of a bench."""
     fn()
-    first = _time_one(fn, device)
+    first = R.time_call(fn, device)
     runs = max(3, min(iters, int(CALIBRATION_SECONDS * 1e3 / max(first, 1e-3))))
-    return min([first] + [_time_one(fn, device) for _ in range(runs)])
+    return min([first] + [R.time_call(fn, device) for _ in range(runs)])
 
 
 def _ort_matmul_ms(a: np.ndarray, b: np.ndarray, threads: int, iters: int) -> float:
@@ -388,7 +388,7 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
         for c in cands:
             said(f"round {r + 1} of {rounds}: {c.runtime} {c.flavor}")
             c.fn()  # after another candidate ran: settle the caches and thread pools, untimed
-            timed = c.block(block) if c.block is not None else [_time_one(c.fn, c.device) for _ in range(block)]
+            timed = c.block(block) if c.block is not None else [R.time_call(c.fn, c.device) for _ in range(block)]
             c.rounds.append(timed)
             c.times += c.rounds[-1]
     base = {c.device: c for c in cands if R.runs_module(c.runtime) and c.mode == "eager"}
@@ -425,20 +425,6 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
     rows += [_untimed_row(variant, rt, f, mode, dtype, shape, threads, f"no CUDA graph: {why}")
              for rt, f, mode, why in refused]
     return rows
-
-
-def _time_one(fn, device) -> float:
-    import torch
-    if device == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
-    t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
 
 
 def _ort_candidate(rt, flavor, model, inputs, run_: _Run, cuda_graph, cands, in_place=False):
@@ -583,7 +569,7 @@ def cuda_read_bandwidth(megabytes: int = 1024, runs: int = 20) -> float:
     import torch
     x = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device="cuda")
     x.sum()
-    return x.nbytes / (min(_time_one(x.sum, "cuda") for _ in range(runs)) / 1e3)
+    return x.nbytes / (min(R.time_call(x.sum, "cuda") for _ in range(runs)) / 1e3)
 
 
 def decode_step_bytes(variant, o, params, itemsize: int) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -86,14 +85,7 @@ class HFBenchRow:
 
 
 def _timed(fn, warmup: int, iters: int) -> tuple[float, float, float]:
-    for _ in range(warmup):
-        fn()
-    ms = []
-    for _ in range(iters):
-        started = time.perf_counter()
-        fn()
-        ms.append((time.perf_counter() - started) * 1e3)
-    return stats_of(ms)
+    return stats_of(R.time_calls(fn, warmup, iters))
 
 
 def cache_bytes(layout: hf.Layout, context: int, itemsize: int = 4) -> int:

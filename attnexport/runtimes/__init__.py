@@ -188,14 +188,35 @@ class Prepared:
 
     def timed(self, feed: dict, warmup: int = 1, iters: int = 5) -> tuple[dict[str, np.ndarray], float]:
         """Runs `warmup` times, then `iters` times; returns the outputs and the median ms."""
-        for _ in range(warmup):
-            outs = self.run(feed)
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            outs = self.run(feed)
-            times.append((time.perf_counter() - t0) * 1e3)
+        outs: dict = {}
+
+        def call():
+            outs.update(self.run(feed))
+        times = time_calls(call, warmup, iters)
         return outs, statistics.median(times)
+
+
+def time_call(fn: Callable[[], object], device: str = "cpu") -> float:
+    """The ms one call of `fn` takes: on the host clock, or on a CUDA device by events recorded
+    around it on the device (the launch's host cost is not the kernel's)."""
+    if device == "cuda":
+        import torch
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def time_calls(fn: Callable[[], object], warmup: int, iters: int, device: str = "cpu") -> list[float]:
+    """The one timing loop: `warmup` untimed calls, then the ms of each of `iters` (`time_call`)."""
+    for _ in range(warmup):
+        fn()
+    return [time_call(fn, device) for _ in range(iters)]
 
 
 def status(name: str) -> Status:
