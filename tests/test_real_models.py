@@ -41,6 +41,7 @@ def run(*args):
 
 
 def _json(result):
+    assert "{" in result.output, result.output  # a one-line refusal (exit 2) says why here
     return json.loads(result.output[result.output.index("{"):])
 
 
