@@ -11,6 +11,11 @@ set -u
 out=${OUT:-gpu-results}
 pack=${PACK:?PACK: the folder with smollm2.gguf, genai-fp16, genai-int4}
 mkdir -p "$out"
+# transformers reads gguf's version from its dist-info: a copied package folder alone reads as "N/A".
+if [ -d "$pack/site/gguf" ] && ! ls -d "$pack"/site/gguf-*.dist-info >/dev/null 2>&1; then
+    mkdir -p "$pack/site/gguf-0.19.0.dist-info"
+    printf 'Metadata-Version: 2.1\nName: gguf\nVersion: 0.19.0\n' > "$pack/site/gguf-0.19.0.dist-info/METADATA"
+fi
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=3 ATTNEXPORT_CACHE=/tmp/attnexport-cache
 work=/tmp/hf
 mkdir -p $work
