@@ -262,17 +262,23 @@ def baseline(reference, tokenizer, prompts, new_tokens: int) -> Baseline:
     return Baseline(eval_ids, held_ids, fp32[0], fp64[0], fp32[1], fp64[1], list(prompts), want.tokens, margins)
 
 
-def measure(run, layout: hf.Layout, base: Baseline, budget: Budget, dtype=np.float32) -> Cost:
-    """The accuracy cost of the step graph `run` (feed -> outputs, any runtime) against `base`."""
+def measure(run, layout: hf.Layout, base: Baseline, budget: Budget, dtype=np.float32,
+            one_at_a_time: bool = False) -> Cost:
+    """The accuracy cost of the step graph `run` (feed -> outputs, any runtime) against `base`; its
+    greedy tokens from the prompts in one batch, or one prompt at a time (a graph whose runtime
+    drives a sequence alone: onnxruntime-genai's shared-buffer step)."""
     new_tokens = base.tokens.shape[1]
     got_eval = hf.stepped_logits(run, layout, base.eval_ids, PREFILL, 1, dtype)[0]
     got_held = hf.stepped_logits(run, layout, base.held_ids, PREFILL, 1, dtype)[0]
     kl = kl_per_position(base.eval32, got_eval)
     kl64 = kl_per_position(base.eval64, got_eval)
     top1 = float((base.eval32.argmax(-1) == got_eval.argmax(-1)).mean())
-    gen = hf.generate(run, layout, base.prompts, new_tokens, dtype=dtype)
+    if one_at_a_time:
+        tokens = np.concatenate([hf.generate(run, layout, [p], new_tokens, dtype=dtype).tokens for p in base.prompts])
+    else:
+        tokens = hf.generate(run, layout, base.prompts, new_tokens, dtype=dtype).tokens
     firsts = []
-    for got, want in zip(gen.tokens, base.tokens, strict=True):
+    for got, want in zip(tokens, base.tokens, strict=True):
         differ = np.flatnonzero(got != want)
         firsts.append(int(differ[0]) if differ.size else None)
     cost = Cost(kl_mean=float(kl.mean()), kl_p99=float(np.percentile(kl, 99)), kl_max=float(kl.max()), top1=top1,

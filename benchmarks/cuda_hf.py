@@ -121,7 +121,7 @@ class Buffered:
     are placeholders); one-token steps replay a CUDA graph when `graph`."""
 
     def __init__(self, dev: Device, path: Path, layout: hf.Layout, positions: int, graph: bool, genai: bool):
-        self.dev, self.graph, self.genai, self.positions = dev, graph, genai, positions
+        self.dev, self.genai, self.positions = dev, genai, positions
         self.layout = layout
         self.plain, self.placement = dev.session(path)
         self.replayed, self.refused = None, None
@@ -134,7 +134,7 @@ class Buffered:
         self.cache = [n for n in self.inputs if n.startswith("past_key_values.")]
         self.presents = {n: n.replace("past_key_values.", "present.") for n in self.cache}
         self.states: dict = {}
-        self.graph_ids: dict = {}
+        self.graphs = 0  # CUDA graphs captured so far: each binding of the replayed session is its own
 
     def state(self, batch: int):
         if batch not in self.states:
@@ -162,8 +162,8 @@ class Buffered:
             b.bind_ortvalue_output("logits", logits)
             options = self.dev.ort.RunOptions()
             if session is self.replayed:
-                options.add_run_config_entry("gpu_graph_id", str(len(self.graph_ids) + 1))
-                self.graph_ids[(batch, key)] = len(self.graph_ids) + 1
+                self.graphs += 1
+                options.add_run_config_entry("gpu_graph_id", str(self.graphs))
             st["bindings"][key] = (b, values, logits, options)
         return st["bindings"][key]
 
@@ -232,9 +232,9 @@ def hbm_bandwidth() -> float | None:
     return (512 << 20) * 4 / best
 
 
-def fill_static(engine: Buffered, context: int):
-    """The buffers filled with random values at every position (a step at write_pos `context`
-    reads the first `context` of them)."""
+def fill_buffers(engine: Buffered):
+    """The batch-1 buffers filled with random values at every position (a step at context c reads
+    the first c of them)."""
     st = engine.state(1)
     rng = np.random.default_rng(0)
     for n, v in st["buffers"].items():
@@ -251,7 +251,7 @@ def step_feed(engine: Buffered, context: int) -> dict:
 
 def time_buffered(engine: Buffered, contexts, warmup, iters, replay: bool) -> dict:
     out = {}
-    fill_static(engine, 0)
+    fill_buffers(engine)
     for c in contexts:
         feed = step_feed(engine, c)
         try:
@@ -311,31 +311,6 @@ def time_torch(model, layout: hf.Layout, contexts, warmup, iters, dtype) -> dict
 
 
 # --- accuracy ------------------------------------------------------------------------------------
-
-def cost_of(run, layout: hf.Layout, base: A.Baseline, budget: A.Budget, dtype, one_at_a_time: bool) -> dict:
-    """`accuracy.measure`, or its twin generating one prompt at a time (a shared-buffer graph is
-    driven so by its own generator)."""
-    if not one_at_a_time:
-        return A.measure(run, layout, base, budget, dtype).to_dict()
-    new_tokens = base.tokens.shape[1]
-    got_eval = hf.stepped_logits(run, layout, base.eval_ids, A.PREFILL, 1, dtype)[0]
-    got_held = hf.stepped_logits(run, layout, base.held_ids, A.PREFILL, 1, dtype)[0]
-    kl = A.kl_per_position(base.eval32, got_eval)
-    kl64 = A.kl_per_position(base.eval64, got_eval)
-    firsts = []
-    for prompt, want in zip(base.prompts, base.tokens, strict=True):
-        got = hf.generate(run, layout, [prompt], new_tokens, dtype=dtype).tokens[0]
-        differ = np.flatnonzero(got != want)
-        firsts.append(int(differ[0]) if differ.size else None)
-    cost = A.Cost(kl_mean=float(kl.mean()), kl_p99=float(np.percentile(kl, 99)), kl_max=float(kl.max()),
-                  top1=float((base.eval32.argmax(-1) == got_eval.argmax(-1)).mean()), positions=int(kl.size),
-                  perplexity=A.perplexity(got_held, base.held_ids[0]),
-                  perplexity_fp32=A.perplexity(base.held32, base.held_ids[0]),
-                  perplexity_fp64=A.perplexity(base.held64, base.held_ids[0]), first_difference=firsts,
-                  margins=base.margins, equal_tokens=int(sum(new_tokens if f is None else f for f in firsts)),
-                  new_tokens=int(new_tokens * len(firsts)), kl_mean_fp64=float(kl64.mean()))
-    return cost.judge(budget).to_dict()
-
 
 def torch_cost(model, base: A.Baseline, dtype) -> dict:
     """transformers' own model on the GPU in `dtype`: teacher-forced KL and top-1, and its greedy
@@ -430,7 +405,7 @@ def run(args) -> dict:
                     engine.replayed = None  # no capture: the accuracy of the plain runs
                     entry["accuracy_path"] = "plain runs (the CUDA graph failed)"
             base = base_for(layout)
-            cost = cost_of(engine.run, layout, base, budget, dtype, one_at_a_time=False)
+            cost = A.measure(engine.run, layout, base, budget, dtype).to_dict()
             entry["accuracy"] = cost
             # Replay parity: the teacher-forced logits through the replayed graph and through plain runs.
             replay = hf.stepped_logits(engine.run, layout, base.eval_ids, A.PREFILL, 1, dtype)
@@ -442,7 +417,7 @@ def run(args) -> dict:
             from attnexport import runtimes as R
             entry["times"] = {"io-binding": time_concat(dev, path, layout, contexts, args.warmup, args.iters)}
             prepared = R.prepare_onnx("ort-cuda" if args.provider == "cuda" else "ort-cpu", onnx.load(str(path)))
-            entry["accuracy"] = cost_of(prepared.run, layout, base_for(layout), budget, dtype, one_at_a_time=False)
+            entry["accuracy"] = A.measure(prepared.run, layout, base_for(layout), budget, dtype).to_dict()
         entry["step_bytes"] = {c: weights + cache_bytes(layout, c, itemsize) for c in contexts}
         entry["seconds"] = time.time() - t0
         emit(entry)
@@ -472,7 +447,7 @@ def run(args) -> dict:
                                                          replay=True)
         # Its accuracy on plain runs (a captured graph per mask length would be a graph per step).
         engine.replayed = None
-        entry["accuracy"] = cost_of(engine.run, layout, base_for(layout), budget, dtype, one_at_a_time=True)
+        entry["accuracy"] = A.measure(engine.run, layout, base_for(layout), budget, dtype, one_at_a_time=True).to_dict()
         entry["step_bytes"] = {c: weights + cache_bytes(layout, c, np.dtype(dtype).itemsize) for c in contexts}
         entry["seconds"] = time.time() - t0
         emit(entry)

@@ -271,3 +271,20 @@ def test_bench_puts_each_precision_beside_its_accuracy(gridded):
         assert "KL" in hf_bench.agreement_text(a)
     # The int4 file's step reads its 4-bit blocks: fewer bytes than the fp32 model's parameters.
     assert ours["int4"].step_bytes < 0.5 * ours["fp32"].step_bytes
+
+
+def test_greedy_tokens_one_prompt_at_a_time_are_compared_as_in_a_batch(gridded, int4):
+    """`measure(one_at_a_time=True)` (how a shared-buffer graph is driven) generates each prompt alone and
+    compares it with the same row of transformers' tokens: on the carried grid both ways agree with the
+    batch on how many tokens stay equal, and the teacher-forced numbers do not depend on it."""
+    model = onnx.load(int4)
+    layout = hf.Layout.of(model)
+    source, _ = hf.load(gridded)
+    base = A.baseline(HR.Reference(source, layout), None, HR.prompts(None, layout, (5, 9, 2), seed=4), 8)
+    run_ = _session_run(model)
+    batched = A.measure(run_, layout, base, A.Budget())
+    alone = A.measure(run_, layout, base, A.Budget(), one_at_a_time=True)
+    assert alone.new_tokens == batched.new_tokens == 3 * 8 and len(alone.first_difference) == 3
+    assert alone.kl_mean == pytest.approx(batched.kl_mean, rel=1e-6) and alone.top1 == pytest.approx(batched.top1)
+    assert alone.equal_tokens == sum(8 if f is None else f for f in alone.first_difference)
+    assert abs(alone.equal_tokens - batched.equal_tokens) <= 8  # padding in the batch may turn one near tie
