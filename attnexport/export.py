@@ -426,12 +426,13 @@ def check_flavor_op(model, flavor: str, what: str, applies: bool = True, flavor_
 
 
 # What a static step on com.microsoft.GroupQueryAttention accepts, in its metadata: ONNX Runtime
-# (1.31.1) refuses a block of more than one position over written positions at batch > 1 ("batch_size
-# must be 1 when sequence_length > 1 and past context is given"); verify reports such runs as not
-# applicable with this text.
+# (1.31.1) has no computation for a block of more than one position over written positions at
+# batch > 1 (it takes such a block as a first prompt); the graph answers NaN in those sequences
+# (attnexport.onnx_attention) and verify reports such runs as not applicable with this text.
 STATIC_BLOCKS = "attnexport.static_blocks"
 GQA_BLOCKS = ("one position a step over written positions at batch > 1 (a block of several: at batch 1, or into "
-              "empty buffers, write_pos 0): ONNX Runtime's GroupQueryAttention refuses more")
+              "empty buffers, write_pos 0): ONNX Runtime's GroupQueryAttention computes no more, and the graph "
+              "answers NaN beyond it")
 # And what its buffers' outputs hold: GroupQueryAttention copies each sequence's valid prefix into
 # a present output that is not the past input's memory, and leaves what lies past it undefined
 # (bound in place, the buffer keeps it). verify compares those outputs over the valid prefix.

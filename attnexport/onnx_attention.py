@@ -518,10 +518,11 @@ def _ort_static(query, key, value, key_cache, value_cache, write_pos, valid, sca
     buffer does. Its causal mask puts query i of sequence b at write_pos[b] + i, the operator's.
     GroupQueryAttention is causal only and wants fixed head counts: a step that is not causal, has a
     softmax precision of its own, or symbolic heads (sdpa's 4-D layout) is the ScatterElements +
-    MultiHeadAttention graph instead; a softcap is its attribute (Gemma2's). ONNX Runtime (1.31.1)
-    refuses a block of more than one position over written positions at batch > 1; the model's metadata says so
-    (`attnexport.static_blocks`, see attnexport.export) and verify reports such runs as not
-    applicable."""
+    MultiHeadAttention graph instead; a softcap is its attribute (Gemma2's). The operator cannot take
+    a block of more than one position over written positions at batch > 1: the model's metadata
+    says so (`attnexport.static_blocks`, see attnexport.export), verify reports such runs as not
+    applicable, and the graph answers NaN there (`_nan_where_out_of_contract`). Its total length
+    is shape arithmetic (`_gqa_total`), so the step can be captured in a CUDA graph."""
     heads, kv_heads = _static(query.shape[1]), _static(key.shape[1])
     plain_precision = softmax_precision is None or softmax_precision == query.dtype
     if not is_causal or heads is None or kv_heads is None or not plain_precision:
@@ -529,16 +530,46 @@ def _ort_static(query, key, value, key_cache, value_cache, write_pos, valid, sca
                                      softcap, softmax_precision)
     q3, k3, v3 = (op.Reshape(op.Transpose(t, perm=[0, 2, 1, 3]), [0, 0, -1]) for t in (query, key, value))
     seqlens = op.Cast(op.Sub(valid, op.Constant(value_int=1)), to=6)  # INT32: the last valid position
-    total = op.Cast(op.ReduceMax(valid, keepdims=0), to=6)
+    total, first_block = _gqa_total(query, key_cache)
     attrs = {"num_heads": heads, "kv_num_heads": kv_heads}
     if scale is not None:
         attrs["scale"] = float(scale)
     if softcap and softcap > 0:
         attrs["softcap"] = float(softcap)
     out, key_cache, value_cache = _GroupQueryAttention(q3, k3, v3, key_cache, value_cache, seqlens, total, **attrs)
+    out = _nan_where_out_of_contract(out, write_pos, first_block, _const(float("nan"), query))
     out = op.Transpose(op.Reshape(out, op.Concat(op.Constant(value_ints=[0, 0, heads]), op.Constant(value_ints=[-1]),
                                                  axis=0)), perm=[0, 2, 1, 3])
     return out, key_cache, value_cache
+
+
+def _gqa_total(query, key_cache):
+    """GroupQueryAttention's total_sequence_length, from shapes alone: the block's length S when a
+    batch of several sequences takes a block of several positions (the operator's first prompt:
+    its only block at batch > 1, into empty buffers), else the buffers' length L (one token at any
+    positions, or a block at batch 1 over what is written: the kernel reads each sequence's
+    length from seqlens_k). ONNX Runtime's CUDA provider reads this input on the host, so a value
+    computed from the step's device-held positions is copied there every step, and a graph with
+    such a copy cannot be captured in a CUDA graph (so it was, to 2026-11-26); shape arithmetic
+    stays on the host with no copy. Returns (the total as INT32 [1], the first-prompt flag)."""
+    one = op.Constant(value_ints=[1])
+    batch, block = op.Shape(query, start=0, end=1), op.Shape(query, start=2, end=3)
+    first_block = op.And(op.Greater(batch, one), op.Greater(block, one))
+    return op.Cast(op.Where(first_block, block, op.Shape(key_cache, start=2, end=3)), to=6), first_block
+
+
+def _nan_where_out_of_contract(out, write_pos, first_block, nan):
+    """`out` with NaN in each sequence that the operator could not compute: a block of several at
+    batch > 1 (the first prompt, `_gqa_total`) over written positions (write_pos > 0), which it
+    would read as a first prompt and answer wrong without a word. The model's metadata states the
+    limit (`attnexport.static_blocks`); this makes a step beyond it fail every comparison. The
+    flag crosses to the device as a shape (ConstantOfShape of 0 or 1 elements, summed there), not
+    as a copied value."""
+    flag = op.ReduceSum(op.ConstantOfShape(op.Cast(first_block, to=7), value=ir.tensor(np.array([1], np.int64))),
+                        keepdims=0)
+    beyond = op.Reshape(op.Greater(op.Mul(write_pos, flag), op.Constant(value_int=0)),
+                        op.Constant(value_ints=[-1, 1, 1]))
+    return op.Where(beyond, nan, out)
 
 
 STATIC_TRANSLATIONS = {

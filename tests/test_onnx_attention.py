@@ -221,3 +221,62 @@ def test_ort_static_step_writes_the_bound_buffers_in_place():
     np.testing.assert_allclose(binding.copy_outputs_to_cpu()[0], want["output"], rtol=1e-4, atol=1e-5)
     for n, value in buffers.items():  # the reference writes the block and keeps the rest
         np.testing.assert_allclose(value.numpy(), want[n + "_out"], rtol=1e-4, atol=1e-5)
+
+
+def _producers_of(model, name):
+    """The nodes `name` is computed from, and the graph inputs whose values it reads (through
+    Shape, only the input's shape is read: such an input does not count)."""
+    made = {o: n for n in model.graph.node for o in n.output}
+    inputs = {i.name for i in model.graph.input}
+    nodes, values, todo = [], set(), [name]
+    while todo:
+        x = todo.pop()
+        if x in inputs:
+            values.add(x)
+        node = made.get(x)
+        if node is None or node in nodes:
+            continue
+        nodes.append(node)
+        if node.op_type != "Shape":
+            todo += [i for i in node.input if i]
+    return nodes, values
+
+
+def test_ort_static_total_length_is_shape_arithmetic():
+    """GroupQueryAttention's total_sequence_length is read on the host by ONNX Runtime's CUDA
+    provider: computed from the step's positions (device memory), its copy to the host kept every
+    static step out of a CUDA graph on an H200 (2026-11-26). It comes from shapes alone."""
+    model = _graph(STATIC, "ort", variant="mha")
+    node = _fused(model, ("com.microsoft", "GroupQueryAttention"))
+    nodes, values = _producers_of(model, node.input[6])
+    assert not values, values  # no graph input's values, write_pos included
+    assert {n.op_type for n in nodes} >= {"Shape", "Where"}
+
+
+@pytest.mark.parametrize("batch,block,written,fails", [
+    (3, 1, [5, 2, 0], False),   # one token at each sequence's own position
+    (3, 4, [0, 0, 0], False),   # a block at batch > 1 into empty buffers: the operator's first prompt
+    (1, 4, [5], False),          # a block at batch 1 over written positions
+    (3, 4, [5, 0, 2], True),    # a block at batch > 1 over written positions: beyond the operator
+])
+def test_ort_static_step_is_right_or_nan_never_quietly_wrong(batch, block, written, fails):
+    """Each step the operator computes agrees with the float64 reference; a block of several at
+    batch > 1 over written positions (which GroupQueryAttention would read as a first prompt) gives
+    NaN in each sequence that has written positions, and only there."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from attnexport import seeding
+    from attnexport import variants as V
+    v = V.get("mha")
+    o = v.resolve({**STATIC, "batch": batch, "seq": block})
+    params = seeding.init_params(v, o, 0)
+    model = E.build_model("mha", o, "ort", params=params)[0]
+    feed = {**seeding.make_inputs(v, o, 1), "write_pos": np.array(written, np.int64)}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(["output"], feed)[0]
+    if not fails:
+        np.testing.assert_allclose(got, v.reference(params, feed, o)["output"], rtol=1e-4, atol=1e-5)
+        return
+    for b, w in enumerate(written):
+        assert np.isnan(got[b]).all() if w else np.isfinite(got[b]).all(), (b, w)

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The ort flavour's static step on the GPU machine (see docs/benchmarks.md), since its
+# total_sequence_length is shape arithmetic: GroupQueryAttention alone against NumPy
+# (benchmarks/gqa_cuda_probe.py), the CUDA and placement tests, then the random Llama's static
+# exports captured in a CUDA graph beside its concat export, onnxruntime-genai's CUDA builds and
+# transformers, and SmolLM2's static fp16 the same way.
+# Run from the project root with ONNX Runtime's CUDA build importable and PACK the folder
+# benchmarks/gpu-hf.sh describes (smollm2.gguf, genai-fp16/, genai-int4/, site/).
+set -u
+out=${OUT:-gpu-results}
+pack=${PACK:?PACK: the folder with smollm2.gguf, genai-fp16, genai-int4, site}
+mkdir -p "$out"
+if [ -d "$pack/site/gguf" ] && ! ls -d "$pack"/site/gguf-*.dist-info >/dev/null 2>&1; then
+    mkdir -p "$pack/site/gguf-0.19.0.dist-info"
+    printf 'Metadata-Version: 2.1\nName: gguf\nVersion: 0.19.0\n' > "$pack/site/gguf-0.19.0.dist-info/METADATA"
+fi
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=3 ATTNEXPORT_CACHE=/tmp/attnexport-cache
+work=/tmp/hf
+mkdir -p $work
+t0=$SECONDS
+say() { echo "[$((SECONDS - t0)) s] $*"; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
+
+python3 benchmarks/gqa_cuda_probe.py --json "$out/gqa-probe.json" > "$out/gqa-probe.txt" 2>&1
+say "probe: exit $?"
+
+ex() {  # ex SOURCE NAME FORM PRECISION MAX_SEQ
+    local extra=""
+    [ "$3" = static ] && extra="--max-seq $5"
+    timeout ${EXPORT_SECONDS:-300} python3 -m attnexport export --hf "$1" --kv-cache "$3" $extra --flavor ort \
+        --precision "$4" -o "$work/$2-$3-$4.onnx" > "$out/export-$2-$3-$4.txt" 2>&1
+    echo "exit $?" >> "$out/export-$2-$3-$4.txt"
+}
+ex "$pack/smollm2.gguf" smollm2 static fp16 "${SMOLLM2_MAX_SEQ:-4097}" &
+( python3 benchmarks/cuda_hf.py random $work/rand > "$out/random-digest.txt" 2>&1
+  for p in fp16 int4; do ex $work/rand rand static $p 8193; done; ex $work/rand rand concat fp16 ) &
+( timeout ${TEST_SECONDS:-240} python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_cuda.py tests/test_placement.py \
+      > "$out/cuda-tests.txt" 2>&1
+  echo "exit $?" >> "$out/cuda-tests.txt" ) &
+wait
+say "exports and tests done: $(tail -2 "$out/cuda-tests.txt" | head -1)"
+say "random model: $(tail -1 "$out/random-digest.txt") (genai's builds: ${RANDOM_DIGEST:-?})"
+grep -h "exit\|MiB" "$out"/export-*.txt | head -20
+
+run() {  # run NAME SECONDS CONTEXTS ARGS...: cuda_hf.py, only the exports that were written
+    local name=$1 limit=$2 contexts=$3
+    shift 3
+    local args=()
+    for a in "$@"; do
+        case $a in
+            *=*.onnx) [ -f "${a#*=}" ] && args+=(--onnx "$a") ;;
+            *) args+=("$a") ;;
+        esac
+    done
+    timeout "$limit" python3 benchmarks/cuda_hf.py run "${args[@]}" --provider cuda --contexts "$contexts" \
+        --iters "${ITERS:-100}" --json "$out/cuda-hf-$name.json" > "$out/cuda-hf-$name.txt" 2>&1
+    say "$name: exit $?"
+}
+run random ${RANDOM_SECONDS:-150} 128,1024,4096,8192 --source $work/rand \
+    static-fp16=$work/rand-static-fp16.onnx static-int4=$work/rand-static-int4.onnx \
+    concat-fp16=$work/rand-concat-fp16.onnx \
+    --genai genai-fp16=$pack/genai-fp16 --genai genai-int4=$pack/genai-int4 --torch fp16
+run smollm2 ${SMOLLM2_SECONDS:-150} 128,1024,4096 --source "$pack/smollm2.gguf" \
+    static-fp16=$work/smollm2-static-fp16.onnx --torch fp16
