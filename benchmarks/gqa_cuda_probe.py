@@ -51,7 +51,8 @@ def gqa_model(heads: int, kv_heads: int, d: int, total_from_shape: bool) -> onnx
     else:
         nodes += [helper.make_node("ReduceMax", ["valid"], ["max"], keepdims=0),
                   helper.make_node("Cast", ["max"], ["total"], to=TensorProto.INT32)]
-    nodes.append(helper.make_node("GroupQueryAttention", ["q", "k", "v", "key_cache", "value_cache", "seqlens", "total"],
+    gqa_inputs = ["q", "k", "v", "key_cache", "value_cache", "seqlens", "total"]
+    nodes.append(helper.make_node("GroupQueryAttention", gqa_inputs,
                                   ["out", "key_cache_out", "value_cache_out"], domain="com.microsoft",
                                   num_heads=heads, kv_num_heads=kv_heads))
     outputs = [helper.make_tensor_value_info("out", f16, ["B", 1, heads * d]),
@@ -59,8 +60,8 @@ def gqa_model(heads: int, kv_heads: int, d: int, total_from_shape: bool) -> onnx
                helper.make_tensor_value_info("value_cache_out", f16, ["B", kv_heads, "L", d])]
     graph = helper.make_graph(nodes, "gqa", inputs, outputs,
                               [helper.make_tensor("one", TensorProto.INT64, [], [1])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)],
-                             ir_version=10)
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=10)
 
 
 def oracle(feed: dict, heads: int, kv_heads: int, d: int) -> np.ndarray:
