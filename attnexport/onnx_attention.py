@@ -563,10 +563,11 @@ def _nan_where_out_of_contract(out, write_pos, first_block, nan):
     batch > 1 (the first prompt, `_gqa_total`) over written positions (write_pos > 0), which it
     would read as a first prompt and answer wrong without a word. The model's metadata states the
     limit (`attnexport.static_blocks`); this makes a step beyond it fail every comparison. The
-    flag crosses to the device as a shape (ConstantOfShape of 0 or 1 elements, summed there), not
-    as a copied value."""
-    flag = op.ReduceSum(op.ConstantOfShape(op.Cast(first_block, to=7), value=ir.tensor(np.array([1], np.int64))),
-                        keepdims=0)
+    flag reaches the device as Slice bounds (which the kernel reads on the host) picking 0 or 1
+    from a constant there, not as a copied value (nor as an empty tensor: ONNX Runtime's CUDA
+    ReduceSum refuses to reduce one away)."""
+    at = op.Cast(first_block, to=7)
+    flag = op.Slice(op.Constant(value_ints=[0, 1]), at, op.Add(at, op.Constant(value_ints=[1])))
     beyond = op.Reshape(op.Greater(op.Mul(write_pos, flag), op.Constant(value_int=0)),
                         op.Constant(value_ints=[-1, 1, 1]))
     return op.Where(beyond, nan, out)

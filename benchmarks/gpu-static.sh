@@ -19,28 +19,29 @@ work=/tmp/hf
 mkdir -p $work
 t0=$SECONDS
 say() { echo "[$((SECONDS - t0)) s] $*"; }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
-
-python3 benchmarks/gqa_cuda_probe.py --json "$out/gqa-probe.json" > "$out/gqa-probe.txt" 2>&1
+# Eight files at most come back from the device: the logs share a few.
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/probe.txt"
+python3 benchmarks/gqa_cuda_probe.py --json "$out/gqa-probe.json" >> "$out/probe.txt" 2>&1
 say "probe: exit $?"
 
 ex() {  # ex SOURCE NAME FORM PRECISION MAX_SEQ
     local extra=""
     [ "$3" = static ] && extra="--max-seq $5"
     timeout ${EXPORT_SECONDS:-300} python3 -m attnexport export --hf "$1" --kv-cache "$3" $extra --flavor ort \
-        --precision "$4" -o "$work/$2-$3-$4.onnx" > "$out/export-$2-$3-$4.txt" 2>&1
-    echo "exit $?" >> "$out/export-$2-$3-$4.txt"
+        --precision "$4" -o "$work/$2-$3-$4.onnx" > "$work/export-$2-$3-$4.txt" 2>&1
+    echo "exit $?" >> "$work/export-$2-$3-$4.txt"
 }
 ex "$pack/smollm2.gguf" smollm2 static fp16 "${SMOLLM2_MAX_SEQ:-4097}" &
-( python3 benchmarks/cuda_hf.py random $work/rand > "$out/random-digest.txt" 2>&1
+( python3 benchmarks/cuda_hf.py random $work/rand > "$work/random-digest.txt" 2>&1
   for p in fp16 int4; do ex $work/rand rand static $p 8193; done; ex $work/rand rand concat fp16 ) &
 ( timeout ${TEST_SECONDS:-240} python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_cuda.py tests/test_placement.py \
       > "$out/cuda-tests.txt" 2>&1
   echo "exit $?" >> "$out/cuda-tests.txt" ) &
 wait
 say "exports and tests done: $(tail -2 "$out/cuda-tests.txt" | head -1)"
-say "random model: $(tail -1 "$out/random-digest.txt") (genai's builds: ${RANDOM_DIGEST:-?})"
-grep -h "exit\|MiB" "$out"/export-*.txt | head -20
+say "random model: $(tail -1 "$work/random-digest.txt") (genai's builds: ${RANDOM_DIGEST:-?})" | tee -a "$out/probe.txt"
+tail -n 5 "$work"/export-*.txt > "$out/exports.txt"
+grep -h "exit\|MiB" "$work"/export-*.txt | head -20
 
 run() {  # run NAME SECONDS CONTEXTS ARGS...: cuda_hf.py, only the exports that were written
     local name=$1 limit=$2 contexts=$3
