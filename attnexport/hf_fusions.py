@@ -221,11 +221,23 @@ def _rotary_into_gqa(model: onnx.ModelProto) -> None:
         if q is None or k is None or v is None or q[1].input[1] != k[1].input[1]:
             continue
         inputs = list(node.input) + [""] * max(0, 9 - len(node.input))
+        for old, new in ((inputs[0], q[0]), (inputs[1], k[0]), (inputs[2], v)):
+            _shapes_read_from(model, old, new)
         inputs[0], inputs[1], inputs[2], inputs[7], inputs[8] = q[0], k[0], v, COS, SIN
         del node.input[:]
         node.input.extend(inputs)
         node.attribute.extend([helper.make_attribute("do_rotary", 1), helper.make_attribute("rotary_interleaved", 0)])
     _pack_qkv(model, made)
+
+
+def _shapes_read_from(model: onnx.ModelProto, old: str, new: str) -> None:
+    """Each Shape node that reads the batch and block dims (the first two) of `old` reads them from
+    `new` instead, which a fusion feeds the attention in its place (both (B, S, ...)): the step's
+    total length (attnexport.onnx_attention._gqa_total) would otherwise keep the replaced nodes
+    alive for their shape alone."""
+    for node in model.graph.node:
+        if node.op_type == "Shape" and node.input[0] == old and 0 < _attr(node, "end", 99) <= 2:
+            node.input[0] = new
 
 
 def _pack_qkv(model: onnx.ModelProto, made: dict) -> None:
@@ -246,16 +258,19 @@ def _pack_qkv(model: onnx.ModelProto, made: dict) -> None:
         if any(a.ndim != 2 for a in arrays) or len({a.shape[0] for a in arrays}) != 1:
             continue
         name = f"{node.name}_qkv"
+        _shapes_read_from(model, node.input[0], name)
         packed_inits.append(numpy_helper.from_array(np.concatenate(arrays, axis=1), f"{name}.weight"))
         nodes.append((node, helper.make_node("MatMul", [mms[0].input[0], f"{name}.weight"], [name], name)))
         node.input[0], node.input[1], node.input[2] = name, "", ""
     if not nodes:
         return
     model.graph.initializer.extend(packed_inits)
-    at = {id(n): i for i, n in enumerate(model.graph.node)}
     order = list(model.graph.node)
-    for gqa, matmul in sorted(nodes, key=lambda pair: -at[id(pair[0])]):
-        order.insert(at[id(gqa)], matmul)  # just before its attention, after what feeds it
+    # Each packed MatMul just before the first node that reads it (its attention, or a Shape that
+    # `_shapes_read_from` moved onto it), after what feeds it.
+    first = {m.output[0]: min(i for i, n in enumerate(order) if m.output[0] in n.input) for _, m in nodes}
+    for _, matmul in sorted(nodes, key=lambda pair: -first[pair[1].output[0]]):
+        order.insert(first[matmul.output[0]], matmul)
     del model.graph.node[:]
     model.graph.node.extend(order)
 

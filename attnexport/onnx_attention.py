@@ -530,7 +530,7 @@ def _ort_static(query, key, value, key_cache, value_cache, write_pos, valid, sca
                                      softcap, softmax_precision)
     q3, k3, v3 = (op.Reshape(op.Transpose(t, perm=[0, 2, 1, 3]), [0, 0, -1]) for t in (query, key, value))
     seqlens = op.Cast(op.Sub(valid, op.Constant(value_int=1)), to=6)  # INT32: the last valid position
-    total, first_block = _gqa_total(query, key_cache)
+    total, first_block = _gqa_total(q3, key_cache)
     attrs = {"num_heads": heads, "kv_num_heads": kv_heads}
     if scale is not None:
         attrs["scale"] = float(scale)
@@ -551,9 +551,11 @@ def _gqa_total(query, key_cache):
     length from seqlens_k). ONNX Runtime's CUDA provider reads this input on the host, so a value
     computed from the step's device-held positions is copied there every step, and a graph with
     such a copy cannot be captured in a CUDA graph (so it was, to 2026-11-26); shape arithmetic
-    stays on the host with no copy. Returns (the total as INT32 [1], the first-prompt flag)."""
+    stays on the host with no copy. `query`: the operator's (B, S, heads x d) input, whose first
+    two dims attnexport.hf_fusions keeps when it feeds the operator the projection instead. Returns
+    (the total as INT32 [1], the first-prompt flag)."""
     one = op.Constant(value_ints=[1])
-    batch, block = op.Shape(query, start=0, end=1), op.Shape(query, start=2, end=3)
+    batch, block = op.Shape(query, start=0, end=1), op.Shape(query, start=1, end=2)
     first_block = op.And(op.Greater(batch, one), op.Greater(block, one))
     return op.Cast(op.Where(first_block, block, op.Shape(key_cache, start=2, end=3)), to=6), first_block
 
