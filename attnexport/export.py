@@ -463,6 +463,8 @@ def finish(model, how: Finishing, params: dict, meta: dict):
     _rotary_caches_per_batch(model)
     if any(n.op_type == "GroupQueryAttention" for n in model.graph.node):
         meta = {**meta, STATIC_BLOCKS: GQA_BLOCKS, STATIC_BUFFERS: GQA_BUFFERS}
+        from attnexport.onnx_attention import share_static_totals
+        share_static_totals(model)
     entries = W.record(model, params, D.NUMPY[how.dtype])
     stamp(model, {**meta, "attnexport.params": json.dumps(entries, sort_keys=True),
                   "attnexport.params_sha256": W.total_sha256(entries)}, how.what)

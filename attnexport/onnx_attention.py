@@ -575,6 +575,38 @@ def _nan_where_out_of_contract(out, write_pos, first_block, nan):
     return op.Where(beyond, nan, out)
 
 
+def share_static_totals(model) -> None:
+    """A graph of several static steps over GroupQueryAttention (a language model's layers) computed
+    the total length and the NaN guard once per layer, from each layer's own query (`_gqa_total`,
+    `_nan_where_out_of_contract`): some fifteen small ops a layer on every step. Every layer's block
+    has the same batch and length, so each reads the first one's total, and the first one's guard
+    alone is kept (its NaN reaches every later layer through the residual stream and the logits).
+    In place; the nodes left unread are removed."""
+    g = model.graph
+    gqas = [n for n in g.node if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"]
+    if len(gqas) < 2:
+        return
+    guards = {w.input[2]: w for w in g.node if w.op_type == "Where" and len(w.input) == 3}
+    renamed = {}
+    for gqa in gqas[1:]:
+        gqa.input[6] = gqas[0].input[6]
+        guard = guards.get(gqa.output[0])
+        if guard is not None:
+            renamed[guard.output[0]] = gqa.output[0]
+    for node in g.node:
+        for i, x in enumerate(node.input):
+            node.input[i] = renamed.get(x, x)
+    kept = list(g.node)
+    while True:  # drop what nothing reads any more, back to the graph's inputs
+        read = {x for n in kept for x in n.input} | {o.name for o in g.output}
+        alive = [n for n in kept if any(o in read for o in n.output)]
+        if len(alive) == len(kept):
+            break
+        kept = alive
+    del g.node[:]
+    g.node.extend(kept)
+
+
 STATIC_TRANSLATIONS = {
     "primitives": _static_step(_scattered_write, _primitives),
     "attention": _static_step(_tensor_scatter, _with_weights_beside(_standard)),

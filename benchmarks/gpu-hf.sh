@@ -8,19 +8,7 @@
 # On the H200 (2026-11-26) SmolLM2's exports took 190-200 s each, four side by side, and more than
 # 135 s alone (the check before writing runs the model in float64 on the CPU): give them the time.
 set -u
-out=${OUT:-gpu-results}
-pack=${PACK:?PACK: the folder with smollm2.gguf, genai-fp16, genai-int4}
-mkdir -p "$out"
-# transformers reads gguf's version from its dist-info: a copied package folder alone reads as "N/A".
-if [ -d "$pack/site/gguf" ] && ! ls -d "$pack"/site/gguf-*.dist-info >/dev/null 2>&1; then
-    mkdir -p "$pack/site/gguf-0.19.0.dist-info"
-    printf 'Metadata-Version: 2.1\nName: gguf\nVersion: 0.19.0\n' > "$pack/site/gguf-0.19.0.dist-info/METADATA"
-fi
-export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=3 ATTNEXPORT_CACHE=/tmp/attnexport-cache
-work=/tmp/hf
-mkdir -p $work
-t0=$SECONDS
-say() { echo "[$((SECONDS - t0)) s] $*"; }
+. "$(dirname "$0")/gpu-common.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
 
 # The random Llama's weights, drawn anew here (numpy's generator): the digest must be the one the
@@ -28,13 +16,6 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out
 python3 benchmarks/cuda_hf.py random $work/rand > "$out/random-digest.txt" 2>&1
 say "random model: $(tail -1 "$out/random-digest.txt") (genai's builds: ${RANDOM_DIGEST:-?})"
 
-ex() {  # ex SOURCE NAME FORM PRECISION
-    local extra=""
-    [ "$3" = static ] && extra="--max-seq 8193"
-    timeout ${EXPORT_SECONDS:-300} python3 -m attnexport export --hf "$1" --kv-cache "$3" $extra --flavor ort --precision "$4" \
-        -o "$work/$2-$3-$4.onnx" > "$out/export-$2-$3-$4.txt" 2>&1
-    echo "exit $?" >> "$out/export-$2-$3-$4.txt"
-}
 for p in fp16 int4 fp32; do ex "$pack/smollm2.gguf" smollm2 static $p & done
 ex "$pack/smollm2.gguf" smollm2 concat fp16 &
 ( for p in fp32 fp16 int4; do ex $work/rand rand static $p; done; ex $work/rand rand concat fp16 ) &
@@ -44,25 +25,10 @@ wait
 say "exports and tests done: $(tail -2 "$out/cuda-tests.txt" | head -1)"
 grep -h "exit\|MiB" "$out"/export-*.txt | head -20
 
-run() {  # run NAME SECONDS ARGS...: cuda_hf.py, only the exports that were written
-    local name=$1 limit=$2
-    shift 2
-    local args=()
-    for a in "$@"; do
-        case $a in
-            *=*.onnx) [ -f "${a#*=}" ] && args+=(--onnx "$a") ;;
-            *) args+=("$a") ;;
-        esac
-    done
-    timeout "$limit" python3 benchmarks/cuda_hf.py run "${args[@]}" --provider "${PROVIDER:-cuda}" \
-        --contexts "${CONTEXTS:-128,1024,4096,8192}" --iters "${ITERS:-100}" --json "$out/cuda-hf-$name.json" \
-        > "$out/cuda-hf-$name.txt" 2>&1
-    say "$name: exit $?"
-}
-run random ${RANDOM_SECONDS:-110} --source $work/rand \
+run random ${RANDOM_SECONDS:-110} "${CONTEXTS:-128,1024,4096,8192}" --source $work/rand \
     static-fp32=$work/rand-static-fp32.onnx static-fp16=$work/rand-static-fp16.onnx \
     static-int4=$work/rand-static-int4.onnx concat-fp16=$work/rand-concat-fp16.onnx \
     --genai genai-fp16=$pack/genai-fp16 --genai genai-int4=$pack/genai-int4 --torch fp32 --torch fp16
-run smollm2 ${SMOLLM2_SECONDS:-200} --source "$pack/smollm2.gguf" \
+run smollm2 ${SMOLLM2_SECONDS:-200} "${CONTEXTS:-128,1024,4096,8192}" --source "$pack/smollm2.gguf" \
     static-fp16=$work/smollm2-static-fp16.onnx static-int4=$work/smollm2-static-int4.onnx \
     static-fp32=$work/smollm2-static-fp32.onnx concat-fp16=$work/smollm2-concat-fp16.onnx --torch fp16

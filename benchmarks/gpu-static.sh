@@ -7,30 +7,12 @@
 # Run from the project root with ONNX Runtime's CUDA build importable and PACK the folder
 # benchmarks/gpu-hf.sh describes (smollm2.gguf, genai-fp16/, genai-int4/, site/).
 set -u
-out=${OUT:-gpu-results}
-pack=${PACK:?PACK: the folder with smollm2.gguf, genai-fp16, genai-int4, site}
-mkdir -p "$out"
-if [ -d "$pack/site/gguf" ] && ! ls -d "$pack"/site/gguf-*.dist-info >/dev/null 2>&1; then
-    mkdir -p "$pack/site/gguf-0.19.0.dist-info"
-    printf 'Metadata-Version: 2.1\nName: gguf\nVersion: 0.19.0\n' > "$pack/site/gguf-0.19.0.dist-info/METADATA"
-fi
-export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=3 ATTNEXPORT_CACHE=/tmp/attnexport-cache
-work=/tmp/hf
-mkdir -p $work
-t0=$SECONDS
-say() { echo "[$((SECONDS - t0)) s] $*"; }
-# Eight files at most come back from the device: the logs share a few.
+logs=/tmp/hf  # the export logs stay on the device: eight files at most come back
+. "$(dirname "$0")/gpu-common.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/probe.txt"
 python3 benchmarks/gqa_cuda_probe.py --json "$out/gqa-probe.json" >> "$out/probe.txt" 2>&1
 say "probe: exit $?"
 
-ex() {  # ex SOURCE NAME FORM PRECISION MAX_SEQ
-    local extra=""
-    [ "$3" = static ] && extra="--max-seq $5"
-    timeout ${EXPORT_SECONDS:-300} python3 -m attnexport export --hf "$1" --kv-cache "$3" $extra --flavor ort \
-        --precision "$4" -o "$work/$2-$3-$4.onnx" > "$work/export-$2-$3-$4.txt" 2>&1
-    echo "exit $?" >> "$work/export-$2-$3-$4.txt"
-}
 ex "$pack/smollm2.gguf" smollm2 static fp16 "${SMOLLM2_MAX_SEQ:-4097}" &
 ( python3 benchmarks/cuda_hf.py random $work/rand > "$work/random-digest.txt" 2>&1
   for p in fp16 int4; do ex $work/rand rand static $p 8193; done; ex $work/rand rand concat fp16 ) &
@@ -43,20 +25,6 @@ say "random model: $(tail -1 "$work/random-digest.txt") (genai's builds: ${RANDO
 tail -n 5 "$work"/export-*.txt > "$out/exports.txt"
 grep -h "exit\|MiB" "$work"/export-*.txt | head -20
 
-run() {  # run NAME SECONDS CONTEXTS ARGS...: cuda_hf.py, only the exports that were written
-    local name=$1 limit=$2 contexts=$3
-    shift 3
-    local args=()
-    for a in "$@"; do
-        case $a in
-            *=*.onnx) [ -f "${a#*=}" ] && args+=(--onnx "$a") ;;
-            *) args+=("$a") ;;
-        esac
-    done
-    timeout "$limit" python3 benchmarks/cuda_hf.py run "${args[@]}" --provider cuda --contexts "$contexts" \
-        --iters "${ITERS:-100}" --json "$out/cuda-hf-$name.json" > "$out/cuda-hf-$name.txt" 2>&1
-    say "$name: exit $?"
-}
 run random ${RANDOM_SECONDS:-150} 128,1024,4096,8192 --source $work/rand \
     static-fp16=$work/rand-static-fp16.onnx static-int4=$work/rand-static-int4.onnx \
     concat-fp16=$work/rand-concat-fp16.onnx \

@@ -106,6 +106,20 @@ def test_the_ort_flavours_static_step_is_one_fused_attention_a_layer_with_every_
     gqa = next(n for n in model.graph.node if n.op_type == "GroupQueryAttention")
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in gqa.attribute}
     assert attrs["do_rotary"] == 1 and list(gqa.input[1:3]) == ["", ""]  # rotary inside, q/k/v packed
+    # The total length and the NaN guard once for the model, not once a layer, and the guard still
+    # answers NaN for a block at batch > 1 over written positions (sequence 0), right elsewhere.
+    gqas = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    outs = {n.output[0] for n in gqas}
+    assert len({n.input[6] for n in gqas}) == 1
+    assert sum(n.op_type == "Where" and n.input[2] in outs for n in model.graph.node) == 1
+    import numpy as np
+    import onnxruntime as ort
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feed = {"input_ids": np.array([[5, 6, 7], [8, 9, 10]], np.int64), "write_pos": np.array([2, 0], np.int64)}
+    for i in session.get_inputs()[2:]:
+        feed[i.name] = np.zeros([2, *i.shape[1:]], np.float32)
+    logits = session.run(["logits"], feed)[0]
+    assert np.isnan(logits[0]).all() and np.isfinite(logits[1]).all()
     record = json.loads({p.key: p.value for p in model.metadata_props}["attnexport.params"])
     q = record["model.model.layers.0.self_attn.q_proj.weight"]
     assert q["columns"] == [0, 64] and q["initializer"] == record["model.model.layers.0.self_attn.v_proj.weight"][
