@@ -23,6 +23,7 @@ from attnexport import runtimes as R
 from attnexport import variants as V
 from attnexport.compare import FP32_FACTOR, check_tolerance_values
 from attnexport.errors import AttnExportError, UsageError
+from attnexport.precision import MINIMUM_FORMS as P_MINIMUM_FORMS
 from attnexport.precision import PRECISIONS
 
 
@@ -410,12 +411,17 @@ def _given(kwargs) -> dict:
 @click.option("--requantize", is_flag=True, default=None,
               help="With --precision int8/int4: round every matrix with ONNX Runtime's quantizer, even one that "
                    "already holds a grid of the bits asked for (default: such a grid is carried exactly).")
+@click.option("--minimums", type=click.Choice(P_MINIMUM_FORMS), default=None,
+              help="With --precision int4: how a carried grid's float minimums (GGUF's Q4_1) are held: folded "
+                   "(default: integer zero points and a 4-bit residual row per block, no extra op per matrix; each "
+                   "weight within a small fraction of a step of the model's) or exact (bit for bit, a MatMul and an "
+                   "Add per matrix, slower).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_variant_options
 @reports_errors
 def export(variant, hf_path, module_spec, input_specs, nan_rows, allow_unfused, cache_specs, write_pos, output_names,
            dynamic_specs, flavor, opset, dtype, seed, output, deploy, rtol, atol, precision, block_size, accuracy_level,
-           keep, symmetric, requantize, as_json, **options):
+           keep, symmetric, requantize, minimums, as_json, **options):
     """Export a variant, your own module or a transformers language model to ONNX (checked, with
     metadata, written atomically).
 
@@ -430,10 +436,10 @@ def export(variant, hf_path, module_spec, input_specs, nan_rows, allow_unfused, 
     if deploy is not None and hf_path is None:
         raise UsageError("--deploy writes a language model's folder: it goes with --hf")
     quant = {"precision": precision, "block_size": block_size, "accuracy_level": accuracy_level, "keep": keep,
-             "symmetric": symmetric, "requantize": requantize}
+             "symmetric": symmetric, "requantize": requantize, "minimums": minimums}
     if hf_path is None and any(v is not None for v in quant.values()):
-        raise UsageError("--precision, --block-size, --accuracy-level, --keep, --symmetric and --requantize go with "
-                         "--hf")
+        raise UsageError("--precision, --block-size, --accuracy-level, --keep, --symmetric, --requantize and "
+                         "--minimums go with --hf")
     if hf_path is not None:
         if input_specs or dynamic_specs or nan_rows or allow_unfused or cache_specs or write_pos or output_names:
             raise UsageError("--input, --dynamic, --nan-rows, --allow-unfused, --cache, --write-pos and --output-names "
@@ -485,7 +491,7 @@ def _export_hf(path, flavor, opset, dtype, seed, output, deploy, rtol, atol, qua
     if how or precision in P.QUANTIZED:
         keep = "" if how.get("keep") == "none" else how.get("keep")
         plan = P.plan_for(precision, how.get("block_size"), how.get("accuracy_level"), keep, how.get("symmetric"),
-                          None if how.get("requantize") is None else not how["requantize"])
+                          None if how.get("requantize") is None else not how["requantize"], how.get("minimums"))
     if output is not None and deploy is not None:
         raise UsageError("give -o FILE.onnx or --deploy FOLDER, not both")
     if output is not None:

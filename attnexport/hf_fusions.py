@@ -16,7 +16,10 @@ attention), and on two threads those small ops cost as much as a sixth of the st
 - in the static form, each layer's two RotaryEmbedding nodes and the reshapes and transposes
   around them go into its GroupQueryAttention (`do_rotary`, with those tables), which rotates
   the block's queries and keys at write_pos + i itself, and its three projections become one
-  MatMul whose output is the operator's packed input, as onnxruntime-genai's graphs have it.
+  MatMul whose output is the operator's packed input, as onnxruntime-genai's graphs have it;
+- the two Reshapes after each GroupQueryAttention that split its output into heads and join them
+  again, (B, S, hidden) to (B, S, heads, d) to (B, S, hidden), go: the output projection reads the
+  operator's output (on two threads each Reshape cost some 5 us, a third of a ms a SmolLM2 step).
 
 Every rewrite keeps the function: the export is checked against the model in float64 after it
 (`attnexport.hf_export.check_before_writing`), and a pattern that is not there is left alone.
@@ -81,6 +84,7 @@ def fuse_for_ort(model: onnx.ModelProto, tables, static: bool, what: str) -> onn
         _freeze_tables(fused, rotaries, tables)
         if static:
             _rotary_into_gqa(fused)
+    _attention_output_as_is(fused)
     _unfuse_plain_rms(fused)
     graph = ir.from_proto(fused)
     passes.RemoveUnusedNodesPass()(graph)
@@ -228,6 +232,73 @@ def _rotary_into_gqa(model: onnx.ModelProto) -> None:
         node.input.extend(inputs)
         node.attribute.extend([helper.make_attribute("do_rotary", 1), helper.make_attribute("rotary_interleaved", 0)])
     _pack_qkv(model, made)
+
+
+def _attention_output_as_is(model: onnx.ModelProto) -> None:
+    """GroupQueryAttention's output is (B, S, heads * d). Where it (or the static step's NaN guard
+    over it) is reshaped to (B, S, heads, -1) (a constant shape that keeps the first two dims) and
+    that, alone, back to (B, S, -1) with B and S read off the step's inputs (Shape slices of inputs
+    whose dims are input_ids' batch and block), the second Reshape's readers read the operator's
+    output and both Reshapes go."""
+    made = {o: n for n in model.graph.node for o in n.output}
+    readers: dict[str, list] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    consts.update({n.output[0]: numpy_helper.to_array(_attr(n, "value")) for n in model.graph.node
+                   if n.op_type == "Constant" and _attr(n, "value") is not None})
+    dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    ids = dims.get("input_ids")
+
+    def dim_of_ids(name: str, axis: int) -> bool:  # a 1-element Shape slice equal to input_ids' dim `axis`
+        node = made.get(name)
+        if ids is None or node is None or node.op_type != "Shape" or node.input[0] not in dims:
+            return False
+        start, end = _attr(node, "start", 0), _attr(node, "end", None)
+        if end is None or end - start != 1:
+            return False
+        got = dims[node.input[0]]
+        return start < len(got) and isinstance(got[start], str) and got[start] == ids[axis]
+
+    def restores_batch_and_block(shape: str) -> bool:
+        node = made.get(shape)
+        if node is None or node.op_type != "Concat" or len(node.input) != 3:
+            return False
+        last = consts.get(node.input[2])
+        return (dim_of_ids(node.input[0], 0) and dim_of_ids(node.input[1], 1) and last is not None
+                and last.reshape(-1).tolist() == [-1])
+
+    drop, renamed = set(), {}
+    outputs = {o.name for o in model.graph.output}
+    attention = {n.output[0] for n in model.graph.node if n.domain == _MS and n.op_type == "GroupQueryAttention"}
+    # the output itself, or the static step's NaN guard over it, Where(flag, NaN, output): the same shape
+    sources = attention | {n.output[0] for n in model.graph.node if n.op_type == "Where" and n.input[2] in attention}
+    for node in model.graph.node:
+        if not set(node.output) & sources:
+            continue
+        split = readers.get(node.output[0], [])
+        if len(split) != 1 or split[0].op_type != "Reshape":
+            continue
+        heads = consts.get(split[0].input[1])
+        join = readers.get(split[0].output[0], [])
+        if heads is None or heads.size != 4 or heads.reshape(-1)[:2].tolist() != [0, 0] or len(join) != 1 or \
+                join[0].op_type != "Reshape" or not restores_batch_and_block(join[0].input[1]) or \
+                {split[0].output[0], join[0].output[0]} & outputs:
+            continue
+        drop |= {id(split[0]), id(join[0])}
+        renamed[join[0].output[0]] = node.output[0]
+    if not drop:
+        return
+    kept = []
+    for node in model.graph.node:
+        if id(node) in drop:
+            continue
+        for i, name in enumerate(node.input):
+            node.input[i] = renamed.get(name, name)
+        kept.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
 
 
 def _shapes_read_from(model: onnx.ModelProto, old: str, new: str) -> None:

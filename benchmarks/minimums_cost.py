@@ -1,11 +1,14 @@
-"""What a carried Q4_1 grid's minimums cost a decode step: an int4 static export (ort flavour) timed
-as it is and with the minimums' ops taken out (its block sums, the MatMul by the minimums and the
-Add: answers wrong, for timing only), interleaved in one process, IO binding, one token after
+"""What a carried Q4_1 grid's minimums cost a decode step, in each form: an int4 static export (ort
+flavour) with `--minimums exact` timed as it is and with the minimums' ops taken out (its block sums,
+the MatMul by the minimums and the Add: answers wrong, for timing only: the floor), and any other
+exports given (the default, folded), interleaved in one process, IO binding, one token after
 `--context` positions.
 
     attnexport export --hf SmolLM2-135M-Instruct.Q4_1.gguf --kv-cache static --max-seq 300 --flavor ort \\
+        --precision int4 --minimums exact -o smollm2-int4-exact.onnx
+    attnexport export --hf SmolLM2-135M-Instruct.Q4_1.gguf --kv-cache static --max-seq 300 --flavor ort \\
         --precision int4 -o smollm2-int4.onnx
-    python benchmarks/minimums_cost.py smollm2-int4.onnx --threads 2
+    python benchmarks/minimums_cost.py smollm2-int4-exact.onnx smollm2-int4.onnx --threads 2
 """
 
 import argparse
@@ -59,15 +62,19 @@ def step(model: onnx.ModelProto, threads: int, context: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model")
+    parser.add_argument("model", help="an export with --minimums exact")
+    parser.add_argument("others", nargs="*", help="exports timed beside it (the folded default)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iters", type=int, default=30)
     a = parser.parse_args()
     model = onnx.load(a.model)
-    runs = {"as exported": step(model, a.threads, a.context), "minimums taken out": step(without_minimums(model),
-                                                                                         a.threads, a.context)}
+    runs = {f"{a.model} (exact minimums)": step(model, a.threads, a.context),
+            f"{a.model} with the minimums taken out (answers wrong)": step(without_minimums(model), a.threads,
+                                                                           a.context)}
+    for other in a.others:
+        runs[other] = step(onnx.load(other), a.threads, a.context)
     times: dict = {k: [] for k in runs}
     for _ in range(a.rounds):
         for name, (run, _held) in runs.items():

@@ -142,7 +142,7 @@ def test_a_lossy_export_is_judged_by_its_cost_in_answers(request, tmp_path, form
     r = run("export", "--hf", folder, *cache, "--flavor", flavor, "--precision", precision, "-o", out)
     assert r.exit_code == 0, r.output
     if source == "gridded":
-        assert "exact 4-bit, 1 ort 8-bit" in r.output and "ort 4-bit" not in r.output  # grids carried; head 8 bits
+        assert "folded 4-bit, 1 ort 8-bit" in r.output and "ort 4-bit" not in r.output  # grids carried; head 8 bits
     runtimes = "torch,ort-cpu" if precision == "fp16" else "ort-cpu"  # torch runs an fp16 model in its fp16
     report = _report(run("verify", out, "--hf", folder, "--runtimes", runtimes, "--json"))
     assert report["summary"]["ok"], [row["error"] for row in report["results"] if not row["passed"]]
@@ -234,9 +234,11 @@ def test_bad_input_is_one_line(int4, gridded):
 
 def test_a_carried_grid_on_the_deployment_runtimes(gridded, tmp_path):
     """Node computes as ONNX Runtime's Python package does (int8 activations at accuracy level 4);
-    WASM and WebGPU take MatMulNBits with float activations, so a carried grid gives the model's own
-    answers there. WebGPU's kernel takes 2 and 4 bits: the default 8-bit head is refused in one line,
-    a float head (--keep head) runs."""
+    WASM and WebGPU take MatMulNBits with float activations, so they compute with the weights the
+    file holds: the folded grid's (its block sums appended to each input, K + K/32 rows, the last
+    block part-filled) within a small fraction of a step of the model's, and both agree. WebGPU's
+    kernel takes 2 and 4 bits: the default 8-bit head is refused in one line, a float head (--keep
+    head) runs."""
     for name in ("ort-node", "ort-wasm", "ort-webgpu"):
         s = R.status(name)
         if not s.available:
@@ -249,12 +251,15 @@ def test_a_carried_grid_on_the_deployment_runtimes(gridded, tmp_path):
     out = tmp_path / "float-head.onnx"
     assert run("export", "--hf", gridded, "--kv-cache", "--flavor", "attention", "--precision", "int4", "--keep",
                "head", "-o", out).exit_code == 0
-    report = _report(run("verify", out, "--hf", gridded, "--runtimes", "ort-node,ort-wasm,ort-webgpu", "--json"))
+    report = _report(run("verify", out, "--hf", gridded, "--runtimes", "ort-cpu,ort-node,ort-wasm,ort-webgpu",
+                         "--json"))
     assert report["summary"]["ok"], [row["error"] for row in report["results"] if not row["passed"]]
     cost = {row["runtime"]: row["detail"]["accuracy"] for row in _accuracy(report)}
-    assert set(cost) == {"ort-node", "ort-wasm", "ort-webgpu"}
-    for name in ("ort-wasm", "ort-webgpu"):
-        assert cost[name]["kl_mean"] < 1e-6 and cost[name]["equal_tokens"] == cost[name]["new_tokens"]
+    assert set(cost) == {"ort-cpu", "ort-node", "ort-wasm", "ort-webgpu"}
+    assert cost["ort-node"]["kl_mean"] == pytest.approx(cost["ort-cpu"]["kl_mean"], rel=0.05)
+    for name in ("ort-wasm", "ort-webgpu"):  # float activations: only the folded weights' own error
+        assert 0 < cost[name]["kl_mean"] < 0.1 * cost["ort-cpu"]["kl_mean"]
+    assert cost["ort-webgpu"]["kl_mean"] == pytest.approx(cost["ort-wasm"]["kl_mean"], rel=0.05)
 
 
 def test_bench_puts_each_precision_beside_its_accuracy(gridded):

@@ -112,6 +112,10 @@ def test_the_ort_flavours_static_step_is_one_fused_attention_a_layer_with_every_
     outs = {n.output[0] for n in gqas}
     assert len({n.input[6] for n in gqas}) == 1
     assert sum(n.op_type == "Where" and n.input[2] in outs for n in model.graph.node) == 1
+    # The output projection reads the attention's (B, S, hidden) output as it is, not through the
+    # split into heads and the join back that the export writes.
+    assert not any(n.op_type == "Reshape" and n.input[0] in outs for n in model.graph.node)
+    assert any(n.op_type == "MatMul" and n.input[0] in outs for n in model.graph.node)
     import numpy as np
     import onnxruntime as ort
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

@@ -74,7 +74,7 @@ def test_a_gguf_grid_is_found_and_carried_bit_for_bit(make, bits):
     grid = P.grid_of(w, bits, B)
     assert grid is not None and np.array_equal(grid.values(), w)
     model = one_matmul(w)
-    done = P.quantize(model, P.Plan(bits=bits, block=B, accuracy=0), layers=4)
+    done = P.quantize(model, P.Plan(bits=bits, block=B, accuracy=0, minimums="exact"), layers=4)
     (entry,) = done.entries
     assert entry["how"] == "exact" and entry["group"] == "layer:3" and entry["bits"] == bits
     assert np.array_equal(P.matrix(model, entry), w)  # the file holds the very weights
@@ -83,6 +83,62 @@ def test_a_gguf_grid_is_found_and_carried_bit_for_bit(make, bits):
     assert np.abs(run(model, x) - want).max() < 1e-4 * np.abs(want).max()
     ops = [n.op_type for n in model.graph.node]
     assert ops.count("MatMulNBits") == 1 and ("Add" in ops) == (make is q4_1)  # only Q4_1 has float minimums
+
+
+def two_matmuls(w1, w2):
+    """x (1, 3, K) @ w1 and x @ w2, summed: two matrices reading one input."""
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["y1"], name="mm1"),
+                               helper.make_node("MatMul", ["x", "w2"], ["y2"], name="mm2"),
+                               helper.make_node("Add", ["y1", "y2"], ["y"], name="add")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, N])],
+                              [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    return model
+
+
+def test_a_q4_1_grid_is_folded_within_half_a_residual_step_with_no_op_per_matrix():
+    w1, w2 = q4_1(raw()), q4_1(raw(7))
+    model = two_matmuls(w1, w2)
+    done = P.quantize(model, P.Plan(bits=4, block=B, accuracy=0), layers=4)
+    assert [e["how"] for e in done.entries] == ["folded", "folded"]
+    assert P.unfaithful({"w1": w1, "w2": w2}, model) == []
+    for entry, w in zip(done.entries, (w1, w2), strict=True):
+        held = P.matrix(model, entry)
+        d = np.repeat(P.grid_of(w, 4, B).scale, B, axis=0)
+        moved = np.abs(held.astype(np.float64) - w) / d
+        assert 0 < moved.max() < 0.5 and np.isclose(moved.max(), entry["fold"]["max_steps"], rtol=1e-3)
+        assert entry["fold"]["rms_steps"] < 0.05  # 4-bit residual codes: a thirtieth of a step or so
+    # One Reshape, ReduceSum and Concat for the shared input; no MatMul or Add beside each matrix.
+    ops = [n.op_type for n in model.graph.node]
+    assert sorted(ops) == ["Add", "Concat", "MatMulNBits", "MatMulNBits", "ReduceSum", "Reshape"]
+    assert all(P.FOLDED in n.input[0] for n in model.graph.node if n.op_type == "MatMulNBits")
+    x = np.random.default_rng(1).standard_normal((1, 3, K)).astype(np.float32)
+    held = P.matrix(model, done.entries[0]) + P.matrix(model, done.entries[1])
+    want = x.astype(np.float64) @ held
+    assert np.abs(run(model, x) - want).max() < 1e-4 * np.abs(want).max()  # it computes what matrix() says
+    model4 = two_matmuls(w1, w2)
+    P.quantize(model4, P.Plan(bits=4, block=B, accuracy=4), layers=4)
+    exact4 = two_matmuls(w1, w2)
+    P.quantize(exact4, P.Plan(bits=4, block=B, accuracy=4, minimums="exact"), layers=4)
+    truth = x.astype(np.float64) @ (w1.astype(np.float64) + w2)
+    # With int8 activations the folded grid is no further from the model than the exact one's
+    # product by the grid's all-positive codes.
+    assert np.abs(run(model4, x) - truth).max() <= np.abs(run(exact4, x) - truth).max()
+
+
+def test_a_folded_residual_off_by_a_step_is_not_a_quantization():
+    w = q4_1(raw())
+    model = one_matmul(w)
+    P.quantize(model, P.Plan(bits=4, block=B), layers=4)
+    assert P.unfaithful({"w": w}, model) == []
+    init = _scales(model)
+    scales = numpy_helper.to_array(init).reshape(N, -1).copy()
+    scales[:, K // B:] *= 3  # the residual rows' scales, three times too large
+    init.CopyFrom(numpy_helper.from_array(scales.reshape(-1), init.name))
+    (bad,) = P.unfaithful({"w": w}, model)
+    assert "folded, but" in bad and "half a residual step" in bad
 
 
 def test_a_matrix_off_every_grid_is_not_taken_for_one():
@@ -130,7 +186,7 @@ def test_an_edited_quantized_tensor_is_named_and_a_wrong_scale_is_not_a_quantiza
     assert P.damaged(model) == ["mm"]  # the record's sha256 no longer matches
     P.fingerprint(model)  # a quantizer that got its scales wrong records them as they are
     assert P.damaged(model) == []
-    assert P.unfaithful({"w": w}, model) and "carried as exact" in P.unfaithful({"w": w}, model)[0]
+    assert P.unfaithful({"w": w}, model) and "folded, but" in P.unfaithful({"w": w}, model)[0]
 
 
 def test_the_plan_per_group():
@@ -152,6 +208,7 @@ def test_the_plan_per_group():
     (("int4", None, None, "head=int8@7"), "the accuracy level after '@'"),
     (("int4", None, None, "layers:5-2"), "I <= J"),
     (("fp16", 32), "quantizes nothing"),
+    (("int4", None, None, None, None, None, "rounded"), "--minimums is one of folded, exact"),
 ])
 def test_a_bad_plan_is_one_line(args, message):
     with pytest.raises(UsageError, match=message):
@@ -195,3 +252,49 @@ def test_requantize_rounds_a_grid_again():
     w = q4_1(raw())
     done = P.quantize(one_matmul(w), P.plan_for("int4", carry=False), layers=4)
     assert [e["how"] for e in done.entries] == ["ort"]
+
+
+def tied(w):
+    """ids (1, 3) -> the (K, N) table's columns as rows (a tied embedding, as the export gathers it),
+    then those rows @ the same table (the head): logits (1, 3, N)."""
+    nodes = [helper.make_node("Gather", ["w", "ids"], ["columns"], name="embedding", axis=1),
+             helper.make_node("Transpose", ["columns"], ["rows"], name="embedding_model_axis_last", perm=[1, 2, 0]),
+             helper.make_node("MatMul", ["rows", "w"], ["logits"], name="head")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 3])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 3, N])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    model.metadata_props.add(key="attnexport.params", value=json.dumps(
+        {name: {"initializer": "w", "layout": "transposed", "sha256": "0"}
+         for name in ("model.lm_head.weight", "model.model.embed_tokens.weight")}))
+    return model
+
+
+def test_a_tied_embedding_is_gathered_from_its_heads_8_bit_blocks():
+    w = q8_0(raw())
+    model = tied(w)
+    ids = np.array([[3, 0, N - 1]], np.int64)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"ids": ids})[0]
+    done = P.quantize(model, P.Plan(bits=8, block=B, accuracy=0), layers=4)
+    (entry,) = done.entries
+    assert entry["how"] == "exact" and entry["group"] == "head" and entry["embedding"]
+    assert "w" not in {i.name for i in model.graph.initializer}  # the float table is gone
+    assert [n.op_type for n in model.graph.node].count("GatherBlockQuantized") == 1
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"ids": ids})[0]
+    assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()  # the same rows, the same head
+    record = json.loads({p.key: p.value for p in model.metadata_props}["attnexport.params"])
+    assert record["model.model.embed_tokens.weight"]["quantized"] == "head_Q8"
+    assert np.array_equal(P.dequantized_params(model)["model.model.embed_tokens.weight"], w.T)
+    assert P.damaged(model) == [] and P.unfaithful({"w": w}, model) == []
+
+
+def test_a_tied_embedding_off_the_heads_grid_stays_a_float_table():
+    w = raw()  # ONNX Runtime's quantizer rounds the head: its rows are not the table's
+    model = tied(w)
+    done = P.quantize(model, P.Plan(bits=8, block=B, accuracy=0), layers=4)
+    assert done.entries[0]["how"] == "ort" and "embedding" not in done.entries[0]
+    assert "w" in {i.name for i in model.graph.initializer}
+    assert "GatherBlockQuantized" not in [n.op_type for n in model.graph.node]
