@@ -17,13 +17,13 @@ forms carry it (`Plan.minimums`):
 
 - `folded` (the default): the zero point nearest `-m / d`, and what that leaves of `m` (at most half
   a step) as one more row per block, rounded by ONNX Runtime's quantizer to 4-bit codes of their
-  own block's scale, multiplied by the sum of the block's inputs: the input gets its block sums
-  appended (`{x}_folded`: a Reshape, a ReduceSum and a Concat, shared by the matrices that read
-  `x`) and the MatMulNBits reads K + K/32 values. No other op; each weight within half a residual
-  step of the model's (on SmolLM2-135M at most 0.32 of its block's step, 0.02 rms), recorded and
-  checked (`unfaithful`). Its codes are centred on zero, so int8 activations (accuracy level 4)
-  cost less than on the exact form's all-positive ones: SmolLM2's mean KL 0.0038 against 0.014
-  (docs/quantization.md).
+  own block's scale, multiplied by the sum of the block's inputs. The input gets its block sums
+  appended, padded to whole blocks (`{x}_folded`: a MatMulNBits by a 0/1 matrix and a Concat,
+  shared by the matrices that read `x`), and the MatMulNBits reads K + 32 values (K + 64 past K =
+  1024). No other op per matrix. Each weight is within half a residual step of the model's (on
+  SmolLM2-135M at most 0.32 of its block's step, 0.02 rms), recorded and checked (`unfaithful`).
+  The codes are centred on zero, so int8 activations (accuracy level 4) cost less than on the
+  exact form's all-positive ones: SmolLM2's mean KL 0.0038 against 0.014 (docs/quantization.md).
 - `exact`: the integer grid `d * q` (zero point 0) plus, per block, `m` times the sum of the block's
   inputs as a MatMul of the block sums by the minimums and an Add (`MINIMUMS`): bit for bit (at
   accuracy level 0 the model's own answers), and on SmolLM2-135M about 2 ms a token slower on 2 cores.
@@ -545,10 +545,9 @@ def _carry_folded(model: onnx.ModelProto, s: Site, grid: Grid) -> dict:
     base = s.weight
     blocks = s.k // grid.block
     zero, codes, r_scale, r_zero, missed = _fold(grid)
-    k_folded = s.k + blocks
-    all_blocks = -(-k_folded // grid.block)
-    q = np.zeros((all_blocks * grid.block, s.n), np.uint8)
-    q[:s.k], q[s.k:k_folded] = grid.q, codes  # the rows past K + K/block read no input
+    k_folded = s.k + _folded_width(s.k, grid.block)
+    q = np.zeros((k_folded, s.n), np.uint8)
+    q[:s.k], q[s.k:s.k + blocks] = grid.q, codes  # the padding rows past them read zeros
     scales = np.concatenate([grid.scale.astype(np.float32), r_scale])
     zeros = np.concatenate([zero, r_zero])
     inits = [numpy_helper.from_array(pack(q, grid.bits, grid.block), f"{base}_Q{grid.bits}"),
@@ -617,31 +616,31 @@ def _embedding_from_head(model: onnx.ModelProto, entry: dict) -> bool:
     return True
 
 
-def _rank(model: onnx.ModelProto, name: str) -> int:
-    """The rank of value `name` as the graph's declared inputs and value infos give it (3, a
-    language model's hidden states, where nothing says)."""
-    for v in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output):
-        if v.name == name and v.type.tensor_type.HasField("shape"):
-            return len(v.type.tensor_type.shape.dim)
-    return 3
-
-
 def _folded_input(model, nodes: list, inits: list, x: str, k: int, block: int) -> str:
-    """The name of `x` (..., K) with its sums over each block of `block` values appended (..., K +
-    K/block): a Reshape to (..., K/block, block), a ReduceSum and a Concat, made once per input (the
-    matrices that share it read one)."""
+    """The name of `x` (..., K) with its sums over each block of `block` values appended, padded
+    with zeros to whole blocks (..., K + `_folded_width`): a MatMulNBits by a 0/1 matrix (4-bit
+    codes 8 and 9 at scale 1, float activations, so each sum is the float sum) and a Concat, made
+    once per input (the matrices that share it read one). Whole blocks, because onnxruntime-web
+    1.30's WebGPU MatMulNBits answers wrong when K is not a multiple of the block (measured: 10.2
+    off at K = 99, right at 96 and 128)."""
     name = f"{x}{FOLDED}"
     if any(name in n.output for n in nodes):
         return name
-    rank = _rank(model, x)
-    shape = numpy_helper.from_array(np.array([0] * (rank - 1) + [k // block, block], np.int64), f"{name}_shape")
-    axes = numpy_helper.from_array(np.array([-1], np.int64), f"{name}_axes")
-    inits += [shape, axes]
-    nodes += [helper.make_node("Reshape", [x, shape.name], [f"{name}_blocks"], name=f"{name}_blocks"),
-              helper.make_node("ReduceSum", [f"{name}_blocks", axes.name], [f"{name}_sums"], name=f"{name}_sums",
-                               keepdims=0),
+    blocks, width = k // block, _folded_width(k, block)
+    ones = np.full((k, width), 8, np.uint8)
+    for b in range(blocks):
+        ones[b * block:(b + 1) * block, b] = 9
+    inits += [numpy_helper.from_array(pack(ones, 4, block), f"{name}_ones_Q4"),
+              numpy_helper.from_array(np.ones(width * blocks, np.float32), f"{name}_ones_scales")]
+    nodes += [helper.make_node("MatMulNBits", [x, f"{name}_ones_Q4", f"{name}_ones_scales"], [f"{name}_sums"],
+                               name=f"{name}_sums", domain="com.microsoft", K=k, N=width, bits=4, block_size=block),
               helper.make_node("Concat", [x, f"{name}_sums"], [name], name=name, axis=-1)]
     return name
+
+
+def _folded_width(k: int, block: int) -> int:
+    """How many values a folded input appends: one sum a block, padded to whole blocks."""
+    return -(-(k // block) // block) * block
 
 
 def _ensure_domain(model) -> None:
@@ -733,7 +732,7 @@ def _residual_steps(model, entry: dict, inits: dict) -> np.ndarray:
     """(K, N): the scale of the residual block a folded entry's weight takes its residual from."""
     node = _nbits_node(model, entry)
     block, k, n = entry["block"], entry["k"], entry["n"]
-    blocks = -(-(k + k // block) // block)
+    blocks = int(_attr(node, "K")) // block
     scale = numpy_helper.to_array(inits[node.input[2]]).astype(np.float64).reshape(n, blocks).T
     per_row = np.repeat(scale[k // block:], block, axis=0)[:k // block]  # residual row b -> its block's scale
     return np.repeat(per_row, block, axis=0)
@@ -742,6 +741,8 @@ def _residual_steps(model, entry: dict, inits: dict) -> np.ndarray:
 def _tensors_of(model, entry: dict) -> list[str]:
     node = _nbits_node(model, entry)
     names = [i for i in node.input[1:] if i] if node is not None else []
+    if node is not None and entry["how"] == "folded":  # the 0/1 matrix that sums its input's blocks
+        names += [f"{node.input[0]}_ones_Q4", f"{node.input[0]}_ones_scales"]
     return names + ([f"{entry['weight']}{MINIMUMS}"] if entry["how"] == "exact" and
                     any(i.name == f"{entry['weight']}{MINIMUMS}" for i in model.graph.initializer) else [])
 
