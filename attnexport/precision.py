@@ -472,21 +472,30 @@ def _carry(model: onnx.ModelProto, s: Site, grid: Grid) -> None:
         zeros = np.full((s.n, blocks), grid.zero, np.uint8)
         inits.append(numpy_helper.from_array(pack_zeros(zeros, grid.bits), f"{base}_zero_points"))
         inputs.append(inits[-1].name)
-    nodes = []
+
+    def build(nodes: list, out: str) -> list:
+        product = f"{out}_grid" if grid.minimum is not None else out
+        made = [helper.make_node("MatMulNBits", inputs, [product], name=f"{s.node}_Q{grid.bits}",
+                                 domain="com.microsoft", K=s.k, N=s.n, bits=grid.bits, block_size=grid.block)]
+        if grid.minimum is not None:
+            minimums = numpy_helper.from_array(grid.minimum.astype(np.float32), f"{base}{MINIMUMS}")
+            inits.append(minimums)
+            sums = _block_sums(model, nodes, inits, s.input, s.k, grid.block)
+            made += [helper.make_node("MatMul", [sums, minimums.name], [f"{out}{MINIMUMS}"],
+                                      name=f"{s.node}{MINIMUMS}"),
+                     helper.make_node("Add", [product, f"{out}{MINIMUMS}"], [out], name=f"{s.node}{MINIMUMS}_add")]
+        return made
+
+    _replace_site(model, s, inits, build)
+
+
+def _replace_site(model: onnx.ModelProto, s: Site, inits: list, build) -> None:
+    """The MatMul at `s` replaced by the nodes `build(nodes before it, its output's name)` returns
+    (it may add nodes shared by several sites to the ones before it), `inits` added."""
+    nodes: list = []
     for i, node in enumerate(model.graph.node):
         if node.name == s.node:
-            out = node.output[0]
-            product = f"{out}_grid" if grid.minimum is not None else out
-            nodes.append(helper.make_node("MatMulNBits", inputs, [product], name=f"{s.node}_Q{grid.bits}",
-                                          domain="com.microsoft", K=s.k, N=s.n, bits=grid.bits,
-                                          block_size=grid.block))
-            if grid.minimum is not None:
-                minimums = numpy_helper.from_array(grid.minimum.astype(np.float32), f"{base}{MINIMUMS}")
-                inits.append(minimums)
-                sums = _block_sums(model, nodes, inits, s.input, s.k, grid.block)
-                nodes += [helper.make_node("MatMul", [sums, minimums.name], [f"{out}{MINIMUMS}"],
-                                           name=f"{s.node}{MINIMUMS}"),
-                          helper.make_node("Add", [product, f"{out}{MINIMUMS}"], [out], name=f"{s.node}{MINIMUMS}_add")]
+            nodes += build(nodes, node.output[0])
             nodes += list(model.graph.node)[i + 1:]
             break
         nodes.append(node)
@@ -540,7 +549,8 @@ def _fold(grid: Grid) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, n
 
 def _carry_folded(model: onnx.ModelProto, s: Site, grid: Grid) -> dict:
     """The MatMul at `s` replaced by MatMulNBits holding a float-minimum `grid` with its minimums
-    folded (the module's docstring): it reads `x` with its block sums appended (K + K/block values).
+    folded (the module's docstring): it reads `x` with its block sums appended, padded to whole
+    blocks (`_folded_input`).
     Returns how far the folded weights are from the grid's, in steps of each block's scale."""
     base = s.weight
     blocks = s.k // grid.block
@@ -553,20 +563,14 @@ def _carry_folded(model: onnx.ModelProto, s: Site, grid: Grid) -> dict:
     inits = [numpy_helper.from_array(pack(q, grid.bits, grid.block), f"{base}_Q{grid.bits}"),
              numpy_helper.from_array(np.ascontiguousarray(scales.T), f"{base}_scales"),
              numpy_helper.from_array(pack_zeros(np.ascontiguousarray(zeros.T), grid.bits), f"{base}_zero_points")]
-    nodes: list = []
-    for i, node in enumerate(model.graph.node):
-        if node.name == s.node:
-            folded = _folded_input(model, nodes, inits, s.input, s.k, grid.block)
-            nodes.append(helper.make_node("MatMulNBits", [folded] + [t.name for t in inits[:3]], [node.output[0]],
-                                          name=f"{s.node}_Q{grid.bits}", domain="com.microsoft", K=k_folded,
-                                          N=s.n, bits=grid.bits, block_size=grid.block))
-            nodes += list(model.graph.node)[i + 1:]
-            break
-        nodes.append(node)
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    model.graph.initializer.extend(inits)
-    _ensure_domain(model)
+
+    def build(nodes: list, out: str) -> list:
+        folded = _folded_input(model, nodes, inits, s.input, s.k, grid.block)
+        return [helper.make_node("MatMulNBits", [folded] + [t.name for t in inits[:3]], [out],
+                                 name=f"{s.node}_Q{grid.bits}", domain="com.microsoft", K=k_folded, N=s.n,
+                                 bits=grid.bits, block_size=grid.block)]
+
+    _replace_site(model, s, inits, build)
     with np.errstate(divide="ignore", invalid="ignore"):
         steps = np.abs(np.where(grid.scale > 0, missed / grid.scale.astype(np.float64), 0))
     return {"max_steps": float(steps.max()), "rms_steps": float(np.sqrt(np.mean(steps ** 2)))}

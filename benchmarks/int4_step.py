@@ -6,7 +6,7 @@ one process (rounds of `--iters` runs each, the medians' median and their spread
 genai's generator loop out of its time, which `bench --hf` keeps in (genai runs as users run it).
 
 An export whose name ends in `:no-minimums` is timed with an exact export's minimums taken out
-(`minimums_cost.without_minimums`: answers wrong, for timing only).
+(its block sums, the MatMul by the minimums and the Add: answers wrong, for timing only).
 
     attnexport export --hf SmolLM2-135M-Instruct.Q4_1.gguf --kv-cache static --max-seq 4200 --flavor ort \\
         --precision int4 -o folded.onnx
@@ -22,7 +22,48 @@ import time
 import numpy as np
 import onnx
 import onnxruntime as ort
-from minimums_cost import step, without_minimums
+
+from attnexport import hf
+from attnexport import precision as P
+
+
+def without_minimums(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of an exact export with its minimums' ops taken out (for timing only)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes = []
+    for node in out.graph.node:
+        if P.MINIMUMS in node.name or node.name.endswith("_block_sums"):
+            if node.op_type == "Add":  # product + minimums -> the product alone
+                nodes.append(onnx.helper.make_node("Identity", [node.input[0]], [node.output[0]], name=node.name))
+            continue
+        nodes.append(node)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    used = {name for node in nodes for name in node.input}
+    kept = [i for i in out.graph.initializer if i.name in used]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(kept)
+    return out
+
+
+def step(model: onnx.ModelProto, threads: int, context: int):
+    """(one decode step of an attnexport static export, its buffers bound in place, the buffers)."""
+    layout = hf.Layout.of(model)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    binding, held = session.io_binding(), []
+    shape = (1, layout.kv_heads, layout.max_seq, layout.head_dim)
+    for name in layout.cache_names("past_key_values"):
+        value = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32))
+        held.append(value)
+        binding.bind_ortvalue_input(name, value)
+        binding.bind_ortvalue_output(layout.cache_pairs[name], value)
+    binding.bind_cpu_input("input_ids", np.array([[5]], np.int64))
+    binding.bind_cpu_input("write_pos", np.array([context], np.int64))
+    binding.bind_output("logits", "cpu")
+    return lambda: session.run_with_iobinding(binding), held
 
 
 def genai_step(path: str, threads: int, context: int):
