@@ -625,8 +625,8 @@ def _folded_input(model, nodes: list, inits: list, x: str, k: int, block: int) -
     with zeros to whole blocks (..., K + `_folded_width`): a MatMulNBits by a 0/1 matrix (4-bit
     codes 8 and 9 at scale 1, float activations, so each sum is the float sum) and a Concat, made
     once per input (the matrices that share it read one). Whole blocks, because onnxruntime-web
-    1.30's WebGPU MatMulNBits answers wrong when K is not a multiple of the block (measured: 10.2
-    off at K = 99, right at 96 and 128)."""
+    1.30's WebGPU MatMulNBits answers wrong when K is not a multiple of the block (the
+    deployment-runtime test in tests/test_accuracy.py fails on WebGPU without the padding)."""
     name = f"{x}{FOLDED}"
     if any(name in n.output for n in nodes):
         return name
