@@ -237,19 +237,102 @@ def model_probe(path: Path, providers) -> dict:
     return report
 
 
+def single(node, inits, model) -> onnx.ModelProto:
+    """`node` alone, its initializers carried and its one activation input a graph input."""
+    act = node.input[0] if node.op_type == "MatMulNBits" else node.input[1]
+    elem = TensorProto.FLOAT if node.op_type == "MatMulNBits" else TensorProto.INT64
+    for i in list(model.graph.input) + list(model.graph.value_info):
+        if node.op_type == "MatMulNBits" and i.name == act:
+            elem = i.type.tensor_type.elem_type
+    if node.op_type == "MatMulNBits" and any(i.data_type == TensorProto.FLOAT16 for i in model.graph.initializer
+                                             if i.name == node.input[2]):
+        elem = TensorProto.FLOAT16
+    kept = [numpy_helper.from_array(inits[x], x) for x in node.input if x in inits]
+    missing = [x for x in node.input[1:] if x and x not in inits and x != act]
+    if missing:
+        return None
+    graph = helper.make_graph([node], "node", [helper.make_tensor_value_info(act, elem, None)],
+                              [helper.make_tensor_value_info(node.output[0], elem if node.op_type == "MatMulNBits"
+                                                             else TensorProto.FLOAT, None)], kept)
+    out = helper.make_model(graph, opset_imports=list(model.opset_import))
+    out.ir_version = model.ir_version
+    return out
+
+
+def node_probe(path: Path, providers) -> list[dict]:
+    """Each quantized node of the export alone, with its own initializers, at 1 and 8 rows."""
+    from attnexport import runtimes as R
+    model = onnx.load(str(path))
+    inits = inits_of(model)
+    rng = np.random.default_rng(1)
+    rows = []
+    for node in model.graph.node:
+        if node.op_type not in ("MatMulNBits", "GatherBlockQuantized"):
+            continue
+        alone = single(node, inits, model)
+        if alone is None:
+            continue
+        elem = alone.graph.input[0].type.tensor_type.elem_type
+        for length in (1, 8):
+            if node.op_type == "MatMulNBits":
+                a = rng.standard_normal((1, length, attr(node, "K"))).astype(helper.tensor_dtype_to_np_dtype(elem))
+            else:
+                a = rng.integers(0, inits[node.input[0]].shape[0], (1, length)).astype(np.int64)
+            feed = {alone.graph.input[0].name: a}
+            want = own_reference(node, inits, feed)
+            row = {"model": path.name, "node": node.name, "op": node.op_type, "rows": length,
+                   **{x: attr(node, x) for x in ("K", "N", "bits", "block_size", "accuracy_level") if attr(node, x)}}
+            for p in providers:
+                try:
+                    got = R.prepare_onnx(RUNTIME[p], alone, optimize=False).run(feed)[node.output[0]]
+                    row[p] = error(got, want)
+                except Exception as e:  # noqa: BLE001 - reported
+                    row[p] = f"failed: {str(e).splitlines()[0][:160]}"
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def whole(path: Path, providers) -> dict:
+    """The export's logits after an 8-token prompt: each provider with ONNX Runtime's graph
+    optimizations and without, against the CPU provider's unoptimized run."""
+    from attnexport import runtimes as R
+    model = onnx.load(str(path))
+    feed = feeds(model, np.random.default_rng(0))[0]
+    runs = {}
+    for p in providers:
+        for optimize in (False, True):
+            key = f"{p}{'-optimized' if optimize else ''}"
+            try:
+                runs[key] = np.asarray(R.prepare_onnx(RUNTIME[p], model, optimize=optimize).run(feed)["logits"])
+            except Exception as e:  # noqa: BLE001 - reported
+                runs[key] = f"failed: {str(e).splitlines()[0][:200]}"
+    base = runs.get("cpu")
+    out = {k: (v if isinstance(v, str) else error(v, base)) for k, v in runs.items()} if base is not None else {}
+    print(path.name, "logits against the CPU provider's:", json.dumps(out), flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("models", nargs="*", type=Path)
     ap.add_argument("--providers", default="cpu,cuda")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--no-ops", action="store_true", help="skip the single-op grid")
+    ap.add_argument("--nodes", action="store_true",
+                    help="each model's quantized nodes alone and its logits with and without ORT's optimizations, "
+                         "instead of every node output exposed")
     args = ap.parse_args(argv)
     import onnxruntime as ort
     ort.set_default_logger_severity(3)  # a refused fallback is a row of the report, not a screenful
     providers = args.providers.split(",")
     result = {"ops": [] if args.no_ops else ops(providers)}
-    result["models"] = [model_probe(p, providers) if p.exists() else {"model": p.name, "missing": True}
-                        for p in args.models]
+    present = [p for p in args.models if p.exists()]
+    if args.nodes:
+        result["whole"] = {p.name: whole(p, providers) for p in present}
+        result["nodes"] = [row for p in present for row in node_probe(p, providers)]
+    else:
+        result["models"] = [model_probe(p, providers) for p in present]
     if args.json:
         args.json.write_text(json.dumps(result, indent=1, default=str))
     return 0
