@@ -365,3 +365,29 @@ def test_the_pinned_versions_are_the_lockfiles():
     lock = json.loads((js.PACKAGE / "package-lock.json").read_text())["packages"]
     for name, version in js.pins().items():
         assert lock[f"node_modules/{name}"]["version"] == version
+
+
+@pytest.mark.parametrize("name", ["ort-node", "ort-wasm"])
+def test_an_output_fed_back_is_named_not_sent(name, monkeypatch):
+    """A run's output given back unchanged as an input (a cache between steps) travels as a
+    reference to the output the JavaScript process kept, and computes what the same values sent
+    as bytes compute; the outputs are read-only, so an output written to is a copy and is sent."""
+    _need(name)
+    from attnexport.runtimes import js
+    prepared = R.prepare_onnx(name, _one_node("Sigmoid"))
+    sent = []
+    call = js.bridge().call
+    monkeypatch.setattr(js.bridge(), "call", lambda request, binary=b"": sent.append(request) or call(request, binary))
+    x = np.linspace(-3, 3, 12, dtype=np.float32).reshape(3, 4)
+    once = prepared.run({"x": x})["y"]
+    twice = prepared.run({"x": once})["y"]
+    assert sent[-1]["feeds"]["x"] == {"ref": "y"}
+    with pytest.raises(ValueError):
+        once[0, 0] = 1.0
+    by_value = R.prepare_onnx("ort-cpu", _one_node("Sigmoid")).run({"x": np.array(once)})["y"]
+    assert compare("y", twice, by_value, tolerance("fp32")).passed
+    copied = np.array(twice)
+    thrice = prepared.run({"x": copied})["y"]
+    assert "offset" in sent[-1]["feeds"]["x"]
+    expected = 1 / (1 + np.exp(-copied.astype(np.float64)))
+    assert compare("y", thrice, expected, tolerance("fp32")).passed

@@ -4,8 +4,10 @@
 WASM and WebGPU backends in headless Chromium (the machine's GPU where it has one, the software
 adapter otherwise; the runtime's description names the adapter that ran). One JavaScript process
 (`js/bridge.mjs`) serves the three: Python starts it on first use and talks to it over a pipe
-(frames of JSON with base64 tensors; a model travels as bytes beside its request); the page is
-served from 127.0.0.1 only.
+(frames of JSON, each with a binary part: a model's bytes or the tensors'). A run's outputs stay in the
+JavaScript process until its next run, and an input that is one of them (a cache fed back, the
+same array object) is named instead of sent: a static cache of hundreds of MB a step crosses the
+pipe once a step, not twice, and without base64. The page is served from 127.0.0.1 only.
 
 The npm packages are pinned (`js/package.json`, `js/package-lock.json`) and installed by attnexport
 into its cache folder on first use (`attnexport runtimes --install` does it ahead, as CI does);
@@ -17,7 +19,6 @@ browser. What is missing is said in one line with its fix.
 from __future__ import annotations
 
 import atexit
-import base64
 import functools
 import hashlib
 import json
@@ -200,8 +201,9 @@ class _Bridge:
         self.call({"op": "hello"})
         self.startup_ms = {"ort-node": (time.perf_counter() - t0) * 1e3}
 
-    def call(self, request: dict, binary: bytes = b"") -> dict:
-        """One request and its answer; `binary` travels beside the JSON (a model's bytes)."""
+    def call(self, request: dict, binary: bytes | list = b"") -> dict:
+        """One request and its answer; `binary` travels beside the JSON (a model's bytes, or the
+        tensors' as a list of parts); the answer's own binary part is its `"binary"`."""
         with self.lock:
             while self.released and request.get("op") != "release":
                 self._exchange({"op": "release", "id": self.released.pop()})
@@ -210,24 +212,38 @@ class _Bridge:
             raise RuntimeError(answer["error"] + (f" (browser: {answer['log']})" if answer.get("log") else ""))
         return answer
 
-    def _exchange(self, request: dict, binary: bytes = b"") -> dict:
+    def _exchange(self, request: dict, binary: bytes | list = b"") -> dict:
         body = json.dumps(request).encode()
+        parts = binary if isinstance(binary, list) else [binary]
         timer = threading.Timer(REQUEST_SECONDS, self.proc.kill)
         timer.start()
         try:
             assert self.proc.stdin is not None and self.proc.stdout is not None
-            self.proc.stdin.write(struct.pack("<I", len(body)) + body + struct.pack("<I", len(binary)))
-            self.proc.stdin.write(binary)
+            self.proc.stdin.write(struct.pack("<I", len(body)) + body + struct.pack("<I", sum(len(p) for p in parts)))
+            for part in parts:
+                self.proc.stdin.write(part)
             self.proc.stdin.flush()
-            head = self.proc.stdout.read(4)
-            if len(head) < 4:
-                raise RuntimeError(f"the JavaScript runtime process ended: {self._last_words()}")
-            (n,) = struct.unpack("<I", head)
-            return json.loads(self.proc.stdout.read(n))
+            (n,) = struct.unpack("<I", self._read(4))
+            answer = json.loads(self._read(n))
+            (m,) = struct.unpack("<I", self._read(4))
+            answer["binary"] = self._read(m)
+            return answer
         except BrokenPipeError:
             raise RuntimeError(f"the JavaScript runtime process ended: {self._last_words()}") from None
         finally:
             timer.cancel()
+
+    def _read(self, n: int) -> bytearray:
+        """Exactly `n` bytes of the answer (writable: the arrays made on them are the caller's)."""
+        assert self.proc.stdout is not None
+        out = bytearray(n)
+        view, got = memoryview(out), 0
+        while got < n:
+            k = self.proc.stdout.readinto(view[got:])
+            if not k:
+                raise RuntimeError(f"the JavaScript runtime process ended: {self._last_words()}")
+            got += k
+        return out
 
     def _last_words(self) -> str:
         self.log.seek(0)
@@ -258,15 +274,31 @@ def bridge() -> _Bridge:
     return _BRIDGE
 
 
-def _tensor(a) -> dict:
-    a = np.ascontiguousarray(a)
-    if a.dtype not in _DTYPES:
-        raise ValueError(f"a {a.dtype} input cannot go to ONNX Runtime in JavaScript")
-    return {"dtype": _DTYPES[a.dtype], "dims": list(a.shape), "data": base64.b64encode(a.tobytes()).decode()}
+def _tensors(feed: dict, last: dict) -> tuple[dict, list]:
+    """The request's feeds and its binary parts: each array's bytes, or a reference to the
+    session's last output when the array is that output itself (fed back unchanged: the arrays a run
+    returns are read-only, so one that was written to is a copy and travels)."""
+    feeds, parts, offset = {}, [], 0
+    for name, a in feed.items():
+        kept = next((out for out, arr in last.items() if arr is a), None)
+        if kept is not None:
+            feeds[name] = {"ref": kept}
+            continue
+        a = np.ascontiguousarray(a)
+        if a.dtype not in _DTYPES:
+            raise ValueError(f"a {a.dtype} input cannot go to ONNX Runtime in JavaScript")
+        data = a.tobytes()
+        feeds[name] = {"dtype": _DTYPES[a.dtype], "dims": list(a.shape), "offset": offset, "nbytes": len(data)}
+        parts.append(data)
+        offset += len(data)
+    return feeds, parts
 
 
-def _array(t: dict) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(t["data"]), dtype=_NUMPY[t["dtype"]]).reshape(t["dims"]).copy()
+def _array(t: dict, binary: bytearray) -> np.ndarray:
+    a = np.frombuffer(binary, dtype=_NUMPY[t["dtype"]], count=t["nbytes"] // _NUMPY[t["dtype"]].itemsize,
+                      offset=t["offset"]).reshape(t["dims"])
+    a.flags.writeable = False  # fed back as it is, it is named, not sent (`_tensors`)
+    return a
 
 
 def prepare(name: str, model: onnx.ModelProto, optimize: bool = True, threads: int | None = None) -> R.Prepared:
@@ -293,13 +325,18 @@ def prepare(name: str, model: onnx.ModelProto, optimize: bool = True, threads: i
     weakref.finalize(session, b.released.append, session.id)  # released before the next request
     outputs = list(info["outputs"])
 
+    last: dict = {}  # the last run's outputs, which the JavaScript process keeps
+
     def run(feed: dict) -> dict:  # holds the session as long as it can be called
-        answer = b.call({"op": "run", "id": session.id, "feeds": {n: _tensor(a) for n, a in feed.items()}})
-        return {n: _array(answer["outputs"][n]) for n in outputs}
+        feeds, parts = _tensors(feed, last)
+        answer = b.call({"op": "run", "id": session.id, "feeds": feeds}, parts)
+        last.clear()
+        last.update({n: _array(answer["outputs"][n], answer["binary"]) for n in outputs})
+        return dict(last)
 
     def time_runs(feed: dict, runs: int) -> list[float]:
-        return list(b.call({"op": "time", "id": session.id, "feeds": {n: _tensor(a) for n, a in feed.items()},
-                            "runs": runs})["ms"])
+        feeds, parts = _tensors(feed, last)
+        return list(b.call({"op": "time", "id": session.id, "feeds": feeds, "runs": runs}, parts)["ms"])
 
     placement = {provider: list(nodes) for provider, nodes in (info.get("placement") or {}).items()}
     shapes = R.shape_computations(model) if name == "ort-webgpu" else frozenset()

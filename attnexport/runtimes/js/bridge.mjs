@@ -1,12 +1,16 @@
 // attnexport's bridge to ONNX Runtime where apps deploy it: onnxruntime-node in this process, and
 // onnxruntime-web's WASM and WebGPU backends in a headless Chromium driven by playwright-core.
 //
-// Python (attnexport/runtimes/js.py) starts one bridge per run and sends requests on stdin; each
-// answer is a frame: 4 bytes of little-endian length, then that many bytes of JSON (a request adds a
-// binary part, see the loop below). Tensors travel as {dtype, dims, data: base64 of the little-endian bytes}. Requests:
+// Python (attnexport/runtimes/js.py) starts one bridge per run and sends requests on stdin. Requests
+// and answers are frames alike: 4 bytes of little-endian length and that many bytes of JSON, then 4
+// bytes of length and a binary part (a model's bytes, or the tensors'). A tensor travels as {dtype,
+// dims, offset, nbytes}: its little-endian bytes at `offset` in the frame's binary part. A feed may
+// instead be {ref: NAME}: the session's own output NAME of its last run, kept here, so a cache that
+// goes back and forth between steps (hundreds of MB a step for a long static buffer) is not sent
+// back. Requests:
 //   {op: "load", runtime, optimize, threads} + the model's bytes -> {id, inputs, outputs, placement, adapter}
-//   {op: "run", id, feeds}                                  -> {outputs: {name: tensor}}
-//   {op: "time", id, feeds, runs}                           -> {ms: [one per run]}
+//   {op: "run", id, feeds} + the tensors                    -> {outputs: {name: tensor}} + the tensors
+//   {op: "time", id, feeds, runs} + the tensors             -> {ms: [one per run]}
 //   {op: "release", id}, {op: "quit"}
 // An error answers {error: "one line"}. The page is served from 127.0.0.1 only.
 //
@@ -41,18 +45,43 @@ const ARRAYS = {
   uint8: Uint8Array, int8: Int8Array, float64: Float64Array,
 };
 
-function decode(ort, t) {
-  const bytes = Buffer.from(t.data, 'base64');
+function bytesOf(t, binary) { // a feed's bytes: its slice of the request's binary part
+  return binary.subarray(t.offset, t.offset + t.nbytes);
+}
+
+function decode(ort, t, binary) {
+  const bytes = bytesOf(t, binary);
   const Array_ = ARRAYS[t.dtype];
   const copy = new Uint8Array(bytes.length); // aligned for the typed array
   copy.set(bytes);
   return new ort.Tensor(t.dtype, new Array_(copy.buffer, 0, bytes.length / Array_.BYTES_PER_ELEMENT), t.dims);
 }
 
-function encode(tensor) {
+// Tensors into an answer: each one's {dtype, dims, offset, nbytes}, its bytes appended to `parts`.
+function encode(dtype, dims, bytes, parts) {
+  const offset = parts.reduce((n, b) => n + b.length, 0);
+  parts.push(bytes);
+  return { dtype, dims: Array.from(dims), offset, nbytes: bytes.length };
+}
+
+function tensorBytes(tensor) {
   const d = tensor.data;
-  return { dtype: tensor.type, dims: Array.from(tensor.dims),
-           data: Buffer.from(d.buffer, d.byteOffset, d.byteLength).toString('base64') };
+  return Buffer.from(d.buffer, d.byteOffset, d.byteLength);
+}
+
+// A page takes and gives tensors as {dtype, dims, data: base64}; the bridge turns them to and from frames.
+function toPage(feeds, binary, last) {
+  const out = {};
+  for (const [name, t] of Object.entries(feeds)) {
+    out[name] = t.ref !== undefined ? refOf(last, t.ref)
+      : { dtype: t.dtype, dims: t.dims, data: bytesOf(t, binary).toString('base64') };
+  }
+  return out;
+}
+
+function refOf(last, name) {
+  if (!last || !(name in last)) throw new Error(`no output ${name} kept from the session's last run`);
+  return last[name];
 }
 
 // --- Node: onnxruntime-node -------------------------------------------------------------------------
@@ -70,18 +99,26 @@ async function loadNode(req) {
            placement: { CPUExecutionProvider: ['*'] }, version: packageOf('onnxruntime-node').version };
 }
 
-async function runNode(s, feeds) {
+function nodeFeeds(s, feeds, binary) {
   const given = {};
-  for (const [name, t] of Object.entries(feeds)) given[name] = decode(ortNode, t);
-  const out = await s.session.run(given);
+  for (const [name, t] of Object.entries(feeds)) {
+    given[name] = t.ref !== undefined ? refOf(s.last, t.ref) : decode(ortNode, t, binary);
+  }
+  return given;
+}
+
+async function runNode(s, feeds, binary, parts) {
+  const out = await s.session.run(nodeFeeds(s, feeds, binary));
+  s.last = out;
   const result = {};
-  for (const name of s.session.outputNames) result[name] = encode(out[name]);
+  for (const name of s.session.outputNames) {
+    result[name] = encode(out[name].type, out[name].dims, tensorBytes(out[name]), parts);
+  }
   return result;
 }
 
-async function timeNode(s, feeds, runs) {
-  const given = {};
-  for (const [name, t] of Object.entries(feeds)) given[name] = decode(ortNode, t);
+async function timeNode(s, feeds, binary, runs) {
+  const given = nodeFeeds(s, feeds, binary);
   const ms = [];
   for (let i = 0; i < runs; i++) {
     const t0 = performance.now();
@@ -179,21 +216,34 @@ async function handle(req) {
   }
   if (!s) throw new Error(`no session ${req.id}`);
   if (req.op === 'run') {
-    if (s.runtime === 'ort-node') return { outputs: await runNode(s, req.feeds) };
-    return { outputs: await browser.page.evaluate((a) => window.attnexport.run(a.id, a.feeds), req) };
+    const parts = [];
+    if (s.runtime === 'ort-node') return { outputs: await runNode(s, req.feeds, req.binary, parts), parts };
+    const feeds = toPage(req.feeds, req.binary, s.last);
+    const got = await browser.page.evaluate((a) => window.attnexport.run(a.id, a.feeds), { id: req.id, feeds });
+    s.last = got;
+    const outputs = {};
+    for (const [name, t] of Object.entries(got)) outputs[name] = encode(t.dtype, t.dims, Buffer.from(t.data, 'base64'), parts);
+    return { outputs, parts };
   }
   if (req.op === 'time') {
-    if (s.runtime === 'ort-node') return { ms: await timeNode(s, req.feeds, req.runs) };
-    return { ms: await browser.page.evaluate((a) => window.attnexport.time(a.id, a.feeds, a.runs), req) };
+    if (s.runtime === 'ort-node') return { ms: await timeNode(s, req.feeds, req.binary, req.runs) };
+    const feeds = toPage(req.feeds, req.binary, s.last);
+    return { ms: await browser.page.evaluate((a) => window.attnexport.time(a.id, a.feeds, a.runs),
+                                             { id: req.id, feeds, runs: req.runs }) };
   }
   throw new Error(`unknown request ${req.op}`);
 }
 
-function send(message) {
+function send(message) { // an answer's `parts` (tensors' bytes) travel as its binary part
+  const parts = message.parts || [];
+  delete message.parts;
   const body = Buffer.from(JSON.stringify(message));
   const head = Buffer.alloc(4);
   head.writeUInt32LE(body.length, 0);
-  process.stdout.write(Buffer.concat([head, body]));
+  const tail = Buffer.alloc(4);
+  tail.writeUInt32LE(parts.reduce((n, b) => n + b.length, 0), 0);
+  process.stdout.write(Buffer.concat([head, body, tail]));
+  for (const b of parts) process.stdout.write(b);
 }
 
 async function close() {
