@@ -394,25 +394,26 @@ def _given(kwargs) -> dict:
 @click.option("--atol", type=float, default=None, help="With --hf or --module: the absolute tolerance, likewise.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default=None,
               help="With --hf: fp32 (the default), fp16 (exported in half), int8 or int4 (weight matrices as ONNX "
-                   "Runtime's MatMulNBits, a GGUF's own 4- or 8-bit grid carried exactly); verify says what it costs.")
+                   "Runtime's MatMulNBits, a GGUF's own 4- or 8-bit grid carried exactly), q4f16 (int4's weights, "
+                   "fp16 activations); verify says what it costs.")
 @click.option("--block-size", type=int, default=None,
-              help="With --precision int8/int4: the block along each matrix's input axis (16, 32, 64, 128; "
+              help="With --precision int8/int4/q4f16: the block along each matrix's input axis (16, 32, 64, 128; "
                    "default 32).")
 @click.option("--accuracy-level", type=int, default=None,
-              help="With --precision int8/int4: MatMulNBits's accuracy_level, 4 (default: int8 activations, the "
+              help="With --precision int8/int4/q4f16: MatMulNBits's accuracy_level, 4 (default: int8 activations, the "
                    "fastest CPU kernels) or 0 (float activations: a carried grid gives the model's own answers).")
 @click.option("--keep", default=None, metavar="GROUP[=HOW],...",
-              help="With --precision int8/int4: groups held otherwise, e.g. head=int8,first,layers:28-29=int8@0 "
+              help="With --precision int8/int4/q4f16: groups held otherwise, e.g. head=int8,first,layers:28-29=int8@0 "
                    "(GROUP: head, first, last, layer:I, layers:I-J; HOW: fp32 (default), int8, int4, @LEVEL). "
                    "Default for int4: head=int8. 'none' quantizes everything alike.")
 @click.option("--symmetric/--asymmetric", default=None,
-              help="With --precision int8/int4: ONNX Runtime's quantizer without or with zero points (default "
+              help="With --precision int8/int4/q4f16: ONNX Runtime's quantizer without or with zero points (default "
                    "asymmetric); a carried grid keeps its own.")
 @click.option("--requantize", is_flag=True, default=None,
-              help="With --precision int8/int4: round every matrix with ONNX Runtime's quantizer, even one that "
+              help="With --precision int8/int4/q4f16: round every matrix with ONNX Runtime's quantizer, even one that "
                    "already holds a grid of the bits asked for (default: such a grid is carried exactly).")
 @click.option("--minimums", type=click.Choice(P_MINIMUM_FORMS), default=None,
-              help="With --precision int4: how a carried grid's float minimums (GGUF's Q4_1) are held: folded "
+              help="With --precision int4/q4f16: how a carried grid's float minimums (GGUF's Q4_1) are held: folded "
                    "(default: integer zero points and a 4-bit residual row per block, no extra op per matrix; each "
                    "weight within a small fraction of a step of the model's) or exact (bit for bit, a MatMul and an "
                    "Add per matrix, slower).")
@@ -965,8 +966,8 @@ def _print_bench(rows, variant, dtype):
               help="With --hf: the Python that runs onnxruntime-genai's model builder (default: this one; the "
                    "builder may want another transformers than Optimum).")
 @click.option("--precision", "precisions", default=None, metavar="P,...",
-              help="With --hf: attnexport's precisions to time (fp32, fp16, int8, int4; default fp32), each beside "
-                   "its accuracy.")
+              help="With --hf: attnexport's precisions to time (fp32, fp16, int8, int4, q4f16; default fp32), "
+                   "each beside its accuracy.")
 @click.option("--genai-precision", "genai_precisions", default=None, metavar="P,...",
               help="With --hf: onnxruntime-genai builder's precisions to time (its -p: fp32, int4; default fp32).")
 @click.option("--input", "input_specs", multiple=True, metavar="NAME:SHAPE[:DTYPE]",

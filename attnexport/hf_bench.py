@@ -149,9 +149,15 @@ class _Sessions:
         self.session = None
 
 
-def _cache_arrays(layout: hf.Layout, positions: int, rng) -> dict:
+def _cache_arrays(layout: hf.Layout, positions: int, rng, dtype=np.float32) -> dict:
     shape = (1, layout.kv_heads, positions, layout.head_dim)
-    return {n: rng.standard_normal(shape).astype(np.float32) for n in layout.cache_names("past_key_values")}
+    return {n: rng.standard_normal(shape).astype(dtype) for n in layout.cache_names("past_key_values")}
+
+
+def _cache_dtype(session):
+    """The float type the session's caches are in (fp16 for an export in half: fp16, q4f16)."""
+    types = {i.type for i in session.get_inputs() if i.name.startswith("past_key_values")}
+    return np.float16 if "tensor(float16)" in types else np.float32
 
 
 def _decode_call(session, layout: hf.Layout, context: int, in_place: bool):
@@ -159,8 +165,9 @@ def _decode_call(session, layout: hf.Layout, context: int, in_place: bool):
     import onnxruntime as ort
     rng = np.random.default_rng(0)
     token = np.array([[5]], np.int64)
+    dtype = _cache_dtype(session)
     if layout.form == "static":
-        buffers = _cache_arrays(layout, layout.max_seq, rng)
+        buffers = _cache_arrays(layout, layout.max_seq, rng, dtype)
         feed = {"input_ids": token, "write_pos": np.array([context], np.int64), **buffers}
         if not in_place:
             return lambda: session.run(None, feed)
@@ -175,7 +182,7 @@ def _decode_call(session, layout: hf.Layout, context: int, in_place: bool):
         return lambda binding=binding, values=values: session.run_with_iobinding(binding)
     names = {i.name for i in session.get_inputs()}
     feed = {"input_ids": token, "attention_mask": np.ones((1, context + 1), np.int64),
-            "position_ids": np.array([[context]], np.int64), **_cache_arrays(layout, context, rng)}
+            "position_ids": np.array([[context]], np.int64), **_cache_arrays(layout, context, rng, dtype)}
     feed = {k: v for k, v in feed.items() if k in names}
     return lambda: session.run(None, feed)
 
@@ -184,10 +191,12 @@ def _prefill_call(session, layout: hf.Layout, context: int):
     rng = np.random.default_rng(1)
     ids = rng.integers(3, layout.vocab, (1, context), dtype=np.int64)
     names = {i.name for i in session.get_inputs()}
+    dtype = _cache_dtype(session)
     if layout.form == "static":
-        feed = {"input_ids": ids, "write_pos": np.zeros(1, np.int64), **_cache_arrays(layout, layout.max_seq, rng)}
+        feed = {"input_ids": ids, "write_pos": np.zeros(1, np.int64),
+                **_cache_arrays(layout, layout.max_seq, rng, dtype)}
     else:
-        empty = {n: np.zeros((1, layout.kv_heads, 0, layout.head_dim), np.float32)
+        empty = {n: np.zeros((1, layout.kv_heads, 0, layout.head_dim), dtype)
                  for n in layout.cache_names("past_key_values")}
         feed = {"input_ids": ids, "attention_mask": np.ones((1, context), np.int64),
                 "position_ids": np.arange(context)[None, :], **empty}
@@ -325,7 +334,7 @@ def bench_hf(request: HFBenchRequest, said=lambda text: None) -> tuple[list[HFBe
         if row.phase == "decode" and row.median_ms == row.median_ms:
             held = weight_bytes.get((row.engine, row.precision))
             row.step_bytes = step_bytes(model, layout, row.context) if held is None else \
-                held + cache_bytes(layout, row.context, 2 if row.precision == "fp16" else 4)
+                held + cache_bytes(layout, row.context, 2 if row.precision in ("fp16", "q4f16") else 4)
             row.bandwidth_gbs = bandwidth / 1e9
             row.bandwidth_fraction = row.step_bytes / (row.median_ms * 1e-3) / bandwidth
             if row.bandwidth_fraction > 1:
@@ -430,11 +439,17 @@ def agreement_text(a: dict | None) -> str:
 
 
 def _session_runner(session):
-    """A session's step as `hf.generate` calls it: the inputs it has, every output by name."""
+    """A session's step as `hf.generate` calls it: the inputs it has (the empty caches it starts
+    from in the session's float type: fp16 for an export in half), every output by name."""
     names = [o.name for o in session.get_outputs()]
+    half = {i.name for i in session.get_inputs() if i.type == "tensor(float16)"}
     inputs = {i.name for i in session.get_inputs()}
-    return lambda feed: dict(zip(names, session.run(None, {k: v for k, v in feed.items() if k in inputs}),
-                                 strict=True))
+
+    def run(feed):
+        given = {k: (v.astype(np.float16) if k in half and v.dtype != np.float16 else v)
+                 for k, v in feed.items() if k in inputs}
+        return dict(zip(names, session.run(None, given), strict=True))
+    return run
 
 
 def _attnexport_engine(weights: Path, form: str, flavor: str, r: HFBenchRequest, tmp: Path, precision: str = "fp32"):

@@ -132,9 +132,13 @@ def export_hf(request: HFExport) -> tuple[ModuleExportResult, hf.Layout]:
     quantized: dict = {}
 
     def quantize(onnx_model):
-        quantized["before"] = {s.weight: onnx.numpy_helper.to_array(i) for s in P.sites(onnx_model, layout.vocab)
-                               for i in onnx_model.graph.initializer if i.name == s.weight}
-        quantized["done"] = P.quantize(onnx_model, plan, layout.layers, layout.vocab)
+        before = {s.weight: onnx.numpy_helper.to_array(i) for s in P.sites(onnx_model, layout.vocab)
+                  for i in onnx_model.graph.initializer if i.name == s.weight}
+        if dtype != "fp32":  # the matrices the half graph rounds: a grid is carried from these
+            before.update(_float_matrices(onnx_model, wrapper, layout.vocab))
+        quantized["before"] = before
+        quantized["done"] = P.quantize(onnx_model, plan, layout.layers, layout.vocab,
+                                       weights=before if dtype != "fp32" else None)
         return onnx_model
 
     def check(onnx_model):
@@ -167,6 +171,26 @@ def export_hf(request: HFExport) -> tuple[ModuleExportResult, hf.Layout]:
     return result, layout
 
 
+def _float_matrices(onnx_model, module, vocab: int | None) -> dict:
+    """{weight initializer: (K, N) float32} of every matrix a graph exported in half holds, put
+    together from `module`'s float32 parameters as the export's record places them (a parameter's
+    columns, transposed); a matrix the record does not fill whole is left out."""
+    state = {k: v.detach().float().numpy() for k, v in module.state_dict().items()}
+    out = {}
+    for s in P.sites(onnx_model, vocab):
+        w = np.full((s.k, s.n), np.nan, np.float32)
+        for name, columns in s.params.items():
+            p = state.get(name)
+            if p is None or p.ndim != 2:
+                continue
+            start, stop = columns if columns is not None else (0, s.n)
+            if p.shape == (stop - start, s.k):
+                w[:, start:stop] = p.T
+        if np.isfinite(w).all():
+            out[s.weight] = w
+    return out
+
+
 def _precision(r: HFExport) -> tuple[str, P.Plan | None]:
     """(the dtype the model is exported in, the quantization plan or None) of `r.precision`."""
     if r.precision not in P.PRECISIONS:
@@ -176,7 +200,7 @@ def _precision(r: HFExport) -> tuple[str, P.Plan | None]:
     if r.plan is not None and r.precision not in P.QUANTIZED:
         raise UsageError(f"--precision {r.precision} quantizes nothing: a quantization plan goes with int8 or int4")
     if r.precision in P.QUANTIZED:
-        return "fp32", r.plan or P.DEFAULT_PLANS[r.precision]
+        return P.ACTIVATIONS[r.precision], r.plan or P.DEFAULT_PLANS[r.precision]
     return ("fp16" if r.precision == "fp16" else r.dtype), None
 
 
@@ -192,7 +216,8 @@ def check_quantized(onnx_model, model, layout: hf.Layout, before: dict, tokenize
     if bad:
         raise ExportError(f"{name}: the quantized weights are not a quantization of the model's: {bad[0]}"
                           + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
-    held = HR.Reference(A.file_model(model, onnx_model), layout, "fp32", r.rtol, r.atol, QUANTIZED_FACTOR)
+    held = HR.Reference(A.file_model(model, onnx_model), layout, P.ACTIVATIONS[r.precision], r.rtol, r.atol,
+                        QUANTIZED_FACTOR)
     checked = check_before_writing(P.float_activations(onnx_model), held, tokenizer, name)
     session = R.prepare_onnx("ort-cpu", onnx_model)
     for label, batch, block, past, padded in CHECKS[layout.form]:

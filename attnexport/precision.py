@@ -42,8 +42,11 @@ from onnx import helper, numpy_helper
 
 from attnexport.errors import UsageError
 
-PRECISIONS = ("fp32", "fp16", "int8", "int4")
-QUANTIZED = {"int8": 8, "int4": 4}
+PRECISIONS = ("fp32", "fp16", "int8", "int4", "q4f16")
+QUANTIZED = {"int8": 8, "int4": 4, "q4f16": 4}
+# The activations' float type of each quantized precision: q4f16 is int4's weights in a graph
+# exported in half (what GPUs run: ONNX Runtime's CUDA provider has no fp32 GroupQueryAttention).
+ACTIVATIONS = {"int8": "fp32", "int4": "fp32", "q4f16": "fp16"}
 META = "attnexport.precision"
 BLOCKS = (16, 32, 64, 128)
 # MatMulNBits's accuracy_level: 0 computes with float activations; 4 quantizes each block of the
@@ -352,10 +355,14 @@ class Quantized:
         return f"{total} weight matrices: " + ", ".join(parts)
 
 
-def quantize(model: onnx.ModelProto, plan: Plan, layers: int, vocab: int | None = None) -> Quantized:
+def quantize(model: onnx.ModelProto, plan: Plan, layers: int, vocab: int | None = None,
+             weights: dict | None = None) -> Quantized:
     """Replaces, in place, each constant weight matrix of a MatMul by MatMulNBits as `plan` says
     for its group: carried exactly where it holds a grid of the bits asked for, else through ONNX
-    Runtime's quantizer. Returns what was done; `model` gets the record (`META`)."""
+    Runtime's quantizer. `weights` ({initializer: (K, N) float32}) are the matrices a graph exported
+    in half stands for: a grid is looked for there (an fp16 initializer is its rounding), and the
+    scales are written in the graph's float type. Returns what was done; `model` gets the record
+    (`META`)."""
     found = sites(model, vocab)
     if not found:
         raise UsageError("the model has no MatMul with a constant weight matrix: there is nothing to quantize")
@@ -370,7 +377,8 @@ def quantize(model: onnx.ModelProto, plan: Plan, layers: int, vocab: int | None 
         if rule.bits == 0:
             done.entries.append(_entry(s, 0, -1, "kept", plan.block))
             continue
-        w = numpy_helper.to_array(inits[s.weight]).astype(np.float32)
+        w = weights[s.weight] if weights and s.weight in weights else \
+            numpy_helper.to_array(inits[s.weight]).astype(np.float32)
         grid = grid_of(w, rule.bits, plan.block) if plan.carry else None
         if grid is not None:
             exact.append((s, grid))
@@ -460,13 +468,19 @@ def _set_attr(node, name: str, value) -> None:
         node.attribute.append(helper.make_attribute(name, value))
 
 
+def _float_of(model: onnx.ModelProto, s: Site):
+    """The numpy float type of the site's weight initializer: what its scales are written in."""
+    w = next(i for i in model.graph.initializer if i.name == s.weight)
+    return np.float16 if w.data_type == onnx.TensorProto.FLOAT16 else np.float32
+
+
 def _carry(model: onnx.ModelProto, s: Site, grid: Grid) -> None:
     """The MatMul at `s` replaced by MatMulNBits holding `grid` exactly (plus the minimums' MatMul
     for a float-minimum grid)."""
-    base = s.weight
+    base, real = s.weight, _float_of(model, s)
     blocks = s.k // grid.block
     inits = [numpy_helper.from_array(pack(grid.q, grid.bits, grid.block), f"{base}_Q{grid.bits}"),
-             numpy_helper.from_array(np.ascontiguousarray(grid.scale.T).astype(np.float32), f"{base}_scales")]
+             numpy_helper.from_array(np.ascontiguousarray(grid.scale.T).astype(real), f"{base}_scales")]
     inputs = [s.input, inits[0].name, inits[1].name]
     if grid.minimum is not None or grid.zero != 2 ** (grid.bits - 1):
         zeros = np.full((s.n, blocks), grid.zero, np.uint8)
@@ -478,9 +492,9 @@ def _carry(model: onnx.ModelProto, s: Site, grid: Grid) -> None:
         made = [helper.make_node("MatMulNBits", inputs, [product], name=f"{s.node}_Q{grid.bits}",
                                  domain="com.microsoft", K=s.k, N=s.n, bits=grid.bits, block_size=grid.block)]
         if grid.minimum is not None:
-            minimums = numpy_helper.from_array(grid.minimum.astype(np.float32), f"{base}{MINIMUMS}")
+            minimums = numpy_helper.from_array(grid.minimum.astype(real), f"{base}{MINIMUMS}")
             inits.append(minimums)
-            sums = _block_sums(model, nodes, inits, s.input, s.k, grid.block)
+            sums = _block_sums(model, nodes, inits, s.input, s.k, grid.block, real)
             made += [helper.make_node("MatMul", [sums, minimums.name], [f"{out}{MINIMUMS}"],
                                       name=f"{s.node}{MINIMUMS}"),
                      helper.make_node("Add", [product, f"{out}{MINIMUMS}"], [out], name=f"{s.node}{MINIMUMS}_add")]
@@ -505,13 +519,13 @@ def _replace_site(model: onnx.ModelProto, s: Site, inits: list, build) -> None:
     _ensure_domain(model)
 
 
-def _block_sums(model, nodes: list, inits: list, x: str, k: int, block: int) -> str:
+def _block_sums(model, nodes: list, inits: list, x: str, k: int, block: int, real=np.float32) -> str:
     """The name of `x`'s sums over each block of `block` values of its last axis (..., K/block), a
     MatMul by a (K, K/block) matrix of ones, made once per input: the inputs several matrices share
     (a layer's gate and up projections) are summed once."""
     name = f"{x}_block_sums"
     if not any(name in n.output for n in nodes):
-        ones = np.kron(np.eye(k // block, dtype=np.float32), np.ones((block, 1), np.float32))  # (K, K/block)
+        ones = np.kron(np.eye(k // block, dtype=real), np.ones((block, 1), real))  # (K, K/block)
         inits.append(numpy_helper.from_array(ones, f"{name}_ones"))
         nodes.append(helper.make_node("MatMul", [x, f"{name}_ones"], [name], name=name))
     return name
@@ -552,20 +566,25 @@ def _carry_folded(model: onnx.ModelProto, s: Site, grid: Grid) -> dict:
     folded (the module's docstring): it reads `x` with its block sums appended, padded to whole
     blocks (`_folded_input`).
     Returns how far the folded weights are from the grid's, in steps of each block's scale."""
-    base = s.weight
+    base, real = s.weight, _float_of(model, s)
     blocks = s.k // grid.block
     zero, codes, r_scale, r_zero, missed = _fold(grid)
+    if real is np.float16:  # the residual rows' scales as the file holds them: what they miss grows by that rounding
+        rounded = r_scale.astype(np.float16).astype(np.float64)
+        held = np.repeat(rounded - r_scale.astype(np.float64), grid.block, axis=0)[:blocks] * (
+            codes.astype(np.float64) - np.repeat(r_zero, grid.block, axis=0)[:blocks])
+        missed = missed - held
     k_folded = s.k + _folded_width(s.k, grid.block)
     q = np.zeros((k_folded, s.n), np.uint8)
     q[:s.k], q[s.k:s.k + blocks] = grid.q, codes  # the padding rows past them read zeros
-    scales = np.concatenate([grid.scale.astype(np.float32), r_scale])
+    scales = np.concatenate([grid.scale.astype(np.float32), r_scale]).astype(real)
     zeros = np.concatenate([zero, r_zero])
     inits = [numpy_helper.from_array(pack(q, grid.bits, grid.block), f"{base}_Q{grid.bits}"),
              numpy_helper.from_array(np.ascontiguousarray(scales.T), f"{base}_scales"),
              numpy_helper.from_array(pack_zeros(np.ascontiguousarray(zeros.T), grid.bits), f"{base}_zero_points")]
 
     def build(nodes: list, out: str) -> list:
-        folded = _folded_input(model, nodes, inits, s.input, s.k, grid.block)
+        folded = _folded_input(model, nodes, inits, s.input, s.k, grid.block, real)
         return [helper.make_node("MatMulNBits", [folded] + [t.name for t in inits[:3]], [out],
                                  name=f"{s.node}_Q{grid.bits}", domain="com.microsoft", K=k_folded, N=s.n,
                                  bits=grid.bits, block_size=grid.block)]
@@ -580,8 +599,9 @@ def _embedding_from_head(model: onnx.ModelProto, entry: dict) -> bool:
     """A tied embedding's rows gathered from its head's 8-bit blocks instead of the float table: the
     Gather of the (D, V) table's columns and the Transpose after it become GatherBlockQuantized over
     the head's MatMulNBits data and scales, and a Reshape, where the table is exactly the head's
-    grid (a GGUF's Q8_0 head carried). The file loses the table (SmolLM2-135M's int4: 229 to 125 MiB);
-    every row is the same float. False, and nothing changed, where that does not hold."""
+    grid (a GGUF's Q8_0 head carried), or in a half graph its fp16 rounding. The file loses the table
+    (SmolLM2-135M's int4: 229 to 101 MiB); every row is the same float. False, and nothing changed,
+    where that does not hold."""
     inits = {i.name: i for i in model.graph.initializer}
     head = _nbits_node(model, entry)
     if head is None or len(head.input) > 3 and head.input[3]:
@@ -596,7 +616,8 @@ def _embedding_from_head(model: onnx.ModelProto, entry: dict) -> bool:
     d, v, block = entry["k"], entry["n"], int(_attr(head, "block_size"))
     table = numpy_helper.to_array(inits[entry["weight"]])
     held = matrix(model, entry, inits)
-    if held is None or table.shape != (d, v) or not np.array_equal(held, table):
+    # A half graph's table is the fp16 rounding of the grid, which is what the gather gives in fp16.
+    if held is None or table.shape != (d, v) or not np.array_equal(held.astype(table.dtype), table):
         return False
     base = entry["weight"]
     shapes = [numpy_helper.from_array(np.array([v, d // block, 1], np.int64), f"{base}_embedding_scales_shape"),
@@ -620,7 +641,7 @@ def _embedding_from_head(model: onnx.ModelProto, entry: dict) -> bool:
     return True
 
 
-def _folded_input(model, nodes: list, inits: list, x: str, k: int, block: int) -> str:
+def _folded_input(model, nodes: list, inits: list, x: str, k: int, block: int, real=np.float32) -> str:
     """The name of `x` (..., K) with its sums over each block of `block` values appended, padded
     with zeros to whole blocks (..., K + `_folded_width`): a MatMulNBits by a 0/1 matrix (4-bit
     codes 8 and 9 at scale 1, float activations, so each sum is the float sum) and a Concat, made
@@ -635,7 +656,7 @@ def _folded_input(model, nodes: list, inits: list, x: str, k: int, block: int) -
     for b in range(blocks):
         ones[b * block:(b + 1) * block, b] = 9
     inits += [numpy_helper.from_array(pack(ones, 4, block), f"{name}_ones_Q4"),
-              numpy_helper.from_array(np.ones(width * blocks, np.float32), f"{name}_ones_scales")]
+              numpy_helper.from_array(np.ones(width * blocks, real), f"{name}_ones_scales")]
     nodes += [helper.make_node("MatMulNBits", [x, f"{name}_ones_Q4", f"{name}_ones_scales"], [f"{name}_sums"],
                                name=f"{name}_sums", domain="com.microsoft", K=k, N=width, bits=4, block_size=block),
               helper.make_node("Concat", [x, f"{name}_sums"], [name], name=name, axis=-1)]
@@ -828,6 +849,7 @@ DEFAULT_PLANS = {
     "int8": Plan(bits=8, block=32, accuracy=4, symmetric=False),
     "int4": Plan(bits=4, block=32, accuracy=4, symmetric=False, keep=(("head", Rule(8, -1)),)),
 }
+DEFAULT_PLANS["q4f16"] = DEFAULT_PLANS["int4"]  # the same weights; the activations are the graph's (fp16)
 
 
 def plan_for(precision: str, block: int | None = None, accuracy: int | None = None, keep: str | None = None,
@@ -854,8 +876,9 @@ def unfaithful(before: dict, model: onnx.ModelProto, record: dict | None = None)
     """The quantized matrices that are not a quantization of the float matrices they replaced
     (`before`: {weight initializer: (K, N) array}): a carried grid must give back every weight bit
     for bit, a folded one every weight within half a step of its residual block's scale, ONNX
-    Runtime's rounding every weight within one step of its block's scale. Each
-    problem in a few words, by node."""
+    Runtime's rounding every weight within one step of its block's scale. Scales held in fp16 (a
+    q4f16 graph) add their own rounding: a folded residual's, and that of the fp16 matrix ONNX
+    Runtime rounded. Each problem in a few words, by node."""
     record = record if record is not None else record_of(model)
     inits = {i.name: i for i in model.graph.initializer}
     bad = []
@@ -867,9 +890,13 @@ def unfaithful(before: dict, model: onnx.ModelProto, record: dict | None = None)
             bad.append(f"{e['node']}: its tensors are missing")
             continue
         err = np.abs(got.astype(np.float64) - w)
+        node = _nbits_node(model, e)
+        half = inits[node.input[2]].data_type == onnx.TensorProto.FLOAT16
         if e["how"] == "folded":
-            # half a residual step, and float32's rounding of the two terms the file adds
-            bound = 0.5 * _residual_steps(model, e, inits) + 8 * np.finfo(np.float32).eps * (np.abs(w) + np.abs(got))
+            # half a residual step (and fp16's rounding of its scale, times at most 16 codes), and
+            # float32's rounding of the two terms the file adds
+            residual = (0.5 + (16 * np.finfo(np.float16).eps if half else 0)) * _residual_steps(model, e, inits)
+            bound = residual + 8 * np.finfo(np.float32).eps * (np.abs(w) + np.abs(got))
             over = err > bound
             if over.any() or not np.isfinite(got).all():
                 bad.append(f"{e['node']}: folded, but {int(over.sum())} weight(s) more than half a residual step "
@@ -880,11 +907,11 @@ def unfaithful(before: dict, model: onnx.ModelProto, record: dict | None = None)
                 bad.append(f"{e['node']}: carried as exact but {int((err > 0).sum())} weight(s) differ (max "
                            f"{err.max():.3g})")
             continue
-        node = _nbits_node(model, e)
         blocks = -(-e["k"] // e["block"])
         scale = np.abs(numpy_helper.to_array(inits[node.input[2]]).astype(np.float64).reshape(e["n"], blocks).T)
         step = np.repeat(scale, e["block"], axis=0)[:e["k"]]
-        over = err > step * (1 + 1e-6) + 1e-12
+        rounded = np.finfo(np.float16).eps * np.abs(w) if half else 0  # the fp16 matrix it was given
+        over = err > step * (1 + 1e-6) + rounded + 1e-12
         if over.any() or not np.isfinite(got).all():
             bad.append(f"{e['node']}: {int(over.sum())} weight(s) more than one step of their block's scale from the "
                        f"float weight (max error {err.max():.3g})")

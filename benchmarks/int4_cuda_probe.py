@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from attnexport import localize  # noqa: E402
 
-RUNTIME = {"cpu": "ort-cpu", "cuda": "ort-cuda"}
+RUNTIME = {"cpu": "ort-cpu", "cuda": "ort-cuda", "node": "ort-node", "wasm": "ort-wasm", "webgpu": "ort-webgpu"}
 
 
 def unpack(codes: np.ndarray, bits: int, count: int) -> np.ndarray:
@@ -135,7 +135,7 @@ def ops(providers) -> list[dict]:
                 row[p] = error(got, want)
             except Exception as e:  # noqa: BLE001 - a refused case is reported, not fatal
                 row[p] = f"failed: {str(e).splitlines()[0][:160]}"
-            if p != "cpu":
+            if p == "cuda":
                 row[f"{p}_placement"] = stays_on(model, p)
         rows.append(row)
         print(json.dumps(row), flush=True)

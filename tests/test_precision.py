@@ -130,6 +130,27 @@ def test_a_q4_1_grid_is_folded_within_half_a_residual_step_with_no_op_per_matrix
     assert np.abs(run(model4, x) - truth).max() <= np.abs(run(exact4, x) - truth).max()
 
 
+def test_a_half_graph_carries_the_grid_its_float_matrices_hold():
+    """q4f16: the graph is in fp16, whose initializers only round a Q4_1 matrix; the float32 matrices
+    given beside it are where the grid is found, and the scales are written in fp16."""
+    w1, w2 = q4_1(raw()), q4_1(raw(7))
+    half = two_matmuls(w1.astype(np.float16), w2.astype(np.float16))
+    for v in list(half.graph.input) + list(half.graph.output):
+        v.type.tensor_type.elem_type = TensorProto.FLOAT16
+    alone = two_matmuls(w1.astype(np.float16), w2.astype(np.float16))
+    assert [e["how"] for e in P.quantize(alone, P.Plan(bits=4, block=B, accuracy=0), layers=4).entries] == \
+        ["ort", "ort"]  # the fp16 rounding of a grid is no grid
+    done = P.quantize(half, P.Plan(bits=4, block=B, accuracy=0), layers=4, weights={"w1": w1, "w2": w2})
+    assert [e["how"] for e in done.entries] == ["folded", "folded"]
+    assert P.unfaithful({"w1": w1, "w2": w2}, half) == []
+    scales = [i for i in half.graph.initializer if i.name.endswith("_scales")]
+    assert scales and all(i.data_type == TensorProto.FLOAT16 for i in scales)
+    x = np.random.default_rng(1).standard_normal((1, 3, K)).astype(np.float16)
+    held = P.matrix(half, done.entries[0]).astype(np.float64) + P.matrix(half, done.entries[1])
+    want = x.astype(np.float64) @ held
+    assert np.abs(run(half, x) - want).max() < 4e-3 * np.abs(want).max()  # fp16 activations
+
+
 def test_a_folded_residual_off_by_a_step_is_not_a_quantization():
     w = q4_1(raw())
     model = one_matmul(w)

@@ -210,7 +210,9 @@ def _precision_name(model, quantized) -> str:
 def _weights_rows(ctx: _Context, quantized: dict) -> list[Row]:
     """One row: every quantized matrix against the source model's float matrix it stands for (a
     carried grid bit for bit, ONNX Runtime's rounding within a step of its block's scale)."""
-    state = {k: v.detach().float().numpy() for k, v in ctx.reference.step.state_dict().items()}
+    # The source's float32 weights (float64 holds them exactly), also for a graph in half: a grid is
+    # carried from these, not from their fp16 rounding.
+    state = {k: v.detach().float().numpy() for k, v in ctx.reference.step64.state_dict().items()}
     before = {}
     for e in quantized["matrices"]:
         if not e["bits"]:
