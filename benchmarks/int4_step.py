@@ -55,8 +55,9 @@ def step(model: onnx.ModelProto, threads: int, context: int):
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     binding, held = session.io_binding(), []
     shape = (1, layout.kv_heads, layout.max_seq, layout.head_dim)
+    half = any(i.type == "tensor(float16)" for i in session.get_inputs())  # a q4f16 or fp16 export's caches
     for name in layout.cache_names("past_key_values"):
-        value = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32))
+        value = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float16 if half else np.float32))
         held.append(value)
         binding.bind_ortvalue_input(name, value)
         binding.bind_ortvalue_output(layout.cache_pairs[name], value)
