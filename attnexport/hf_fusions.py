@@ -102,10 +102,15 @@ def _positions_times_frequencies():
     from onnxscript.rewriter import pattern
 
     class PositionsTimesFrequencies(pattern.RewriteRuleClassBase):
+        half = False  # a model in half casts its cos and sin to fp16 (transformers 5): the rule below
+
         def pattern(self, op, x, positions, axis, inv_freq, interleaved, num_heads):
             angles = op.Mul(op.Cast(op.Unsqueeze(positions, axis), to=ir.DataType.FLOAT), inv_freq)
             both = op.Concat(angles, angles, axis=-1)
-            return op.RotaryEmbedding(x, op.Unsqueeze(op.Cos(both), [1]), op.Unsqueeze(op.Sin(both), [1]),
+            cos, sin = op.Cos(both), op.Sin(both)
+            if self.half:
+                cos, sin = op.Cast(cos, to=ir.DataType.FLOAT16), op.Cast(sin, to=ir.DataType.FLOAT16)
+            return op.RotaryEmbedding(x, op.Unsqueeze(cos, [1]), op.Unsqueeze(sin, [1]),
                                       interleaved=interleaved, num_heads=num_heads,
                                       _domain="ai.onnxruntime._fusion")
 
@@ -121,11 +126,17 @@ def _positions_times_frequencies():
         def rewrite(self, op, x, positions, inv_freq, interleaved, num_heads, **_):
             frequencies = inv_freq.const_value.numpy().astype(np.float32)
             angles = np.arange(2, dtype=np.float32)[:, None] * frequencies[None, :]
-            return op.RotaryEmbedding(x, positions, op.Constant(value=ir.tensor(np.cos(angles))),
-                                      op.Constant(value=ir.tensor(np.sin(angles))), interleaved=interleaved,
-                                      num_heads=num_heads, _domain=_MS)
+            real = np.float16 if self.half else np.float32
+            return op.RotaryEmbedding(x, positions, op.Constant(value=ir.tensor(np.cos(angles).astype(real))),
+                                      op.Constant(value=ir.tensor(np.sin(angles).astype(real))),
+                                      interleaved=interleaved, num_heads=num_heads, _domain=_MS)
 
-    return pattern.RewriteRuleSet([PositionsTimesFrequencies.rule("PositionsTimesFrequencies", remove_nodes=False)])
+    class HalfPositionsTimesFrequencies(PositionsTimesFrequencies):
+        half = True
+
+    return pattern.RewriteRuleSet([PositionsTimesFrequencies.rule("PositionsTimesFrequencies", remove_nodes=False),
+                                   HalfPositionsTimesFrequencies.rule("HalfPositionsTimesFrequencies",
+                                                                      remove_nodes=False)])
 
 
 def _freeze_tables(model: onnx.ModelProto, rotaries, tables) -> None:

@@ -139,6 +139,21 @@ def test_the_ort_flavours_static_step_is_one_fused_attention_a_layer_with_every_
     assert r.exit_code == 1 and "layers.0.self_attn.k_proj.weight" in r.output
 
 
+def test_the_static_step_in_half_is_fused_as_the_fp32_one(folders, tmp_path):
+    """In half, transformers 5 casts the rotary cos and sin to fp16 in the graph; the step is still
+    one GroupQueryAttention a layer with the rotary inside and q, k, v in one matrix (before the
+    rule for the Cast, its rotary stayed a RotaryEmbedding and its projections three MatMuls)."""
+    path = tmp_path / "lm16.onnx"
+    r = run("export", "--hf", folders["llama"], "--kv-cache", "static", "--max-seq", "64", "--flavor", "ort",
+            "--dtype", "fp16", "-o", path)
+    assert r.exit_code == 0, r.output
+    model = onnx.load(path)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("GroupQueryAttention") == 2 and "RotaryEmbedding" not in ops and "Transpose" not in ops
+    gqa = next(n for n in model.graph.node if n.op_type == "GroupQueryAttention")
+    assert {a.name: a.i for a in gqa.attribute}["do_rotary"] == 1 and list(gqa.input[1:3]) == ["", ""]
+
+
 def test_a_tied_vocabulary_matrix_is_kept_once_as_the_head_reads_it(folders, tmp_path):
     path = tmp_path / "lm.onnx"
     assert run("export", "--hf", folders["tied"], "-o", path).exit_code == 0
