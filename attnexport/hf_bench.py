@@ -258,7 +258,7 @@ class _Engine:
     generate: Callable | None = None  # (prompt ids, new tokens) -> the greedy tokens it generates
     release: Callable = lambda: None  # what it holds between contexts, given back
     precision: str = "fp32"
-    step: Callable | None = None  # () -> (its step graph's run function, its layout): teacher-forced accuracy
+    step: Callable | None = None  # () -> (its step graph's run function, its layout, its caches' float type)
     path: Path | None = None  # its ONNX file (what a lossy engine's step reads)
 
     @property
@@ -400,9 +400,9 @@ def _teacher_forced(e: _Engine, base) -> dict:
     mean KL, top-1 agreement, perplexity growth (`attnexport.accuracy`)."""
     from attnexport import accuracy as A
     assert e.step is not None
-    run, layout = e.step()
-    got = hf.stepped_logits(run, layout, base.eval_ids, A.PREFILL, 1)[0]
-    held = hf.stepped_logits(run, layout, base.held_ids, A.PREFILL, 1)[0]
+    run, layout, dtype = e.step()
+    got = hf.stepped_logits(run, layout, base.eval_ids, A.PREFILL, 1, dtype)[0]
+    held = hf.stepped_logits(run, layout, base.held_ids, A.PREFILL, 1, dtype)[0]
     ppl, ppl32 = A.perplexity(held, base.held_ids[0]), A.perplexity(base.held32, base.held_ids[0])
     return {"kl_mean": float(A.kl_per_position(base.eval32, got).mean()),
             "top1": float((base.eval32.argmax(-1) == got.argmax(-1)).mean()), "perplexity": ppl,
@@ -439,17 +439,21 @@ def agreement_text(a: dict | None) -> str:
 
 
 def _session_runner(session):
-    """A session's step as `hf.generate` calls it: the inputs it has (the empty caches it starts
-    from in the session's float type: fp16 for an export in half), every output by name."""
+    """A session's step as `hf.generate` calls it: the inputs it has, every output by name."""
     names = [o.name for o in session.get_outputs()]
-    half = {i.name for i in session.get_inputs() if i.type == "tensor(float16)"}
     inputs = {i.name for i in session.get_inputs()}
+    return lambda feed: dict(zip(names, session.run(None, {k: v for k, v in feed.items() if k in inputs}),
+                                 strict=True))
 
-    def run(feed):
-        given = {k: (v.astype(np.float16) if k in half and v.dtype != np.float16 else v)
-                 for k, v in feed.items() if k in inputs}
-        return dict(zip(names, session.run(None, given), strict=True))
-    return run
+
+def _stepping(session, layout: hf.Layout) -> tuple:
+    """What teacher-forced accuracy steps: (the session's run, the layout, its caches' float type)."""
+    return _session_runner(session), layout, _cache_dtype(session)
+
+
+def _generated(session, layout: hf.Layout, ids, n: int):
+    """`n` greedy tokens after `ids` from the session's step, its caches in the session's float type."""
+    return hf.generate(_session_runner(session), layout, [ids], n, dtype=_cache_dtype(session)).tokens[0]
 
 
 def _attnexport_engine(weights: Path, form: str, flavor: str, r: HFBenchRequest, tmp: Path, precision: str = "fp32"):
@@ -469,9 +473,9 @@ def _attnexport_engine(weights: Path, form: str, flavor: str, r: HFBenchRequest,
     mode = "in-place (IO binding)" if in_place else "copies" if form == "static" else "concat"
     return _Engine("attnexport", form, flavor, mode, lambda c: _decode_call(sessions.get(), layout, c, in_place),
                    lambda c: _prefill_call(sessions.get(), layout, c),
-                   generate=lambda ids, n: hf.generate(_session_runner(sessions.get()), layout, [ids], n).tokens[0],
+                   generate=lambda ids, n: _generated(sessions.get(), layout, ids, n),
                    release=sessions.drop, precision=precision,
-                   step=lambda: (_session_runner(sessions.get()), layout), path=path)
+                   step=lambda: _stepping(sessions.get(), layout), path=path)
 
 
 def _optimum_engines(weights: Path, layout: hf.Layout, r: HFBenchRequest, tmp: Path, info: dict,
@@ -494,8 +498,8 @@ def _optimum_engines(weights: Path, layout: hf.Layout, r: HFBenchRequest, tmp: P
     sessions = _Sessions(out / "model.onnx", r.threads)
     return [_Engine("optimum", "concat", "-", "its export", lambda c: _decode_call(sessions.get(), layout, c, False),
                     lambda c: _prefill_call(sessions.get(), layout, c),
-                    generate=lambda ids, n: hf.generate(_session_runner(sessions.get()), layout, [ids], n).tokens[0],
-                    release=sessions.drop, step=lambda: (_session_runner(sessions.get()), layout))]
+                    generate=lambda ids, n: _generated(sessions.get(), layout, ids, n),
+                    release=sessions.drop, step=lambda: _stepping(sessions.get(), layout))]
 
 
 def _word_tokenizer(folder: Path, vocab: int) -> None:
@@ -581,7 +585,7 @@ def _genai_engines(weights: Path, model_type: str, r: HFBenchRequest, tmp: Path,
     sessions = _Sessions(out / decoder["filename"], r.threads)
     return [_Engine("onnxruntime-genai", "shared buffer", "-", "its generator", decode, prefill,
                     lambda c: f"context {c} to {c + steps}", generate, release=sessions.drop, precision=precision,
-                    step=lambda: (_session_runner(sessions.get()), layout), path=out / decoder["filename"])]
+                    step=lambda: _stepping(sessions.get(), layout), path=out / decoder["filename"])]
 
 
 def to_json(rows: list[HFBenchRow]) -> list[dict]:

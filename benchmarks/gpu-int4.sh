@@ -26,7 +26,7 @@ tail -n 4 "$work"/export-*.txt | tee "$out/exports.txt"
 
 if [ "${PROBE:-0}" = 1 ]; then
     timeout ${PROBE_SECONDS:-120} python3 benchmarks/int4_cuda_probe.py $work/rand-static-int4.onnx \
-        $work/rand-static-q4f16.onnx --nodes --no-ops --json "$out/int4-probe.json" > "$work/probe.txt" 2>&1
+        $work/rand-static-q4f16.onnx --no-ops --json "$out/int4-probe.json" > "$work/probe.txt" 2>&1
     say "probe: exit $?"
 fi
 
