@@ -653,6 +653,9 @@ def inspect(model, as_json):
             elif k == "routed":  # a module's attention calls: how each was found, and where
                 calls = json.loads(v)
                 v = f"{len(calls)} attention call(s)" + "".join(f"; {c['kind']} at {c['where']}" for c in calls)
+            elif k == "signature":  # the step's cache pairs and write position (the whole record in --json)
+                from attnexport import signature as SG
+                v = SG.describe(SG.StepSignature.from_json(v))
             elif k == "inputs":  # a module's inputs: shape, dtype and the name of each symbolic axis
                 v = "; ".join(f"{i['name']} {'x'.join(map(str, i['shape']))} {i['dtype']}" + "".join(
                     f", axis {a} {d}" for a, d in i["dynamic"].items()) for i in json.loads(v))

@@ -9,9 +9,12 @@ forward over the whole sequence: verify and the tests check exactly that.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
+
+from attnexport.signature import PLAIN, CachePair, StepSignature, WritePos
+
+__all__ = ["StepSignature", "WritePos"]  # WritePos was defined here before signatures; its name stays
 
 CHUNKS = (1, 3)  # token by token, and in chunks of 3 (the last one shorter)
 
@@ -24,28 +27,9 @@ def decode(step: Callable[[dict], dict], stream: dict[str, np.ndarray], chunk: i
     return decode_all(step, stream, chunk, empty_cache, axis, once, masks)[0]["output"]
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Where a step graph keeps its caches and outputs, when it is not a variant's step.
-
-    Attributes:
-        pairs: cache input -> the output that updates it (default: past_X -> present_X). Each
-            one given must grow by the block at each step; by default `past_key` must.
-        cache_axes: cache input -> its positions' axis (default 2: (batch, heads, positions, dim)).
-        outputs: the outputs that run along the sequence -> their sequence axis (default: `output`
-            on the stream's axis).
-        write_pos: a static cache's write position (default: `write_pos`, each sequence's).
-    """
-
-    pairs: dict[str, str] | None = None
-    cache_axes: dict[str, int] | None = None
-    outputs: dict[str, int] | None = None
-    write_pos: WritePos | None = None
-
-
 def decode_all(step: Callable[[dict], dict], stream: dict[str, np.ndarray], chunk: int,
                empty_cache: dict[str, np.ndarray], axis: int, once: dict[str, np.ndarray] | None = None,
-               masks: dict[str, np.ndarray] | None = None, layout: Layout = Layout()):
+               masks: dict[str, np.ndarray] | None = None, layout: StepSignature = PLAIN):
     """The outputs of `step` run over a sequence in chunks of `chunk`, from empty caches.
 
     Args:
@@ -57,13 +41,14 @@ def decode_all(step: Callable[[dict], dict], stream: dict[str, np.ndarray], chun
             ones, their keys and values being cached by then (the decoder's memory).
         masks: masks over the whole sequence, (..., T, T): each step gets the rows of its block
             and the columns of every key so far, (..., block, end).
-        layout: where the caches and outputs are, for a step that is not a variant's (a module's).
+        layout: where the caches and outputs are, for a step that is not a variant's (a module's
+            signature: its cache pairs, their axes, the outputs along the sequence).
 
     Returns:
         ({output: the chunks' values concatenated along its axis}, {cache input: its last value}).
     """
-    pairs, cache_axes, outputs = layout.pairs, layout.cache_axes, layout.outputs
-    growing = set(pairs) if pairs else {"past_key"} & set(empty_cache)
+    pairs, cache_axes, outputs = layout.pairs, layout.cache_axes, layout.along
+    growing = layout.growing if layout.caches else {"past_key"} & set(empty_cache)
     pairs = pairs or {name: "present_" + name.removeprefix("past_") for name in empty_cache}
     cache_axes = cache_axes or {name: 2 for name in empty_cache}
     outputs = outputs or {"output": axis}
@@ -124,68 +109,20 @@ def static_reach(prompts: np.ndarray, length: int) -> np.ndarray:
     return prompts + length - prompts.max()
 
 
-@dataclass(frozen=True)
-class WritePos:
-    """How a static cache's step is told where its block goes: the input `name` holds, in `form`,
-
-    - "start": each sequence's first position, (B,) (sequences may be at different positions);
-    - "positions": the block's positions, (T,), the same for every sequence (transformers'
-      `cache_position`);
-    - "shared": the block's first position, the same for every sequence, a scalar or (1,).
-    `shape` and `dtype`: the input's, for the "shared" form."""
-
-    name: str
-    form: str = "start"
-    shape: tuple = ()
-    dtype: str = "int64"
-
-    @property
-    def ragged(self) -> bool:
-        """Whether sequences may be at different positions."""
-        return self.form == "start"
-
-    def value(self, starts, length: int) -> np.ndarray:
-        """The input for a block of `length` positions written at `starts` (B,), each sequence's
-        first position (one value for all but in the "start" form)."""
-        starts = np.asarray(starts).reshape(-1)
-        if self.form == "start":
-            return starts.astype(self.dtype)
-        if starts.min() != starts.max():
-            raise ValueError(f"{self.name} ({self.form}) writes every sequence at one position, got {starts.tolist()}")
-        first = int(starts[0])
-        if self.form == "positions":
-            return np.arange(first, first + length, dtype=self.dtype)
-        return np.full(self.shape, first, self.dtype)
-
-    def drawn(self, rng, batch: int, length: int, positions: int) -> np.ndarray:
-        """The input for a block of `length` positions at a place drawn where it fits in buffers of
-        `positions`: one per sequence in the "start" form, one for all in the others."""
-        starts = rng.integers(0, positions - length + 1, size=batch if self.ragged else 1)
-        return self.value(starts.repeat(1 if self.ragged else batch), length)
-
-    def ends(self, value, length: int, batch: int) -> np.ndarray:
-        """Each sequence's end of the written positions (B,) after a block of `length` written
-        where the input `value` says."""
-        value = np.asarray(value).reshape(-1)
-        if self.form == "positions":
-            return np.full(batch, value.max() + 1)
-        return value + length if self.ragged else np.full(batch, value[0] + length)
-
-    def meta(self) -> dict:
-        return {"input": self.name, "form": self.form}
-
-
 def decode_static(step: Callable[[dict], dict], stream: dict[str, np.ndarray], axis: int, prompts: np.ndarray,
                   chunk: int, buffers: dict[str, np.ndarray], pairs: dict[str, str],
                   once: dict[str, np.ndarray] | None = None) -> np.ndarray:
     """The `output` of a variant's static-cache step over sequences of different prompt lengths
     (see `decode_static_all`)."""
-    return decode_static_all(step, stream, axis, prompts, chunk, buffers, once, Layout(pairs=pairs))[0]["output"]
+    caches = tuple(CachePair(past, present, kind="cross" if "cross" in past else "static")
+                   for past, present in pairs.items())
+    signature = StepSignature(caches=caches, write_pos=WritePos("write_pos"))
+    return decode_static_all(step, stream, axis, prompts, chunk, buffers, once, signature)[0]["output"]
 
 
 def decode_static_all(step: Callable[[dict], dict], stream: dict[str, np.ndarray], axis: int, prompts: np.ndarray,
                       chunk: int, buffers: dict[str, np.ndarray], once: dict[str, np.ndarray] | None = None,
-                      layout: Layout = Layout()):
+                      layout: StepSignature = PLAIN):
     """The outputs of a static-cache step model over sequences of different prompt lengths.
 
     Sequence b's prompt is its first prompts[b] positions. The prompts run as one block (the
@@ -204,16 +141,16 @@ def decode_static_all(step: Callable[[dict], dict], stream: dict[str, np.ndarray
             to step (a decoder's cross cache, empty at first).
         once: inputs given whole at the first step and empty (0 long on axis 1) at the later
             ones, their keys and values being cached by then (the decoder's memory).
-        layout: `pairs`, cache input -> the output that returns it updated; `outputs`, those that
-            run along the sequence -> their axis (default: `output` on the stream's axis);
-            `write_pos`, the input telling the step where to write (a form other than "start"
-            needs prompts of one length).
+        layout: the step's signature: its cache pairs; `along`, the outputs that run along the
+            sequence -> their axis (default: `output` on the stream's axis); `write_pos`, the
+            input telling the step where to write (a form other than "start" needs prompts of
+            one length).
 
     Returns:
         ({output: sequence b's values at positions below prompts[b] + n, zeros past them},
         {cache input: its last value}).
     """
-    pairs, outputs = layout.pairs or {}, layout.outputs or {"output": axis}
+    pairs, outputs = layout.pairs, layout.along or {"output": axis}
     write_pos = layout.write_pos or WritePos("write_pos")
     first_input = next(iter(stream.values()))
     batch, length = first_input.shape[0], first_input.shape[axis]

@@ -32,6 +32,7 @@ from attnexport import variants as V
 from attnexport import weights as W
 from attnexport.compare import compare, past_ends_zeroed, tolerance
 from attnexport.errors import AttnExportError, ExportError, UsageError, first_line, reason
+from attnexport.signature import PLAIN, CachePair, StepSignature, WritePos
 
 FLAVORS = tuple(FL.FLAVORS)  # names, in the registry's order
 DEFAULT_FLAVOR = FL.DEFAULT
@@ -309,7 +310,8 @@ def _build(decided: _Resolved, trace_key: str):
             # "seed": the parameters come from the seed; "given": the caller's own (params=).
             "attnexport.params_source": decided.params_source,
             "attnexport.golden_manifest_sha256": golden.manifest_hash()}
-    model, op_name = finish(model, Finishing(gf, opset, dtype, what, variant.dot_product_core, flavor), params, meta)
+    model, op_name = finish(model, Finishing(gf, opset, dtype, what, variant.dot_product_core, flavor), params, meta,
+                            V.step_signature(variant, o))
     note = "" if variant.dot_product_core or flavor == "primitives" else \
         f"{variant.name} has no dot-product core: exported as primitives"
     return model, ExportResult(Path(), variant.name, o, flavor, gf, opset, dtype, op_name, 0, note)
@@ -454,12 +456,18 @@ class Finishing:
     flavor_asked: str | None = None
 
 
-def finish(model, how: Finishing, params: dict, meta: dict):
+def finish(model, how: Finishing, params: dict, meta: dict, signature: StepSignature = PLAIN):
     """What every export ends with, a variant's and a user's module's alike: the conversion to
     `opset`, the record of where each parameter is held (`attnexport.params`, with the sha256 of
-    its bytes), the metadata and the onnx checks (`stamp`), and the check that the graph has the
-    flavour's attention op. Returns (model, the attention op's name)."""
+    its bytes), the step's signature (`signature`'s caches and write position, the graph's
+    inputs, outputs and symbolic axes: `attnexport.signature`), the metadata and the onnx checks
+    (`stamp`), and the check that the graph has the flavour's attention op. Returns (model, the
+    attention op's name)."""
     model = convert_opset(model, how.opset, how.what)
+    try:
+        meta = {**meta, **signature.with_graph(model).meta()}
+    except ValueError as e:
+        raise ExportError(f"{how.what}: {e}") from None
     _rotary_caches_per_batch(model)
     if any(n.op_type == "GroupQueryAttention" for n in model.graph.node):
         meta = {**meta, STATIC_BLOCKS: GQA_BLOCKS, STATIC_BUFFERS: GQA_BUFFERS}
@@ -717,16 +725,15 @@ def export_module(module, example_inputs, request: ModuleExport | None = None, *
     meta = {"attnexport.module": r.name, "attnexport.inputs": json.dumps(spec), "attnexport.flavor": r.flavor,
             "attnexport.graph_flavor": r.flavor, "attnexport.opset": str(opset), "attnexport.dtype": r.dtype,
             "attnexport.routed": json.dumps(calls),
-            **({"attnexport.cache": json.dumps({n: {"output": o, "axis": cache_axes[n]} for n, o in t.cache.items()})}
-               if t.cache else {}),
-            **({"attnexport.write_pos": json.dumps(write.meta())} if write else {}),
             **({"attnexport.seed": str(r.seed)} if r.seed is not None else {}),
             "attnexport.params_source": ("given: " + Path(r.weights_file).name) if r.weights_file else "seed",
             **(r.extra_meta or {})}
     params = {k: v.detach().float().numpy() for k, v in t.module.state_dict().items()}
     if r.rewrite is not None:
         model = r.rewrite(model)
-    model, op_name = finish(model, Finishing(r.flavor, opset, r.dtype, r.name, bool(calls)), params, meta)
+    caches = tuple(CachePair(n, o, cache_axes[n], "static" if write else "concat") for n, o in t.cache.items())
+    model, op_name = finish(model, Finishing(r.flavor, opset, r.dtype, r.name, bool(calls)), params, meta,
+                            StepSignature(caches=caches, write_pos=write))
     if r.finalize is not None:
         model = r.finalize(model)
     checked = r.check(model) if r.check is not None else \
@@ -843,7 +850,6 @@ def _write_pos_axes(r: ModuleExport, names, args, cache, asked) -> dict:
 
 def _write_pos_of(t: _ModuleTrace, kept: dict, name: str):
     """The module's WritePos (input `name`), its form read from the axis the export kept symbolic."""
-    from attnexport.decode import WritePos
     r = t.request
     arg = t.args[t.names.index(name)]
     dims = kept.get(name, {})

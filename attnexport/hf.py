@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from attnexport import signature as SG
 from attnexport.errors import UsageError, reason
 
 TASK = "causal-lm"
@@ -94,7 +95,19 @@ class Layout:
             raise UsageError("the model is not a language model exported with --hf (no attnexport.hf metadata)")
         fields = json.loads(props[META])
         fields.pop("task", None)
-        return cls(**fields)
+        layout = cls(**fields)
+        recorded = SG.of(model)  # None: exported before signatures
+        if recorded is not None and recorded.pairs != layout.cache_pairs:
+            raise UsageError(f"the model's signature pairs its caches otherwise than its {layout.form} form does "
+                             f"({len(recorded.pairs)} pairs, the form has {len(layout.cache_pairs)})")
+        return layout
+
+    @property
+    def signature(self) -> SG.StepSignature:
+        """The caches and write position of this layout's step (the graph fills in the rest)."""
+        kind = "static" if self.form == "static" else "concat"
+        caches = tuple(SG.CachePair(p, q, 2, kind) for p, q in self.cache_pairs.items())
+        return SG.StepSignature(caches=caches, write_pos=SG.WritePos("write_pos") if kind == "static" else None)
 
 
 # --- loading ------------------------------------------------------------------------------------

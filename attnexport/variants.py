@@ -9,6 +9,7 @@ from attnexport import reference as ref
 from attnexport.errors import UnknownVariantError
 from attnexport.schema import Option, TensorSpec, Variant
 from attnexport.semantics import SOFTMAX_PRECISION_TYPES_BY_NAME, WEIGHT_MODES, Core
+from attnexport.signature import CachePair, StepSignature, WritePos
 
 # --- options shared by several variants ---------------------------------------------------
 
@@ -165,6 +166,21 @@ def _build_self(o):
 def static_cache(o) -> bool:
     """Whether the options ask for the static cache (`--kv-cache static --max-seq S`)."""
     return bool(o.get("kv_cache")) and o.get("max_seq") is not None
+
+
+def step_signature(variant: Variant, o: dict) -> StepSignature:
+    """The cache pairs and write position of a variant's step at options `o` (the graph fills in
+    the rest at export): past_X -> present_X grows by the block ("cross" for a decoder's memory,
+    which it does not), X_cache -> X_cache_out is a static buffer written at `write_pos`."""
+    caches = []
+    for spec in variant.inputs(o):
+        if spec.name.startswith("past_"):
+            kind = "cross" if spec.name.startswith("past_cross_") else "concat"
+            caches.append(CachePair(spec.name, "present_" + spec.name.removeprefix("past_"), len(spec.dims) - 2, kind))
+        elif spec.name.endswith("_cache"):
+            caches.append(CachePair(spec.name, spec.name + "_out", len(spec.dims) - 2, "static"))
+    write = WritePos("write_pos") if any(c.kind == "static" for c in caches) else None
+    return StepSignature(caches=tuple(caches), write_pos=write)
 
 
 def _build_mha(o):

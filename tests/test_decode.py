@@ -9,6 +9,7 @@ from click.testing import CliRunner
 from attnexport import export as E
 from attnexport import runtimes as R
 from attnexport import seeding
+from attnexport import signature as SG
 from attnexport import variants as V
 from attnexport import verify as VF
 from attnexport.cli import main
@@ -133,9 +134,10 @@ def test_a_modules_own_cache_exports_symbolic_and_verify_checks_decoding(tmp_pat
         model = onnx.load(path)
         dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
         assert dims["past_key"] == ["batch", 4, "past_len", 16]
-        meta = {p.key: p.value for p in model.metadata_props}
-        assert json.loads(meta["attnexport.cache"]) == {"past_key": {"output": "present_key", "axis": 2},
-                                                        "past_value": {"output": "present_value", "axis": 2}}
+        signature = SG.of(model)
+        assert signature.cache() == {"past_key": {"output": "present_key", "axis": 2},
+                                     "past_value": {"output": "present_value", "axis": 2}}
+        assert {c.kind for c in signature.caches} == {"concat"} and signature.write_pos is None
         r = CliRunner().invoke(main, ["verify", str(path), "--module", spec, "--runtimes", "torch,ort-cpu", "--json"])
         rows = json.loads(r.output)["results"]
         decode_rows = [row for row in rows if row["case"].startswith("decode")]
@@ -194,9 +196,10 @@ def test_a_modules_static_cache_keeps_its_buffers_and_verify_decodes_sequences_a
     assert dims["key_cache"] == ["batch", 4, 16, 16]
     form = "positions" if write_pos == "cache_position" else "start"
     assert dims[write_pos] == ["x_len" if form == "positions" else "batch"]
-    meta = {p.key: p.value for p in model.metadata_props}
-    assert json.loads(meta["attnexport.write_pos"]) == {"input": write_pos, "form": form}
-    assert json.loads(meta["attnexport.cache"])["key_cache"] == {"output": "key_cache_out", "axis": 2}
+    signature = SG.of(model)
+    assert (signature.write_pos.name, signature.write_pos.form) == (write_pos, form)
+    assert signature.cache()["key_cache"] == {"output": "key_cache_out", "axis": 2}
+    assert {c.kind for c in signature.caches} == {"static"}
     r = CliRunner().invoke(main, ["verify", str(path), "--module", spec, "--runtimes", "torch,ort-cpu", "--json"])
     report = json.loads(r.output)
     rows = report["results"]
@@ -222,7 +225,7 @@ def test_verify_takes_a_static_cache_the_model_does_not_record(tmp_path):
     r = CliRunner().invoke(main, ["export", "--module", spec, *STATIC, "--write-pos", "write_pos", "-o", str(path)])
     assert r.exit_code == 0, r.output
     model = onnx.load(path)
-    kept = [p for p in model.metadata_props if p.key not in ("attnexport.cache", "attnexport.write_pos")]
+    kept = [p for p in model.metadata_props if p.key != SG.META]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)
     plain = tmp_path / "plain.onnx"
@@ -278,8 +281,7 @@ def test_a_write_position_told_apart_by_its_size_or_refused():
         export_module(module, (x[:, :2], k, v, torch.arange(2)), request)
     # One token: torch.export fixes a length of 1, and the position (1,) is one for all sequences.
     shared = export_module(module, (x[:, :1], k, v, torch.tensor([4])), request)
-    meta = {p.key: p.value for p in shared.model.metadata_props}
-    assert meta["attnexport.write_pos"] == '{"input": "cache_position", "form": "shared"}'
+    assert SG.of(shared.model).write_pos == SG.WritePos("cache_position", "shared", (1,), "int64")
     assert shared.dynamic == {n: {0: "batch"} for n in ("x", "key_cache", "value_cache")}
 
 

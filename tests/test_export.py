@@ -116,7 +116,7 @@ def test_fp16_runs_on_cpu_provider(exported, name, flavor):
 
 
 VARIANT_METADATA = ("variant", "options", "flavor", "graph_flavor", "opset", "dtype", "seed", "params_source",
-                    "params", "params_sha256", "golden_manifest_sha256", "version", "torch_version")
+                    "params", "params_sha256", "golden_manifest_sha256", "version", "torch_version", "signature")
 
 
 @pytest.mark.parametrize("name, flavor", COMBOS)

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
 
 from attnexport import hf, hf_export  # noqa: E402
+from attnexport import signature as SG  # noqa: E402
 from attnexport.cli import main  # noqa: E402
 
 
@@ -54,7 +55,10 @@ def test_a_deployment_folder_holds_what_its_clients_read(folders, tmp_path):
     assert [p.name for p in (out / "onnx").iterdir()] == ["model.onnx"]
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["use_cache"] is True
-    assert hf.Layout.of(onnx.load(out / "onnx" / "model.onnx")).form == "concat"
+    model = onnx.load(out / "onnx" / "model.onnx")
+    layout, signature = hf.Layout.of(model), SG.of(model)
+    assert layout.form == "concat" and signature.pairs == layout.cache_pairs  # what apps feed back, recorded
+    assert {c.kind for c in signature.caches} == {"concat"} and signature.write_pos is None
     for path in [out, out / "onnx", *out.rglob("*")]:  # the user's umask, as a plain mkdir and open would
         assert path.stat().st_mode & 0o027 == 0, path
     assert not list(tmp_path.glob(".attnexport-*"))  # no staging folder left
@@ -100,6 +104,8 @@ def test_the_ort_flavours_static_step_is_one_fused_attention_a_layer_with_every_
             path)
     assert r.exit_code == 0, r.output
     model = onnx.load(path)
+    signature = SG.of(model)
+    assert signature.caches == hf.Layout.of(model).signature.caches and signature.write_pos.form == "start"
     ops = [n.op_type for n in model.graph.node]
     assert ops.count("GroupQueryAttention") == 2 and "RotaryEmbedding" not in ops and "Transpose" not in ops
     assert ops.count("SkipSimplifiedLayerNormalization") == 4  # every norm after a residual add
@@ -148,6 +154,8 @@ def test_the_static_step_in_half_is_fused_as_the_fp32_one(folders, tmp_path):
             "--dtype", "fp16", "-o", path)
     assert r.exit_code == 0, r.output
     model = onnx.load(path)
+    signature = SG.of(model)
+    assert signature.caches == hf.Layout.of(model).signature.caches and signature.write_pos.form == "start"
     ops = [n.op_type for n in model.graph.node]
     assert ops.count("GroupQueryAttention") == 2 and "RotaryEmbedding" not in ops and "Transpose" not in ops
     gqa = next(n for n in model.graph.node if n.op_type == "GroupQueryAttention")

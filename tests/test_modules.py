@@ -80,7 +80,7 @@ def test_cli_export_writes_the_model_with_its_metadata(tmp_path):
     meta = {p.key: p.value for p in onnx.load(path).metadata_props}
     assert set(meta) == {f"attnexport.{k}" for k in ("module", "inputs", "routed", "flavor", "graph_flavor", "opset",
                                                      "dtype", "seed", "params_source", "params", "params_sha256",
-                                                     "version", "torch_version")}
+                                                     "version", "torch_version", "signature")}
     assert json.loads(meta["attnexport.routed"]) == [
         {"kind": "scaled_dot_product_attention",
          "where": "causal_self_attention.py:25 (y = F.scaled_dot_product_attention(q, k, v, is_causal=True))"}]

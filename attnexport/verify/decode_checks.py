@@ -17,8 +17,6 @@ from attnexport.compare import compare_outputs, past_ends_zeroed
 from attnexport.decode import (
     CHUNKS,
     STATIC_PROMPT,
-    Layout,
-    WritePos,
     decode,
     decode_all,
     decode_static,
@@ -31,6 +29,7 @@ from attnexport.decode import (
 )
 from attnexport.errors import UsageError, reason
 from attnexport.report import Row
+from attnexport.signature import CachePair, StepSignature, WritePos
 from attnexport.verify.run import LoadedModule, case_tolerance
 
 DECODE_LENGTH = 7  # tokens decoded by the cache property check: 7 steps of 1, chunks of 3, 3 and 1
@@ -214,8 +213,7 @@ def module_decode_rows(m: LoadedModule, example, cache: dict) -> list:
     full = _module_step(m, names, [o.name for o in m.model.graph.output])(feed)
     expected = {n: full[n].astype(np.float64) for n in along}
     expected.update({c["output"]: full[c["output"]].astype(np.float64) for c in cache.values()})
-    layout = Layout(pairs={n: c["output"] for n, c in cache.items()},
-                    cache_axes={n: c["axis"] for n, c in cache.items()}, outputs=along)
+    layout = StepSignature(caches=tuple(CachePair(n, c["output"], c["axis"]) for n, c in cache.items()), along=along)
 
     def decode_with(run, chunk):
         got, last = decode_all(lambda given: run({**given, **always}), {n: feed[n] for n in stream}, chunk,
@@ -261,6 +259,7 @@ def module_static_rows(m: LoadedModule, example, cache: dict, write: WritePos) -
     reach = static_reach(prompts, total)
     along = _along(m, cache, length_dim)
     outs = {c["output"]: c["axis"] for c in cache.values()}
+    static = tuple(CachePair(n, c["output"], c["axis"], "static") for n, c in cache.items())
 
     def up_to_reach(values: dict) -> dict:  # each sequence as far as it ran, zeros past it
         values = dict(values)
@@ -273,8 +272,7 @@ def module_static_rows(m: LoadedModule, example, cache: dict, write: WritePos) -
 
     def decode_with(run, chunk):
         got, last = decode_static_all(lambda given: run({**given, **always}), feed, axis, prompts, chunk, noise,
-                                      layout=Layout(pairs={n: c["output"] for n, c in cache.items()}, outputs=along,
-                                                    write_pos=write))
+                                      layout=StepSignature(caches=static, write_pos=write, along=along))
         return up_to_reach({**got, **{cache[n]["output"]: v for n, v in last.items()}})
     kind = (f"the torch module's full forward written at 0 into the same noisy buffers, each sequence up to where "
             f"it ran ({', '.join(map(str, reach))} positions)")

@@ -15,17 +15,18 @@ from attnexport import dtypes as D
 from attnexport import export as E
 from attnexport import modules as M
 from attnexport import runtimes as R
+from attnexport import signature as SG
 from attnexport import weights as W
 from attnexport.compare import (
     check_tolerance_values,
     compare_outputs,
     tolerance,
 )
-from attnexport.decode import WritePos
 from attnexport.errors import UsageError, reason
 from attnexport.inspect import load_model
 from attnexport.localize import Localization, locate
 from attnexport.report import Report, Row
+from attnexport.signature import WritePos
 from attnexport.verify.decode_checks import cache_of, module_decode_rows, module_static_rows, write_pos_of
 from attnexport.verify.model_plan import dtype_of, flavor_of
 from attnexport.verify.run import AUTO_LOCALIZE_LIMIT, LoadedModule
@@ -107,9 +108,10 @@ def _verify_module(check: ModuleCheck) -> Report:
     tol = tolerance(dtype, check.rtol, check.atol)
     declared = [o.name for o in model.graph.output]
     prepared = {rt: R.prepare_onnx(rt, model) for rt in used if rt in R.ONNX_RUNTIMES}
+    recorded = SG.of(model, Path(model_path).name) or _before_signatures(model, meta)
     cache = cache_of(model, check.cache, static=check.write_pos is not None) if check.cache is not None else \
-        json.loads(meta.get("attnexport.cache", "{}"))
-    write = _write_pos(model, meta, check, cache)
+        recorded.cache()
+    write = _write_pos(model, recorded, check, cache)
     rows = []
     known_good = _KnownGood(module, spec, names, spec_inputs, declared, flavor, meta, dtype)
 
@@ -267,16 +269,23 @@ def changed_params(module, entries, dtype) -> list[str]:
     return changed
 
 
-def _write_pos(model, meta, check: ModuleCheck, cache: dict) -> WritePos | None:
+def _write_pos(model, recorded: SG.StepSignature, check: ModuleCheck, cache: dict) -> WritePos | None:
     """The static cache's write position: `--write-pos` (with --cache), else what the export recorded."""
     if check.write_pos is not None:
         if check.cache is None:
             raise UsageError("--write-pos names a static cache's write position: give its buffers with --cache")
         return write_pos_of(model, check.write_pos, cache)
-    if check.cache is not None or "attnexport.write_pos" not in meta:
-        return None
-    recorded = json.loads(meta["attnexport.write_pos"])
-    return write_pos_of(model, recorded["input"], cache)
+    return None if check.cache is not None else recorded.write_pos
+
+
+def _before_signatures(model, meta: dict) -> SG.StepSignature:
+    """The signature of a file exported before `attnexport.signature`: its cache pairs and write
+    position as that export recorded them (`attnexport.cache`, `attnexport.write_pos`)."""
+    cache = json.loads(meta.get("attnexport.cache", "{}"))
+    write = json.loads(meta["attnexport.write_pos"])["input"] if "attnexport.write_pos" in meta else None
+    kind = "concat" if write is None else "static"
+    caches = tuple(SG.CachePair(n, c["output"], c["axis"], kind) for n, c in cache.items())
+    return SG.StepSignature(caches=caches, write_pos=write_pos_of(model, write, cache) if write else None)
 
 
 def _verify_feeds(spec_inputs, example, dtype, buffers=None, write=None):

@@ -1,0 +1,118 @@
+"""The step signature: every export records its inputs, outputs, symbolic axes, cache pairs (with
+their kind) and write position; verify reads it back, and a graph that no longer matches it is
+refused."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from attnexport import export as E
+from attnexport import signature as SG
+from attnexport.cli import main
+from attnexport.decode import decode_all
+from attnexport.errors import UsageError
+
+STATIC = ["--cache", "key_cache:key_cache_out", "--cache", "value_cache:value_cache_out"]
+
+
+def test_a_signature_survives_its_json():
+    signature = SG.StepSignature(
+        ("x", "key_cache", "value_cache", "pos"), ("output", "key_cache_out", "value_cache_out"),
+        {"x": {0: "batch", 1: "x_len"}}, (SG.CachePair("key_cache", "key_cache_out", 2, "static"),
+                                          SG.CachePair("value_cache", "value_cache_out", 2, "static")),
+        SG.WritePos("pos", "shared", (1,), "int32"), {"output": 1})
+    assert SG.StepSignature.from_json(signature.to_json()) == signature
+    assert signature.static and signature.growing == set()
+    with pytest.raises(ValueError, match="kind is one of"):
+        SG.CachePair("a", "b", 2, "ring")
+
+
+@pytest.mark.parametrize("variant, options, kinds, write", [
+    ("mha", {}, {}, None),
+    ("mha", {"kv_cache": True}, {"past_key": "concat", "past_value": "concat"}, None),
+    ("mha", {"kv_cache": True, "max_seq": 32}, {"key_cache": "static", "value_cache": "static"}, "write_pos"),
+    ("decoder", {"kv_cache": True}, {"past_key": "concat", "past_value": "concat", "past_cross_key": "cross",
+                                     "past_cross_value": "cross"}, None),
+])
+def test_a_variants_export_records_its_signature(tmp_path, variant, options, kinds, write):
+    path = E.export(variant, options, "primitives", output=tmp_path / "m.onnx").path
+    model = onnx.load(path)
+    signature = SG.of(model)
+    inits = {i.name for i in model.graph.initializer}
+    assert signature.inputs == tuple(i.name for i in model.graph.input if i.name not in inits)
+    assert signature.outputs == tuple(o.name for o in model.graph.output)
+    assert {c.past: c.kind for c in signature.caches} == kinds
+    assert all(c.present in signature.outputs and c.axis == 2 for c in signature.caches)
+    assert (signature.write_pos.name if signature.write_pos else None) == write
+    assert signature.dynamic_axes["x"][0] == "batch"  # the graph's own axis names
+
+
+def _renamed_output(tmp_path, path):
+    """The file with its first output renamed, as a hand edit after export would leave it."""
+    model = onnx.load(path)
+    old = model.graph.output[0].name
+    for node in model.graph.node:
+        node.output[:] = ["renamed" if o == old else o for o in node.output]
+    model.graph.output[0].name = "renamed"
+    changed = tmp_path / "changed.onnx"
+    onnx.save(model, changed)
+    return changed
+
+
+def test_a_graph_changed_after_export_is_refused_in_one_line(tmp_path):
+    spec, path = "examples/kv_cache_module.py:example", tmp_path / "m.onnx"
+    cache = ["--cache", "past_key:present_key", "--cache", "past_value:present_value"]
+    r = CliRunner().invoke(main, ["export", "--module", spec, *cache, "-o", str(path)])
+    assert r.exit_code == 0, r.output
+    changed = _renamed_output(tmp_path, path)
+    r = CliRunner().invoke(main, ["verify", str(changed), "--module", spec, "--runtimes", "ort-cpu"])
+    assert r.exit_code == 2 and "changed after export" in r.output and "Traceback" not in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
+    model = onnx.load(path)  # a record that is not JSON
+    for p in model.metadata_props:
+        if p.key == SG.META:
+            p.value = "{not json"
+    with pytest.raises(UsageError, match="damaged"):
+        SG.of(model)
+
+
+def test_a_file_from_before_signatures_is_read_from_its_old_record(tmp_path):
+    """Exports made before `attnexport.signature` recorded a module's caches as
+    `attnexport.cache` and `attnexport.write_pos`: verify still decodes them."""
+    spec, path = "examples/static_cache_module.py:example", tmp_path / "m.onnx"
+    r = CliRunner().invoke(main, ["export", "--module", spec, *STATIC, "--write-pos", "write_pos", "-o", str(path)])
+    assert r.exit_code == 0, r.output
+    model = onnx.load(path)
+    recorded = SG.of(model)
+    old = {"attnexport.cache": json.dumps(recorded.cache()), "attnexport.write_pos": json.dumps(
+        {"input": "write_pos", "form": "start"})}
+    kept = [(p.key, p.value) for p in model.metadata_props if p.key != SG.META]
+    del model.metadata_props[:]
+    for k, v in [*kept, *old.items()]:
+        model.metadata_props.add(key=k, value=v)
+    before = tmp_path / "before.onnx"
+    onnx.save(model, before)
+    r = CliRunner().invoke(main, ["verify", str(before), "--module", spec, "--runtimes", "ort-cpu", "--json"])
+    decode_rows = [row for row in json.loads(r.output)["results"] if row["case"].startswith("decode")]
+    assert r.exit_code == 0 and len(decode_rows) == 2 and all(row["passed"] for row in decode_rows), r.output
+
+
+def test_decoding_follows_the_signatures_kinds():
+    """A concat cache must grow by the block; a cross cache is carried as the step gives it."""
+    def step(feed):
+        x = feed["x"]
+        return {"output": x * 2, "present_key": np.concatenate([feed["past_key"], x[:, None]], axis=2),
+                "present_cross": feed["past_cross"] + 0}
+    stream = {"x": np.ones((1, 4, 3), np.float32)}
+    empty = {"past_key": np.zeros((1, 1, 0, 3), np.float32), "past_cross": np.ones((1, 1, 5, 3), np.float32)}
+    signature = SG.StepSignature(caches=(SG.CachePair("past_key", "present_key", 2, "concat"),
+                                         SG.CachePair("past_cross", "present_cross", 2, "cross")))
+    out, last = decode_all(step, stream, 2, empty, 1, layout=signature)
+    assert out["output"].shape == (1, 4, 3) and last["past_cross"].shape == (1, 1, 5, 3)
+    stuck = SG.StepSignature(caches=(SG.CachePair("past_cross", "present_cross", 2, "concat"),
+                                     SG.CachePair("past_key", "present_key", 2, "concat")))
+    with pytest.raises(ValueError, match="positions after"):
+        decode_all(step, stream, 2, empty, 1, layout=stuck)
