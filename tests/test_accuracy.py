@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from attnexport import accuracy as A
+from attnexport import signature as SG
 from attnexport.cli import main
 from attnexport.errors import UsageError
 
@@ -286,6 +287,7 @@ def test_greedy_tokens_one_prompt_at_a_time_are_compared_as_in_a_batch(gridded, 
     batch on how many tokens stay equal, and the teacher-forced numbers do not depend on it."""
     model = onnx.load(int4)
     layout = hf.Layout.of(model)
+    assert SG.of(model).caches == layout.signature.caches  # the quantizer keeps the step's signature
     source, _ = hf.load(gridded)
     base = A.baseline(HR.Reference(source, layout), None, HR.prompts(None, layout, (5, 9, 2), seed=4), 8)
     run_ = _session_run(model)
