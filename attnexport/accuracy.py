@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from attnexport import hf
+from attnexport import precision as P
 from attnexport.compare import Comparison
 from attnexport.errors import UsageError
 
@@ -322,7 +323,6 @@ def _substitute(model, onnx_model, groups: set | None) -> tuple[list, list]:
     the matrices' records)."""
     import torch
 
-    from attnexport import precision as P
     record = P.record_of(onnx_model)
     if record is None:
         return [], []
@@ -371,7 +371,6 @@ def layer_costs(reference, onnx_model, base: Baseline, top: int | None = None) -
     fp32 model: the mean KL that alone costs over EVAL_TEXT, most costly first."""
     import torch
 
-    from attnexport import precision as P
     record = P.record_of(onnx_model)
     if record is None:
         return []

@@ -364,9 +364,9 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
                 cands.append(_js_candidate(rt, f, model, inputs, run))
                 continue
             cands.append(_ort_candidate(rt, f, model, inputs, run, False, cands))
-            if rt == "ort-cpu" and V.static_cache(o):  # its buffers bound in and out: written in place
+            if not R.on_cuda(rt) and V.static_cache(o):  # its buffers bound in and out: written in place
                 cands.append(_ort_in_place_candidate(f, model, inputs, run))
-            if rt != "ort-cuda":
+            if not R.on_cuda(rt):
                 continue
             if V.static_cache(o):
                 cands.append(_ort_candidate(rt, f, model, inputs, run, False, cands, in_place=True))
@@ -411,7 +411,7 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
         notes = [c.note] if c.note else []
         if c.flavor != "-" and E.graph_flavor(variant, c.flavor) != c.flavor:
             notes.append("no dot-product core: primitives graph")
-        if c.runtime == "ort-webgpu":  # the CPU's matmul peak says nothing of a GPU's
+        if R.REGISTRY[c.runtime].device == "gpu":  # the CPU's matmul peak says nothing of a browser's GPU
             row.peak_fraction, row.peak_tflops, row.peak_source = float("nan"), float("nan"), ""
         if row.peak_fraction > 1:
             notes.append(f"above the calibrated peak ({row.peak_source}): a kernel beat the calibration; "
@@ -435,7 +435,7 @@ def _ort_candidate(rt, flavor, model, inputs, run_: _Run, cuda_graph, cands, in_
     import torch
     dtype, threads = run_.dtype, run_.threads
     feed = D.cast_floats(inputs, dtype)
-    if rt == "ort-cpu":
+    if not R.on_cuda(rt):
         session, cpu_nodes = _ort_session(rt, model, dtype, threads, False)
         names = [x.name for x in session.get_outputs()]
         return _Candidate(rt, flavor, "eager", "cpu", lambda: session.run(names, feed),
@@ -791,7 +791,6 @@ def module_variant(spec: str, module, example_inputs, input_names=None):
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from attnexport import schema, seeding
     example = tuple(example_inputs)
     names = list(input_names or M.forward_names(module, len(example)))
     kinds = {}

@@ -12,19 +12,27 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from attnexport import bench as bench_mod
+from attnexport import cache as cache_mod
 from attnexport import cases as cases_mod
+from attnexport import clients as clients_mod
 from attnexport import dtypes as D
 from attnexport import export as export_mod
 from attnexport import files as F
 from attnexport import flavors as FL
 from attnexport import golden as golden_mod
-from attnexport import jsonout, schema
+from attnexport import jsonout, modules, schema
+from attnexport import precision as P
 from attnexport import runtimes as R
+from attnexport import signature as SG
 from attnexport import variants as V
+from attnexport import verify as verify_mod
 from attnexport.compare import FP32_FACTOR, check_tolerance_values
 from attnexport.errors import AttnExportError, UsageError
+from attnexport.inspect import describe
 from attnexport.precision import MINIMUM_FORMS as P_MINIMUM_FORMS
 from attnexport.precision import PRECISIONS
+from attnexport.runtimes import js
 
 
 def _console() -> Console:
@@ -210,7 +218,6 @@ def runtimes_command(install, as_json):
     Example: attnexport runtimes; attnexport runtimes --install
     """
     if install:
-        from attnexport.runtimes import js
         where = js.install()
         click.echo(f"installed {', '.join(f'{n} {v}' for n, v in js.pins().items())} in {where}", err=as_json)
     rows = [{"name": n, "available": s.available, "reason": s.reason, "default": n in R.DEFAULT_RUNTIMES}
@@ -233,7 +240,6 @@ def cache_command(clear, as_json):
 
     Example: attnexport cache; attnexport cache --clear; ATTNEXPORT_CACHE_SIZE=500M attnexport cache
     """
-    from attnexport import cache as cache_mod
     d = cache_mod.directory()
     max_bytes = cache_mod.limit()
     if clear:
@@ -484,7 +490,6 @@ def _hf_form(options: dict) -> tuple[str, int]:
 
 def _export_hf(path, flavor, opset, dtype, seed, output, deploy, rtol, atol, quant, options):
     from attnexport import hf_export
-    from attnexport import precision as P
     form, max_seq = _hf_form(options)
     precision = quant["precision"] or "fp32"
     how = {k: v for k, v in quant.items() if k != "precision" and v is not None}
@@ -560,7 +565,6 @@ def _module_weights(options: dict):
 
 def _module_and_inputs(spec, input_specs, seed=0, weights=None):
     """(module, example inputs, input names or None) of --module, --seed, --weights and --input."""
-    from attnexport import modules
     module, example = modules.load(spec, seed)
     if weights is not None:
         modules.load_weights(module, weights)
@@ -575,7 +579,6 @@ def _module_and_inputs(spec, input_specs, seed=0, weights=None):
 
 
 def _module_variant(spec, input_specs, seed, weights):
-    from attnexport import bench as bench_mod
     module, example, names = _module_and_inputs(spec, input_specs, seed, weights)
     return bench_mod.module_variant(spec, module, example, names)
 
@@ -593,7 +596,6 @@ def _cache_pairs(specs) -> dict:
 
 def _dynamic_axes(specs) -> dict | None:
     """`--dynamic NAME:AXIS=DIM` (repeatable) -> {input: {axis: dim name}}, or None."""
-    from attnexport import modules
     if not specs:
         return None
     dynamic: dict = {}
@@ -628,7 +630,6 @@ def inspect(model, as_json):
 
     Example: attnexport inspect models/mha.onnx
     """
-    from attnexport.inspect import describe
     d = describe(model)
     if as_json:
         click.echo(jsonout.dumps(d, indent=1))
@@ -654,7 +655,6 @@ def inspect(model, as_json):
                 calls = json.loads(v)
                 v = f"{len(calls)} attention call(s)" + "".join(f"; {c['kind']} at {c['where']}" for c in calls)
             elif k == "signature":  # the step's cache pairs and write position (the whole record in --json)
-                from attnexport import signature as SG
                 v = SG.describe(SG.StepSignature.from_json(v))
             elif k == "inputs":  # a module's inputs: shape, dtype and the name of each symbolic axis
                 v = "; ".join(f"{i['name']} {'x'.join(map(str, i['shape']))} {i['dtype']}" + "".join(
@@ -727,8 +727,6 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
 
     Example: attnexport verify --runtimes torch,ort-cpu --flavor attention
     """
-    from attnexport import clients as clients_mod
-    from attnexport import verify as verify_mod
 
     if models and len(variants) > 1:
         raise UsageError("a MODEL takes one --variant")
@@ -750,7 +748,6 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
         _report_verify(verify_hf(check), details, as_json)
         return
     if module_spec is not None:
-        from attnexport import modules
         if len(models) != 1:
             raise UsageError("--module compares one MODEL with the module it was exported from: give one MODEL")
         weights = _module_weights(options)
@@ -1006,7 +1003,6 @@ def bench(variant, module_spec, hf_path, genai_python, precisions, genai_precisi
     Examples: attnexport bench --variant mha --runtimes torch,ort-cpu --batch 8 --seq 512 --dim 512 --heads 8;
     attnexport bench --hf ./tiny-llama --decode --context 128,1024 --threads 2
     """
-    from attnexport import bench as bench_mod
 
     if sum(x is not None for x in (variant, module_spec, hf_path)) != 1:
         raise UsageError("give --variant NAME, --module FILE.py:NAME or --hf PATH (one of them)")

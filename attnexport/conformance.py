@@ -21,6 +21,13 @@ from typing import Any
 import numpy as np
 import onnx
 
+from attnexport import export as E
+from attnexport import files as F
+from attnexport import jsonout
+from attnexport import runtimes as R
+from attnexport import variants as V
+from attnexport.compare import compare_outputs, tolerance
+from attnexport.errors import AttnExportError, UnsupportedByFlavor, reason
 from attnexport.semantics import SOFTMAX_PRECISION_TYPES_BY_NAME, WEIGHT_MODES
 
 OPSETS = (23, 24)  # the Attention opsets attnexport exports; 25 adds sliding windows
@@ -132,11 +139,6 @@ class Outcome:
 def run(cases: list[OnnxCase], flavors=None, runtimes=("ort-cpu", "onnx-ref")) -> list[Outcome]:
     """Exports each in-scope case in each flavour (one export per graph: cases that differ only in
     sizes share it), runs it on each runtime and compares every output the case has."""
-    from attnexport import export as E
-    from attnexport import runtimes as R
-    from attnexport import variants as V
-    from attnexport.compare import compare_outputs, tolerance
-    from attnexport.errors import AttnExportError, UnsupportedByFlavor, reason
 
     variant = V.get("sdpa")
     models: dict[tuple, onnx.ModelProto | AttnExportError] = {}
@@ -211,8 +213,6 @@ def main(argv=None) -> int:
         if o.status != "passed":
             print(f"{o.case} / {o.flavor} / {o.runtime}: {o.status}: {o.detail}")
     if args.json:
-        from attnexport import files as F
-        from attnexport import jsonout
         doc = {"onnx": onnx.__version__, "cases": len(cases), "in_scope": len(scope),
                "out_of_scope": {c.name: c.out_of_scope for c in cases if c.out_of_scope},
                "counts": counts(outcomes), "outcomes": [vars(o) for o in outcomes]}

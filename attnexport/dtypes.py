@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from attnexport.errors import UsageError
+
 DTYPES = ("fp32", "fp16")
 NUMPY = {"fp32": np.float32, "fp16": np.float16}
 ONNX = {"fp32": onnx.TensorProto.FLOAT, "fp16": onnx.TensorProto.FLOAT16}
@@ -14,7 +16,6 @@ ITEMSIZE = {"fp32": 4, "fp16": 2}
 def check(dtype: str) -> str:
     """A dtype name, checked: an unknown one is a UsageError listing the valid ones."""
     if dtype not in DTYPES:
-        from attnexport.errors import UsageError
         raise UsageError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
     return dtype
 

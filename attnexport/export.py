@@ -28,6 +28,7 @@ from attnexport import dtypes as D
 from attnexport import files as F
 from attnexport import flavors as FL
 from attnexport import modules as M
+from attnexport import runtimes as R
 from attnexport import variants as V
 from attnexport import weights as W
 from attnexport.compare import compare, past_ends_zeroed, tolerance
@@ -543,7 +544,6 @@ def stamp(model, meta: dict, what: str) -> None:
 def export_error_cause(e: BaseException) -> BaseException:
     """The exception that says why torch.onnx failed: an attnexport error raised inside it (a
     translation's UnsupportedByFlavor, say) is re-raised as it is; otherwise the innermost cause."""
-    from attnexport.errors import AttnExportError
     cause = e
     while cause.__cause__ is not None or cause.__context__ is not None:
         nxt: BaseException = cause.__cause__ or cause.__context__  # type: ignore[assignment]  # one is set
@@ -1030,7 +1030,6 @@ def _check_other_sizes(t: _ModuleTrace, model, kept: dict, empty=frozenset(), wr
     (nothing written) when they differ. `empty`: the axes that may be 0 (a growing cache's);
     `write`: a static cache's WritePos."""
 
-    from attnexport import runtimes as R
     if not kept:
         return []
     name, names = t.request.name, t.names

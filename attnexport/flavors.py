@@ -12,6 +12,8 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
+from attnexport.errors import UsageError
+
 
 @dataclass(frozen=True)
 class Flavor:
@@ -44,7 +46,6 @@ DEFAULT = "attention"
 def opset_for(flavor: str, opset: int | None, needs=()) -> int:
     """The opset to export `flavor` at: `opset`, checked, or the flavour's default, at least what
     the options in `needs` (e.g. "--kv-cache static") take in this flavour (`Flavor.needs`)."""
-    from attnexport.errors import UsageError
     lo, hi = FLAVORS[flavor].opsets
     wanted = [(option, least) for option, least in FLAVORS[flavor].needs if option in needs]
     for option, least in wanted:
@@ -61,7 +62,6 @@ def opset_for(flavor: str, opset: int | None, needs=()) -> int:
 def check(name: str) -> str:
     """A flavour name, checked: an unknown one is a UsageError listing the valid ones."""
     if name not in FLAVORS:
-        from attnexport.errors import UsageError
         close = difflib.get_close_matches(str(name), FLAVORS, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise UsageError(f"unknown flavor {name!r}{hint}; valid: {', '.join(FLAVORS)}")

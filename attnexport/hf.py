@@ -37,6 +37,8 @@ import torch
 
 from attnexport import signature as SG
 from attnexport.errors import UsageError, reason
+from attnexport.models.core import attend, attend_static
+from attnexport.semantics import Core
 
 TASK = "causal-lm"
 FORMS = ("none", "concat", "static")
@@ -281,8 +283,6 @@ def _static_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     """transformers' attention interface for the static form: the layer's step through
     attnexport's static core (its buffers from the step under way), in place of the cache update
     and the attention; returns (output (B, T, H, d), None) as transformers' attention functions do."""
-    from attnexport.models.core import attend_static
-    from attnexport.semantics import Core
     step = _STEP.get()
     if step is None:
         raise RuntimeError("the attnexport_static attention runs inside a StaticStep only")
@@ -328,8 +328,6 @@ def _concat_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     under way) and the block's keys and values through attnexport's core with its cache, grouped
     heads as they are (transformers' sdpa function repeats them to the query heads first, a copy of
     the whole cache each step); the present joined by the core. Returns (output (B, T, H, d), None)."""
-    from attnexport.models.core import attend
-    from attnexport.semantics import Core
     step = _STEP.get()
     if step is None:
         raise RuntimeError("the attnexport_concat attention runs inside a ConcatStep or LogitsOnly only")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnexport import accuracy as A
 from attnexport import hf, hf_export
 from attnexport import hf_reference as HR
 from attnexport import runtimes as R
@@ -367,7 +368,6 @@ def _timed_at(engines: list[_Engine], context: int, r: HFBenchRequest) -> list[H
 def _agreements(engines: list[_Engine], model, layout: hf.Layout, r: HFBenchRequest) -> dict:
     """{(engine, form, flavor): its agreement with transformers' greedy tokens}: per prompt, the
     first token that differs (None: all AGREEMENT_TOKENS equal), and the tokens equal in all."""
-    from attnexport import accuracy as A
     tokenizer = hf.tokenizer_of(r.source)
     prompts = HR.prompts(tokenizer, layout, AGREEMENT_LENGTHS, seed=5)
     want = [hf.reference_generation(model, layout, [p], AGREEMENT_TOKENS).tokens[0] for p in prompts]
@@ -398,7 +398,6 @@ def _agreements(engines: list[_Engine], model, layout: hf.Layout, r: HFBenchRequ
 def _teacher_forced(e: _Engine, base) -> dict:
     """An ONNX engine's teacher-forced cost on accuracy.EVAL_TEXT and HELD_OUT against the fp32 model:
     mean KL, top-1 agreement, perplexity growth (`attnexport.accuracy`)."""
-    from attnexport import accuracy as A
     assert e.step is not None
     run, layout, dtype = e.step()
     got = hf.stepped_logits(run, layout, base.eval_ids, A.PREFILL, 1, dtype)[0]
@@ -458,7 +457,6 @@ def _generated(session, layout: hf.Layout, ids, n: int):
 
 def _attnexport_engine(weights: Path, form: str, flavor: str, r: HFBenchRequest, tmp: Path, precision: str = "fp32"):
     """The engine of one form, flavour and precision, or a row saying why the export failed."""
-    from attnexport import accuracy as A
     max_seq = max(max(r.contexts) + 1, AGREEMENT_TOKENS + 64, A.TOKENS)  # the accuracy's prompts and texts fit too
     path = tmp / f"{form}-{flavor}-{precision}.onnx"
     try:

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 import torch
 
+from attnexport import accuracy as A
 from attnexport import dtypes as D
 from attnexport import files as F
 from attnexport import flavors as FL
@@ -24,6 +25,7 @@ from attnexport import hf
 from attnexport import hf_fusions as HF
 from attnexport import hf_reference as HR
 from attnexport import precision as P
+from attnexport import runtimes as R
 from attnexport.compare import QUANTIZED_FACTOR
 from attnexport.errors import ExportError, UsageError, reason
 from attnexport.export import ModuleExport, ModuleExportResult, export_module
@@ -210,8 +212,6 @@ def check_quantized(onnx_model, model, layout: hf.Layout, before: dict, tokenize
     step); the graph with float activations computes what its weights say (against the model with
     the file's weights, in float64, at CHECKS' shapes, fp32's derived budget); and the graph as
     written runs at each shape with finite logits. What it costs in answers is verify's to say."""
-    from attnexport import accuracy as A
-    from attnexport import runtimes as R
     bad = P.unfaithful(before, onnx_model)
     if bad:
         raise ExportError(f"{name}: the quantized weights are not a quantization of the model's: {bad[0]}"
@@ -274,7 +274,6 @@ def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: s
     """The step graph on ONNX Runtime's CPU provider at each of CHECKS' shapes against the model in
     float64, each output within its budget; an ExportError (nothing written) naming the first
     output that is not. Returns, a shape each: its label and each output's worst error and budget."""
-    from attnexport import runtimes as R
 
     layout = reference.layout
     session = R.prepare_onnx("ort-cpu", onnx_model)

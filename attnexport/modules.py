@@ -20,7 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from attnexport import dtypes as D
+from attnexport.compare import derived_tolerance, tolerance
 from attnexport.errors import ExportError, UsageError, first_line, reason
+from attnexport.semantics import Core
 
 SEMANTICS_NOTE = "a fully masked query row gives zeros in the export, where torch {version} gives NaN"
 
@@ -211,7 +213,6 @@ def routed():
     import torch
 
     from attnexport.models.core import attend
-    from attnexport.semantics import Core
     functional = torch.nn.functional
     original = functional.scaled_dot_product_attention
 
@@ -286,7 +287,6 @@ def expected_of(module, feed, name, dtype: str, compute):
     Returns (list of float64 outputs, Tolerance)."""
     import torch
 
-    from attnexport.compare import derived_tolerance, tolerance
     with torch.no_grad():
         half = outputs_of(compute(module, feed))
     if dtype != "fp16":

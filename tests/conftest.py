@@ -18,7 +18,7 @@ from attnexport import seeding
 # among them instead of each worker's torch and ONNX Runtime pools fighting over all of them.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
-R.DEFAULT_CPU_THREADS = max(1, (os.cpu_count() or 1) // _WORKERS)
+R.set_cpu_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
 
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout the suite runs from

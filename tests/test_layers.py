@@ -22,7 +22,8 @@ def _imports() -> dict[str, dict[str, set[str]]]:
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("attnexport"):
                 for a in node.names:
                     sub = f"{node.module}.{a.name}"
-                    if (PACKAGE.parent / (sub.replace(".", "/") + ".py")).exists():
+                    where = PACKAGE.parent / sub.replace(".", "/")
+                    if where.with_suffix(".py").exists() or (where / "__init__.py").exists():  # a module or a package
                         edges.setdefault(sub, set())
                         aliases[a.asname or a.name] = sub
                     else:
@@ -80,6 +81,7 @@ TESTED_ELSEWHERE = {
     "multi_head": "models/: test_models.py", "transformer": "models/: test_models.py",
     "js": "runtimes/js.py: test_js_runtimes.py", "ort": "runtimes/ort.py: test_runtimes.py, test_placement.py",
     "pytorch": "runtimes/pytorch.py: test_runtimes.py",
+    "base": "runtimes/base.py, the registry and what the adapters share: test_runtimes.py",
     "request": "verify/: test_verify.py", "run": "verify/: test_verify.py", "execute": "verify/: test_verify.py",
     "golden_plan": "verify/: test_verify.py", "model_plan": "verify/: test_verify.py, test_trust.py",
     "decode_checks": "verify/: test_decode.py", "module_check": "verify/: test_modules.py",
@@ -116,3 +118,50 @@ def test_no_function_outside_the_command_line_takes_more_than_about_8_parameters
                 if count > 9 and (where, node.name) not in SCHEMAS:
                     many.append(f"{where}:{node.lineno} {node.name} ({count})")
     assert many == []
+
+
+HEAVY = {"torch", "transformers", "onnxscript", "timm"}  # what a module imports in a function to put off
+# `import attnexport` stays light: the package's two shortcuts import their modules when called.
+LAZY_BY_DESIGN = {("attnexport", "attnexport.export"), ("attnexport", "attnexport.verify")}
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+
+
+def _targets(node) -> list[str]:
+    """The attnexport modules an import statement loads (a name that is a module or a package: it)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name.startswith("attnexport")]
+    if not (node.module or "").startswith("attnexport"):
+        return []
+    out = []
+    for a in node.names:
+        where = PACKAGE.parent / f"{node.module}.{a.name}".replace(".", "/")
+        out.append(f"{node.module}.{a.name}" if where.with_suffix(".py").exists() or (where / "__init__.py").exists()
+                   else node.module)
+    return out
+
+
+def test_a_function_imports_a_module_of_the_package_only_to_put_off_torch():
+    """An import inside a function is for a module that loads torch, transformers or onnxscript
+    when imported, from one that does not: everything else is imported at the top, where the
+    layer test and a reader see it."""
+    top, inner = {}, []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name, tree = _module_name(path), ast.parse(path.read_text())
+        heavy = {a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names} | \
+            {n.module.split(".")[0] for n in tree.body if isinstance(n, ast.ImportFrom) and n.module}
+        top[name] = ({t for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom) for t in _targets(n)},
+                     bool(heavy & HEAVY))
+        inner += [(name, n.lineno, t) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                  for n in ast.walk(f) if isinstance(n, ast.Import | ast.ImportFrom) for t in _targets(n)]
+
+    @functools.cache
+    def loads_heavy(m: str) -> bool:
+        deps, heavy = top.get(m, (set(), False))
+        return heavy or any(loads_heavy(d) for d in deps if d != m and d != "attnexport")
+    assert len(inner) > 10  # the check sees the imports it judges
+    needless = [f"{m}:{line} imports {t}" for m, line, t in inner
+                if (m, t) not in LAZY_BY_DESIGN and (not loads_heavy(t) or loads_heavy(m))]
+    assert needless == []

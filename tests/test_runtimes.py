@@ -1,5 +1,7 @@
 """runtimes: one adapter per runtime, named outputs, placement recorded, unavailable ones explained."""
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
@@ -197,3 +199,40 @@ def test_a_session_from_a_file_path_is_made_in_the_one_place(mha, tmp_path):
     got, want = by_path.run(None, half), by_proto.run(None, half)
     assert placement == {"CPUExecutionProvider": placement["CPUExecutionProvider"]}
     np.testing.assert_allclose(got[0].astype(np.float32), want[0].astype(np.float32), rtol=1e-3, atol=1e-3)
+
+
+def test_what_a_runtime_lacks_is_read_from_its_line_and_its_adapter(monkeypatch):
+    """MatMulNBits' widths come from the runtime's registry line (WebGPU's kernel takes 2 and 4
+    bits), the reference evaluator's missing contrib ops from its adapter; no name is read."""
+    from onnx import TensorProto, helper
+    node = helper.make_node("MatMulNBits", ["a", "w", "s"], ["y"], domain="com.microsoft", K=32, N=4, bits=8,
+                            block_size=32)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor("w", TensorProto.UINT8, [4, 1, 32], bytes(128), raw=True),
+                               helper.make_tensor("s", TensorProto.FLOAT, [4], [1.0] * 4)])
+    model = helper.make_model(graph)
+    assert R.missing_ops("ort-cpu", model) == []
+    assert R.missing_ops("ort-webgpu", model) == ["com.microsoft.MatMulNBits of 8 bits (it takes 2 and 4)"]
+    assert R.missing_ops("onnx-ref", model) == ["com.microsoft.MatMulNBits"]
+    monkeypatch.setitem(R.REGISTRY, "ort-cpu", dataclasses.replace(R.REGISTRY["ort-cpu"], nbits=(4,)))
+    assert R.missing_ops("ort-cpu", model) == ["com.microsoft.MatMulNBits of 8 bits (it takes 4)"]
+
+
+def test_an_onnx_runtime_provider_is_one_registry_line(mha, monkeypatch):
+    """What docs/layout.md shows: another ONNX Runtime provider is its line in the registry alone.
+    One this build has (the CPU provider under another name) runs a model; one it lacks says why
+    and is refused when named, never run on the CPU instead."""
+    monkeypatch.setitem(R.REGISTRY, "ort-other", R.Runtime("ort-other", "onnx", "cpu", "ort", default=False,
+                                                           timed=True, provider="CPUExecutionProvider"))
+    monkeypatch.setitem(R.REGISTRY, "ort-rocm", R.Runtime("ort-rocm", "onnx", "gpu", "ort", default=False,
+                                                          timed=True, accelerated=True,
+                                                          provider="ROCMExecutionProvider"))
+    *_, model, feed = mha
+    got = R.prepare_onnx("ort-other", model).run(feed)
+    np.testing.assert_allclose(got["output"], R.prepare_onnx("ort-cpu", model).run(feed)["output"], rtol=1e-6,
+                               atol=1e-6)
+    status = R.status("ort-rocm")
+    assert not status.available and "built without ROCMExecutionProvider" in status.reason
+    with pytest.raises(ProviderUnavailableError, match="ort-rocm is not available"):
+        R.select(["ort-rocm"])

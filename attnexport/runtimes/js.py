@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from attnexport import runtimes as R
 from attnexport.errors import ProviderUnavailableError
+from attnexport.runtimes import base as R
 
 PACKAGE = Path(__file__).parent / "js"
 NODE_MIN = 20  # playwright-core 1.65 needs Node 20
@@ -304,7 +304,7 @@ def _array(t: dict, binary: bytearray) -> np.ndarray:
 def prepare(name: str, model: onnx.ModelProto, optimize: bool = True, threads: int | None = None) -> R.Prepared:
     """`model` on `name` (ort-node, ort-wasm or ort-webgpu), run by output name."""
     b = bridge()
-    request = {"op": "load", "runtime": name, "optimize": optimize, "threads": threads or R.DEFAULT_CPU_THREADS or 0}
+    request = {"op": "load", "runtime": name, "optimize": optimize, "threads": threads or R.cpu_threads() or 0}
     if name == "ort-node" and R.has_fp16(model):
         # The CPU provider's NCHWc pass crashes on fp16 Transpose -> MatMul (see runtimes.ort); the
         # JavaScript API cannot leave one pass out, so the layout level is not run.

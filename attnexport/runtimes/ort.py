@@ -13,8 +13,8 @@ import tempfile
 
 import onnx
 
-from attnexport import runtimes as R
 from attnexport.errors import ProviderUnavailableError, first_line
+from attnexport.runtimes import base as R
 
 
 @functools.cache
@@ -24,42 +24,50 @@ def _ort():
     return ort
 
 
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+
+
 def status(name: str) -> R.Status:
-    return cuda_status() if R.on_cuda(name) else R.Status(name, True, "CPUExecutionProvider")
+    """Whether the provider of `name`'s registry line runs here: the CPU always does; another one
+    must be in this build and give a session its provider (a device, a driver)."""
+    provider = R.REGISTRY[name].provider
+    return R.Status(name, True, CPU) if provider == CPU else provider_status(name, provider)
 
 
 @functools.cache
-def cuda_status() -> R.Status:
+def provider_status(name: str, provider: str) -> R.Status:
     ort = _ort()
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        return R.Status("ort-cuda", False, f"onnxruntime {ort.__version__} is built without the CUDA provider "
-                                         "(install onnxruntime-gpu)")
-    # A CUDA build of torch loads the CUDA libraries (cuBLAS, cuDNN) from its own packages when it
-    # is imported; ONNX Runtime's CUDA provider then finds them in the process, as users'
-    # apps do when they import torch first.
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        pass
-    lib = os.path.join(os.path.dirname(ort.__file__), "capi", "libonnxruntime_providers_cuda.so")
-    if os.path.exists(lib):
+    if provider not in ort.get_available_providers():
+        return R.Status(name, False, f"onnxruntime {ort.__version__} is built without {provider}" +
+                        (" (install onnxruntime-gpu)" if provider == CUDA else ""))
+    if provider == CUDA:
+        # A CUDA build of torch loads the CUDA libraries (cuBLAS, cuDNN) from its own packages when
+        # it is imported; ONNX Runtime's CUDA provider then finds them in the process, as users'
+        # apps do when they import torch first.
         try:
-            ctypes.CDLL(lib)
-        except OSError as e:
-            return R.Status("ort-cuda", False, f"the CUDA provider library failed to load: {e}")
-    # The library loads: does a session really get the CUDA provider (a device, a driver)?
+            import torch  # noqa: F401
+        except ImportError:
+            pass
+        lib = os.path.join(os.path.dirname(ort.__file__), "capi", "libonnxruntime_providers_cuda.so")
+        if os.path.exists(lib):
+            try:
+                ctypes.CDLL(lib)
+            except OSError as e:
+                return R.Status(name, False, f"the CUDA provider library failed to load: {e}")
+    # The library loads: does a session really get the provider (a device, a driver)?
     from onnx import TensorProto, helper
     g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     try:
-        s = ort.InferenceSession(m.SerializeToString(), providers=["CUDAExecutionProvider"])
+        s = ort.InferenceSession(m.SerializeToString(), providers=[provider])
     except Exception as e:  # noqa: BLE001 - any failure is the reason
-        return R.Status("ort-cuda", False, f"the CUDA provider failed to start: {first_line(e)}")
-    if "CUDAExecutionProvider" not in s.get_providers():
-        return R.Status("ort-cuda", False, "the CUDA provider did not start (no CUDA device or driver?)")
-    return R.Status("ort-cuda", True, "CUDAExecutionProvider")
+        return R.Status(name, False, f"{provider} failed to start: {first_line(e)}")
+    if provider not in s.get_providers():
+        return R.Status(name, False, f"{provider} did not start (no device or driver?)")
+    return R.Status(name, True, provider)
 
 
 # ONNX Runtime's CPU provider (1.24 to 1.31.1 at least, x86-64) crashes the process while it
@@ -93,7 +101,7 @@ def ort_session(name: str, model, threads: int | None = None, optimize: bool = T
         model = onnx.load(str(model), load_external_data=False)
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    threads = threads or R.DEFAULT_CPU_THREADS
+    threads = threads or R.cpu_threads()
     if threads:
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
@@ -103,15 +111,16 @@ def ort_session(name: str, model, threads: int | None = None, optimize: bool = T
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     workdir = None
     disabled = []
-    providers: list = ["CPUExecutionProvider"]  # ort-cuda: CUDA first, the CPU for what it leaves
-    if name == "ort-cpu":
+    provider = R.REGISTRY[name].provider
+    providers: list = [CPU]  # another provider first, the CPU for what it leaves
+    if provider == CPU:
         if R.has_fp16(model):
             disabled = list(CPU_FP16_DISABLED_OPTIMIZERS)
     else:
-        opts = {"use_tf32": "1" if tf32 else "0"}
+        opts = {"use_tf32": "1" if tf32 else "0"} if provider == CUDA else {}
         if cuda_graph:
             opts["enable_cuda_graph"] = "1"
-        providers = [("CUDAExecutionProvider", opts), "CPUExecutionProvider"]
+        providers = [(provider, opts), CPU]
         # The graph as optimized, with the node names placement reports, to tell shape
         # arithmetic from a fallback (not for a model near protobuf's 2 GB limit: ONNX Runtime
         # would fail to write it; the nodes as exported serve then).
@@ -121,13 +130,13 @@ def ort_session(name: str, model, threads: int | None = None, optimize: bool = T
     session = ort.InferenceSession(source, so, providers=providers,
                                    disabled_optimizers=disabled or None)
     got = session.get_providers()
-    if name == "ort-cuda" and "CUDAExecutionProvider" not in got:
-        raise ProviderUnavailableError(f"runtime ort-cuda: the session fell back to {got}")
+    if provider not in got:
+        raise ProviderUnavailableError(f"runtime {name}: the session fell back to {got}")
     placement: dict[str, list[str]] = {}
     for sub in session.get_provider_graph_assignment_info():
         placement.setdefault(sub.ep_name, []).extend(f"{n.op_type}:{n.name}" for n in sub.get_nodes())
     shapes: frozenset[str] = frozenset()
-    if name == "ort-cuda":
+    if R.REGISTRY[name].accelerated:
         graph = model
         if workdir is not None:
             with workdir:

@@ -7,8 +7,9 @@ import functools
 import numpy as np
 
 from attnexport import dtypes as D
-from attnexport import runtimes as R
 from attnexport import schema, seeding
+from attnexport.errors import ProviderUnavailableError
+from attnexport.runtimes import base as R
 
 
 def status(name: str) -> R.Status:
@@ -29,7 +30,8 @@ def prepare_torch(name: str, variant: schema.Variant, options: dict, params: dic
     """The variant's module on CPU or CUDA; outputs are named by the variant's declared outputs
     (a module returning more than it declares gets the extras as `<unnamed i>`)."""
     import torch
-    R.require(name)
+    if not status(name).available:
+        raise ProviderUnavailableError(f"runtime {name} is not available: {status(name).reason}")
     device = "cuda" if R.on_cuda(name) else "cpu"
     tdtype = D.torch_dtype(dtype)
     if device == "cuda":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from attnexport import runtimes as R
+from attnexport.runtimes import base as R
 
 
 def reference_ops() -> list:
@@ -170,3 +170,11 @@ def prepare(name: str, model: onnx.ModelProto, optimize: bool = True, threads: i
         with np.errstate(all="ignore"):  # fully masked rows make NaN before the guard selects 0
             return {n: np.asarray(o) for n, o in zip(names, ev.run(None, feed), strict=True)}
     return R.Prepared(name, run, ["ReferenceEvaluator"])
+
+
+def missing_ops(model: onnx.ModelProto) -> list[str]:
+    """The contrib ops of `model` the reference evaluator has no implementation of: it knows the
+    standard ops and the com.microsoft ones attnexport gives it (`reference_ops`)."""
+    known = {(getattr(op, "op_domain", ""), op.__name__) for op in reference_ops()}
+    return sorted({f"{n.domain}.{n.op_type}" for n in model.graph.node
+                   if n.domain not in ("", "ai.onnx") and (n.domain, n.op_type) not in known})

@@ -177,7 +177,7 @@ def _able(model, used: list, table: list, check: HFCheck, quantized) -> tuple[li
             if check.runtimes is not None:
                 can = [r for r in R.ONNX_RUNTIMES if not R.missing_ops(r, model)]
                 raise UsageError(f"{why} (runtimes that can: {', '.join(can)})")
-        elif name == "torch" and quantized is not None and name in used:
+        elif R.runs_module(name) and quantized is not None and name in used:
             why = "torch runs the source model, which this quantized model's cost is measured against"
         if why is not None:
             out.append({**row, "used": False, "reason": why})
@@ -454,7 +454,7 @@ def _client_rows(ctx: _Context, folder, prompts) -> list[Row]:
             continue
         started = time.perf_counter()
         try:
-            done = clients.generate(client, folder, given, n, R.DEFAULT_CPU_THREADS)
+            done = clients.generate(client, folder, given, n, R.cpu_threads())
         except Exception as e:  # noqa: BLE001 - a client failing on the folder fails verification
             row.error = reason(e)
             continue
