@@ -78,7 +78,7 @@ def attention_op_of(model: onnx.ModelProto) -> str:
 
 
 def graph_flavor(variant: schema.Variant, flavor: str) -> str:
-    return flavor if variant.dot_product_core else "primitives"
+    return flavor if variant.dot_product_core else FL.UNFUSED_FLAVOR
 
 
 def example_sizes(variant: schema.Variant, o: dict) -> dict:
@@ -313,8 +313,8 @@ def _build(decided: _Resolved, trace_key: str):
             "attnexport.golden_manifest_sha256": golden.manifest_hash()}
     model, op_name = finish(model, Finishing(gf, opset, dtype, what, variant.dot_product_core, flavor), params, meta,
                             V.step_signature(variant, o))
-    note = "" if variant.dot_product_core or flavor == "primitives" else \
-        f"{variant.name} has no dot-product core: exported as primitives"
+    note = "" if variant.dot_product_core or not FL.FLAVORS[flavor].fused else \
+        f"{variant.name} has no dot-product core: exported as {FL.UNFUSED_FLAVOR}"
     return model, ExportResult(Path(), variant.name, o, flavor, gf, opset, dtype, op_name, 0, note)
 
 
@@ -378,12 +378,13 @@ def to_onnx(program, args, *, flavor: str, opset: int, input_names, output_names
     `convert_opset`). Any failure is an ExportError that names `what` and torch's own reason."""
     import torch
     importlib.import_module("attnexport.models.core")  # registers the attnexport::attention custom ops
-    from attnexport.onnx_attention import CACHE_WRITES, STATIC_TRANSLATIONS, TRANSLATIONS
+    from attnexport.onnx_attention import TRANSLATIONS
     _reuse_torchlib_table()
+    translation = TRANSLATIONS[flavor]
     table: dict[Callable[..., Any], Callable[..., Any]] = {
-        torch.ops.attnexport.attention.default: TRANSLATIONS[flavor],
-        torch.ops.attnexport.cache_write.default: CACHE_WRITES[flavor],
-        torch.ops.attnexport.static_attention.default: STATIC_TRANSLATIONS[flavor]}
+        torch.ops.attnexport.attention.default: translation.attention,
+        torch.ops.attnexport.cache_write.default: translation.cache_write,
+        torch.ops.attnexport.static_attention.default: translation.static_step}
     with export_errors(what), _quiet(), torch.no_grad():
         return torch.onnx.export(
             program, args, dynamo=True, opset_version=max(opset, 18), dynamic_shapes=dynamic_shapes,
@@ -706,9 +707,9 @@ def export_module(module, example_inputs, request: ModuleExport | None = None, *
     if r.nan_rows and not torch_nan:
         raise UsageError(f"--nan-rows: torch {torch.__version__} gives zeros for a fully masked row too (on the "
                          "CPU), as the export does: there is no NaN to keep")
-    if r.nan_rows and r.flavor != "primitives":
-        raise UsageError(f"--nan-rows needs --flavor primitives: the {r.flavor} flavor's fused op gives zeros for "
-                         "a fully masked row by its own definition")
+    if r.nan_rows and FL.FLAVORS[r.flavor].fused:
+        raise UsageError(f"--nan-rows needs --flavor {FL.UNFUSED_FLAVOR}: the {r.flavor} flavor's fused op gives zeros "
+                         "for a fully masked row by its own definition")
     if r.output is not None:
         F.resolve_target(Path(r.output))
     t = _module_trace(module, tuple(example_inputs), r)
@@ -903,7 +904,7 @@ def _trace_to_onnx(t: _ModuleTrace, opset: int):
             traced = torch.export.export(t.module, t.args, dynamic_shapes=_by_signature(t.module, t.dims[0]))
         found = recognize.route(traced)
         missed = [f for f in found if f.reason]
-        if missed and r.flavor != "primitives" and not r.allow_unfused:
+        if missed and FL.FLAVORS[r.flavor].fused and not r.allow_unfused:
             f = missed[0]
             raise ExportError(f"{r.name}: attention at {f.where} was not recognized ({f.reason}); the {r.flavor} "
                               "flavor would compute it with MatMul+Softmax outside its fused op. --allow-unfused "

@@ -1,10 +1,13 @@
 """The export flavours, as frozen specs beside the variant registry: what graph each promises.
 
 Everything else reads its flavour names, its ops and its help from here: the CLI's choices, the
-attention op an export is checked for (`FUSED_OPS`), the flavour a graph has (`of_op`). The
-translation of the attention core for each flavour lives in `attnexport.onnx_attention`
-(`TRANSLATIONS`, keyed by the same names, checked to match at import): adding a flavour touches
-this file and that one.
+attention op an export is checked for (`FUSED_OPS`), the flavour a graph has (`of_op`). What a
+flavour's graph is, and each rule that follows from it, is said once, here: its opsets and what
+needs a newer one, whether its attention is one fused op (a graph that keeps torch's NaN rows, or
+a variant without a dot-product core, is the unfused flavour's), whether a language model's step
+is rewritten into the runtime's fused ops. Its translations of attnexport's custom ops live in
+`attnexport.onnx_attention` (`TRANSLATIONS`, keyed by the same names, checked to match at import):
+adding a flavour touches this file and that one; adding a rule, this one.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import difflib
 from dataclasses import dataclass
 
 from attnexport.errors import UsageError
+
+UNFUSED = "MatMul+Softmax"  # the attention of a flavour with no fused op, as its expected ops name it
 
 
 @dataclass(frozen=True)
@@ -24,10 +29,17 @@ class Flavor:
     summary: str
     # What a graph of this flavour needs a newer opset for: {the option that asks for it: its lowest opset}.
     needs: tuple[tuple[str, int], ...] = ()
+    # A language model's step is rewritten into the runtime's fused ops (attnexport.hf_fusions).
+    fuses_language_models: bool = False
+
+    @property
+    def fused(self) -> bool:
+        """Whether its attention is one op (else MatMul and Softmax, as torch computes it)."""
+        return self.expected_ops != (UNFUSED,)
 
 
 FLAVORS: dict[str, Flavor] = {f.name: f for f in (
-    Flavor("primitives", (17, 18), 18, ("MatMul+Softmax",),
+    Flavor("primitives", (17, 18), 18, (UNFUSED,),
            "standard ops only (MatMul, Softmax, Where, ...): runs on any runtime, old ones too"),
     Flavor("attention", (23, 24), 23, ("Attention",),
            "the standard ONNX Attention op: one fused node, no vendor lock-in",
@@ -36,8 +48,10 @@ FLAVORS: dict[str, Flavor] = {f.name: f for f in (
            needs=(("--nonpad", 24), ("--kv-cache static", 24))),
     Flavor("ort", (17, 18), 18, ("com.microsoft.MultiHeadAttention", "com.microsoft.Attention",
                                  "com.microsoft.GroupQueryAttention"),
-           "ONNX Runtime's fused contrib ops: its fastest kernels, ONNX Runtime only"),
+           "ONNX Runtime's fused contrib ops: its fastest kernels, ONNX Runtime only", fuses_language_models=True),
 )}
+# The flavour every graph can fall back to: attention as MatMul and Softmax (the only one without a fused op).
+UNFUSED_FLAVOR = next(f.name for f in FLAVORS.values() if not f.fused)
 # The standard Attention op: one fused node any opset-23 runtime runs, fast on ONNX Runtime's
 # CUDA provider, with no vendor lock-in (see the README).
 DEFAULT = "attention"
@@ -81,7 +95,7 @@ def help_text() -> str:
 # promises other than MatMul+Softmax.
 FUSED_OPS: dict[tuple[str, str], str] = {
     (name.rpartition(".")[0], name.rpartition(".")[2]): name
-    for f in FLAVORS.values() for name in f.expected_ops if name != "MatMul+Softmax"}
+    for f in FLAVORS.values() for name in f.expected_ops if name != UNFUSED}
 
 
 def of_op(op_name: str) -> str:
@@ -89,4 +103,4 @@ def of_op(op_name: str) -> str:
     for f in FLAVORS.values():
         if any(op in f.expected_ops for op in op_name.split(", ")):
             return f.name
-    return "primitives"
+    return UNFUSED_FLAVOR

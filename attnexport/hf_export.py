@@ -235,7 +235,7 @@ def _rewritten(onnx_model, model, layout: hf.Layout, flavor: str, dtype: str, na
     if layout.form == "concat":
         pasts_fit_the_batch(onnx_model, layout)
     HF.tied_head(onnx_model)
-    if flavor == "ort":
+    if FL.FLAVORS[flavor].fuses_language_models:
         positions = layout.max_seq if layout.form == "static" else \
             int(getattr(model.config, "max_position_embeddings", 0) or 0)
         tables = HF.rotary_tables(model, positions, D.NUMPY[dtype]) if positions else None

@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 from onnx.defs import OpSchema
@@ -452,12 +454,6 @@ def _narrow_kv(present, groups):
 ort_attention = _translation(_with_weights_beside(_ort))
 
 
-TRANSLATIONS = {
-    "primitives": primitives_attention,
-    "attention": standard_attention,
-    "ort": ort_attention,
-}
-assert set(TRANSLATIONS) == set(FL.FLAVORS), "every flavour (attnexport.flavors) has one translation here"
 
 
 # --- a static cache's write: attnexport::cache_write ------------------------------------------
@@ -477,12 +473,6 @@ def _tensor_scatter(cache, update, write_pos):
     return op24.TensorScatter(cache, update, write_pos, axis=2)
 
 
-CACHE_WRITES = {
-    "primitives": _scattered_write,
-    "attention": _tensor_scatter,
-    "ort": _scattered_write,
-}
-assert set(CACHE_WRITES) == set(FL.FLAVORS), "every flavour (attnexport.flavors) has a cache write here"
 
 
 # --- a static cache's step: attnexport::static_attention ------------------------------------
@@ -607,9 +597,22 @@ def share_static_totals(model) -> None:
     g.node.extend(kept)
 
 
-STATIC_TRANSLATIONS = {
-    "primitives": _static_step(_scattered_write, _primitives),
-    "attention": _static_step(_tensor_scatter, _with_weights_beside(_standard)),
-    "ort": _ort_static,
+# --- each flavour's translations, in one table ----------------------------------------------
+
+@dataclass(frozen=True)
+class Translation:
+    """What a flavour makes of attnexport's three custom ops: the attention core, a static cache's
+    write, and a static cache's whole step (the write and the attention over the buffer)."""
+
+    attention: Callable
+    cache_write: Callable
+    static_step: Callable
+
+
+TRANSLATIONS = {
+    "primitives": Translation(primitives_attention, _scattered_write, _static_step(_scattered_write, _primitives)),
+    "attention": Translation(standard_attention, _tensor_scatter,
+                             _static_step(_tensor_scatter, _with_weights_beside(_standard))),
+    "ort": Translation(ort_attention, _scattered_write, _ort_static),
 }
-assert set(STATIC_TRANSLATIONS) == set(FL.FLAVORS), "every flavour (attnexport.flavors) has a static step here"
+assert set(TRANSLATIONS) == set(FL.FLAVORS), "every flavour (attnexport.flavors) has its translations here"

@@ -195,7 +195,7 @@ def test_failed_export_leaves_nothing(tmp_path):
 
 def test_flavor_whose_op_is_missing_fails(monkeypatch):
     from attnexport import onnx_attention as OA
-    monkeypatch.setitem(OA.TRANSLATIONS, "ort", OA.TRANSLATIONS["primitives"])
+    monkeypatch.setitem(OA.TRANSLATIONS, "ort", OA.TRANSLATIONS["primitives"])  # ort's table makes no fused op
     with pytest.raises(ExportError, match="should use com.microsoft"):
         E.build_model("mha", {}, "ort", use_cache=False)  # the patched code must really run
 

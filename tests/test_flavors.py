@@ -48,3 +48,23 @@ def test_an_opset_the_flavour_cannot_declare_is_refused(flavor, opset):
     with pytest.raises(UsageError, match=f"--opset {opset} is not available for the {flavor} flavor"):
         FL.opset_for(flavor, opset)
 
+
+
+def test_a_flavours_rules_are_read_from_its_line(monkeypatch):
+    """Whether a flavour's attention is fused (which decides the fallback for a variant without a
+    dot-product core, and which graphs may keep torch's NaN rows) and whether a language model is
+    rewritten into fused ops are fields of its line, not its name: a line added under another
+    name with the unfused flavour's rules and translations exports as that flavour does."""
+    import dataclasses
+
+    from attnexport import export as E
+    from attnexport import onnx_attention as OA
+    from attnexport import variants as V
+    assert [f.name for f in FL.FLAVORS.values() if not f.fused] == [FL.UNFUSED_FLAVOR] == ["primitives"]
+    assert [f.name for f in FL.FLAVORS.values() if f.fuses_language_models] == ["ort"]
+    no_core = next(v for v in V.VARIANTS.values() if not v.dot_product_core)
+    assert E.graph_flavor(no_core, "ort") == FL.UNFUSED_FLAVOR and E.graph_flavor(V.get("mha"), "ort") == "ort"
+    monkeypatch.setitem(FL.FLAVORS, "plain", dataclasses.replace(FL.FLAVORS["primitives"], name="plain"))
+    monkeypatch.setitem(OA.TRANSLATIONS, "plain", OA.TRANSLATIONS["primitives"])
+    model, result = E.build_model("mha", {}, "plain", use_cache=False)
+    assert result.attention_op == "MatMul+Softmax" and not any(n.domain for n in model.graph.node)
