@@ -114,23 +114,49 @@ def _quiet():
             lg.setLevel(level)
 
 
+@contextlib.contextmanager
+def torch_sped_up():
+    """torch's exporter with attnexport's caches in it for the duration of one trace or export
+    (`torch_patches`), and what was there put back after: a user's own torch.export and
+    torch.onnx calls in the same process run torch as it came."""
+    patches = torch_patches()
+    missing = object()  # an attribute the owner finds elsewhere (a lazy module's, a base class's)
+    saved = [(owner, attr, vars(owner).get(attr, missing)) for owner, attr, _ in patches]
+    for owner, attr, replacement in patches:
+        setattr(owner, attr, replacement)
+    try:
+        yield
+    finally:
+        for owner, attr, original in reversed(saved):
+            if original is missing:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, original)
+
+
 @functools.cache
-def _reuse_torchlib_table() -> None:
-    """torch.onnx rebuilds its table of about 500 ONNX functions on every export (0.3-0.7 s here,
-    a third of a small export). The table does not change within a process: build it once."""
-    with contextlib.suppress(Exception):  # torch internals: without them, exports are only slower
+def torch_patches() -> tuple:
+    """(owner, attribute, replacement) of each of torch's exporter internals attnexport replaces
+    while it exports, made once per process so that what they keep outlives one export. Each is
+    optional: torch internals that moved leave exports only slower.
+
+    - torch.onnx rebuilds its table of about 500 ONNX functions on every export (0.3-0.7 s here,
+      a third of a small export); the table does not change within a process: built once.
+    - It fills a new registry from the table on every export (`_registry_filled_once`).
+    - It decomposes the traced program on every export (`_decomposed_once`).
+    - torch.export lists the composite ops twice per trace (`_cia_ops_listed_once`)."""
+    patches: list = []
+    with contextlib.suppress(Exception):
         from torch.onnx._internal.exporter import _registration
         apis = _registration.onnxscript_apis
-        apis.get_torchlib_ops = functools.cache(apis.get_torchlib_ops)
-    with contextlib.suppress(Exception):
-        _registry_built_once()
-    with contextlib.suppress(Exception):
-        _decompose_traced_once()
-    with contextlib.suppress(Exception):
-        _cia_ops_listed_once()
+        patches.append((apis, "get_torchlib_ops", functools.cache(apis.get_torchlib_ops)))
+    for make in (_registry_filled_once, _decomposed_once, _cia_ops_listed_once):
+        with contextlib.suppress(Exception):
+            patches += make()
+    return tuple(patches)
 
 
-def _registry_built_once() -> None:
+def _registry_filled_once() -> list:
     """torch.onnx fills a new registry from the table on every export, then adds the custom
     translations to it. Filled once per opset and copied (the copy has lists of its own, so one
     export's custom translations never reach another's): `verify --variant mha`, 30 exports,
@@ -148,10 +174,10 @@ def _registry_built_once() -> None:
         copy_.__dict__.update(base.__dict__)
         copy_.functions = {k: list(v) for k, v in base.functions.items()}
         return copy_
-    registry_class.from_torchlib = classmethod(from_torchlib)  # type: ignore[method-assign,assignment]  # the patch
+    return [(registry_class, "from_torchlib", classmethod(from_torchlib))]
 
 
-def _cia_ops_listed_once() -> None:
+def _cia_ops_listed_once() -> list:
     """torch.export lists the composite ops of every op namespace twice per trace (0.12 s each
     here, 9% of `verify --variant sdpa`). The list changes only when ops are registered: it is
     kept per namespace and number of op names, so a namespace or op registered later (a user's
@@ -169,11 +195,11 @@ def _cia_ops_listed_once() -> None:
             kept.clear()
             kept[key] = frozenset(collect())
         return set(kept[key])
-    exported_program._collect_all_valid_cia_ops = listed
-    decomp_utils._collect_all_valid_cia_ops = listed
+    return [(exported_program, "_collect_all_valid_cia_ops", listed),
+            (decomp_utils, "_collect_all_valid_cia_ops", listed)]
 
 
-def _decompose_traced_once() -> None:
+def _decomposed_once() -> list:
     """torch.onnx decomposes the traced program into the ops ONNX functions exist for, on every
     export (0.7 s of 1.2 here). The three flavours of one trace ask for the same decomposition
     (the same ops are registered; only the attention op's translation differs): for a program
@@ -187,7 +213,7 @@ def _decompose_traced_once() -> None:
         if getattr(exported_program, "_attnexport_decomposed", None) is None:
             exported_program._attnexport_decomposed = decompose(exported_program, registry)
         return exported_program._attnexport_decomposed
-    _fx_passes.decompose_with_registry = once
+    return [(_fx_passes, "decompose_with_registry", once)]
 
 
 @dataclass(frozen=True)
@@ -299,7 +325,7 @@ def _build(decided: _Resolved, trace_key: str):
         dynamic_shapes = (dynamic_shapes,)  # forward(*tensors): one argument holding them all
     out_specs = variant.outputs(o)
     what = f"{variant.name} ({gf})"
-    with export_errors(what), _quiet(), torch.no_grad():
+    with export_errors(what), _quiet(), torch_sped_up(), torch.no_grad():
         traced = _traced(module, args, dynamic_shapes, trace_key)
     program = to_onnx(traced, args, flavor=gf, opset=opset, input_names=[s.name for s in variant.inputs(ex)],
                       output_names=[s.name for s in out_specs], what=what)
@@ -330,7 +356,7 @@ def _traced(module, args, dynamic_shapes, key):
         while len(_TRACED) >= 8:
             _TRACED.pop(next(iter(_TRACED)))
         _TRACED[key] = torch.export.export(module, args, dynamic_shapes=dynamic_shapes)
-        _TRACED[key]._attnexport_traced = True  # its decomposition is kept (_decompose_traced_once)
+        _TRACED[key]._attnexport_traced = True  # its decomposition is kept (_decomposed_once)
     return _TRACED[key]
 
 
@@ -379,13 +405,12 @@ def to_onnx(program, args, *, flavor: str, opset: int, input_names, output_names
     import torch
     importlib.import_module("attnexport.models.core")  # registers the attnexport::attention custom ops
     from attnexport.onnx_attention import TRANSLATIONS
-    _reuse_torchlib_table()
     translation = TRANSLATIONS[flavor]
     table: dict[Callable[..., Any], Callable[..., Any]] = {
         torch.ops.attnexport.attention.default: translation.attention,
         torch.ops.attnexport.cache_write.default: translation.cache_write,
         torch.ops.attnexport.static_attention.default: translation.static_step}
-    with export_errors(what), _quiet(), torch.no_grad():
+    with export_errors(what), _quiet(), torch_sped_up(), torch.no_grad():
         return torch.onnx.export(
             program, args, dynamo=True, opset_version=max(opset, 18), dynamic_shapes=dynamic_shapes,
             input_names=list(input_names), output_names=None if output_names is None else list(output_names),
@@ -900,7 +925,7 @@ def _trace_to_onnx(t: _ModuleTrace, opset: int):
 
     r = t.request
     with M.routed(), (torch_dead_rows() if r.nan_rows else contextlib.nullcontext()):
-        with export_errors(r.name), _quiet():
+        with export_errors(r.name), _quiet(), torch_sped_up():
             traced = torch.export.export(t.module, t.args, dynamic_shapes=_by_signature(t.module, t.dims[0]))
         found = recognize.route(traced)
         missed = [f for f in found if f.reason]

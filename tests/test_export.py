@@ -344,3 +344,22 @@ def test_one_sdpa_model_takes_every_broadcastable_mask(case, flavor):
             for rt, p in prepared.items():
                 c = compare("output", p.run(feed)["output"], want, tol)
                 assert c.passed, (mb, mh, rt, c.to_dict())
+
+
+def test_torchs_exporter_is_patched_only_while_attnexport_exports():
+    """attnexport speeds torch's exporter up with caches of its own, in place only during its
+    trace and export: afterwards a user's torch.export and torch.onnx run torch as it came."""
+    patches = E.torch_patches()
+    assert patches  # at least one found its target in this torch (all five in torch 2.13)
+
+    def current():
+        return [vars(owner).get(attr) for owner, attr, _ in patches]
+    before = current()
+    E.build_model("mha", {}, "primitives", use_cache=False)
+    assert current() == before
+    with E.torch_sped_up():
+        during = current()
+        with E.torch_sped_up():  # nested, as a trace inside an export
+            pass
+        assert current() == during
+    assert during == [replacement for _, _, replacement in patches] and current() == before

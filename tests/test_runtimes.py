@@ -236,3 +236,17 @@ def test_an_onnx_runtime_provider_is_one_registry_line(mha, monkeypatch):
     assert not status.available and "built without ROCMExecutionProvider" in status.reason
     with pytest.raises(ProviderUnavailableError, match="ort-rocm is not available"):
         R.select(["ort-rocm"])
+
+
+def test_torch_on_cuda_runs_without_tf32_and_puts_the_process_setting_back():
+    import torch
+
+    from attnexport.runtimes import pytorch
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # the user's choice
+        with pytorch.without_tf32():
+            assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

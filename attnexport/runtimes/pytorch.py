@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import numpy as np
@@ -26,6 +27,19 @@ def cuda_status() -> R.Status:
     return R.Status("torch-cuda", True, torch.cuda.get_device_name(0))
 
 
+@contextlib.contextmanager
+def without_tf32():
+    """CUDA matmuls and convolutions in full fp32 (fp32 parity: no TF32) for the duration, the
+    process's settings put back after."""
+    import torch
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 def prepare_torch(name: str, variant: schema.Variant, options: dict, params: dict, dtype: str) -> R.Prepared:
     """The variant's module on CPU or CUDA; outputs are named by the variant's declared outputs
     (a module returning more than it declares gets the extras as `<unnamed i>`)."""
@@ -34,9 +48,6 @@ def prepare_torch(name: str, variant: schema.Variant, options: dict, params: dic
         raise ProviderUnavailableError(f"runtime {name} is not available: {status(name).reason}")
     device = "cuda" if R.on_cuda(name) else "cpu"
     tdtype = D.torch_dtype(dtype)
-    if device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 parity: no TF32
-        torch.backends.cudnn.allow_tf32 = False
     module = seeding.load_params(variant.build(options), params).to(device=device, dtype=tdtype).eval()
     declared = [s.name for s in variant.outputs(options)]
 
@@ -44,10 +55,10 @@ def prepare_torch(name: str, variant: schema.Variant, options: dict, params: dic
         args = [torch.from_numpy(np.ascontiguousarray(a)).to(device=device,
                                                              dtype=tdtype if a.dtype.kind == "f" else None)
                 for a in feed.values()]
-        with torch.no_grad():
+        with torch.no_grad(), without_tf32() if device == "cuda" else contextlib.nullcontext():
             out = module(*args)
-        if device == "cuda":
-            torch.cuda.synchronize()
+            if device == "cuda":
+                torch.cuda.synchronize()
         out = out if isinstance(out, tuple) else (out,)
         arrays = [t.float().cpu().numpy() for t in out]
         names = declared + [f"<unnamed {i}>" for i in range(len(declared), len(arrays))]
