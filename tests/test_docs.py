@@ -138,3 +138,33 @@ def test_the_layout_names_every_module_and_no_other():
         files = {p.stem for p in (package / pkg).glob("*.py")}
         said = set(re.findall(r"`([\w]+)`", row[2])) | set(re.findall(r"`" + pkg + r"/(\w+)`", row[2]))
         assert files <= said, f"docs/layout.md's {pkg}/ row does not name {sorted(files - said)}"
+
+
+NUMBERS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10,
+           "eleven": 11, "twelve": 12, "thirteen": 13}
+
+
+def _said(page: str, pattern: str) -> int:
+    """The count a page names where `pattern` (with a `(\\w+)` for the number) matches it."""
+    found = re.search(pattern, (ROOT / page).read_text())
+    assert found, f"{page} no longer says {pattern!r}: mend this test with the page"
+    word = found.group(1)
+    return int(word) if word.isdigit() else NUMBERS[word]
+
+
+def test_the_counts_the_pages_name_are_the_codes():
+    """What the README and docs count (the flavours, the architectures the suite runs, the
+    variants with a decode step, the real blocks) is read from the code: a flavour, an
+    architecture or a block added or removed without the page fails here."""
+    import ast
+
+    from attnexport import flavors as FL
+    from attnexport import hf
+    from attnexport import variants as V
+    assert _said("README.md", r"to ONNX in (\w+) flavours") == len(FL.FLAVORS)
+    assert _said("docs/language-models.md", r"small configs of the (\w+) architectures") == len(hf.TESTED)
+    decoding = [v for v in V.VARIANTS.values() if any(o.name == "kv_cache" for o in v.options)]
+    assert _said("docs/caches.md", r"`bench --decode` takes all (\w+) variants") == len(decoding)
+    tree = ast.parse((ROOT / "benchmarks" / "real_modules.py").read_text())
+    blocks = next(n.value for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "MODULES")
+    assert _said("docs/modules.md", r"of the (\w+) blocks exported") == len(blocks.elts)
