@@ -758,7 +758,8 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
         report = verify_mod.verify_module(models[0], module_spec, runtimes, rtol=rtol, atol=atol,
                                           skip_unavailable=skip_unavailable,
                                           input_specs=parsed, seed=seed, weights_file=weights,
-                                          cache=_cache_pairs(cache_specs) or None, write_pos=write_pos)
+                                          cache=_cache_pairs(cache_specs) or None, write_pos=write_pos,
+                                          strict_placement=strict_placement)
         _report_verify(report, details, as_json)
         return
     if input_specs or cache_specs or write_pos:

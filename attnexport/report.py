@@ -41,6 +41,21 @@ class Row:
     expected: dict = field(default_factory=dict, repr=False)
     arrays: dict = field(default_factory=dict, repr=False)
 
+    def judge(self, comparisons: list[Comparison], cpu_nodes=(), strict: bool = False) -> Row:
+        """The one judgement of a run, whichever check made it: its comparisons (every declared
+        output against what was expected; NaN never passes), a run that compared nothing fails,
+        and the compute nodes an accelerated runtime left on the CPU are recorded, a failure with
+        `strict` (--strict-placement). Returns the row."""
+        self.comparisons, self.cpu_nodes = list(comparisons), list(cpu_nodes)
+        if not self.comparisons:
+            self.passed, self.error = False, "compared nothing: no output was declared or produced"
+            return self
+        self.passed = all(c.passed for c in self.comparisons)
+        if strict and self.cpu_nodes:
+            self.passed = False
+            self.error = f"{len(self.cpu_nodes)} node(s) ran on the CPU: {', '.join(self.cpu_nodes[:5])}"
+        return self
+
     @property
     def label(self) -> str:
         return f"{self.model}:{self.case}" if self.model else self.case

@@ -42,3 +42,20 @@ def test_the_summary_counts_by_runtime_and_the_dict_is_json():
     doc = json.loads(json.dumps(report.to_dict()))
     assert [r["passed"] for r in doc["results"]] == [True, False, False]
     assert doc["results"][1]["outputs"][0]["max_abs"] == 0.5
+
+
+def test_every_check_judges_a_run_the_same_way():
+    """Row.judge, which verify's golden, model, module, decode and language-model rows all end
+    with: a run that compared nothing fails, NaN never passes, and nodes an accelerated runtime
+    left on the CPU are kept, failing the row only when placement is strict."""
+    tol = tolerance("fp32")
+    want = np.ones((2, 3))
+    row = Row("c", "mha", "ort", "ort-cuda", "fp32").judge([])
+    assert not row.passed and row.error.startswith("compared nothing")
+    nan = Row("c", "mha", "ort", "ort-cuda", "fp32").judge([compare("output", np.full((2, 3), np.nan), want, tol)])
+    assert not nan.passed
+    good = [compare("output", want + 1e-9, want, tol)]
+    loose = Row("c", "mha", "ort", "ort-cuda", "fp32").judge(good, ["Softmax:s"])
+    assert loose.passed and loose.cpu_nodes == ["Softmax:s"] and not loose.error
+    strict = Row("c", "mha", "ort", "ort-cuda", "fp32").judge(good, ["Softmax:s"], strict=True)
+    assert not strict.passed and "1 node(s) ran on the CPU: Softmax:s" in strict.error

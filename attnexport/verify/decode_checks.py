@@ -181,7 +181,8 @@ def _decode_rows(m: LoadedModule, feed, expected, kind, decode_with) -> list:
                       dtype=m.dtype, model=m.model_name, tolerance=m.tol, expected_kind=kind,
                       inputs=feed, expected=expected)
             rows.append(row)
-            run = module_step if rt == "torch" else m.prepared[rt].run if rt in m.prepared else None
+            run = module_step if R.runs_module(rt) and not R.on_cuda(rt) else \
+                m.prepared[rt].run if rt in m.prepared else None
             if run is None:
                 row.skipped = f"{rt} runs no module"
                 continue
@@ -192,8 +193,8 @@ def _decode_rows(m: LoadedModule, feed, expected, kind, decode_with) -> list:
                 row.error = reason(e)
                 continue
             row.median_ms = (time.perf_counter() - started) * 1e3  # the whole decode, every step
-            row.comparisons = compare_outputs(list(expected), got, expected, m.tol)
-            row.passed = bool(row.comparisons) and all(c.passed for c in row.comparisons)
+            row.judge(compare_outputs(list(expected), got, expected, m.tol),
+                      m.prepared[rt].cpu_nodes if rt in m.prepared else ())
     return rows
 
 

@@ -67,16 +67,7 @@ def execute(step: Step, strict: bool) -> Row:
     expected = step.expected
     if not step.decode_chunk and STATIC_BUFFERS in limits:
         got, expected = _valid_prefix(got, case), _valid_prefix(step.expected, case)
-    row.comparisons = compare_outputs(declared, got, expected, step.tol)
-    row.cpu_nodes = prepared.cpu_nodes
-    if not row.comparisons:
-        row.error = "compared nothing: no output was declared or produced"
-        return row
-    row.passed = all(c.passed for c in row.comparisons)
-    if strict and row.cpu_nodes:
-        row.passed = False
-        row.error = f"{len(row.cpu_nodes)} node(s) ran on the CPU: {', '.join(row.cpu_nodes[:5])}"
-    return row
+    return row.judge(compare_outputs(declared, got, expected, step.tol), prepared.cpu_nodes, strict)
 
 
 

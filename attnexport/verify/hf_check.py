@@ -338,8 +338,7 @@ def _shape_rows(ctx: _Context) -> list[Row]:
             got = _timed_on(ctx, row, lambda run, feed=feed: run(feed))
             if got is None:
                 continue
-            row.comparisons = expected.compare(got, ctx.layout.outputs)
-            row.passed = bool(row.comparisons) and all(c.passed for c in row.comparisons)
+            row.judge(expected.compare(got, ctx.layout.outputs), ctx.prepared[rt].cpu_nodes)
             if not row.passed and rt != "onnx-ref":
                 row.localization = ctx.localize(feed, rt)
     return rows
@@ -383,8 +382,7 @@ def _decode_rows(ctx: _Context) -> list[Row]:
                 run, ctx.layout, ids, DECODE_PREFILL, chunk, dtype))
             if got is None:
                 continue
-            row.comparisons = [compare("logits", got, whole, tol)]
-            row.passed = row.comparisons[0].passed
+            row.judge([compare("logits", got, whole, tol)], ctx.prepared[rt].cpu_nodes if rt in ctx.prepared else ())
     return rows
 
 

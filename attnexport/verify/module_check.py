@@ -54,6 +54,7 @@ class ModuleCheck:
     weights_file: str | Path | None = None
     cache: dict | None = None  # {input: output} pairs of a model that does not record them
     write_pos: str | None = None  # the write position of its static cache (`cache` its buffers)
+    strict_placement: bool = False  # a compute node an accelerated runtime left on the CPU fails the row
 
 
 def verify_module(model_path, spec: str, runtimes: list[str] | None = None, **fields) -> Report:
@@ -159,7 +160,7 @@ def _verify_module(check: ModuleCheck) -> Report:
                              f"(sha256 in the metadata{hint})")
                 continue
             try:
-                if rt == "torch":
+                if R.runs_module(rt) and not R.on_cuda(rt):  # the module itself, as it runs on the CPU
                     started = time.perf_counter()
                     with torch.no_grad(), M.export_semantics():
                         got_t = M.outputs_of(module(*feed))
@@ -174,11 +175,9 @@ def _verify_module(check: ModuleCheck) -> Report:
             except Exception as e:  # noqa: BLE001 - a runtime failing on the model fails verification
                 row.error = reason(e)
                 continue
-            row.comparisons = compare_outputs(declared, got, expected, row_tol)
-            row.passed = bool(row.comparisons) and all(c.passed for c in row.comparisons)
-            if not row.comparisons:
-                row.error = "compared nothing: no output was declared or produced"
-            if damaged and rt != "torch":
+            row.judge(compare_outputs(declared, got, expected, row_tol),
+                      prepared[rt].cpu_nodes if rt in prepared else (), check.strict_placement)
+            if damaged and not R.runs_module(rt):
                 row.passed = False
                 row.error = (f"the model file's parameters differ from the sha256 recorded at its export: "
                              f"{', '.join(damaged[:3])} (the file was changed after the export)")
