@@ -744,7 +744,8 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
             raise UsageError("--hf takes no --variant, --flavor, --case, --input, --cache, --write-pos or variant "
                              "options: the model says what it is")
         check = HFCheck(models[0], hf_path, runtimes, rtol, atol, skip_unavailable, seed, new_tokens,
-                        tuple(clients_mod.parse(clients_text)), Budget().with_overrides(budget))
+                        tuple(clients_mod.parse(clients_text)), Budget().with_overrides(budget),
+                        strict_placement)
         _report_verify(verify_hf(check), details, as_json)
         return
     if module_spec is not None:

@@ -236,3 +236,22 @@ def test_the_export_says_what_it_checked_and_the_budget(folders, tmp_path):
     assert [e["step"] for e in doc["checked"]] == [c[0] for c in hf_export.CHECKS["concat"]]
     assert all("float64" in e["logits"]["basis"] and e["logits"]["max_abs"] >= 0 for e in doc["checked"])
     assert any("checked against the model in float64" in n for n in doc["notes"])
+
+
+def test_strict_placement_fails_a_language_models_step_rows_that_left_nodes_on_the_cpu(folders, tmp_path,
+                                                                                         monkeypatch):
+    """verify --hf --strict-placement judges the step and decode rows as the golden rows are
+    judged (the CPU provider's line is marked accelerated here: every compute node is left behind)."""
+    import dataclasses
+
+    from attnexport import runtimes as R
+    path = tmp_path / "lm.onnx"
+    assert run("export", "--hf", folders["llama"], "--kv-cache", "-o", path).exit_code == 0
+    monkeypatch.setitem(R.REGISTRY, "ort-cpu", dataclasses.replace(R.REGISTRY["ort-cpu"], accelerated=True))
+    args = ["verify", path, "--hf", folders["llama"], "--runtimes", "ort-cpu", "--new-tokens", "2", "--json"]
+    loose = [x for x in json.loads(run(*args).output)["results"] if x["cpu_nodes"]]
+    r = run(*args, "--strict-placement")
+    strict = [x for x in json.loads(r.output)["results"] if x["cpu_nodes"]]
+    assert loose and all(x["passed"] for x in loose) and {x["case"] for x in loose} == {x["case"] for x in strict}
+    assert any(x["case"].startswith("decode") for x in strict) and r.exit_code == 1
+    assert all(not x["passed"] and "ran on the CPU" in x["error"] for x in strict)

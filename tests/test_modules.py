@@ -600,3 +600,24 @@ def test_scoped_semantics_restore_what_they_found():
             assert ref._r(third) == np.float64(np.float32(1 / 3))
         assert ref._r(third) == np.float64(np.float16(1 / 3))
     assert ref._r(third) == 1 / 3
+
+
+def test_strict_placement_fails_a_modules_rows_that_left_nodes_on_the_cpu(tmp_path, monkeypatch):
+    """verify --module --strict-placement judges a module's rows as the golden rows are judged: on
+    a runtime whose line says it is accelerated, compute nodes on the CPU fail the row. (The CPU
+    provider's line is marked accelerated here, so every compute node counts as left behind.)"""
+    import dataclasses
+
+    from attnexport import runtimes as R
+    path = tmp_path / "block.onnx"
+    spec = "examples/kv_cache_module.py:example"
+    cache = ["--cache", "past_key:present_key", "--cache", "past_value:present_value"]
+    assert run("export", "--module", spec, *cache, "-o", path).exit_code == 0
+    monkeypatch.setitem(R.REGISTRY, "ort-cpu", dataclasses.replace(R.REGISTRY["ort-cpu"], accelerated=True))
+    args = ["verify", path, "--module", spec, "--runtimes", "ort-cpu", "--json"]
+    loose = json.loads(run(*args).output)["results"]
+    assert all(r["passed"] and r["cpu_nodes"] for r in loose)  # reported, not failed
+    r = run(*args, "--strict-placement")
+    strict = json.loads(r.output)["results"]
+    assert r.exit_code == 1 and len(strict) == len(loose) and any(x["case"].startswith("decode") for x in strict)
+    assert all(not x["passed"] and "ran on the CPU" in x["error"] for x in strict)

@@ -95,7 +95,7 @@ def cpu_nodes(runtime: str, placement: dict[str, list[str]], shape_nodes: frozen
     """Compute nodes that an accelerator runtime (ort-cuda, ort-webgpu) left on the CPU. Shape
     arithmetic does not count (`shape_nodes`, from `shape_computations`): ONNX Runtime's CUDA and
     WebGPU providers keep it there by design."""
-    if runtime not in ACCELERATED:
+    if not REGISTRY[runtime].accelerated:
         return []
     return [n for n in placement.get("CPUExecutionProvider", []) if n not in shape_nodes]
 

@@ -194,7 +194,7 @@ def _decode_rows(m: LoadedModule, feed, expected, kind, decode_with) -> list:
                 continue
             row.median_ms = (time.perf_counter() - started) * 1e3  # the whole decode, every step
             row.judge(compare_outputs(list(expected), got, expected, m.tol),
-                      m.prepared[rt].cpu_nodes if rt in m.prepared else ())
+                      m.prepared[rt].cpu_nodes if rt in m.prepared else (), m.strict)
     return rows
 
 

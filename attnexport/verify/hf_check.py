@@ -54,6 +54,7 @@ class HFCheck:
     new_tokens: int = NEW_TOKENS
     clients: tuple = ()  # with a deployment folder: the clients that load it (attnexport.clients)
     budget: A.Budget = A.Budget()  # what a quantized or fp16 model may cost in answers
+    strict_placement: bool = False  # a compute node an accelerated runtime left on the CPU fails the row
 
 
 @dataclass
@@ -338,7 +339,8 @@ def _shape_rows(ctx: _Context) -> list[Row]:
             got = _timed_on(ctx, row, lambda run, feed=feed: run(feed))
             if got is None:
                 continue
-            row.judge(expected.compare(got, ctx.layout.outputs), ctx.prepared[rt].cpu_nodes)
+            row.judge(expected.compare(got, ctx.layout.outputs), ctx.prepared[rt].cpu_nodes,
+                      ctx.check.strict_placement)
             if not row.passed and rt != "onnx-ref":
                 row.localization = ctx.localize(feed, rt)
     return rows
@@ -382,7 +384,8 @@ def _decode_rows(ctx: _Context) -> list[Row]:
                 run, ctx.layout, ids, DECODE_PREFILL, chunk, dtype))
             if got is None:
                 continue
-            row.judge([compare("logits", got, whole, tol)], ctx.prepared[rt].cpu_nodes if rt in ctx.prepared else ())
+            row.judge([compare("logits", got, whole, tol)], ctx.prepared[rt].cpu_nodes if rt in ctx.prepared else (),
+                      ctx.check.strict_placement)
     return rows
 
 

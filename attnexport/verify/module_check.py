@@ -185,7 +185,7 @@ def _verify_module(check: ModuleCheck) -> Report:
                 row.localization = known_good.locate(model, arrays, rt)
     if cache and not changed:
         loaded = LoadedModule(module, model, spec, spec_inputs, used, prepared, dtype, tol, flavor,
-                              Path(model_path).name)
+                              Path(model_path).name, check.strict_placement)
         rows += module_static_rows(loaded, known_good.example, cache, write) if write else \
             module_decode_rows(loaded, known_good.example, cache)
     return Report(rows, R.described(table), dtype, [flavor], [str(model_path)])

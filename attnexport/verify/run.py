@@ -161,3 +161,4 @@ class LoadedModule:
     tol: Tolerance
     flavor: str
     model_name: str
+    strict: bool = False  # --strict-placement: a compute node an accelerated runtime left on the CPU fails
