@@ -9,6 +9,7 @@ token, buffers bound in place (IO binding), median ms of --runs after warm-up, a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -71,12 +72,12 @@ def main() -> None:
     options = {"kv_cache": True, "max_seq": args.max_seq, "causal": True, "batch": 1, "dim": 512, "heads": 8,
                "seq": 1, "past_seq": 1}
     whole = E.build_model("mha", options, "attention", use_cache=False)[0]
-    kept = OA.STATIC_TRANSLATIONS["attention"]
-    OA.STATIC_TRANSLATIONS["attention"] = _sliced_translation()
+    kept = OA.TRANSLATIONS["attention"]
+    OA.TRANSLATIONS["attention"] = dataclasses.replace(kept, static_step=_sliced_translation())
     try:
         sliced = E.build_model("mha", options, "attention", use_cache=False)[0]
     finally:
-        OA.STATIC_TRANSLATIONS["attention"] = kept
+        OA.TRANSLATIONS["attention"] = kept
     gqa = E.build_model("mha", options, "ort", use_cache=False)[0]
     rows = []
     for context in [int(c) for c in args.context.split(",")]:
