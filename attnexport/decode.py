@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from attnexport.signature import PLAIN, CachePair, StepSignature, WritePos
+from attnexport.signature import PLAIN, StepSignature, WritePos
 
 __all__ = ["StepSignature", "WritePos"]  # WritePos was defined here before signatures; its name stays
 
@@ -104,20 +104,9 @@ def static_prompts(batch: int) -> np.ndarray:
 
 
 def static_reach(prompts: np.ndarray, length: int) -> np.ndarray:
-    """How many positions each sequence of `decode_static` runs through: its prompt, then as many
+    """How many positions each sequence of `decode_static_all` runs through: its prompt, then as many
     steps as the longest prompt leaves of `length`."""
     return prompts + length - prompts.max()
-
-
-def decode_static(step: Callable[[dict], dict], stream: dict[str, np.ndarray], axis: int, prompts: np.ndarray,
-                  chunk: int, buffers: dict[str, np.ndarray], pairs: dict[str, str],
-                  once: dict[str, np.ndarray] | None = None) -> np.ndarray:
-    """The `output` of a variant's static-cache step over sequences of different prompt lengths
-    (see `decode_static_all`)."""
-    caches = tuple(CachePair(past, present, kind="cross" if "cross" in past else "static")
-                   for past, present in pairs.items())
-    signature = StepSignature(caches=caches, write_pos=WritePos("write_pos"))
-    return decode_static_all(step, stream, axis, prompts, chunk, buffers, once, signature)[0]["output"]
 
 
 def decode_static_all(step: Callable[[dict], dict], stream: dict[str, np.ndarray], axis: int, prompts: np.ndarray,

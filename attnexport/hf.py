@@ -99,9 +99,9 @@ class Layout:
         fields.pop("task", None)
         layout = cls(**fields)
         recorded = SG.of(model)  # None: exported before signatures
-        if recorded is not None and recorded.pairs != layout.cache_pairs:
-            raise UsageError(f"the model's signature pairs its caches otherwise than its {layout.form} form does "
-                             f"({len(recorded.pairs)} pairs, the form has {len(layout.cache_pairs)})")
+        if recorded is not None and recorded.caches != layout.signature.caches:
+            raise UsageError(f"the model's signature records its caches otherwise than its {layout.form} form does "
+                             f"({len(recorded.caches)} pairs, the form has {len(layout.signature.caches)})")
         return layout
 
     @property

@@ -303,17 +303,17 @@ def test_bad_static_cache_options_are_one_line_and_exit_2(tmp_path, args, text):
 
 
 def test_the_static_cache_check_fails_a_step_that_ignores_the_write_position():
-    """decode_static's check is not vacuous: a step that always writes at position 0 (and attends
+    """The static decode's check is not vacuous: a step that always writes at position 0 (and attends
     as if nothing were cached past the block) differs from the full forward."""
     from attnexport import reference as ref_mod
-    from attnexport.decode import decode_static, static_prompts, static_reach
+    from attnexport.decode import decode_static_all, static_prompts, static_reach
     variant = V.get("mha")
     o = variant.resolve({"kv_cache": True, "max_seq": 12, "causal": True, "batch": 2, "dim": 32, "heads": 4, "seq": 3})
     params = seeding.init_params(variant, o, 0)
     x = np.random.default_rng(1).standard_normal((2, 7, 32)).astype(np.float32)
     buffers = {n: np.random.default_rng(2).standard_normal((2, 4, 12, 8)).astype(np.float32)
                for n in ("key_cache", "value_cache")}
-    pairs = {n: n + "_out" for n in buffers}
+    signature = V.step_signature(variant, o)
     full = variant.reference(params, {"x": x}, variant.resolve({"causal": True, "batch": 2, "seq": 7, "dim": 32,
                                                                 "heads": 4}))["output"]
     prompts = static_prompts(2)
@@ -325,7 +325,8 @@ def test_the_static_cache_check_fails_a_step_that_ignores_the_write_position():
         return ref_mod.ref_mha(params, feed, o)
 
     for forget, ok in ((False, True), (True, False)):
-        got = decode_static(lambda f, forget=forget: step(f, forget), {"x": x}, 1, prompts, 1, buffers, pairs)
+        got = decode_static_all(lambda f, forget=forget: step(f, forget), {"x": x}, 1, prompts, 1, buffers,
+                                layout=signature)[0]["output"]
         assert np.allclose(got, full, atol=1e-5) == ok
 
 

@@ -124,7 +124,7 @@ def ort_session(name: str, model, threads: int | None = None, optimize: bool = T
         # The graph as optimized, with the node names placement reports, to tell shape
         # arithmetic from a fallback (not for a model near protobuf's 2 GB limit: ONNX Runtime
         # would fail to write it; the nodes as exported serve then).
-        if model.ByteSize() < 1 << 30:
+        if R.REGISTRY[name].accelerated and model.ByteSize() < 1 << 30:
             workdir = tempfile.TemporaryDirectory(prefix="attnexport-ort-")
             so.optimized_model_filepath = os.path.join(workdir.name, "optimized.onnx")
     session = ort.InferenceSession(source, so, providers=providers,

@@ -19,7 +19,6 @@ from attnexport.decode import (
     STATIC_PROMPT,
     decode,
     decode_all,
-    decode_static,
     decode_static_all,
     empty_cache,
     split_inputs,
@@ -70,20 +69,17 @@ def decode_run(prepared, variant, o, stream, chunk):
     if V.static_cache(o):
         garbage = seeding.make_inputs(variant, o, 7)  # buffers whose unwritten positions must not be read
         specs = {s.name: s for s in variant.inputs(o)}
-        names = [n for n in specs if n.endswith("_cache")]
-        buffers = {n: garbage[n].astype(dtype) for n in names}
-        pairs = {n: n + "_out" for n in names}
-        once = {}
-        if "past_cross_key" in specs:  # a decoder: its memory is given once, its cross cache carried
-            once = {"memory": stream["memory"]}
-            buffers.update({n: np.zeros((o["batch"], *specs[n].shape({**o, "past_kv_seq": 0})[1:]), dtype)
-                            for n in ("past_cross_key", "past_cross_value")})
-            pairs.update(past_cross_key="present_cross_key", past_cross_value="present_cross_value")
+        signature = V.step_signature(variant, o)
+        buffers = {c.past: garbage[c.past].astype(dtype) for c in signature.caches if c.kind == "static"}
+        cross = [c.past for c in signature.caches if c.kind == "cross"]
+        once = {"memory": stream["memory"]} if cross else {}  # a decoder: memory given once, cross cache carried
+        buffers.update({n: np.zeros((o["batch"], *specs[n].shape({**o, "past_kv_seq": 0})[1:]), dtype) for n in cross})
         streamed = {n: v for n, v in stream.items() if n not in buffers and n not in once and n != "write_pos"}
+
         def run(feed):  # in the inputs' order: the torch runtime passes them to forward by position
             return prepared.run({n: feed[n] for n in specs})
-        out = decode_static(run, streamed, stream_axis(variant, o), static_prompts(o["batch"]), chunk, buffers,
-                            pairs, once)
+        out = decode_static_all(run, streamed, stream_axis(variant, o), static_prompts(o["batch"]), chunk, buffers,
+                                once, signature)[0]["output"]
         return {"output": out}, (time.perf_counter() - t0) * 1e3
     stream, once, masks = split_inputs(variant, o, stream)
     out = decode(prepared.run, stream, chunk, empty_cache(variant, o, dtype), stream_axis(variant, o), once, masks)
