@@ -5,7 +5,8 @@
 # the exports; the random Llama's static fp32, int4 and q4f16 exports stepped and timed (is the fp32
 # step wrong too, is q4f16 right and captured in a CUDA graph?); SmolLM2's q4f16 beside
 # onnxruntime-genai's CUDA int4 build where PACK has one (genai-smollm2-int4/). PROBE=1 runs the
-# MatMulNBits probe over the exports too.
+# MatMulNBits probe over the exports too. SmolLM2 is exported at 8193 positions, in q4f16 and fp16 (the
+# fp16 static step re-measured after its fusion fix), and timed up to 8000 (genai's rotary table ends at 8192).
 # Run from the project root with ONNX Runtime's CUDA build importable and PACK a folder holding
 # smollm2.gguf and site/ (benchmarks/gpu-hf.sh says what they are), and optionally genai-int4/ (the
 # random Llama's genai CUDA int4 build) and genai-smollm2-int4/.
@@ -16,7 +17,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out
 
 ( python3 benchmarks/cuda_hf.py random $work/rand > "$work/random-digest.txt" 2>&1
   for p in q4f16 fp32 int4; do ex $work/rand rand static $p 1025; done ) &
-OMP_NUM_THREADS=6 ex "$pack/smollm2.gguf" smollm2 static q4f16 "${SMOLLM2_MAX_SEQ:-4097}" &
+OMP_NUM_THREADS=4 ex "$pack/smollm2.gguf" smollm2 static q4f16 "${SMOLLM2_MAX_SEQ:-8193}" &
+OMP_NUM_THREADS=4 ex "$pack/smollm2.gguf" smollm2 static fp16 "${SMOLLM2_MAX_SEQ:-8193}" &
 ( timeout ${TEST_SECONDS:-200} python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_cuda.py tests/test_placement.py \
       > "$out/cuda-tests.txt" 2>&1
   echo "exit $?" >> "$out/cuda-tests.txt" ) &
@@ -37,5 +39,5 @@ ITERS=${ITERS:-50} run random ${RANDOM_SECONDS:-90} 128,1024 --source $work/rand
     static-int4=$work/rand-static-int4.onnx "${genai[@]}"
 genai=()
 [ -d "$pack/genai-smollm2-int4" ] && genai+=(--genai "genai-int4=$pack/genai-smollm2-int4")
-ITERS=${ITERS:-50} run smollm2 ${SMOLLM2_SECONDS:-180} 128,1024,4096 --source "$pack/smollm2.gguf" \
-    static-q4f16=$work/smollm2-static-q4f16.onnx "${genai[@]}"
+ITERS=${ITERS:-50} run smollm2 ${SMOLLM2_SECONDS:-180} ${SMOLLM2_CONTEXTS:-128,1024,4096,8000} --source "$pack/smollm2.gguf" \
+    static-q4f16=$work/smollm2-static-q4f16.onnx static-fp16=$work/smollm2-static-fp16.onnx "${genai[@]}"
