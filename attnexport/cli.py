@@ -421,8 +421,9 @@ def _given(kwargs) -> dict:
 @click.option("--minimums", type=click.Choice(P_MINIMUM_FORMS), default=None,
               help="With --precision int4/q4f16: how a carried grid's float minimums (GGUF's Q4_1) are held: folded "
                    "(default: integer zero points and a 4-bit residual row per block, no extra op per matrix; each "
-                   "weight within a small fraction of a step of the model's) or exact (bit for bit, a MatMul and an "
-                   "Add per matrix, slower).")
+                   "weight within a small fraction of a step of the model's), exact (bit for bit, a MatMul and an "
+                   "Add per matrix, slower) or float (float zero points: one op a matrix, each weight within the zero "
+                   "point's rounding; for CUDA, its CPU kernel is slow).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_variant_options
 @reports_errors

@@ -73,6 +73,7 @@ def fuse_for_ort(model: onnx.ModelProto, tables, static: bool, what: str) -> onn
         fuse_rms_normalization(graph)
         fuse_skip_rms_normalization(graph)
         if tables is not None:
+            _float_frequencies().apply_to_model(graph)
             fuse_rotary_embedding(graph)
             fuse_cos_sin_cache(graph)
             _positions_times_frequencies().apply_to_model(graph)
@@ -89,6 +90,35 @@ def fuse_for_ort(model: onnx.ModelProto, tables, static: bool, what: str) -> onn
     graph = ir.from_proto(fused)
     passes.RemoveUnusedNodesPass()(graph)
     return ir.to_proto(graph)
+
+
+def _float_frequencies():
+    """The rule that lets onnxscript's rotary rules see a model in half: transformers 5.17 keeps
+    the rotary's frequencies in the model's dtype and casts them, expanded to the batch, to float32
+    in the graph (Cast(Expand(inv_freq))), where the rules want the expanded float32 constant. The
+    constant is cast here instead; `_freeze_tables` then replaces what it computes with the model's
+    own tables, so the frequencies' fp16 rounding reaches no answer. Without it, SmolLM2's q4f16
+    step under transformers 5.17 kept 60 separate RotaryEmbedding nodes and three projections a
+    layer: 1041 nodes, 605 fused."""
+    import onnx_ir as ir
+    from onnxscript.rewriter import pattern
+
+    class FloatFrequencies(pattern.RewriteRuleClassBase):
+        def pattern(self, op, inv_freq, shape):
+            return op.Cast(op.Expand(inv_freq, shape), to=ir.DataType.FLOAT)
+
+        def check(self, context, inv_freq, **_):
+            result = pattern.MatchResult()
+            value = inv_freq.const_value
+            if value is None or value.dtype not in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.FLOAT):
+                return result.fail("the frequencies are not a floating-point constant")
+            return result
+
+        def rewrite(self, op, inv_freq, shape, **_):
+            frequencies = inv_freq.const_value.numpy().astype(np.float32)
+            return op.Expand(op.Constant(value=ir.tensor(frequencies)), shape)
+
+    return pattern.RewriteRuleSet([FloatFrequencies.rule("FloatFrequencies")])
 
 
 def _positions_times_frequencies():

@@ -27,6 +27,11 @@ forms carry it (`Plan.minimums`):
 - `exact`: the integer grid `d * q` (zero point 0) plus, per block, `m` times the sum of the block's
   inputs as a MatMul of the block sums by the minimums and an Add (`MINIMUMS`): bit for bit (at
   accuracy level 0 the model's own answers), and on SmolLM2-135M about 2 ms a token slower on 2 cores.
+- `float`: MatMulNBits's float zero points (in the scales' type), `-m / d` a block: one op a
+  matrix and no extra input, each weight within the zero point's rounding of the model's (fp16:
+  |m| / 2048). ONNX Runtime's CPU kernel for float zero points is 17 to 40 times slower than its
+  integer one (docs/quantization.md), so this form is for the CUDA provider, where the folded
+  form's block sums cost two launches an input.
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ ACCURACY_LEVELS = (0, 1, 2, 3, 4)
 # What the minimums of an exact float-minimum grid add: the suffix of its nodes and initializers.
 MINIMUMS = "_minimums"
 # How a float-minimum grid's minimums are carried (the module's docstring).
-MINIMUM_FORMS = ("folded", "exact")
+MINIMUM_FORMS = ("folded", "exact", "float")
 # The suffix of an input with its block sums appended, which folded grids read.
 FOLDED = "_folded"
 # Groups a --keep names: the vocabulary head, the first and last decoder layer, a layer by index.
@@ -86,8 +91,8 @@ class Plan:
         carry: a matrix that already holds a grid of the bits asked for is carried exactly; False
             rounds it with ONNX Runtime's quantizer like any other (no minimums to add: faster, and
             on a Q4_1 model far less accurate; verify says how much).
-        minimums: how a carried grid's float minimums (Q4_1) are held, `folded` or `exact` (the
-            module's docstring).
+        minimums: how a carried grid's float minimums (Q4_1) are held, `folded`, `exact` or
+            `float` (the module's docstring).
     """
 
     bits: int = 4
@@ -327,7 +332,8 @@ def unpack_zeros(packed: np.ndarray, bits: int, n: int, blocks: int) -> np.ndarr
 class Quantized:
     """What `quantize` did to each matrix (a Site's node, its group, bits, accuracy level, and how:
     `exact` (a grid it held, carried), `folded` (a float-minimum grid carried with its minimums
-    folded; `fold`: the most and the rms a weight moved, in steps of its block's scale), `ort` (ONNX
+    folded; `fold`: the most and the rms a weight moved, in steps of its block's scale), `float` (one
+    carried with float zero points; `fold` likewise), `ort` (ONNX
     Runtime's quantizer) or `kept`), for the metadata and the report."""
 
     plan: Plan
@@ -352,6 +358,10 @@ class Quantized:
             worst = max(f["max_steps"] for f in folds)
             rms = float(np.sqrt(np.mean([f["rms_steps"] ** 2 for f in folds])))
             parts.append(f"folded weights within {worst:.2g} of a step of the model's ({rms:.2g} rms)")
+        floats = [e["fold"] for e in self.entries if e["how"] == "float"]
+        if floats:
+            worst = max(f["max_steps"] for f in floats)
+            parts.append(f"float-zero-point weights within {worst:.2g} of a step of the model's")
         return f"{total} weight matrices: " + ", ".join(parts)
 
 
@@ -389,6 +399,8 @@ def quantize(model: onnx.ModelProto, plan: Plan, layers: int, vocab: int | None 
     for s, grid in exact:
         if grid.minimum is not None and plan.minimums == "folded":
             entries[s.node].update(how="folded", fold=_carry_folded(model, s, grid))
+        elif grid.minimum is not None and plan.minimums == "float":
+            entries[s.node].update(how="float", fold=_carry_float_zeros(model, s, grid))
         else:
             _carry(model, s, grid)
     for bits, group in by_bits.items():
@@ -595,6 +607,38 @@ def _carry_folded(model: onnx.ModelProto, s: Site, grid: Grid) -> dict:
     return {"max_steps": float(steps.max()), "rms_steps": float(np.sqrt(np.mean(steps ** 2)))}
 
 
+def _carry_float_zeros(model: onnx.ModelProto, s: Site, grid: Grid) -> dict:
+    """The MatMul at `s` replaced by one MatMulNBits holding a float-minimum `grid` with float zero
+    points, `-m / d` a block in the scales' type (the module's docstring). A block of one value
+    (d = 0) is held as codes 0, scale m and zero point -1. Returns how far the held weights are from
+    the grid's, in steps of each block's scale (|m| where d = 0)."""
+    base, real = s.weight, _float_of(model, s)
+    d = grid.scale.astype(np.float64)
+    m = grid.minimum.astype(np.float64)
+    flat = d == 0
+    q = grid.q.copy()
+    q[np.repeat(flat, grid.block, axis=0)[:s.k]] = 0
+    scale = np.where(flat, m, d).astype(real)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        zero = np.where(flat, -1.0, grid.zero - m / np.where(flat, 1, d)).astype(real)
+    inits = [numpy_helper.from_array(pack(q, grid.bits, grid.block), f"{base}_Q{grid.bits}"),
+             numpy_helper.from_array(np.ascontiguousarray(scale.T), f"{base}_scales"),
+             numpy_helper.from_array(np.ascontiguousarray(zero.T), f"{base}_zero_points")]
+
+    def build(nodes: list, out: str) -> list:
+        return [helper.make_node("MatMulNBits", [s.input] + [t.name for t in inits], [out],
+                                 name=f"{s.node}_Q{grid.bits}", domain="com.microsoft", K=s.k, N=s.n,
+                                 bits=grid.bits, block_size=grid.block)]
+
+    _replace_site(model, s, inits, build)
+    held = np.repeat(scale.astype(np.float64), grid.block, axis=0)[:s.k] * (
+        q.astype(np.float64) - np.repeat(zero.astype(np.float64), grid.block, axis=0)[:s.k])
+    unit = np.repeat(np.where(flat, np.abs(m), d), grid.block, axis=0)[:s.k]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        steps = np.abs(np.where(unit > 0, (held - grid.values().astype(np.float64)) / unit, 0))
+    return {"max_steps": float(steps.max()), "rms_steps": float(np.sqrt(np.mean(steps ** 2)))}
+
+
 def _embedding_from_head(model: onnx.ModelProto, entry: dict) -> bool:
     """A tied embedding's rows gathered from its head's 8-bit blocks instead of the float table: the
     Gather of the (D, V) table's columns and the Transpose after it become GatherBlockQuantized over
@@ -738,7 +782,9 @@ def matrix(model: onnx.ModelProto, entry: dict, inits: dict | None = None) -> np
     try:
         q = unpack(numpy_helper.to_array(inits[node.input[1]]), bits, blocks * block, n, block)[:rows]
         scale = numpy_helper.to_array(inits[node.input[2]]).astype(np.float32).reshape(n, blocks).T
-        if len(node.input) > 3 and node.input[3]:
+        if len(node.input) > 3 and node.input[3] and inits[node.input[3]].data_type != onnx.TensorProto.UINT8:
+            zero = numpy_helper.to_array(inits[node.input[3]]).astype(np.float32).reshape(n, blocks).T
+        elif len(node.input) > 3 and node.input[3]:
             zero = unpack_zeros(numpy_helper.to_array(inits[node.input[3]]), bits, n, blocks).T.astype(np.float32)
         else:
             zero = np.full((blocks, n), 2 ** (bits - 1), np.float32)
@@ -901,6 +947,19 @@ def unfaithful(before: dict, model: onnx.ModelProto, record: dict | None = None)
             if over.any() or not np.isfinite(got).all():
                 bad.append(f"{e['node']}: folded, but {int(over.sum())} weight(s) more than half a residual step "
                            f"from the float weight (max error {err.max():.3g})")
+            continue
+        if e["how"] == "float":
+            # the zero point's rounding to the scales' type, times the scale, and float32's rounding
+            # of the product the file computes
+            scale = numpy_helper.to_array(inits[node.input[2]]).astype(np.float64).reshape(e["n"], -1).T
+            zero = numpy_helper.to_array(inits[node.input[3]]).astype(np.float64).reshape(e["n"], -1).T
+            eps = np.finfo(np.float16 if half else np.float32).eps
+            spread = np.repeat(np.abs(scale) * (np.abs(zero) + 1) * eps, e["block"], axis=0)[:e["k"]]
+            bound = spread + 8 * np.finfo(np.float32).eps * (np.abs(w) + np.abs(got))
+            over = err > bound
+            if over.any() or not np.isfinite(got).all():
+                bad.append(f"{e['node']}: float zero points, but {int(over.sum())} weight(s) further from the "
+                           f"float weight than the zero point's rounding (max error {err.max():.3g})")
             continue
         if e["how"] == "exact":
             if err.max() > 0:

@@ -130,6 +130,46 @@ def test_a_q4_1_grid_is_folded_within_half_a_residual_step_with_no_op_per_matrix
     assert np.abs(run(model4, x) - truth).max() <= np.abs(run(exact4, x) - truth).max()
 
 
+@pytest.mark.parametrize("real", [np.float32, np.float16])
+def test_a_q4_1_grid_with_float_zero_points_is_one_op_a_matrix_within_the_zero_points_rounding(real):
+    """--minimums float: -m / d as MatMulNBits's float zero point (the scales' type), no input
+    rewritten, no op beside each matrix; a block of one value (d = 0) held too."""
+    w1, w2 = q4_1(raw()), q4_1(raw(7))
+    w1[:B, 0] = 0.375  # one block of one value: its scale is 0
+    grid = P.grid_of(w1, 4, B)
+    assert grid is not None and grid.scale[0, 0] == 0
+    model = two_matmuls(w1, w2)
+    weights = None
+    if real is np.float16:  # a graph in half: fp16 initializers, the grid found in the float32 matrices
+        for init in model.graph.initializer:
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16), init.name))
+        weights = {"w1": w1, "w2": w2}
+    done = P.quantize(model, P.Plan(bits=4, block=B, accuracy=0, minimums="float"), layers=4, weights=weights)
+    assert [e["how"] for e in done.entries] == ["float", "float"]
+    assert sorted(n.op_type for n in model.graph.node) == ["Add", "MatMulNBits", "MatMulNBits"]
+    for n in model.graph.node:
+        if n.op_type == "MatMulNBits":
+            zeros = next(i for i in model.graph.initializer if i.name == n.input[3])
+            assert n.input[0] == "x" and P._attr(n, "K") == K
+            assert zeros.data_type == (TensorProto.FLOAT16 if real is np.float16 else TensorProto.FLOAT)
+    assert P.unfaithful({"w1": w1, "w2": w2}, model) == []
+    worst = 0.0
+    for entry, w in zip(done.entries, (w1, w2), strict=True):
+        held = P.matrix(model, entry).astype(np.float64)
+        err = np.abs(held - w)
+        assert err.max() <= np.abs(w).max() * (np.finfo(real).eps * 2 + 1e-6)
+        worst = max(worst, entry["fold"]["max_steps"])
+    assert held[0, 0] != 0 or w2[0, 0] == 0
+    assert np.abs(P.matrix(model, done.entries[0])[:B, 0] - 0.375).max() < 1e-6  # the one-value block
+    # far tighter than the folded form's fraction of a step; float32 zero points nearly exact
+    assert worst < (0.02 if real is np.float16 else 1e-4)
+    assert "float-zero-point weights within" in done.summary()
+    if real is np.float32:  # ONNX Runtime's CPU kernel computes what matrix() says
+        x = np.random.default_rng(1).standard_normal((1, 3, K)).astype(np.float32)
+        want = x.astype(np.float64) @ (P.matrix(model, done.entries[0]) + P.matrix(model, done.entries[1]))
+        assert np.abs(run(model, x) - want).max() < 1e-4 * np.abs(want).max()
+
+
 def test_a_half_graph_carries_the_grid_its_float_matrices_hold():
     """q4f16: the graph is in fp16, whose initializers only round a Q4_1 matrix; the float32 matrices
     given beside it are where the grid is found, and the scales are written in fp16."""
@@ -231,7 +271,7 @@ def test_the_plan_per_group():
     (("int4", None, None, "head=int8@7"), "the accuracy level after '@'"),
     (("int4", None, None, "layers:5-2"), "I <= J"),
     (("fp16", 32), "quantizes nothing"),
-    (("int4", None, None, None, None, None, "rounded"), "--minimums is one of folded, exact"),
+    (("int4", None, None, None, None, None, "rounded"), "--minimums is one of folded, exact, float"),
 ])
 def test_a_bad_plan_is_one_line(args, message):
     with pytest.raises(UsageError, match=message):
