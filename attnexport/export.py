@@ -397,11 +397,13 @@ def _name_axes(model, variant, ex, out_specs):
 
 
 def to_onnx(program, args, *, flavor: str, opset: int, input_names, output_names=None, dynamic_shapes=None,
-            what: str):
+            what: str, optimize: bool = True):
     """The one way a torch module (or a program torch.export made of one) becomes ONNX here, for
     the variants and for users' modules alike: the attention core translated for `flavor`,
     torch.onnx run quietly at opset 18 or the Attention op's (older opsets are reached by
-    `convert_opset`). Any failure is an ExportError that names `what` and torch's own reason."""
+    `convert_opset`). Any failure is an ExportError that names `what` and torch's own reason.
+    `optimize`: torch.onnx's own pass over the graph (onnxscript's optimizer and rewrite rules);
+    False where the caller runs that optimizer itself (`attnexport.hf_fusions`)."""
     import torch
     importlib.import_module("attnexport.models.core")  # registers the attnexport::attention custom ops
     from attnexport.onnx_attention import TRANSLATIONS
@@ -414,7 +416,7 @@ def to_onnx(program, args, *, flavor: str, opset: int, input_names, output_names
         return torch.onnx.export(
             program, args, dynamo=True, opset_version=max(opset, 18), dynamic_shapes=dynamic_shapes,
             input_names=list(input_names), output_names=None if output_names is None else list(output_names),
-            custom_translation_table=table, optimize=True, verbose=False, report=False)
+            custom_translation_table=table, optimize=optimize, verbose=False, report=False)
 
 
 @contextlib.contextmanager
@@ -677,6 +679,8 @@ class ModuleExport:
             one derived from torch's fp16 error).
         finalize: the finished model changed once more before its check (a language model's
             weight matrices quantized, `attnexport.precision`, which needs the parameters' record).
+        optimized_by_rewrite: `rewrite` runs onnxscript's optimizer itself, so torch.onnx's pass
+            is skipped (it took about half of SmolLM2's export, for nothing the fusions keep).
     """
 
     flavor: str = FL.DEFAULT
@@ -698,6 +702,7 @@ class ModuleExport:
     rewrite: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None
     rtol: float | None = None
     atol: float | None = None
+    optimized_by_rewrite: bool = False
     finalize: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None
 
 
@@ -935,7 +940,7 @@ def _trace_to_onnx(t: _ModuleTrace, opset: int):
                               "flavor would compute it with MatMul+Softmax outside its fused op. --allow-unfused "
                               "exports it so (--flavor primitives computes all attention that way)")
         program = to_onnx(traced, t.args, flavor=r.flavor, opset=opset, input_names=t.names,
-                          output_names=t.out_names, what=r.name)
+                          output_names=t.out_names, what=r.name, optimize=not r.optimized_by_rewrite)
     return traced, found, program.model_proto
 
 

@@ -156,7 +156,8 @@ def export_hf(request: HFExport) -> tuple[ModuleExportResult, hf.Layout]:
         extra_meta={hf.META: layout.meta(), "attnexport.params_source": params_source},
         write_pos="write_pos" if r.form == "static" else None,
         check=check, finalize=quantize if plan is not None else None,
-        rewrite=lambda onnx_model: _rewritten(onnx_model, model, layout, flavor, dtype, name))
+        rewrite=lambda onnx_model: _rewritten(onnx_model, model, layout, flavor, dtype, name),
+        optimized_by_rewrite=FL.FLAVORS[flavor].fuses_language_models)
     try:
         result = export_module(wrapper, example, module_request)
     except ExportError as e:

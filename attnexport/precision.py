@@ -612,6 +612,7 @@ def _carry_float_zeros(model: onnx.ModelProto, s: Site, grid: Grid) -> dict:
     points, `-m / d` a block in the scales' type (the module's docstring). A block of one value
     (d = 0) is held as codes 0, scale m and zero point -1. Returns how far the held weights are from
     the grid's, in steps of each block's scale (|m| where d = 0)."""
+    assert grid.minimum is not None, "only a float-minimum grid has minimums to hold"
     base, real = s.weight, _float_of(model, s)
     d = grid.scale.astype(np.float64)
     m = grid.minimum.astype(np.float64)

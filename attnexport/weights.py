@@ -74,20 +74,23 @@ def record(model: onnx.ModelProto, params: dict[str, np.ndarray], np_dtype) -> d
     `read` cannot check it in the file.
     """
     inits = [(i.name, numpy_helper.to_array(i)) for i in model.graph.initializer]
+    # Initializers by their type, shape and bytes: each parameter is looked up once, not compared
+    # with every initializer of its shape (a model of thirty like layers has thirty of each).
+    index: dict = {}
+    for iname, arr in inits:
+        index.setdefault(_key(arr), []).append((iname, arr))
+
+    def lookup(a: np.ndarray):
+        return next(((iname, arr) for iname, arr in index.get(_key(a), ()) if np.array_equal(arr, a)), None)
+
     entries = {}
     for name in sorted(params):
         p = np.asarray(params[name]).astype(np_dtype)
-        found = None
-        for iname, arr in inits:
-            if arr.dtype == p.dtype and arr.shape == p.shape and np.array_equal(arr, p):
-                found = (iname, "as-is", arr)
-                break
+        hit = lookup(p)
+        found = (hit[0], "as-is", hit[1]) if hit else None
         if found is None and p.ndim == 2:
-            pt = p.T
-            for iname, arr in inits:
-                if arr.dtype == p.dtype and arr.shape == pt.shape and np.array_equal(arr, pt):
-                    found = (iname, "transposed", arr)
-                    break
+            hit = lookup(np.ascontiguousarray(p.T))
+            found = (hit[0], "transposed", hit[1]) if hit else None
         if found is None and p.ndim == 2:
             block = _columns_of(inits, p.T)
             if block is not None:
@@ -101,6 +104,10 @@ def record(model: onnx.ModelProto, params: dict[str, np.ndarray], np_dtype) -> d
             iname, layout, arr = found
             entries[name] = {"initializer": iname, "layout": layout, "sha256": sha256_of(arr)}
     return entries
+
+
+def _key(a: np.ndarray) -> tuple:
+    return a.dtype.str, a.shape, hash(np.ascontiguousarray(a).tobytes())
 
 
 def _columns_of(inits, block: np.ndarray):
