@@ -135,15 +135,20 @@ def _accuracy(report):
 @pytest.mark.parametrize("form, precision, flavor, source", [
     ("static", "int4", "ort", "gridded"), ("concat", "int4", "attention", "gridded"),
     ("none", "int8", "primitives", "plain"), ("static", "int8", "ort", "plain"),
-    ("static", "fp16", "attention", "plain"), ("static", "q4f16", "ort", "gridded")])
+    ("static", "fp16", "attention", "plain"), ("static", "q4f16", "ort", "gridded"),
+    ("static", "q4f16:float", "ort", "gridded")])
 def test_a_lossy_export_is_judged_by_its_cost_in_answers(request, tmp_path, form, precision, flavor, source):
+    """Each lossy form passes its budget on its cost in answers; `q4f16:float` is q4f16 with the
+    grid's minimums as float zero points (`--minimums float`, the form for CUDA)."""
+    precision, _, minimums = precision.partition(":")
     folder = request.getfixturevalue(source)
     out = tmp_path / "model.onnx"
     cache = [] if form == "none" else ["--kv-cache"] + (["static", "--max-seq", "200"] if form == "static" else [])
-    r = run("export", "--hf", folder, *cache, "--flavor", flavor, "--precision", precision, "-o", out)
+    held = ["--minimums", minimums] if minimums else []
+    r = run("export", "--hf", folder, *cache, "--flavor", flavor, "--precision", precision, *held, "-o", out)
     assert r.exit_code == 0, r.output
-    if source == "gridded":
-        assert "folded 4-bit, 1 ort 8-bit" in r.output and "ort 4-bit" not in r.output  # grids carried; head 8 bits
+    if source == "gridded":  # grids carried; head 8 bits
+        assert f"{minimums or 'folded'} 4-bit, 1 ort 8-bit" in r.output and "ort 4-bit" not in r.output
     runtimes = "torch,ort-cpu" if precision == "fp16" else "ort-cpu"  # torch runs an fp16 model in its fp16
     report = _report(run("verify", out, "--hf", folder, "--runtimes", runtimes, "--json"))
     assert report["dtype"] == ("fp16" if precision in ("fp16", "q4f16") else "fp32")
@@ -157,6 +162,9 @@ def test_a_lossy_export_is_judged_by_its_cost_in_answers(request, tmp_path, form
         weights = next(r for r in report["results"] if r["case"].startswith("weights"))
         per_layer = 5 if flavor == "ort" else 7  # the ort flavour packs q, k and v into one matrix
         assert weights["passed"] and sum(weights["detail"]["matrices"].values()) == 3 * per_layer + 1
+        if source == "gridded":  # how far holding the minimums moved the weights, in steps
+            moved = weights["detail"][minimums or "folded"]
+            assert 0 < moved["max_steps"] < (0.01 if minimums else 0.5)
         layers = next(r for r in report["results"] if "layer_costs" in r.get("detail", {}))
         assert {c["group"] for c in layers["detail"]["layer_costs"]} == {"layer:0", "layer:1", "layer:2", "head"}
 
