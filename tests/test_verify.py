@@ -430,3 +430,27 @@ def test_verify_takes_a_request_or_its_fields():
     assert by_request.ok and [r.case for r in by_request.rows] == [r.case for r in by_fields.rows] == ["posenc-seeded"]
     with pytest.raises(TypeError, match="not both"):
         VF.verify(request, cases=["mha-seeded"])
+
+
+def test_verify_hf_leaves_torch_on_a_gpu_out_and_refuses_it_when_named():
+    """verify --hf's reference is the model in torch on the CPU beside its float64 copy: torch-cuda
+    is no runtime of that check. Taken by default it is left out with the reason; named, it is a
+    one-line error. The registry decides (a module runtime on a device), not the name."""
+    from onnx import TensorProto, helper
+
+    from attnexport.errors import UsageError
+    from attnexport.verify import hf_check
+
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    table = [{"name": n, "available": True, "reason": "", "used": True} for n in ("torch", "torch-cuda", "ort-cpu")]
+    used = ["torch", "torch-cuda", "ort-cpu"]
+    kept, out = hf_check._able(model, used, table, hf_check.HFCheck("m.onnx", "src"), None)
+    assert kept == ["torch", "ort-cpu"]
+    left = next(r for r in out if r["name"] == "torch-cuda")
+    assert not left["used"] and "reference" in left["reason"] and "ort-cuda" in left["reason"]
+    with pytest.raises(UsageError, match="torch-cuda"):
+        hf_check._able(model, used, table, hf_check.HFCheck("m.onnx", "src", runtimes=["torch-cuda", "ort-cpu"]),
+                       None)

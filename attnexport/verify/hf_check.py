@@ -75,14 +75,14 @@ class _Context:
         return Path(self.check.model_path).name
 
     def row(self, case: str, runtime: str, kind: str, tol: Tolerance | None = None) -> Row:
-        return Row(case=case, variant=f"{self.layout.form} ({hf.TASK})", flavor="-" if runtime == "torch" else
+        return Row(case=case, variant=f"{self.layout.form} ({hf.TASK})", flavor="-" if R.runs_module(runtime) else
                    self.flavor, runtime=runtime, dtype=self.dtype, model=self.name, tolerance=tol,
                    expected_kind=kind)
 
     def runner(self, runtime: str):
         """The step on `runtime`: the ONNX model, or torch's `reference.run` (the model in torch,
         its attention through attnexport's core)."""
-        return self.reference.run if runtime == "torch" else self.prepared[runtime].run
+        return self.reference.run if R.runs_module(runtime) else self.prepared[runtime].run
 
     def localize(self, feed: dict, runtime: str) -> Localization:
         """The first diverging node against the model exported afresh (once) from the same source."""
@@ -178,6 +178,11 @@ def _able(model, used: list, table: list, check: HFCheck, quantized) -> tuple[li
             if check.runtimes is not None:
                 can = [r for r in R.ONNX_RUNTIMES if not R.missing_ops(r, model)]
                 raise UsageError(f"{why} (runtimes that can: {', '.join(can)})")
+        elif R.runs_module(name) and R.REGISTRY[name].device != "cpu" and name in used:
+            why = (f"{name}: the model in torch is this check's reference, run on the CPU beside its float64 "
+                   "copy; the export's own rows on the GPU are ort-cuda's")
+            if check.runtimes is not None and name in check.runtimes:
+                raise UsageError(why)
         elif R.runs_module(name) and quantized is not None and name in used:
             why = "torch runs the source model, which this quantized model's cost is measured against"
         if why is not None:
@@ -331,7 +336,7 @@ def _shape_rows(ctx: _Context) -> list[Row]:
         feed = HR.prefilled_feed(ctx.reference, ids, past, padded)
         expected = ctx.reference.expect(feed)
         for rt in ctx.used:
-            if rt == "torch":  # the budget is torch's own error on this feed: torch's rows are the generation's
+            if R.runs_module(rt):  # the budget is torch's own error on this feed: torch's rows are the generation's
                 continue
             row = ctx.row(label, rt, "the model in float64, caches written by it in fp32",
                           expected.tolerances["logits"])
@@ -350,7 +355,7 @@ def _shape_rows(ctx: _Context) -> list[Row]:
 def _timed_on(ctx: _Context, row: Row, work):
     """`work(run)` with the row's runtime's step function, its time in the row; None (the row
     says why) when the runtime runs no ONNX model or the work fails."""
-    if row.runtime != "torch" and row.runtime not in ctx.prepared:
+    if not R.runs_module(row.runtime) and row.runtime not in ctx.prepared:
         row.skipped = f"{row.runtime} runs no ONNX model"
         return None
     started = time.perf_counter()
