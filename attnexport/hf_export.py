@@ -169,9 +169,20 @@ def export_hf(request: HFExport) -> tuple[ModuleExportResult, hf.Layout]:
     if plan is not None:
         result.notes.append(f"{r.precision}: {quantized['done'].summary()} (block {plan.block}, accuracy level "
                             f"{plan.accuracy}); what it costs in answers: attnexport verify MODEL --hf SOURCE")
+    if r.form == "static" and result.attention_op.endswith("GroupQueryAttention") and dtype == "fp32":
+        result.notes.append(CPU_ONLY_STATIC)
     if deploy is not None:
         result.path = write_deployment(deploy, result, model, r.source, tokenizer, layout)
     return result, layout
+
+
+# What export says of a static step whose GroupQueryAttention computes in float32 (fp32, int8,
+# int4): ONNX Runtime's CUDA provider has no float32 kernel for it, and the node it leaves on the
+# CPU between buffers bound in place on the device answers wrong (H200, 2026-11-26: KL 0.94 on a
+# random Llama in fp32 and int4 alike; docs/benchmarks.md).
+CPU_ONLY_STATIC = ("not for CUDA: ONNX Runtime's CUDA provider has no float32 GroupQueryAttention, and the one it "
+                   "leaves on the CPU gives wrong answers over device buffers; for CUDA export --dtype fp16 or "
+                   "--precision q4f16 (verify --runtimes ort-cuda --strict-placement refuses this one)")
 
 
 def _float_matrices(onnx_model, module, vocab: int | None) -> dict:

@@ -103,6 +103,7 @@ def test_the_ort_flavours_static_step_is_one_fused_attention_a_layer_with_every_
     r = run("export", "--hf", folders["llama"], "--kv-cache", "static", "--max-seq", "64", "--flavor", "ort", "-o",
             path)
     assert r.exit_code == 0, r.output
+    assert "not for CUDA" in r.output  # its float32 GroupQueryAttention has no CUDA kernel
     model = onnx.load(path)
     signature = SG.of(model)
     assert signature.caches == hf.Layout.of(model).signature.caches and signature.write_pos.form == "start"
@@ -153,6 +154,7 @@ def test_the_static_step_in_half_is_fused_as_the_fp32_one(folders, tmp_path):
     r = run("export", "--hf", folders["llama"], "--kv-cache", "static", "--max-seq", "64", "--flavor", "ort",
             "--dtype", "fp16", "-o", path)
     assert r.exit_code == 0, r.output
+    assert "not for CUDA" not in r.output  # the form for CUDA
     model = onnx.load(path)
     signature = SG.of(model)
     assert signature.caches == hf.Layout.of(model).signature.caches and signature.write_pos.form == "start"

@@ -75,7 +75,7 @@ class _Context:
         return Path(self.check.model_path).name
 
     def row(self, case: str, runtime: str, kind: str, tol: Tolerance | None = None) -> Row:
-        return Row(case=case, variant=f"{self.layout.form} ({hf.TASK})", flavor="-" if R.runs_module(runtime) else
+        return Row(case=case, variant=f"{self.layout.form} ({hf.TASK})", flavor="-" if runtime not in R.ONNX_RUNTIMES else
                    self.flavor, runtime=runtime, dtype=self.dtype, model=self.name, tolerance=tol,
                    expected_kind=kind)
 
