@@ -75,9 +75,9 @@ class _Context:
         return Path(self.check.model_path).name
 
     def row(self, case: str, runtime: str, kind: str, tol: Tolerance | None = None) -> Row:
-        return Row(case=case, variant=f"{self.layout.form} ({hf.TASK})", flavor="-" if runtime not in R.ONNX_RUNTIMES else
-                   self.flavor, runtime=runtime, dtype=self.dtype, model=self.name, tolerance=tol,
-                   expected_kind=kind)
+        flavor = self.flavor if runtime in R.ONNX_RUNTIMES else "-"
+        return Row(case=case, variant=f"{self.layout.form} ({hf.TASK})", flavor=flavor, runtime=runtime,
+                   dtype=self.dtype, model=self.name, tolerance=tol, expected_kind=kind)
 
     def runner(self, runtime: str):
         """The step on `runtime`: the ONNX model, or torch's `reference.run` (the model in torch,
