@@ -943,10 +943,9 @@ def unfaithful(before: dict, model: onnx.ModelProto, record: dict | None = None)
             # half a residual step (and fp16's rounding of its scale, times at most 16 codes), and
             # float32's rounding of the two terms the file adds
             residual = (0.5 + (16 * np.finfo(np.float16).eps if half else 0)) * _residual_steps(model, e, inits)
-            bound = residual + 8 * np.finfo(np.float32).eps * (np.abs(w) + np.abs(got))
-            over = err > bound
-            if over.any() or not np.isfinite(got).all():
-                bad.append(f"{e['node']}: folded, but {int(over.sum())} weight(s) more than half a residual step "
+            over = _outside(err, residual, w, got)
+            if over is not None:
+                bad.append(f"{e['node']}: folded, but {over} weight(s) more than half a residual step "
                            f"from the float weight (max error {err.max():.3g})")
             continue
         if e["how"] == "float":
@@ -956,10 +955,9 @@ def unfaithful(before: dict, model: onnx.ModelProto, record: dict | None = None)
             zero = numpy_helper.to_array(inits[node.input[3]]).astype(np.float64).reshape(e["n"], -1).T
             eps = np.finfo(np.float16 if half else np.float32).eps
             spread = np.repeat(np.abs(scale) * (np.abs(zero) + 1) * eps, e["block"], axis=0)[:e["k"]]
-            bound = spread + 8 * np.finfo(np.float32).eps * (np.abs(w) + np.abs(got))
-            over = err > bound
-            if over.any() or not np.isfinite(got).all():
-                bad.append(f"{e['node']}: float zero points, but {int(over.sum())} weight(s) further from the "
+            over = _outside(err, spread, w, got)
+            if over is not None:
+                bad.append(f"{e['node']}: float zero points, but {over} weight(s) further from the "
                            f"float weight than the zero point's rounding (max error {err.max():.3g})")
             continue
         if e["how"] == "exact":
@@ -976,6 +974,13 @@ def unfaithful(before: dict, model: onnx.ModelProto, record: dict | None = None)
             bad.append(f"{e['node']}: {int(over.sum())} weight(s) more than one step of their block's scale from the "
                        f"float weight (max error {err.max():.3g})")
     return bad
+
+
+def _outside(err: np.ndarray, margin: np.ndarray, w: np.ndarray, got: np.ndarray) -> int | None:
+    """How many weights are further from the float ones than `margin` plus float32's rounding of the
+    two terms the file adds, or None when none is and every weight is finite."""
+    over = err > margin + 8 * np.finfo(np.float32).eps * (np.abs(w) + np.abs(got))
+    return int(over.sum()) if over.any() or not np.isfinite(got).all() else None
 
 
 def float_activations(model: onnx.ModelProto) -> onnx.ModelProto:
