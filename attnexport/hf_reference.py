@@ -85,40 +85,65 @@ def valid_positions(layout: hf.Layout, feed: dict) -> dict:
     """{output: boolean array broadcastable to it}: the positions a check compares. Logits of
     padding tokens and the cache entries of padding positions are not (none and concat forms:
     `attention_mask` is 0 there); a static cache's buffers are compared up to each sequence's
-    write_pos + the block (past it a buffer holds what the runtime left there)."""
+    write_pos + the block (past it a buffer holds what the runtime left there). A static buffer's
+    array covers positions up to the furthest written one only: `masked` cuts the buffer to it
+    before anything is copied, so a check at 8,000 positions holds a few rows, not the buffers."""
     batch, block = feed["input_ids"].shape
     if layout.form == "static":
         ends = np.asarray(feed["write_pos"]).reshape(-1) + block
-        written = np.arange(layout.max_seq)[None, :] < ends[:, None]  # (B, S)
+        end = int(min(ends.max(initial=0), layout.max_seq))
+        written = np.arange(end)[None, :] < ends[:, None]  # (B, end)
         return {"logits": np.ones((batch, block, 1), bool),
                 **{n: written[:, None, :, None] for n in layout.cache_names("present")}}
     mask = np.asarray(feed["attention_mask"]).astype(bool)  # (B, past + T)
     return {"logits": mask[:, -block:, None], **{n: mask[:, None, :, None] for n in layout.cache_names("present")}}
 
 
+def _window(array, valid: np.ndarray):
+    """`array` cut along its positions (axis 2 of a cache) to the extent of its `valid` mask, where
+    the mask is shorter (a static buffer past its furthest written position)."""
+    if array.ndim == 4 and valid.ndim == 4 and valid.shape[2] < array.shape[2]:
+        return array[:, :, :valid.shape[2]]
+    return array
+
+
 def masked(arrays: dict, valid: dict) -> dict:
-    """`arrays` with the positions that are not compared set to 0 in each (float64)."""
-    return {n: np.where(valid[n], np.asarray(a, np.float64), 0.0) if n in valid else np.asarray(a, np.float64)
-            for n, a in arrays.items()}
+    """`arrays` in float64 over the positions compared (a static buffer cut to its written window),
+    with those that are not compared within it set to 0."""
+    out = {}
+    for n, a in arrays.items():
+        a = np.asarray(a)
+        out[n] = np.where(valid[n], np.asarray(_window(a, valid[n]), np.float64), 0.0) if n in valid else \
+            np.asarray(a, np.float64)
+    return out
 
 
 @dataclass
 class Expected:
     """What a runtime's outputs of one step are compared with: the float64 model's outputs (the
-    positions compared only), each output's budget, and the positions compared."""
+    positions compared only), each output's budget, the positions compared, and each output's
+    whole shape (a static buffer's outputs are its written window; the runtime's must still have
+    the model's shape)."""
 
     outputs: dict
     tolerances: dict
     valid: dict
+    shapes: dict
 
     def compare(self, got: dict, names: list[str]) -> list[Comparison]:
-        """Every declared output matched by name, compared over its valid positions with its budget."""
+        """Every declared output matched by name and shape, compared over its valid positions with
+        its budget."""
+        shapes = {n: tuple(np.shape(a)) for n, a in got.items()}
         got = masked(got, self.valid)
         out = []
         for name in names:
             tol = self.tolerances[name]
-            out.append(compare(name, got[name], self.outputs[name], tol) if name in got else
-                       failed(name, "output missing", tol))
+            if name not in got:
+                out.append(failed(name, "output missing", tol))
+            elif shapes[name] != self.shapes[name]:
+                out.append(failed(name, f"shape {shapes[name]} != expected {self.shapes[name]}", tol))
+            else:
+                out.append(compare(name, got[name], self.outputs[name], tol))
         out += [failed(n, f"unexpected output (the model declares {', '.join(names)})", Tolerance(0, 0))
                 for n in got if n not in names]
         return out
@@ -180,10 +205,26 @@ class Reference:
     def expect(self, feed: dict) -> Expected:
         """The float64 outputs of one step and each output's budget (see the module docstring)."""
         valid = valid_positions(self.layout, feed)
-        want = masked(self.run64(feed), valid)
-        low = masked(self.run(feed), valid)
+        window, cut = self._window(feed, valid)
+        run64 = self.run64(window)
+        shapes = {n: cut.get(n, a.shape) for n, a in run64.items()}
+        want = masked(run64, valid)
+        low = masked(self.run(window), valid)
         return Expected(want, {n: budget(low[n], want[n], self.dtype, self.rtol, self.atol, self.factor) for n in want},
-                        valid)
+                        valid, shapes)
+
+    def _window(self, feed: dict, valid: dict) -> tuple[dict, dict]:
+        """(the feed the model runs for a check, the whole shape of each output it cuts). A static
+        step runs over its buffers cut to the furthest written position: the positions past it are
+        masked out of every attention, so the model's outputs over the window are those over the
+        whole buffers, and a check at thousands of positions computes and holds a few rows in
+        float64. Its presents' whole shapes are their buffers'."""
+        layout = self.layout
+        if layout.form != "static":
+            return feed, {}
+        end = valid[layout.cache_names("present")[0]].shape[2]
+        return ({n: v[:, :, :end] if n in layout.cache_pairs else v for n, v in feed.items()},
+                {present: tuple(np.shape(feed[past])) for past, present in layout.cache_pairs.items()})
 
     def logits64(self, sequences: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """transformers' own forward in float64 over whole (left-padded) sequences: (B, T, V) logits."""
@@ -238,9 +279,11 @@ def prefilled_feed(reference: Reference, ids: np.ndarray, past: int, padded: int
     if layout.form == "static":
         buffers = {n: np.zeros((batch, layout.kv_heads, layout.max_seq, layout.head_dim), reference.numpy_dtype)
                    for n in layout.cache_pairs}
-        if past:
-            out = reference.run({"input_ids": ids[:, :past], "write_pos": np.zeros(batch, np.int64), **buffers})
-            buffers = {p: out[q] for p, q in layout.cache_pairs.items()}
+        if past:  # the model writes positions 0..past-1 (run over those alone), the rest stay 0
+            out = reference.run({"input_ids": ids[:, :past], "write_pos": np.zeros(batch, np.int64),
+                                 **{n: b[:, :, :past] for n, b in buffers.items()}})
+            for p, q in layout.cache_pairs.items():
+                buffers[p][:, :, :past] = out[q]
         return {"input_ids": ids[:, past:], "write_pos": np.full(batch, past, np.int64), **buffers}
     mask = np.ones((batch, total), np.int64)
     mask[0, :padded] = 0

@@ -82,6 +82,30 @@ def test_padding_is_never_compared_and_everything_else_is(llama):
     assert [c.name for c in bad] == ["present.1.key"] and bad[0].max_abs > 1e5
 
 
+def test_a_static_buffer_is_compared_over_its_written_window_and_checked_whole_in_shape(llama):
+    """The expected buffers hold the written rows only (a check at thousands of positions holds a
+    few); the rows past them are what the runtime left there, never compared; a buffer of another
+    shape still fails."""
+    _, model = llama
+    layout = hf.layout_of(model, "static", 64)
+    reference = HR.Reference(model, layout)
+    ids = HR.token_rows(None, layout.vocab, 2, 9, seed=3)
+    feed = HR.prefilled_feed(reference, ids, past=5)  # both sequences write positions 5..8
+    expected = reference.expect(feed)
+    assert expected.outputs["present.0.key"].shape[2] == 9 and expected.shapes["present.0.key"][2] == 64
+    got = reference.run(feed)
+    assert all(expected.compare(got, layout.outputs))
+    junk = {n: a.copy() for n, a in got.items()}
+    junk["present.0.value"][:, :, 9:] = 1e6  # past the written window
+    assert all(expected.compare(junk, layout.outputs))
+    junk["present.0.value"][1, :, 8] = 1e6  # the last written row
+    bad = [c for c in expected.compare(junk, layout.outputs) if not c]
+    assert [c.name for c in bad] == ["present.0.value"] and bad[0].max_abs > 1e5
+    short = {**got, "present.0.key": got["present.0.key"][:, :, :32]}
+    bad = [c for c in expected.compare(short, layout.outputs) if not c]
+    assert [c.name for c in bad] == ["present.0.key"] and "shape" in bad[0].problem
+
+
 def test_a_missing_or_extra_output_fails(llama):
     _, model = llama
     layout = hf.layout_of(model, "none")
