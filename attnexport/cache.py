@@ -179,3 +179,15 @@ def clear() -> int:
     for e in found:
         remove(d, e.key)
     return len(found)
+
+
+def describe() -> dict:
+    """What `attnexport cache` shows: the folder (None: the cache is off), its size and limit, its
+    entries (of this version and of others, removed first) and when one was last used."""
+    d = directory()
+    found = entries(d)
+    current = [e for e in found if e.current]
+    return {"directory": None if d is None else str(d), "enabled": d is not None,
+            "size_bytes": sum(e.size for e in found), "limit_bytes": limit(), "entries": len(found),
+            "entries_of_this_version": len(current), "entries_of_other_versions": len(found) - len(current),
+            "last_used": max((e.last_used for e in found), default=None)}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from pathlib import Path
 
 import click
 from rich.console import Console
@@ -22,7 +21,6 @@ from attnexport import files as F
 from attnexport import flavors as FL
 from attnexport import golden as golden_mod
 from attnexport import jsonout, modules, schema
-from attnexport import precision as P
 from attnexport import runtimes as R
 from attnexport import signature as SG
 from attnexport import variants as V
@@ -163,36 +161,7 @@ def list_cmd(as_json):
 
     Example: attnexport list --json
     """
-    rows = []
-    for v in V.VARIANTS.values():
-        o = v.resolve()
-        # Optional inputs/outputs show up when the options that enable them are on; a cache step
-        # (--kv-cache) adds its own, listed after them.
-        full = dict(o, **{k: True for k in o if v.option(k).type is bool and k != "kv_cache"})
-        for opt in v.options:
-            if opt.choices and "none" in opt.choices:
-                full[opt.name] = opt.choices[-1]
-        cached = dict(o, kv_cache=True) if "kv_cache" in o else None
-
-        def union(specs_of, full=full, cached=cached):
-            specs = list(specs_of(full))
-            names = {s.name for s in specs}
-            return specs + [s for s in (specs_of(cached) if cached else ()) if s.name not in names]
-        rows.append({
-            "name": v.name,
-            "summary": v.summary,
-            "dot_product_core": v.dot_product_core,
-            "inputs": [{"name": s.name, "dims": list(s.dims), "dtype": s.dtype,
-                        "optional": s.name not in {t.name for t in v.inputs(o)}}
-                       for s in union(v.inputs)],
-            "outputs": [{"name": s.name, "dims": list(s.dims), "dtype": s.dtype,
-                         "optional": s.name not in {t.name for t in v.outputs(o)}}
-                        for s in union(v.outputs)],
-            "options": [{"name": opt.name, "flag": opt.flag, "type": opt.type.__name__,
-                         "default": opt.default, "choices": list(opt.choices) if opt.choices else None,
-                         "help": opt.help} for opt in v.options],
-            "dynamic_axes": list(v.dynamic),
-        })
+    rows = V.catalogue()
     if as_json:
         click.echo(jsonout.dumps(rows, indent=1))
         return
@@ -241,27 +210,21 @@ def cache_command(clear, as_json):
     Example: attnexport cache; attnexport cache --clear; ATTNEXPORT_CACHE_SIZE=500M attnexport cache
     """
     d = cache_mod.directory()
-    max_bytes = cache_mod.limit()
     if clear:
         n = cache_mod.clear()
         click.echo(f"removed {n} entries from {d}" if d is not None
                    else "the export cache is off (ATTNEXPORT_CACHE=off)")
         return
-    found = cache_mod.entries(d)
-    size = sum(e.size for e in found)
-    current = [e for e in found if e.current]
-    doc = {"directory": None if d is None else str(d), "enabled": d is not None, "size_bytes": size,
-           "limit_bytes": max_bytes, "entries": len(found), "entries_of_this_version": len(current),
-           "entries_of_other_versions": len(found) - len(current),
-           "last_used": max((e.last_used for e in found), default=None)}
+    doc = cache_mod.describe()
     if as_json:
         click.echo(jsonout.dumps(doc, indent=1))
         return
     if d is None:
         click.echo("the export cache is off (ATTNEXPORT_CACHE=off)")
         return
-    click.echo(f"{d}: {len(found)} entries, {F.human_size(size)} of {F.human_size(max_bytes)} "
-               f"({len(current)} of this version, {len(found) - len(current)} of other versions, removed first)")
+    size, limit = F.human_size(doc["size_bytes"]), F.human_size(doc["limit_bytes"])
+    click.echo(f"{d}: {doc['entries']} entries, {size} of {limit} ({doc['entries_of_this_version']} of this version, "
+               f"{doc['entries_of_other_versions']} of other versions, removed first)")
 
 
 @main.command()
@@ -492,23 +455,11 @@ def _hf_form(options: dict) -> tuple[str, int]:
 def _export_hf(path, flavor, opset, dtype, seed, output, deploy, rtol, atol, quant, options):
     from attnexport import hf_export
     form, max_seq = _hf_form(options)
-    precision = quant["precision"] or "fp32"
-    how = {k: v for k, v in quant.items() if k != "precision" and v is not None}
-    plan = None
-    if how or precision in P.QUANTIZED:
-        keep = "" if how.get("keep") == "none" else how.get("keep")
-        plan = P.plan_for(precision, how.get("block_size"), how.get("accuracy_level"), keep, how.get("symmetric"),
-                          None if how.get("requantize") is None else not how["requantize"], how.get("minimums"))
-    if output is not None and deploy is not None:
-        raise UsageError("give -o FILE.onnx or --deploy FOLDER, not both")
-    if output is not None:
-        F.resolve_target(Path(output))
-    name = Path(str(path).rstrip("/"))
-    name = name.stem if name.suffix.lower() == ".gguf" else name.name
-    target = None if deploy is not None else output or str(F.default_output(name or "model"))
-    result, _ = hf_export.export_hf(hf_export.HFExport(path, form, max_seq, flavor, opset, dtype, target, seed, deploy,
-                                                       rtol, atol, precision, plan))
-    return result
+    plan_options = {k: v for k, v in quant.items() if k != "precision"}
+    request = hf_export.request(path, plan_options, form=form, max_seq=max_seq, flavor=flavor, opset=opset,
+                                dtype=dtype, output=output, seed=seed, deploy=deploy, rtol=rtol, atol=atol,
+                                precision=quant["precision"])
+    return hf_export.export_hf(request)[0]
 
 
 def _precisions(text, flag, valid) -> tuple:
@@ -564,23 +515,8 @@ def _module_weights(options: dict):
     return weights
 
 
-def _module_and_inputs(spec, input_specs, seed=0, weights=None):
-    """(module, example inputs, input names or None) of --module, --seed, --weights and --input."""
-    module, example = modules.load(spec, seed)
-    if weights is not None:
-        modules.load_weights(module, weights)
-    names = None
-    if input_specs:
-        parsed = [modules.parse_input(t) for t in input_specs]
-        names, example = [p[0] for p in parsed], modules.example_tensors(parsed)
-        modules.check_input_names(module, names, f"--module {spec}")
-    elif example is None:
-        raise UsageError(f"--module {spec}: give --input NAME:SHAPE for each input (the NAME gives no example inputs)")
-    return module, example, names
-
-
 def _module_variant(spec, input_specs, seed, weights):
-    module, example, names = _module_and_inputs(spec, input_specs, seed, weights)
+    module, example, names = modules.load_with_inputs(spec, input_specs, seed, weights)
     return bench_mod.module_variant(spec, module, example, names)
 
 
@@ -607,19 +543,11 @@ def _dynamic_axes(specs) -> dict | None:
 
 
 def _export_module(spec, input_specs, request, options):
-    """export --module: the module loaded (with --seed, --weights and --input), then exported as
-    `request` says, to --output or models/<file>.onnx."""
-    import dataclasses
     weights = _module_weights(options)
     if _given(options):
         flags = ", ".join("--" + k.replace("_", "-") for k in _given(options))
         raise UsageError(f"--module takes no variant options ({flags})")
-    module, example, names = _module_and_inputs(spec, input_specs, request.seed, weights)
-    if request.output is not None:
-        F.resolve_target(request.output)  # before the export runs
-    path = request.output or str(F.default_output(Path(spec.rpartition(":")[0]).stem))
-    return export_mod.export_module(module, example, dataclasses.replace(request, output=path, input_names=names,
-                                                                         weights_file=weights))
+    return export_mod.export_module_file(spec, input_specs, request, weights)
 
 
 @main.command()

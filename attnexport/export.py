@@ -720,6 +720,23 @@ class _ModuleTrace:
     request: ModuleExport
 
 
+def export_module_file(spec: str, input_specs=(), request: ModuleExport | None = None,
+                       weights=None) -> ModuleExportResult:
+    """`export --module FILE.py:NAME`: the module loaded (`modules.load_with_inputs`: the request's
+    seed, `weights`, the `--input` texts), then exported as `request` says, to its output or to
+    `models/<file>.onnx` (a target that cannot be written refused before the export runs)."""
+    import dataclasses
+
+    r = request or ModuleExport()
+    seed = 0 if r.seed is None else r.seed
+    module, example, names = M.load_with_inputs(spec, input_specs, seed, weights)
+    if r.output is not None:
+        F.resolve_target(r.output)
+    path = r.output or str(F.default_output(Path(spec.rpartition(":")[0]).stem))
+    return export_module(module, example, dataclasses.replace(r, output=path, input_names=names, seed=seed,
+                                                              weights_file=weights))
+
+
 def export_module(module, example_inputs, request: ModuleExport | None = None, **fields) -> ModuleExportResult:
     """Exports a user's attention module through attnexport's core; `example_inputs`: a tuple of
     tensors for `forward`. Takes a ModuleExport, or its fields as keywords (`flavor="ort"`)."""

@@ -89,6 +89,39 @@ class HFExport:
     plan: P.Plan | None = None
 
 
+# The options of a quantization plan as `export --hf` names them (`precision.plan_for`'s keywords).
+PLAN_OPTIONS = ("block_size", "accuracy_level", "keep", "symmetric", "requantize", "minimums")
+
+
+def request(source: str | Path, plan_options: dict | None = None, **fields) -> HFExport:
+    """`export --hf`'s request from its options as the command line takes them: `fields` are
+    HFExport's (precision None: fp32), `plan_options` the plan's (PLAN_OPTIONS; None or absent: the
+    precision's default): the precision's plan with those given applied (`keep="none"` keeps
+    nothing; a plan's option with fp32 or fp16 refused), and the file written named after the
+    source (`models/<name>.onnx`) where neither `output` nor `deploy` is given; an `output` that
+    cannot be written is refused here, before anything runs."""
+    how = {k: v for k, v in (plan_options or {}).items() if v is not None}
+    unknown = set(how) - set(PLAN_OPTIONS)
+    if unknown:
+        raise TypeError(f"unknown plan options: {', '.join(sorted(unknown))}")
+    precision = fields.pop("precision", None) or "fp32"
+    plan = None
+    if how or precision in P.QUANTIZED:
+        plan = P.plan_for(precision, how.get("block_size"), how.get("accuracy_level"),
+                          "" if how.get("keep") == "none" else how.get("keep"), how.get("symmetric"),
+                          None if how.get("requantize") is None else not how["requantize"], how.get("minimums"))
+    output, deploy = fields.get("output"), fields.get("deploy")
+    if output is not None and deploy is not None:
+        raise UsageError("give -o FILE.onnx or --deploy FOLDER, not both")
+    if output is not None:
+        F.resolve_target(Path(output))
+    if output is None and deploy is None:
+        name = Path(str(source).rstrip("/"))
+        fields["output"] = str(F.default_output((name.stem if name.suffix.lower() == ".gguf" else name.name)
+                                                or "model"))
+    return HFExport(source, precision=precision, plan=plan, **fields)
+
+
 def dynamic_axes(layout: hf.Layout) -> dict:
     """The symbolic axes of each input of the step graph."""
     dims = {"input_ids": {0: "batch", 1: "sequence"}}
@@ -130,7 +163,6 @@ def export_hf(request: HFExport) -> tuple[ModuleExportResult, hf.Layout]:
     flavor = r.flavor or FL.DEFAULT
     opset = FL.opset_for(flavor, r.opset, ["--kv-cache static"] if r.form == "static" else [])
     name = f"{model.config.model_type} ({r.form})"
-    reference = HR.Reference(model, layout, dtype, r.rtol, r.atol)
     quantized: dict = {}
 
     def quantize(onnx_model):
@@ -144,8 +176,9 @@ def export_hf(request: HFExport) -> tuple[ModuleExportResult, hf.Layout]:
         return onnx_model
 
     def check(onnx_model):
-        if plan is None:
-            return check_before_writing(onnx_model, reference, tokenizer, name)
+        if plan is None:  # the float64 copy made here, once the trace no longer needs the memory
+            return check_before_writing(onnx_model, HR.Reference(model, layout, dtype, r.rtol, r.atol), tokenizer,
+                                        name)
         return check_quantized(onnx_model, model, layout, quantized["before"], tokenizer, name, r)
 
     module_request = ModuleExport(

@@ -142,6 +142,23 @@ def common_value(t):
     return values[counts.argmax()].item()
 
 
+def load_with_inputs(spec: str, input_specs=(), seed: int = 0, weights=None):
+    """(module, example inputs, input names or None) of a `FILE.py:NAME` with the command line's
+    `--seed`, `--weights` (a file of trained weights) and `--input NAME:SHAPE[:DTYPE]` texts; a
+    UsageError where NAME gives no example inputs and no `--input` is given."""
+    module, example = load(spec, seed)
+    if weights is not None:
+        load_weights(module, weights)
+    names = None
+    if input_specs:
+        parsed = [parse_input(t) for t in input_specs]
+        names, example = [p[0] for p in parsed], example_tensors(parsed)
+        check_input_names(module, names, f"--module {spec}")
+    elif example is None:
+        raise UsageError(f"--module {spec}: give --input NAME:SHAPE for each input (the NAME gives no example inputs)")
+    return module, example, names
+
+
 def parse_input(text: str):
     """`NAME:SHAPE[:DTYPE]` (e.g. x:2x16x64, mask:2x16:bool) -> (name, shape, numpy dtype name)."""
     parts = text.split(":")

@@ -591,3 +591,38 @@ def get(name: str) -> Variant:
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise UnknownVariantError(
             f"unknown variant {name!r}{hint}; valid: {', '.join(VARIANTS)}") from None
+
+
+def catalogue() -> list[dict]:
+    """Every variant as `attnexport list` shows it (and `--json` prints it): its summary, inputs
+    and outputs (those only some options bring marked optional; a cache step's own listed after
+    them), options and symbolic axes."""
+    rows = []
+    for v in VARIANTS.values():
+        o = v.resolve()
+        full = dict(o, **{k: True for k in o if v.option(k).type is bool and k != "kv_cache"})
+        for opt in v.options:
+            if opt.choices and "none" in opt.choices:
+                full[opt.name] = opt.choices[-1]
+        cached = dict(o, kv_cache=True) if "kv_cache" in o else None
+
+        def union(specs_of, full=full, cached=cached):
+            specs = list(specs_of(full))
+            names = {s.name for s in specs}
+            return specs + [s for s in (specs_of(cached) if cached else ()) if s.name not in names]
+
+        def listed(specs_of, plain):
+            return [{"name": s.name, "dims": list(s.dims), "dtype": s.dtype, "optional": s.name not in plain}
+                    for s in union(specs_of)]
+        rows.append({
+            "name": v.name,
+            "summary": v.summary,
+            "dot_product_core": v.dot_product_core,
+            "inputs": listed(v.inputs, {t.name for t in v.inputs(o)}),
+            "outputs": listed(v.outputs, {t.name for t in v.outputs(o)}),
+            "options": [{"name": opt.name, "flag": opt.flag, "type": opt.type.__name__,
+                         "default": opt.default, "choices": list(opt.choices) if opt.choices else None,
+                         "help": opt.help} for opt in v.options],
+            "dynamic_axes": list(v.dynamic),
+        })
+    return rows

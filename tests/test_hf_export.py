@@ -257,3 +257,24 @@ def test_strict_placement_fails_a_language_models_step_rows_that_left_nodes_on_t
     assert loose and all(x["passed"] for x in loose) and {x["case"] for x in loose} == {x["case"] for x in strict}
     assert any(x["case"].startswith("decode") for x in strict) and r.exit_code == 1
     assert all(not x["passed"] and "ran on the CPU" in x["error"] for x in strict)
+
+
+def test_the_request_of_export_hf_is_the_libraries_own_from_the_command_lines_options(tmp_path, monkeypatch):
+    """What `export --hf` asks for, built by the library (the command line only parses): the
+    precision's plan with the options given applied, `keep="none"` keeping nothing, an output named
+    after the source, and the refusals before anything runs."""
+    from attnexport import precision as P
+    from attnexport.errors import UsageError
+    monkeypatch.chdir(tmp_path)
+    r = hf_export.request("/x/SmolLM2-135M.Q4_1.gguf", {"keep": "none", "accuracy_level": 0, "requantize": True,
+                                                        "symmetric": None}, form="static", max_seq=64, precision="int4")
+    assert r.output.endswith("SmolLM2-135M.Q4_1.onnx") and (r.form, r.max_seq, r.precision) == ("static", 64, "int4")
+    base = P.DEFAULT_PLANS["int4"]
+    assert (r.plan.keep, r.plan.accuracy, r.plan.carry, r.plan.block) == ((), 0, False, base.block)
+    assert hf_export.request("/x/tiny-llama/", precision="int8").plan == P.plan_for("int8")
+    assert hf_export.request("/x/tiny-llama/").plan is None
+    assert hf_export.request("/x/tiny-llama/", deploy=str(tmp_path / "out")).output is None
+    for plan, fields in (({"block_size": 32}, {"precision": "fp16"}), ({}, {"output": "a.onnx", "deploy": "d"}),
+                         ({"block_size": 7}, {"precision": "int4"})):
+        with pytest.raises(UsageError):
+            hf_export.request("/x/tiny-llama", plan, **fields)
