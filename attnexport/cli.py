@@ -475,20 +475,17 @@ def _precisions(text, flag, valid) -> tuple:
 
 def _bench_hf(path, contexts, flavors, threads, warmup, iters, seed, genai_python, precisions, genai_precisions,
               as_json):
-    import os
-
     from attnexport import hf_bench
     request = hf_bench.HFBenchRequest(path, tuple(contexts or hf_bench.CONTEXTS),
-                                      flavors=tuple(flavors) or ("ort", "attention", "primitives"),
-                                      threads=threads or os.cpu_count() or 1, iters=iters, warmup=warmup, seed=seed,
-                                      genai_python=genai_python, precisions=precisions,
-                                      genai_precisions=genai_precisions)
+                                      flavors=tuple(flavors) or hf_bench.HFBenchRequest.flavors, threads=threads,
+                                      iters=iters, warmup=warmup, seed=seed, genai_python=genai_python,
+                                      precisions=precisions, genai_precisions=genai_precisions)
     rows, info = hf_bench.bench_hf(request, said=(lambda text: None) if as_json else
                                    (lambda text: click.echo(f"timing {text}", err=True)))
     if as_json:
         click.echo(jsonout.dumps({"rows": hf_bench.to_json(rows), "info": info}))
         return
-    click.echo(f"{path}: {info['layers']} layers, {info['parameters']:,} parameters, fp32, {request.threads} "
+    click.echo(f"{path}: {info['layers']} layers, {info['parameters']:,} parameters, fp32, {info['threads']} "
                f"thread(s); memory read bandwidth {info['bandwidth_gbs']:.1f} GB/s")
     for row in rows:
         if row.median_ms != row.median_ms:  # NaN: the export failed

@@ -16,6 +16,8 @@ each measured before every context's timings and after the last, the highest kep
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -47,7 +49,7 @@ class HFBenchRequest:
     contexts: tuple = CONTEXTS
     forms: tuple = FORMS
     flavors: tuple = ("ort", "attention", "primitives")
-    threads: int = 2
+    threads: int | None = None  # None: every core, as the command line takes it
     iters: int = 30
     warmup: int = 5
     seed: int = 0
@@ -279,14 +281,14 @@ def bench_hf(request: HFBenchRequest, said=lambda text: None) -> tuple[list[HFBe
     besides: the bandwidth, the model's sizes, the engines skipped and why)."""
     import torch
 
-    r = request
+    r = request if request.threads else dataclasses.replace(request, threads=os.cpu_count() or 1)
     if any(c < 1 for c in r.contexts):
         raise UsageError("--context values are >= 1")
     model, _ = hf.load(r.source, r.seed)
     torch.set_num_threads(r.threads)
     layout = hf.layout_of(model, "concat")
     rows: list[HFBenchRow] = []
-    info: dict = {"skipped": {}}
+    info: dict = {"skipped": {}, "threads": r.threads}
     with tempfile.TemporaryDirectory(prefix="attnexport-hf-bench-") as tmp:
         weights = Path(tmp) / "weights"
         model.save_pretrained(str(weights))  # every engine reads these very weights
