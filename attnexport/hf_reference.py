@@ -133,17 +133,16 @@ class Expected:
     def compare(self, got: dict, names: list[str]) -> list[Comparison]:
         """Every declared output matched by name and shape, compared over its valid positions with
         its budget."""
-        shapes = {n: tuple(np.shape(a)) for n, a in got.items()}
-        got = masked(got, self.valid)
         out = []
         for name in names:
             tol = self.tolerances[name]
-            if name not in got:
+            shape = tuple(np.shape(got[name])) if name in got else None
+            if shape is None:
                 out.append(failed(name, "output missing", tol))
-            elif shapes[name] != self.shapes[name]:
-                out.append(failed(name, f"shape {shapes[name]} != expected {self.shapes[name]}", tol))
+            elif shape != self.shapes[name]:
+                out.append(failed(name, f"shape {shape} != expected {self.shapes[name]}", tol))
             else:
-                out.append(compare(name, got[name], self.outputs[name], tol))
+                out.append(compare(name, masked({name: got[name]}, self.valid)[name], self.outputs[name], tol))
         out += [failed(n, f"unexpected output (the model declares {', '.join(names)})", Tolerance(0, 0))
                 for n in got if n not in names]
         return out
