@@ -477,7 +477,7 @@ def _bench_hf(path, contexts, flavors, threads, warmup, iters, seed, genai_pytho
               as_json):
     from attnexport import hf_bench
     request = hf_bench.HFBenchRequest(path, tuple(contexts or hf_bench.CONTEXTS),
-                                      flavors=tuple(flavors) or hf_bench.HFBenchRequest.flavors, threads=threads,
+                                      flavors=tuple(flavors) or hf_bench.HFBenchRequest.flavors, threads=threads or 0,
                                       iters=iters, warmup=warmup, seed=seed, genai_python=genai_python,
                                       precisions=precisions, genai_precisions=genai_precisions)
     rows, info = hf_bench.bench_hf(request, said=(lambda text: None) if as_json else

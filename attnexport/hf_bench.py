@@ -49,7 +49,7 @@ class HFBenchRequest:
     contexts: tuple = CONTEXTS
     forms: tuple = FORMS
     flavors: tuple = ("ort", "attention", "primitives")
-    threads: int | None = None  # None: every core, as the command line takes it
+    threads: int = 0  # 0: every core, as the command line takes it
     iters: int = 30
     warmup: int = 5
     seed: int = 0
