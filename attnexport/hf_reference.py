@@ -204,7 +204,7 @@ class Reference:
     def expect(self, feed: dict) -> Expected:
         """The float64 outputs of one step and each output's budget (see the module docstring)."""
         valid = valid_positions(self.layout, feed)
-        window, cut = self._window(feed, valid)
+        window, cut = self._written_window(feed, valid)
         run64 = self.run64(window)
         shapes = {n: cut.get(n, a.shape) for n, a in run64.items()}
         want = masked(run64, valid)
@@ -212,7 +212,7 @@ class Reference:
         return Expected(want, {n: budget(low[n], want[n], self.dtype, self.rtol, self.atol, self.factor) for n in want},
                         valid, shapes)
 
-    def _window(self, feed: dict, valid: dict) -> tuple[dict, dict]:
+    def _written_window(self, feed: dict, valid: dict) -> tuple[dict, dict]:
         """(the feed the model runs for a check, the whole shape of each output it cuts). A static
         step runs over its buffers cut to the furthest written position: the positions past it are
         masked out of every attention, so the model's outputs over the window are those over the
