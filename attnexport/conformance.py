@@ -3,8 +3,9 @@
 The installed onnx package holds the cases (`onnx.backend.test.case.node.attention`): each builds
 one Attention node, its inputs and the outputs onnx's reference implementation gives. Each case
 is mapped to `sdpa` options (its attributes, its input shapes and which optional inputs and
-outputs it has), its inputs and expected outputs renamed to sdpa's, and then run like any other:
-exported in each flavour, executed on each runtime, every output compared.
+outputs it has), its inputs and expected outputs renamed to sdpa's, and then run like any golden
+case, by verify's own executor (`verify.execute`): exported in each flavour, executed on each
+runtime, every output sdpa declares compared.
 
 Run `python -m attnexport.conformance` for the counts per flavour and runtime.
 """
@@ -24,11 +25,14 @@ import onnx
 from attnexport import export as E
 from attnexport import files as F
 from attnexport import jsonout
-from attnexport import runtimes as R
 from attnexport import variants as V
-from attnexport.compare import compare_outputs, tolerance
-from attnexport.errors import AttnExportError, UnsupportedByFlavor, reason
+from attnexport.compare import tolerance
+from attnexport.errors import AttnExportError
+from attnexport.golden import GoldenCase
+from attnexport.report import Row
 from attnexport.semantics import SOFTMAX_PRECISION_TYPES_BY_NAME, WEIGHT_MODES
+from attnexport.verify.execute import execute
+from attnexport.verify.run import ModelSource, Step
 
 OPSETS = (23, 24)  # the Attention opsets attnexport exports; 25 adds sliding windows
 # The operator's inputs and outputs by position, as sdpa names them.
@@ -136,52 +140,50 @@ class Outcome:
     detail: str = ""
 
 
-def run(cases: list[OnnxCase], flavors=None, runtimes=("ort-cpu", "onnx-ref")) -> list[Outcome]:
-    """Exports each in-scope case in each flavour (one export per graph: cases that differ only in
-    sizes share it), runs it on each runtime and compares every output the case has."""
-
+def plan(cases: list[OnnxCase], flavors=None, runtimes=("ort-cpu", "onnx-ref")) -> tuple[list[Step], list[Outcome]]:
+    """verify's runs of the in-scope cases: each case in each flavour on each runtime, as a golden
+    case of sdpa with the operator's own outputs expected (one export per graph: cases that differ
+    only in sizes share it); and the outcomes known before running (a case sdpa cannot take)."""
     variant = V.get("sdpa")
-    models: dict[tuple, onnx.ModelProto | AttnExportError] = {}
-    sessions: dict = {}
-    outcomes: list = []
+    steps: list[Step] = []
+    refused: list[Outcome] = []
     for case in cases:
         if case.out_of_scope:
             continue
         try:
             o = variant.resolve(case.options)
         except AttnExportError as e:
-            outcomes += [Outcome(case.name, f, rt, "error", f"sdpa cannot take it: {e}")
-                         for f in flavors or E.FLAVORS for rt in runtimes]
+            refused += [Outcome(case.name, f, rt, "error", f"sdpa cannot take it: {e}")
+                        for f in flavors or E.FLAVORS for rt in runtimes]
             continue
+        as_golden = GoldenCase(case.name, "sdpa", o, case.inputs, {}, case.expected, {"source": "onnx"})
         tol = tolerance(case.dtype)
         for flavor in flavors or E.FLAVORS:
-            key = (flavor, case.dtype, repr(sorted(variant.graph_options(o).items())))
-            if key not in models:
-                try:
-                    models[key] = E.build_model("sdpa", o, flavor, dtype=case.dtype, params={})[0]
-                except AttnExportError as e:  # declined (UnsupportedByFlavor) or failed: said per runtime
-                    models[key] = e
-            model = models[key]
-            for rt in runtimes:
-                if isinstance(model, UnsupportedByFlavor):
-                    outcomes.append(Outcome(case.name, flavor, rt, "declined", str(model)))
-                    continue
-                if isinstance(model, Exception):
-                    outcomes.append(Outcome(case.name, flavor, rt, "error", f"export: {model}"))
-                    continue
-                try:
-                    if (key, rt) not in sessions:  # one session per model and runtime, for all its cases
-                        sessions[key, rt] = R.prepare_onnx(rt, model)
-                    got = sessions[key, rt].run(case.inputs)
-                except Exception as e:  # noqa: BLE001 - a runtime refusing the model is this case's result
-                    outcomes.append(Outcome(case.name, flavor, rt, "error", reason(e)))
-                    continue
-                comparisons = compare_outputs(list(case.expected), got, case.expected, tol)
-                bad = [c for c in comparisons if not c.passed]
-                ok = len(comparisons) == len(case.expected) and not bad
-                outcomes.append(Outcome(case.name, flavor, rt, "passed" if ok else "failed",
-                                        "; ".join(str(c) for c in bad)))
-    return outcomes
+            source = ModelSource("sdpa", o, E.graph_flavor(variant, flavor), None, case.dtype, {})
+            steps += [Step(as_golden, flavor, rt, case.dtype, tol, case.expected, "onnx's reference", {}, source)
+                      for rt in runtimes]
+    return steps, refused
+
+
+def outcome(row: Row) -> Outcome:
+    """A verify row as a conformance outcome: a case the flavour cannot express is declined (with
+    the flavour's reason), a run that raised is an error, else passed or failed by the row's
+    judgement (every output compared, NaN never passes)."""
+    if row.skipped:
+        return Outcome(row.case, row.flavor, row.runtime, "declined", row.skipped)
+    if row.error and not row.comparisons:
+        return Outcome(row.case, row.flavor, row.runtime, "error", row.error)
+    bad = [str(c) for c in row.comparisons if not c.passed]
+    return Outcome(row.case, row.flavor, row.runtime, "passed" if row.passed else "failed",
+                   "; ".join(bad) or row.error)
+
+
+def run(cases: list[OnnxCase], flavors=None, runtimes=("ort-cpu", "onnx-ref")) -> list[Outcome]:
+    """Runs each in-scope case in each flavour on each runtime through verify's executor (the one
+    that runs the golden cases) and says how each went."""
+    steps, refused = plan(cases, flavors, runtimes)
+    with np.errstate(all="ignore"):
+        return refused + [outcome(execute(step, strict=False)) for step in steps]
 
 
 def counts(outcomes: list[Outcome]) -> dict:
