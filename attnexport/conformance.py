@@ -32,7 +32,7 @@ from attnexport.golden import GoldenCase
 from attnexport.report import Row
 from attnexport.semantics import SOFTMAX_PRECISION_TYPES_BY_NAME, WEIGHT_MODES
 from attnexport.verify.execute import execute
-from attnexport.verify.run import ModelSource, Step
+from attnexport.verify.run import ModelSource, Step, quiet_numerics
 
 OPSETS = (23, 24)  # the Attention opsets attnexport exports; 25 adds sliding windows
 # The operator's inputs and outputs by position, as sdpa names them.
@@ -178,12 +178,12 @@ def outcome(row: Row) -> Outcome:
                    "; ".join(bad) or row.error)
 
 
+@quiet_numerics
 def run(cases: list[OnnxCase], flavors=None, runtimes=("ort-cpu", "onnx-ref")) -> list[Outcome]:
     """Runs each in-scope case in each flavour on each runtime through verify's executor (the one
     that runs the golden cases) and says how each went."""
     steps, refused = plan(cases, flavors, runtimes)
-    with np.errstate(all="ignore"):
-        return refused + [outcome(execute(step, strict=False)) for step in steps]
+    return refused + [outcome(execute(step, strict=False)) for step in steps]
 
 
 def counts(outcomes: list[Outcome]) -> dict:

@@ -34,7 +34,7 @@ FORMS = {"none": [], "concat": ["--kv-cache"], "static": ["--kv-cache", "static"
 # Where each export is verified beyond ORT's CPU provider and Node (and torch, whose module is the same
 # in both flavours, so it runs in one): the forms users ship to browsers. A step of the 30 layers on
 # WebGPU's software adapter takes seconds, so the browser's runtimes generate BROWSER_TOKENS tokens
-# after each prompt (48 took 25 minutes, most of CI's time): the same checks, shorter.
+# after each prompt (48 took 23 more minutes, most of CI's time): the same checks, shorter.
 BROWSER = {("concat", "attention"): ("ort-wasm", "ort-webgpu"), ("static", "ort"): ("ort-wasm",)}
 BROWSER_TOKENS = 6
 
