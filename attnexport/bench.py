@@ -30,6 +30,7 @@ from attnexport import flavors as FL
 from attnexport import modules as M
 from attnexport import runtimes as R
 from attnexport import schema, seeding
+from attnexport import signature as S
 from attnexport import variants as V
 from attnexport.errors import UnsupportedByFlavor, UsageError, first_line
 
@@ -359,20 +360,24 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
             cands.append(_torch_graph_candidate(call))
     refused = []  # (runtime, flavor, mode, why): a CUDA graph ONNX Runtime would not capture
     for f, model in models.items():
+        # The static cache's buffers, {input: the output that returns it}, as the export recorded
+        # them (`attnexport.signature`): bound in place, as a generation loop runs the step.
+        buffers = static_buffers(model, f"the {f} export of {variant.name}")
         for rt in [r for r in runtimes if not R.runs_module(r)]:
             if rt in R.JS_RUNTIMES:
                 cands.append(_js_candidate(rt, f, model, inputs, run))
                 continue
             cands.append(_ort_candidate(rt, f, model, inputs, run, False, cands))
-            if not R.on_cuda(rt) and V.static_cache(o):  # its buffers bound in and out: written in place
-                cands.append(_ort_in_place_candidate(f, model, inputs, run))
+            if not R.on_cuda(rt) and buffers:
+                cands.append(_ort_in_place_candidate(f, model, inputs, run, buffers))
             if not R.on_cuda(rt):
                 continue
-            if V.static_cache(o):
-                cands.append(_ort_candidate(rt, f, model, inputs, run, False, cands, in_place=True))
-            for in_place in ([False, True] if V.static_cache(o) else [False]) if cuda_graph else []:
+            if buffers:
+                cands.append(_ort_candidate(rt, f, model, inputs, run, False, cands, buffers))
+            for in_place in ([False, True] if buffers else [False]) if cuda_graph else []:
                 try:  # with and without CUDA graphs, side by side
-                    cands.append(_ort_candidate(rt, f, model, inputs, run, True, cands, in_place))
+                    cands.append(_ort_candidate(rt, f, model, inputs, run, True, cands,
+                                                buffers if in_place else None))
                 except Exception as e:  # noqa: BLE001 - e.g. a node on the CPU: no capture possible
                     mode = ("in-place" if in_place else "io-binding") + " cuda-graph"
                     refused.append((rt, f, mode, first_line(e)[:200]))
@@ -427,11 +432,19 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
     return rows
 
 
-def _ort_candidate(rt, flavor, model, inputs, run_: _Run, cuda_graph, cands, in_place=False):
+def static_buffers(model, what: str) -> dict[str, str]:
+    """A static cache's buffers as the model's signature records them: {input: the output that
+    returns it updated} (none for a model without a static cache or without a signature)."""
+    signature = S.of(model, what)
+    return {} if signature is None else {c.past: c.present for c in signature.caches if c.kind == "static"}
+
+
+def _ort_candidate(rt, flavor, model, inputs, run_: _Run, cuda_graph, cands, in_place: dict | None = None):
     """ONNX Runtime's session as a candidate. On CUDA, inputs and outputs are bound to device memory
-    (IO binding) so host copies are not timed; `in_place`: a static cache's buffers are bound both as
-    the inputs and as the outputs that return them updated, as a generation loop runs the step (the
-    TensorScatter kernel then writes the new positions into the buffer instead of copying it)."""
+    (IO binding) so host copies are not timed; `in_place` ({input: output}, the static cache's
+    buffers): each buffer is bound both as the input and as the output that returns it updated, as a
+    generation loop runs the step (the TensorScatter kernel then writes the new positions into the
+    buffer instead of copying it)."""
     import torch
     dtype, threads = run_.dtype, run_.threads
     feed = D.cast_floats(inputs, dtype)
@@ -447,8 +460,8 @@ def _ort_candidate(rt, flavor, model, inputs, run_: _Run, cuda_graph, cands, in_
     free_before = torch.cuda.mem_get_info()[0]
     session, cpu_nodes = _ort_session(rt, model, dtype, threads, cuda_graph)
     names = [x.name for x in session.get_outputs()]
-    outs = [ins[n.removesuffix("_out")] if in_place and n.endswith("_cache_out") and n.removesuffix("_out") in ins
-            else torch.empty(r.shape, dtype=D.torch_dtype(dtype), device="cuda")
+    returned = {present: past for past, present in (in_place or {}).items()}
+    outs = [ins[returned[n]] if n in returned else torch.empty(r.shape, dtype=D.torch_dtype(dtype), device="cuda")
             for n, r in zip(names, ref, strict=True)]
     binding = session.io_binding()
     for k, t in ins.items():
@@ -482,16 +495,17 @@ def _js_candidate(rt, flavor, model, inputs, run: _Run):
                       note=prepared.note)
 
 
-def _ort_in_place_candidate(flavor, model, inputs, run_: _Run):
-    """ONNX Runtime on the CPU with a static cache's buffers as OrtValues bound both as the inputs
-    and as the outputs that return them updated (IO binding), as a generation loop runs it: the
-    TensorScatter kernel then writes the new positions into the buffer instead of copying it."""
+def _ort_in_place_candidate(flavor, model, inputs, run_: _Run, pairs: dict[str, str]):
+    """ONNX Runtime on the CPU with a static cache's buffers (`pairs`, {input: output}) as OrtValues
+    bound both as the inputs and as the outputs that return them updated (IO binding), as a
+    generation loop runs it: the TensorScatter kernel then writes the new positions into the
+    buffer instead of copying it."""
     import onnxruntime as ort
     dtype, threads = run_.dtype, run_.threads
     feed = D.cast_floats(inputs, dtype)
     session, cpu_nodes = _ort_session("ort-cpu", model, dtype, threads, False)
-    buffers = {n: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a)) for n, a in feed.items()
-               if n.endswith("_cache")}
+    buffers = {n: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a)) for n, a in feed.items() if n in pairs}
+    returned = {pairs[n]: n for n in buffers}
     binding = session.io_binding()
     for n, a in feed.items():
         if n in buffers:
@@ -500,8 +514,8 @@ def _ort_in_place_candidate(flavor, model, inputs, run_: _Run):
             binding.bind_cpu_input(n, np.ascontiguousarray(a))
     names = [x.name for x in session.get_outputs()]
     for name in names:
-        if name.removesuffix("_out") in buffers:
-            binding.bind_ortvalue_output(name, buffers[name.removesuffix("_out")])
+        if name in returned:
+            binding.bind_ortvalue_output(name, buffers[returned[name]])
         else:
             binding.bind_output(name, "cpu")
 

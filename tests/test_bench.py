@@ -225,3 +225,37 @@ def test_the_least_bytes_of_a_decoding_step_are_counted_from_the_tensors(variant
             count += inputs[name].size
     assert B.decode_step_bytes(v, o, params, 4) == 4 * count
     assert B.decode_step_bytes(v, o, params, 2) == 2 * count
+
+
+def test_the_buffers_bound_in_place_are_the_ones_the_export_recorded():
+    """bench binds a static cache's buffers in place by the model's signature (`attnexport.signature`),
+    not by their names: renamed in the record, the binding follows; a concat step and a file without
+    a signature have none; a damaged record is a one-line error."""
+    from attnexport import export as E
+    from attnexport import signature as S
+    static, _ = E.build_model("mha", {"batch": 1, "seq": 1, "dim": 32, "heads": 4, "kv_cache": True, "max_seq": 8},
+                              "attention")
+    assert B.static_buffers(static, "mha") == {"key_cache": "key_cache_out", "value_cache": "value_cache_out"}
+    recorded = S.of(static)
+    # The same graph, its inputs renamed: the binding is read from the record, whatever the names.
+    renamed = {"key_cache": "k_buf", "value_cache": "v_buf", "key_cache_out": "k_buf_next",
+               "value_cache_out": "v_buf_next"}
+    for vi in [*static.graph.input, *static.graph.output]:
+        vi.name = renamed.get(vi.name, vi.name)
+    for node in static.graph.node:
+        node.input[:] = [renamed.get(n, n) for n in node.input]
+        node.output[:] = [renamed.get(n, n) for n in node.output]
+    record = S.StepSignature(tuple(renamed.get(n, n) for n in recorded.inputs),
+                             tuple(renamed.get(n, n) for n in recorded.outputs), {},
+                             tuple(S.CachePair(renamed[c.past], renamed[c.present], c.axis, c.kind)
+                                   for c in recorded.caches), recorded.write_pos)
+    props = {p.key: p for p in static.metadata_props}
+    props[S.META].value = record.to_json()
+    assert B.static_buffers(static, "mha") == {"k_buf": "k_buf_next", "v_buf": "v_buf_next"}
+    concat, _ = E.build_model("mha", {"batch": 1, "seq": 1, "dim": 32, "heads": 4, "kv_cache": True}, "attention")
+    assert B.static_buffers(concat, "mha") == {}
+    del concat.metadata_props[:]
+    assert B.static_buffers(concat, "a plain file") == {}
+    props[S.META].value = "{not json"
+    with pytest.raises(UsageError, match="metadata is damaged"):
+        B.static_buffers(static, "mha")

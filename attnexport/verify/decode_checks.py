@@ -62,14 +62,15 @@ def golden_decode_checks(variant, case, params, dtype, rtol, atol) -> list:
 
 
 
-def decode_run(prepared, variant, o, stream, chunk):
-    """The cache property: the stream decoded in chunks from an empty cache; ({"output": ...}, ms)."""
+def decode_run(prepared, variant, o, stream, chunk, signature: StepSignature):
+    """The cache property: the stream decoded in chunks from an empty cache; ({"output": ...}, ms).
+    `signature`: the step's, as its export recorded it (torch's module: the one its export records),
+    which says whether the cache is static and which inputs are its buffers."""
     dtype = next(iter(stream.values())).dtype
     t0 = time.perf_counter()
-    if V.static_cache(o):
+    if signature.static:
         garbage = seeding.make_inputs(variant, o, 7)  # buffers whose unwritten positions must not be read
         specs = {s.name: s for s in variant.inputs(o)}
-        signature = V.step_signature(variant, o)
         buffers = {c.past: garbage[c.past].astype(dtype) for c in signature.caches if c.kind == "static"}
         cross = [c.past for c in signature.caches if c.kind == "cross"]
         once = {"memory": stream["memory"]} if cross else {}  # a decoder: memory given once, cross cache carried

@@ -7,6 +7,7 @@ import numpy as np
 
 from attnexport import dtypes as D
 from attnexport import runtimes as R
+from attnexport import signature as S
 from attnexport import variants as V
 from attnexport.compare import (
     compare_outputs,
@@ -16,6 +17,7 @@ from attnexport.errors import AttnExportError, ProviderUnavailableError, Unsuppo
 from attnexport.export import STATIC_BLOCKS, STATIC_BUFFERS
 from attnexport.localize import Localization, locate
 from attnexport.report import Row
+from attnexport.signature import StepSignature
 from attnexport.verify.decode_checks import decode_run
 from attnexport.verify.run import Step
 
@@ -54,7 +56,7 @@ def execute(step: Step, strict: bool) -> Row:
     feed = D.cast_floats(case.inputs, dtype)
     try:
         if step.decode_chunk:
-            got, ms = decode_run(prepared, variant, case.options, feed, step.decode_chunk)
+            got, ms = decode_run(prepared, variant, case.options, feed, step.decode_chunk, _signature(step, variant))
         else:
             # One untimed run, then a few timed ones: verify is a check, bench is the timing tool.
             got, ms = prepared.timed(feed, warmup=0 if step.runtime == "onnx-ref" else 1,
@@ -70,6 +72,15 @@ def execute(step: Step, strict: bool) -> Row:
     return row.judge(compare_outputs(declared, got, expected, step.tol), prepared.cpu_nodes, strict)
 
 
+
+
+def _signature(step: Step, variant) -> StepSignature:
+    """The step's signature: the one its model records; torch's module has no file, and its
+    export's is the variant's (`variants.step_signature`, which export writes)."""
+    if step.source is None:
+        return V.step_signature(variant, step.case.options)
+    recorded = S.of(step.source.get(), step.model or f"the {step.flavor} export of {variant.name}")
+    return recorded or V.step_signature(variant, step.case.options)
 
 
 def localize_row(row: Row, step: Step, fail_on_divergence: bool) -> None:
