@@ -31,6 +31,7 @@ from attnexport import modules as M
 from attnexport import runtimes as R
 from attnexport import schema, seeding
 from attnexport import signature as S
+from attnexport import target as T
 from attnexport import variants as V
 from attnexport.errors import UnsupportedByFlavor, UsageError, first_line
 
@@ -330,7 +331,7 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
     run and then a block of timed runs. A slow drift of the machine (clock, a noisy neighbour)
     then affects all candidates alike, while runs within a block stay back to back: interleaving
     single runs would make torch's and ONNX Runtime's spinning thread pools fight over the cores."""
-    runtimes, dtype, tdtype, devices, peak = run.runtimes, run.dtype, run.tdtype, run.devices, run.peak
+    runtimes, dtype, devices, peak = run.runtimes, run.dtype, run.devices, run.peak
     warmup, iters, cuda_graph, threads, repeat = run.warmup, run.iters, run.cuda_graph, run.threads, run.repeat
     import torch
     shape = variant.sizes(o)
@@ -338,9 +339,8 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
     cands: list[_Candidate] = []
     for dev in sorted(devices):
         rt = "torch-cuda" if dev == "cuda" else "torch"
-        module = seeding.load_params(variant.build(o), params).to(device=dev, dtype=tdtype).eval()
-        args = [torch.from_numpy(np.ascontiguousarray(a)).to(dev, tdtype if a.dtype.kind == "f" else None)
-                for a in inputs.values()]
+        target = T.of_variant(variant, o, params)
+        module, args = target.module(dtype, dev), target.args(inputs, dtype, dev)
 
         def call(module=module, args=args):
             with torch.no_grad():

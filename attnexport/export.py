@@ -29,6 +29,7 @@ from attnexport import files as F
 from attnexport import flavors as FL
 from attnexport import modules as M
 from attnexport import runtimes as R
+from attnexport import target as T
 from attnexport import variants as V
 from attnexport import weights as W
 from attnexport.compare import compare, past_ends_zeroed, tolerance
@@ -300,13 +301,10 @@ def _build(decided: _Resolved, trace_key: str):
         decided.params
     flavor, dtype, seed = decided.request.flavor, decided.request.dtype, decided.request.seed
     # Building the module imports the core (its custom op); to_onnx sets up the exporter.
-    module = seeding.load_params(variant.build(o), params).to(D.torch_dtype(dtype)).eval()
-
+    target = T.of_variant(variant, o, params)
+    module = target.module(dtype)
     ex = example_sizes(variant, o)
-    inputs = seeding.make_inputs(variant, ex, seed)
-    tdtype = D.torch_dtype(dtype)
-    args = tuple(torch.from_numpy(a).to(tdtype) if a.dtype.kind == "f" else torch.from_numpy(a)
-                 for a in inputs.values())
+    args = target.args(seeding.make_inputs(variant, ex, seed), dtype)
     # The sizes these options leave open (sdpa's head counts only in its 4-D layout); a cache may
     # be empty: its length starts at 0.
     open_sizes = variant.sizes(ex)
@@ -327,8 +325,8 @@ def _build(decided: _Resolved, trace_key: str):
     what = f"{variant.name} ({gf})"
     with export_errors(what), _quiet(), torch_sped_up(), torch.no_grad():
         traced = _traced(module, args, dynamic_shapes, trace_key)
-    program = to_onnx(traced, args, flavor=gf, opset=opset, input_names=[s.name for s in variant.inputs(ex)],
-                      output_names=[s.name for s in out_specs], what=what)
+    program = to_onnx(traced, args, flavor=gf, opset=opset, input_names=target.inputs, output_names=target.outputs,
+                      what=what)
     model = program.model_proto
     _name_axes(model, variant, ex, out_specs)
     meta = {"attnexport.variant": variant.name, "attnexport.options": json.dumps(o, sort_keys=True),
@@ -338,7 +336,7 @@ def _build(decided: _Resolved, trace_key: str):
             "attnexport.params_source": decided.params_source,
             "attnexport.golden_manifest_sha256": golden.manifest_hash()}
     model, op_name = finish(model, Finishing(gf, opset, dtype, what, variant.dot_product_core, flavor), params, meta,
-                            V.step_signature(variant, o))
+                            target.signature)
     note = "" if variant.dot_product_core or not FL.FLAVORS[flavor].fused else \
         f"{variant.name} has no dot-product core: exported as {FL.UNFUSED_FLAVOR}"
     return model, ExportResult(Path(), variant.name, o, flavor, gf, opset, dtype, op_name, 0, note)

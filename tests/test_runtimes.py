@@ -10,6 +10,7 @@ from attnexport import export as E
 from attnexport import flavors as FL
 from attnexport import runtimes as R
 from attnexport import seeding
+from attnexport import target as T
 from attnexport import variants as V
 from attnexport.errors import ProviderUnavailableError
 from attnexport.onnx_attention import TRANSLATIONS
@@ -60,7 +61,7 @@ def test_a_runtime_is_its_registry_line_and_its_adapter(mha, monkeypatch):
 
 def test_torch_and_onnx_runtimes_agree_by_output_name(mha):
     variant, o, params, model, feed = mha
-    results = {"torch": R.prepare_torch("torch", variant, o, params, "fp32").run(feed)}
+    results = {"torch": R.prepare_torch("torch", T.of_variant(variant, o, params), "fp32").run(feed)}
     for name in ("onnx-ref", "ort-cpu"):
         results[name] = R.prepare_onnx(name, model).run(feed)
     for name, got in results.items():

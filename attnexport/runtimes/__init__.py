@@ -110,9 +110,9 @@ def prepare_onnx(name: str, model: onnx.ModelProto, optimize: bool = True, threa
     return _adapter(name).prepare(name, model, optimize=optimize, threads=threads)
 
 
-def prepare_torch(name, variant, options, params, dtype) -> Prepared:
-    """The variant's module on `torch` or `torch-cuda` (see runtimes.pytorch)."""
-    return pytorch.prepare_torch(name, variant, options, params, dtype)
+def prepare_torch(name: str, target, dtype: str) -> Prepared:
+    """A target's module (`attnexport.target`) on `torch` or `torch-cuda` (see runtimes.pytorch)."""
+    return pytorch.prepare_torch(name, target, dtype)
 
 
 def ort_session(name: str, model, threads: int | None = None, optimize: bool = True,

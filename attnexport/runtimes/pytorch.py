@@ -1,16 +1,14 @@
-"""`torch` and `torch-cuda`: the variant's PyTorch module itself, on the CPU or a CUDA device."""
+"""`torch` and `torch-cuda`: a target's PyTorch module itself (`attnexport.target`: a variant's), on
+the CPU or a CUDA device."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 
-import numpy as np
-
-from attnexport import dtypes as D
-from attnexport import schema, seeding
 from attnexport.errors import ProviderUnavailableError
 from attnexport.runtimes import base as R
+from attnexport.target import Target
 
 
 def status(name: str) -> R.Status:
@@ -40,21 +38,19 @@ def without_tf32():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
-def prepare_torch(name: str, variant: schema.Variant, options: dict, params: dict, dtype: str) -> R.Prepared:
-    """The variant's module on CPU or CUDA; outputs are named by the variant's declared outputs
-    (a module returning more than it declares gets the extras as `<unnamed i>`)."""
+def prepare_torch(name: str, target: Target, dtype: str) -> R.Prepared:
+    """The target's module on CPU or CUDA; it is fed by its inputs' names, and its outputs are
+    named by the ones it declares (a module returning more than it declares gets the extras as
+    `<unnamed i>`)."""
     import torch
     if not status(name).available:
         raise ProviderUnavailableError(f"runtime {name} is not available: {status(name).reason}")
     device = "cuda" if R.on_cuda(name) else "cpu"
-    tdtype = D.torch_dtype(dtype)
-    module = seeding.load_params(variant.build(options), params).to(device=device, dtype=tdtype).eval()
-    declared = [s.name for s in variant.outputs(options)]
+    module = target.module(dtype, device)
+    declared = list(target.outputs)
 
     def run(feed):
-        args = [torch.from_numpy(np.ascontiguousarray(a)).to(device=device,
-                                                             dtype=tdtype if a.dtype.kind == "f" else None)
-                for a in feed.values()]
+        args = target.args(feed, dtype, device)
         with torch.no_grad(), without_tf32() if device == "cuda" else contextlib.nullcontext():
             out = module(*args)
             if device == "cuda":

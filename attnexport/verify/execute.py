@@ -8,6 +8,7 @@ import numpy as np
 from attnexport import dtypes as D
 from attnexport import runtimes as R
 from attnexport import signature as S
+from attnexport import target as T
 from attnexport import variants as V
 from attnexport.compare import (
     compare_outputs,
@@ -34,7 +35,7 @@ def execute(step: Step, strict: bool) -> Row:
         return row
     try:
         if step.source is None:
-            prepared = R.prepare_torch(step.runtime, variant, case.options, step.params, dtype)
+            prepared = R.prepare_torch(step.runtime, T.of_variant(variant, case.options, step.params), dtype)
         else:
             prepared = R.prepare_onnx(step.runtime, step.source.get())
     except UnsupportedByFlavor as e:
@@ -75,10 +76,10 @@ def execute(step: Step, strict: bool) -> Row:
 
 
 def _signature(step: Step, variant) -> StepSignature:
-    """The step's signature: the one its model records; torch's module has no file, and its
-    export's is the variant's (`variants.step_signature`, which export writes)."""
+    """The step's signature: the one its model records; torch's module has no file: its target's,
+    which its export records."""
     if step.source is None:
-        return V.step_signature(variant, step.case.options)
+        return T.of_variant(variant, step.case.options, step.params).signature
     recorded = S.of(step.source.get(), step.model or f"the {step.flavor} export of {variant.name}")
     return recorded or V.step_signature(variant, step.case.options)
 
