@@ -364,14 +364,12 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
         # them (`attnexport.signature`): bound in place, as a generation loop runs the step.
         buffers = static_buffers(model, f"the {f} export of {variant.name}")
         for rt in [r for r in runtimes if not R.runs_module(r)]:
-            if rt in R.JS_RUNTIMES:
-                cands.append(_js_candidate(rt, f, model, inputs, run))
+            if not R.on_cuda(rt):  # the runtime's own run (timed where it runs), and its buffers bound in place
+                cands.append(_prepared_candidate(rt, f, model, inputs, run))
+                if buffers and R.REGISTRY[rt].binds:
+                    cands.append(_ort_in_place_candidate(rt, f, model, inputs, run, buffers))
                 continue
             cands.append(_ort_candidate(rt, f, model, inputs, run, False, cands))
-            if not R.on_cuda(rt) and buffers:
-                cands.append(_ort_in_place_candidate(f, model, inputs, run, buffers))
-            if not R.on_cuda(rt):
-                continue
             if buffers:
                 cands.append(_ort_candidate(rt, f, model, inputs, run, False, cands, buffers))
             for in_place in ([False, True] if buffers else [False]) if cuda_graph else []:
@@ -440,19 +438,14 @@ def static_buffers(model, what: str) -> dict[str, str]:
 
 
 def _ort_candidate(rt, flavor, model, inputs, run_: _Run, cuda_graph, cands, in_place: dict | None = None):
-    """ONNX Runtime's session as a candidate. On CUDA, inputs and outputs are bound to device memory
-    (IO binding) so host copies are not timed; `in_place` ({input: output}, the static cache's
+    """ONNX Runtime's CUDA session as a candidate: inputs and outputs bound to device memory (IO
+    binding) so host copies are not timed; `in_place` ({input: output}, the static cache's
     buffers): each buffer is bound both as the input and as the output that returns it updated, as a
     generation loop runs the step (the TensorScatter kernel then writes the new positions into the
     buffer instead of copying it)."""
     import torch
     dtype, threads = run_.dtype, run_.threads
     feed = D.cast_floats(inputs, dtype)
-    if not R.on_cuda(rt):
-        session, cpu_nodes = _ort_session(rt, model, dtype, threads, False)
-        names = [x.name for x in session.get_outputs()]
-        return _Candidate(rt, flavor, "eager", "cpu", lambda: session.run(names, feed),
-                          lambda: session.run(names, feed), cpu_nodes)
     ref = next(c for c in cands if c.runtime == "torch-cuda" and c.mode == "eager").outputs()
     np_of = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
     ins = {k: torch.from_numpy(np.ascontiguousarray(a)).cuda() for k, a in feed.items()}
@@ -483,27 +476,28 @@ def _ort_candidate(rt, flavor, model, inputs, run_: _Run, cuda_graph, cands, in_
                       memory=memory)
 
 
-def _js_candidate(rt, flavor, model, inputs, run: _Run):
-    """ONNX Runtime in Node or the browser: each block of runs timed there (performance.now around
-    each awaited run), so the pipe to the JavaScript process is not in the times."""
+def _prepared_candidate(rt, flavor, model, inputs, run: _Run):
+    """A runtime's own run of the model (`runtimes.prepare_onnx`: ONNX Runtime's CPU session, or
+    ONNX Runtime in Node or the browser). A runtime that times its runs where they run (in
+    JavaScript, performance.now around each awaited run) times each block there, so the pipe to
+    its process is not in the times; the others are timed from here, a run at a time."""
     prepared = R.prepare_onnx(rt, model, threads=run.threads)
     feed = D.cast_floats(inputs, run.dtype)
-    assert prepared.time_runs is not None
     time_runs = prepared.time_runs
+    block = None if time_runs is None else (lambda runs: time_runs(feed, runs) if runs else [])
     return _Candidate(rt, flavor, "eager", "cpu", lambda: prepared.run(feed), lambda: list(prepared.run(feed).values()),
-                      prepared.cpu_nodes, block=lambda runs: time_runs(feed, runs) if runs else [],
-                      note=prepared.note)
+                      prepared.cpu_nodes, block=block, note=prepared.note)
 
 
-def _ort_in_place_candidate(flavor, model, inputs, run_: _Run, pairs: dict[str, str]):
-    """ONNX Runtime on the CPU with a static cache's buffers (`pairs`, {input: output}) as OrtValues
+def _ort_in_place_candidate(rt, flavor, model, inputs, run_: _Run, pairs: dict[str, str]):
+    """ONNX Runtime on the CPU (`rt`) with a static cache's buffers (`pairs`, {input: output}) as OrtValues
     bound both as the inputs and as the outputs that return them updated (IO binding), as a
     generation loop runs it: the TensorScatter kernel then writes the new positions into the
     buffer instead of copying it."""
     import onnxruntime as ort
     dtype, threads = run_.dtype, run_.threads
     feed = D.cast_floats(inputs, dtype)
-    session, cpu_nodes = _ort_session("ort-cpu", model, dtype, threads, False)
+    session, cpu_nodes = _ort_session(rt, model, dtype, threads, False)
     buffers = {n: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a)) for n, a in feed.items() if n in pairs}
     returned = {pairs[n]: n for n in buffers}
     binding = session.io_binding()
@@ -526,7 +520,7 @@ def _ort_in_place_candidate(flavor, model, inputs, run_: _Run, pairs: dict[str, 
         run()
         got = dict(zip(names, binding.copy_outputs_to_cpu(), strict=True))
         return [got[n] for n in names]
-    return _Candidate("ort-cpu", flavor, "in-place", "cpu", run, outputs, cpu_nodes)
+    return _Candidate(rt, flavor, "in-place", "cpu", run, outputs, cpu_nodes)
 
 
 def memory_bandwidth(threads: int | None = None, megabytes: int = 512, runs: int = 7) -> float:

@@ -32,15 +32,18 @@ class Runtime:
     # quantization is supported"); the standard ops' coverage is the adapter's (`missing_ops`).
     nbits: tuple[int, ...] = (2, 4, 8)
     provider: str = ""  # the ONNX Runtime execution provider the `ort` adapter gives its sessions
+    # Its session binds inputs and outputs to buffers of its own (ONNX Runtime's IO binding): bench
+    # binds a static cache's buffers in place, and on CUDA every input and output on the device.
+    binds: bool = False
 
 
 REGISTRY = {r.name: r for r in (
     Runtime("torch", "module", "cpu", "pytorch", default=True, timed=True),
     Runtime("torch-cuda", "module", "cuda", "pytorch", default=True, timed=True),
     Runtime("onnx-ref", "onnx", "cpu", "reference", default=True, timed=False),
-    Runtime("ort-cpu", "onnx", "cpu", "ort", default=True, timed=True, provider="CPUExecutionProvider"),
+    Runtime("ort-cpu", "onnx", "cpu", "ort", default=True, timed=True, provider="CPUExecutionProvider", binds=True),
     Runtime("ort-cuda", "onnx", "cuda", "ort", default=True, timed=True, accelerated=True,
-            provider="CUDAExecutionProvider"),
+            provider="CUDAExecutionProvider", binds=True),
     # ONNX Runtime where apps deploy it, through one JavaScript process; started when named.
     Runtime("ort-node", "onnx", "cpu", "js", default=False, timed=True),
     Runtime("ort-wasm", "onnx", "cpu", "js", default=False, timed=True),
