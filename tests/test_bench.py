@@ -259,3 +259,21 @@ def test_the_buffers_bound_in_place_are_the_ones_the_export_recorded():
     props[S.META].value = "{not json"
     with pytest.raises(UsageError, match="metadata is damaged"):
         B.static_buffers(static, "mha")
+
+
+def test_a_runtime_is_timed_as_the_registry_says_not_by_its_name(monkeypatch):
+    """Two lines added to the registry, ONNX Runtime's CPU provider under other names: bench times
+    both through their prepared runs, and binds a static cache's buffers in place only on the one
+    whose line says its session binds buffers (`Runtime.binds`)."""
+    for name, binds in (("ort-plain", False), ("ort-bound", True)):
+        monkeypatch.setitem(R.REGISTRY, name, R.Runtime(name, "onnx", "cpu", "ort", default=False, timed=True,
+                                                        provider="CPUExecutionProvider", binds=binds))
+    monkeypatch.setattr(B, "BENCH_RUNTIMES", (*B.BENCH_RUNTIMES, "ort-plain", "ort-bound"))
+    rows = B.bench_decode("mha", {"batch": [1], "dim": 32, "heads": 4, "kv_cache": True, "max_seq": 12}, [8],
+                          runtimes=["torch", "ort-plain", "ort-bound"], flavors=["attention"], warmup=1, iters=2,
+                          threads=1, repeat=1)
+    got = {(r.runtime, r.mode) for r in rows if r.phase == "decode"}
+    assert {("ort-plain", "static"), ("ort-bound", "static"), ("ort-bound", "static in-place")} <= got, got
+    assert ("ort-plain", "static in-place") not in got
+    for r in rows:
+        assert r.max_abs_err < 1e-4, (r.runtime, r.mode, r.max_abs_err)
