@@ -21,10 +21,11 @@ CHUNKS = (1, 3)  # token by token, and in chunks of 3 (the last one shorter)
 
 def decode(step: Callable[[dict], dict], stream: dict[str, np.ndarray], chunk: int,
            empty_cache: dict[str, np.ndarray], axis: int, once: dict[str, np.ndarray] | None = None,
-           masks: dict[str, np.ndarray] | None = None) -> np.ndarray:
+           masks: dict[str, np.ndarray] | None = None, *, layout: StepSignature) -> np.ndarray:
     """The `output` of a variant's cache-step model run over a sequence in chunks of `chunk`,
-    from empty caches (see `decode_all`; each `past_X` input is fed the last `present_X`)."""
-    return decode_all(step, stream, chunk, empty_cache, axis, once, masks)[0]["output"]
+    from empty caches (see `decode_all`; each cache input is fed the output its signature pairs
+    with it)."""
+    return decode_all(step, stream, chunk, empty_cache, axis, once, masks, layout)[0]["output"]
 
 
 def decode_all(step: Callable[[dict], dict], stream: dict[str, np.ndarray], chunk: int,
@@ -41,17 +42,19 @@ def decode_all(step: Callable[[dict], dict], stream: dict[str, np.ndarray], chun
             ones, their keys and values being cached by then (the decoder's memory).
         masks: masks over the whole sequence, (..., T, T): each step gets the rows of its block
             and the columns of every key so far, (..., block, end).
-        layout: where the caches and outputs are, for a step that is not a variant's (a module's
-            signature: its cache pairs, their axes, the outputs along the sequence).
+        layout: the step's signature: which output returns each cache input, on which axis its
+            positions lie, which caches grow by the block (concat) and which are carried (cross),
+            and the outputs along the sequence (None: `output`, on `axis`). Every cache input
+            must be paired: nothing is guessed from the names.
 
     Returns:
         ({output: the chunks' values concatenated along its axis}, {cache input: its last value}).
     """
-    pairs, cache_axes, outputs = layout.pairs, layout.cache_axes, layout.along
-    growing = layout.growing if layout.caches else {"past_key"} & set(empty_cache)
-    pairs = pairs or {name: "present_" + name.removeprefix("past_") for name in empty_cache}
-    cache_axes = cache_axes or {name: 2 for name in empty_cache}
-    outputs = outputs or {"output": axis}
+    pairs, cache_axes, growing = layout.pairs, layout.cache_axes, layout.growing
+    unpaired = [name for name in empty_cache if name not in pairs]
+    if unpaired:
+        raise ValueError(f"the step's signature pairs no output with the cache input(s) {', '.join(unpaired)}")
+    outputs = layout.along or {"output": axis}
     length = next(iter(stream.values())).shape[axis]
     cache = dict(empty_cache)
     outs: dict[str, list] = {name: [] for name in outputs}
@@ -76,12 +79,14 @@ def stream_axis(variant, o: dict) -> int:
     return list(first.dims).index("seq")
 
 
-def split_inputs(variant, o: dict, inputs: dict[str, np.ndarray]) -> tuple[dict, dict, dict]:
-    """(stream, once, masks): a cache step's non-cache inputs that run along the sequence (a
-    `seq` axis, or the keys and values a `past_*` cache extends), those given once (the decoder's
-    memory) and masks over past and new keys (an axis that is a sum: past_seq+seq)."""
+def split_inputs(variant, o: dict, inputs: dict[str, np.ndarray],
+                 signature: StepSignature) -> tuple[dict, dict, dict]:
+    """(stream, once, masks): a cache step's non-cache inputs (those `signature` pairs with no
+    output) that run along the sequence (a `seq` axis, or the keys and values a `past_*` cache
+    extends), those given once (the decoder's memory) and masks over past and new keys (an axis
+    that is a sum: past_seq+seq)."""
     names = {s.name for s in variant.inputs(o)}
-    specs = [s for s in variant.inputs(o) if not s.name.startswith("past_")]
+    specs = [s for s in variant.inputs(o) if s.name not in signature.pairs]
     masks = {s.name: inputs[s.name] for s in specs if any(isinstance(d, str) and "+" in d for d in s.dims)}
     streamed = [s.name for s in specs if s.name not in masks and ("seq" in s.dims or f"past_{s.name}" in names)]
     stream = {n: inputs[n] for n in streamed}  # in the inputs' order
@@ -89,10 +94,12 @@ def split_inputs(variant, o: dict, inputs: dict[str, np.ndarray]) -> tuple[dict,
     return stream, once, masks
 
 
-def empty_cache(variant, o: dict, dtype) -> dict[str, np.ndarray]:
-    """Every past_* input of a cache-step variant at options o, with 0 positions."""
+def empty_cache(variant, o: dict, dtype, signature: StepSignature) -> dict[str, np.ndarray]:
+    """Every cache input of a cache-step variant's `signature` at options o, with 0 positions
+    (its past sizes, `past_seq` and the like, at 0)."""
     empty = {**o, **{k: 0 for k in o if k.startswith("past_")}}
-    return {s.name: np.zeros(s.shape(empty), dtype) for s in variant.inputs(empty) if s.name.startswith("past_")}
+    specs = {s.name: s for s in variant.inputs(empty)}
+    return {c.past: np.zeros(specs[c.past].shape(empty), dtype) for c in signature.caches}
 
 
 STATIC_PROMPT = 3  # the static cache's check: sequence b's prompt is STATIC_PROMPT - b tokens (at least 1)

@@ -29,6 +29,12 @@ def step_model():
     return variant, o, params, E.build_model("mha", o, "attention", params=params)[0]
 
 
+def _empty(variant, o, batch):
+    """The step's empty caches and its signature (which pairs each cache input with its output)."""
+    signature = V.step_signature(variant, o)
+    return empty_cache(variant, {**o, "batch": batch}, np.float32, signature)
+
+
 def _full_forward(variant, o, params, x):
     full = variant.resolve({**o, "kv_cache": False, "seq": x.shape[1], "batch": x.shape[0]})
     return variant.reference(params, {"x": x}, full)["output"]
@@ -39,7 +45,8 @@ def test_decoding_in_chunks_equals_the_full_forward(step_model, chunk):
     variant, o, params, model = step_model
     x = np.random.default_rng(3).standard_normal((2, 7, o["dim"])).astype(np.float32)
     session = R.prepare_onnx("ort-cpu", model)
-    got = decode(session.run, {"x": x}, chunk, empty_cache(variant, {**o, "batch": 2}, np.float32), axis=1)
+    got = decode(session.run, {"x": x}, chunk, _empty(variant, o, 2), axis=1,
+                 layout=V.step_signature(variant, o))
     c = compare("output", got, _full_forward(variant, o, params, x), tolerance("fp32"))
     assert c, str(c)
 
@@ -52,7 +59,7 @@ def test_a_step_that_forgets_its_cache_is_caught(step_model):
     def forgetful(feed):
         return session.run({**feed, "past_key": feed["past_key"][:, :, :0], "past_value": feed["past_value"][:, :, :0]})
     with pytest.raises(ValueError, match="present_key has 1 positions"):
-        decode(forgetful, {"x": x}, 1, empty_cache(variant, {**o, "batch": 1}, np.float32), axis=1)
+        decode(forgetful, {"x": x}, 1, _empty(variant, o, 1), axis=1, layout=V.step_signature(variant, o))
 
 
 def test_a_non_causal_step_fails_the_property(step_model):
@@ -60,8 +67,8 @@ def test_a_non_causal_step_fails_the_property(step_model):
     loose = variant.resolve({**o, "causal": False})
     model = E.build_model("mha", loose, "primitives", params=params)[0]
     x = np.random.default_rng(4).standard_normal((1, 6, o["dim"])).astype(np.float32)
-    got = decode(R.prepare_onnx("ort-cpu", model).run, {"x": x}, 3, empty_cache(variant, {**o, "batch": 1}, np.float32),
-                 axis=stream_axis(variant, o))
+    got = decode(R.prepare_onnx("ort-cpu", model).run, {"x": x}, 3, _empty(variant, o, 1),
+                 axis=stream_axis(variant, o), layout=V.step_signature(variant, o))
     assert not compare("output", got, _full_forward(variant, o, params, x), tolerance("fp32"))
 
 
@@ -87,7 +94,7 @@ def test_ort_flavor_decodes_a_grouped_query_cache(step_model):
     x = np.random.default_rng(5).standard_normal((2, 7, o["dim"])).astype(np.float32)
     session = R.prepare_onnx("ort-cpu", model)
     for chunk in (1, 3):
-        got = decode(session.run, {"x": x}, chunk, empty_cache(variant, {**o, "batch": 2}, np.float32), axis=1)
+        got = decode(session.run, {"x": x}, chunk, _empty(variant, o, 2), axis=1, layout=V.step_signature(variant, o))
         c = compare("output", got, _full_forward(variant, o, params, x), tolerance("fp32"))
         assert c, str(c)
 

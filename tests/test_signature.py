@@ -116,3 +116,6 @@ def test_decoding_follows_the_signatures_kinds():
                                      SG.CachePair("past_key", "present_key", 2, "concat")))
     with pytest.raises(ValueError, match="positions after"):
         decode_all(step, stream, 2, empty, 1, layout=stuck)
+    # A cache input the signature pairs with nothing is refused, not guessed from its name.
+    with pytest.raises(ValueError, match="pairs no output with the cache input.s. past_key, past_cross"):
+        decode_all(step, stream, 2, empty, 1)

@@ -82,8 +82,9 @@ def decode_run(prepared, variant, o, stream, chunk, signature: StepSignature):
         out = decode_static_all(run, streamed, stream_axis(variant, o), static_prompts(o["batch"]), chunk, buffers,
                                 once, signature)[0]["output"]
         return {"output": out}, (time.perf_counter() - t0) * 1e3
-    stream, once, masks = split_inputs(variant, o, stream)
-    out = decode(prepared.run, stream, chunk, empty_cache(variant, o, dtype), stream_axis(variant, o), once, masks)
+    stream, once, masks = split_inputs(variant, o, stream, signature)
+    out = decode(prepared.run, stream, chunk, empty_cache(variant, o, dtype, signature), stream_axis(variant, o), once,
+                 masks, layout=signature)
     return {"output": out}, (time.perf_counter() - t0) * 1e3
 
 
