@@ -38,6 +38,7 @@ def execute(step: Step, strict: bool) -> Row:
             prepared = R.prepare_torch(step.runtime, T.of_variant(variant, case.options, step.params), dtype)
         else:
             prepared = R.prepare_onnx(step.runtime, step.source.get())
+        signature = _signature(step, variant)
     except UnsupportedByFlavor as e:
         row.skipped = str(e)
         return row
@@ -50,14 +51,14 @@ def execute(step: Step, strict: bool) -> Row:
         row.error = reason(e)
         return row
     limits = _static_limits(step)
-    refused = _beyond_static_blocks(step, limits.get(STATIC_BLOCKS, ""))
+    refused = _beyond_static_blocks(step, limits.get(STATIC_BLOCKS, ""), signature)
     if refused:
         row.skipped = f"the model takes {refused}"
         return row
     feed = D.cast_floats(case.inputs, dtype)
     try:
         if step.decode_chunk:
-            got, ms = decode_run(prepared, variant, case.options, feed, step.decode_chunk, _signature(step, variant))
+            got, ms = decode_run(prepared, variant, case.options, feed, step.decode_chunk, signature)
         else:
             # One untimed run, then a few timed ones: verify is a check, bench is the timing tool.
             got, ms = prepared.timed(feed, warmup=0 if step.runtime == "onnx-ref" else 1,
@@ -69,7 +70,7 @@ def execute(step: Step, strict: bool) -> Row:
     declared = ["output"] if step.decode_chunk else [s.name for s in variant.outputs(case.options)]
     expected = step.expected
     if not step.decode_chunk and STATIC_BUFFERS in limits:
-        got, expected = _valid_prefix(got, case), _valid_prefix(step.expected, case)
+        got, expected = _valid_prefix(got, case, signature), _valid_prefix(step.expected, case, signature)
     return row.judge(compare_outputs(declared, got, expected, step.tol), prepared.cpu_nodes, strict)
 
 
@@ -119,20 +120,24 @@ def _block(case) -> int:
     return case.options["kv_seq"] if "key" in case.inputs else case.options["seq"]
 
 
-def _beyond_static_blocks(step: Step, limit: str) -> str:
+def _beyond_static_blocks(step: Step, limit: str, signature: StepSignature) -> str:
     """`limit` (what the model says its static step takes) when this run asks for more: a block of
     several positions over written positions at batch > 1 (the golden step itself, or the decode
     check's chunks after the prefill). "" when the run fits."""
-    if not limit or step.case.options.get("batch", 1) == 1:
+    if not limit or step.case.options.get("batch", 1) == 1 or signature.write_pos is None:
         return ""
     if step.decode_chunk:
         return limit if step.decode_chunk > 1 else ""
-    written = int(np.asarray(step.case.inputs["write_pos"]).max())
+    written = int(np.asarray(step.case.inputs[signature.write_pos.name]).max())
     return limit if _block(step.case) > 1 and written > 0 else ""
 
 
-def _valid_prefix(arrays: dict, case) -> dict:
-    """The static buffers' outputs with every position past each sequence's write_pos + the block
-    set to 0 (what the model leaves undefined there), the other outputs as they are."""
-    ends = np.asarray(case.inputs["write_pos"]) + _block(case)
-    return past_ends_zeroed(arrays, [n for n in arrays if n.endswith("_cache_out")], ends)
+def _valid_prefix(arrays: dict, case, signature: StepSignature) -> dict:
+    """The static buffers' outputs, as the step's signature names them, with every position past
+    each sequence's end (its write position, in the signature's form, + the block) set to 0 (what
+    the model leaves undefined there), the other outputs as they are."""
+    if signature.write_pos is None:
+        return arrays
+    ends = signature.write_pos.ends(case.inputs[signature.write_pos.name], _block(case), case.options["batch"])
+    return past_ends_zeroed(arrays, [c.present for c in signature.caches if c.kind == "static" and c.present in arrays],
+                            ends)
