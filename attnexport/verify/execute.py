@@ -18,7 +18,7 @@ from attnexport.errors import AttnExportError, ProviderUnavailableError, Unsuppo
 from attnexport.export import STATIC_BLOCKS, STATIC_BUFFERS
 from attnexport.localize import Localization, locate
 from attnexport.report import Row
-from attnexport.signature import StepSignature
+from attnexport.signature import PLAIN, StepSignature
 from attnexport.verify.decode_checks import decode_run
 from attnexport.verify.run import Step
 
@@ -38,7 +38,6 @@ def execute(step: Step, strict: bool) -> Row:
             prepared = R.prepare_torch(step.runtime, T.of_variant(variant, case.options, step.params), dtype)
         else:
             prepared = R.prepare_onnx(step.runtime, step.source.get())
-        signature = _signature(step, variant)
     except UnsupportedByFlavor as e:
         row.skipped = str(e)
         return row
@@ -51,6 +50,13 @@ def execute(step: Step, strict: bool) -> Row:
         row.error = reason(e)
         return row
     limits = _static_limits(step)
+    signature = PLAIN
+    if step.decode_chunk or limits:  # where the caches and the write position are, as the step records them
+        try:
+            signature = _signature(step, variant)
+        except AttnExportError as e:
+            row.error = str(e)
+            return row
     refused = _beyond_static_blocks(step, limits.get(STATIC_BLOCKS, ""), signature)
     if refused:
         row.skipped = f"the model takes {refused}"
