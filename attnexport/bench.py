@@ -364,11 +364,13 @@ def _bench_shape(variant, o, params, inputs_seed, models, run: _Run, said):
         # them (`attnexport.signature`): bound in place, as a generation loop runs the step.
         buffers = static_buffers(model, f"the {f} export of {variant.name}")
         for rt in [r for r in runtimes if not R.runs_module(r)]:
-            if not R.on_cuda(rt):  # the runtime's own run (timed where it runs), and its buffers bound in place
+            binds = R.REGISTRY[rt].binds
+            if not (binds and R.on_cuda(rt)):  # the runtime's own run (timed where it runs), buffers bound in place
                 cands.append(_prepared_candidate(rt, f, model, inputs, run))
-                if buffers and R.REGISTRY[rt].binds:
+                if buffers and binds:
                     cands.append(_ort_in_place_candidate(rt, f, model, inputs, run, buffers))
                 continue
+            # A CUDA session that binds: every input and output in device memory.
             cands.append(_ort_candidate(rt, f, model, inputs, run, False, cands))
             if buffers:
                 cands.append(_ort_candidate(rt, f, model, inputs, run, False, cands, buffers))

@@ -83,12 +83,11 @@ def execute(step: Step, strict: bool) -> Row:
 
 
 def _signature(step: Step, variant) -> StepSignature:
-    """The step's signature: the one its model records; torch's module has no file: its target's,
-    which its export records."""
-    if step.source is None:
-        return T.of_variant(variant, step.case.options, step.params).signature
-    recorded = S.of(step.source.get(), step.model or f"the {step.flavor} export of {variant.name}")
-    return recorded or V.step_signature(variant, step.case.options)
+    """The step's signature: the one its model records; else (torch's module, which has no file, or
+    a file exported before signatures) its target's, which its export records."""
+    recorded = None if step.source is None else \
+        S.of(step.source.get(), step.model or f"the {step.flavor} export of {variant.name}")
+    return recorded or T.of_variant(variant, step.case.options, step.params).signature
 
 
 def localize_row(row: Row, step: Step, fail_on_divergence: bool) -> None:
