@@ -1,41 +1,30 @@
-"""The command line: parses, calls the library, formats. No logic of its own."""
+"""The command line: declares each command's options (types, defaults, help), calls the library
+(`attnexport.commands` for export, verify and bench, which check what goes together and build the
+request) and prints (`attnexport.render`). No logic of its own."""
 
 from __future__ import annotations
 
 import functools
-import json
 import sys
 
 import click
 from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
-from attnexport import bench as bench_mod
 from attnexport import cache as cache_mod
 from attnexport import cases as cases_mod
-from attnexport import clients as clients_mod
+from attnexport import commands, jsonout, render
 from attnexport import dtypes as D
 from attnexport import export as export_mod
 from attnexport import files as F
 from attnexport import flavors as FL
 from attnexport import golden as golden_mod
-from attnexport import jsonout, modules, schema
 from attnexport import runtimes as R
-from attnexport import signature as SG
 from attnexport import variants as V
-from attnexport import verify as verify_mod
-from attnexport.compare import FP32_FACTOR, check_tolerance_values
 from attnexport.errors import AttnExportError, UsageError
 from attnexport.inspect import describe
 from attnexport.precision import MINIMUM_FORMS as P_MINIMUM_FORMS
 from attnexport.precision import PRECISIONS
 from attnexport.runtimes import js
-
-
-def _console() -> Console:
-    """A console made per command, so that the width is the terminal's (or $COLUMNS) now."""
-    return Console()
 
 
 def _fail(message: str, code: int):
@@ -145,15 +134,6 @@ def main():
     """attnexport: attention layers exported to ONNX, checked against golden outputs, timed."""
 
 
-def _option_text(opt: schema.Option) -> str:
-    if opt.type is bool:
-        return opt.flag
-    default = "auto" if opt.default is None else opt.default  # None: derived (e.g. --kv-heads = --heads)
-    if opt.choices:
-        return f"{opt.flag} {{{'|'.join(opt.choices)}}}={default}"
-    return f"{opt.flag}={default}"
-
-
 @main.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
 def list_cmd(as_json):
@@ -165,15 +145,7 @@ def list_cmd(as_json):
     if as_json:
         click.echo(jsonout.dumps(rows, indent=1))
         return
-    table = Table(title=f"{len(rows)} attention variants", show_lines=True)
-    for col in ("variant", "inputs -> outputs", "options"):
-        table.add_column(col, overflow="fold")  # fold long choices, never cut them
-    for r, v in zip(rows, V.VARIANTS.values(), strict=True):
-        ins = ", ".join(("[" + i["name"] + "]") if i["optional"] else i["name"] for i in r["inputs"])
-        outs = ", ".join(("[" + i["name"] + "]") if i["optional"] else i["name"] for i in r["outputs"])
-        table.add_row(f"[bold]{r['name']}[/bold]\n{escape(r['summary'])}", escape(f"{ins} -> {outs}"),
-                      escape(" ".join(_option_text(opt) for opt in v.options)))
-    _console().print(table)
+    render.variants(rows, [v.options for v in V.VARIANTS.values()])
 
 
 @main.command("runtimes")
@@ -302,18 +274,6 @@ def _variant_options(fn=None, *, exclude=()):
     return fn
 
 
-def _given(kwargs) -> dict:
-    given = {k: v for k, v in kwargs.items() if v is not None}
-    cache = given.get("kv_cache")
-    if cache in ("concat", "static"):  # the option is a bool; static is the bool with --max-seq
-        if cache == "static" and given.get("max_seq") is None:
-            raise UsageError("--kv-cache static needs --max-seq S, the buffers' positions")
-        if cache == "concat" and given.get("max_seq") is not None:
-            raise UsageError("--max-seq is the static cache's size: give --kv-cache static")
-        given["kv_cache"] = True
-    return given
-
-
 @main.command()
 @click.option("--variant", type=VARIANT, default=None, help="The variant to export (see `attnexport list`).")
 @click.option("--module", "module_spec", default=None, metavar="FILE.py:NAME",
@@ -401,150 +361,13 @@ def export(variant, hf_path, module_spec, input_specs, nan_rows, allow_unfused, 
     attnexport export --hf ./tiny-llama --kv-cache static --max-seq 512 --flavor ort -o llama.onnx;
     attnexport export --hf SmolLM2-135M-Instruct.Q4_1.gguf --kv-cache --deploy smollm2-onnx
     """
-    if sum(x is not None for x in (variant, module_spec, hf_path)) != 1:
-        raise UsageError("give --variant NAME, --module FILE.py:NAME or --hf PATH (one of them)")
-    check_tolerance_values(rtol, atol)
-    if deploy is not None and hf_path is None:
-        raise UsageError("--deploy writes a language model's folder: it goes with --hf")
-    quant = {"precision": precision, "block_size": block_size, "accuracy_level": accuracy_level, "keep": keep,
-             "symmetric": symmetric, "requantize": requantize, "minimums": minimums}
-    if hf_path is None and any(v is not None for v in quant.values()):
-        raise UsageError("--precision, --block-size, --accuracy-level, --keep, --symmetric, --requantize and "
-                         "--minimums go with --hf")
-    if hf_path is not None:
-        if input_specs or dynamic_specs or nan_rows or allow_unfused or cache_specs or write_pos or output_names:
-            raise UsageError("--input, --dynamic, --nan-rows, --allow-unfused, --cache, --write-pos and --output-names "
-                             "go with --module (--hf knows its model's inputs, outputs and cache)")
-        result = _export_hf(hf_path, flavor, opset, dtype, seed, output, deploy, rtol, atol, quant, options)
-        click.echo(jsonout.dumps(result.to_dict()) if as_json else result.summary())
-        return
-    if variant is not None and (rtol is not None or atol is not None):
-        raise UsageError("--rtol/--atol set the check before writing of --hf and --module exports; a variant's "
-                         "export is checked by verify (which takes them too)")
-    if module_spec is None and (input_specs or dynamic_specs or nan_rows or allow_unfused or cache_specs or write_pos
-                                or output_names):
-        raise UsageError("--input, --dynamic, --nan-rows, --allow-unfused, --cache, --write-pos and --output-names go "
-                         "with --module")
-    if module_spec is not None:
-        request = export_mod.ModuleExport(
-            flavor=flavor, opset=opset, dtype=dtype, dynamic=_dynamic_axes(dynamic_specs), output=output,
-            name=module_spec, nan_rows=nan_rows, seed=seed, allow_unfused=allow_unfused,
-            cache=_cache_pairs(cache_specs) or None, write_pos=write_pos,
-            output_names=output_names.split(",") if output_names else None, rtol=rtol, atol=atol)
-        result = _export_module(module_spec, input_specs, request, options)
-    else:
-        result = export_mod.export(export_mod.ExportRequest(variant, _given(options), flavor, opset, dtype,
-                                                            seed=seed, output=output))
-    if as_json:
-        click.echo(jsonout.dumps(result.to_dict()))
-    else:
-        click.echo(result.summary())
-
-
-def _hf_form(options: dict) -> tuple[str, int]:
-    """(cache form, max_seq) from --kv-cache [static] and --max-seq (`hf.export_hf` checks that
-    they go together); no other variant option."""
-    kv_cache, max_seq = options.pop("kv_cache", None), options.pop("max_seq", None)
-    rest = {k: v for k, v in options.items() if v is not None}
-    if rest:
-        raise UsageError(f"--hf takes no variant options but --kv-cache and --max-seq "
-                         f"({', '.join('--' + k.replace('_', '-') for k in rest)})")
-    return kv_cache or "none", max_seq or 0
-
-
-def _export_hf(path, flavor, opset, dtype, seed, output, deploy, rtol, atol, quant, options):
-    from attnexport import hf_export
-    form, max_seq = _hf_form(options)
-    plan_options = {k: v for k, v in quant.items() if k != "precision"}
-    request = hf_export.request(path, plan_options, form=form, max_seq=max_seq, flavor=flavor, opset=opset,
-                                dtype=dtype, output=output, seed=seed, deploy=deploy, rtol=rtol, atol=atol,
-                                precision=quant["precision"])
-    return hf_export.export_hf(request)[0]
-
-
-def _precisions(text, flag, valid) -> tuple:
-    """`--precision a,b` as a tuple, each checked; None: fp32 alone."""
-    if text is None:
-        return ("fp32",)
-    names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
-    bad = [n for n in names if n not in valid]
-    if bad or not names:
-        raise UsageError(f"{flag} takes {', '.join(valid)} separated by commas, got {text!r}")
-    return names
-
-
-def _bench_hf(path, contexts, flavors, threads, warmup, iters, seed, genai_python, precisions, genai_precisions,
-              as_json):
-    from attnexport import hf_bench
-    request = hf_bench.HFBenchRequest(path, tuple(contexts or hf_bench.CONTEXTS),
-                                      flavors=tuple(flavors) or hf_bench.HFBenchRequest.flavors, threads=threads or 0,
-                                      iters=iters, warmup=warmup, seed=seed, genai_python=genai_python,
-                                      precisions=precisions, genai_precisions=genai_precisions)
-    rows, info = hf_bench.bench_hf(request, said=(lambda text: None) if as_json else
-                                   (lambda text: click.echo(f"timing {text}", err=True)))
-    if as_json:
-        click.echo(jsonout.dumps({"rows": hf_bench.to_json(rows), "info": info}))
-        return
-    click.echo(f"{path}: {info['layers']} layers, {info['parameters']:,} parameters, fp32, {info['threads']} "
-               f"thread(s); memory read bandwidth {info['bandwidth_gbs']:.1f} GB/s")
-    for row in rows:
-        if row.median_ms != row.median_ms:  # NaN: the export failed
-            click.echo(f"{row.engine} {row.precision} {row.form} {row.flavor}: {row.note}")
-            continue
-        ratio = f", {row.ratio_to_transformers:.2f}x transformers" if row.ratio_to_transformers else ""
-        band = f", {row.bandwidth_fraction:.2f} of the memory bandwidth" if row.bandwidth_fraction is not None else ""
-        agree = hf_bench.agreement_text(row.agreement)
-        click.echo(f"{row.phase:7s} {row.context:>5d}  {row.engine} {row.precision} {row.form} {row.flavor} "
-                   f"({row.mode}): "
-                   f"{row.median_ms:.3f} ms (p10 {row.p10_ms:.3f}, p90 {row.p90_ms:.3f}), "
-                   f"{row.tokens_per_s:,.0f} tokens/s{ratio}{band}" + (f"; {agree}" if agree else "")
-                   + (f"; {row.note}" if row.note else ""))
-    for engine, why in info["skipped"].items():
-        click.echo(f"note: {engine} not timed: {why}")
-
-
-def _module_weights(options: dict):
-    """With --module, `--weights FILE` is the module's trained weights (the variant option of that
-    name, an output choice, means nothing for a module)."""
-    weights = options.pop("weights", None)
-    if weights == "softmax":  # `--weights` given without a value
-        raise UsageError("with --module, --weights takes a file: a state_dict saved with torch.save, or .safetensors")
-    return weights
-
-
-def _module_variant(spec, input_specs, seed, weights):
-    module, example, names = modules.load_with_inputs(spec, input_specs, seed, weights)
-    return bench_mod.module_variant(spec, module, example, names)
-
-
-def _cache_pairs(specs) -> dict:
-    """`--cache INPUT:OUTPUT` (repeatable) -> {input: output}."""
-    pairs = {}
-    for text in specs:
-        past, sep, present = text.partition(":")
-        if not sep or not past or not present or ":" in present:
-            raise UsageError(f"--cache takes INPUT:OUTPUT (e.g. past_key:present_key), got {text!r}")
-        pairs[past] = present
-    return pairs
-
-
-def _dynamic_axes(specs) -> dict | None:
-    """`--dynamic NAME:AXIS=DIM` (repeatable) -> {input: {axis: dim name}}, or None."""
-    if not specs:
-        return None
-    dynamic: dict = {}
-    for t in specs:
-        n, axis, dim = modules.parse_dynamic(t)
-        dynamic.setdefault(n, {})[axis] = dim
-    return dynamic
-
-
-def _export_module(spec, input_specs, request, options):
-    weights = _module_weights(options)
-    if _given(options):
-        flags = ", ".join("--" + k.replace("_", "-") for k in _given(options))
-        raise UsageError(f"--module takes no variant options ({flags})")
-    return export_mod.export_module_file(spec, input_specs, request, weights)
+    result = commands.export(variant, module_spec, hf_path, input_specs=input_specs, nan_rows=nan_rows,
+                             allow_unfused=allow_unfused, cache_specs=cache_specs, write_pos=write_pos,
+                             output_names=output_names, dynamic_specs=dynamic_specs, flavor=flavor, opset=opset,
+                             dtype=dtype, seed=seed, output=output, deploy=deploy, rtol=rtol, atol=atol,
+                             precision=precision, block_size=block_size, accuracy_level=accuracy_level, keep=keep,
+                             symmetric=symmetric, requantize=requantize, minimums=minimums, **options)
+    click.echo(jsonout.dumps(result.to_dict()) if as_json else result.summary())
 
 
 @main.command()
@@ -560,34 +383,7 @@ def inspect(model, as_json):
     if as_json:
         click.echo(jsonout.dumps(d, indent=1))
         return
-    opsets = ", ".join(f"{k} {v}" for k, v in d["opsets"].items())
-    _console().print(f"[bold]{escape(d['path'])}[/bold]: IR {d['ir_version']}, opsets {escape(opsets)}, "
-                  f"{d['nodes']} nodes, {d['parameters']} parameters, {F.human_size(d['size'])}")
-    _console().print(f"attention op: [bold]{escape(d['attention_op'])}[/bold]")
-    table = Table(show_header=True)
-    for col in ("", "name", "dtype", "dims"):
-        table.add_column(col)
-    for kind in ("inputs", "outputs"):
-        for t in d[kind]:
-            table.add_row(kind[:-1], t["name"], t["dtype"], escape(str(t["dims"])))
-    _console().print(table)
-    _console().print("ops: " + escape(", ".join(f"{k} x{v}" for k, v in d["op_counts"].items())))
-    if d["attnexport"]:
-        for k, v in d["attnexport"].items():
-            if k == "params":  # one line: how many are fingerprinted (the hashes are in --json)
-                entries = json.loads(v) if isinstance(v, str) else v
-                v = f"{len(entries)} parameters fingerprinted (sha256 each; see --json)"
-            elif k == "routed":  # a module's attention calls: how each was found, and where
-                calls = json.loads(v)
-                v = f"{len(calls)} attention call(s)" + "".join(f"; {c['kind']} at {c['where']}" for c in calls)
-            elif k == "signature":  # the step's cache pairs and write position (the whole record in --json)
-                v = SG.describe(SG.StepSignature.from_json(v))
-            elif k == "inputs":  # a module's inputs: shape, dtype and the name of each symbolic axis
-                v = "; ".join(f"{i['name']} {'x'.join(map(str, i['shape']))} {i['dtype']}" + "".join(
-                    f", axis {a} {d}" for a, d in i["dynamic"].items()) for i in json.loads(v))
-            _console().print(f"  {k}: {escape(json.dumps(v) if isinstance(v, dict) else str(v))}")
-    else:
-        _console().print("no attnexport metadata")
+    render.inspection(d)
 
 
 @main.command()
@@ -654,63 +450,19 @@ def verify(models, variants, flavors, runtimes, dtype, golden_dir, rtol, atol, s
     Example: attnexport verify --runtimes torch,ort-cpu --flavor attention
     """
 
-    if models and len(variants) > 1:
-        raise UsageError("a MODEL takes one --variant")
-    if clients_text is not None and hf_path is None:
-        raise UsageError("--clients generate from a language model's deployment folder: it goes with --hf")
-    if budget is not None and hf_path is None:
-        raise UsageError("--budget is the accuracy budget of a quantized or fp16 language model: it goes with --hf")
-    if hf_path is not None:
-        from attnexport.accuracy import Budget
-        from attnexport.verify.hf_check import HFCheck, verify_hf
-        if len(models) != 1 or module_spec is not None:
-            raise UsageError("--hf compares one MODEL with the language model it was exported from: give one MODEL "
-                             "(and no --module)")
-        if _given(options) or variants or flavors or cases or input_specs or cache_specs or write_pos:
-            raise UsageError("--hf takes no --variant, --flavor, --case, --input, --cache, --write-pos or variant "
-                             "options: the model says what it is")
-        check = HFCheck(models[0], hf_path, runtimes, rtol, atol, skip_unavailable, seed, new_tokens,
-                        tuple(clients_mod.parse(clients_text)), Budget().with_overrides(budget),
-                        strict_placement)
-        _report_verify(verify_hf(check), details, as_json)
-        return
-    if module_spec is not None:
-        if len(models) != 1:
-            raise UsageError("--module compares one MODEL with the module it was exported from: give one MODEL")
-        weights = _module_weights(options)
-        if _given(options) or variants or flavors or cases:
-            raise UsageError("--module takes no --variant, --flavor, --case or variant options: the model and the "
-                             "module say what to compare")
-        parsed = [modules.parse_input(t) for t in input_specs] or None
-        report = verify_mod.verify_module(models[0], module_spec, runtimes, rtol=rtol, atol=atol,
-                                          skip_unavailable=skip_unavailable,
-                                          input_specs=parsed, seed=seed, weights_file=weights,
-                                          cache=_cache_pairs(cache_specs) or None, write_pos=write_pos,
-                                          strict_placement=strict_placement)
-        _report_verify(report, details, as_json)
-        return
-    if input_specs or cache_specs or write_pos:
-        raise UsageError("--input, --cache and --write-pos go with --module (the inputs of a MODEL exported from a "
-                         "module)")
-    if models and cases:
-        raise UsageError("--case selects golden cases to export and run; a MODEL runs those of its own options")
-    model_variant = variants[0] if models and variants else None
-    request = verify_mod.VerifyRequest(
-        variants=None if models else (list(variants) or None), flavors=list(flavors) or None,
-        runtimes=runtimes, dtype=dtype, golden_dir=golden_dir, models=list(models) or None, rtol=rtol,
-        atol=atol, skip_unavailable=skip_unavailable, strict_placement=strict_placement,
-        model_variant=model_variant, model_options=_given(options) or None, seed=seed, localize=localize,
-        baseline=baseline_dir, save_baseline=save_baseline, max_growth=max_growth, cases=list(cases) or None)
-    report = _with_progress("verify", as_json, lambda progress: verify_mod.verify(request, progress=progress))
-    _report_verify(report, details, as_json)
-
-
-def _report_verify(report, details, as_json):
-    """Prints a verify report (a table, or JSON); exit 1 unless it passed."""
+    # A progress bar over golden mode's and model files' runs (a module's and a language model's
+    # checks report none).
+    quiet = as_json or module_spec is not None or hf_path is not None
+    report = _with_progress("verify", quiet, lambda progress: commands.verify(
+        models, variants=variants, flavors=flavors, runtimes=runtimes, dtype=dtype, golden_dir=golden_dir, rtol=rtol,
+        atol=atol, skip_unavailable=skip_unavailable, strict_placement=strict_placement, seed=seed, localize=localize,
+        save_baseline=save_baseline, baseline_dir=baseline_dir, max_growth=max_growth, cases=cases,
+        module_spec=module_spec, hf_path=hf_path, new_tokens=new_tokens, clients_text=clients_text, budget=budget,
+        input_specs=input_specs, cache_specs=cache_specs, write_pos=write_pos, progress=progress, **options))
     if as_json:
         click.echo(jsonout.dumps(report.to_dict()))
     else:
-        _print_verify(report, details)
+        render.verify(report, details)
     if not report.ok:
         sys.exit(1)
 
@@ -726,160 +478,6 @@ def _with_progress(label, quiet, work):
     with Progress(*columns, console=err_console, transient=True) as bar:
         task = bar.add_task("", total=None)
         return work(lambda i, n, what: bar.update(task, completed=i, total=n, description=what))
-
-
-def _e(x) -> str:
-    return "-" if x is None or x != x or x == float("inf") else f"{x:.2e}"
-
-
-def _table(title, columns, numeric, min_widths=None):
-    """A table that fits 80 columns: no vertical rules, text columns fold, numbers never cut."""
-    from rich import box
-    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for col in columns:
-        if col in numeric:
-            table.add_column(col, justify="right", no_wrap=True)
-        else:
-            table.add_column(col, overflow="fold", min_width=(min_widths or {}).get(col))
-    return table
-
-
-def _run_cell(r) -> str:
-    """A run's table cell: the model file, the case and where it ran on lines of their own, so a
-    narrow terminal wraps between them, not inside a name (a case's steps break after the /)."""
-    case = r.case.replace("/", "/ ")
-    return "\n".join(([f"{r.model}:"] if r.model else []) + [case, f"{r.flavor} {r.runtime}"])
-
-
-def _result(r) -> str:
-    return "n/a" if r.skipped else ("[green]pass[/green]" if r.passed else "[red]FAIL[/red]")
-
-
-def _print_verify(report, details, out=None):
-    out = out or _console()
-    for r in report.runtimes:
-        if not r["available"]:
-            click.echo(f"skipped {r['name']}: {r['reason']}", err=True)
-    if details:
-        table = _table(f"verify {report.dtype}: every run", ("run", "ok", "output", "max abs\n@ index",
-                                                             "mean\nmedian\np99", "atol\nneeds", "ms"),
-                       ("max abs\n@ index", "mean\nmedian\np99", "atol\nneeds", "ms"), min_widths={"run": 19})
-        for r in report.rows:
-            run = escape(_run_cell(r))
-            if not r.comparisons:
-                table.add_row(run, _result(r), escape((r.skipped or r.error)[:120]), "", "", "", "")
-                continue
-            for i, c in enumerate(r.comparisons):
-                idx = ",".join(map(str, c.argmax))
-                table.add_row(run if i == 0 else "", _result(r) if i == 0 else "", escape(c.problem or c.name),
-                              f"{_e(c.max_abs)}\n@{idx}", f"{_e(c.mean_abs)}\n{_e(c.median_abs)}\n{_e(c.p99_abs)}",
-                              f"{_e(c.atol)}\n{_e(c.needed_atol)}",
-                              f"{r.median_ms:.2f}" if (i == 0 and r.median_ms is not None) else "")
-        out.print(table)
-    elif report.failures:
-        table = _table("failures", ("run", "output", "max abs", "atol", "needs atol"),
-                       ("max abs", "atol", "needs atol"))
-        for r in report.failures:
-            c = r.worst
-            table.add_row(escape(_run_cell(r)),
-                          escape(c.name if c is not None else (r.error or "compared nothing")[:60]),
-                          _e(c.max_abs) if c is not None else "-", _e(c.atol) if c is not None else "-",
-                          _e(c.needed_atol) if c is not None else "-")
-        out.print(table)
-    summary = _table(f"verify {report.dtype}: {len(report.rows)} runs",
-                     ("runtime", "flavor", "pass", "fail", "n/a", "worst abs", "needs atol", "ms"),
-                     ("pass", "fail", "n/a", "worst abs", "needs atol", "ms"))
-    groups = {}
-    for r in report.rows:
-        groups.setdefault((r.runtime, r.flavor), []).append(r)
-    for (rt, fl), rs in groups.items():
-        # Only values that were compared count: a failed run with no comparison shows "-".
-        cs = [c for r in rs for c in r.comparisons if not c.problem]
-        failed = sum(1 for r in rs if not r.passed and not r.skipped)
-        summary.add_row(rt, fl, str(sum(r.passed for r in rs)), f"[red]{failed}[/red]" if failed else "0",
-                        str(sum(bool(r.skipped) for r in rs)),
-                        _e(max((c.max_abs for c in cs), default=None)),
-                        _e(max((c.needed_atol for c in cs), default=None)),
-                        f"{sum(r.median_ms or 0 for r in rs):.1f}")
-    out.print(summary)
-    kinds = {}
-    for r in report.rows:  # which cases ran, and where their expected values came from
-        kinds.setdefault(r.expected_kind, {}).setdefault(r.case, None)
-    for kind, names in kinds.items():
-        shown = ", ".join(list(names)[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-        click.echo(f"cases, expected from {kind}: {shown}")
-    bases = sorted({r.tolerance.basis for r in report.rows if r.tolerance is not None})
-    if report.dtype == "fp16" and bases:
-        click.echo(f"fp16 tolerances: derived per case ({len(bases)} {'basis' if len(bases) == 1 else 'bases'}; "
-                   "see --details or --json), "
-                   "atol = max(policy, 4 x the error of the fp16-emulated reference)")
-    derived = [(c, r) for r in report.rows for c in r.comparisons if "in float64" in c.basis]
-    if derived:
-        c, r = max(derived, key=lambda cr: cr[0].atol)
-        click.echo(f"budgets: per output, atol = max(policy, {FP32_FACTOR:g} x torch's own error against the model "
-                   f"in float64), rtol {c.rtol:g}; the largest: {c.name} of {r.case}, atol {c.atol:.3g} ({c.basis})")
-    for r in report.rows:  # a lossy language model's accuracy, in words
-        if r.detail and "summary" in r.detail:
-            click.echo(f"accuracy on {r.runtime}: {r.detail['summary']}; budget: {r.detail['budget']['text']}")
-        if r.detail and r.detail.get("layer_costs"):
-            top = ", ".join(f"{c['group']} {c['kl_mean']:.2g}" for c in r.detail["layer_costs"][:5])
-            click.echo(f"layers that cost most, each quantized alone (mean KL vs fp32): {top}")
-    for r in report.failures:
-        click.echo(f"FAIL {r.describe(localization=False)}")
-        if r.localization is not None and (r.localization.diverged or r.localization.note):
-            click.echo(f"  where: {r.localization.describe()}")
-    if report.saved_baseline:
-        click.echo(f"baseline saved: {report.saved_baseline}")
-    s = report.summary()
-    verdict = "all passed" if report.ok else f"{s['failed']} failed"
-    click.echo(f"verify: {s['passed']} passed, {s['failed']} failed, {s['not_applicable']} not applicable "
-               f"({verdict})")
-
-
-def _int_list(flag, text):
-    if text is None:
-        return None
-    try:
-        values = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise UsageError(f"{flag} takes integers separated by commas, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise UsageError(f"{flag} takes positive integers, got {text!r}")
-    return values
-
-
-def _print_bench(rows, variant, dtype):
-    """The timing table at any width down to 80 columns: two values per cell, notes below it."""
-    table = _table(f"bench {variant} {dtype}, {rows[0].threads if rows else '?'} CPU threads",
-                   ("run", "shape", "median ms\np10-p90", "TFLOP/s\npeak", "x torch\nspread", "max err"),
-                   ("median ms\np10-p90", "TFLOP/s\npeak", "x torch\nspread", "max err"))
-    notes = []
-    for r in rows:
-        run = f"{r.runtime}\n{r.flavor}" + ("" if r.mode in ("eager", "io-binding") else f" {r.mode}")
-        if r.phase:
-            run += f" {r.phase}"
-        if r.median_ms != r.median_ms:  # not applicable: no timing
-            notes.append(f"{r.runtime} {r.flavor}: {r.note}")
-            continue
-        note = [r.note] if r.note else []
-        if r.ratio_to_ort_cpu is not None:
-            note.append(f"{r.ratio_to_ort_cpu:.2f}x ort-cpu's time")
-        if r.cpu_nodes:
-            note.append(f"{len(r.cpu_nodes)} node(s) on CPU: {', '.join(r.cpu_nodes[:3])}")
-        if r.peak_mem_bytes is not None:
-            note.append(f"peak mem {r.peak_mem_bytes / 2**20:.0f} MiB")
-        if note:
-            notes.append(f"{r.runtime} {r.flavor} {r.shape_label}: {'; '.join(note)}")
-        table.add_row(escape(run), r.shape_label, f"{r.median_ms:.3f}\n{r.p10_ms:.3f}-{r.p90_ms:.3f}",
-                      f"{r.tflops:.3f}\n{r.peak_fraction:.2f}",
-                      f"{r.ratio_to_torch:.2f}\n{r.ratio_min:.2f}-{r.ratio_max:.2f}", f"{r.max_abs_err:.1e}")
-    _console().print(table)
-    peaks = sorted({(r.peak_tflops, r.peak_source) for r in rows if r.peak_source})
-    for tf, where in peaks:
-        click.echo(f"peak: {tf:.3f} TFLOP/s, the best matmul measured ({where}); 'x torch' spread: over "
-                   f"{rows[0].rounds} rounds")
-    for n in notes:
-        click.echo(f"note: {n}")
 
 
 @main.command()
@@ -932,61 +530,13 @@ def bench(variant, module_spec, hf_path, genai_python, precisions, genai_precisi
     attnexport bench --hf ./tiny-llama --decode --context 128,1024 --threads 2
     """
 
-    if sum(x is not None for x in (variant, module_spec, hf_path)) != 1:
-        raise UsageError("give --variant NAME, --module FILE.py:NAME or --hf PATH (one of them)")
-    if (genai_python or precisions or genai_precisions) is not None and hf_path is None:
-        raise UsageError("--genai-python, --precision and --genai-precision go with --hf")
-    if hf_path is not None:
-        if not decode or _given(options) or input_specs or batch or seq or kv_seq or cuda_graph or plot or \
-                dtype != "fp32" or (runtimes and runtimes != ["ort-cpu"]):
-            raise UsageError("--hf takes --decode with --context, --flavor, --threads, --warmup, --iters, --seed and "
-                             "--json (fp32 on ort-cpu, beside transformers and Optimum)")
-        _bench_hf(hf_path, _int_list("--context", context), flavors, threads, warmup, iters, seed, genai_python,
-                  _precisions(precisions, "--precision", PRECISIONS), _precisions(genai_precisions, "--genai-precision",
-                                                                                   ("fp32", "int4")), as_json)
-        return
-    if module_spec is not None:
-        weights = _module_weights(options)
-        if decode or _given(options) or kv_seq:
-            raise UsageError("--module takes --batch and --seq (no --decode, --kv-seq or variant options)")
-        variant = _module_variant(module_spec, input_specs, seed, weights)
-    elif input_specs:
-        raise UsageError("--input goes with --module")
-    opts = _given(options)
-    for name, text in (("batch", batch), ("seq", seq), ("kv_seq", kv_seq)):
-        values = _int_list("--" + name.replace("_", "-"), text)
-        if values:
-            opts[name] = values
-    request = bench_mod.BenchRequest(variant, opts, runtimes, list(flavors) or None, dtype, warmup, iters,
-                                     cuda_graph, threads, seed, repeat)
-    if plot:
-        plot = str(F.resolve_target(plot))  # before the benchmark runs, not after
-    if not as_json:
-        for w in bench_mod.warnings_for(runtimes, dtype, cuda_graph):
-            click.echo(f"note: {w}", err=True)
-    contexts = _int_list("--context", context)
-    if contexts and not decode:
-        raise UsageError("--context goes with --decode")
-    if decode:
-        rows = _with_progress("bench", as_json, lambda progress: bench_mod.bench_decode(
-            request, None, contexts, progress=progress))
-    else:
-        rows = _with_progress("bench", as_json, lambda progress: bench_mod.bench(request, progress=progress))
-    title = module_spec or variant
-    if plot:
-        bench_mod.plot(rows, plot, f"{title} {dtype}, median latency")
+    result = _with_progress("bench", as_json or hf_path is not None, lambda progress: commands.bench(
+        variant, module_spec, hf_path, genai_python=genai_python, precisions_text=precisions,
+        genai_precisions_text=genai_precisions, input_specs=input_specs, batch=batch, seq=seq, kv_seq=kv_seq,
+        decode=decode, context=context, runtimes=runtimes, flavors=flavors, dtype=dtype, warmup=warmup, iters=iters,
+        cuda_graph=cuda_graph, threads=threads, repeat=repeat, seed=seed, plot=plot, progress=progress,
+        said=None if as_json else (lambda text: click.echo(text, err=True)), **options))
     if as_json:
-        click.echo(jsonout.dumps(bench_mod.to_json(rows)))
+        click.echo(jsonout.dumps(result.to_json()))
         return
-    _print_bench(rows, title, dtype)
-    for rt, shape, flavor, ms in bench_mod.fastest(rows):
-        click.echo(f"fastest on {rt} at {shape}: {flavor} ({ms:.3f} ms)")
-    for r in rows:
-        if r.phase and r.tokens_per_s:
-            mode = "" if r.mode == "eager" else f" ({r.mode})"
-            bandwidth = f", {r.bandwidth_fraction:.2f} of the {r.bandwidth_gbs:.1f} GB/s memory bandwidth" \
-                if r.bandwidth_fraction is not None else ""
-            click.echo(f"{r.phase} {r.runtime} {r.flavor}{mode} at {r.shape_label}: {r.median_ms:.3f} ms, "
-                       f"{r.tokens_per_s:,.0f} tokens/s{bandwidth}")
-    if plot:
-        click.echo(f"plot: {plot}")
+    render.bench(result)

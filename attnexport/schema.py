@@ -37,6 +37,11 @@ class TensorSpec:
     dims: tuple[str | int, ...]  # option names (symbolic sizes), sums of them ("past_seq+seq"), or ints
     dtype: str  # "float", "bool" or "int64"
     kind: str = "data"  # how example values are made: data, bool_mask, additive_mask, padding, valid_lens, sorted
+    # A cache input's part in the step: (the output it pairs with, how it carries the cache: "concat",
+    # grown by the block; "static", a buffer written in place at the write position; "cross", a
+    # decoder's memory, carried as it is). None for every other input. `variants.step_signature`
+    # makes the step's signature from it.
+    cache: tuple[str, str] | None = None
 
     def shape(self, o: dict) -> tuple[int, ...]:
         return tuple(d if isinstance(d, int) else sum(o[p] for p in d.split("+")) for d in self.dims)

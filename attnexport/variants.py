@@ -84,12 +84,16 @@ def _sdpa_inputs(o):
         kind = {"bool": ("bool", "bool_mask"), "float": ("float", "additive_mask")}[o["mask"]]
         qkv += (T("attn_mask", dims, *kind),)
     if static_cache(o):  # buffers of --max-seq positions, garbage past each sequence's write position
-        qkv += (T("key_cache", ("batch", heads, o["max_seq"], hd), "float"),
-                T("value_cache", ("batch", heads, o["max_seq"], vd), "float"),
+        qkv += (T("key_cache", ("batch", heads, o["max_seq"], hd), "float",
+                  cache=("key_cache_out", "static")),
+                T("value_cache", ("batch", heads, o["max_seq"], vd), "float",
+                  cache=("value_cache_out", "static")),
                 T("write_pos", ("batch",), "int64", "write_pos"))
     elif o["kv_cache"]:
-        qkv += (T("past_key", ("batch", heads, "past_seq", hd), "float"),
-                T("past_value", ("batch", heads, "past_seq", vd), "float"))
+        qkv += (T("past_key", ("batch", heads, "past_seq", hd), "float",
+                  cache=("present_key", "concat")),
+                T("past_value", ("batch", heads, "past_seq", vd), "float",
+                  cache=("present_value", "concat")))
     if o["nonpad"]:
         qkv += (T("nonpad_kv_seqlen", ("batch",), "int64", "valid_lens"),)
     return qkv
@@ -169,18 +173,13 @@ def static_cache(o) -> bool:
 
 
 def step_signature(variant: Variant, o: dict) -> StepSignature:
-    """The cache pairs and write position of a variant's step at options `o` (the graph fills in
-    the rest at export): past_X -> present_X grows by the block ("cross" for a decoder's memory,
-    which it does not), X_cache -> X_cache_out is a static buffer written at `write_pos`."""
-    caches = []
-    for spec in variant.inputs(o):
-        if spec.name.startswith("past_"):
-            kind = "cross" if spec.name.startswith("past_cross_") else "concat"
-            caches.append(CachePair(spec.name, "present_" + spec.name.removeprefix("past_"), len(spec.dims) - 2, kind))
-        elif spec.name.endswith("_cache"):
-            caches.append(CachePair(spec.name, spec.name + "_out", len(spec.dims) - 2, "static"))
-    write = WritePos("write_pos") if any(c.kind == "static" for c in caches) else None
-    return StepSignature(caches=tuple(caches), write_pos=write)
+    """The cache pairs and write position of a variant's step at options `o`, as its inputs declare
+    them (a cache input's `TensorSpec.cache`: the output it pairs with and its kind; the write
+    position, the input of kind "write_pos"); the graph fills in the rest at export."""
+    specs = variant.inputs(o)
+    caches = tuple(CachePair(s.name, s.cache[0], len(s.dims) - 2, s.cache[1]) for s in specs if s.cache)
+    write = next((WritePos(s.name) for s in specs if s.kind == "write_pos"), None)
+    return StepSignature(caches=caches, write_pos=write)
 
 
 def _build_mha(o):
@@ -223,13 +222,17 @@ def _mha_inputs(o):
     x = (T("x", ("batch", "seq", "dim"), "float"),)
     if static_cache(o):  # garbage past each sequence's write position: attention must not read it
         hd = o["dim"] // o["heads"]
-        return x + (T("key_cache", ("batch", o["kv_heads"], "max_seq", hd), "float"),
-                    T("value_cache", ("batch", o["kv_heads"], "max_seq", hd), "float"),
+        return x + (T("key_cache", ("batch", o["kv_heads"], "max_seq", hd), "float",
+                      cache=("key_cache_out", "static")),
+                    T("value_cache", ("batch", o["kv_heads"], "max_seq", hd), "float",
+                      cache=("value_cache_out", "static")),
                     T("write_pos", ("batch",), "int64", "write_pos"))
     if o["kv_cache"]:
         hd = o["dim"] // o["heads"]
-        return x + (T("past_key", ("batch", o["kv_heads"], "past_seq", hd), "float"),
-                    T("past_value", ("batch", o["kv_heads"], "past_seq", hd), "float"))
+        return x + (T("past_key", ("batch", o["kv_heads"], "past_seq", hd), "float",
+                      cache=("present_key", "concat")),
+                    T("past_value", ("batch", o["kv_heads"], "past_seq", hd), "float",
+                      cache=("present_value", "concat")))
     return x + ((T("mask", ("batch", "seq"), "bool", "padding"),) if o["mask"] == "padding" else ())
 
 
@@ -291,16 +294,22 @@ def _decoder_inputs(o):
     x = (T("x", ("batch", "seq", "dim"), "float"), T("memory", ("batch", "kv_seq", "dim"), "float"))
     if static_cache(o):
         hd = o["dim"] // o["heads"]
-        return x + (T("key_cache", ("batch", o["heads"], o["max_seq"], hd), "float"),
-                    T("value_cache", ("batch", o["heads"], o["max_seq"], hd), "float"),
+        return x + (T("key_cache", ("batch", o["heads"], o["max_seq"], hd), "float",
+                      cache=("key_cache_out", "static")),
+                    T("value_cache", ("batch", o["heads"], o["max_seq"], hd), "float",
+                      cache=("value_cache_out", "static")),
                     T("write_pos", ("batch",), "int64", "write_pos"),
-                    T("past_cross_key", ("batch", o["heads"], "past_kv_seq", hd), "float"),
-                    T("past_cross_value", ("batch", o["heads"], "past_kv_seq", hd), "float"))
+                    T("past_cross_key", ("batch", o["heads"], "past_kv_seq", hd), "float",
+                      cache=("present_cross_key", "cross")),
+                    T("past_cross_value", ("batch", o["heads"], "past_kv_seq", hd), "float",
+                      cache=("present_cross_value", "cross")))
     if o["kv_cache"]:
         hd = o["dim"] // o["heads"]
-        return x + tuple(T(f"past_{n}", ("batch", o["heads"], length, hd), "float")
-                         for n, length in (("key", "past_seq"), ("value", "past_seq"),
-                                           ("cross_key", "past_kv_seq"), ("cross_value", "past_kv_seq")))
+        return x + tuple(T(f"past_{n}", ("batch", o["heads"], length, hd), "float",
+                           cache=(f"present_{n}", kind))
+                         for n, length, kind in (("key", "past_seq", "concat"), ("value", "past_seq", "concat"),
+                                                 ("cross_key", "past_kv_seq", "cross"),
+                                                 ("cross_value", "past_kv_seq", "cross")))
     return x + ((T("memory_mask", ("batch", "kv_seq"), "bool", "padding"),) if o["mask"] == "padding" else ())
 
 
@@ -612,7 +621,8 @@ def catalogue() -> list[dict]:
             return specs + [s for s in (specs_of(cached) if cached else ()) if s.name not in names]
 
         def listed(specs_of, plain):
-            return [{"name": s.name, "dims": list(s.dims), "dtype": s.dtype, "optional": s.name not in plain}
+            return [{"name": s.name, "dims": list(s.dims), "dtype": s.dtype, "optional": s.name not in plain,
+                     **({"cache": {"output": s.cache[0], "kind": s.cache[1]}} if s.cache else {})}
                     for s in union(specs_of)]
         rows.append({
             "name": v.name,

@@ -30,6 +30,12 @@ def test_list_json():
     assert [i["name"] for i in sdpa["inputs"]] == ["query", "key", "value", "attn_mask", "nonpad_kv_seqlen",
                                                        "past_key", "past_value"]
     assert sdpa["inputs"][3]["optional"] and not sdpa["inputs"][0]["optional"]
+    # A cache input says which output carries it on, and how (what an app binds its cache by).
+    assert {i["name"]: i.get("cache") for i in sdpa["inputs"] if "cache" in i} == {
+        "past_key": {"output": "present_key", "kind": "concat"},
+        "past_value": {"output": "present_value", "kind": "concat"}}
+    decoder = next(r for r in rows if r["name"] == "decoder")
+    assert {i["cache"]["kind"] for i in decoder["inputs"] if "cache" in i} == {"concat", "cross"}
     assert {o["flag"] for o in sdpa["options"]} >= {"--causal", "--scale", "--softcap", "--mask", "--weights"}
 
 

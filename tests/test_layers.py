@@ -64,8 +64,8 @@ def test_the_imports_have_no_cycle():
 
 
 def test_the_check_sees_lazy_imports():
-    edges = _imports()["attnexport.cli"]
-    assert "attnexport.bench" in edges  # imported inside a command only
+    edges = _imports()["attnexport.commands"]
+    assert "attnexport.hf_bench" in edges  # imported inside a command only
     assert "attnexport.models.core" in _imports()["attnexport.modules"]
 
 
@@ -86,6 +86,7 @@ TESTED_ELSEWHERE = {
     "golden_plan": "verify/: test_verify.py", "model_plan": "verify/: test_verify.py, test_trust.py",
     "decode_checks": "verify/: test_decode.py", "module_check": "verify/: test_modules.py",
     "hf_check": "verify/: test_hf_models.py", "hf_bench": "bench --hf: test_hf_models.py",
+    "render": "what the commands print: test_cli.py, test_bench.py and test_verify.py read it",
 }
 
 
@@ -108,8 +109,8 @@ def test_no_function_outside_the_command_line_takes_more_than_about_8_parameters
     many = []
     for path in PACKAGE.rglob("*.py"):
         where = str(path.relative_to(PACKAGE))
-        if where == "cli.py":  # click passes every option: the commands build one request from them
-            continue
+        if where in ("cli.py", "commands.py"):  # click passes every option, and the commands take what the
+            continue  # command line takes: each builds one request from them
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 a = node.args

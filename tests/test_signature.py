@@ -119,3 +119,29 @@ def test_decoding_follows_the_signatures_kinds():
     # A cache input the signature pairs with nothing is refused, not guessed from its name.
     with pytest.raises(ValueError, match="pairs no output with the cache input.s. past_key, past_cross"):
         decode_all(step, stream, 2, empty, 1)
+
+
+def test_a_variants_signature_is_what_its_inputs_declare_not_what_they_are_called():
+    """The cache pairs come from each input's declared part (`TensorSpec.cache`): an input named
+    like a cache but declaring none is not one, and a cache named otherwise is one, with its kind."""
+    import dataclasses
+
+    from attnexport import variants as V
+    from attnexport.schema import TensorSpec
+
+    decoder = V.get("decoder")
+    o = decoder.resolve({"kv_cache": True})
+    renamed = {"past_key": "history_k", "past_cross_key": "memory_k"}
+
+    def inputs(opts):
+        return tuple(dataclasses.replace(s, name=renamed.get(s.name, s.name)) for s in decoder.inputs(opts)) + \
+            (TensorSpec("past_notes", ("batch", "seq"), "float"),)
+    signature = V.step_signature(dataclasses.replace(decoder, inputs=inputs), o)
+    assert {(c.past, c.present, c.kind, c.axis) for c in signature.caches} == {
+        ("history_k", "present_key", "concat", 2), ("past_value", "present_value", "concat", 2),
+        ("memory_k", "present_cross_key", "cross", 2), ("past_cross_value", "present_cross_value", "cross", 2)}
+    assert signature.write_pos is None
+    static = V.step_signature(V.get("mha"), V.get("mha").resolve({"kv_cache": True, "max_seq": 32}))
+    assert {(c.past, c.present, c.kind) for c in static.caches} == {("key_cache", "key_cache_out", "static"),
+                                                                    ("value_cache", "value_cache_out", "static")}
+    assert static.write_pos is not None and static.write_pos.name == "write_pos"

@@ -1,0 +1,301 @@
+"""The commands as library calls: `export`, `verify` and `bench` take what their command lines
+take, as the user wrote it (the repeatable `--input`/`--cache`/`--dynamic` texts, `--context
+128,1024`, a variant's options as keywords), refuse what does not go together with one
+`UsageError`, build the library's request and run it. The command line (`attnexport.cli`) parses,
+calls these and prints what they return (`attnexport.render`); a Python caller gets the same
+checks and the same results.
+
+    from attnexport import commands
+    result = commands.export(variant="mha", heads=8, flavor="ort", output="mha.onnx")
+    report = commands.verify(models=["mha.onnx"], runtimes=["ort-cpu"])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnexport import bench as bench_mod
+from attnexport import clients, modules
+from attnexport import export as export_mod
+from attnexport import files as F
+from attnexport import verify as verify_mod
+from attnexport.compare import check_tolerance_values
+from attnexport.errors import UsageError
+from attnexport.precision import PRECISIONS
+
+GENAI_PRECISIONS = ("fp32", "int4")  # onnxruntime-genai model builder's -p values bench --hf times
+_MODULE_ONLY = "--input, --dynamic, --nan-rows, --allow-unfused, --cache, --write-pos and --output-names"
+
+
+# --- the options as the command line spells them ---------------------------------------------------
+
+def given(options: dict) -> dict:
+    """A variant's options as the command line gives them (None: not given) as the variant takes
+    them: `--kv-cache` (concat) and `--kv-cache static` (with `--max-seq`) are both the kv_cache
+    option, the buffers' size telling them apart."""
+    out = {k: v for k, v in options.items() if v is not None}
+    cache = out.get("kv_cache")
+    if cache in ("concat", "static"):
+        if cache == "static" and out.get("max_seq") is None:
+            raise UsageError("--kv-cache static needs --max-seq S, the buffers' positions")
+        if cache == "concat" and out.get("max_seq") is not None:
+            raise UsageError("--max-seq is the static cache's size: give --kv-cache static")
+        out["kv_cache"] = True
+    return out
+
+
+def int_list(flag: str, text: str | None) -> list[int] | None:
+    """`--seq 512,2048` -> [512, 2048]; None when not given."""
+    if text is None:
+        return None
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} takes integers separated by commas, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise UsageError(f"{flag} takes positive integers, got {text!r}")
+    return values
+
+
+def precisions(text: str | None, flag: str, valid) -> tuple:
+    """`--precision a,b` as a tuple, each checked; None: fp32 alone."""
+    if text is None:
+        return ("fp32",)
+    names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    bad = [n for n in names if n not in valid]
+    if bad or not names:
+        raise UsageError(f"{flag} takes {', '.join(valid)} separated by commas, got {text!r}")
+    return names
+
+
+def cache_pairs(specs) -> dict:
+    """`--cache INPUT:OUTPUT` (repeatable) -> {input: output}."""
+    pairs = {}
+    for text in specs or ():
+        past, sep, present = text.partition(":")
+        if not sep or not past or not present or ":" in present:
+            raise UsageError(f"--cache takes INPUT:OUTPUT (e.g. past_key:present_key), got {text!r}")
+        pairs[past] = present
+    return pairs
+
+
+def dynamic_axes(specs) -> dict | None:
+    """`--dynamic NAME:AXIS=DIM` (repeatable) -> {input: {axis: dim name}}, or None."""
+    if not specs:
+        return None
+    dynamic: dict = {}
+    for t in specs:
+        n, axis, dim = modules.parse_dynamic(t)
+        dynamic.setdefault(n, {})[axis] = dim
+    return dynamic
+
+
+def module_weights(options: dict):
+    """With --module, `--weights FILE` is the module's trained weights (the variant option of that
+    name, an output choice, means nothing for a module); taken out of `options`."""
+    weights = options.pop("weights", None)
+    if weights == "softmax":  # `--weights` given without a value
+        raise UsageError("with --module, --weights takes a file: a state_dict saved with torch.save, or .safetensors")
+    return weights
+
+
+def hf_form(options: dict) -> tuple[str, int]:
+    """(cache form, max_seq) from --kv-cache [static] and --max-seq (`hf_export` checks that they
+    go together); no other variant option."""
+    kv_cache, max_seq = options.pop("kv_cache", None), options.pop("max_seq", None)
+    rest = {k: v for k, v in options.items() if v is not None}
+    if rest:
+        raise UsageError(f"--hf takes no variant options but --kv-cache and --max-seq "
+                         f"({', '.join('--' + k.replace('_', '-') for k in rest)})")
+    return kv_cache or "none", max_seq or 0
+
+
+def _one_source(variant, module_spec, hf_path) -> None:
+    if sum(x is not None for x in (variant, module_spec, hf_path)) != 1:
+        raise UsageError("give --variant NAME, --module FILE.py:NAME or --hf PATH (one of them)")
+
+
+# --- export ------------------------------------------------------------------------------------
+
+def export(variant=None, module_spec=None, hf_path=None, *, input_specs=(), nan_rows=False, allow_unfused=False,
+           cache_specs=(), write_pos=None, output_names=None, dynamic_specs=(), flavor=export_mod.DEFAULT_FLAVOR,
+           opset=None, dtype="fp32", seed=0, output=None, deploy=None, rtol=None, atol=None, precision=None,
+           block_size=None, accuracy_level=None, keep=None, symmetric=None, requantize=None, minimums=None,
+           **options):
+    """`attnexport export`: a variant, a user's module (`module_spec`, FILE.py:NAME) or a language
+    model (`hf_path`), exported and checked as the command does. Returns the export's result
+    (`to_dict()`, `summary()`)."""
+    _one_source(variant, module_spec, hf_path)
+    check_tolerance_values(rtol, atol)
+    if deploy is not None and hf_path is None:
+        raise UsageError("--deploy writes a language model's folder: it goes with --hf")
+    quant = {"block_size": block_size, "accuracy_level": accuracy_level, "keep": keep, "symmetric": symmetric,
+             "requantize": requantize, "minimums": minimums}
+    if hf_path is None and (precision is not None or any(v is not None for v in quant.values())):
+        raise UsageError("--precision, --block-size, --accuracy-level, --keep, --symmetric, --requantize and "
+                         "--minimums go with --hf")
+    module_only = input_specs or dynamic_specs or nan_rows or allow_unfused or cache_specs or write_pos or output_names
+    if hf_path is not None:
+        if module_only:
+            raise UsageError(f"{_MODULE_ONLY} go with --module (--hf knows its model's inputs, outputs and cache)")
+        from attnexport import hf_export
+        form, max_seq = hf_form(options)
+        request = hf_export.request(hf_path, quant, form=form, max_seq=max_seq, flavor=flavor, opset=opset,
+                                    dtype=dtype, output=output, seed=seed, deploy=deploy, rtol=rtol, atol=atol,
+                                    precision=precision)
+        return hf_export.export_hf(request)[0]
+    if variant is not None and (rtol is not None or atol is not None):
+        raise UsageError("--rtol/--atol set the check before writing of --hf and --module exports; a variant's "
+                         "export is checked by verify (which takes them too)")
+    if module_spec is None:
+        if module_only:
+            raise UsageError(f"{_MODULE_ONLY} go with --module")
+        return export_mod.export(export_mod.ExportRequest(variant, given(options), flavor, opset, dtype, seed=seed,
+                                                          output=output))
+    if isinstance(output_names, str):
+        output_names = output_names.split(",")
+    request = export_mod.ModuleExport(
+        flavor=flavor, opset=opset, dtype=dtype, dynamic=dynamic_axes(dynamic_specs), output=output,
+        name=module_spec, nan_rows=nan_rows, seed=seed, allow_unfused=allow_unfused,
+        cache=cache_pairs(cache_specs) or None, write_pos=write_pos, output_names=output_names or None,
+        rtol=rtol, atol=atol)
+    weights = module_weights(options)
+    if given(options):
+        flags = ", ".join("--" + k.replace("_", "-") for k in given(options))
+        raise UsageError(f"--module takes no variant options ({flags})")
+    return export_mod.export_module_file(module_spec, input_specs, request, weights)
+
+
+# --- verify ------------------------------------------------------------------------------------
+
+def verify(models=(), *, variants=(), flavors=(), runtimes=None, dtype=None, golden_dir=None, rtol=None, atol=None,
+           skip_unavailable=False, strict_placement=False, seed=None, localize=False, save_baseline=None,
+           baseline_dir=None, max_growth=10.0, cases=(), module_spec=None, hf_path=None, new_tokens=48,
+           clients_text=None, budget=None, input_specs=(), cache_specs=(), write_pos=None,
+           progress: Callable | None = None, **options):
+    """`attnexport verify`: golden cases exported and run (no `models`), model files judged by
+    their metadata, a model against its module (`module_spec`) or against its language model
+    (`hf_path`). Returns the `verify.Report`; `progress(i, n, what)` is told of each run."""
+    if models and len(variants) > 1:
+        raise UsageError("a MODEL takes one --variant")
+    if clients_text is not None and hf_path is None:
+        raise UsageError("--clients generate from a language model's deployment folder: it goes with --hf")
+    if budget is not None and hf_path is None:
+        raise UsageError("--budget is the accuracy budget of a quantized or fp16 language model: it goes with --hf")
+    if hf_path is not None:
+        from attnexport.accuracy import Budget
+        from attnexport.verify.hf_check import HFCheck, verify_hf
+        if len(models) != 1 or module_spec is not None:
+            raise UsageError("--hf compares one MODEL with the language model it was exported from: give one MODEL "
+                             "(and no --module)")
+        if given(options) or variants or flavors or cases or input_specs or cache_specs or write_pos:
+            raise UsageError("--hf takes no --variant, --flavor, --case, --input, --cache, --write-pos or variant "
+                             "options: the model says what it is")
+        return verify_hf(HFCheck(models[0], hf_path, runtimes, rtol, atol, skip_unavailable, seed, new_tokens,
+                                 tuple(clients.parse(clients_text)), Budget().with_overrides(budget),
+                                 strict_placement))
+    if module_spec is not None:
+        if len(models) != 1:
+            raise UsageError("--module compares one MODEL with the module it was exported from: give one MODEL")
+        weights = module_weights(options)
+        if given(options) or variants or flavors or cases:
+            raise UsageError("--module takes no --variant, --flavor, --case or variant options: the model and the "
+                             "module say what to compare")
+        return verify_mod.verify_module(models[0], module_spec, runtimes, rtol=rtol, atol=atol,
+                                        skip_unavailable=skip_unavailable,
+                                        input_specs=[modules.parse_input(t) for t in input_specs] or None,
+                                        seed=seed, weights_file=weights, cache=cache_pairs(cache_specs) or None,
+                                        write_pos=write_pos, strict_placement=strict_placement)
+    if input_specs or cache_specs or write_pos:
+        raise UsageError("--input, --cache and --write-pos go with --module (the inputs of a MODEL exported from a "
+                         "module)")
+    if models and cases:
+        raise UsageError("--case selects golden cases to export and run; a MODEL runs those of its own options")
+    request = verify_mod.VerifyRequest(
+        variants=None if models else (list(variants) or None), flavors=list(flavors) or None,
+        runtimes=runtimes, dtype=dtype, golden_dir=golden_dir, models=list(models) or None, rtol=rtol,
+        atol=atol, skip_unavailable=skip_unavailable, strict_placement=strict_placement,
+        model_variant=variants[0] if models and variants else None, model_options=given(options) or None,
+        seed=seed, localize=localize, baseline=baseline_dir, save_baseline=save_baseline, max_growth=max_growth,
+        cases=list(cases) or None)
+    return verify_mod.verify(request, progress=progress)
+
+
+# --- bench -------------------------------------------------------------------------------------
+
+@dataclass
+class BenchResult:
+    """What `bench` measured: `rows` (bench.BenchRow, or hf_bench's rows with `info` for a
+    language model), titled `title`; `plot`, the chart written, if one was asked for."""
+
+    rows: list
+    title: str
+    dtype: str
+    language_model: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+    plot: str | None = None
+
+    def to_json(self):
+        """`bench --json`: the rows as a list; a language model's as {"rows": [...], "info": {...}}."""
+        if self.language_model:
+            from attnexport import hf_bench
+            return {"rows": hf_bench.to_json(self.rows), "info": self.info}
+        return bench_mod.to_json(self.rows)
+
+
+def bench(variant=None, module_spec=None, hf_path=None, *, genai_python=None, precisions_text=None,
+          genai_precisions_text=None, input_specs=(), batch=None, seq=None, kv_seq=None, decode=False, context=None,
+          runtimes=None, flavors=(), dtype="fp32", warmup=5, iters=30, cuda_graph=False, threads=None, repeat=5,
+          seed=0, plot=None, progress: Callable | None = None, said: Callable[[str], None] | None = None,
+          **options) -> BenchResult:
+    """`attnexport bench`: a variant or a user's module timed on every runtime and flavour beside
+    torch eager, or a language model's engines side by side (`hf_path`, with `decode`). The sizes
+    are the command line's texts (`seq="512,2048"`); `said(text)` is told what is about to be
+    timed and what the run should know (a note), before it runs."""
+    said = said or (lambda text: None)
+    _one_source(variant, module_spec, hf_path)
+    if (genai_python or precisions_text or genai_precisions_text) is not None and hf_path is None:
+        raise UsageError("--genai-python, --precision and --genai-precision go with --hf")
+    contexts = int_list("--context", context)
+    if hf_path is not None:
+        if not decode or given(options) or input_specs or batch or seq or kv_seq or cuda_graph or plot or \
+                dtype != "fp32" or (runtimes and runtimes != ["ort-cpu"]):
+            raise UsageError("--hf takes --decode with --context, --flavor, --threads, --warmup, --iters, --seed and "
+                             "--json (fp32 on ort-cpu, beside transformers and Optimum)")
+        from attnexport import hf_bench
+        lm_request = hf_bench.HFBenchRequest(
+            hf_path, tuple(contexts or hf_bench.CONTEXTS), flavors=tuple(flavors) or hf_bench.HFBenchRequest.flavors,
+            threads=threads or 0, iters=iters, warmup=warmup, seed=seed, genai_python=genai_python,
+            precisions=precisions(precisions_text, "--precision", PRECISIONS),
+            genai_precisions=precisions(genai_precisions_text, "--genai-precision", GENAI_PRECISIONS))
+        lm_rows, info = hf_bench.bench_hf(lm_request, said=lambda text: said(f"timing {text}"))
+        return BenchResult(lm_rows, str(hf_path), "fp32", language_model=True, info=info)
+    title = module_spec or variant
+    if module_spec is not None:
+        weights = module_weights(options)
+        if decode or given(options) or kv_seq:
+            raise UsageError("--module takes --batch and --seq (no --decode, --kv-seq or variant options)")
+        loaded, example, names = modules.load_with_inputs(module_spec, input_specs, seed, weights)
+        variant = bench_mod.module_variant(module_spec, loaded, example, names)
+    elif input_specs:
+        raise UsageError("--input goes with --module")
+    opts = given(options)
+    for name, text in (("batch", batch), ("seq", seq), ("kv_seq", kv_seq)):
+        values = int_list("--" + name.replace("_", "-"), text)
+        if values:
+            opts[name] = values
+    request = bench_mod.BenchRequest(variant, opts, runtimes, list(flavors) or None, dtype, warmup, iters,
+                                     cuda_graph, threads, seed, repeat)
+    if plot:
+        plot = str(F.resolve_target(plot))  # refused before the benchmark runs, not after
+    for w in bench_mod.warnings_for(runtimes, dtype, cuda_graph):
+        said(f"note: {w}")
+    if contexts and not decode:
+        raise UsageError("--context goes with --decode")
+    rows = bench_mod.bench_decode(request, None, contexts, progress=progress) if decode else \
+        bench_mod.bench(request, progress=progress)
+    if plot:
+        bench_mod.plot(rows, plot, f"{title} {dtype}, median latency")
+    return BenchResult(rows, title, dtype, plot=plot)
