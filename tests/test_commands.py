@@ -43,10 +43,10 @@ def test_the_library_refuses_what_the_command_line_refuses_in_the_same_words(arg
 
 def test_an_export_and_its_verify_from_python_are_the_command_lines(tmp_path):
     cli_path, api_path = tmp_path / "cli.onnx", tmp_path / "api.onnx"
-    r = CliRunner().invoke(main, ["export", "--variant", "decoder", "--kv-cache", "--heads", "2", "--dim", "16",
+    r = CliRunner().invoke(main, ["export", "--variant", "mha", "--kv-cache", "--heads", "2", "--dim", "16",
                                   "--flavor", "attention", "-o", str(cli_path), "--json"])
     assert r.exit_code == 0, r.output
-    result = commands.export("decoder", kv_cache="concat", heads=2, dim=16, flavor="attention", output=str(api_path))
+    result = commands.export("mha", kv_cache="concat", heads=2, dim=16, flavor="attention", output=str(api_path))
     from_cli, from_api = json.loads(r.output), result.to_dict()
     assert from_api["options"] == from_cli["options"] and from_api["options"]["kv_cache"] is True
     assert {k: v for k, v in from_api.items() if k not in ("path", "options")} == \
