@@ -18,7 +18,7 @@ forms carry it (`Plan.minimums`):
 - `folded` (the default): the zero point nearest `-m / d`, and what that leaves of `m` (at most half
   a step) as one more row per block, rounded by ONNX Runtime's quantizer to 4-bit codes of their
   own block's scale, multiplied by the sum of the block's inputs. The input gets its block sums
-  appended, padded to whole blocks (`{x}_folded`: a MatMulNBits by a 0/1 matrix and a Concat,
+  appended, padded to whole blocks (`{x}_folded`: a MatMul by a 0/1 matrix and a Concat,
   shared by the matrices that read `x`), and the MatMulNBits reads K + 32 values (K + 64 past K =
   1024). No other op per matrix. Each weight is within half a residual step of the model's (on
   SmolLM2-135M at most 0.32 of its block's step, 0.02 rms), recorded and checked (`unfaithful`).
@@ -533,13 +533,12 @@ def _replace_site(model: onnx.ModelProto, s: Site, inits: list, build) -> None:
 
 def _block_sums(model, nodes: list, inits: list, x: str, k: int, block: int, real=np.float32) -> str:
     """The name of `x`'s sums over each block of `block` values of its last axis (..., K/block), a
-    MatMul by a (K, K/block) matrix of ones, made once per input: the inputs several matrices share
-    (a layer's gate and up projections) are summed once."""
+    MatMul by a (K, K/block) 0/1 matrix (`_summing`, one per K in the model), made once per input:
+    the inputs several matrices share (a layer's gate and up projections) are summed once."""
     name = f"{x}_block_sums"
     if not any(name in n.output for n in nodes):
-        ones = np.kron(np.eye(k // block, dtype=real), np.ones((block, 1), real))  # (K, K/block)
-        inits.append(numpy_helper.from_array(ones, f"{name}_ones"))
-        nodes.append(helper.make_node("MatMul", [x, f"{name}_ones"], [name], name=name))
+        ones = _summing(model, inits, k, block, real, k // block)
+        nodes.append(helper.make_node("MatMul", [x, ones], [name], name=name))
     return name
 
 
@@ -688,23 +687,30 @@ def _embedding_from_head(model: onnx.ModelProto, entry: dict) -> bool:
 
 def _folded_input(model, nodes: list, inits: list, x: str, k: int, block: int, real=np.float32) -> str:
     """The name of `x` (..., K) with its sums over each block of `block` values appended, padded
-    with zeros to whole blocks (..., K + `_folded_width`): a MatMulNBits by a 0/1 matrix (4-bit
-    codes 8 and 9 at scale 1, float activations, so each sum is the float sum) and a Concat, made
-    once per input (the matrices that share it read one). Whole blocks, because onnxruntime-web
-    1.30's WebGPU MatMulNBits answers wrong when K is not a multiple of the block (the
-    deployment-runtime test in tests/test_accuracy.py fails on WebGPU without the padding)."""
+    with zeros to whole blocks (..., K + `_folded_width`): a MatMul by a 0/1 matrix (`_summing`,
+    one per K in the whole model, so every layer's inputs of that width read the same small
+    matrix from the cache) and a Concat, made once per input (the matrices that share it read
+    one). Whole blocks, because onnxruntime-web 1.30's WebGPU MatMulNBits answers wrong when K is
+    not a multiple of the block (the deployment-runtime test in tests/test_accuracy.py fails on
+    WebGPU without the padding)."""
     name = f"{x}{FOLDED}"
     if any(name in n.output for n in nodes):
         return name
-    blocks, width = k // block, _folded_width(k, block)
-    ones = np.full((k, width), 8, np.uint8)
-    for b in range(blocks):
-        ones[b * block:(b + 1) * block, b] = 9
-    inits += [numpy_helper.from_array(pack(ones, 4, block), f"{name}_ones_Q4"),
-              numpy_helper.from_array(np.ones(width * blocks, real), f"{name}_ones_scales")]
-    nodes += [helper.make_node("MatMulNBits", [x, f"{name}_ones_Q4", f"{name}_ones_scales"], [f"{name}_sums"],
-                               name=f"{name}_sums", domain="com.microsoft", K=k, N=width, bits=4, block_size=block),
+    ones = _summing(model, inits, k, block, real, _folded_width(k, block))
+    nodes += [helper.make_node("MatMul", [x, ones], [f"{name}_sums"], name=f"{name}_sums"),
               helper.make_node("Concat", [x, f"{name}_sums"], [name], name=name, axis=-1)]
+    return name
+
+
+def _summing(model, inits: list, k: int, block: int, real, width: int) -> str:
+    """The name of the (K, `width`) float matrix whose column b is 1 on block b's rows (any
+    columns past K/block 0), added to `inits` unless the model or `inits` has it already."""
+    name = f"block_sums_{k}x{width}_{block}_{np.dtype(real).name}"
+    if not any(i.name == name for i in [*model.graph.initializer, *inits]):
+        ones = np.zeros((k, width), real)
+        for b in range(k // block):
+            ones[b * block:(b + 1) * block, b] = 1
+        inits.append(numpy_helper.from_array(ones, name))
     return name
 
 
@@ -814,7 +820,7 @@ def _tensors_of(model, entry: dict) -> list[str]:
     node = _nbits_node(model, entry)
     names = [i for i in node.input[1:] if i] if node is not None else []
     if node is not None and entry["how"] == "folded":  # the 0/1 matrix that sums its input's blocks
-        names += [f"{node.input[0]}_ones_Q4", f"{node.input[0]}_ones_scales"]
+        names += [n.input[1] for n in model.graph.node if n.output and n.output[0] == f"{node.input[0]}_sums"]
     return names + ([f"{entry['weight']}{MINIMUMS}"] if entry["how"] == "exact" and
                     any(i.name == f"{entry['weight']}{MINIMUMS}" for i in model.graph.initializer) else [])
 

@@ -110,10 +110,12 @@ def test_a_q4_1_grid_is_folded_within_half_a_residual_step_with_no_op_per_matrix
         moved = np.abs(held.astype(np.float64) - w) / d
         assert 0 < moved.max() < 0.5 and np.isclose(moved.max(), entry["fold"]["max_steps"], rtol=1e-3)
         assert entry["fold"]["rms_steps"] < 0.05  # 4-bit residual codes: a thirtieth of a step or so
-    # One sum of the shared input's blocks (a 0/1 MatMulNBits) and one Concat; no op beside each
-    # matrix, and whole blocks only (K + 32 here: 3 sums and 29 zeros).
+    # One sum of the shared input's blocks (a MatMul by a 0/1 matrix) and one Concat; no op beside
+    # each matrix, and whole blocks only (K + 32 here: 3 sums and 29 zeros).
     ops = [n.op_type for n in model.graph.node]
-    assert sorted(ops) == ["Add", "Concat", "MatMulNBits", "MatMulNBits", "MatMulNBits"]
+    assert sorted(ops) == ["Add", "Concat", "MatMul", "MatMulNBits", "MatMulNBits"]
+    summing = [i for i in model.graph.initializer if i.name.startswith("block_sums_")]
+    assert len(summing) == 1 and numpy_helper.to_array(summing[0]).shape == (K, B)
     folded = [n for n in model.graph.node if n.op_type == "MatMulNBits" and P.FOLDED in n.input[0]]
     assert len(folded) == 2 and all(P._attr(n, "K") == K + B for n in folded)
     x = np.random.default_rng(1).standard_normal((1, 3, K)).astype(np.float32)
@@ -360,3 +362,35 @@ def test_a_tied_embedding_off_the_heads_grid_stays_a_float_table():
     assert done.entries[0]["how"] == "ort" and "embedding" not in done.entries[0]
     assert "w" in {i.name for i in model.graph.initializer}
     assert "GatherBlockQuantized" not in [n.op_type for n in model.graph.node]
+
+
+def test_every_input_of_one_width_reads_one_summing_matrix():
+    """A chain x @ w1 @ w2 of square Q4_1 matrices: each folded input gets its own block sums, by
+    the one 0/1 matrix of its width (the model's layers all read it from the cache)."""
+    rng = np.random.default_rng(3)
+
+    def square_q4_1(seed):
+        b = np.random.default_rng(seed).standard_normal((K // B, B, K)).astype(np.float32)
+        low, d = b.min(1), (b.max(1) - b.min(1)) / 15
+        q = np.clip(np.floor((b - low[:, None]) / d[:, None] + 0.5), 0, 15)
+        return (d.astype(np.float16).astype(np.float32)[:, None] * q
+                + low.astype(np.float16).astype(np.float32)[:, None]).reshape(K, K).astype(np.float32)
+    w1, w2 = square_q4_1(1), square_q4_1(2)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+                               helper.make_node("MatMul", ["h", "w2"], ["y"], name="mm2")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, K])],
+                              [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    model.metadata_props.add(key="attnexport.params", value=json.dumps(
+        {f"model.model.layers.{i}.mlp.up_proj.weight": {"initializer": f"w{i}", "layout": "transposed",
+                                                        "sha256": "0"} for i in (1, 2)}))
+    done = P.quantize(model, P.Plan(bits=4, block=B, accuracy=0), layers=4)
+    assert [e["how"] for e in done.entries] == ["folded", "folded"]
+    summing = [i for i in model.graph.initializer if i.name.startswith("block_sums_")]
+    sums = [n for n in model.graph.node if n.op_type == "MatMul"]
+    assert len(summing) == 1 and len(sums) == 2 and {n.input[1] for n in sums} == {summing[0].name}
+    x = rng.standard_normal((1, 3, K)).astype(np.float32)
+    want = x.astype(np.float64) @ P.matrix(model, done.entries[0]) @ P.matrix(model, done.entries[1])
+    assert np.abs(run(model, x) - want).max() < 1e-4 * np.abs(want).max()
