@@ -272,6 +272,8 @@ def bench(variant=None, module_spec=None, hf_path=None, *, genai_python=None, pr
             genai_precisions=precisions(genai_precisions_text, "--genai-precision", GENAI_PRECISIONS))
         lm_rows, info = hf_bench.bench_hf(lm_request, said=lambda text: said(f"timing {text}"))
         return BenchResult(lm_rows, str(hf_path), "fp32", language_model=True, info=info)
+    if contexts and not decode:
+        raise UsageError("--context goes with --decode")
     title = module_spec or variant
     if module_spec is not None:
         weights = module_weights(options)
@@ -292,8 +294,6 @@ def bench(variant=None, module_spec=None, hf_path=None, *, genai_python=None, pr
         plot = str(F.resolve_target(plot))  # refused before the benchmark runs, not after
     for w in bench_mod.warnings_for(runtimes, dtype, cuda_graph):
         said(f"note: {w}")
-    if contexts and not decode:
-        raise UsageError("--context goes with --decode")
     rows = bench_mod.bench_decode(request, None, contexts, progress=progress) if decode else \
         bench_mod.bench(request, progress=progress)
     if plot:

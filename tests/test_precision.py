@@ -17,7 +17,7 @@ K, N, B = 96, 40, 32
 
 
 def _blocks(w):
-    return w.reshape(K // B, B, N)
+    return w.reshape(K // B, B, w.shape[1])
 
 
 def q4_1(w):
@@ -26,7 +26,7 @@ def q4_1(w):
     low, d = b.min(1), (b.max(1) - b.min(1)) / 15
     q = np.clip(np.floor((b - low[:, None]) / d[:, None] + 0.5), 0, 15)
     return (d.astype(np.float16).astype(np.float32)[:, None] * q
-            + low.astype(np.float16).astype(np.float32)[:, None]).reshape(K, N).astype(np.float32)
+            + low.astype(np.float16).astype(np.float32)[:, None]).reshape(w.shape).astype(np.float32)
 
 
 def q4_0(w):
@@ -85,17 +85,21 @@ def test_a_gguf_grid_is_found_and_carried_bit_for_bit(make, bits):
     assert ops.count("MatMulNBits") == 1 and ("Add" in ops) == (make is q4_1)  # only Q4_1 has float minimums
 
 
-def two_matmuls(w1, w2):
-    """x (1, 3, K) @ w1 and x @ w2, summed: two matrices reading one input."""
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["y1"], name="mm1"),
-                               helper.make_node("MatMul", ["x", "w2"], ["y2"], name="mm2"),
-                               helper.make_node("Add", ["y1", "y2"], ["y"], name="add")], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, K])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, N])],
-                              [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+def graph_of(nodes, out: int, **weights):
+    """A model of `nodes` from x (1, 3, K) to y (1, 3, `out`), `weights` its initializers by name."""
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, out])],
+                              [numpy_helper.from_array(w, name) for name, w in weights.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 9
     return model
+
+
+def two_matmuls(w1, w2):
+    """x (1, 3, K) @ w1 and x @ w2, summed: two matrices reading one input."""
+    return graph_of([helper.make_node("MatMul", ["x", "w1"], ["y1"], name="mm1"),
+                     helper.make_node("MatMul", ["x", "w2"], ["y2"], name="mm2"),
+                     helper.make_node("Add", ["y1", "y2"], ["y"], name="add")], N, w1=w1, w2=w2)
 
 
 def test_a_q4_1_grid_is_folded_within_half_a_residual_step_with_no_op_per_matrix():
@@ -367,22 +371,9 @@ def test_a_tied_embedding_off_the_heads_grid_stays_a_float_table():
 def test_every_input_of_one_width_reads_one_summing_matrix():
     """A chain x @ w1 @ w2 of square Q4_1 matrices: each folded input gets its own block sums, by
     the one 0/1 matrix of its width (the model's layers all read it from the cache)."""
-    rng = np.random.default_rng(3)
-
-    def square_q4_1(seed):
-        b = np.random.default_rng(seed).standard_normal((K // B, B, K)).astype(np.float32)
-        low, d = b.min(1), (b.max(1) - b.min(1)) / 15
-        q = np.clip(np.floor((b - low[:, None]) / d[:, None] + 0.5), 0, 15)
-        return (d.astype(np.float16).astype(np.float32)[:, None] * q
-                + low.astype(np.float16).astype(np.float32)[:, None]).reshape(K, K).astype(np.float32)
-    w1, w2 = square_q4_1(1), square_q4_1(2)
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
-                               helper.make_node("MatMul", ["h", "w2"], ["y"], name="mm2")], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, K])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, K])],
-                              [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 9
+    w1, w2 = (q4_1(np.random.default_rng(seed).standard_normal((K, K)).astype(np.float32)) for seed in (1, 2))
+    model = graph_of([helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+                      helper.make_node("MatMul", ["h", "w2"], ["y"], name="mm2")], K, w1=w1, w2=w2)
     model.metadata_props.add(key="attnexport.params", value=json.dumps(
         {f"model.model.layers.{i}.mlp.up_proj.weight": {"initializer": f"w{i}", "layout": "transposed",
                                                         "sha256": "0"} for i in (1, 2)}))
@@ -391,6 +382,6 @@ def test_every_input_of_one_width_reads_one_summing_matrix():
     summing = [i for i in model.graph.initializer if i.name.startswith("block_sums_")]
     sums = [n for n in model.graph.node if n.op_type == "MatMul"]
     assert len(summing) == 1 and len(sums) == 2 and {n.input[1] for n in sums} == {summing[0].name}
-    x = rng.standard_normal((1, 3, K)).astype(np.float32)
+    x = np.random.default_rng(3).standard_normal((1, 3, K)).astype(np.float32)
     want = x.astype(np.float64) @ P.matrix(model, done.entries[0]) @ P.matrix(model, done.entries[1])
     assert np.abs(run(model, x) - want).max() < 1e-4 * np.abs(want).max()
