@@ -385,3 +385,33 @@ def test_every_input_of_one_width_reads_one_summing_matrix():
     x = np.random.default_rng(3).standard_normal((1, 3, K)).astype(np.float32)
     want = x.astype(np.float64) @ P.matrix(model, done.entries[0]) @ P.matrix(model, done.entries[1])
     assert np.abs(run(model, x) - want).max() < 1e-4 * np.abs(want).max()
+
+
+def test_the_timing_only_edits_of_a_folded_graph_keep_its_codes_and_drop_what_they_say():
+    """benchmarks/int4_step.py's `:no-zero-points` and `:bare` (what the zero points and the block
+    sums cost, docs/quantization.md): the codes and scales of the model's own blocks stay, the zero
+    points go, and `bare` reads the plain input with K values, so with the zero points at the
+    kernel's implied 8 it computes the grid's `d * (q - 8)` exactly."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "int4_step.py"
+    spec = importlib.util.spec_from_file_location("int4_step", path)
+    int4_step = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(int4_step)
+    w1, w2 = q4_1(raw()), q4_1(raw(7))
+    model = two_matmuls(w1, w2)
+    P.quantize(model, P.Plan(bits=4, block=B, accuracy=0), layers=4)
+    no_zeros = int4_step.without_zero_points(model)
+    assert all(len(n.input) == 3 for n in no_zeros.graph.node if n.op_type == "MatMulNBits")
+    assert not any(i.name.endswith("_zero_points") for i in no_zeros.graph.initializer)
+    bare = int4_step.bare(model)
+    assert sorted(n.op_type for n in bare.graph.node) == ["Add", "MatMulNBits", "MatMulNBits"]
+    assert {n.input[0] for n in bare.graph.node if n.op_type == "MatMulNBits"} == {"x"}
+    assert all(P._attr(n, "K") == K for n in bare.graph.node if n.op_type == "MatMulNBits")
+    assert not any(i.name.startswith("block_sums_") for i in bare.graph.initializer)
+    assert P.FOLDED in next(n for n in model.graph.node if n.op_type == "MatMulNBits").input[0]  # the original kept
+    x = np.random.default_rng(1).standard_normal((1, 3, K)).astype(np.float32)
+    grids = [P.grid_of(w, 4, B) for w in (w1, w2)]
+    held = sum(np.repeat(g.scale, B, axis=0).astype(np.float64) * (g.q.astype(np.float64) - 8) for g in grids)
+    want = x.astype(np.float64) @ held
+    assert np.abs(run(bare, x) - want).max() < 1e-4 * np.abs(want).max()
