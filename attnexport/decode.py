@@ -81,23 +81,45 @@ def stream_axis(variant, o: dict) -> int:
 
 def split_inputs(variant, o: dict, inputs: dict[str, np.ndarray],
                  signature: StepSignature) -> tuple[dict, dict, dict]:
-    """(stream, once, masks): a cache step's non-cache inputs (those `signature` pairs with no
-    output) that run along the sequence (a `seq` axis, or the keys and values a `past_*` cache
-    extends), those given once (the decoder's memory) and masks over past and new keys (an axis
-    that is a sum: past_seq+seq)."""
-    names = {s.name for s in variant.inputs(o)}
-    specs = [s for s in variant.inputs(o) if s.name not in signature.pairs]
+    """(stream, once, masks): a cache step's inputs besides its caches and write position (those
+    `signature` names), split by what their axes say: masks over past and new keys (an axis that
+    is a sum: past_seq+seq), those given once (the decoder's memory: an axis a cross cache grows
+    by, and none the sequence runs along) and those that run along the sequence (the rest: a `seq`
+    axis, or the keys and values a concat cache grows by)."""
+    pos = signature.write_pos.name if signature.write_pos else None
+    specs = [s for s in variant.inputs(o) if s.name not in signature.pairs and s.name != pos]
     masks = {s.name: inputs[s.name] for s in specs if any(isinstance(d, str) and "+" in d for d in s.dims)}
-    streamed = [s.name for s in specs if s.name not in masks and ("seq" in s.dims or f"past_{s.name}" in names)]
-    stream = {n: inputs[n] for n in streamed}  # in the inputs' order
-    once = {s.name: inputs[s.name] for s in specs if s.name not in masks and s.name not in streamed}
+    along = {"seq"} | new_lengths(variant, o, signature, "concat")
+    cross = new_lengths(variant, o, signature, "cross")
+    once = {s.name: inputs[s.name] for s in specs if s.name not in masks and set(s.dims) & cross
+            and not set(s.dims) & along}
+    stream = {s.name: inputs[s.name] for s in specs if s.name not in masks and s.name not in once}
     return stream, once, masks
+
+
+def new_lengths(variant, o: dict, signature: StepSignature, kind: str) -> set[str]:
+    """The sizes the caches of `kind` grow by at a step, as the variant declares them: of each
+    pair's returned positions axis, `past_seq+kv_seq`, the summand that is not the cache's own."""
+    ins, outs = {s.name: s for s in variant.inputs(o)}, {s.name: s for s in variant.outputs(o)}
+    grown = set()
+    for c in signature.caches:
+        total = outs[c.present].dims[c.axis]
+        if c.kind == kind and isinstance(total, str) and "+" in total:
+            grown |= set(total.split("+")) - {ins[c.past].dims[c.axis]}
+    return grown
+
+
+def cache_lengths(variant, o: dict, signature: StepSignature) -> set[str]:
+    """The sizes of the caches' positions axes that are the variant's options (`past_seq` and
+    the like; a static buffer's is fixed)."""
+    specs = {s.name: s for s in variant.inputs(o)}
+    return {d for c in signature.caches if isinstance(d := specs[c.past].dims[c.axis], str) and d in o}
 
 
 def empty_cache(variant, o: dict, dtype, signature: StepSignature) -> dict[str, np.ndarray]:
     """Every cache input of a cache-step variant's `signature` at options o, with 0 positions
-    (its past sizes, `past_seq` and the like, at 0)."""
-    empty = {**o, **{k: 0 for k in o if k.startswith("past_")}}
+    (the sizes of its positions axes, `past_seq` and the like, at 0)."""
+    empty = {**o, **dict.fromkeys(cache_lengths(variant, o, signature), 0)}
     specs = {s.name: s for s in variant.inputs(empty)}
     return {c.past: np.zeros(specs[c.past].shape(empty), dtype) for c in signature.caches}
 

@@ -157,9 +157,9 @@ def _cache_arrays(layout: hf.Layout, positions: int, rng, dtype=np.float32) -> d
     return {n: rng.standard_normal(shape).astype(dtype) for n in layout.cache_names("past_key_values")}
 
 
-def _cache_dtype(session):
+def _cache_dtype(session, layout: hf.Layout):
     """The float type the session's caches are in (fp16 for an export in half: fp16, q4f16)."""
-    types = {i.type for i in session.get_inputs() if i.name.startswith("past_key_values")}
+    types = {i.type for i in session.get_inputs() if i.name in layout.cache_pairs}
     return np.float16 if "tensor(float16)" in types else np.float32
 
 
@@ -168,7 +168,7 @@ def _decode_call(session, layout: hf.Layout, context: int, in_place: bool):
     import onnxruntime as ort
     rng = np.random.default_rng(0)
     token = np.array([[5]], np.int64)
-    dtype = _cache_dtype(session)
+    dtype = _cache_dtype(session, layout)
     if layout.form == "static":
         buffers = _cache_arrays(layout, layout.max_seq, rng, dtype)
         feed = {"input_ids": token, "write_pos": np.array([context], np.int64), **buffers}
@@ -194,7 +194,7 @@ def _prefill_call(session, layout: hf.Layout, context: int):
     rng = np.random.default_rng(1)
     ids = rng.integers(3, layout.vocab, (1, context), dtype=np.int64)
     names = {i.name for i in session.get_inputs()}
-    dtype = _cache_dtype(session)
+    dtype = _cache_dtype(session, layout)
     if layout.form == "static":
         feed = {"input_ids": ids, "write_pos": np.zeros(1, np.int64),
                 **_cache_arrays(layout, layout.max_seq, rng, dtype)}
@@ -449,12 +449,12 @@ def _session_runner(session):
 
 def _stepping(session, layout: hf.Layout) -> tuple:
     """What teacher-forced accuracy steps: (the session's run, the layout, its caches' float type)."""
-    return _session_runner(session), layout, _cache_dtype(session)
+    return _session_runner(session), layout, _cache_dtype(session, layout)
 
 
 def _generated(session, layout: hf.Layout, ids, n: int):
     """`n` greedy tokens after `ids` from the session's step, its caches in the session's float type."""
-    return hf.generate(_session_runner(session), layout, [ids], n, dtype=_cache_dtype(session)).tokens[0]
+    return hf.generate(_session_runner(session), layout, [ids], n, dtype=_cache_dtype(session, layout)).tokens[0]
 
 
 def _attnexport_engine(weights: Path, form: str, flavor: str, r: HFBenchRequest, tmp: Path, precision: str = "fp32"):

@@ -145,3 +145,44 @@ def test_a_variants_signature_is_what_its_inputs_declare_not_what_they_are_calle
     assert {(c.past, c.present, c.kind) for c in static.caches} == {("key_cache", "key_cache_out", "static"),
                                                                     ("value_cache", "value_cache_out", "static")}
     assert static.write_pos is not None and static.write_pos.name == "write_pos"
+
+
+def test_a_decode_check_splits_a_steps_inputs_by_their_declared_axes_not_their_names():
+    """What runs along the sequence, what is given once and what starts empty come from the
+    caches' declared pairs and the axes the variant declares: sdpa's cache renamed (no
+    `past_key` beside `key`) still streams its new keys and values, and the decoder's memory
+    (the length its cross cache grows by) is given once, whatever its name."""
+    import dataclasses
+
+    from attnexport import seeding
+    from attnexport import variants as V
+    from attnexport.decode import empty_cache, split_inputs
+
+    def renamed(variant, names):
+        def rename(specs):
+            return tuple(dataclasses.replace(s, name=names.get(s.name, s.name),
+                                             cache=s.cache and (names.get(s.cache[0], s.cache[0]), s.cache[1]))
+                         for s in specs)
+        return dataclasses.replace(variant, inputs=lambda o: rename(variant.inputs(o)),
+                                   outputs=lambda o: rename(variant.outputs(o)))
+
+    sdpa = renamed(V.get("sdpa"), {"past_key": "history_k", "past_value": "history_v", "present_key": "new_k",
+                                   "present_value": "new_v"})
+    o = sdpa.resolve({"kv_cache": True, "causal": True, "seq": 3, "kv_seq": 3, "past_seq": 2})
+    signature = V.step_signature(sdpa, o)
+    feed = seeding.make_inputs(sdpa, o, 0)
+    stream, once, masks = split_inputs(sdpa, o, feed, signature)
+    assert list(stream) == ["query", "key", "value"] and once == {} and masks == {}
+    empty = empty_cache(sdpa, o, np.float32, signature)
+    assert set(empty) == {"history_k", "history_v"} and all(v.shape[2] == 0 for v in empty.values())
+
+    decoder = renamed(V.get("decoder"), {"memory": "encoded", "past_cross_key": "enc_k"})
+    for options in ({"kv_cache": True}, {"kv_cache": True, "max_seq": 16}):
+        o = decoder.resolve(options)
+        signature = V.step_signature(decoder, o)
+        stream, once, masks = split_inputs(decoder, o, seeding.make_inputs(decoder, o, 0), signature)
+        assert list(stream) == ["x"] and list(once) == ["encoded"] and masks == {}
+    o = decoder.resolve({"kv_cache": True, "past_seq": 4, "past_kv_seq": 5})
+    empty = empty_cache(decoder, o, np.float32, V.step_signature(decoder, o))
+    assert {n: v.shape[2] for n, v in empty.items()} == {"past_key": 0, "past_value": 0, "enc_k": 0,
+                                                        "past_cross_value": 0}

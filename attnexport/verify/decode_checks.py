@@ -17,6 +17,7 @@ from attnexport.compare import compare_outputs, past_ends_zeroed
 from attnexport.decode import (
     CHUNKS,
     STATIC_PROMPT,
+    cache_lengths,
     decode,
     decode_all,
     decode_static_all,
@@ -72,10 +73,12 @@ def decode_run(prepared, variant, o, stream, chunk, signature: StepSignature):
         garbage = seeding.make_inputs(variant, o, 7)  # buffers whose unwritten positions must not be read
         specs = {s.name: s for s in variant.inputs(o)}
         buffers = {c.past: garbage[c.past].astype(dtype) for c in signature.caches if c.kind == "static"}
-        cross = [c.past for c in signature.caches if c.kind == "cross"]
-        once = {"memory": stream["memory"]} if cross else {}  # a decoder: memory given once, cross cache carried
-        buffers.update({n: np.zeros((o["batch"], *specs[n].shape({**o, "past_kv_seq": 0})[1:]), dtype) for n in cross})
-        streamed = {n: v for n, v in stream.items() if n not in buffers and n not in once and n != "write_pos"}
+        # A decoder's cross cache starts empty and is carried; its memory is given once.
+        empty = {**o, **dict.fromkeys(cache_lengths(variant, o, signature), 0)}
+        buffers.update({c.past: np.zeros((o["batch"], *specs[c.past].shape(empty)[1:]), dtype)
+                        for c in signature.caches if c.kind == "cross"})
+        streamed, once, masks = split_inputs(variant, o, stream, signature)
+        streamed.update(masks)
 
         def run(feed):  # in the inputs' order: the torch runtime passes them to forward by position
             return prepared.run({n: feed[n] for n in specs})
