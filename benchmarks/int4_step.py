@@ -45,8 +45,7 @@ from attnexport import precision as P
 
 def without_minimums(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of an exact export with its minimums' ops taken out (for timing only)."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+    out = _copy(model)
     nodes = []
     for node in out.graph.node:
         if P.MINIMUMS in node.name or node.name.endswith("_block_sums"):
@@ -56,11 +55,7 @@ def without_minimums(model: onnx.ModelProto) -> onnx.ModelProto:
         nodes.append(node)
     del out.graph.node[:]
     out.graph.node.extend(nodes)
-    used = {name for node in nodes for name in node.input}
-    kept = [i for i in out.graph.initializer if i.name in used]
-    del out.graph.initializer[:]
-    out.graph.initializer.extend(kept)
-    return out
+    return _pruned(out)
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -117,8 +112,7 @@ def _pruned(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-VARIANTS = {"": lambda m: m, "no-minimums": lambda m: without_minimums(m), "no-zero-points": without_zero_points,
-            "bare": bare}
+VARIANTS = {"": lambda m: m, "no-minimums": without_minimums, "no-zero-points": without_zero_points, "bare": bare}
 
 
 def _options(threads: int, profile: str | None):
@@ -172,7 +166,6 @@ def step(model: onnx.ModelProto, threads: int, context: int, profile: str | None
 def genai_step(path: str, threads: int, context: int, profile: str | None = None):
     """genai's decoder graph with its past and present bound to one buffer per layer (as its
     generator runs it: past_present_share_buffer), sized by its genai_config's context length."""
-    import json
     from pathlib import Path
     config = json.loads((Path(path).parent / "genai_config.json").read_text())["model"]
     decoder = config["decoder"]

@@ -38,19 +38,19 @@ def main() -> None:
         m.register_forward_hook(keep(name))
     with torch.no_grad():
         model(torch.tensor(ids))
-    by_kind, folded = collections.defaultdict(list), collections.defaultdict(list)
+    by_kind: dict = collections.defaultdict(list)
+    folded: dict = collections.defaultdict(list)
     for name, m in linears.items():
         w = m.weight.detach().numpy().T.astype(np.float32)  # (K, N), as the export's MatMul holds it
         grid = P.grid_of(w, 4, a.block)
         if grid is None or grid.minimum is None:
             continue
-        d, low = grid.scale.astype(np.float64), grid.minimum.astype(np.float64)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            zero = np.where(d > 0, np.clip(np.rint(-low / d), 0, 15), 0)
-        residual = low + d * zero  # (K/block, N): what the zero point leaves of each minimum
+        # The folded form's zero points, and what its residual rows miss of what those leave of
+        # each minimum (the residual, K/block x N).
+        zero, _codes, _scales, _zeros, missed = P._fold(grid)
+        residual = grid.minimum.astype(np.float64) + grid.scale.astype(np.float64) * zero
         x = inputs[name]
         sums = x.reshape(len(x), -1, a.block).sum(-1)
-        missed = P._fold(grid)[4]  # what the folded form's residual rows miss of `residual`
         out = x @ w.astype(np.float64)
         kind = name.rsplit(".", 1)[-1]
         for errors, lost in ((by_kind, sums @ residual), (folded, sums @ missed)):

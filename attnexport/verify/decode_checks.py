@@ -17,7 +17,6 @@ from attnexport.compare import compare_outputs, past_ends_zeroed
 from attnexport.decode import (
     CHUNKS,
     STATIC_PROMPT,
-    cache_lengths,
     decode,
     decode_all,
     decode_static_all,
@@ -74,9 +73,7 @@ def decode_run(prepared, variant, o, stream, chunk, signature: StepSignature):
         specs = {s.name: s for s in variant.inputs(o)}
         buffers = {c.past: garbage[c.past].astype(dtype) for c in signature.caches if c.kind == "static"}
         # A decoder's cross cache starts empty and is carried; its memory is given once.
-        empty = {**o, **dict.fromkeys(cache_lengths(variant, o, signature), 0)}
-        buffers.update({c.past: np.zeros((o["batch"], *specs[c.past].shape(empty)[1:]), dtype)
-                        for c in signature.caches if c.kind == "cross"})
+        buffers.update({n: v for n, v in empty_cache(variant, o, dtype, signature).items() if n not in buffers})
         streamed, once, masks = split_inputs(variant, o, stream, signature)
         streamed.update(masks)
 
