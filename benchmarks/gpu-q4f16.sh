@@ -10,8 +10,14 @@
 # --make-exports DIR` there): on the H200 of 2026-11-26 the exports made on the GPU machine's CPU
 # (three side by side, 8193 positions, under transformers 5.17) did not finish in 180 s, and an
 # export made elsewhere is the same file (verify checks it where it runs).
+# FORMS="q4f16 fp16" (labels) keeps only those forms, here and with --make-exports.
 set -u
 forms=("q4f16" "q4f16-float:--minimums float" "fp16")
+if [ -n "${FORMS:-}" ]; then
+    kept=()
+    for f in "${forms[@]}"; do [[ " $FORMS " == *" ${f%%:*} "* ]] && kept+=("$f"); done
+    forms=("${kept[@]}")
+fi
 if [ "${1:-}" = --make-exports ]; then  # on the development machine: the exports the GPU run carries
     dir=${2:?--make-exports DIR}
     mkdir -p "$dir"
@@ -49,12 +55,12 @@ wait
 say "exports done"
 tail -n 4 "$logs"/export-*.txt | tee "$out/exports.txt"
 
+onnx=()
+for f in "${forms[@]}"; do onnx+=("static-${f%%:*}=$work/smollm2-static-${f%%:*}.onnx"); done
 genai=()
 [ -d "$pack/genai-smollm2-int4" ] && genai+=(--genai "genai-int4=$pack/genai-smollm2-int4")
 ITERS=${ITERS:-50} run smollm2 ${SMOLLM2_SECONDS:-180} ${SMOLLM2_CONTEXTS:-128,1024,4096,8000} --source "$gguf" \
-    static-q4f16=$work/smollm2-static-q4f16.onnx static-q4f16-float=$work/smollm2-static-q4f16-float.onnx \
-    static-fp16=$work/smollm2-static-fp16.onnx "${genai[@]}"
-timeout 60 python3 benchmarks/graph_ops.py --provider cuda --json "$out/ops.json" \
-    q4f16=$work/smollm2-static-q4f16.onnx q4f16-float=$work/smollm2-static-q4f16-float.onnx \
-    fp16=$work/smollm2-static-fp16.onnx "genai-int4=$pack/genai-smollm2-int4/model.onnx" > "$out/ops.txt" 2>&1
+    "${onnx[@]}" "${genai[@]}"
+timeout 60 python3 benchmarks/graph_ops.py --provider cuda --json "$out/ops.json" "${onnx[@]#static-}" \
+    "genai-int4=$pack/genai-smollm2-int4/model.onnx" > "$out/ops.txt" 2>&1
 say "ops: exit $?"
