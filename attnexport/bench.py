@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from attnexport import decode as DC
 from attnexport import dtypes as D
 from attnexport import export as E
 from attnexport import files as F
@@ -631,6 +632,36 @@ def _row(variant, c: _Candidate, shape, flops, peak, torch_median, err, run: _Ru
                     tflops * 1e12 / peak, peak / 1e12, med / torch_median, err, c.memory, run.threads)
 
 
+@dataclass(frozen=True)
+class DecodePlan:
+    """The size options a decode bench sets, as the variant's cache step declares them.
+
+    Attributes:
+        new: the sizes of what a step adds (the query's `seq`, and the keys a concat cache grows
+            by): the context at the prefill, 1 at a step.
+        past: the concat caches' positions: 0 at the prefill, the context at a step.
+        cross: {what a cross cache grows by at the prefill (the memory's length): its positions}.
+    """
+
+    new: frozenset
+    past: frozenset
+    cross: dict
+
+
+def decode_plan(variant, options: dict) -> DecodePlan:
+    """The sizes bench --decode sets, read from the variant's concat-cache step (a static step is
+    benched beside it with the same sizes): which cache grows by what (decode.growth), not option
+    names."""
+    scalars = {k: v for k, v in options.items() if not isinstance(v, (list, tuple))}
+    static_off = {"max_seq": None} if "max_seq" in {o.name for o in variant.options} else {}
+    o = variant.resolve({**scalars, "kv_cache": True, **static_off})
+    signature = V.step_signature(variant, o)
+    concat = DC.growth(variant, o, signature, "concat")
+    cross = DC.growth(variant, o, signature, "cross")
+    return DecodePlan(frozenset({"seq"} | set(concat.values())), frozenset(concat),
+                      {new: past for past, new in cross.items()})
+
+
 def bench_decode(request: BenchRequest | str, options: dict | None = None, contexts: list[int] | None = None, *,
                  progress: Callable[[int, int, str], None] | None = None, **fields) -> list[BenchRow]:
     """Generation with a KV cache at each context length: the prefill (the context's tokens into an
@@ -650,35 +681,32 @@ def bench_decode(request: BenchRequest | str, options: dict | None = None, conte
     if not contexts:
         raise UsageError("--decode needs --context, e.g. --context 128,1024")
     options = dict(options or {})
-    for k in ("seq", "past_seq"):
-        if k in options:
-            raise UsageError(f"--decode sets --{k.replace('_', '-')} itself: give --context")
     if isinstance(options.get("batch"), (list, tuple)):
         if len(options["batch"]) != 1:
             raise UsageError("--decode takes one --batch")
         options["batch"] = options["batch"][0]
     names = {o.name for o in variant.options}
-    options.update(kv_cache=True, seq=[], past_seq=[], **({"causal": True} if "causal" in names else {}))
-    if "past_kv_seq" in names:  # the decoder's memory: projected at the prefill, cached after
-        memory = options.get("kv_seq", variant.option("kv_seq").default)
-        if isinstance(memory, (list, tuple)):
-            if len(memory) != 1:
-                raise UsageError("--decode takes one --kv-seq (the memory's length)")
-            memory = memory[0]
-        options.update(kv_seq=[], past_kv_seq=[])
-    new_keys = "kv_seq" in names and "past_kv_seq" not in names  # sdpa: its new keys are the new positions
-    if new_keys:
-        if "kv_seq" in options:
-            raise UsageError("--decode sets --kv-seq itself for sdpa (the new keys are the new positions)")
-        options["kv_seq"] = []
+    plan = decode_plan(variant, options)
+    for k in sorted(plan.new | plan.past | set(plan.cross.values())):
+        if k in options:
+            raise UsageError(f"--decode sets --{k.replace('_', '-')} itself (from --context): leave it out")
+    sources = {}  # a cross cache's source (the decoder's memory): projected at the prefill, cached after
+    for k in plan.cross:
+        sources[k] = options.get(k, variant.option(k).default)
+        if isinstance(sources[k], (list, tuple)):
+            if len(sources[k]) != 1:
+                raise UsageError(f"--decode takes one --{k.replace('_', '-')} (the length of what it attends to)")
+            sources[k] = sources[k][0]
+    options.update({k: [] for k in plan.new | plan.past | set(plan.cross) | set(plan.cross.values())},
+                   kv_cache=True, **({"causal": True} if "causal" in names else {}))
     for c in contexts:
-        options["seq"] += [c, 1]  # the prefill of c tokens, then one token over a cache of c
-        options["past_seq"] += [0, c]
-        if new_keys:
-            options["kv_seq"] += [c, 1]
-        if "past_kv_seq" in names:
-            options["kv_seq"] += [memory, 0]
-            options["past_kv_seq"] += [0, memory]
+        for k in plan.new:  # the prefill of c tokens, then one token over a cache of c
+            options[k] += [c, 1]
+        for k in plan.past:
+            options[k] += [0, c]
+        for k, past in plan.cross.items():
+            options[k] += [sources[k], 0]
+            options[past] += [0, sources[k]]
     rows = bench(dataclasses.replace(r, options=options), progress=progress)
     if V.static_cache(options):  # beside today's concat cache, in the same process
         for row in rows:
@@ -693,7 +721,8 @@ def bench_decode(request: BenchRequest | str, options: dict | None = None, conte
     # 4096), which then reads faster than memory: each row also has the read rate of a buffer as
     # large as its step reads, and its fraction of that.
     scalars = {k: v for k, v in options.items() if not isinstance(v, list)}
-    params = seeding.init_params(variant, variant.resolve({**scalars, "seq": 1, "past_seq": 0}), r.seed)
+    one_step = {**scalars, **dict.fromkeys(plan.new, 1), **dict.fromkeys(plan.past | set(plan.cross.values()), 0)}
+    params = seeding.init_params(variant, variant.resolve(one_step), r.seed)
     itemsize = D.ITEMSIZE[r.dtype]
     rates: dict = {}
 
@@ -705,7 +734,7 @@ def bench_decode(request: BenchRequest | str, options: dict | None = None, conte
     for row in rows:
         if not row.shape:
             continue
-        row.phase = "prefill" if row.shape["past_seq"] == 0 else "decode"
+        row.phase = "decode" if any(row.shape[k] for k in plan.past) else "prefill"
         tokens = row.shape["batch"] * row.shape["seq"]
         row.tokens_per_s = tokens / (row.median_ms / 1e3) if row.median_ms == row.median_ms else None
         if row.phase == "decode" and row.median_ms == row.median_ms:

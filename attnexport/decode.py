@@ -97,23 +97,29 @@ def split_inputs(variant, o: dict, inputs: dict[str, np.ndarray],
     return stream, once, masks
 
 
-def new_lengths(variant, o: dict, signature: StepSignature, kind: str) -> set[str]:
-    """The sizes the caches of `kind` grow by at a step, as the variant declares them: of each
-    pair's returned positions axis, `past_seq+kv_seq`, the summand that is not the cache's own."""
+def growth(variant, o: dict, signature: StepSignature, kind: str | None = None) -> dict[str, str]:
+    """{the size of a cache's positions axis: the size it grows by at a step}, as the variant
+    declares them (a pair's returned positions axis, `past_seq+kv_seq`: the input's own size and
+    the other summand), for the caches of `kind` ("concat", "cross"; None: both). A static
+    buffer's positions axis is its fixed size, which no step grows."""
     ins, outs = {s.name: s for s in variant.inputs(o)}, {s.name: s for s in variant.outputs(o)}
-    grown = set()
+    grown = {}
     for c in signature.caches:
-        total = outs[c.present].dims[c.axis]
-        if c.kind == kind and isinstance(total, str) and "+" in total:
-            grown |= set(total.split("+")) - {ins[c.past].dims[c.axis]}
+        own, total = ins[c.past].dims[c.axis], outs[c.present].dims[c.axis]
+        if c.kind != "static" and (kind is None or c.kind == kind) and isinstance(total, str) and "+" in total:
+            grown[own] = next(iter(set(total.split("+")) - {own}))
     return grown
 
 
-def cache_lengths(variant, o: dict, signature: StepSignature) -> set[str]:
-    """The sizes of the caches' positions axes that are the variant's options (`past_seq` and
-    the like; a static buffer's is fixed)."""
-    specs = {s.name: s for s in variant.inputs(o)}
-    return {d for c in signature.caches if isinstance(d := specs[c.past].dims[c.axis], str) and d in o}
+def new_lengths(variant, o: dict, signature: StepSignature, kind: str) -> set[str]:
+    """The sizes the caches of `kind` grow by at a step (see growth)."""
+    return set(growth(variant, o, signature, kind).values())
+
+
+def cache_lengths(variant, o: dict, signature: StepSignature, kind: str | None = None) -> set[str]:
+    """The sizes of the growing caches' positions axes that are the variant's options (`past_seq`
+    and the like), of the caches of `kind` (None: every growing one; see growth)."""
+    return {d for d in growth(variant, o, signature, kind) if d in o}
 
 
 def empty_cache(variant, o: dict, dtype, signature: StepSignature) -> dict[str, np.ndarray]:

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import assert_fits_80, shared_once
@@ -152,6 +153,26 @@ def test_decode_bench_times_prefill_and_one_step_per_context():
         B.bench_decode("encoder", {}, [8])
     r = CliRunner().invoke(main, ["bench", "--variant", "mha", "--context", "8"])
     assert r.exit_code == 2 and "--context goes with --decode" in r.output
+
+
+def test_decode_bench_sets_the_sizes_each_cache_declares_it_grows_by():
+    """bench --decode plans its prefill and step rows from what each cache pair declares it grows
+    by (decode.growth), not from option names: sdpa's keys grow by its new keys, the decoder's
+    cross cache by its memory; a static buffer's fixed positions (mha's max_seq) are no cache
+    length; and a size the plan sets is refused when given, --past-kv-seq too (it was overwritten)."""
+    from attnexport import decode as DC
+    plan = B.decode_plan(V.get("sdpa"), {"kv_cache": True, "max_seq": 20})
+    assert (plan.new, plan.past, plan.cross) == ({"seq", "kv_seq"}, {"past_seq"}, {})
+    plan = B.decode_plan(V.get("decoder"), {"kv_cache": True})
+    assert (plan.new, plan.past, plan.cross) == ({"seq"}, {"past_seq"}, {"kv_seq": "past_kv_seq"})
+    mha = V.get("mha")
+    o = mha.resolve({"kv_cache": True, "max_seq": 20})
+    assert DC.cache_lengths(mha, o, V.step_signature(mha, o)) == set()
+    empty = DC.empty_cache(mha, o, np.float32, V.step_signature(mha, o))  # a static buffer keeps its size
+    assert {n: a.shape[2] for n, a in empty.items()} == {"key_cache": 20, "value_cache": 20}
+    for variant, given in (("decoder", "past_kv_seq"), ("sdpa", "kv_seq"), ("mha", "seq")):
+        with pytest.raises(UsageError, match=f"sets --{given.replace('_', '-')} itself"):
+            B.bench_decode(variant, {given: [3]}, [8], runtimes=["torch"])
 
 
 def test_decode_bench_of_the_static_cache_runs_in_place_beside_the_concat_cache():
