@@ -831,7 +831,8 @@ def module_variant(spec: str, module, example_inputs, input_names=None):
     from torch.utils.flop_counter import FlopCounterMode
 
     example = tuple(example_inputs)
-    names = list(input_names or M.forward_names(module, len(example)))
+    target = T.of_module(module, example, spec, input_names)
+    names = list(target.inputs)
     kinds = {}
     for n, t in zip(names, example, strict=True):
         if t.is_floating_point():
@@ -870,7 +871,8 @@ def module_variant(spec: str, module, example_inputs, input_names=None):
     variant = schema.Variant(name=spec, summary="your module", options=(schema.Option("batch", int, b, "batch size"),
                                                                      schema.Option("seq", int, t, "sequence length")),
                         build=lambda o: module, inputs=inputs,
-                        outputs=lambda o: (schema.TensorSpec("output", ("batch", "seq"), "float"),),
+                        outputs=lambda o: tuple(schema.TensorSpec(n, ("batch", "seq"), "float")
+                                                for n in target.outputs or ("output",)),
                         reference=no_reference, flops=flops, dot_product_core=True, dynamic=("batch", "seq"),
                         export=export)
     return variant

@@ -805,19 +805,13 @@ def export_module(module, example_inputs, request: ModuleExport | None = None, *
 
 def _module_trace(module, example_inputs: tuple, r: ModuleExport) -> _ModuleTrace:
     """The module copied into the export's dtype, its names, dynamic axes and cache pairs checked
-    against what forward takes and returns (one run of it, routed through the core)."""
-    import torch
-
-    names = list(r.input_names or M.forward_names(module, len(example_inputs)))
-    if len(names) != len(example_inputs):
-        raise UsageError(f"{r.name}: {len(names)} input name(s) for {len(example_inputs)} example input(s)")
+    against what forward takes and returns (one run of it, routed through the core: its target,
+    `target.of_module`)."""
     tdtype = D.torch_dtype(r.dtype)
     args = tuple(t.to(tdtype) if t.is_floating_point() else t for t in example_inputs)
     module = copy.deepcopy(module).to(tdtype).eval()  # the caller's module keeps its dtype and mode
-    cache = M.expand_cache_patterns(dict(r.cache or {}), names)
-    unknown = sorted(set(cache) - set(names))
-    if unknown:
-        raise UsageError(f"--cache {', '.join(unknown)}: not an input of {r.name} (inputs: {', '.join(names)})")
+    target = T.of_module(module, args, r.name, r.input_names, r.output_names, r.cache, r.write_pos)
+    names, cache = list(target.inputs), target.signature.pairs
     asked = r.dynamic
     if r.write_pos is not None:
         _check_write_pos(r, names, args, cache)
@@ -834,16 +828,7 @@ def _module_trace(module, example_inputs: tuple, r: ModuleExport) -> _ModuleTrac
         if r.write_pos is not None and r.write_pos not in (r.dynamic or {}):
             asked.update(_write_pos_axes(r, names, args, cache, asked))
     dims = _dynamic_shapes(names, args, asked)
-    with torch.no_grad(), M.routed():
-        sample = M.call_forward(module, args, r.name)
-    out_names = list(r.output_names) if r.output_names else M.default_output_names(sample)
-    if r.output_names and len(r.output_names) != len(M.outputs_of(sample)):
-        raise UsageError(f"--output-names gives {len(r.output_names)} name(s) ({', '.join(r.output_names)}); "
-                         f"{r.name} returns {len(M.outputs_of(sample))} output(s)")
-    missing = sorted(set(cache.values()) - set(out_names or ()))
-    if missing:
-        raise UsageError(f"--cache: {', '.join(missing)} is not an output of {r.name} (outputs: "
-                         f"{', '.join(out_names or ['nested, unnamed'])})")
+    out_names = list(target.outputs) or None
     return _ModuleTrace(module, args, names, dims, out_names, cache, r)
 
 

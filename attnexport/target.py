@@ -4,7 +4,9 @@ A target is a module with its parameters, the inputs its forward takes (in order
 declares, and the step signature its export records (`attnexport.signature`). export traces it,
 verify's torch runtimes and bench's torch eager run it, and every reader of an exported file takes
 the same signature back from the file's metadata. `of_variant` makes a variant's target from its
-options and parameters: the one place the module is built, loaded, cast and fed.
+options and parameters: the one place the module is built, loaded, cast and fed. `of_module` makes
+a user's module's: its inputs, outputs and cache pairs worked out once, for its export and its
+bench alike.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from typing import Any
 import numpy as np
 
 from attnexport import dtypes as D
+from attnexport import modules as M
 from attnexport import seeding
 from attnexport import variants as V
+from attnexport.errors import UsageError
 from attnexport.schema import Variant
-from attnexport.signature import StepSignature
+from attnexport.signature import CachePair, StepSignature, WritePos
 
 
 @dataclass(frozen=True)
@@ -63,3 +67,39 @@ def of_variant(variant: Variant, options: dict, params: Mapping[str, np.ndarray]
     return Target(variant.name, lambda: seeding.load_params(variant.build(options), dict(params)),
                   tuple(s.name for s in variant.inputs(options)), tuple(s.name for s in variant.outputs(options)),
                   V.step_signature(variant, options))
+
+
+def of_module(module, example_inputs: tuple, name: str, input_names=None, output_names=None,
+              cache: Mapping[str, str] | None = None, write_pos: str | None = None) -> Target:
+    """A user's module with example arguments for its forward (one run of it, routed through the
+    core, says what it returns). Its inputs: `input_names`, or forward's parameters; its outputs:
+    `output_names`, or named from what forward returns (none for a nested return); its step
+    signature: the `cache` pairs (input -> output; `{i}` patterns expanded over the inputs),
+    static where the module has a `write_pos`, each on its input's axis -2 until its export reads
+    the graph's. A UsageError names what does not match forward."""
+    import copy
+
+    import torch
+
+    names = list(input_names or M.forward_names(module, len(example_inputs)))
+    if len(names) != len(example_inputs):
+        raise UsageError(f"{name}: {len(names)} input name(s) for {len(example_inputs)} example input(s)")
+    pairs = M.expand_cache_patterns(dict(cache or {}), names)
+    unknown = sorted(set(pairs) - set(names))
+    if unknown:
+        raise UsageError(f"--cache {', '.join(unknown)}: not an input of {name} (inputs: {', '.join(names)})")
+    with torch.no_grad(), M.routed():
+        sample = M.call_forward(module, tuple(example_inputs), name)
+    returned = len(M.outputs_of(sample))
+    if output_names and len(output_names) != returned:
+        raise UsageError(f"--output-names gives {len(output_names)} name(s) ({', '.join(output_names)}); "
+                         f"{name} returns {returned} output(s)")
+    outputs = list(output_names) if output_names else M.default_output_names(sample) or []
+    missing = sorted(set(pairs.values()) - set(outputs))
+    if missing:
+        raise UsageError(f"--cache: {', '.join(missing)} is not an output of {name} (outputs: "
+                         f"{', '.join(outputs or ['nested, unnamed'])})")
+    kind = "static" if write_pos is not None else "concat"
+    caches = tuple(CachePair(n, o, example_inputs[names.index(n)].dim() - 2, kind) for n, o in pairs.items())
+    return Target(name, lambda: copy.deepcopy(module), tuple(names), tuple(outputs),
+                  StepSignature(caches=caches, write_pos=WritePos(write_pos) if write_pos is not None else None))

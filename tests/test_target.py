@@ -68,3 +68,29 @@ def test_the_signature_is_the_one_its_export_records():
     assert recorded is not None and target.signature.static
     assert recorded.caches == target.signature.caches and recorded.write_pos == target.signature.write_pos
     assert recorded.inputs == target.inputs and recorded.outputs == target.outputs
+
+
+def test_a_modules_target_is_what_its_export_records_and_what_bench_declares(tmp_path):
+    """A user's module: its inputs, outputs and cache pairs worked out once (target.of_module), for
+    its export and its bench alike: the export records the same names and pairs, and bench's
+    variant of the module declares every output it returns (it declared one `output` before)."""
+    from attnexport import bench as B
+    from attnexport import modules as M
+    from attnexport.errors import UsageError
+    module, inputs = M.load("examples/kv_cache_module.py:example")
+    cache = {"past_key": "present_key", "past_value": "present_value"}
+    target = T.of_module(module, inputs, "step", cache=cache)
+    assert target.inputs == ("x", "past_key", "past_value")
+    assert target.outputs == ("output", "present_key", "present_value")
+    assert target.signature.pairs == {"past_key": "present_key", "past_value": "present_value"}
+    assert {c.kind for c in target.signature.caches} == {"concat"}
+    result = E.export_module(module, inputs, flavor="attention", output=tmp_path / "m.onnx", name="step", cache=cache)
+    recorded = S.of(result.model)
+    assert recorded.pairs == target.signature.pairs and tuple(recorded.outputs) == target.outputs
+    assert tuple(recorded.inputs) == target.inputs
+    variant = B.module_variant("step", module, inputs)
+    assert tuple(s.name for s in variant.outputs(variant.resolve({}))) == target.outputs
+    with pytest.raises(UsageError, match="present_query is not an output of step"):
+        T.of_module(module, inputs, "step", cache={"past_key": "present_query"})
+    with pytest.raises(UsageError, match="--output-names gives 1 name"):
+        T.of_module(module, inputs, "step", output_names=["y"])
