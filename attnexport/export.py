@@ -16,7 +16,7 @@ import re
 import warnings
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from attnexport import variants as V
 from attnexport import weights as W
 from attnexport.compare import compare, past_ends_zeroed, tolerance
 from attnexport.errors import AttnExportError, ExportError, UsageError, first_line, reason
-from attnexport.signature import PLAIN, CachePair, StepSignature, WritePos
+from attnexport.signature import PLAIN, StepSignature, WritePos
 
 FLAVORS = tuple(FL.FLAVORS)  # names, in the registry's order
 DEFAULT_FLAVOR = FL.DEFAULT
@@ -707,15 +707,20 @@ class ModuleExport:
 @dataclass
 class _ModuleTrace:
     """A user's module on its way to ONNX: its copy in the export's dtype, the example arguments,
-    the input and output names, the dynamic shapes asked for and its cache pairs."""
+    the input and output names, the dynamic shapes asked for and its target (its cache pairs)."""
 
     module: Any
     args: tuple
     names: list[str]
     dims: tuple  # (torch.export's dynamic_shapes, {input: {axis: dim name}} asked for)
     out_names: list[str] | None
-    cache: dict
+    target: T.Target
     request: ModuleExport
+
+    @property
+    def cache(self) -> dict:
+        """{cache input: the output that returns it}."""
+        return self.target.signature.pairs
 
 
 def export_module_file(spec: str, input_specs=(), request: ModuleExport | None = None,
@@ -777,7 +782,7 @@ def export_module(module, example_inputs, request: ModuleExport | None = None, *
     params = {k: v.detach().float().numpy() for k, v in t.module.state_dict().items()}
     if r.rewrite is not None:
         model = r.rewrite(model)
-    caches = tuple(CachePair(n, o, cache_axes[n], "static" if write else "concat") for n, o in t.cache.items())
+    caches = tuple(replace(c, axis=cache_axes[c.past]) for c in t.target.signature.caches)
     model, op_name = finish(model, Finishing(r.flavor, opset, r.dtype, r.name, bool(calls)), params, meta,
                             StepSignature(caches=caches, write_pos=write))
     if r.finalize is not None:
@@ -829,7 +834,7 @@ def _module_trace(module, example_inputs: tuple, r: ModuleExport) -> _ModuleTrac
             asked.update(_write_pos_axes(r, names, args, cache, asked))
     dims = _dynamic_shapes(names, args, asked)
     out_names = list(target.outputs) or None
-    return _ModuleTrace(module, args, names, dims, out_names, cache, r)
+    return _ModuleTrace(module, args, names, dims, out_names, target, r)
 
 
 def _check_write_pos(r: ModuleExport, names, args, cache) -> None:
