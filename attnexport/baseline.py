@@ -46,14 +46,15 @@ class Entry:
 
 
 def save(rows, directory: str | Path) -> Path:
-    """Writes a baseline of every run that produced outputs; returns the folder."""
+    """Writes a baseline of every run that compared something (its outputs, where it has them);
+    returns the folder."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"--save-baseline {directory}: not a folder")
     F.resolve_target(directory / MANIFEST, new_folder=True)  # the folder, made if its parent exists
     files = {}
     for r in rows:
-        if not r.arrays:
+        if r.skipped or not r.comparisons:
             continue
         meta = {"format": FORMAT, "case": r.case, "variant": r.variant, "flavor": r.flavor, "runtime": r.runtime,
                 "dtype": r.dtype, "errors": {c.name: c.max_abs for c in r.comparisons if not c.problem},
@@ -67,7 +68,7 @@ def save(rows, directory: str | Path) -> Path:
         F.atomic_write(directory / name, data)
         files[name] = golden.sha256(data)
     if not files:
-        raise UsageError("nothing to save: no run produced outputs")
+        raise UsageError("nothing to save: no run compared anything")
     manifest = {"format": FORMAT, "files": dict(sorted(files.items()))}
     F.atomic_write(directory / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
     return directory

@@ -16,7 +16,6 @@ import functools
 import io
 import os
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -538,15 +537,10 @@ def memory_bandwidth(threads: int | None = None, megabytes: int = 512, runs: int
     try:
         if threads:
             torch.set_num_threads(threads)
-        x.sum()  # the pages touched before timing
-        times = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            x.sum()
-            times.append(time.perf_counter() - t0)
+        ms = R.time_calls(x.sum, 1, runs)  # one untimed sum: the pages touched before timing
     finally:
         torch.set_num_threads(before)
-    return x.nbytes / min(times)
+    return x.nbytes / (min(ms) / 1e3)
 
 
 def gemv_bandwidth(threads: int, megabytes: int = 512, runs: int = 7) -> float:
@@ -564,13 +558,8 @@ def gemv_bandwidth(threads: int, megabytes: int = 512, runs: int = 7) -> float:
     model.ir_version = 8
     session = R.ort_session("ort-cpu", model, threads=threads, spinning=True)[0]
     feed = {"x": np.ones((1, k), np.float32), "w": np.random.default_rng(0).standard_normal((k, n), np.float32)}
-    session.run(None, feed)
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        session.run(None, feed)
-        times.append(time.perf_counter() - t0)
-    return 4 * k * n / min(times)
+    ms = R.time_calls(lambda: session.run(None, feed), 1, runs)
+    return 4 * k * n / (min(ms) / 1e3)
 
 
 def cuda_read_bandwidth(megabytes: int = 1024, runs: int = 20) -> float:

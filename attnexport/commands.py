@@ -195,7 +195,7 @@ def verify(models=(), *, variants=(), flavors=(), runtimes=None, dtype=None, gol
                              "options: the model says what it is")
         return verify_hf(HFCheck(models[0], hf_path, runtimes, rtol, atol, skip_unavailable, seed, new_tokens,
                                  tuple(clients.parse(clients_text)), Budget().with_overrides(budget),
-                                 strict_placement))
+                                 strict_placement, localize, baseline_dir, save_baseline, max_growth))
     if module_spec is not None:
         if len(models) != 1:
             raise UsageError("--module compares one MODEL with the module it was exported from: give one MODEL")
@@ -207,7 +207,8 @@ def verify(models=(), *, variants=(), flavors=(), runtimes=None, dtype=None, gol
                                         skip_unavailable=skip_unavailable,
                                         input_specs=[modules.parse_input(t) for t in input_specs] or None,
                                         seed=seed, weights_file=weights, cache=cache_pairs(cache_specs) or None,
-                                        write_pos=write_pos, strict_placement=strict_placement)
+                                        write_pos=write_pos, strict_placement=strict_placement, localize=localize,
+                                        baseline=baseline_dir, save_baseline=save_baseline, max_growth=max_growth)
     if input_specs or cache_specs or write_pos:
         raise UsageError("--input, --cache and --write-pos go with --module (the inputs of a MODEL exported from a "
                          "module)")

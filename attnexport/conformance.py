@@ -32,6 +32,7 @@ from attnexport.golden import GoldenCase
 from attnexport.report import Row
 from attnexport.semantics import SOFTMAX_PRECISION_TYPES_BY_NAME, WEIGHT_MODES
 from attnexport.verify.execute import execute
+from attnexport.verify.executor import Executor
 from attnexport.verify.run import ModelSource, Step, quiet_numerics
 
 OPSETS = (23, 24)  # the Attention opsets attnexport exports; 25 adds sliding windows
@@ -183,7 +184,8 @@ def run(cases: list[OnnxCase], flavors=None, runtimes=("ort-cpu", "onnx-ref")) -
     """Runs each in-scope case in each flavour on each runtime through verify's executor (the one
     that runs the golden cases) and says how each went."""
     steps, refused = plan(cases, flavors, runtimes)
-    return refused + [outcome(execute(step, strict=False)) for step in steps]
+    executor = Executor(auto_localize=0)  # an outcome is a status, not a diagnosis
+    return refused + [outcome(execute(step, executor)) for step in steps]
 
 
 def counts(outcomes: list[Outcome]) -> dict:

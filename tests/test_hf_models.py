@@ -117,6 +117,25 @@ def test_a_divergence_names_the_sequence_the_step_and_both_tokens_and_is_localiz
     assert generation["localization"] and generation["localization"]["node"], generation
 
 
+def test_verify_hf_takes_localize_and_a_baseline(folders, tmp_path):
+    """--localize and --baseline reach a language model's rows (they run through verify's one
+    executor): each step row is localized, and a later run is held to the baseline."""
+    path = tmp_path / "lm.onnx"
+    assert run("export", "--hf", folders["llama"], "--kv-cache", "--flavor", "attention", "-o", path).exit_code == 0
+    r = run("verify", path, "--hf", folders["llama"], "--runtimes", "ort-cpu", "--localize", "--save-baseline",
+            tmp_path / "b", "--json")
+    assert r.exit_code == 0, r.output
+    rows = _json(r)["results"]
+    steps = [row for row in rows if not row["case"].startswith(("generate", "decode"))]
+    assert len(steps) == 4 and all(row["localization"]["compared"] > 0 for row in steps)
+    assert len(json.loads((tmp_path / "b" / "MANIFEST.json").read_text())["files"]) == len(rows)
+    r = run("verify", path, "--hf", folders["llama"], "--runtimes", "ort-cpu", "--baseline", tmp_path / "b", "--json")
+    assert r.exit_code == 0, r.output
+    assert all(row["baseline"]["passed"] for row in _json(r)["results"])
+    r = run("verify", path, "--hf", folders["llama"], "--runtimes", "onnx-ref", "--baseline", tmp_path / "b", "--json")
+    assert r.exit_code == 1
+
+
 def test_the_readme_static_loop_generates_what_transformers_generates(folders, tmp_path, monkeypatch):
     """The README's plain ONNX Runtime + NumPy loop (buffers bound in place) on an export."""
     from test_docs import doc_block

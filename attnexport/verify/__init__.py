@@ -16,12 +16,8 @@ import difflib
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-
-from attnexport import baseline as B
 from attnexport import dtypes as D
 from attnexport import export as E
-from attnexport import files as F
 from attnexport import flavors as FL
 from attnexport import golden
 from attnexport import runtimes as R
@@ -29,12 +25,13 @@ from attnexport import variants as V
 from attnexport.compare import check_tolerance_values
 from attnexport.errors import UsageError
 from attnexport.report import Report, Row
-from attnexport.verify.execute import execute, localize_row
+from attnexport.verify.execute import execute
+from attnexport.verify.executor import Executor
 from attnexport.verify.golden_plan import plan_golden
 from attnexport.verify.model_plan import matching_cases, plan_model
 from attnexport.verify.module_check import verify_module
 from attnexport.verify.request import VerifyRequest
-from attnexport.verify.run import AUTO_LOCALIZE_LIMIT, quiet_numerics
+from attnexport.verify.run import quiet_numerics
 
 __all__ = ["Report", "Row", "VerifyRequest", "matching_cases", "verify", "verify_module"]
 
@@ -62,8 +59,6 @@ def verify(request: VerifyRequest | None = None, *, progress: Callable[[int, int
     if dtype is not None:
         D.check(dtype)
     check_tolerance_values(rtol, atol)
-    if not (isinstance(max_growth, (int, float)) and np.isfinite(max_growth) and max_growth >= 1):
-        raise UsageError(f"--max-growth must be a finite number >= 1, got {max_growth}")
     for name in variants or []:
         V.get(name)
     if not models and (model_variant or model_options or seed is not None):
@@ -73,9 +68,7 @@ def verify(request: VerifyRequest | None = None, *, progress: Callable[[int, int
     flavors = FL.check_all(flavors)
     if models and len(flavors) > 1 and flavors != list(E.FLAVORS):
         raise UsageError("a model file has one flavor: give at most one --flavor")
-    entries = B.load(baseline) if baseline is not None else None
-    if save_baseline is not None:  # before any work: the folder must be writable
-        F.resolve_target(Path(save_baseline) / B.MANIFEST, new_folder=True)
+    executor = Executor(strict_placement, localize, baseline, save_baseline, max_growth)
     used, table = R.select(runtimes, skip_unavailable)
     if models:
         model_flavor = flavors[0] if flavors != list(E.FLAVORS) else None
@@ -102,25 +95,11 @@ def verify(request: VerifyRequest | None = None, *, progress: Callable[[int, int
             raise UsageError(f"no golden cases for {', '.join(variants or [])}")
         plan = plan_golden(loaded, flavors, used, dtype, rtol, atol)
         flavors_used = flavors
-    rows, localized = [], 0
     for i, step in enumerate(plan):
         if progress:
             progress(i, len(plan), f"{step.case.name} {step.flavor} {step.runtime}")
-        row = execute(step, strict_placement)
-        # Localization needs one ONNX model run on one feed (not a decode loop): every run with
-        # --localize, else failing runs up to a limit.
-        can_localize = step.source is not None and not step.decode_chunk and not row.skipped
-        if can_localize and (localize or (not row.passed and localized < AUTO_LOCALIZE_LIMIT)):
-            localized += 1
-            localize_row(row, step, fail_on_divergence=localize)
-        if entries is not None and not row.skipped:
-            row.baseline = B.check(row, entries.get(B.key(row.case, row.flavor, row.runtime)), max_growth)
-            row.passed = row.passed and row.baseline["passed"]
-        rows.append(row)
+        execute(step, executor)
     if progress:
         progress(len(plan), len(plan), "done")
-    report = Report(rows, R.described(table), dtype, flavors_used, [str(m) for m in models or []],
-                    baseline=None if baseline is None else str(baseline))
-    if save_baseline is not None:
-        report.saved_baseline = str(B.save(rows, save_baseline))
+    report = executor.report(R.described(table), dtype, flavors_used, [str(m) for m in models or []])
     return report

@@ -3,7 +3,7 @@ chunks, must give the full forward's outputs (golden cache cases, and users' mod
 
 from __future__ import annotations
 
-import time
+import functools
 
 import numpy as np
 import onnx
@@ -26,7 +26,7 @@ from attnexport.decode import (
     static_reach,
     stream_axis,
 )
-from attnexport.errors import UsageError, reason
+from attnexport.errors import UsageError
 from attnexport.report import Row
 from attnexport.signature import CachePair, StepSignature, WritePos
 from attnexport.verify.run import LoadedModule, case_tolerance
@@ -63,11 +63,10 @@ def golden_decode_checks(variant, case, params, dtype, rtol, atol) -> list:
 
 
 def decode_run(prepared, variant, o, stream, chunk, signature: StepSignature):
-    """The cache property: the stream decoded in chunks from an empty cache; ({"output": ...}, ms).
+    """The cache property: the stream decoded in chunks from an empty cache: {"output": ...}.
     `signature`: the step's, as its export recorded it (torch's module: the one its export records),
     which says whether the cache is static and which inputs are its buffers."""
     dtype = next(iter(stream.values())).dtype
-    t0 = time.perf_counter()
     if signature.static:
         garbage = seeding.make_inputs(variant, o, 7)  # buffers whose unwritten positions must not be read
         specs = {s.name: s for s in variant.inputs(o)}
@@ -81,11 +80,11 @@ def decode_run(prepared, variant, o, stream, chunk, signature: StepSignature):
             return prepared.run({n: feed[n] for n in specs})
         out = decode_static_all(run, streamed, stream_axis(variant, o), static_prompts(o["batch"]), chunk, buffers,
                                 once, signature)[0]["output"]
-        return {"output": out}, (time.perf_counter() - t0) * 1e3
+        return {"output": out}
     stream, once, masks = split_inputs(variant, o, stream, signature)
     out = decode(prepared.run, stream, chunk, empty_cache(variant, o, dtype, signature), stream_axis(variant, o), once,
                  masks, layout=signature)
-    return {"output": out}, (time.perf_counter() - t0) * 1e3
+    return {"output": out}
 
 
 def cache_of(model, pairs: dict, static: bool = False) -> dict:
@@ -183,16 +182,10 @@ def _decode_rows(m: LoadedModule, feed, expected, kind, decode_with) -> list:
                 m.prepared[rt].run if rt in m.prepared else None
             if run is None:
                 row.skipped = f"{rt} runs no module"
-                continue
-            started = time.perf_counter()
-            try:
-                got = decode_with(run, chunk)
-            except Exception as e:  # noqa: BLE001 - a runtime failing on a step fails the check
-                row.error = reason(e)
-                continue
-            row.median_ms = (time.perf_counter() - started) * 1e3  # the whole decode, every step
-            row.judge(compare_outputs(list(expected), got, expected, m.tol),
-                      m.prepared[rt].cpu_nodes if rt in m.prepared else (), m.strict)
+            # Timed once: the whole decode, every step.
+            m.executor.run(row, functools.partial(decode_with, run, chunk),
+                           functools.partial(compare_outputs, list(expected), expected=expected, tol=m.tol),
+                           cpu_nodes=m.prepared[rt].cpu_nodes if rt in m.prepared else ())
     return rows
 
 

@@ -1,5 +1,6 @@
-"""Running one planned step on its runtime, comparing every declared output, and localizing
-the first diverging node of a failing (or --localize) run."""
+"""A golden or model-file step: prepared on its runtime, run by verify's executor
+(`verify.executor`), every declared output compared, its model localized against the
+known-good export."""
 
 from __future__ import annotations
 
@@ -20,66 +21,66 @@ from attnexport.localize import Localization, locate
 from attnexport.report import Row
 from attnexport.signature import PLAIN, StepSignature
 from attnexport.verify.decode_checks import decode_run
+from attnexport.verify.executor import Executor
 from attnexport.verify.run import Step
 
 # --- execution ---------------------------------------------------------------------------------
 
-def execute(step: Step, strict: bool) -> Row:
+def execute(step: Step, executor: Executor) -> Row:
+    """One planned step, prepared on its runtime and run by `executor`; its row."""
     case = step.case
     variant = V.get(case.variant)
     dtype = step.dtype
     row = Row(case.name, case.variant, step.flavor, step.runtime, dtype, step.model, tolerance=step.tol,
               expected_kind=step.expected_kind, inputs=case.inputs, expected=step.expected)
-    if step.problem:
-        row.error = step.problem
-        return row
-    try:
-        if step.source is None:
-            prepared = R.prepare_torch(step.runtime, T.of_variant(variant, case.options, step.params), dtype)
-        else:
-            prepared = R.prepare_onnx(step.runtime, step.source.get())
-    except UnsupportedByFlavor as e:
-        row.skipped = str(e)
-        return row
-    except ProviderUnavailableError:
-        raise
-    except AttnExportError as e:
-        row.error = str(e)
-        return row
-    except Exception as e:  # noqa: BLE001 - a model a runtime cannot load fails verification
-        row.error = reason(e)
-        return row
-    limits = _static_limits(step)
-    signature = PLAIN
-    if step.decode_chunk or limits:  # where the caches and the write position are, as the step records them
+    row.error = step.problem
+    prepared, signature, limits = None, PLAIN, {}
+    if not row.error:
         try:
-            signature = _signature(step, variant)
-        except AttnExportError as e:
-            row.error = str(e)
-            return row
-    refused = _beyond_static_blocks(step, limits.get(STATIC_BLOCKS, ""), signature)
-    if refused:
-        row.skipped = f"the model takes {refused}"
-        return row
+            prepared, signature, limits = _prepared(step, variant)
+        except UnsupportedByFlavor as e:
+            row.skipped = str(e)
+        except ProviderUnavailableError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a model a runtime cannot load fails verification
+            row.error = str(e) if isinstance(e, AttnExportError) else reason(e)
+    if prepared is not None:
+        refused = _beyond_static_blocks(step, limits.get(STATIC_BLOCKS, ""), signature)
+        if refused:
+            row.skipped = f"the model takes {refused}"
     feed = D.cast_floats(case.inputs, dtype)
-    try:
-        if step.decode_chunk:
-            got, ms = decode_run(prepared, variant, case.options, feed, step.decode_chunk, signature)
-        else:
-            # One untimed run, then a few timed ones: verify is a check, bench is the timing tool.
-            got, ms = prepared.timed(feed, warmup=0 if step.runtime == "onnx-ref" else 1,
-                                     iters=1 if step.runtime == "onnx-ref" else 3)
-    except Exception as e:  # noqa: BLE001 - a runtime failing on a model is a verification failure
-        row.error = reason(e)
-        return row
-    row.median_ms, row.arrays = ms, got
     declared = ["output"] if step.decode_chunk else [s.name for s in variant.outputs(case.options)]
-    expected = step.expected
-    if not step.decode_chunk and STATIC_BUFFERS in limits:
-        got, expected = _valid_prefix(got, case, signature), _valid_prefix(step.expected, case, signature)
-    return row.judge(compare_outputs(declared, got, expected, step.tol), prepared.cpu_nodes, strict)
+
+    def work():
+        if step.decode_chunk:
+            return decode_run(prepared, variant, case.options, feed, step.decode_chunk, signature)
+        return prepared.run(feed)
+
+    def judge(got):
+        expected = step.expected
+        if not step.decode_chunk and STATIC_BUFFERS in limits:
+            got, expected = _valid_prefix(got, case, signature), _valid_prefix(expected, case, signature)
+        return compare_outputs(declared, got, expected, step.tol)
+    # Verify is a check, bench the timing tool: one untimed run, then a few timed ones (the
+    # reference evaluator and a decode loop once). Localization needs one ONNX model run on one
+    # feed, not a decode loop.
+    once = step.decode_chunk or step.runtime == "onnx-ref"
+    executor.run(row, work, judge, cpu_nodes=prepared.cpu_nodes if prepared is not None else (),
+                 warmup=0 if once else 1, iters=1 if once else 3,
+                 locate=None if step.source is None or step.decode_chunk else lambda _: localize(step, dtype))
+    return row
 
 
+def _prepared(step: Step, variant):
+    """(the step's runtime ready to run it, its signature, what its model says of its static step)."""
+    if step.source is None:
+        prepared = R.prepare_torch(step.runtime, T.of_variant(variant, step.case.options, step.params), step.dtype)
+    else:
+        prepared = R.prepare_onnx(step.runtime, step.source.get())
+    limits = _static_limits(step)
+    # Where the caches and the write position are, as the step records them.
+    signature = _signature(step, variant) if step.decode_chunk or limits else PLAIN
+    return prepared, signature, limits
 
 
 def _signature(step: Step, variant) -> StepSignature:
@@ -90,26 +91,18 @@ def _signature(step: Step, variant) -> StepSignature:
     return recorded or T.of_variant(variant, step.case.options, step.params).signature
 
 
-def localize_row(row: Row, step: Step, fail_on_divergence: bool) -> None:
-    """Attaches the first diverging node; with --localize a divergence fails the run."""
-    feed = D.cast_floats(step.case.inputs, row.dtype)
-    if step.source is None:  # a torch run: no graph to localize in
-        return
+def localize(step: Step, dtype: str) -> Localization | None:
+    """The first diverging node of an ONNX step's model against its known-good export."""
+    if step.source is None:  # the torch module: no graph to look inside
+        return None
     try:
         model, good = step.source.get(), step.source.known_good()
-        if model is good and row.runtime == "onnx-ref":
-            row.localization = Localization(note="this run is the reference evaluator on the export itself: "
-                                                 "nothing independent to compare with")
-            return
-        row.localization = locate(model, good, feed, row.runtime, row.dtype)
-    except UnsupportedByFlavor:
-        return
-    except Exception as e:  # noqa: BLE001 - localization is a diagnosis; its failure is reported
-        row.localization = Localization(note=f"localization failed: {reason(e)}")
-        return
-    if fail_on_divergence and row.localization.diverged and row.passed:
-        row.passed = False
-        row.error = "intermediate values diverge from the export (--localize)"
+        if model is good and step.runtime == "onnx-ref":
+            return Localization(note="this run is the reference evaluator on the export itself: nothing "
+                                     "independent to compare with")
+        return locate(model, good, D.cast_floats(step.case.inputs, dtype), step.runtime, dtype)
+    except UnsupportedByFlavor:  # the flavour cannot export the known-good model: nothing to look inside
+        return None
 
 
 def _static_limits(step: Step) -> dict:

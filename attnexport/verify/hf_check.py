@@ -9,9 +9,9 @@ generation's from transformers' own `generate`."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from attnexport.errors import AttnExportError, UsageError, reason
 from attnexport.inspect import load_model
 from attnexport.localize import Localization, locate
 from attnexport.report import Report, Row
+from attnexport.verify.executor import Executor
 from attnexport.verify.module_check import changed_params
 
 # Generation parity without a tokenizer: seeded prompts of these lengths in one batch (left- or
@@ -55,6 +56,10 @@ class HFCheck:
     clients: tuple = ()  # with a deployment folder: the clients that load it (attnexport.clients)
     budget: A.Budget = A.Budget()  # what a quantized or fp16 model may cost in answers
     strict_placement: bool = False  # a compute node an accelerated runtime left on the CPU fails the row
+    localize: bool = False  # localize every ONNX run; a divergence fails it
+    baseline: str | Path | None = None  # a known-good baseline folder to compare with (verify.executor)
+    save_baseline: str | Path | None = None  # write the runs as a baseline folder
+    max_growth: float = 10.0
 
 
 @dataclass
@@ -68,6 +73,7 @@ class _Context:
     flavor: str
     used: list
     prepared: dict
+    executor: Executor
     known_good: Any = None
 
     @property
@@ -83,6 +89,17 @@ class _Context:
         """The step on `runtime`: the ONNX model, or torch's `reference.run` (the model in torch,
         its attention through attnexport's core)."""
         return self.reference.run if R.runs_module(runtime) else self.prepared[runtime].run
+
+    def run(self, row: Row, work, judge, locate=None) -> Any:
+        """`work(step)` with the row's runtime's step function, run and judged by the executor;
+        what it returned, or None (the row says why)."""
+        rt = row.runtime
+        if not R.runs_module(rt) and rt not in self.prepared:
+            row.skipped = f"{rt} runs no ONNX model"
+        can_locate = locate is not None and rt in self.prepared and rt != "onnx-ref"
+        return self.executor.run(row, lambda: work(self.runner(rt)), judge,
+                                 cpu_nodes=self.prepared[rt].cpu_nodes if rt in self.prepared else (),
+                                 locate=locate if can_locate else None)
 
     def localize(self, feed: dict, runtime: str) -> Localization:
         """The first diverging node against the model exported afresh (once) from the same source."""
@@ -134,8 +151,10 @@ def verify_hf(check: HFCheck) -> Report:
     quantized = P.record_of(model)
     used, table = R.select(check.runtimes, check.skip_unavailable)
     used, table = _able(model, used, table, check, quantized)
+    executor = Executor(check.strict_placement, check.localize, check.baseline, check.save_baseline,
+                        check.max_growth)
     ctx = _Context(check, model, layout, reference, tokenizer, dtype, flavor, used,
-                   {rt: _prepared(rt, model) for rt in used if rt in R.ONNX_RUNTIMES})
+                   {rt: _prepared(rt, model) for rt in used if rt in R.ONNX_RUNTIMES}, executor)
     record = json.loads(meta.get("attnexport.params", "{}"))
     changed = changed_params(reference.step, record, dtype)
     damaged = W.read(model, record)[1] if record else []  # the file's own initializers against the record
@@ -147,19 +166,23 @@ def verify_hf(check: HFCheck) -> Report:
                          "(sha256 in the metadata; --seed for a folder with a config only)") if changed else \
                 (f"the model file's parameters differ from the sha256 recorded at its export: "
                  f"{', '.join(damaged[:3])} (the file was changed after the export)")
-            rows = [row]
+            executor.record(row)
         elif quantized is not None:  # its answers are judged by the accuracy budget, its weights by their source
-            rows = _weights_rows(ctx, quantized) + _accuracy_rows(ctx, prompts)
-        elif dtype != "fp32":  # half precision: each step within fp16's budget, its answers by the accuracy budget
-            rows = _shape_rows(ctx) + _decode_rows(ctx) + _accuracy_rows(ctx, prompts)
-        else:
-            rows = _shape_rows(ctx) + _decode_rows(ctx) + _generation_rows(ctx, prompts)
+            _weights_rows(ctx, quantized)
+            _accuracy_rows(ctx, prompts)
+        else:  # half precision: each step within fp16's budget, its answers by the accuracy budget
+            _shape_rows(ctx)
+            _decode_rows(ctx)
+            if dtype != "fp32":
+                _accuracy_rows(ctx, prompts)
+            else:
+                _generation_rows(ctx, prompts)
         if not changed and not damaged:
             if check.clients:
-                rows += _client_rows(ctx, folder, prompts)
+                _client_rows(ctx, folder, prompts)
     runtimes = R.described(table) + [{"name": c, "available": ok, "reason": why, "used": ok}
                                      for c in check.clients for ok, why in [clients.status(c)]]
-    return Report(rows, runtimes, dtype, [flavor], [str(check.model_path)])
+    return executor.report(runtimes, dtype, [flavor], [str(check.model_path)])
 
 
 def _able(model, used: list, table: list, check: HFCheck, quantized) -> tuple[list, list]:
@@ -213,7 +236,7 @@ def _precision_name(model, quantized) -> str:
     return meta.get("attnexport.dtype", "fp32")
 
 
-def _weights_rows(ctx: _Context, quantized: dict) -> list[Row]:
+def _weights_rows(ctx: _Context, quantized: dict) -> None:
     """One row: every quantized matrix against the source model's float matrix it stands for (a
     carried grid bit for bit, ONNX Runtime's rounding within a step of its block's scale)."""
     # The source's float32 weights (float64 holds them exactly), also for a graph in half: a grid is
@@ -254,7 +277,7 @@ def _weights_rows(ctx: _Context, quantized: dict) -> list[Row]:
                                       basis="exact grids bit for bit; folded ones within half a residual step; "
                                             "float zero points within their rounding; ORT's rounding within one step")]
         row.passed = True
-    return [row]
+    ctx.executor.record(row)
 
 
 def _largest_move(before: dict, model, record: dict) -> float:
@@ -268,25 +291,23 @@ def _largest_move(before: dict, model, record: dict) -> float:
     return largest
 
 
-def _accuracy_rows(ctx: _Context, prompts) -> list[Row]:
+def _accuracy_rows(ctx: _Context, prompts) -> None:
     """The accuracy cost on each runtime (`attnexport.accuracy`) against the budget, and (one row,
     torch) which layers cost most when quantized alone."""
     budget = ctx.check.budget
     base = A.baseline(ctx.reference, ctx.tokenizer, prompts, ctx.check.new_tokens)
-    rows = []
+
+    def judge(row, cost):
+        row.detail = {"accuracy": cost.to_dict(), "budget": {**vars(budget), "text": budget.text()},
+                      "summary": cost.text()}
+        if cost.failures:
+            row.error = f"over the accuracy budget: {'; '.join(cost.failures)} ({cost.text()})"
+        return cost.comparisons(budget)
     for rt in ctx.used:
         row = ctx.row("accuracy: teacher-forced KL and top-1, perplexity, greedy first tokens", rt,
                       "the source model in fp32 (and float64), transformers' greedy tokens")
-        rows.append(row)
-        cost = _timed_on(ctx, row, lambda run: A.measure(run, ctx.layout, base, budget, ctx.reference.numpy_dtype))
-        if cost is None:
-            continue
-        row.comparisons = cost.comparisons(budget)
-        row.detail = {"accuracy": cost.to_dict(), "budget": {**vars(budget), "text": budget.text()},
-                      "summary": cost.text()}
-        row.passed = not cost.failures and all(c.passed for c in row.comparisons)
-        if cost.failures:
-            row.error = f"over the accuracy budget: {'; '.join(cost.failures)} ({cost.text()})"
+        ctx.run(row, lambda run: A.measure(run, ctx.layout, base, budget, ctx.reference.numpy_dtype),
+                functools.partial(judge, row))
     if P.record_of(ctx.onnx_model) is not None:
         costs = A.layer_costs(ctx.reference, ctx.onnx_model, base)
         row = ctx.row("accuracy: the cost of each layer quantized alone (weights as the file holds them, "
@@ -297,8 +318,7 @@ def _accuracy_rows(ctx: _Context, prompts) -> list[Row]:
                                       math.inf, c["kl_mean"], math.inf, compared=int(base.eval_ids.size),
                                       basis="informational: which layers cost most") for c in costs[:3]]
         row.passed = bool(costs)
-        rows.append(row)
-    return rows
+        ctx.executor.record(row)
 
 
 def _shapes(layout: hf.Layout):
@@ -327,10 +347,9 @@ def _check_room(layout: hf.Layout, prompts, new_tokens: int) -> None:
                          "or more)")
 
 
-def _shape_rows(ctx: _Context) -> list[Row]:
+def _shape_rows(ctx: _Context) -> None:
     """The step at each shape, its caches written by the model from a prefix of text, against the
     float64 model on the same feed."""
-    rows = []
     for label, batch, block, past, padded in _shapes(ctx.layout):
         ids = HR.token_rows(ctx.tokenizer, ctx.layout.vocab, batch, past + block, seed=2)
         feed = HR.prefilled_feed(ctx.reference, ids, past, padded)
@@ -341,41 +360,26 @@ def _shape_rows(ctx: _Context) -> list[Row]:
             row = ctx.row(label, rt, "the model in float64, caches written by it in fp32",
                           expected.tolerances["logits"])
             row.inputs, row.expected = feed, expected.outputs
-            rows.append(row)
-            got = _timed_on(ctx, row, lambda run, feed=feed: run(feed))
-            if got is None:
-                continue
-            row.judge(expected.compare(got, ctx.layout.outputs), ctx.prepared[rt].cpu_nodes,
-                      ctx.check.strict_placement)
-            if not row.passed and rt != "onnx-ref":
-                row.localization = ctx.localize(feed, rt)
-    return rows
+            ctx.run(row, functools.partial(_called, feed=feed),
+                    functools.partial(expected.compare, names=ctx.layout.outputs),
+                    locate=functools.partial(_located, ctx, feed, rt))
 
 
-def _timed_on(ctx: _Context, row: Row, work):
-    """`work(run)` with the row's runtime's step function, its time in the row; None (the row
-    says why) when the runtime runs no ONNX model or the work fails."""
-    if not R.runs_module(row.runtime) and row.runtime not in ctx.prepared:
-        row.skipped = f"{row.runtime} runs no ONNX model"
-        return None
-    started = time.perf_counter()
-    try:
-        done = work(ctx.runner(row.runtime))
-    except Exception as e:  # noqa: BLE001 - a runtime failing on the model fails verification
-        row.error = reason(e)
-        return None
-    row.median_ms = (time.perf_counter() - started) * 1e3
-    return done
+def _called(run, feed: dict):
+    return run(feed)
 
 
-def _decode_rows(ctx: _Context) -> list[Row]:
+def _located(ctx: _Context, feed: dict, runtime: str, _result=None) -> Localization:
+    return ctx.localize(feed, runtime)
+
+
+def _decode_rows(ctx: _Context) -> None:
     """The decode property: a prefill of 4 tokens, then blocks of 1 (batch 2) or of 3 (batch 1),
     give the logits of one forward over the whole sequence in float64; the budget is torch's error
     in that one forward (its fp32 step over the whole sequence), so torch's stepped run is checked
     as any runtime's."""
     if ctx.layout.form == "none":
-        return []
-    rows = []
+        return
     dtype, ref = ctx.reference.numpy_dtype, ctx.reference
     for i, (batch, chunk, total) in enumerate(DECODE):
         ids = HR.token_rows(ctx.tokenizer, ctx.layout.vocab, batch, total, seed=3 + i)
@@ -385,17 +389,12 @@ def _decode_rows(ctx: _Context) -> list[Row]:
         label = f"decode: batch {batch}, prefill {DECODE_PREFILL}, then blocks of {chunk} to {total}"
         for rt in ctx.used:
             row = ctx.row(label, rt, "the model's logits in float64, one forward over the whole sequence", tol)
-            rows.append(row)
-            got = _timed_on(ctx, row, lambda run, ids=ids, chunk=chunk: hf.stepped_logits(
-                run, ctx.layout, ids, DECODE_PREFILL, chunk, dtype))
-            if got is None:
-                continue
-            row.judge([compare("logits", got, whole, tol)], ctx.prepared[rt].cpu_nodes if rt in ctx.prepared else (),
-                      ctx.check.strict_placement)
-    return rows
+            ctx.run(row, lambda run, ids=ids, chunk=chunk: {"logits": hf.stepped_logits(
+                run, ctx.layout, ids, DECODE_PREFILL, chunk, dtype)},
+                lambda got, whole=whole, tol=tol: [compare("logits", got["logits"], whole, tol)])
 
 
-def _generation_rows(ctx: _Context, prompts) -> list[Row]:
+def _generation_rows(ctx: _Context, prompts) -> None:
     """Greedy generation on each runtime against transformers' `generate(do_sample=False)`: the
     same tokens, and each step's logits within the budget of transformers' own fp32 logits against
     the model in float64 over the same tokens."""
@@ -406,39 +405,38 @@ def _generation_rows(ctx: _Context, prompts) -> list[Row]:
     lengths = ", ".join(map(str, PROMPT_LENGTHS))
     what = "from the tokenizer" if ctx.tokenizer is not None else f"of {lengths} tokens"
     label = f"generate {n} tokens, {len(prompts)} prompts {what}"
-    rows = []
-    for rt in ctx.used:
-        row = ctx.row(label, rt, "transformers' generate(do_sample=False); its logits at each step in float64", tol)
-        rows.append(row)
-        got = _timed_on(ctx, row, lambda run: hf.generate(run, layout, prompts, n, watch=want.tokens,
-                                                          dtype=ctx.reference.numpy_dtype))
-        if got is None:
-            continue
+
+    def judge(row, got):
         steps = [compare(f"logits of step {i}", g, w, tol) for i, (g, w) in enumerate(zip(got.logits, want64,
                                                                                          strict=True))]
-        row.comparisons = [compare("logits", np.stack(got.logits), np.stack(want64), tol)]
+        row.arrays = {"logits": np.stack(got.logits)}
         row.detail = {"tokens": got.tokens.tolist(), "transformers_tokens": want.tokens.tolist(),
                       "logits_max_abs_per_step": [c.max_abs for c in steps]}
         if ctx.tokenizer is not None:
             row.detail["prompts"] = list(HR.PROMPTS)
             row.detail["text"] = [ctx.tokenizer.decode(t) for t in got.tokens]
+        logits = compare("logits", np.stack(got.logits), np.stack(want64), tol)
         differ = np.argwhere(got.tokens != want.tokens)
         if differ.size:
             step = int(differ[:, 1].min())
             seq = int(differ[differ[:, 1] == step][0, 0])
             row.error = (f"sequence {seq}, step {step}: transformers generated token {want.tokens[seq, step]}, the "
                          f"model {got.tokens[seq, step]} (logits there: {steps[step]})")
-            if rt in ctx.prepared and rt != "onnx-ref" and got.diverged_feed is not None:
-                row.localization = ctx.localize(got.diverged_feed, rt)
-            continue
-        row.passed = row.comparisons[0].passed
-        if not row.passed:
+        elif not logits.passed:
             worst = max(range(len(steps)), key=lambda i: steps[i].max_abs)
             row.error = f"same tokens; the logits past tolerance, worst at step {worst}: {steps[worst]}"
-    return rows
+        return [logits]
+
+    def locate(rt, got):  # the step where the tokens part, if they do
+        return None if got is None or got.diverged_feed is None else ctx.localize(got.diverged_feed, rt)
+    for rt in ctx.used:
+        row = ctx.row(label, rt, "transformers' generate(do_sample=False); its logits at each step in float64", tol)
+        ctx.run(row, lambda run: hf.generate(run, layout, prompts, n, watch=want.tokens,
+                                             dtype=ctx.reference.numpy_dtype),
+                functools.partial(judge, row), locate=functools.partial(locate, rt))
 
 
-def _client_rows(ctx: _Context, folder, prompts) -> list[Row]:
+def _client_rows(ctx: _Context, folder, prompts) -> None:
     """Each client generating from the deployment folder, prompt by prompt (batch 1), against
     transformers' `generate` on the same prompt: the same tokens, and where the folder has a
     tokenizer, the client's encoding of each prompt equal to transformers'."""
@@ -446,40 +444,30 @@ def _client_rows(ctx: _Context, folder, prompts) -> list[Row]:
     want = np.concatenate([hf.reference_generation(ctx.reference.model, ctx.layout, [p], n).tokens for p in prompts])
     given = list(HR.PROMPTS) if ctx.tokenizer is not None else [p.tolist() for p in prompts]
     exact = Tolerance(0.0, 0.0, "exact: token ids")
-    rows = []
-    for client in ctx.check.clients:
-        row = ctx.row(f"client: generate {n} tokens from the folder, {len(prompts)} prompts, one at a time", client,
-                      "transformers' generate(do_sample=False), one prompt at a time", exact)
-        row.flavor = "-"
-        rows.append(row)
-        if (client, ctx.layout.form) in clients.CANNOT:
-            row.error = f"{client} cannot run the {ctx.layout.form} form: {clients.CANNOT[client, ctx.layout.form]}"
-            continue
-        ok, why = clients.status(client)
-        if not ok:
-            row.error = f"{client} is not available: {why}"
-            continue
-        started = time.perf_counter()
-        try:
-            done = clients.generate(client, folder, given, n, R.cpu_threads())
-        except Exception as e:  # noqa: BLE001 - a client failing on the folder fails verification
-            row.error = reason(e)
-            continue
-        row.median_ms = (time.perf_counter() - started) * 1e3
+    encoded = [list(map(int, p)) for p in prompts]
+
+    def judge(row, client, done):
         got = np.array([t[:n] + [-1] * (n - len(t[:n])) for t in done.tokens])
-        row.comparisons = [compare("tokens", got, want, exact)]
-        encoded = [list(map(int, p)) for p in prompts]
         row.detail = {"tokens": got.tolist(), "transformers_tokens": want.tolist(), "prompt_ids": done.prompt_ids}
         if done.prompt_ids != encoded:
             bad = next(i for i, (a, b) in enumerate(zip(done.prompt_ids, encoded, strict=True)) if a != b)
             row.error = (f"prompt {bad}: {client}'s tokenizer encodes {given[bad]!r} as {done.prompt_ids[bad][:12]}, "
                          f"transformers' as {encoded[bad][:12]}")
-            continue
-        differ = np.argwhere(got != want)
-        if differ.size:
-            seq, step = (int(v) for v in differ[np.argmin(differ[:, 1])])
-            row.error = (f"prompt {seq}, step {step}: transformers generated token {want[seq, step]}, {client} "
-                         f"{got[seq, step]}")
-            continue
-        row.passed = row.comparisons[0].passed
-    return rows
+        else:
+            differ = np.argwhere(got != want)
+            if differ.size:
+                seq, step = (int(v) for v in differ[np.argmin(differ[:, 1])])
+                row.error = (f"prompt {seq}, step {step}: transformers generated token {want[seq, step]}, {client} "
+                             f"{got[seq, step]}")
+        return [compare("tokens", got, want, exact)]
+    for client in ctx.check.clients:
+        row = ctx.row(f"client: generate {n} tokens from the folder, {len(prompts)} prompts, one at a time", client,
+                      "transformers' generate(do_sample=False), one prompt at a time", exact)
+        row.flavor = "-"
+        ok, why = clients.status(client)
+        if (client, ctx.layout.form) in clients.CANNOT:
+            row.error = f"{client} cannot run the {ctx.layout.form} form: {clients.CANNOT[client, ctx.layout.form]}"
+        elif not ok:
+            row.error = f"{client} is not available: {why}"
+        ctx.executor.run(row, functools.partial(clients.generate, client, folder, given, n, R.cpu_threads()),
+                         functools.partial(judge, row, client))

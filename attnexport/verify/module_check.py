@@ -3,8 +3,8 @@ runtime, the decode property of its caches, localization against the module expo
 
 from __future__ import annotations
 
+import functools
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,8 +28,9 @@ from attnexport.localize import Localization, locate
 from attnexport.report import Report, Row
 from attnexport.signature import WritePos
 from attnexport.verify.decode_checks import cache_of, module_decode_rows, module_static_rows, write_pos_of
+from attnexport.verify.executor import Executor
 from attnexport.verify.model_plan import dtype_of, flavor_of
-from attnexport.verify.run import AUTO_LOCALIZE_LIMIT, LoadedModule
+from attnexport.verify.run import LoadedModule
 
 # --- a user's module against its model -------------------------------------------------------
 
@@ -55,6 +56,10 @@ class ModuleCheck:
     cache: dict | None = None  # {input: output} pairs of a model that does not record them
     write_pos: str | None = None  # the write position of its static cache (`cache` its buffers)
     strict_placement: bool = False  # a compute node an accelerated runtime left on the CPU fails the row
+    localize: bool = False  # localize every ONNX run; a divergence fails it
+    baseline: str | Path | None = None  # a known-good baseline folder to compare with (verify.executor)
+    save_baseline: str | Path | None = None  # write the runs as a baseline folder
+    max_growth: float = 10.0
 
 
 def verify_module(model_path, spec: str, runtimes: list[str] | None = None, **fields) -> Report:
@@ -113,7 +118,8 @@ def _verify_module(check: ModuleCheck) -> Report:
     cache = cache_of(model, check.cache, static=check.write_pos is not None) if check.cache is not None else \
         recorded.cache()
     write = _write_pos(model, recorded, check, cache)
-    rows = []
+    executor = Executor(check.strict_placement, check.localize, check.baseline, check.save_baseline,
+                        check.max_growth)
     known_good = _KnownGood(module, spec, names, spec_inputs, declared, flavor, meta, dtype)
 
     def plain(module, feed):
@@ -151,44 +157,50 @@ def _verify_module(check: ModuleCheck) -> Report:
             row = Row(case=label, variant=spec, flavor="-" if R.runs_module(rt) else flavor, runtime=rt,
                       dtype=dtype, model=Path(model_path).name, tolerance=row_tol,
                       expected_kind=kind, inputs=arrays, expected=expected)
-            rows.append(row)
+            itself = R.runs_module(rt) and not R.on_cuda(rt)  # the module itself, as it runs on the CPU
+            work = _module_call(module, feed, declared) if itself else \
+                functools.partial(prepared[rt].run, arrays) if rt in prepared else None
             if changed:
                 source = meta.get("attnexport.params_source", "seed")
                 hint = f"; it was exported with --weights {source[len('given: '):]}" \
                     if source.startswith("given: ") and weights_file is None else ""
                 row.error = (f"the module's parameters differ from the model's: {', '.join(changed[:3])} "
                              f"(sha256 in the metadata{hint})")
-                continue
-            try:
-                if R.runs_module(rt) and not R.on_cuda(rt):  # the module itself, as it runs on the CPU
-                    started = time.perf_counter()
-                    with torch.no_grad(), M.export_semantics():
-                        got_t = M.outputs_of(module(*feed))
-                    row.median_ms = (time.perf_counter() - started) * 1e3
-                    got = {n: g.detach().double().numpy() for n, g in zip(declared, got_t, strict=True)}
-                elif rt in prepared:
-                    got, row.median_ms = prepared[rt].timed(arrays, warmup=0 if rt == "onnx-ref" else 1,
-                                                            iters=1 if rt == "onnx-ref" else 3)
-                else:
-                    row.skipped = f"{rt} runs no module"
-                    continue
-            except Exception as e:  # noqa: BLE001 - a runtime failing on the model fails verification
-                row.error = reason(e)
-                continue
-            row.judge(compare_outputs(declared, got, expected, row_tol),
-                      prepared[rt].cpu_nodes if rt in prepared else (), check.strict_placement)
-            if damaged and not R.runs_module(rt):
-                row.passed = False
-                row.error = (f"the model file's parameters differ from the sha256 recorded at its export: "
-                             f"{', '.join(damaged[:3])} (the file was changed after the export)")
-            elif not row.passed and rt in prepared and known_good.tries < AUTO_LOCALIZE_LIMIT:
-                row.localization = known_good.locate(model, arrays, rt)
+            elif work is None:
+                row.skipped = f"{rt} runs no module"
+            once = itself or rt == "onnx-ref"
+            executor.run(row, work, functools.partial(_judged, row, declared, expected, row_tol, damaged),
+                         cpu_nodes=prepared[rt].cpu_nodes if rt in prepared else (), warmup=0 if once else 1,
+                         iters=1 if once else 3,
+                         locate=functools.partial(known_good.locate, model, arrays, rt) if rt in prepared else None)
     if cache and not changed:
         loaded = LoadedModule(module, model, spec, spec_inputs, used, prepared, dtype, tol, flavor,
-                              Path(model_path).name, check.strict_placement)
-        rows += module_static_rows(loaded, known_good.example, cache, write) if write else \
+                              Path(model_path).name, executor)
+        if write:
+            module_static_rows(loaded, known_good.example, cache, write)
+        else:
             module_decode_rows(loaded, known_good.example, cache)
-    return Report(rows, R.described(table), dtype, [flavor], [str(model_path)])
+    return executor.report(R.described(table), dtype, [flavor], [str(model_path)])
+
+
+def _module_call(module, feed: tuple, declared: list[str]):
+    """The module run on `feed` under the export's semantics: {output: float64 array}."""
+    import torch
+
+    def call():
+        with torch.no_grad(), M.export_semantics():
+            got = M.outputs_of(module(*feed))
+        return {n: g.detach().double().numpy() for n, g in zip(declared, got, strict=True)}
+    return call
+
+
+def _judged(row: Row, declared, expected, tol, damaged: list[str], got: dict) -> list:
+    """Every declared output against the module's; a model file whose parameters changed since its
+    export fails whatever it computes."""
+    if damaged and not R.runs_module(row.runtime):
+        row.error = (f"the model file's parameters differ from the sha256 recorded at its export: "
+                     f"{', '.join(damaged[:3])} (the file was changed after the export)")
+    return compare_outputs(declared, got, expected, tol)
 
 
 class _KnownGood:
@@ -201,10 +213,9 @@ class _KnownGood:
         self.dynamic = {i["name"]: {int(a): d for a, d in i["dynamic"].items()} for i in spec_inputs}
         self.flavor, self.dtype = flavor, dtype
         self.opset = int(meta["attnexport.opset"]) if "attnexport.opset" in meta else None
-        self.example, self.model, self.tries = None, None, 0
+        self.example, self.model = None, None
 
-    def locate(self, model, feed, runtime):
-        self.tries += 1
+    def locate(self, model, feed, runtime, _result=None):
         try:
             if self.model is None:
                 self.model = E.export_module(self.module, self.example, flavor=self.flavor, opset=self.opset,

@@ -24,9 +24,7 @@ from attnexport.compare import (
 )
 from attnexport.errors import UnsupportedByFlavor
 from attnexport.inspect import attnexport_metadata
-
-AUTO_LOCALIZE_LIMIT = 20  # failing runs localized without --localize, per verify call
-
+from attnexport.verify.executor import Executor
 
 # --- what one run is ---------------------------------------------------------------------------
 
@@ -161,4 +159,4 @@ class LoadedModule:
     tol: Tolerance
     flavor: str
     model_name: str
-    strict: bool = False  # --strict-placement: a compute node an accelerated runtime left on the CPU fails
+    executor: Executor  # what runs each row (verify.executor): placement, localization, baseline

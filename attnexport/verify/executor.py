@@ -1,0 +1,114 @@
+"""The one way verify runs a row, whichever mode planned it (golden cases, model files, a user's
+module, a language model and its clients): the work timed by the one timing loop
+(`runtimes.time_calls`), a failure to run recorded as the row's error, the outputs judged by the
+row's one judgement (`Row.judge`: every declared output compared, placement, a run that compared
+nothing fails), the first diverging node named under one policy, and the run compared with a
+known-good baseline.
+
+A mode plans; the executor runs. Each planned row comes with three things of its own: `work`
+(what runs, on a runtime the plan prepared), `judge` (the comparisons of what the work returned)
+and, where there is a graph to look inside, `locate` (its first diverging node)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from attnexport import baseline as B
+from attnexport import files as F
+from attnexport import runtimes as R
+from attnexport.compare import Comparison
+from attnexport.errors import UsageError, reason
+from attnexport.localize import Localization
+from attnexport.report import Report, Row
+
+AUTO_LOCALIZE_LIMIT = 20  # failing runs localized without --localize, per verify call
+
+
+class Executor:
+    """Runs the rows of one verify call and keeps them.
+
+    `strict`: a compute node an accelerated runtime left on the CPU fails the row
+    (--strict-placement). `localize`: every run with a graph is localized, and a divergence fails
+    it (--localize); otherwise failing runs are, up to `auto_localize` of them. `baseline`: a folder
+    of a known-good run (`attnexport.baseline`) every run is compared with, failing where an
+    output's error grew more than `max_growth` times; `save_baseline`: where `report` writes the
+    runs as one.
+    """
+
+    def __init__(self, strict: bool = False, localize: bool = False, baseline: str | Path | None = None,
+                 save_baseline: str | Path | None = None, max_growth: float = 10.0,
+                 auto_localize: int = AUTO_LOCALIZE_LIMIT):
+        if not (isinstance(max_growth, (int, float)) and math.isfinite(max_growth) and max_growth >= 1):
+            raise UsageError(f"--max-growth must be a finite number >= 1, got {max_growth}")
+        self.strict, self.localize_all, self.max_growth = strict, localize, max_growth
+        self.auto_localize = auto_localize
+        self.baseline, self.save_baseline = baseline, save_baseline
+        self.entries = B.load(baseline) if baseline is not None else None
+        if save_baseline is not None:  # before any work: the folder must be writable
+            F.resolve_target(Path(save_baseline) / B.MANIFEST, new_folder=True)
+        self.rows: list[Row] = []
+        self.localized = 0
+
+    def run(self, row: Row, work: Callable[[], Any] | None, judge: Callable[[Any], list[Comparison]], *,
+            cpu_nodes=(), warmup: int = 0, iters: int = 1,
+            locate: Callable[[Any], Localization | None] | None = None) -> Any:
+        """Runs `work` for `row` (`warmup` untimed calls, then `iters` timed ones: the median is the
+        row's time), judges what the last call returned with `judge` (which may also set the row's
+        error and detail: a row with an error never passes), names the first diverging node with
+        `locate(result)` under the policy, and checks the baseline. Returns the work's result, None
+        when it did not run (a row skipped or failed before running, or a run that raised). `work`
+        is None only for a row skipped or failed before running."""
+        self.rows.append(row)
+        if row.skipped:
+            return None
+        got = None
+        if not row.error:
+            if work is None:
+                raise ValueError(f"{row.case} on {row.runtime}: nothing to run, and the row says not why")
+            results: list = []
+            try:
+                times = R.time_calls(lambda: results.append(work()), warmup, iters)
+            except Exception as e:  # noqa: BLE001 - a runtime failing on a model is a verification failure
+                row.error = reason(e)
+            else:
+                got, row.median_ms = results[-1], statistics.median(times)
+                if isinstance(got, dict) and not row.arrays:
+                    row.arrays = got
+                row.judge(judge(got), cpu_nodes, self.strict)
+                row.passed = row.passed and not row.error
+        if locate is not None and (self.localize_all or (not row.passed and self.localized < self.auto_localize)):
+            self._localize(row, locate, got)
+        if self.entries is not None and not row.skipped:
+            row.baseline = B.check(row, self.entries.get(B.key(row.case, row.flavor, row.runtime)), self.max_growth)
+            row.passed = row.passed and row.baseline["passed"]
+        return got
+
+    def record(self, row: Row) -> Row:
+        """Keeps a row judged without a runtime (a file's parameters, its quantized weights)."""
+        self.rows.append(row)
+        return row
+
+    def _localize(self, row: Row, locate, got) -> None:
+        try:
+            found = locate(got)
+        except Exception as e:  # noqa: BLE001 - localization is a diagnosis; its failure is reported
+            found = Localization(note=f"localization failed: {reason(e)}")
+        if found is None:  # nothing to look inside for this run
+            return
+        self.localized += 1
+        row.localization = found
+        if self.localize_all and found.diverged and row.passed:
+            row.passed = False
+            row.error = "intermediate values diverge from the export (--localize)"
+
+    def report(self, runtimes: list[dict], dtype: str, flavors: list[str], models: list[str]) -> Report:
+        """The report of every row run, the baseline written where asked (`save_baseline`)."""
+        report = Report(self.rows, runtimes, dtype, flavors, models,
+                        baseline=None if self.baseline is None else str(self.baseline))
+        if self.save_baseline is not None:
+            report.saved_baseline = str(B.save(self.rows, self.save_baseline))
+        return report
