@@ -107,7 +107,8 @@ def test_the_baseline_holds_every_row_that_compared_something(tmp_path):
     their comparisons, and a later run is held to them."""
     ex = Executor(save_baseline=tmp_path / "b")
     kl = Row("accuracy", "v", "-", "ort-cpu", "fp32")
-    ex.run(kl, lambda: 0.001, lambda got: [compare("mean KL", np.array(got), np.array(0.0), tolerance("fp32", 0, 0.01))])
+    ex.run(kl, lambda: 0.001,
+           lambda got: [compare("mean KL", np.array(got), np.array(0.0), tolerance("fp32", 0, 0.01))])
     ex.report([], "fp32", [], [])
     again = Executor(baseline=tmp_path / "b", max_growth=10)
     grown = Row("accuracy", "v", "-", "ort-cpu", "fp32")
