@@ -164,20 +164,18 @@ def _module_step(m: LoadedModule, names, outputs):
     return step
 
 
-def _decode_rows(m: LoadedModule, feed, expected, kind, decode_with) -> list:
-    """The decode property's rows, a token a step and in chunks, on every runtime: `decode_with(
+def _decode_rows(m: LoadedModule, feed, expected, kind, decode_with) -> None:
+    """The decode property's rows, a token a step and in chunks, on every runtime, run by `m.executor`: `decode_with(
     step, chunk)` runs the decode with `step` ({input: array} -> {output: array}) and returns
     the outputs to compare with `expected`."""
     names = [i["name"] for i in m.spec_inputs]
     module_step = _module_step(m, names, [o.name for o in m.model.graph.output])
-    rows = []
     for chunk in CHUNKS:
         label = "decode, a token a step" if chunk == 1 else f"decode, {chunk} tokens a step"
         for rt in m.used:
             row = Row(case=label, variant=m.spec, flavor="-" if R.runs_module(rt) else m.flavor, runtime=rt,
                       dtype=m.dtype, model=m.model_name, tolerance=m.tol, expected_kind=kind,
                       inputs=feed, expected=expected)
-            rows.append(row)
             run = module_step if R.runs_module(rt) and not R.on_cuda(rt) else \
                 m.prepared[rt].run if rt in m.prepared else None
             if run is None:
@@ -186,10 +184,9 @@ def _decode_rows(m: LoadedModule, feed, expected, kind, decode_with) -> list:
             m.executor.run(row, functools.partial(decode_with, run, chunk),
                            functools.partial(compare_outputs, list(expected), expected=expected, tol=m.tol),
                            cpu_nodes=m.prepared[rt].cpu_nodes if rt in m.prepared else ())
-    return rows
 
 
-def module_decode_rows(m: LoadedModule, example, cache: dict) -> list:
+def module_decode_rows(m: LoadedModule, example, cache: dict) -> None:
     """The decode property of a module with its own cache (`cache`: {input: {"output", "axis"}}):
     run from empty caches over the export's inputs, a token at a time and in chunks, feeding each
     step's updated cache back, on every runtime (torch: the module itself), it must give the
@@ -211,13 +208,13 @@ def module_decode_rows(m: LoadedModule, example, cache: dict) -> list:
         got, last = decode_all(lambda given: run({**given, **always}), {n: feed[n] for n in stream}, chunk,
                                {n: feed[n] for n in cache}, axis, layout=layout)
         return {**got, **{cache[n]["output"]: v for n, v in last.items()}}
-    return _decode_rows(m, feed, expected, "the torch module's full forward from empty caches", decode_with)
+    _decode_rows(m, feed, expected, "the torch module's full forward from empty caches", decode_with)
 
 
 STATIC_LENGTH = 8  # positions a static cache's decode check runs through (at most the buffers')
 
 
-def module_static_rows(m: LoadedModule, example, cache: dict, write: WritePos) -> list:
+def module_static_rows(m: LoadedModule, example, cache: dict, write: WritePos) -> None:
     """The decode property of a module with a static cache (`cache`: {buffer input: {"output",
     "axis"}}, `write`: where each step writes): from buffers full of noise (attention must read
     only what was written), the sequences' prompts as one block, then a token at a time and in
@@ -268,4 +265,4 @@ def module_static_rows(m: LoadedModule, example, cache: dict, write: WritePos) -
         return up_to_reach({**got, **{cache[n]["output"]: v for n, v in last.items()}})
     kind = (f"the torch module's full forward written at 0 into the same noisy buffers, each sequence up to where "
             f"it ran ({', '.join(map(str, reach))} positions)")
-    return _decode_rows(m, full_feed, expected, kind, decode_with)
+    _decode_rows(m, full_feed, expected, kind, decode_with)
