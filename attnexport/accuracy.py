@@ -258,9 +258,15 @@ def baseline(reference, tokenizer, prompts, new_tokens: int) -> Baseline:
                 for ids in (eval_ids, held_ids)]
     fp64 = [reference.logits64(ids, np.ones_like(ids))[0] for ids in (eval_ids, held_ids)]
     want = hf.reference_generation(model, layout, prompts, new_tokens)
-    first = np.sort(np.asarray(want.logits[0], np.float64), axis=-1)
-    margins = [float(m) for m in first[:, -1] - first[:, -2]]
-    return Baseline(eval_ids, held_ids, fp32[0], fp64[0], fp32[1], fp64[1], list(prompts), want.tokens, margins)
+    return Baseline(eval_ids, held_ids, fp32[0], fp64[0], fp32[1], fp64[1], list(prompts), want.tokens,
+                    leads(want.logits[0]))
+
+
+def leads(logits: np.ndarray) -> list[float]:
+    """Each row's lead of its most likely token over the second, in logits ((B, V) -> B floats):
+    how decided a greedy step is."""
+    ranked = np.sort(np.asarray(logits, np.float64), axis=-1)
+    return [float(m) for m in ranked[:, -1] - ranked[:, -2]]
 
 
 def measure(run, layout: hf.Layout, base: Baseline, budget: Budget, dtype=np.float32,

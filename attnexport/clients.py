@@ -85,9 +85,8 @@ def generate(client: str, folder: Path, prompts: list, new_tokens: int, threads:
 
 def _optimum(folder: Path, prompts: list, new_tokens: int, threads: int | None) -> ClientRun:
     import onnxruntime as ort
-    import torch
     from optimum.onnxruntime import ORTModelForCausalLM
-    from transformers import AutoTokenizer, GenerationConfig
+    from transformers import AutoTokenizer
 
     options = ort.SessionOptions()
     if threads:
@@ -98,10 +97,22 @@ def _optimum(folder: Path, prompts: list, new_tokens: int, threads: int | None) 
                                                 use_cache=use_cache)
     texts = all(isinstance(p, str) for p in prompts)
     tokenizer = AutoTokenizer.from_pretrained(str(folder)) if texts else None
+    started = time.perf_counter()
+    encoded, tokens = greedy_each(model, tokenizer, prompts, new_tokens)
+    return ClientRun("optimum", encoded, tokens, (time.perf_counter() - started) * 1e3)
+
+
+def greedy_each(model, tokenizer, prompts: list, new_tokens: int) -> tuple[list, list]:
+    """(each prompt's ids, the `new_tokens` tokens `model.generate` gives after it), one prompt at a
+    time with no end-of-sequence stop: the loop of the Optimum client, whose model generates with
+    transformers' own `generate` (so transformers' model runs it the same way, without Optimum).
+    `tokenizer` encodes text prompts; without one the prompts are token ids."""
+    import torch
+    from transformers import GenerationConfig
+
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     config = GenerationConfig(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=0, eos_token_id=None,
                               pad_token_id=pad)
-    started = time.perf_counter()
     encoded, tokens = [], []
     for p in prompts:
         ids = tokenizer(p)["input_ids"] if tokenizer is not None else [int(t) for t in p]
@@ -110,7 +121,7 @@ def _optimum(folder: Path, prompts: list, new_tokens: int, threads: int | None) 
             out = model.generate(input_ids=torch.tensor([ids]), generation_config=config,
                                  attention_mask=torch.ones((1, len(ids)), dtype=torch.long))
         tokens.append(out[0, len(ids):].tolist())
-    return ClientRun("optimum", encoded, tokens, (time.perf_counter() - started) * 1e3)
+    return encoded, tokens
 
 
 def _transformers_js(folder: Path, prompts: list, new_tokens: int, threads: int | None) -> ClientRun:

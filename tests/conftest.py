@@ -136,6 +136,27 @@ def shared_once(name: str, make):
         return value
 
 
+def shared_path(name: str, make) -> Path:
+    """The file or folder `name` that `make(path)` writes, made once per run by the first worker that
+    asks for it (the others wait on its lock, then take it as it is), beside the run's export cache:
+    an export every test of a model shares. `make` writes at a path of that name in a folder of its
+    own, renamed into place once it is whole; if it fails, the next test to ask tries again."""
+    import fcntl
+    root = Path(os.environ.get("ATTNEXPORT_CACHE") or tempfile.gettempdir()) / "shared"
+    root.mkdir(exist_ok=True)
+    path = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=root))
+            try:
+                make(staging / name)
+                os.replace(staging / name, path)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+    return path
+
+
 def to_torch(inputs: dict, dtype=torch.float32):
     """NumPy inputs -> torch tensors; floats cast to `dtype`, bools and ints kept."""
     return [torch.from_numpy(np.ascontiguousarray(a)).to(dtype) if a.dtype.kind == "f"
@@ -149,6 +170,21 @@ def run_module(variant, o, params, inputs, dtype=torch.float32):
         out = module(*to_torch(inputs, dtype))
     out = out if isinstance(out, tuple) else (out,)
     return {s.name: t.double().numpy() for s, t in zip(variant.outputs(o), out, strict=True)}
+
+
+def nudged_output(model, name: str, by: float = 0.05):
+    """A copy of `model` whose graph output `name` alone is off by `by` (what consumes it inside the
+    graph still reads the true value)."""
+    import onnx
+    from onnx import helper, numpy_helper
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for node in out.graph.node:
+        node.input[:] = [f"{name}.true" if i == name else i for i in node.input]
+        node.output[:] = [f"{name}.true" if o == name else o for o in node.output]
+    out.graph.initializer.append(numpy_helper.from_array(np.array(by, np.float32), f"{name}.nudge"))
+    out.graph.node.append(helper.make_node("Add", [f"{name}.true", f"{name}.nudge"], [name]))
+    return out
 
 
 def assert_fits_80(text: str):
@@ -166,6 +202,26 @@ def assert_fits_80(text: str):
 _FIRST = ("test_every_golden_case_passes_everywhere", "test_fp16_verify_is_green_with_derived_tolerances",
           "test_the_representative_cases_pass_or_are_declined_with_their_reason")
 _LONG_FILES = ("test_verify.py", "test_modules.py", "test_export.py", "test_sdpa_operator.py")
+
+
+# Tests that run on one pytest-xdist worker, one after another, however the others are shared out: those
+# that drive Chromium with a whole model (one browser for the run; two at once held some 10 GB). A group
+# is named by the start of its tests' ids. (pytest-xdist's own `xdist_group` mark does not reach pytest
+# 9.2: it renames a test through an attribute 9.2 no longer reads, so its groups are split.)
+ONE_WORKER = {"browser": ("test_real_models.py::test_the_forms_users_ship_to_browsers",
+                          "test_real_models.py::test_int4_in_the_browser")}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scheduler by work units: a group of ONE_WORKER is one unit (the largest units
+    are handed out first), every other test a unit of its own."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Grouped(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            name = nodeid.rsplit("/", 1)[-1]  # the file's name and the test's, from wherever pytest runs
+            return next((group for group, starts in ONE_WORKER.items() if name.startswith(starts)), nodeid)
+    return Grouped(config, log)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -13,6 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from attnexport import accuracy as A
+from attnexport import hf
+from attnexport import hf_reference as HR
+from attnexport import precision as P
+from attnexport import runtimes as R
 from attnexport import signature as SG
 from attnexport.cli import main
 from attnexport.errors import UsageError
@@ -71,14 +75,79 @@ def test_each_limit_is_checked_and_nan_fails_them_all():
     assert _cost(kl_mean=0.2).judge(A.Budget(kl_mean=None)).failures == []
 
 
-# --- small random models ---------------------------------------------------------------------------
+# --- the measures on a model worked out by hand -----------------------------------------------------
 
-transformers = pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
+# A bigram model over three tokens: the next token's probabilities depend on the last token only, so
+# every measure can be written down. The fp32 reference and the model under test agree on rows 0 and
+# 2 and differ on row 1 (its most likely token too).
+P_REF = np.array([[0.1, 0.7, 0.2], [0.8, 0.1, 0.1], [0.2, 0.2, 0.6]])
+P_GOT = np.array([[0.1, 0.7, 0.2], [0.2, 0.6, 0.2], [0.2, 0.2, 0.6]])
+# KL(fp32 || model) at a position that reads row 1, in nats: 0.8 ln(0.8/0.2) + 0.1 ln(0.1/0.6) +
+# 0.1 ln(0.1/0.2) = 1.5 ln 2 - 0.1 ln 6 = 0.860545 (the other direction, KL(model || fp32), is
+# 0.6 ln 6 - 0.2 ln 2 = 0.936426; in bits it would be 1.241503).
+KL_ROW1 = 1.5 * math.log(2) - 0.1 * math.log(6)
 
-from attnexport import hf  # noqa: E402
-from attnexport import hf_reference as HR  # noqa: E402
-from attnexport import precision as P  # noqa: E402
-from attnexport import runtimes as R  # noqa: E402
+
+def _bigram(probs):
+    """The step graph of a bigram model in the form without a cache: logits (B, T, V) of ids (B, T)."""
+    table = np.log(probs)
+
+    def run(feed):
+        return {"logits": table[np.asarray(feed["input_ids"])]}
+    return run
+
+
+def _bigram_baseline():
+    """What the fp32 model gives, by hand: its logits over the texts, its greedy tokens after the
+    prompts [0] (0 -> 1 -> 0 -> 1 -> 0) and [2] (2 -> 2 -> ...), and the lead of each first token."""
+    eval_ids, held_ids = np.array([[0, 1, 2, 0]]), np.array([[0, 1, 2]])
+    ref = np.log(P_REF)
+    return A.Baseline(eval_ids, held_ids, ref[eval_ids[0]], ref[eval_ids[0]], ref[held_ids[0]], ref[held_ids[0]],
+                      [np.array([0]), np.array([2])], np.array([[1, 0, 1, 0], [2, 2, 2, 2]]),
+                      A.leads(ref[[0, 2]]))
+
+
+def test_kl_is_in_nats_and_from_the_reference_to_the_model():
+    kl = A.kl_per_position(np.log(P_REF), np.log(P_GOT))
+    assert kl[1] == pytest.approx(KL_ROW1, rel=1e-12) and kl[1] == pytest.approx(0.860545, abs=1e-6)
+    assert kl[0] == pytest.approx(0, abs=1e-15) and kl[2] == pytest.approx(0, abs=1e-15)
+
+
+def test_each_measure_of_a_model_worked_out_by_hand():
+    """Positions 0..3 of the text read rows 0, 1, 2, 0: KL only at position 1, so its mean is
+    KL_ROW1 / 4 and top-1 agreement exactly 3/4. The held-out text 0, 1, 2 has perplexity
+    (0.7 * 0.2)^-1/2 under the model and (0.7 * 0.1)^-1/2 under fp32: -29.3%. Greedy after [0]: the
+    model goes 0 -> 1 -> 1 (row 1's most likely token is 1), fp32 0 -> 1 -> 0: first departure at
+    step 1, one of four tokens equal; after [2] all four equal."""
+    layout = hf.Layout("none", 1, 1, 1, 3)
+    base = _bigram_baseline()
+    assert base.margins == pytest.approx([math.log(3.5), math.log(3)], rel=1e-12)
+    for alone in (False, True):
+        cost = A.measure(_bigram(P_GOT), layout, base, A.Budget(), np.float64, one_at_a_time=alone)
+        assert cost.kl_mean == pytest.approx(KL_ROW1 / 4, rel=1e-12) and cost.kl_max == pytest.approx(KL_ROW1)
+        assert cost.top1 == 0.75 and cost.positions == 4
+        assert cost.perplexity == pytest.approx(0.14 ** -0.5, rel=1e-12)
+        assert cost.perplexity_fp32 == pytest.approx(0.07 ** -0.5, rel=1e-12)
+        assert cost.perplexity_delta == pytest.approx(math.sqrt(0.5) - 1, rel=1e-12)
+        assert cost.first_difference == [1, None] and (cost.equal_tokens, cost.new_tokens) == (5, 8)
+        assert cost.failures == [f"mean KL {KL_ROW1 / 4:.3g} > 0.05", "top-1 75.0% < 85%"]
+    same = A.measure(_bigram(P_REF), layout, base, A.Budget(), np.float64)
+    assert same.kl_mean == pytest.approx(0, abs=1e-15) and (same.top1, same.first_difference, same.failures) == \
+        (1.0, [None, None], [])
+
+
+def test_a_first_token_counts_where_fp32_leads_by_the_margin_or_more():
+    """The margin is a lead in logits, at least `margin`: a lead of exactly the margin is decided."""
+    assert A.leads(np.array([[1.0, 5.0, 3.0], [2.0, 2.0, 0.0]])) == [2.0, 0.0]
+    at = _cost(first_difference=[0], margins=[1.0]).judge(A.Budget(margin=1.0))
+    assert at.first_tokens_differing == 1 and len(at.failures) == 1
+    below = _cost(first_difference=[0], margins=[0.999]).judge(A.Budget(margin=1.0))
+    assert below.first_tokens_differing == 0 and below.failures == []
+    wider = _cost(first_difference=[0], margins=[1.5]).judge(A.Budget(margin=2.0))
+    assert wider.first_tokens_differing == 0 and wider.margin == 2.0
+
+
+# --- small random models (the [hf] extra: they skip without it) ------------------------------------
 
 
 def _q4_1(w: np.ndarray, block: int = 32) -> np.ndarray:
@@ -96,6 +165,8 @@ def plain(tmp_path_factory, tiny_lms):
     """A small Llama whose random weights are large enough for its next-token distributions to be
     peaked (at transformers' default scale every one is near uniform, and any rounding turns its top
     token): what quantizing a trained model risks."""
+    transformers = pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e "
+                                       "'.[dev,hf]'")
     import torch
     folder = tmp_path_factory.mktemp("plain")
     config = tiny_lms.config("llama", layers=3)
@@ -110,6 +181,7 @@ def plain(tmp_path_factory, tiny_lms):
 def gridded(tmp_path_factory, plain):
     """The same model with its layers' weights on Q4_1's grid, as a GGUF file's are: int4 carries them."""
     import torch
+    import transformers
     model = transformers.AutoModelForCausalLM.from_pretrained(plain)
     with torch.no_grad():
         for name, module in model.named_modules():
@@ -175,12 +247,32 @@ def _session_run(model):
 
 
 @pytest.fixture(scope="module")
-def int4(gridded, tmp_path_factory):
+def int4_export(gridded, tmp_path_factory):
+    """(the int4 file, what its export said in JSON)."""
     out = tmp_path_factory.mktemp("int4") / "model.onnx"
     r = run("export", "--hf", gridded, "--kv-cache", "static", "--max-seq", "200", "--flavor", "ort", "--precision",
-            "int4", "-o", out)
+            "int4", "-o", out, "--json")
     assert r.exit_code == 0, r.output
-    return out
+    return out, _report(r)
+
+
+@pytest.fixture(scope="module")
+def int4(int4_export):
+    return int4_export[0]
+
+
+def test_the_quantized_graph_is_checked_with_the_quantized_factor(int4_export):
+    """The graph with float activations is held to QUANTIZED_FACTOR (16) times torch's own error
+    against the model with the file's weights, never below fp32's policy: each checked step says so."""
+    import re
+
+    from attnexport.compare import QUANTIZED_FACTOR, TOLERANCES
+    _, doc = int4_export
+    assert QUANTIZED_FACTOR == 16 and len(doc["checked"]) == 4
+    for entry in doc["checked"]:
+        for worst in (entry["logits"], entry["cache"]):
+            error = float(re.search(r"float64 (\S+) x 16(;|$)", worst["basis"]).group(1))
+            assert worst["atol"] == pytest.approx(max(TOLERANCES["fp32"].atol, 16 * error), rel=6e-3)  # 3 digits
 
 
 def _broken(path, how):

@@ -99,3 +99,19 @@ def test_clients_need_a_deployment_folder(deployed, tmp_path):
     assert r.exit_code == 2 and "deployment folder" in r.output
     r = CliRunner().invoke(main, ["verify", str(tmp_path), "--hf", str(source)])
     assert r.exit_code == 2 and "holds 0" in r.output
+
+
+def test_the_optimum_clients_loop_gives_the_models_own_new_tokens(tiny_lms, tmp_path):
+    """The Optimum client's loop is attnexport's (encode, generate alone, keep the new tokens): run
+    by transformers' own model, which generates as Optimum's does, it gives exactly the tokens of
+    transformers' generate after each prompt, none of the prompt's, however long the prompt."""
+    pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
+    from attnexport import hf
+    tiny_lms.save("llama", tmp_path)
+    model, _ = hf.load(tmp_path)
+    layout = hf.layout_of(model, "concat")
+    prompts = [p.tolist() for p in hf.prompts_for(layout, (1, 6, 3), seed=5)]
+    encoded, tokens = clients.greedy_each(model, None, prompts, 5)
+    assert encoded == prompts
+    for prompt, got in zip(prompts, tokens, strict=True):
+        assert got == hf.reference_generation(model, layout, [prompt], 5).tokens[0].tolist()

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from attnexport import compare as C
 from attnexport.compare import TOLERANCES, compare, compare_outputs, derived_tolerance, divergence, tolerance
 from attnexport.errors import UsageError
 
@@ -71,6 +72,19 @@ def test_fp16_tolerance_is_derived_with_the_policy_as_floor():
     expected = np.full(3, 10.0)  # |expected| 10: the rtol part is 1e-3 x 10 = 0.01
     assert compare("y", expected + 0.0499, expected, t)  # 0.04 + 0.01 = 0.05 allowed
     assert not compare("y", expected + 0.0501, expected, t)
+
+
+@pytest.mark.parametrize("factor, value", [(C.FP32_FACTOR, 4), (C.QUANTIZED_FACTOR, 16)])
+def test_a_whole_models_factors_are_pinned_from_both_sides(factor, value):
+    """A whole model's fp32 budget is 4x torch's own error, a quantized graph's float twin's 16x:
+    written here as numbers, with a result just inside the bound passing and one just outside not."""
+    assert factor == value
+    t = derived_tolerance("fp32", 1e-4, "torch's fp32 error", factor)
+    assert t.atol == pytest.approx(value * 1e-4) and t.rtol == 1e-4
+    assert t.basis == f"torch's fp32 error 0.0001 x {value}"
+    expected = np.full(3, 2.0)  # the rtol part: 1e-4 x 2
+    assert compare("y", expected + 0.99 * (value * 1e-4 + 2e-4), expected, t)
+    assert not compare("y", expected + 1.01 * (value * 1e-4 + 2e-4), expected, t)
 
 
 @pytest.mark.parametrize("dtype, rtol, atol", [("fp32", 1e-4, 1e-5), ("fp16", 1e-3, 2.5e-3), ("fp64", 1e-7, 1e-9)])

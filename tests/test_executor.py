@@ -118,6 +118,19 @@ def test_the_baseline_holds_every_row_that_compared_something(tmp_path):
     assert "mean KL error grew 50x" in grown.baseline["problem"]
 
 
+def test_a_row_that_fails_on_its_own_fails_whatever_its_baseline_says(tmp_path):
+    """The baseline adds a reason to fail, never a reason to pass: a run whose output is over its
+    tolerance fails even where the baseline recorded the same error (no growth)."""
+    ex = Executor(save_baseline=tmp_path / "b")
+    ex.run(_row(), lambda: {"y": np.full(2, 1.5)}, _judge)
+    ex.report([], "fp32", [], [])
+    again = Executor(baseline=tmp_path / "b")
+    row = _row()
+    again.run(row, lambda: {"y": np.full(2, 1.5)}, _judge)
+    assert row.baseline["passed"] and row.baseline["outputs"][0]["growth"] == pytest.approx(1.0)
+    assert not row.comparisons[0].passed and not row.passed
+
+
 def _run(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 

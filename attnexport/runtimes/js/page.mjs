@@ -1,5 +1,5 @@
-// The browser side of bridge.mjs: onnxruntime-web sessions on the WASM or WebGPU backend, fed and
-// read as base64 tensors. window.attnexport = {adapter, load, run, time, release}.
+// The browser side of bridge.mjs: onnxruntime-web sessions on the WASM or WebGPU backend, their
+// tensors fetched from and posted to the bridge's server as bytes. window.attnexport = {adapter, load, run, time, release}.
 import * as ort from '/ort/ort.all.min.mjs';
 
 ort.env.wasm.wasmPaths = '/ort/';
@@ -21,20 +21,38 @@ const ARRAYS = {
   uint8: Uint8Array, int8: Int8Array, float64: Float64Array,
 };
 
-function decode(t) {
-  const text = atob(t.data);
+function bytesOf(base64) { // a small request's bytes, sent with it
+  const text = atob(base64);
   const bytes = new Uint8Array(text.length);
   for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
-  const Array_ = ARRAYS[t.dtype];
-  return new ort.Tensor(t.dtype, new Array_(bytes.buffer, 0, bytes.length / Array_.BYTES_PER_ELEMENT), t.dims);
+  return bytes.buffer;
 }
 
-function encode(tensor) {
-  const d = tensor.data;
-  const bytes = new Uint8Array(d.buffer, d.byteOffset, d.byteLength);
+function base64Of(parts) {
   let text = '';
-  for (let i = 0; i < bytes.length; i += 0x8000) text += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
-  return { dtype: tensor.type, dims: Array.from(tensor.dims), data: btoa(text) };
+  for (const bytes of parts) {
+    for (let i = 0; i < bytes.length; i += 0x8000) text += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  }
+  return btoa(text);
+}
+
+// A request's feeds: {dtype, dims, offset, nbytes} into its bytes (fetched from the bridge as they
+// came), or {ref: NAME}, the session's own output NAME of its last run, kept here.
+async function feedsOf(a) {
+  const entry = sessions.get(a.id);
+  const bytes = a.data !== undefined ? bytesOf(a.data) : await (await fetch(`/feeds/${a.token}`)).arrayBuffer();
+  const given = {};
+  for (const [name, t] of Object.entries(a.feeds)) {
+    if (t.ref !== undefined) {
+      if (!entry.last || !(t.ref in entry.last)) throw new Error(`no output ${t.ref} kept from the session's last run`);
+      given[name] = entry.last[t.ref];
+      continue;
+    }
+    const Array_ = ARRAYS[t.dtype];
+    const data = bytes.slice(t.offset, t.offset + t.nbytes); // a copy of its own: aligned for the typed array
+    given[name] = new ort.Tensor(t.dtype, new Array_(data, 0, t.nbytes / Array_.BYTES_PER_ELEMENT), t.dims);
+  }
+  return given;
 }
 
 // "Node(s) placed on [EP]. Number of nodes: N" and the nodes below it, or "All nodes placed on [EP]".
@@ -102,38 +120,50 @@ async function load({ id, ep, optimize, threads, webgpu }) {
     lines = captured;
     captured = null;
   }
-  sessions.set(id, session);
+  sessions.set(id, { session, last: null });
   return { inputs: session.inputNames, outputs: session.outputNames, placement: placementOf(lines),
            threads: ort.env.wasm.numThreads, isolated: self.crossOriginIsolated };
 }
 
-async function run(id, feeds) {
-  const session = sessions.get(id);
-  const given = {};
-  for (const [name, t] of Object.entries(feeds)) given[name] = decode(t);
-  const out = await session.run(given);
+// One run: its outputs kept (a later feed may name them) and their bytes, in one body, posted to the
+// bridge or (small) returned as base64; returns {outputs: each one's {dtype, dims, offset, nbytes} into
+// that body, data}.
+async function run(a) {
+  const entry = sessions.get(a.id);
+  const out = await entry.session.run(await feedsOf(a));
+  entry.last = out;
   const result = {};
-  for (const name of session.outputNames) result[name] = encode(out[name]);
-  return result;
+  const parts = [];
+  let offset = 0;
+  for (const name of entry.session.outputNames) {
+    const d = out[name].data;
+    const bytes = new Uint8Array(d.buffer, d.byteOffset, d.byteLength);
+    result[name] = { dtype: out[name].type, dims: Array.from(out[name].dims), offset, nbytes: bytes.length };
+    parts.push(bytes);
+    offset += bytes.length;
+  }
+  if (offset <= a.inline) return { outputs: result, data: base64Of(parts) };
+  const posted = await fetch(`/outputs/${a.token}`, { method: 'POST', body: new Blob(parts) });
+  if (!posted.ok) throw new Error(`posting the outputs failed: ${posted.status}`);
+  return { outputs: result };
 }
 
-async function time(id, feeds, runs) {
-  const session = sessions.get(id);
-  const given = {};
-  for (const [name, t] of Object.entries(feeds)) given[name] = decode(t);
+async function time(a) {
+  const entry = sessions.get(a.id);
+  const given = await feedsOf(a);
   const ms = [];
-  for (let i = 0; i < runs; i++) {
+  for (let i = 0; i < a.runs; i++) {
     const t0 = performance.now();
-    await session.run(given);
+    await entry.session.run(given);
     ms.push(performance.now() - t0);
   }
   return ms;
 }
 
 async function release(id) {
-  const session = sessions.get(id);
+  const entry = sessions.get(id);
   sessions.delete(id);
-  if (session) await session.release();
+  if (entry) await entry.session.release();
 }
 
 window.attnexport = { adapter, load, run, time, release };
