@@ -351,7 +351,7 @@ def _traced(module, args, dynamic_shapes, key):
     of exporting the three."""
     import torch
     if key not in _TRACED:
-        while len(_TRACED) >= 8:
+        while len(_TRACED) >= 256:
             _TRACED.pop(next(iter(_TRACED)))
         _TRACED[key] = torch.export.export(module, args, dynamic_shapes=dynamic_shapes)
         _TRACED[key]._attnexport_traced = True  # its decomposition is kept (_decomposed_once)

@@ -10,6 +10,7 @@ and reports drift.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
@@ -188,12 +189,18 @@ def load(name: str, directory: Path | None = None) -> GoldenCase:
     if not path.exists():
         raise GoldenIntegrityError(f"golden file missing: {path}")
     data = path.read_bytes()
-    if sha256(data) != files[fname]:
+    digest = sha256(data)
+    if digest != files[fname]:
         raise GoldenIntegrityError(f"golden file damaged: {path} (sha256 does not match {MANIFEST})")
-    try:
-        return _from_bytes(data)
-    except Exception as e:  # noqa: BLE001 - a file that hashes right but does not parse was written wrong
-        raise GoldenIntegrityError(f"golden file unreadable: {path}: {e}") from None
+    if digest not in _PARSED:  # a file's bytes, once checked, are parsed once (verify reads each case often)
+        try:
+            _PARSED[digest] = _from_bytes(data)
+        except Exception as e:  # noqa: BLE001 - a file that hashes right but does not parse was written wrong
+            raise GoldenIntegrityError(f"golden file unreadable: {path}: {e}") from None
+    return copy.deepcopy(_PARSED[digest])  # the caller's own arrays
+
+
+_PARSED: dict[str, GoldenCase] = {}  # by the sha256 of the file's bytes
 
 
 def load_all(directory: Path | None = None, variants: list[str] | None = None) -> list[GoldenCase]:
