@@ -32,6 +32,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from attnexport.errors import ExportError, reason
+from attnexport.export import torch_sped_up
 
 COS, SIN = "attnexport_rotary_cos", "attnexport_rotary_sin"
 _MS = "com.microsoft"
@@ -65,19 +66,20 @@ def fuse_for_ort(model: onnx.ModelProto, tables, static: bool, what: str) -> onn
     from onnxscript.rewriter.ort_fusions.rotary_embedding import fuse_rotary_embedding
     from onnxscript.rewriter.ort_fusions.skip_normalization import fuse_skip_rms_normalization
     try:
-        graph = ir.from_proto(model)
-        passes.ShapeInferencePass()(graph)
-        optimize(graph)
-        shape_optimization.rules.apply_to_model(graph)
-        optimize(graph)
-        fuse_rms_normalization(graph)
-        fuse_skip_rms_normalization(graph)
-        if tables is not None:
-            _float_frequencies().apply_to_model(graph)
-            fuse_rotary_embedding(graph)
-            fuse_cos_sin_cache(graph)
-            _positions_times_frequencies().apply_to_model(graph)
-        fused = ir.to_proto(graph)
+        with torch_sped_up():  # onnxscript's rewriter as the exporter runs it (export.torch_patches)
+            graph = ir.from_proto(model)
+            passes.ShapeInferencePass()(graph)
+            optimize(graph)
+            shape_optimization.rules.apply_to_model(graph)
+            optimize(graph)
+            fuse_rms_normalization(graph)
+            fuse_skip_rms_normalization(graph)
+            if tables is not None:
+                _float_frequencies().apply_to_model(graph)
+                fuse_rotary_embedding(graph)
+                fuse_cos_sin_cache(graph)
+                _positions_times_frequencies().apply_to_model(graph)
+            fused = ir.to_proto(graph)
     except Exception as e:  # noqa: BLE001 - a fusion failing is the export's error, said in one line
         raise ExportError(f"{what}: ONNX Runtime's fusions failed: {reason(e)}") from None
     rotaries = [n for n in fused.graph.node if n.domain == _MS and n.op_type == "RotaryEmbedding"]
