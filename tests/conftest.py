@@ -47,6 +47,21 @@ def tiny_lms():
     return module
 
 
+@pytest.fixture(scope="session")
+def tiny_lm(tiny_lms, tmp_path_factory):
+    """`tiny_lm(arch, **sizes)`: the folder of tiny_lms' small `arch` model of those sizes, saved once
+    per worker and shared by every test that reads it (a test that changes a model copies it first)."""
+    made: dict = {}
+
+    def folder(arch: str, **sizes) -> Path:
+        key = (arch, tuple(sorted(sizes.items())))
+        if key not in made:
+            made[key] = tmp_path_factory.mktemp(arch)
+            tiny_lms.save(arch, made[key], **sizes)
+        return made[key]
+    return folder
+
+
 @pytest.fixture(autouse=True)
 def _work_in_a_temporary_folder(tmp_path_factory, monkeypatch):
     """Every test runs in a fresh temporary folder, so a command's default output (`models/`)
@@ -131,6 +146,15 @@ def pytest_configure(config):
     # as .ci/run does), never by a test: where they are missing, those tests skip and say so.
     os.environ["ATTNEXPORT_JS_INSTALL"] = "0"
     atexit.register(shutil.rmtree, cache, ignore_errors=True)
+
+
+def cli(*args, env: dict | None = None):
+    """`attnexport ARGS` run in the test's process by click's test runner (each argument as a string):
+    its exit code, output and exception. `env` sets variables for the call (COLUMNS, say)."""
+    from click.testing import CliRunner
+
+    from attnexport.cli import main
+    return CliRunner(env=env).invoke(main, [str(a) for a in args])
 
 
 def shared_once(name: str, make):

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import onnx
 import pytest
-from click.testing import CliRunner
+from conftest import cli as run
 
 from attnexport import accuracy as A
 from attnexport import hf
@@ -18,7 +18,6 @@ from attnexport import hf_reference as HR
 from attnexport import precision as P
 from attnexport import runtimes as R
 from attnexport import signature as SG
-from attnexport.cli import main
 from attnexport.errors import UsageError
 
 
@@ -190,10 +189,6 @@ def gridded(tmp_path_factory, plain):
     folder = tmp_path_factory.mktemp("gridded")
     model.save_pretrained(folder)
     return folder
-
-
-def run(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 def _report(result):

@@ -4,14 +4,12 @@ import json
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from conftest import assert_fits_80, shared_once
+from conftest import assert_fits_80, cli, shared_once
 
 from attnexport import bench as B
 from attnexport import runtimes as R
 from attnexport import seeding
 from attnexport import variants as V
-from attnexport.cli import main
 from attnexport.errors import ProviderUnavailableError, UsageError
 
 SMALL = {"batch": 2, "seq": [8, 16], "dim": 32, "heads": 4}
@@ -94,9 +92,9 @@ def test_fp16_and_cuda_graph_warnings_come_first():
 
 def test_cli_json_and_plot(tmp_path):
     png = tmp_path / "lat.png"
-    r = CliRunner().invoke(main, ["bench", "--variant", "mha", "--runtimes", "torch,ort-cpu", "--batch", "2",
-                                  "--seq", "8,16", "--dim", "32", "--heads", "4", "--warmup", "1", "--iters", "2",
-                                  "--threads", "1", "--json", "--plot", str(png)])
+    r = cli("bench", "--variant", "mha", "--runtimes", "torch,ort-cpu", "--batch", "2",
+            "--seq", "8,16", "--dim", "32", "--heads", "4", "--warmup", "1", "--iters", "2",
+            "--threads", "1", "--json", "--plot", str(png))
     assert r.exit_code == 0, r.output
     rows = json.loads(r.output)
     for row in rows:
@@ -106,16 +104,16 @@ def test_cli_json_and_plot(tmp_path):
 
 
 def test_cli_table_is_readable_at_80_columns(tmp_path):
-    r = CliRunner(env={"COLUMNS": "80"}).invoke(main, ["bench", "--variant", "mha", "--seq", "8", "--dim", "16",
-                                                       "--warmup", "0", "--iters", "2", "--flavor", "attention",
-                                                       "--flavor", "ort"])
+    r = cli("bench", "--variant", "mha", "--seq", "8", "--dim", "16",
+            "--warmup", "0", "--iters", "2", "--flavor", "attention",
+            "--flavor", "ort", env={"COLUMNS": "80"})
     assert r.exit_code == 0, r.output
     assert_fits_80(r.output)
     for head in ("run", "shape", "median ms", "p10-p90", "TFLOP/s", "peak", "x torch", "max err"):
         assert head in r.output
     assert "fastest on ort-cpu" in r.output
-    r = CliRunner(env={"COLUMNS": "80"}).invoke(main, ["bench", "--variant", "posenc", "--seq", "8", "--warmup", "0",
-                                                       "--iters", "1", "--flavor", "attention"])
+    r = cli("bench", "--variant", "posenc", "--seq", "8", "--warmup", "0",
+            "--iters", "1", "--flavor", "attention", env={"COLUMNS": "80"})
     assert r.exit_code == 0 and "note: ort-cpu attention 1x8: no dot-product core" in r.output
     assert_fits_80(r.output)
 
@@ -128,7 +126,7 @@ def test_cli_table_is_readable_at_80_columns(tmp_path):
     (["--repeat", "0"], "'--repeat': 0 is not in the range x>=1"),
 ])
 def test_cli_errors(args, message):
-    r = CliRunner().invoke(main, ["bench", "--variant", "mha", *args])
+    r = cli("bench", "--variant", "mha", *args)
     assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
 
 
@@ -151,7 +149,7 @@ def test_decode_bench_times_prefill_and_one_step_per_context():
         assert r.max_abs_err < 1e-4 and 0 < r.peak_fraction <= 1
     with pytest.raises(UsageError, match="needs a variant with a KV cache"):
         B.bench_decode("encoder", {}, [8])
-    r = CliRunner().invoke(main, ["bench", "--variant", "mha", "--context", "8"])
+    r = cli("bench", "--variant", "mha", "--context", "8")
     assert r.exit_code == 2 and "--context goes with --decode" in r.output
 
 
@@ -190,7 +188,7 @@ def test_decode_bench_of_the_static_cache_runs_in_place_beside_the_concat_cache(
         assert r.max_abs_err < 1e-4
         if r.phase == "decode":
             assert r.bandwidth_fraction > 0 and r.bandwidth_gbs > 0
-    r = CliRunner().invoke(main, ["bench", "--variant", "mha", "--decode", "--context", "8", "--kv-cache", "static"])
+    r = cli("bench", "--variant", "mha", "--decode", "--context", "8", "--kv-cache", "static")
     assert r.exit_code == 2 and "--kv-cache static needs --max-seq" in r.output
 
 

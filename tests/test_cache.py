@@ -5,6 +5,7 @@ import os
 
 import onnx
 import pytest
+from conftest import cli
 from onnx import helper
 
 from attnexport import cache
@@ -84,22 +85,20 @@ def test_a_put_keeps_the_cache_within_its_limit_and_a_hit_is_a_use(tmp_path, mon
 
 
 def test_the_cache_command_shows_and_clears_only_its_entries(tmp_path, monkeypatch):
-    from click.testing import CliRunner
 
-    from attnexport.cli import main
     monkeypatch.setenv("ATTNEXPORT_CACHE", str(tmp_path))
     monkeypatch.setenv("ATTNEXPORT_CACHE_SIZE", "1G")
     cache.put(cache.key({"n": 1}), _model(), {})
     _entry(tmp_path, "e" * 64, 10, used=5, current=False)
     (tmp_path / "notes.txt").write_text("the user's")
-    r = CliRunner().invoke(main, ["cache"])
+    r = cli("cache")
     assert r.exit_code == 0 and r.output.startswith(f"{tmp_path}: 2 entries,") and "of 1.00 GiB" in r.output
     assert "1 of this version, 1 of other versions" in r.output
-    doc = json.loads(CliRunner().invoke(main, ["cache", "--json"]).stdout)
+    doc = json.loads(cli("cache", "--json").stdout)
     assert doc["entries"] == 2 and doc["limit_bytes"] == 2**30 and doc["directory"] == str(tmp_path)
-    r = CliRunner().invoke(main, ["cache", "--clear"])
+    r = cli("cache", "--clear")
     assert r.exit_code == 0 and r.output.strip() == f"removed 2 entries from {tmp_path}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
     monkeypatch.setenv("ATTNEXPORT_CACHE_SIZE", "much")
-    r = CliRunner().invoke(main, ["cache"])
+    r = cli("cache")
     assert r.exit_code == 2 and r.output.strip().startswith("error: ATTNEXPORT_CACHE_SIZE='much' is not a size")

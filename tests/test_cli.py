@@ -2,14 +2,11 @@ import json
 import shutil
 
 from click.testing import CliRunner
+from conftest import cli as run
 
 from attnexport import golden
 from attnexport import variants as V
 from attnexport.cli import main
-
-
-def run(*args):
-    return CliRunner().invoke(main, list(args))
 
 
 def test_list_table_shows_every_variant():
@@ -181,7 +178,7 @@ def test_details_wrap_between_names_at_80_columns(tmp_path):
     from conftest import assert_fits_80
     path = tmp_path / "mha-step.onnx"
     assert run("export", "--variant", "mha", "--kv-cache", "--causal", "-o", str(path)).exit_code == 0
-    r = CliRunner(env={"COLUMNS": "80"}).invoke(main, ["verify", str(path), "--runtimes", "ort-cpu", "--details"])
+    r = run("verify", str(path), "--runtimes", "ort-cpu", "--details", env={"COLUMNS": "80"})
     assert r.exit_code == 0, r.output
     assert_fits_80(r.output)
     cells = [line[:20].strip() for line in r.output.splitlines()]

@@ -7,7 +7,7 @@ attnexport's pinned npm packages)."""
 import json
 
 import pytest
-from click.testing import CliRunner
+from conftest import cli
 
 from attnexport import clients
 from attnexport.errors import UsageError
@@ -28,12 +28,10 @@ def _available(client):
 
 
 @pytest.fixture(scope="module")
-def deployed(tmp_path_factory, tiny_lms):
+def deployed(tmp_path_factory, tiny_lm):
     pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
-    from attnexport.cli import main
-    source, out = tmp_path_factory.mktemp("llama"), tmp_path_factory.mktemp("deploy") / "llama-onnx"
-    tiny_lms.save("llama", source)
-    r = CliRunner().invoke(main, ["export", "--hf", str(source), "--kv-cache", "--deploy", str(out)])
+    source, out = tiny_lm("llama"), tmp_path_factory.mktemp("deploy") / "llama-onnx"
+    r = cli("export", "--hf", str(source), "--kv-cache", "--deploy", str(out))
     assert r.exit_code == 0, r.output
     return source, out
 
@@ -41,10 +39,9 @@ def deployed(tmp_path_factory, tiny_lms):
 @pytest.mark.parametrize("client", clients.CLIENTS)
 def test_each_client_generates_transformers_tokens_from_the_folder(client, deployed):
     _available(client)
-    from attnexport.cli import main
     source, out = deployed
-    r = CliRunner().invoke(main, ["verify", str(out), "--hf", str(source), "--runtimes", "ort-cpu", "--clients",
-                                  client, "--new-tokens", "12", "--json"])
+    r = cli("verify", str(out), "--hf", str(source), "--runtimes", "ort-cpu", "--clients",
+            client, "--new-tokens", "12", "--json")
     assert r.exit_code == 0, r.output
     rows = [row for row in json.loads(r.output)["results"] if row["runtime"] == client]
     assert len(rows) == 1 and rows[0]["passed"] and rows[0]["outputs"][0]["compared"] == 3 * 12
@@ -58,32 +55,28 @@ def test_a_folder_a_client_cannot_run_fails_its_row(client, deployed, tmp_path):
     _available(client)
     import shutil
 
-    from attnexport.cli import main
     source, out = deployed
     broken = tmp_path / "broken"
     shutil.copytree(out, broken)
     config = json.loads((broken / "config.json").read_text())
     config["model_type"] = "no-such-model"
     (broken / "config.json").write_text(json.dumps(config))
-    r = CliRunner().invoke(main, ["verify", str(broken), "--hf", str(source), "--runtimes", "ort-cpu", "--clients",
-                                  client, "--new-tokens", "4", "--json"])
+    r = cli("verify", str(broken), "--hf", str(source), "--runtimes", "ort-cpu", "--clients",
+            client, "--new-tokens", "4", "--json")
     assert r.exit_code == 1, r.output
     row = next(row for row in json.loads(r.output)["results"] if row["runtime"] == client)
     assert not row["passed"] and "no-such-model" in row["error"]
 
 
-def test_optimum_runs_the_form_without_a_cache_and_transformers_js_is_said_not_to(tmp_path, tiny_lms):
+def test_optimum_runs_the_form_without_a_cache_and_transformers_js_is_said_not_to(tmp_path, tiny_lm):
     """Optimum loads a folder without past inputs with use_cache=False (the folder's config says
     so); transformers.js feeds only the new token after the first step, which such a model cannot
     run: its row fails saying why, without running."""
     pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
-    from attnexport.cli import main
-    source, out = tmp_path / "llama", tmp_path / "llama-onnx"
-    source.mkdir()
-    tiny_lms.save("llama", source)
-    assert CliRunner().invoke(main, ["export", "--hf", str(source), "--deploy", str(out)]).exit_code == 0
-    r = CliRunner().invoke(main, ["verify", str(out), "--hf", str(source), "--runtimes", "ort-cpu", "--clients",
-                                  "all", "--new-tokens", "6", "--json"])
+    source, out = tiny_lm("llama"), tmp_path / "llama-onnx"
+    assert cli("export", "--hf", str(source), "--deploy", str(out)).exit_code == 0
+    r = cli("verify", str(out), "--hf", str(source), "--runtimes", "ort-cpu", "--clients",
+            "all", "--new-tokens", "6", "--json")
     rows = {row["runtime"]: row for row in json.loads(r.output)["results"] if row["runtime"] in clients.CLIENTS}
     assert "feeds only the new token" in rows["transformers.js"]["error"] and not rows["transformers.js"]["passed"]
     if clients.status("optimum")[0]:
@@ -91,24 +84,22 @@ def test_optimum_runs_the_form_without_a_cache_and_transformers_js_is_said_not_t
 
 
 def test_clients_need_a_deployment_folder(deployed, tmp_path):
-    from attnexport.cli import main
     source, out = deployed
     alone = tmp_path / "model.onnx"
     alone.write_bytes((out / "onnx" / "model.onnx").read_bytes())
-    r = CliRunner().invoke(main, ["verify", str(alone), "--hf", str(source), "--clients", "optimum"])
+    r = cli("verify", str(alone), "--hf", str(source), "--clients", "optimum")
     assert r.exit_code == 2 and "deployment folder" in r.output
-    r = CliRunner().invoke(main, ["verify", str(tmp_path), "--hf", str(source)])
+    r = cli("verify", str(tmp_path), "--hf", str(source))
     assert r.exit_code == 2 and "holds 0" in r.output
 
 
-def test_the_optimum_clients_loop_gives_the_models_own_new_tokens(tiny_lms, tmp_path):
+def test_the_optimum_clients_loop_gives_the_models_own_new_tokens(tiny_lm):
     """The Optimum client's loop is attnexport's (encode, generate alone, keep the new tokens): run
     by transformers' own model, which generates as Optimum's does, it gives exactly the tokens of
     transformers' generate after each prompt, none of the prompt's, however long the prompt."""
     pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
     from attnexport import hf
-    tiny_lms.save("llama", tmp_path)
-    model, _ = hf.load(tmp_path)
+    model, _ = hf.load(tiny_lm("llama"))
     layout = hf.layout_of(model, "concat")
     prompts = [p.tolist() for p in hf.prompts_for(layout, (1, 6, 3), seed=5)]
     encoded, tokens = clients.greedy_each(model, None, prompts, 5)

@@ -5,6 +5,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from conftest import cli
 
 from attnexport import commands
 from attnexport.cli import main
@@ -43,8 +44,8 @@ def test_the_library_refuses_what_the_command_line_refuses_in_the_same_words(arg
 
 def test_an_export_and_its_verify_from_python_are_the_command_lines(tmp_path):
     cli_path, api_path = tmp_path / "cli.onnx", tmp_path / "api.onnx"
-    r = CliRunner().invoke(main, ["export", "--variant", "mha", "--kv-cache", "--heads", "2", "--dim", "16",
-                                  "--flavor", "attention", "-o", str(cli_path), "--json"])
+    r = cli("export", "--variant", "mha", "--kv-cache", "--heads", "2", "--dim", "16",
+            "--flavor", "attention", "-o", str(cli_path), "--json")
     assert r.exit_code == 0, r.output
     result = commands.export("mha", kv_cache="concat", heads=2, dim=16, flavor="attention", output=str(api_path))
     from_cli, from_api = json.loads(r.output), result.to_dict()
@@ -54,7 +55,7 @@ def test_an_export_and_its_verify_from_python_are_the_command_lines(tmp_path):
     assert api_path.read_bytes() == cli_path.read_bytes()
     report = commands.verify([str(api_path)], runtimes=["ort-cpu"])
     assert report.ok and report.rows and all(r.comparisons for r in report.rows if not r.skipped)
-    r = CliRunner().invoke(main, ["verify", str(cli_path), "--runtimes", "ort-cpu", "--json"])
+    r = cli("verify", str(cli_path), "--runtimes", "ort-cpu", "--json")
     assert r.exit_code == 0, r.output
     assert [(x["case"], x["passed"]) for x in json.loads(r.output)["results"]] == \
         [(x.case, x.passed) for x in report.rows]

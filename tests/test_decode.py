@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from conftest import cli as run
 
 from attnexport import export as E
 from attnexport import runtimes as R
@@ -12,13 +12,8 @@ from attnexport import seeding
 from attnexport import signature as SG
 from attnexport import variants as V
 from attnexport import verify as VF
-from attnexport.cli import main
 from attnexport.compare import compare, tolerance
 from attnexport.decode import decode, empty_cache, stream_axis
-
-
-def run(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +114,6 @@ def test_what_a_cache_cannot_do_is_said(tmp_path, args, code, text):
     assert not (tmp_path / "x.onnx").exists()
 
 
-
 def test_a_modules_own_cache_exports_symbolic_and_verify_checks_decoding(tmp_path):
     """examples/kv_cache_module.py takes its cache as tensors and returns it updated: with --cache
     the positions axis is symbolic (empty caches checked at export), and verify --module runs it a
@@ -128,13 +122,11 @@ def test_a_modules_own_cache_exports_symbolic_and_verify_checks_decoding(tmp_pat
     import json
 
     import onnx
-    from click.testing import CliRunner
 
-    from attnexport.cli import main
     cache = ["--cache", "past_key:present_key", "--cache", "past_value:present_value"]
     for name, ok in (("example", True), ("topleft_example", False)):
         spec, path = f"examples/kv_cache_module.py:{name}", tmp_path / f"{name}.onnx"
-        r = CliRunner().invoke(main, ["export", "--module", spec, *cache, "-o", str(path), "--json"])
+        r = run("export", "--module", spec, *cache, "-o", str(path), "--json")
         assert r.exit_code == 0, r.output
         empty = {"past_key": [2, 4, 0, 16], "past_value": [2, 4, 0, 16], "x": [2, 5, 64]}
         assert empty in json.loads(r.output)["checked"]
@@ -145,7 +137,7 @@ def test_a_modules_own_cache_exports_symbolic_and_verify_checks_decoding(tmp_pat
         assert signature.cache() == {"past_key": {"output": "present_key", "axis": 2},
                                      "past_value": {"output": "present_value", "axis": 2}}
         assert {c.kind for c in signature.caches} == {"concat"} and signature.write_pos is None
-        r = CliRunner().invoke(main, ["verify", str(path), "--module", spec, "--runtimes", "torch,ort-cpu", "--json"])
+        r = run("verify", str(path), "--module", spec, "--runtimes", "torch,ort-cpu", "--json")
         rows = json.loads(r.output)["results"]
         decode_rows = [row for row in rows if row["case"].startswith("decode")]
         assert len(decode_rows) == 4 and all(len(row["outputs"]) == 3 for row in decode_rows)
@@ -155,14 +147,11 @@ def test_a_modules_own_cache_exports_symbolic_and_verify_checks_decoding(tmp_pat
 
 
 def test_a_bad_cache_is_one_line_and_exit_2(tmp_path):
-    from click.testing import CliRunner
-
-    from attnexport.cli import main
     spec = "examples/kv_cache_module.py:example"
     for cache, text in (("past_key", "--cache takes INPUT:OUTPUT"), ("past:present_key", "not an input"),
                         ("past_key:cache", "is not an output")):
         out = tmp_path / "m.onnx"
-        r = CliRunner().invoke(main, ["export", "--module", spec, "--cache", cache, "-o", str(out)])
+        r = run("export", "--module", spec, "--cache", cache, "-o", str(out))
         assert r.exit_code == 2 and text in r.output and len(r.output.strip().splitlines()) == 1, r.output
         assert not out.exists()
 
@@ -189,12 +178,8 @@ def test_a_modules_static_cache_keeps_its_buffers_and_verify_decodes_sequences_a
     import json
 
     import onnx
-    from click.testing import CliRunner
-
-    from attnexport.cli import main
     spec, path = f"examples/static_cache_module.py:{name}", tmp_path / f"{name}.onnx"
-    r = CliRunner().invoke(main, ["export", "--module", spec, *STATIC, "--write-pos", write_pos, "--flavor", flavor,
-                                  "-o", str(path), "--json"])
+    r = run("export", "--module", spec, *STATIC, "--write-pos", write_pos, "--flavor", flavor, "-o", path, "--json")
     assert r.exit_code == 0, r.output
     checked = json.loads(r.output)["checked"]
     assert {tuple(c["key_cache"]) for c in checked} == {(1, 4, 16, 16), (5, 4, 16, 16)}
@@ -207,7 +192,7 @@ def test_a_modules_static_cache_keeps_its_buffers_and_verify_decodes_sequences_a
     assert (signature.write_pos.name, signature.write_pos.form) == (write_pos, form)
     assert signature.cache()["key_cache"] == {"output": "key_cache_out", "axis": 2}
     assert {c.kind for c in signature.caches} == {"static"}
-    r = CliRunner().invoke(main, ["verify", str(path), "--module", spec, "--runtimes", "torch,ort-cpu", "--json"])
+    r = run("verify", str(path), "--module", spec, "--runtimes", "torch,ort-cpu", "--json")
     report = json.loads(r.output)
     rows = report["results"]
     decode_rows = [row for row in rows if row["case"].startswith("decode")]
@@ -225,11 +210,8 @@ def test_verify_takes_a_static_cache_the_model_does_not_record(tmp_path):
     import json
 
     import onnx
-    from click.testing import CliRunner
-
-    from attnexport.cli import main
     spec, path = "examples/static_cache_module.py:example", tmp_path / "m.onnx"
-    r = CliRunner().invoke(main, ["export", "--module", spec, *STATIC, "--write-pos", "write_pos", "-o", str(path)])
+    r = run("export", "--module", spec, *STATIC, "--write-pos", "write_pos", "-o", str(path))
     assert r.exit_code == 0, r.output
     model = onnx.load(path)
     kept = [p for p in model.metadata_props if p.key != SG.META]
@@ -238,12 +220,12 @@ def test_verify_takes_a_static_cache_the_model_does_not_record(tmp_path):
     plain = tmp_path / "plain.onnx"
     onnx.save(model, plain)
     args = ["verify", str(plain), "--module", spec, "--runtimes", "ort-cpu", "--json"]
-    r = CliRunner().invoke(main, args)
+    r = run(*args)
     assert not [row for row in json.loads(r.output)["results"] if row["case"].startswith("decode")]
-    r = CliRunner().invoke(main, [*args, *STATIC, "--write-pos", "write_pos"])
+    r = run(*args, *STATIC, "--write-pos", "write_pos")
     decode_rows = [row for row in json.loads(r.output)["results"] if row["case"].startswith("decode")]
     assert r.exit_code == 0 and len(decode_rows) == 2 and all(row["passed"] for row in decode_rows), r.output
-    r = CliRunner().invoke(main, [*args, "--write-pos", "write_pos"])
+    r = run(*args, "--write-pos", "write_pos")
     assert r.exit_code == 2 and "give its buffers with --cache" in r.output, r.output
 
 
@@ -257,12 +239,8 @@ def test_verify_takes_a_static_cache_the_model_does_not_record(tmp_path):
      "a static cache's buffers keep their size"),
 ])
 def test_a_bad_static_cache_is_one_line_and_exit_2(tmp_path, args, text):
-    from click.testing import CliRunner
-
-    from attnexport.cli import main
     out = tmp_path / "m.onnx"
-    r = CliRunner().invoke(main, ["export", "--module", "examples/static_cache_module.py:example", *args,
-                                  "-o", str(out)])
+    r = run("export", "--module", "examples/static_cache_module.py:example", *args, "-o", out)
     assert r.exit_code == 2 and text in r.output and len(r.output.strip().splitlines()) == 1, r.output
     assert not out.exists()
 
@@ -300,11 +278,8 @@ def test_a_write_position_told_apart_by_its_size_or_refused():
     (["--kv-cache", "static", "--max-seq", "32", "--opset", "23"], "--kv-cache static needs opset 24"),
 ])
 def test_bad_static_cache_options_are_one_line_and_exit_2(tmp_path, args, text):
-    from click.testing import CliRunner
-
-    from attnexport.cli import main
     out = tmp_path / "m.onnx"
-    r = CliRunner().invoke(main, ["export", "--variant", "mha", "--causal", *args, "-o", str(out)])
+    r = run("export", "--variant", "mha", "--causal", *args, "-o", str(out))
     assert r.exit_code == 2 and text in r.output and len(r.output.strip().splitlines()) == 1, r.output
     assert not out.exists()
 

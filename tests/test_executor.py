@@ -7,9 +7,8 @@ import math
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from conftest import cli as _run
 
-from attnexport.cli import main
 from attnexport.compare import compare, tolerance
 from attnexport.errors import UsageError
 from attnexport.localize import Localization
@@ -129,10 +128,6 @@ def test_a_row_that_fails_on_its_own_fails_whatever_its_baseline_says(tmp_path):
     again.run(row, lambda: {"y": np.full(2, 1.5)}, _judge)
     assert row.baseline["passed"] and row.baseline["outputs"][0]["growth"] == pytest.approx(1.0)
     assert not row.comparisons[0].passed and not row.passed
-
-
-def _run(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 def test_verify_module_takes_localize_and_a_baseline(tmp_path):

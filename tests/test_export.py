@@ -13,7 +13,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from conftest import run_module
+from conftest import cli, run_module
 
 from attnexport import dtypes as D
 from attnexport import export as E
@@ -234,13 +234,11 @@ def _run_without_attnexport(code: str, cwd) -> subprocess.CompletedProcess:
 def test_readme_deployment_snippet_runs_with_onnxruntime_alone(tmp_path):
     """Exports models/mha.onnx as the README says, then runs the README's snippet in a fresh
     interpreter that cannot import attnexport."""
-    from click.testing import CliRunner
 
-    from attnexport.cli import main
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:
-        r = CliRunner().invoke(main, ["export", "--variant", "mha"])
+        r = cli("export", "--variant", "mha")
     finally:
         os.chdir(cwd)
     assert r.exit_code == 0, r.output
@@ -252,12 +250,10 @@ def test_readme_deployment_snippet_runs_with_onnxruntime_alone(tmp_path):
 def test_readme_decode_loop_runs_alone_and_equals_the_full_forward(tmp_path, monkeypatch):
     """The README's generation loop (prefill 5, decode 20) in a fresh interpreter without
     attnexport; its outputs are those of the full causal forward over the same inputs."""
-    from click.testing import CliRunner
 
-    from attnexport.cli import main
     monkeypatch.chdir(tmp_path)  # the README's commands, from a folder without models/
-    r = CliRunner().invoke(main, ["export", "--variant", "mha", "--kv-cache", "--causal", "-o",
-                                  "models/mha-step.onnx"])
+    r = cli("export", "--variant", "mha", "--kv-cache", "--causal", "-o",
+            "models/mha-step.onnx")
     assert r.exit_code == 0, r.output
     proc = _run_without_attnexport(_readme_python("## Generating with a key/value cache", "docs/caches.md"), tmp_path)
     assert "the cache holds 25 positions" in proc.stdout
@@ -277,13 +273,11 @@ def test_readme_static_cache_loop_runs_in_place_and_equals_the_full_forward(tmp_
     interpreter without attnexport, on the flavour it recommends (ort: GroupQueryAttention) and on
     the standard one: its buffers never move, ONNX Runtime logs no copy of them, and each
     sequence's outputs are the full causal forward's over its own positions."""
-    from click.testing import CliRunner
 
-    from attnexport.cli import main
     monkeypatch.chdir(tmp_path)
     assert "--flavor ort -o models/mha-static.onnx" in (Path(__file__).parent.parent / "docs/caches.md").read_text()
-    r = CliRunner().invoke(main, ["export", "--variant", "mha", "--kv-cache", "static", "--max-seq", "64",
-                                  "--causal", "--flavor", flavor, "-o", "models/mha-static.onnx"])
+    r = cli("export", "--variant", "mha", "--kv-cache", "static", "--max-seq", "64",
+            "--causal", "--flavor", flavor, "-o", "models/mha-static.onnx")
     assert r.exit_code == 0, r.output
     proc = _run_without_attnexport(_readme_python("## A static cache, written in place", "docs/caches.md"), tmp_path)
     assert "written in place: the buffers never moved; sequences hold [25 23] positions" in proc.stdout
@@ -301,12 +295,10 @@ def test_readme_static_cache_loop_runs_in_place_and_equals_the_full_forward(tmp_
 def test_readme_decoder_loop_runs_alone_and_equals_the_full_forward(tmp_path, monkeypatch):
     """The README's decoder loop (memory once, prefill 5, decode 20) without attnexport; its outputs
     are the decoder's full forward over the same inputs and memory."""
-    from click.testing import CliRunner
 
-    from attnexport.cli import main
     monkeypatch.chdir(tmp_path)  # the README's commands, from a folder without models/
-    r = CliRunner().invoke(main, ["export", "--variant", "decoder", "--kv-cache", "-o",
-                                  "models/decoder-step.onnx"])
+    r = cli("export", "--variant", "decoder", "--kv-cache", "-o",
+            "models/decoder-step.onnx")
     assert r.exit_code == 0, r.output
     proc = _run_without_attnexport(_readme_python("## A decoder step", "docs/caches.md"), tmp_path)
     assert "the caches hold 25 and 12 positions" in proc.stdout

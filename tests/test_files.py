@@ -4,17 +4,12 @@ import os
 import stat
 
 import pytest
-from click.testing import CliRunner
+from conftest import cli as run
 
 from attnexport import export as E
 from attnexport import files as F
 from attnexport import golden
-from attnexport.cli import main
 from attnexport.errors import UsageError
-
-
-def run(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 def one_line_error(r, code=2, text=""):

@@ -6,7 +6,6 @@ downloaded. By default each module in the attention flavour (the default); every
 import json
 
 import pytest
-from click.testing import CliRunner
 
 pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
 
@@ -21,17 +20,13 @@ def _timm_problem() -> str:
         return f"timm cannot be imported here ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
     return ""
 
-from attnexport.cli import main  # noqa: E402
+from conftest import cli as run  # noqa: E402
 
 # Module, and the number of attention calls torch itself makes in its forward.
 MODULES = {"llama": 1, "mistral": 1, "qwen2": 1, "gpt2_block": 1, "gpt2_eager_block": 1, "gpt2_model": 2,
            "bert_layer": 1, "bert_model": 2, "bert_model_eager": 2, "t5_attention": 1,
            "whisper_attention": 1, "vit_block": 1, "torch_decoder_layer": 2}
 FUSED = {"primitives": "MatMul+Softmax", "attention": "Attention", "ort": "com.microsoft.MultiHeadAttention"}
-
-
-def run(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 @pytest.mark.parametrize("flavor", list(FUSED))

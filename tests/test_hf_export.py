@@ -10,33 +10,25 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from click.testing import CliRunner
 
 pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
 
+from conftest import cli as run  # noqa: E402
+
 from attnexport import hf, hf_export  # noqa: E402
 from attnexport import signature as SG  # noqa: E402
-from attnexport.cli import main  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory, tiny_lms):
-    made = {}
-    for arch in ("llama", "gemma2"):  # Gemma2: a window of 4 positions, which the checks' sequences pass
-        made[arch] = tmp_path_factory.mktemp(arch)
-        tiny_lms.save(arch, made[arch])
-    made["gemma2-wide"] = tmp_path_factory.mktemp("gemma2-wide")  # a window the static buffers fit in
-    tiny_lms.save("gemma2", made["gemma2-wide"], window=64)
+def folders(tmp_path_factory, tiny_lms, tiny_lm):
+    # Gemma2: a window of 4 positions, which the checks' sequences pass; the wide one's static buffers fit in
+    made = {"llama": tiny_lm("llama"), "gemma2": tiny_lm("gemma2"), "gemma2-wide": tiny_lm("gemma2", window=64)}
     tied = tmp_path_factory.mktemp("tied")
     config = tiny_lms.config("llama")
     config.tie_word_embeddings = True
     config.save_pretrained(tied)
     made["tied"] = tied
     return made
-
-
-def run(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 def _json(result):

@@ -8,12 +8,12 @@ import json
 import numpy as np
 import onnx
 import pytest
-from click.testing import CliRunner
 
 pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
 
+from conftest import cli as run  # noqa: E402
+
 from attnexport import hf, hf_fusions  # noqa: E402
-from attnexport.cli import main  # noqa: E402
 from attnexport.verify.hf_check import NEW_TOKENS  # noqa: E402
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "phi3", "gpt2")
@@ -25,17 +25,8 @@ STATIC_OPS = {**OPS, "ort": "com.microsoft.GroupQueryAttention"}
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory, tiny_lms):
-    made = {}
-    for arch in ARCHITECTURES:
-        folder = tmp_path_factory.mktemp(arch)
-        tiny_lms.save(arch, folder)
-        made[arch] = folder
-    return made
-
-
-def run(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
+def folders(tiny_lm):
+    return {arch: tiny_lm(arch) for arch in ARCHITECTURES}
 
 
 def _json(result):
@@ -210,8 +201,6 @@ def test_a_cache_pattern_names_every_layer():
     assert expand_cache_patterns({"past.{i}.key": "present.{i}.key"}, names) == {
         "past.0.key": "present.0.key", "past.1.key": "present.1.key", "past.10.key": "present.10.key"}
     assert expand_cache_patterns({"cache.{i}": "out.{i}"}, names) == {"cache.{i}": "out.{i}"}  # refused later
-
-
 
 
 def test_verify_judges_every_output_of_a_step(folders, tmp_path):

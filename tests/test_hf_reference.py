@@ -57,10 +57,9 @@ NEEDS = "transformers is the [hf] extra: pip install -e '.[dev,hf]'"
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory, tiny_lms):
+def llama(tiny_lm):
     pytest.importorskip("transformers", reason=NEEDS)
-    folder = tmp_path_factory.mktemp("llama")
-    tiny_lms.save("llama", folder)
+    folder = tiny_lm("llama")
     return folder, hf.load(folder)[0]
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from conftest import cli
 from onnx import TensorProto, helper, numpy_helper
 
 from attnexport import modules as M
@@ -27,7 +27,6 @@ from attnexport import runtimes as R
 from attnexport import seeding
 from attnexport import variants as V
 from attnexport import verify as VF
-from attnexport.cli import main
 from attnexport.compare import compare, tolerance
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,9 +80,9 @@ def test_the_cli_verifies_a_model_file_on_the_three_runtimes(tmp_path):
     for runtime in R.JS_RUNTIMES:
         _need(runtime)
     path = tmp_path / "mha.onnx"
-    r = CliRunner().invoke(main, ["export", "--variant", "mha", "--flavor", "primitives", "-o", str(path)])
+    r = cli("export", "--variant", "mha", "--flavor", "primitives", "-o", str(path))
     assert r.exit_code == 0, r.output
-    r = CliRunner().invoke(main, ["verify", str(path), "--runtimes", ",".join(R.JS_RUNTIMES), "--json"])
+    r = cli("verify", str(path), "--runtimes", ",".join(R.JS_RUNTIMES), "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert {row["runtime"] for row in doc["results"]} == set(R.JS_RUNTIMES)
@@ -136,7 +135,7 @@ def _export_mha(folder: Path):
     cwd = os.getcwd()
     os.chdir(folder)
     try:
-        assert CliRunner().invoke(main, ["export", "--variant", "mha"]).exit_code == 0
+        assert cli("export", "--variant", "mha").exit_code == 0
     finally:
         os.chdir(cwd)
 
@@ -369,7 +368,7 @@ def test_a_missing_browser_is_one_line_naming_the_fix(monkeypatch):
     monkeypatch.setenv("ATTNEXPORT_CHROMIUM", "/no/such/chromium")
     js.find_chromium.cache_clear()
     try:
-        r = CliRunner().invoke(main, ["verify", "--runtimes", "ort-wasm", "--variant", "posenc"])
+        r = cli("verify", "--runtimes", "ort-wasm", "--variant", "posenc")
         assert r.exit_code == 2 and r.output.strip().splitlines() == [
             "error: runtime ort-wasm is not available: ATTNEXPORT_CHROMIUM=/no/such/chromium is not an executable "
             "file (use --skip-unavailable to skip it)"]
@@ -384,7 +383,7 @@ def test_npm_packages_are_not_installed_by_the_suite(monkeypatch, tmp_path):
     if shutil.which("node") is None:
         pytest.skip("no node")
     monkeypatch.setenv("ATTNEXPORT_JS_HOME", str(tmp_path / "nothing"))
-    r = CliRunner().invoke(main, ["runtimes", "--json"])
+    r = cli("runtimes", "--json")
     assert r.exit_code == 0
     rows = {row["name"]: row for row in json.loads(r.stdout)}
     assert set(rows) == set(R.RUNTIMES)

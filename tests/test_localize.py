@@ -3,6 +3,7 @@
 import numpy as np
 import onnx
 import pytest
+from conftest import cli
 from onnx import TensorProto, helper, numpy_helper
 
 from attnexport.localize import intermediates, locate
@@ -101,12 +102,9 @@ def test_damage_to_a_module_export_is_named(tmp_path):
     module exported afresh."""
     import json
 
-    from click.testing import CliRunner
-
-    from attnexport.cli import main
     spec = "examples/causal_self_attention.py:example"
     path = tmp_path / "block.onnx"
-    assert CliRunner().invoke(main, ["export", "--module", spec, "-o", str(path)]).exit_code == 0
+    assert cli("export", "--module", spec, "-o", str(path)).exit_code == 0
     model = onnx.load(path)
     entries = json.loads({p.key: p.value for p in model.metadata_props}["attnexport.params"])
     init = next(i for i in model.graph.initializer if i.name == entries["c_attn.weight"]["initializer"])
@@ -117,10 +115,10 @@ def test_damage_to_a_module_export_is_named(tmp_path):
     attention.attribute.append(helper.make_attribute("scale", 0.3))
     onnx.save(model, tmp_path / "attribute.onnx")
     verify = ["verify", "--module", spec, "--runtimes", "ort-cpu"]
-    r = CliRunner().invoke(main, [*verify, str(tmp_path / "weight.onnx")])
+    r = cli(*verify, str(tmp_path / "weight.onnx"))
     assert r.exit_code == 1
     assert "the model file's parameters differ from the sha256 recorded at its export: c_attn.weight" in r.output
-    r = CliRunner().invoke(main, [*verify, str(tmp_path / "attribute.onnx")])
+    r = cli(*verify, str(tmp_path / "attribute.onnx"))
     assert r.exit_code == 1
     where = [line for line in r.output.splitlines() if line.startswith("  where:")]
     assert where and f"first divergence at Attention node {attention.name!r}" in where[0], r.output

@@ -9,19 +9,14 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from click.testing import CliRunner
+from conftest import cli as run
 
 from attnexport import export as E
 from attnexport import modules as M
 from attnexport import runtimes as R
-from attnexport.cli import main
 from attnexport.compare import compare, tolerance
 
 EXAMPLES = ["causal_self_attention", "encoder_layer", "cross_attention"]
-
-
-def run(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 # Three of the exports are also verified from their files with `verify --module` (each example

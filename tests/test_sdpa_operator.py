@@ -4,7 +4,7 @@ kernel departs from the operator (each departure pinned, with what attnexport do
 import numpy as np
 import onnx
 import pytest
-from click.testing import CliRunner
+from conftest import cli as run
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
@@ -13,7 +13,6 @@ from attnexport import export as E
 from attnexport import runtimes as R
 from attnexport import seeding
 from attnexport import variants as V
-from attnexport.cli import main
 from attnexport.compare import compare, tolerance
 from attnexport.errors import UnsupportedByFlavor
 
@@ -32,10 +31,6 @@ COMBOS = [
 SHAPES = ({}, {"batch": 1, "seq": 1, "kv_seq": 1, "past_seq": 0}, {"batch": 3, "seq": 5, "kv_seq": 7, "past_seq": 2})
 # What only the ort flavour cannot express, and says so.
 ORT_CANNOT = ("--softcap", "--softmax-precision")
-
-
-def run(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 @pytest.mark.parametrize("combo", COMBOS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))

@@ -7,11 +7,10 @@ import json
 import numpy as np
 import onnx
 import pytest
-from click.testing import CliRunner
+from conftest import cli
 
 from attnexport import export as E
 from attnexport import signature as SG
-from attnexport.cli import main
 from attnexport.decode import decode_all
 from attnexport.errors import UsageError
 
@@ -65,10 +64,10 @@ def _renamed_output(tmp_path, path):
 def test_a_graph_changed_after_export_is_refused_in_one_line(tmp_path):
     spec, path = "examples/kv_cache_module.py:example", tmp_path / "m.onnx"
     cache = ["--cache", "past_key:present_key", "--cache", "past_value:present_value"]
-    r = CliRunner().invoke(main, ["export", "--module", spec, *cache, "-o", str(path)])
+    r = cli("export", "--module", spec, *cache, "-o", str(path))
     assert r.exit_code == 0, r.output
     changed = _renamed_output(tmp_path, path)
-    r = CliRunner().invoke(main, ["verify", str(changed), "--module", spec, "--runtimes", "ort-cpu"])
+    r = cli("verify", str(changed), "--module", spec, "--runtimes", "ort-cpu")
     assert r.exit_code == 2 and "changed after export" in r.output and "Traceback" not in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1
     model = onnx.load(path)  # a record that is not JSON
@@ -83,7 +82,7 @@ def test_a_file_from_before_signatures_is_read_from_its_old_record(tmp_path):
     """Exports made before `attnexport.signature` recorded a module's caches as
     `attnexport.cache` and `attnexport.write_pos`: verify still decodes them."""
     spec, path = "examples/static_cache_module.py:example", tmp_path / "m.onnx"
-    r = CliRunner().invoke(main, ["export", "--module", spec, *STATIC, "--write-pos", "write_pos", "-o", str(path)])
+    r = cli("export", "--module", spec, *STATIC, "--write-pos", "write_pos", "-o", str(path))
     assert r.exit_code == 0, r.output
     model = onnx.load(path)
     recorded = SG.of(model)
@@ -95,7 +94,7 @@ def test_a_file_from_before_signatures_is_read_from_its_old_record(tmp_path):
         model.metadata_props.add(key=k, value=v)
     before = tmp_path / "before.onnx"
     onnx.save(model, before)
-    r = CliRunner().invoke(main, ["verify", str(before), "--module", spec, "--runtimes", "ort-cpu", "--json"])
+    r = cli("verify", str(before), "--module", spec, "--runtimes", "ort-cpu", "--json")
     decode_rows = [row for row in json.loads(r.output)["results"] if row["case"].startswith("decode")]
     assert r.exit_code == 0 and len(decode_rows) == 2 and all(row["passed"] for row in decode_rows), r.output
 

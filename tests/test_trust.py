@@ -11,21 +11,16 @@ import json
 import numpy as np
 import onnx
 import pytest
-from click.testing import CliRunner
+from conftest import cli as run
 from onnx import helper, numpy_helper
 
 from attnexport import export as E
 from attnexport import golden, seeding
 from attnexport import variants as V
 from attnexport import verify as VF
-from attnexport.cli import main
 from attnexport.errors import UsageError
 
 RUNTIMES = ["onnx-ref", "ort-cpu"]
-
-
-def run(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ import shutil
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import cli as run
 
 from attnexport import golden
 from attnexport import runtimes as R
@@ -14,10 +15,6 @@ from attnexport.cli import main
 from attnexport.errors import ProviderUnavailableError, UsageError
 
 CPU_RUNTIMES = ["torch", "onnx-ref", "ort-cpu"]
-
-
-def run(*args):
-    return CliRunner().invoke(main, list(args))
 
 
 @pytest.mark.parametrize("variant", list(__import__("attnexport.variants", fromlist=["VARIANTS"]).VARIANTS))
