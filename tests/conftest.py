@@ -128,7 +128,8 @@ def pytest_addoption(parser):
                           "not only the representative ones")
     parser.addoption("--long-generations", action="store_true",
                      help="a whole model's browser runtimes generate as many tokens as its CPU runtimes "
-                          "(tests/test_real_models.py: 48 after each prompt, not 6; about 25 minutes more)")
+                          "(tests/test_real_models.py: 48 after each prompt, not 6; 23 minutes more when 48 "
+                          "was the default)")
     parser.addoption("--all-modules", action="store_true",
                      help="run every real module of tests/test_hf.py in every flavour (the [hf] extra), not only "
                           "the attention flavour")
