@@ -10,9 +10,8 @@ import sys
 import click
 from rich.console import Console
 
-from attnexport import cache as cache_mod
 from attnexport import cases as cases_mod
-from attnexport import commands, jsonout, render
+from attnexport import commands, jsonout, memo, render
 from attnexport import dtypes as D
 from attnexport import export as export_mod
 from attnexport import files as F
@@ -21,9 +20,9 @@ from attnexport import golden as golden_mod
 from attnexport import runtimes as R
 from attnexport import variants as V
 from attnexport.errors import AttnExportError, UsageError
-from attnexport.inspect import describe
-from attnexport.precision import MINIMUM_FORMS as P_MINIMUM_FORMS
-from attnexport.precision import PRECISIONS
+from attnexport.pretrained.precision import MINIMUM_FORMS as P_MINIMUM_FORMS
+from attnexport.pretrained.precision import PRECISIONS
+from attnexport.reading import describe
 from attnexport.runtimes import js
 
 
@@ -181,13 +180,13 @@ def cache_command(clear, as_json):
 
     Example: attnexport cache; attnexport cache --clear; ATTNEXPORT_CACHE_SIZE=500M attnexport cache
     """
-    d = cache_mod.directory()
+    d = memo.directory()
     if clear:
-        n = cache_mod.clear()
+        n = memo.clear()
         click.echo(f"removed {n} entries from {d}" if d is not None
                    else "the export cache is off (ATTNEXPORT_CACHE=off)")
         return
-    doc = cache_mod.describe()
+    doc = memo.describe()
     if as_json:
         click.echo(jsonout.dumps(doc, indent=1))
         return

@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnexport import bench as bench_mod
-from attnexport import clients, modules
 from attnexport import export as export_mod
 from attnexport import files as F
+from attnexport import modules
 from attnexport import verify as verify_mod
 from attnexport.compare import check_tolerance_values
 from attnexport.errors import UsageError
-from attnexport.precision import PRECISIONS
+from attnexport.pretrained import clients
+from attnexport.pretrained.precision import PRECISIONS
 
 GENAI_PRECISIONS = ("fp32", "int4")  # onnxruntime-genai model builder's -p values bench --hf times
 _MODULE_ONLY = "--input, --dynamic, --nan-rows, --allow-unfused, --cache, --write-pos and --output-names"
@@ -140,7 +141,7 @@ def export(variant=None, module_spec=None, hf_path=None, *, input_specs=(), nan_
     if hf_path is not None:
         if module_only:
             raise UsageError(f"{_MODULE_ONLY} go with --module (--hf knows its model's inputs, outputs and cache)")
-        from attnexport import hf_export
+        from attnexport.pretrained import export as hf_export
         form, max_seq = hf_form(options)
         request = hf_export.request(hf_path, quant, form=form, max_seq=max_seq, flavor=flavor, opset=opset,
                                     dtype=dtype, output=output, seed=seed, deploy=deploy, rtol=rtol, atol=atol,
@@ -185,8 +186,8 @@ def verify(models=(), *, variants=(), flavors=(), runtimes=None, dtype=None, gol
     if budget is not None and hf_path is None:
         raise UsageError("--budget is the accuracy budget of a quantized or fp16 language model: it goes with --hf")
     if hf_path is not None:
-        from attnexport.accuracy import Budget
-        from attnexport.verify.hf_check import HFCheck, verify_hf
+        from attnexport.pretrained.accuracy import Budget
+        from attnexport.pretrained.check import HFCheck, verify_hf
         if len(models) != 1 or module_spec is not None:
             raise UsageError("--hf compares one MODEL with the language model it was exported from: give one MODEL "
                              "(and no --module)")
@@ -241,7 +242,7 @@ class BenchResult:
     def to_json(self):
         """`bench --json`: the rows as a list; a language model's as {"rows": [...], "info": {...}}."""
         if self.language_model:
-            from attnexport import hf_bench
+            from attnexport.pretrained import bench as hf_bench
             return {"rows": hf_bench.to_json(self.rows), "info": self.info}
         return bench_mod.to_json(self.rows)
 
@@ -265,7 +266,7 @@ def bench(variant=None, module_spec=None, hf_path=None, *, genai_python=None, pr
                 dtype != "fp32" or (runtimes and runtimes != ["ort-cpu"]):
             raise UsageError("--hf takes --decode with --context, --flavor, --threads, --warmup, --iters, --seed and "
                              "--json (fp32 on ort-cpu, beside transformers and Optimum)")
-        from attnexport import hf_bench
+        from attnexport.pretrained import bench as hf_bench
         lm_request = hf_bench.HFBenchRequest(
             hf_path, tuple(contexts or hf_bench.CONTEXTS), flavors=tuple(flavors) or hf_bench.HFBenchRequest.flavors,
             threads=threads or 0, iters=iters, warmup=warmup, seed=seed, genai_python=genai_python,

@@ -36,7 +36,7 @@ FP16_FACTOR = 4.0
 # A whole language model in fp32 is judged against the same model run in float64, and each output's
 # atol is this factor times the error torch's own fp32 forward makes against that float64 run
 # (never less than the policy's): thirty layers of a trained model round their way to 3e-5..5e-4
-# in the logits, which single-op constants cannot allow for (attnexport.hf_reference). Why 4: on
+# in the logits, which single-op constants cannot allow for (attnexport.pretrained.reference). Why 4: on
 # SmolLM2-135M's step at six shapes, ONNX Runtime's error was at most 1.6x torch's on every output
 # (presents and logits, with the policy's rtol), and an export that is wrong (a lost mask, a rotary
 # table off by one position) is off by orders of magnitude more.

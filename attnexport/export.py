@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from attnexport import __version__, cache, golden, schema, seeding
+from attnexport import __version__, golden, memo, schema, seeding
 from attnexport import dtypes as D
 from attnexport import files as F
 from attnexport import flavors as FL
@@ -263,7 +263,7 @@ class ExportRequest:
         opset: default: the flavour's (see attnexport.flavors).
         params: parameters as NumPy arrays (default: seeded ones from `seed`).
         output: the file `export` writes (default `models/<variant>.onnx`); build_model writes none.
-        use_cache: reuse an identical earlier export from the export cache (see `attnexport.cache`).
+        use_cache: reuse an identical earlier export from the export cache (see `attnexport.memo`).
     """
 
     variant: str
@@ -314,8 +314,8 @@ def build_model(request: ExportRequest | str, options: dict | None = None, flavo
     request_key = {"variant": variant.name, "options": o, "flavor": r.flavor, "graph_flavor": gf, "opset": opset,
                    "dtype": r.dtype, "seed": r.seed, "params_source": params_source,
                    "params": {k: W.sha256_of(v) for k, v in sorted(params.items())}}
-    key = cache.key(request_key) if r.use_cache else None
-    hit = cache.get(key) if key else None
+    key = memo.key(request_key) if r.use_cache else None
+    hit = memo.get(key) if key else None
     if hit is not None:
         model, info = hit
         return model, ExportResult(Path(), variant.name, o, r.flavor, gf, opset, r.dtype, info["attention_op"], 0,
@@ -325,7 +325,7 @@ def build_model(request: ExportRequest | str, options: dict | None = None, flavo
                            sort_keys=True)
     model, result = _build(decided, trace_key)
     if key:
-        cache.put(key, model, {"attention_op": result.attention_op, "note": result.note})
+        memo.put(key, model, {"attention_op": result.attention_op, "note": result.note})
     return model, result
 
 
@@ -436,7 +436,7 @@ def to_onnx(program, args, *, flavor: str, opset: int, input_names, output_names
     torch.onnx run quietly at opset 18 or the Attention op's (older opsets are reached by
     `convert_opset`). Any failure is an ExportError that names `what` and torch's own reason.
     `optimize`: torch.onnx's own pass over the graph (onnxscript's optimizer and rewrite rules);
-    False where the caller runs that optimizer itself (`attnexport.hf_fusions`)."""
+    False where the caller runs that optimizer itself (`attnexport.pretrained.fusions`)."""
     import torch
     importlib.import_module("attnexport.models.core")  # registers the attnexport::attention custom ops
     from attnexport.onnx_attention import TRANSLATIONS
@@ -691,7 +691,7 @@ class ModuleExport:
         cache: the module's own key/value cache, {input: the output that returns it updated}:
             each such input's positions axis (axis -2 unless `dynamic` names another) is symbolic
             (`past_len`), the export is checked with empty caches too, and `verify --module`
-            checks the decode property (recorded as `attnexport.cache`).
+            checks the decode property (recorded as `attnexport.cache` metadata).
         extra_meta: more metadata for the model (a language model's `attnexport.hf` layout).
         write_pos: the module's cache is static, given: `cache`'s inputs are buffers that keep
             their size (positions on axis -2), each step writes its block into them where the
@@ -703,15 +703,15 @@ class ModuleExport:
             (the module against the model at other sizes, each symbolic axis at 1 and at the
             example's size + 3): called with the model, it returns what it checked (a list, the
             result's `checked`) and raises an ExportError when the model is wrong. A whole language
-            model's (`attnexport.hf_export`) feeds caches the model wrote and compares with the
+            model's (`attnexport.pretrained.export`) feeds caches the model wrote and compares with the
             model in float64.
         rewrite: the traced graph changed before it is finished (checked, stamped and checked
             again): a language model's past made to fit the block's batch, ONNX Runtime's fused
-            ops in its ort flavour (`attnexport.hf_export`).
+            ops in its ort flavour (`attnexport.pretrained.export`).
         rtol, atol: the tolerance of the default check instead of the policy's (or, in fp16, the
             one derived from torch's fp16 error).
         finalize: the finished model changed once more before its check (a language model's
-            weight matrices quantized, `attnexport.precision`, which needs the parameters' record).
+            weight matrices quantized, `attnexport.pretrained.precision`, which needs the parameters' record).
         optimized_by_rewrite: `rewrite` runs onnxscript's optimizer itself, so torch.onnx's pass
             is skipped (it took about half of SmolLM2's export, for nothing the fusions keep).
     """

@@ -29,7 +29,7 @@ class Flavor:
     summary: str
     # What a graph of this flavour needs a newer opset for: {the option that asks for it: its lowest opset}.
     needs: tuple[tuple[str, int], ...] = ()
-    # A language model's step is rewritten into the runtime's fused ops (attnexport.hf_fusions).
+    # A language model's step is rewritten into the runtime's fused ops (attnexport.pretrained.fusions).
     fuses_language_models: bool = False
 
     @property

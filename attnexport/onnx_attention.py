@@ -542,7 +542,7 @@ def _gqa_total(query, key_cache):
     computed from the step's device-held positions is copied there every step, and a graph with
     such a copy cannot be captured in a CUDA graph (so it was, to 2026-11-26); shape arithmetic
     stays on the host with no copy. `query`: the operator's (B, S, heads x d) input, whose first
-    two dims attnexport.hf_fusions keeps when it feeds the operator the projection instead. Returns
+    two dims attnexport.pretrained.fusions keeps when it feeds the operator the projection instead. Returns
     (the total as INT32 [1], the first-prompt flag)."""
     one = op.Constant(value_ints=[1])
     batch, block = op.Shape(query, start=0, end=1), op.Shape(query, start=1, end=2)

@@ -243,7 +243,7 @@ def bench(result) -> None:
 def language_model_bench(rows, info: dict, path: str) -> None:
     """`bench --hf`: each engine, precision, form and flavour at each context, its time beside its
     answers' agreement."""
-    from attnexport import hf_bench
+    from attnexport.pretrained import bench as hf_bench
     click.echo(f"{path}: {info['layers']} layers, {info['parameters']:,} parameters, fp32, {info['threads']} "
                f"thread(s); memory read bandwidth {info['bandwidth_gbs']:.1f} GB/s")
     for row in rows:

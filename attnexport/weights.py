@@ -131,7 +131,7 @@ def read(model: onnx.ModelProto, entries: dict[str, dict]) -> tuple[dict[str, np
     inits = {i.name: i for i in model.graph.initializer}
     params, changed = {}, []
     for name, e in sorted(entries.items()):
-        if e["layout"] == "folded" or "quantized" in e:  # a quantized one: attnexport.precision checks it
+        if e["layout"] == "folded" or "quantized" in e:  # a quantized one: attnexport.pretrained.precision checks it
             continue
         init = inits.get(e["initializer"])
         if init is None:

@@ -2,7 +2,7 @@
 contexts (device memory bound through IO binding; the static form also captured once in a CUDA graph
 and replayed per token), beside transformers eager on the same GPU and onnxruntime-genai's CUDA
 export of the same weights, with every engine's accuracy measured the way `verify` measures it
-(`attnexport.accuracy`: teacher-forced KL and top-1 on real text, perplexity on a held-out text,
+(`attnexport.pretrained.accuracy`: teacher-forced KL and top-1 on real text, perplexity on a held-out text,
 greedy tokens against transformers') on the very path that was timed: a static export's accuracy
 runs through its replayed CUDA graph.
 
@@ -29,11 +29,11 @@ import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attnexport import accuracy as A  # noqa: E402
-from attnexport import hf  # noqa: E402
-from attnexport import hf_reference as HR  # noqa: E402
 from attnexport.bench import stats_of  # noqa: E402
-from attnexport.hf_bench import cache_bytes, file_weight_bytes  # noqa: E402
+from attnexport.pretrained import accuracy as A  # noqa: E402
+from attnexport.pretrained import model as hf  # noqa: E402
+from attnexport.pretrained import reference as HR  # noqa: E402
+from attnexport.pretrained.bench import cache_bytes, file_weight_bytes  # noqa: E402
 
 NEW_TOKENS = 48
 # The random model: a Llama of SmolLM2's head size and grouping, small enough that onnxruntime-genai's
@@ -50,7 +50,7 @@ def make_random(folder: Path, word_tokenizer: bool) -> str:
     import torch
     import transformers
 
-    from attnexport.hf_bench import _word_tokenizer
+    from attnexport.pretrained.bench import _word_tokenizer
     config = transformers.LlamaConfig(**RANDOM)
     model = transformers.LlamaForCausalLM(config)
     rng = np.random.default_rng(1234)

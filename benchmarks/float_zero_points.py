@@ -14,7 +14,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from attnexport import precision as P
+from attnexport.pretrained import precision as P
 
 K, N, BLOCK = 1536, 576, 32
 

@@ -39,8 +39,8 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
-from attnexport import hf
-from attnexport import precision as P
+from attnexport.pretrained import model as hf
+from attnexport.pretrained import precision as P
 
 
 def without_minimums(model: onnx.ModelProto) -> onnx.ModelProto:

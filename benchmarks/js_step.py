@@ -16,8 +16,8 @@ import time
 import numpy as np
 import onnx
 
-from attnexport import hf
 from attnexport import runtimes as R
+from attnexport.pretrained import model as hf
 
 
 def main(argv=None):

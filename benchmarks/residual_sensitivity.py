@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnexport import accuracy as A
-from attnexport import hf
-from attnexport import precision as P
+from attnexport.pretrained import accuracy as A
+from attnexport.pretrained import model as hf
+from attnexport.pretrained import precision as P
 
 
 def main() -> None:

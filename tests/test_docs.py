@@ -123,7 +123,7 @@ def test_the_readme_python_api_block_runs(tmp_path):
 
 def test_the_layout_names_every_module_and_no_other():
     """docs/layout.md's table says where each module sits: every module of the package is in it
-    (a package's files too: models/, runtimes/ and verify/ by name in their row), and every name
+    (a package's files too: models/, runtimes/, verify/ and pretrained/ by name in their row), and every name
     in it is a module that exists. Adding or removing a module without the page fails here."""
     text = (ROOT / "docs" / "layout.md").read_text()
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
@@ -133,7 +133,7 @@ def test_the_layout_names_every_module_and_no_other():
     packages = {f"{p.name}/" for p in package.iterdir() if (p / "__init__.py").exists()}
     assert named == modules | packages, (f"not in docs/layout.md: {sorted(modules | packages - named)}; "
                                          f"named there but absent: {sorted(named - modules - packages)}")
-    for pkg in ("runtimes", "verify"):
+    for pkg in ("runtimes", "verify", "pretrained"):
         row = next(r for r in rows if f"`{pkg}/`" in r[1])
         files = {p.stem for p in (package / pkg).glob("*.py")}
         said = set(re.findall(r"`([\w]+)`", row[2])) | set(re.findall(r"`" + pkg + r"/(\w+)`", row[2]))
@@ -159,8 +159,8 @@ def test_the_counts_the_pages_name_are_the_codes():
     import ast
 
     from attnexport import flavors as FL
-    from attnexport import hf
     from attnexport import variants as V
+    from attnexport.pretrained import model as hf
     assert _said("README.md", r"to ONNX in (\w+) flavours") == len(FL.FLAVORS)
     assert _said("docs/language-models.md", r"small configs of the (\w+) architectures") == len(hf.TESTED)
     decoding = [v for v in V.VARIANTS.values() if any(o.name == "kv_cache" for o in v.options)]

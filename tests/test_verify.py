@@ -436,7 +436,7 @@ def test_verify_hf_leaves_torch_on_a_gpu_out_and_refuses_it_when_named():
     from onnx import TensorProto, helper
 
     from attnexport.errors import UsageError
-    from attnexport.verify import hf_check
+    from attnexport.pretrained import check as hf_check
 
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],

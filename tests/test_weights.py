@@ -15,7 +15,7 @@ def mha():
     v = V.get("mha")
     o = v.resolve({"heads": 2, "dim": 16})
     model, _ = E.build_model("mha", o, "primitives")
-    from attnexport.inspect import attnexport_metadata
+    from attnexport.reading import attnexport_metadata
     return v, o, model, W.from_metadata(attnexport_metadata(model))
 
 
@@ -39,7 +39,7 @@ def test_reweight_holds_what_was_asked_and_refuses_another_parameter_set(mha):
     v, o, model, entries = mha
     other = seeding.init_params(v, o, 7)
     reweighted = W.reweight(model, entries, other)
-    from attnexport.inspect import attnexport_metadata
+    from attnexport.reading import attnexport_metadata
     params, changed = W.read(reweighted, W.from_metadata(attnexport_metadata(reweighted)))
     assert changed == [] and all(np.array_equal(params[k], other[k]) for k in other)
     assert W.reweight(model, entries, {k: x for k, x in other.items() if k != "q_proj.weight"}) is None

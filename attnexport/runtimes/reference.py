@@ -37,7 +37,7 @@ def _rotate_half(x64: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarra
 
 
 def fused_reference_ops() -> list:
-    """The ops ONNX Runtime's fusions put in an ort-flavour language model (`attnexport.hf_fusions`),
+    """The ops ONNX Runtime's fusions put in an ort-flavour language model (`attnexport.pretrained.fusions`),
     for onnx's ReferenceEvaluator, from their contracts: com.microsoft.SkipSimplifiedLayerNormalization
     (an RMS norm over the last axis of input + skip, scaled, which it also returns) and
     com.microsoft.RotaryEmbedding (rotate-half: the cos and sin tables gathered at the position

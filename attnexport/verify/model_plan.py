@@ -17,7 +17,7 @@ from attnexport import runtimes as R
 from attnexport import variants as V
 from attnexport import weights as W
 from attnexport.errors import UsageError
-from attnexport.inspect import attnexport_metadata, load_model
+from attnexport.reading import attnexport_metadata, load_model
 from attnexport.verify.decode_checks import golden_decode_checks
 from attnexport.verify.request import VerifyRequest
 from attnexport.verify.run import ModelSource, Step, case_tolerance

@@ -23,8 +23,8 @@ from attnexport.compare import (
     tolerance,
 )
 from attnexport.errors import UsageError, reason
-from attnexport.inspect import load_model
 from attnexport.localize import Localization, locate
+from attnexport.reading import load_model
 from attnexport.report import Report, Row
 from attnexport.signature import WritePos
 from attnexport.verify.decode_checks import cache_of, module_decode_rows, module_static_rows, write_pos_of
@@ -290,7 +290,7 @@ def _write_pos(model, recorded: SG.StepSignature, check: ModuleCheck, cache: dic
 
 def _before_signatures(model, meta: dict) -> SG.StepSignature:
     """The signature of a file exported before `attnexport.signature`: its cache pairs and write
-    position as that export recorded them (`attnexport.cache`, `attnexport.write_pos`)."""
+    position as that export recorded them (`attnexport.cache`, `attnexport.write_pos` metadata)."""
     cache = json.loads(meta.get("attnexport.cache", "{}"))
     write = json.loads(meta["attnexport.write_pos"])["input"] if "attnexport.write_pos" in meta else None
     kind = "concat" if write is None else "static"

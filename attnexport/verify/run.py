@@ -23,7 +23,7 @@ from attnexport.compare import (
     tolerance,
 )
 from attnexport.errors import UnsupportedByFlavor
-from attnexport.inspect import attnexport_metadata
+from attnexport.reading import attnexport_metadata
 from attnexport.verify.executor import Executor
 
 # --- what one run is ---------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 // Greedy generation with transformers.js (@huggingface/transformers in Node) from a deployment folder
 // that attnexport wrote (export --hf --deploy): the client's own tokenizer, model loading and
-// generation loop, nothing of attnexport's. Called by attnexport/clients.py:
+// generation loop, nothing of attnexport's. Called by attnexport/pretrained/clients.py:
 //
 //   node generate.mjs REQUEST.json   (REQUEST: {folder, prompts: [text] | null, ids: [[id]] | null,
 //                                      new_tokens, threads})

@@ -13,8 +13,9 @@ pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip 
 
 from conftest import cli as run  # noqa: E402
 
-from attnexport import hf, hf_fusions  # noqa: E402
-from attnexport.verify.hf_check import NEW_TOKENS  # noqa: E402
+from attnexport.pretrained import fusions as hf_fusions
+from attnexport.pretrained import model as hf  # noqa: E402
+from attnexport.pretrained.check import NEW_TOKENS  # noqa: E402
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "phi3", "gpt2")
 FORMS = {"none": [], "concat": ["--kv-cache"], "static": ["--kv-cache", "static", "--max-seq", "64"]}
@@ -165,7 +166,7 @@ def test_a_decode_steps_least_bytes_count_the_embedding_table_once_when_the_head
     """One row of an untied input table; the whole matrix when the head is the same matrix."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from attnexport.hf_bench import step_bytes
+    from attnexport.pretrained.bench import step_bytes
     config = LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
     model = LlamaForCausalLM(config)

@@ -1,4 +1,4 @@
-"""A whole model's export (`attnexport.hf_export`, `attnexport.hf_fusions`): the deployment folder,
+"""A whole model's export (`attnexport.pretrained.export`, `attnexport.pretrained.fusions`): the deployment folder,
 the user's budget, the graph a client that feeds empty pasts of batch 0 can run, the ort flavour's
 fused ops with every weight still fingerprinted, Gemma2, and the refusals. The `[hf]` extra, on
 small random configs."""
@@ -15,8 +15,9 @@ pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip 
 
 from conftest import cli as run  # noqa: E402
 
-from attnexport import hf, hf_export  # noqa: E402
 from attnexport import signature as SG  # noqa: E402
+from attnexport.pretrained import export as hf_export
+from attnexport.pretrained import model as hf  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -255,8 +256,8 @@ def test_the_request_of_export_hf_is_the_libraries_own_from_the_command_lines_op
     """What `export --hf` asks for, built by the library (the command line only parses): the
     precision's plan with the options given applied, `keep="none"` keeping nothing, an output named
     after the source, and the refusals before anything runs."""
-    from attnexport import precision as P
     from attnexport.errors import UsageError
+    from attnexport.pretrained import precision as P
     monkeypatch.chdir(tmp_path)
     r = hf_export.request("/x/SmolLM2-135M.Q4_1.gguf", {"keep": "none", "accuracy_level": 0, "requantize": True,
                                                         "symmetric": None}, form="static", max_seq=64, precision="int4")

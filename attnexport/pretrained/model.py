@@ -91,7 +91,7 @@ class Layout:
 
     @classmethod
     def of(cls, model) -> Layout:
-        """The layout an export recorded (`attnexport.hf`); a UsageError if it has none."""
+        """The layout an export recorded (`attnexport.hf` metadata); a UsageError if it has none."""
         props = {p.key: p.value for p in model.metadata_props}
         if META not in props:
             raise UsageError("the model is not a language model exported with --hf (no attnexport.hf metadata)")

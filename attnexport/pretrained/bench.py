@@ -26,12 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from attnexport import accuracy as A
-from attnexport import hf, hf_export
-from attnexport import hf_reference as HR
 from attnexport import runtimes as R
 from attnexport.bench import gemv_bandwidth, memory_bandwidth, stats_of
 from attnexport.errors import UsageError, reason
+from attnexport.pretrained import accuracy as A
+from attnexport.pretrained import export as hf_export
+from attnexport.pretrained import model as hf
+from attnexport.pretrained import reference as HR
 
 CONTEXTS = (128, 1024, 4096)
 FORMS = ("concat", "static")
@@ -82,7 +83,7 @@ class HFBenchRow:
     note: str = ""
     # What the engine's answers cost: its greedy tokens against transformers' (AGREEMENT_TOKENS after
     # each prompt) and, for an ONNX step graph, teacher-forced KL, top-1 and perplexity against the fp32
-    # model (`attnexport.accuracy`), measured once per engine and shown beside each of its times.
+    # model (`attnexport.pretrained.accuracy`), measured once per engine and shown beside each of its times.
     agreement: dict | None = None
     precision: str = "fp32"
 
@@ -399,7 +400,7 @@ def _agreements(engines: list[_Engine], model, layout: hf.Layout, r: HFBenchRequ
 
 def _teacher_forced(e: _Engine, base) -> dict:
     """An ONNX engine's teacher-forced cost on accuracy.EVAL_TEXT and HELD_OUT against the fp32 model:
-    mean KL, top-1 agreement, perplexity growth (`attnexport.accuracy`)."""
+    mean KL, top-1 agreement, perplexity growth (`attnexport.pretrained.accuracy`)."""
     assert e.step is not None
     run, layout, dtype = e.step()
     got = hf.stepped_logits(run, layout, base.eval_ids, A.PREFILL, 1, dtype)[0]

@@ -22,7 +22,7 @@ attention), and on two threads those small ops cost as much as a sixth of the st
   operator's output (two small ops a layer fewer on every step).
 
 Every rewrite keeps the function: the export is checked against the model in float64 after it
-(`attnexport.hf_export.check_before_writing`), and a pattern that is not there is left alone.
+(`attnexport.pretrained.export.check_before_writing`), and a pattern that is not there is left alone.
 """
 
 from __future__ import annotations

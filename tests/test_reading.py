@@ -7,7 +7,7 @@ from onnx import helper, numpy_helper
 
 from attnexport import export as E
 from attnexport.errors import UsageError
-from attnexport.inspect import attnexport_metadata, describe, load_model
+from attnexport.reading import attnexport_metadata, describe, load_model
 
 
 def test_describe_names_the_attention_op_and_the_metadata(tmp_path):

@@ -43,7 +43,7 @@ def parse(text: str | None) -> list[str]:
     return names
 
 
-# What a client cannot run, by cache form, and why (checked: tests/test_clients.py).
+# What a client cannot run, by cache form, and why (checked: tests/test_pretrained_clients.py).
 CANNOT = {
     ("transformers.js", "none"): "transformers.js 4 feeds only the new token after the first step (it assumes a "
                                  "cache), so a model without one sees one token: export with --kv-cache",

@@ -1,4 +1,4 @@
-"""The clients of a deployment folder (`attnexport.clients`, `verify FOLDER --hf PATH --clients`):
+"""The clients of a deployment folder (`attnexport.pretrained.clients`, `verify FOLDER --hf PATH --clients`):
 Optimum's ORTModelForCausalLM and transformers.js load the folder `export --hf --deploy` writes
 and generate transformers' tokens from it. Each client's test skips, saying why, where it is not
 installed (CI installs both for the real-model tests: optimum-onnx, and transformers.js among
@@ -9,8 +9,8 @@ import json
 import pytest
 from conftest import cli
 
-from attnexport import clients
 from attnexport.errors import UsageError
+from attnexport.pretrained import clients
 
 
 def test_clients_are_named_or_refused():
@@ -98,7 +98,7 @@ def test_the_optimum_clients_loop_gives_the_models_own_new_tokens(tiny_lm):
     by transformers' own model, which generates as Optimum's does, it gives exactly the tokens of
     transformers' generate after each prompt, none of the prompt's, however long the prompt."""
     pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
-    from attnexport import hf
+    from attnexport.pretrained import model as hf
     model, _ = hf.load(tiny_lm("llama"))
     layout = hf.layout_of(model, "concat")
     prompts = [p.tolist() for p in hf.prompts_for(layout, (1, 6, 3), seed=5)]

@@ -1,4 +1,4 @@
-"""What a lossy language model costs in answers (`attnexport.accuracy`): the measures on known
+"""What a lossy language model costs in answers (`attnexport.pretrained.accuracy`): the measures on known
 distributions, the budget and its overrides, and on small random models exported with
 `--precision` in every cache form: a correct quantization passes the default budget, a broken one
 (wrong scales, a layer zeroed) fails it, and verify says which layers cost most. SmolLM2's are in
@@ -12,13 +12,13 @@ import onnx
 import pytest
 from conftest import cli as run
 
-from attnexport import accuracy as A
-from attnexport import hf
-from attnexport import hf_reference as HR
-from attnexport import precision as P
 from attnexport import runtimes as R
 from attnexport import signature as SG
 from attnexport.errors import UsageError
+from attnexport.pretrained import accuracy as A
+from attnexport.pretrained import model as hf
+from attnexport.pretrained import precision as P
+from attnexport.pretrained import reference as HR
 
 
 def test_kl_is_zero_for_the_same_distribution_and_infinite_for_nan():
@@ -360,7 +360,7 @@ def test_a_carried_grid_on_the_deployment_runtimes(gridded, tmp_path):
 
 
 def test_bench_puts_each_precision_beside_its_accuracy(gridded):
-    from attnexport import hf_bench
+    from attnexport.pretrained import bench as hf_bench
     request = hf_bench.HFBenchRequest(gridded, contexts=(16,), forms=("static",), flavors=("ort",), iters=2,
                                       warmup=1, prefill=False, precisions=("fp32", "int4", "q4f16"),
                                       genai_precisions=())

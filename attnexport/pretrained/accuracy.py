@@ -28,10 +28,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from attnexport import hf
-from attnexport import precision as P
 from attnexport.compare import Comparison
 from attnexport.errors import UsageError
+from attnexport.pretrained import model as hf
+from attnexport.pretrained import precision as P
 
 # A passage the model reads teacher-forced (KL, top-1), and one held out for perplexity. Without a
 # tokenizer both are seeded token ids of the same lengths.

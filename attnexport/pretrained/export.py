@@ -1,5 +1,5 @@
 """A whole language model's export (`export --hf`): its step graph through the module path, checked
-before it is written against the same model in float64 (`attnexport.hf_reference`), written as one
+before it is written against the same model in float64 (`attnexport.pretrained.reference`), written as one
 file or as the folder a deployment loads (config, generation config, tokenizer, `onnx/model.onnx`:
 what Optimum's ORTModelForCausalLM and transformers.js read)."""
 
@@ -17,18 +17,18 @@ import numpy as np
 import onnx
 import torch
 
-from attnexport import accuracy as A
 from attnexport import dtypes as D
 from attnexport import files as F
 from attnexport import flavors as FL
-from attnexport import hf
-from attnexport import hf_fusions as HF
-from attnexport import hf_reference as HR
-from attnexport import precision as P
 from attnexport import runtimes as R
 from attnexport.compare import QUANTIZED_FACTOR
 from attnexport.errors import ExportError, UsageError, reason
 from attnexport.export import ModuleExport, ModuleExportResult, export_module
+from attnexport.pretrained import accuracy as A
+from attnexport.pretrained import fusions as HF
+from attnexport.pretrained import model as hf
+from attnexport.pretrained import precision as P
+from attnexport.pretrained import reference as HR
 
 # The step shapes an export is checked at before it is written: (label, batch, block, past,
 # padded). Each cache is written by the model from a token prefix; the none form's `past` is 0.
@@ -68,9 +68,9 @@ class HFExport:
         deploy: a folder to write as a deployment loads it (config.json, generation_config.json,
             the tokenizer's files, the model in onnx/), instead of `output`.
         rtol, atol: the user's budget for every output of the check before writing, instead of the
-            one derived from torch's fp32 error (`attnexport.hf_reference`).
+            one derived from torch's fp32 error (`attnexport.pretrained.reference`).
         precision: fp32, fp16 (the model exported in half), int8 or int4 (its weight matrices as
-            MatMulNBits, `attnexport.precision`).
+            MatMulNBits, `attnexport.pretrained.precision`).
         plan: how int8/int4 quantize (default: `precision.DEFAULT_PLANS`).
     """
 
@@ -276,7 +276,7 @@ def check_quantized(onnx_model, model, layout: hf.Layout, before: dict, tokenize
 def _rewritten(onnx_model, model, layout: hf.Layout, flavor: str, dtype: str, name: str):
     """The traced step graph made what a deployment wants: each past fitting the block's batch
     (concat), a tied vocabulary matrix kept once as the head reads it, ONNX Runtime's fused ops
-    (ort flavour); see `attnexport.hf_fusions`."""
+    (ort flavour); see `attnexport.pretrained.fusions`."""
     if layout.form == "concat":
         pasts_fit_the_batch(onnx_model, layout)
     HF.tied_head(onnx_model)

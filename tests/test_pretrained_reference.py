@@ -1,4 +1,4 @@
-"""A whole model's numerics (`attnexport.hf_reference`): the model in float64 everywhere, budgets
+"""A whole model's numerics (`attnexport.pretrained.reference`): the model in float64 everywhere, budgets
 derived from torch's own error, padding never compared, caches written by the model. The `[hf]`
 extra, on a small random Llama (examples/tiny_lms.py)."""
 
@@ -9,10 +9,10 @@ import pytest
 import torch
 from conftest import nudged_output
 
-from attnexport import hf
-from attnexport import hf_reference as HR
 from attnexport.compare import FP32_FACTOR, TOLERANCES
 from attnexport.errors import ExportError
+from attnexport.pretrained import model as hf
+from attnexport.pretrained import reference as HR
 
 # --- the positions a check compares, written out -----------------------------------------------------
 
@@ -202,7 +202,7 @@ def test_the_check_before_writing_fails_a_damaged_export_and_passes_the_export(l
     within its budget); the export as made passes."""
     from onnx import numpy_helper
 
-    from attnexport import hf_export
+    from attnexport.pretrained import export as hf_export
     folder, model = llama
     result, layout = hf_export.export_hf(hf_export.HFExport(folder, "concat", flavor="attention"))
     reference = HR.Reference(model, layout)
@@ -222,7 +222,7 @@ def test_the_check_before_writing_judges_every_output(llama):
     before writing, which names that output."""
     import re
 
-    from attnexport import hf_export
+    from attnexport.pretrained import export as hf_export
     folder, model = llama
     result, layout = hf_export.export_hf(hf_export.HFExport(folder, "concat", flavor="attention"))
     reference = HR.Reference(model, layout)

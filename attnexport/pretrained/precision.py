@@ -691,7 +691,7 @@ def _folded_input(model, nodes: list, inits: list, x: str, k: int, block: int, r
     one per K in the whole model, so every layer's inputs of that width read the same small
     matrix from the cache) and a Concat, made once per input (the matrices that share it read
     one). Whole blocks, because onnxruntime-web 1.30's WebGPU MatMulNBits answers wrong when K is
-    not a multiple of the block (the deployment-runtime test in tests/test_accuracy.py fails on
+    not a multiple of the block (the deployment-runtime test in tests/test_pretrained_accuracy.py fails on
     WebGPU without the padding)."""
     name = f"{x}{FOLDED}"
     if any(name in n.output for n in nodes):

@@ -1,8 +1,8 @@
-"""The ort flavour's graph rewrites (`attnexport.hf_fusions`) on small graphs built here, each run on
+"""The ort flavour's graph rewrites (`attnexport.pretrained.fusions`) on small graphs built here, each run on
 ONNX Runtime against a float64 NumPy reference: the skip RMS norm fused, the plain one given back
 as ONNX ops, a tied vocabulary matrix kept once, and the rotary tables against their formula. The
 static form's rotary inside GroupQueryAttention and its packed projections are tested on whole
-models in test_hf_export.py (the [hf] extra)."""
+models in test_pretrained_export.py (the [hf] extra)."""
 
 import numpy as np
 import onnx
@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from attnexport.compare import compare, tolerance
-from attnexport.hf_fusions import _unfuse_plain_rms, fuse_for_ort, tied_head
+from attnexport.pretrained.fusions import _unfuse_plain_rms, fuse_for_ort, tied_head
 
 D, EPS = 8, 1e-5
 RNG = np.random.default_rng(41)
@@ -128,7 +128,7 @@ def test_the_rotary_tables_are_the_models_cos_and_sin_at_every_position():
     pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-    from attnexport.hf_fusions import rotary_tables
+    from attnexport.pretrained.fusions import rotary_tables
     config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, rope_theta=500.0)
     cos, sin = rotary_tables(LlamaForCausalLM(config), 64, np.float32)
@@ -147,7 +147,7 @@ def test_half_frequencies_cast_to_float_in_the_graph_become_a_float_constant():
     rule makes it Expand of the float32 constant, computing the same."""
     import onnx_ir as ir
 
-    from attnexport.hf_fusions import _float_frequencies
+    from attnexport.pretrained.fusions import _float_frequencies
     inv_freq = (1.0 / 10000 ** (np.arange(0, 8, 2) / 8)).astype(np.float16).reshape(1, 4, 1)
     nodes = [helper.make_node("Expand", ["inv_freq", "shape"], ["wide"]),
              helper.make_node("Cast", ["wide"], ["y"], to=TensorProto.FLOAT)]

@@ -1,7 +1,7 @@
-"""Quantized weight matrices (`attnexport.precision`): grids a matrix already holds found and carried
+"""Quantized weight matrices (`attnexport.pretrained.precision`): grids a matrix already holds found and carried
 bit for bit, ONNX Runtime's quantizer for the rest, MatMulNBits's layout read back, the record and
 its fingerprints, the per-layer plan and its refusals. On handmade one-MatMul graphs run by ONNX
-Runtime; whole models are in test_accuracy.py and test_real_models.py."""
+Runtime; whole models are in test_pretrained_accuracy.py and test_real_models.py."""
 
 import json
 
@@ -10,8 +10,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from attnexport import precision as P
 from attnexport.errors import UsageError
+from attnexport.pretrained import precision as P
 
 K, N, B = 96, 40, 32
 
@@ -339,7 +339,7 @@ def test_quantizing_leaves_the_logging_as_it_was():
     import subprocess
     import sys
     from pathlib import Path
-    code = ("import logging, test_precision as t; from attnexport import precision as P; "
+    code = ("import logging, test_pretrained_precision as t; from attnexport.pretrained import precision as P; "
             "P.quantize(t.one_matmul(t.raw()), P.Plan(bits=4, block=t.B), layers=4); "
             "r = logging.getLogger(); print(len(r.handlers), r.level)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

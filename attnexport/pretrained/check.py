@@ -3,7 +3,7 @@ several shapes, the decode property, and generation parity (greedy tokens equal 
 `generate`) on every runtime, each divergence localized as any other.
 
 Every number is compared with the same model run in float64, each output within a budget derived
-from what fp32 torch does against that run (`attnexport.hf_reference`): a step's from the step in
+from what fp32 torch does against that run (`attnexport.pretrained.reference`): a step's from the step in
 torch on the same feed, the decode property's from torch's one forward over the whole sequence,
 generation's from transformers' own `generate`."""
 
@@ -18,16 +18,18 @@ from typing import Any
 
 import numpy as np
 
-from attnexport import accuracy as A
-from attnexport import clients, hf, hf_export
-from attnexport import hf_reference as HR
-from attnexport import precision as P
 from attnexport import runtimes as R
 from attnexport import weights as W
 from attnexport.compare import Comparison, Tolerance, check_tolerance_values, compare
 from attnexport.errors import AttnExportError, UsageError, reason
-from attnexport.inspect import load_model
 from attnexport.localize import Localization, locate
+from attnexport.pretrained import accuracy as A
+from attnexport.pretrained import clients
+from attnexport.pretrained import export as hf_export
+from attnexport.pretrained import model as hf
+from attnexport.pretrained import precision as P
+from attnexport.pretrained import reference as HR
+from attnexport.reading import load_model
 from attnexport.report import Report, Row
 from attnexport.verify.executor import Executor
 from attnexport.verify.module_check import changed_params
@@ -53,7 +55,7 @@ class HFCheck:
     skip_unavailable: bool = False
     seed: int | None = None
     new_tokens: int = NEW_TOKENS
-    clients: tuple = ()  # with a deployment folder: the clients that load it (attnexport.clients)
+    clients: tuple = ()  # with a deployment folder: the clients that load it (attnexport.pretrained.clients)
     budget: A.Budget = A.Budget()  # what a quantized or fp16 model may cost in answers
     strict_placement: bool = False  # a compute node an accelerated runtime left on the CPU fails the row
     localize: bool = False  # localize every ONNX run; a divergence fails it
@@ -292,7 +294,7 @@ def _largest_move(before: dict, model, record: dict) -> float:
 
 
 def _accuracy_rows(ctx: _Context, prompts) -> None:
-    """The accuracy cost on each runtime (`attnexport.accuracy`) against the budget, and (one row,
+    """The accuracy cost on each runtime (`attnexport.pretrained.accuracy`) against the budget, and (one row,
     torch) which layers cost most when quantized alone."""
     budget = ctx.check.budget
     base = A.baseline(ctx.reference, ctx.tokenizer, prompts, ctx.check.new_tokens)

@@ -25,9 +25,9 @@ import numpy as np
 import torch
 
 from attnexport import dtypes as D
-from attnexport import hf
 from attnexport import modules as M
 from attnexport.compare import Comparison, Tolerance, compare, derived_tolerance, failed, tolerance
+from attnexport.pretrained import model as hf
 
 # Where the budget comes from, said in every report.
 BASIS = "torch's {dtype} error against the model in float64"
