@@ -131,8 +131,8 @@ def pytest_addoption(parser):
                           "(tests/test_real_models.py: 48 after each prompt, not 6; 23 minutes more when 48 "
                           "was the default)")
     parser.addoption("--all-modules", action="store_true",
-                     help="run every real module of tests/test_real_blocks.py in every flavour (the [hf] extra), not only "
-                          "the attention flavour")
+                     help="run every real module of tests/test_real_blocks.py in every flavour (the [hf] extra), "
+                          "not only the attention flavour")
 
 
 def pytest_configure(config):
