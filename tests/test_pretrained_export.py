@@ -16,7 +16,8 @@ pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip 
 from conftest import cli as run  # noqa: E402
 
 from attnexport import signature as SG  # noqa: E402
-from attnexport.pretrained import export as hf_export
+from attnexport.pretrained import export as hf_export  # noqa: E402
+from attnexport.pretrained import forms  # noqa: E402
 from attnexport.pretrained import model as hf  # noqa: E402
 
 
@@ -228,7 +229,7 @@ def test_the_export_says_what_it_checked_and_the_budget(folders, tmp_path):
     r = run("export", "--hf", folders["llama"], "--kv-cache", "-o", tmp_path / "lm.onnx", "--json")
     assert r.exit_code == 0, r.output
     doc = _json(r)
-    assert [e["step"] for e in doc["checked"]] == [c[0] for c in hf_export.CHECKS["concat"]]
+    assert [e["step"] for e in doc["checked"]] == [c[0] for c in forms.FORMS["concat"].export_checks]
     assert all("float64" in e["logits"]["basis"] and e["logits"]["max_abs"] >= 0 for e in doc["checked"])
     assert any("checked against the model in float64" in n for n in doc["notes"])
 
@@ -262,7 +263,7 @@ def test_the_request_of_export_hf_is_the_libraries_own_from_the_command_lines_op
     r = hf_export.request("/x/SmolLM2-135M.Q4_1.gguf", {"keep": "none", "accuracy_level": 0, "requantize": True,
                                                         "symmetric": None}, form="static", max_seq=64, precision="int4")
     assert r.output.endswith("SmolLM2-135M.Q4_1.onnx") and (r.form, r.max_seq, r.precision) == ("static", 64, "int4")
-    base = P.DEFAULT_PLANS["int4"]
+    base = P.TABLE["int4"].plan
     assert (r.plan.keep, r.plan.accuracy, r.plan.carry, r.plan.block) == ((), 0, False, base.block)
     assert hf_export.request("/x/tiny-llama/", precision="int8").plan == P.plan_for("int8")
     assert hf_export.request("/x/tiny-llama/").plan is None

@@ -295,7 +295,7 @@ def test_the_plan_per_group():
     assert plan.rule_for("layer:3", 4) == P.Rule(4, 0)
     assert plan.rule_for("layer:1", 4) == P.Rule(4, 4)
     assert P.plan_for("int4", keep="last").rule_for("layer:3", 4).bits == 0  # the last of 4 layers
-    assert P.DEFAULT_PLANS["int4"].rule_for("head", 30) == P.Rule(8, -1)
+    assert P.TABLE["int4"].plan.rule_for("head", 30) == P.Rule(8, -1)
     assert P.plan_for("int8").keep == () and P.plan_for("int8").bits == 8
 
 

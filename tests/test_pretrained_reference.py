@@ -11,6 +11,7 @@ from conftest import nudged_output
 
 from attnexport.compare import FP32_FACTOR, TOLERANCES
 from attnexport.errors import ExportError
+from attnexport.pretrained import forms
 from attnexport.pretrained import model as hf
 from attnexport.pretrained import reference as HR
 
@@ -207,8 +208,8 @@ def test_the_check_before_writing_fails_a_damaged_export_and_passes_the_export(l
     result, layout = hf_export.export_hf(hf_export.HFExport(folder, "concat", flavor="attention"))
     reference = HR.Reference(model, layout)
     checked = hf_export.check_before_writing(result.model, reference, None, "llama")
-    assert len(checked) == len(hf_export.CHECKS["concat"]) and all(e["logits"]["max_abs"] < e["logits"]["atol"] +
-                                                                       1e-4 for e in checked)
+    assert len(checked) == len(forms.FORMS["concat"].export_checks)
+    assert all(e["logits"]["max_abs"] < e["logits"]["atol"] + 1e-4 for e in checked)
     record = json.loads({p.key: p.value for p in result.model.metadata_props}["attnexport.params"])
     held = record["model.model.layers.1.input_layernorm.weight"]["initializer"]
     target = next(i for i in result.model.graph.initializer if i.name == held)

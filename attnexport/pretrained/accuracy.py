@@ -249,7 +249,8 @@ def baseline(reference, tokenizer, prompts, new_tokens: int) -> Baseline:
     tokens after `prompts` (`reference`: an `hf_reference.Reference` of the source model)."""
     import torch
     layout = reference.layout
-    length = min(TOKENS, layout.max_seq) if layout.form == "static" else TOKENS  # a static model's buffers hold it
+    room = layout.cache_form.room(layout)  # a static model's buffers hold the whole text
+    length = TOKENS if room is None else min(TOKENS, room)
     eval_ids = text_ids(tokenizer, EVAL_TEXT, layout.vocab, 11, length)
     held_ids = text_ids(tokenizer, HELD_OUT, layout.vocab, 12, length)
     model = reference.model

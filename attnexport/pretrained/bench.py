@@ -26,12 +26,15 @@ from pathlib import Path
 
 import numpy as np
 
+from attnexport import dtypes as D
 from attnexport import runtimes as R
 from attnexport.bench import gemv_bandwidth, memory_bandwidth, stats_of
 from attnexport.errors import UsageError, reason
 from attnexport.pretrained import accuracy as A
 from attnexport.pretrained import export as hf_export
+from attnexport.pretrained import forms
 from attnexport.pretrained import model as hf
+from attnexport.pretrained import precision as P
 from attnexport.pretrained import reference as HR
 
 CONTEXTS = (128, 1024, 4096)
@@ -165,30 +168,26 @@ def _cache_dtype(session, layout: hf.Layout):
 
 
 def _decode_call(session, layout: hf.Layout, context: int, in_place: bool):
-    """One decode step at `context` on an ONNX Runtime session, as a callable."""
+    """One decode step at `context` on an ONNX Runtime session, as a callable; `in_place`: each
+    cache bound as its own present (the step writes it where it lies)."""
     import onnxruntime as ort
     rng = np.random.default_rng(0)
     token = np.array([[5]], np.int64)
     dtype = _cache_dtype(session, layout)
-    if layout.form == "static":
-        buffers = _cache_arrays(layout, layout.max_seq, rng, dtype)
-        feed = {"input_ids": token, "write_pos": np.array([context], np.int64), **buffers}
-        if not in_place:
-            return lambda: session.run(None, feed)
-        binding = session.io_binding()
-        values = {n: ort.OrtValue.ortvalue_from_numpy(a) for n, a in buffers.items()}
-        for n, v in values.items():
-            binding.bind_ortvalue_input(n, v)
-            binding.bind_ortvalue_output(layout.cache_pairs[n], v)
-        binding.bind_cpu_input("input_ids", token)
-        binding.bind_cpu_input("write_pos", feed["write_pos"])
-        binding.bind_output("logits", "cpu")
-        return lambda binding=binding, values=values: session.run_with_iobinding(binding)
     names = {i.name for i in session.get_inputs()}
-    feed = {"input_ids": token, "attention_mask": np.ones((1, context + 1), np.int64),
-            "position_ids": np.array([[context]], np.int64), **_cache_arrays(layout, context, rng, dtype)}
+    feed = layout.cache_form.bench_feed(layout, token, context, lambda n: _cache_arrays(layout, n, rng, dtype))
     feed = {k: v for k, v in feed.items() if k in names}
-    return lambda: session.run(None, feed)
+    if not in_place:
+        return lambda: session.run(None, feed)
+    binding = session.io_binding()
+    values = {n: ort.OrtValue.ortvalue_from_numpy(feed[n]) for n in layout.cache_pairs}
+    for n, v in values.items():
+        binding.bind_ortvalue_input(n, v)
+        binding.bind_ortvalue_output(layout.cache_pairs[n], v)
+    for n in feed.keys() - values.keys():
+        binding.bind_cpu_input(n, feed[n])
+    binding.bind_output("logits", "cpu")
+    return lambda binding=binding, values=values: session.run_with_iobinding(binding)
 
 
 def _prefill_call(session, layout: hf.Layout, context: int):
@@ -196,14 +195,7 @@ def _prefill_call(session, layout: hf.Layout, context: int):
     ids = rng.integers(3, layout.vocab, (1, context), dtype=np.int64)
     names = {i.name for i in session.get_inputs()}
     dtype = _cache_dtype(session, layout)
-    if layout.form == "static":
-        feed = {"input_ids": ids, "write_pos": np.zeros(1, np.int64),
-                **_cache_arrays(layout, layout.max_seq, rng, dtype)}
-    else:
-        empty = {n: np.zeros((1, layout.kv_heads, 0, layout.head_dim), dtype)
-                 for n in layout.cache_names("past_key_values")}
-        feed = {"input_ids": ids, "attention_mask": np.ones((1, context), np.int64),
-                "position_ids": np.arange(context)[None, :], **empty}
+    feed = layout.cache_form.bench_feed(layout, ids, 0, lambda n: _cache_arrays(layout, n, rng, dtype))
     feed = {k: v for k, v in feed.items() if k in names}
     # A prompt of thousands of tokens makes logits of hundreds of MB (SmolLM2's: 805 MB at 4096): each
     # session's memory arena hands it back after the run, or seven engines' arenas outgrow the machine.
@@ -338,7 +330,7 @@ def bench_hf(request: HFBenchRequest, said=lambda text: None) -> tuple[list[HFBe
         if row.phase == "decode" and row.median_ms == row.median_ms:
             held = weight_bytes.get((row.engine, row.precision))
             row.step_bytes = step_bytes(model, layout, row.context) if held is None else \
-                held + cache_bytes(layout, row.context, 2 if row.precision in ("fp16", "q4f16") else 4)
+                held + cache_bytes(layout, row.context, D.ITEMSIZE[P.TABLE[row.precision].activations])
             row.bandwidth_gbs = bandwidth / 1e9
             row.bandwidth_fraction = row.step_bytes / (row.median_ms * 1e-3) / bandwidth
             if row.bandwidth_fraction > 1:
@@ -463,15 +455,16 @@ def _attnexport_engine(weights: Path, form: str, flavor: str, r: HFBenchRequest,
     max_seq = max(max(r.contexts) + 1, AGREEMENT_TOKENS + 64, A.TOKENS)  # the accuracy's prompts and texts fit too
     path = tmp / f"{form}-{flavor}-{precision}.onnx"
     try:
-        request = hf_export.HFExport(weights, form, max_seq if form == "static" else 0, flavor, output=path,
+        request = hf_export.HFExport(weights, form, max_seq if forms.FORMS[form].writes_in_place else 0, flavor,
+                                     output=path,
                                      precision=precision)
         result, layout = hf_export.export_hf(request)
     except Exception as e:  # noqa: BLE001 - a flavour that cannot express the model is a row saying why
         return HFBenchRow("attnexport", form, flavor, "-", "decode", 0, float("nan"), float("nan"), float("nan"),
                           0.0, r.threads, note=f"export failed: {reason(e)}", precision=precision)
     sessions = _Sessions(path, r.threads)
-    in_place = form == "static" and result.attention_op == "com.microsoft.GroupQueryAttention"
-    mode = "in-place (IO binding)" if in_place else "copies" if form == "static" else "concat"
+    in_place = layout.cache_form.writes_in_place and result.attention_op == "com.microsoft.GroupQueryAttention"
+    mode = layout.cache_form.bench_mode(in_place)
     return _Engine("attnexport", form, flavor, mode, lambda c: _decode_call(sessions.get(), layout, c, in_place),
                    lambda c: _prefill_call(sessions.get(), layout, c),
                    generate=lambda ids, n: _generated(sessions.get(), layout, ids, n),

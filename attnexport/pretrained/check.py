@@ -24,7 +24,7 @@ from attnexport.compare import Comparison, Tolerance, check_tolerance_values, co
 from attnexport.errors import AttnExportError, UsageError, reason
 from attnexport.localize import Localization, locate
 from attnexport.pretrained import accuracy as A
-from attnexport.pretrained import clients
+from attnexport.pretrained import clients, forms
 from attnexport.pretrained import export as hf_export
 from attnexport.pretrained import model as hf
 from attnexport.pretrained import precision as P
@@ -84,7 +84,7 @@ class _Context:
 
     def row(self, case: str, runtime: str, kind: str, tol: Tolerance | None = None) -> Row:
         flavor = self.flavor if runtime in R.ONNX_RUNTIMES else "-"
-        return Row(case=case, variant=f"{self.layout.form} ({hf.TASK})", flavor=flavor, runtime=runtime,
+        return Row(case=case, variant=f"{self.layout.form} ({self.layout.task})", flavor=flavor, runtime=runtime,
                    dtype=self.dtype, model=self.name, tolerance=tol, expected_kind=kind)
 
     def runner(self, runtime: str):
@@ -120,10 +120,10 @@ def model_file(path: str | Path) -> tuple[Path, Path | None]:
     folder written by `export --hf --deploy` (its onnx/model.onnx or onnx/model_static.onnx)."""
     path = Path(path)
     if path.is_dir():
-        found = [path / f for f in dict.fromkeys(hf_export.DEPLOY_FILES.values()) if (path / f).is_file()]
+        found = [path / f for f in dict.fromkeys(f.deploy_file for f in forms.FORMS.values()) if (path / f).is_file()]
         if len(found) != 1:
             raise UsageError(f"{path}: a folder MODEL is a deployment folder (export --hf --deploy) holding one of "
-                             f"{', '.join(dict.fromkeys(hf_export.DEPLOY_FILES.values()))}; it holds "
+                             f"{', '.join(dict.fromkeys(f.deploy_file for f in forms.FORMS.values()))}; it holds "
                              f"{len(found)}")
         return found[0], path
     folder = path.parent.parent
@@ -323,36 +323,19 @@ def _accuracy_rows(ctx: _Context, prompts) -> None:
         ctx.executor.record(row)
 
 
-def _shapes(layout: hf.Layout):
-    """(label, batch, block, past, padded) the step graph is checked at."""
-    if layout.form == "static":
-        return [("batch 2, block 3 into empty buffers", 2, 3, 0, 0), ("batch 1, one token", 1, 1, 0, 0),
-                ("batch 3, one token after 5", 3, 1, 5, 0), ("batch 1, block 3 after 7", 1, 3, 7, 0)]
-    if layout.form == "none":
-        return [("batch 2, 5 tokens", 2, 5, 0, 0), ("batch 1, 1 token", 1, 1, 0, 0),
-                ("batch 3, 7 tokens, sequence 0 left-padded by 3", 3, 7, 0, 3)]
-    return [("batch 2, block 5 after 3", 2, 5, 3, 0), ("batch 1, one token after 1", 1, 1, 1, 0),
-            ("batch 3, block 6 after 4, sequence 0 left-padded by 2", 3, 6, 4, 2),
-            ("batch 2, block 4, no past", 2, 4, 0, 0)]
-
-
 def _check_room(layout: hf.Layout, prompts, new_tokens: int) -> None:
     """A static model's buffers must hold every check's positions: a one-line refusal otherwise."""
-    if layout.form != "static":
-        return
-    needs = max(max(past + block for _, _, block, past, _ in _shapes(layout)), max(t for _, _, t in DECODE),
+    form = layout.cache_form
+    needs = max(max(past + block for _, _, block, past, _ in form.verify_checks), max(t for _, _, t in DECODE),
                 max(len(p) for p in prompts) + new_tokens)
-    if layout.max_seq < needs:
-        raise UsageError(f"verify --hf runs prompts of up to {max(len(p) for p in prompts)} tokens and "
-                         f"{new_tokens} new ones (--new-tokens) through the static cache: it needs buffers of "
-                         f"{needs} positions, the model's hold {layout.max_seq} (export with --max-seq {needs} "
-                         "or more)")
+    form.check_room(layout, needs, f"verify --hf runs prompts of up to {max(len(p) for p in prompts)} tokens and "
+                                   f"{new_tokens} new ones (--new-tokens)")
 
 
 def _shape_rows(ctx: _Context) -> None:
     """The step at each shape, its caches written by the model from a prefix of text, against the
     float64 model on the same feed."""
-    for label, batch, block, past, padded in _shapes(ctx.layout):
+    for label, batch, block, past, padded in ctx.layout.cache_form.verify_checks:
         ids = HR.token_rows(ctx.tokenizer, ctx.layout.vocab, batch, past + block, seed=2)
         feed = HR.prefilled_feed(ctx.reference, ids, past, padded)
         expected = ctx.reference.expect(feed)
@@ -380,7 +363,7 @@ def _decode_rows(ctx: _Context) -> None:
     give the logits of one forward over the whole sequence in float64; the budget is torch's error
     in that one forward (its fp32 step over the whole sequence), so torch's stepped run is checked
     as any runtime's."""
-    if ctx.layout.form == "none":
+    if not ctx.layout.cache_form.caches:  # one forward over the whole sequence is all it does
         return
     dtype, ref = ctx.reference.numpy_dtype, ctx.reference
     for i, (batch, chunk, total) in enumerate(DECODE):
@@ -467,8 +450,9 @@ def _client_rows(ctx: _Context, folder, prompts) -> None:
                       "transformers' generate(do_sample=False), one prompt at a time", exact)
         row.flavor = "-"
         ok, why = clients.status(client)
-        if (client, ctx.layout.form) in clients.CANNOT:
-            row.error = f"{client} cannot run the {ctx.layout.form} form: {clients.CANNOT[client, ctx.layout.form]}"
+        cannot = ctx.layout.cache_form.cannot
+        if client in cannot:
+            row.error = f"{client} cannot run the {ctx.layout.form} form: {cannot[client]}"
         elif not ok:
             row.error = f"{client} is not available: {why}"
         ctx.executor.run(row, functools.partial(clients.generate, client, folder, given, n, R.cpu_threads()),

@@ -43,17 +43,6 @@ def parse(text: str | None) -> list[str]:
     return names
 
 
-# What a client cannot run, by cache form, and why (checked: tests/test_pretrained_clients.py).
-CANNOT = {
-    ("transformers.js", "none"): "transformers.js 4 feeds only the new token after the first step (it assumes a "
-                                 "cache), so a model without one sees one token: export with --kv-cache",
-    ("optimum", "static"): "the static form's inputs (write_pos, fixed buffers) are attnexport's own: the README's "
-                           "loop runs it; export with --kv-cache for Optimum",
-    ("transformers.js", "static"): "the static form's inputs (write_pos, fixed buffers) are attnexport's own: "
-                                   "export with --kv-cache for transformers.js",
-}
-
-
 def status(client: str) -> tuple[bool, str]:
     """(available, what it is or why not)."""
     if client == "optimum":

@@ -47,11 +47,6 @@ from onnx import helper, numpy_helper
 
 from attnexport.errors import UsageError
 
-PRECISIONS = ("fp32", "fp16", "int8", "int4", "q4f16")
-QUANTIZED = {"int8": 8, "int4": 4, "q4f16": 4}
-# The activations' float type of each quantized precision: q4f16 is int4's weights in a graph
-# exported in half (what GPUs run: ONNX Runtime's CUDA provider has no fp32 GroupQueryAttention).
-ACTIVATIONS = {"int8": "fp32", "int4": "fp32", "q4f16": "fp16"}
 META = "attnexport.precision"
 BLOCKS = (16, 32, 64, 128)
 # MatMulNBits's accuracy_level: 0 computes with float activations; 4 quantizes each block of the
@@ -893,16 +888,35 @@ def dequantized_params(model: onnx.ModelProto, record: dict | None = None) -> di
 
 # --- what a precision means by default, and the checks of a quantized export -------------------------
 
+@dataclass(frozen=True)
+class Precision:
+    """One `--precision`: the bits of its quantized weight matrices (0: float weights as exported),
+    the float type of its graph (its activations and caches), and the plan its quantization starts
+    from. Which runtimes run it follows from its ops (`runtimes.missing_ops`: MatMulNBits' widths
+    are each runtime's line in the registry)."""
+
+    name: str
+    bits: int
+    activations: str
+    plan: Plan | None = None
+
+
 # The plans `--precision int8|int4` start from (docs/quantization.md has the measurements behind
 # them): blocks of 32 along the input axis, int8 activations (accuracy level 4, ONNX Runtime's
 # fastest CPU kernels), zero points (ORT's asymmetric quantizer is the more accurate), and for int4
 # the vocabulary head at 8 bits: on SmolLM2-135M it is, with the last layer, the group that costs
-# most when quantized alone.
-DEFAULT_PLANS = {
-    "int8": Plan(bits=8, block=32, accuracy=4, symmetric=False),
-    "int4": Plan(bits=4, block=32, accuracy=4, symmetric=False, keep=(("head", Rule(8, -1)),)),
-}
-DEFAULT_PLANS["q4f16"] = DEFAULT_PLANS["int4"]  # the same weights; the activations are the graph's (fp16)
+# most when quantized alone. q4f16 is int4's weights in a graph exported in half (what GPUs run:
+# ONNX Runtime's CUDA provider has no fp32 GroupQueryAttention).
+_INT4 = Plan(bits=4, block=32, accuracy=4, symmetric=False, keep=(("head", Rule(8, -1)),))
+TABLE = {p.name: p for p in (
+    Precision("fp32", 0, "fp32"),
+    Precision("fp16", 0, "fp16"),
+    Precision("int8", 8, "fp32", Plan(bits=8, block=32, accuracy=4, symmetric=False)),
+    Precision("int4", 4, "fp32", _INT4),
+    Precision("q4f16", 4, "fp16", _INT4),
+)}
+PRECISIONS = tuple(TABLE)
+QUANTIZED = tuple(name for name, p in TABLE.items() if p.bits)
 
 
 def plan_for(precision: str, block: int | None = None, accuracy: int | None = None, keep: str | None = None,
@@ -912,7 +926,8 @@ def plan_for(precision: str, block: int | None = None, accuracy: int | None = No
     if precision not in QUANTIZED:
         raise UsageError(f"--precision {precision} quantizes nothing: --block-size, --accuracy-level, --keep, "
                          f"--symmetric and --requantize go with {' or '.join(QUANTIZED)}")
-    base = DEFAULT_PLANS[precision]
+    base = TABLE[precision].plan
+    assert base is not None  # a quantized precision's
     if block is not None and block not in BLOCKS:
         raise UsageError(f"--block-size is one of {', '.join(map(str, BLOCKS))}, got {block}")
     if accuracy is not None and accuracy not in ACCURACY_LEVELS:

@@ -27,6 +27,7 @@ import torch
 from attnexport import dtypes as D
 from attnexport import modules as M
 from attnexport.compare import Comparison, Tolerance, compare, derived_tolerance, failed, tolerance
+from attnexport.pretrained import forms
 from attnexport.pretrained import model as hf
 
 # Where the budget comes from, said in every report.
@@ -82,21 +83,10 @@ def float64_everywhere():
 
 
 def valid_positions(layout: hf.Layout, feed: dict) -> dict:
-    """{output: boolean array broadcastable to it}: the positions a check compares. Logits of
-    padding tokens and the cache entries of padding positions are not (none and concat forms:
-    `attention_mask` is 0 there); a static cache's buffers are compared up to each sequence's
-    write_pos + the block (past it a buffer holds what the runtime left there). A static buffer's
-    array covers positions up to the furthest written one only: `masked` cuts the buffer to it
-    before anything is copied, so a check at 8,000 positions holds a few rows, not the buffers."""
-    batch, block = feed["input_ids"].shape
-    if layout.form == "static":
-        ends = np.asarray(feed["write_pos"]).reshape(-1) + block
-        end = int(min(ends.max(initial=0), layout.max_seq))
-        written = np.arange(end)[None, :] < ends[:, None]  # (B, end)
-        return {"logits": np.ones((batch, block, 1), bool),
-                **{n: written[:, None, :, None] for n in layout.cache_names("present")}}
-    mask = np.asarray(feed["attention_mask"]).astype(bool)  # (B, past + T)
-    return {"logits": mask[:, -block:, None], **{n: mask[:, None, :, None] for n in layout.cache_names("present")}}
+    """{output: boolean array broadcastable to it}: the positions a check compares (padding never;
+    a static buffer up to each sequence's write_pos + the block): the form's
+    (`forms.CacheForm.valid_positions`)."""
+    return layout.cache_form.valid_positions(layout, feed)
 
 
 def _window(array, valid: np.ndarray):
@@ -218,16 +208,11 @@ class Reference:
         masked out of every attention, so the model's outputs over the window are those over the
         whole buffers, and a check at thousands of positions computes and holds a few rows in
         float64. Its presents' whole shapes are their buffers'."""
-        layout = self.layout
-        if layout.form != "static":
-            return feed, {}
-        end = valid[layout.cache_names("present")[0]].shape[2]
-        return ({n: v[:, :, :end] if n in layout.cache_pairs else v for n, v in feed.items()},
-                {present: tuple(np.shape(feed[past])) for past, present in layout.cache_pairs.items()})
+        return self.layout.cache_form.window(self.layout, feed, valid)
 
     def logits64(self, sequences: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """transformers' own forward in float64 over whole (left-padded) sequences: (B, T, V) logits."""
-        positions = hf.positions_of(mask)
+        positions = forms.positions_of(mask)
         with torch.no_grad(), float64_everywhere():
             out = self.model64(input_ids=torch.from_numpy(sequences), attention_mask=torch.from_numpy(mask),
                                position_ids=torch.from_numpy(positions), use_cache=False)
@@ -237,7 +222,7 @@ class Reference:
 def generation_logits64(reference: Reference, prompts, tokens: np.ndarray) -> list[np.ndarray]:
     """Each step's logits (B, V) of a greedy generation of `tokens` (B, N) after `prompts`, from
     the model in float64 over the prompts (left-padded) and the tokens, teacher-forced."""
-    ids, mask, _ = hf.left_padded(prompts, reference.layout.pad_token)
+    ids, mask, _ = forms.left_padded(prompts, reference.layout.pad_token)
     width, steps = ids.shape[1], tokens.shape[1]
     sequences = np.concatenate([ids, tokens[:, :-1]], axis=1)
     mask = np.concatenate([mask, np.ones((len(prompts), steps - 1), np.int64)], axis=1)
@@ -273,26 +258,5 @@ def prefilled_feed(reference: Reference, ids: np.ndarray, past: int, padded: int
     ids[:, :past] (in torch, as the export runs): none: the whole of ids (no cache); concat: the
     past's keys and values, sequence 0's first `padded` positions padding (mask 0, positions
     counting tokens); static: buffers of max_seq positions written up to `past`, write_pos `past`."""
-    layout = reference.layout
-    batch, total = ids.shape
-    if layout.form == "static":
-        buffers = {n: np.zeros((batch, layout.kv_heads, layout.max_seq, layout.head_dim), reference.numpy_dtype)
-                   for n in layout.cache_pairs}
-        if past:  # the model writes positions 0..past-1 (run over those alone), the rest stay 0
-            out = reference.run({"input_ids": ids[:, :past], "write_pos": np.zeros(batch, np.int64),
-                                 **{n: b[:, :, :past] for n, b in buffers.items()}})
-            for p, q in layout.cache_pairs.items():
-                buffers[p][:, :, :past] = out[q]
-        return {"input_ids": ids[:, past:], "write_pos": np.full(batch, past, np.int64), **buffers}
-    mask = np.ones((batch, total), np.int64)
-    mask[0, :padded] = 0
-    positions = hf.positions_of(mask)
-    if layout.form == "none":
-        return {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
-    pasts = {n: np.zeros((batch, layout.kv_heads, 0, layout.head_dim), reference.numpy_dtype)
-             for n in layout.cache_pairs}
-    if past:
-        out = reference.run({"input_ids": ids[:, :past], "attention_mask": mask[:, :past],
-                               "position_ids": positions[:, :past], **pasts})
-        pasts = {p: out[q] for p, q in layout.cache_pairs.items()}
-    return {"input_ids": ids[:, past:], "attention_mask": mask, "position_ids": positions[:, past:], **pasts}
+    return reference.layout.cache_form.prefilled_feed(reference.run, reference.layout, ids, past, padded,
+                                                      reference.numpy_dtype)
