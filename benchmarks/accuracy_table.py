@@ -4,7 +4,7 @@ the held-out perplexity's growth, the greedy tokens equal to transformers' and w
 departs ("near tie" where the fp32 model's first token leads its second by less than the budget's
 margin), the verdict against the budget, and the three layers that cost most alone.
 
-    python benchmarks/accuracy_table.py benchmarks/cpu-smollm2-accuracy-*.json
+    python benchmarks/accuracy_table.py benchmarks/results/2026-11-26-cpu/smollm2-accuracy-*.json
 """
 
 import json

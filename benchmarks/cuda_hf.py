@@ -50,7 +50,7 @@ def make_random(folder: Path, word_tokenizer: bool) -> str:
     import torch
     import transformers
 
-    from attnexport.pretrained.bench import _word_tokenizer
+    from attnexport.pretrained.bench import word_tokenizer
     config = transformers.LlamaConfig(**RANDOM)
     model = transformers.LlamaForCausalLM(config)
     rng = np.random.default_rng(1234)
@@ -64,7 +64,7 @@ def make_random(folder: Path, word_tokenizer: bool) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     if word_tokenizer:
-        _word_tokenizer(folder, RANDOM["vocab_size"])
+        word_tokenizer(folder, RANDOM["vocab_size"])
     return digest(model)
 
 

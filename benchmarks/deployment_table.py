@@ -1,7 +1,8 @@
 """The worst error of every variant x flavour on each deployment runtime, from a verify JSON:
 
-    attnexport verify --runtimes ort-node,ort-wasm,ort-webgpu --json > benchmarks/cpu-deployment-verify.json
-    python benchmarks/deployment_table.py benchmarks/cpu-deployment-verify.json
+    attnexport verify --runtimes ort-node,ort-wasm,ort-webgpu --json \
+        > benchmarks/results/2026-11-24-cpu/deployment-verify.json
+    python benchmarks/deployment_table.py benchmarks/results/2026-11-24-cpu/deployment-verify.json
 
 A cell is the largest max-abs error over the variant's golden cases (and their decode checks) in
 that flavour, `FAIL n` when n runs failed (their error counted), `n/a` when the flavour cannot

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # int4 on ONNX Runtime's CUDA provider (see docs/benchmarks.md). The H100 run of 2026-11-26 found
-# every MatMulNBits right on CUDA (benchmarks/int4_cuda_probe.py) and the fp32-activation static
+# every MatMulNBits right on CUDA (benchmarks/probes/int4_cuda_probe.py) and the fp32-activation static
 # steps wrong when stepped through their buffers. This run: the CUDA and placement test files beside
 # the exports; the random Llama's static fp32, int4 and q4f16 exports stepped and timed (is the fp32
 # step wrong too, is q4f16 right and captured in a CUDA graph?); SmolLM2's q4f16 beside
@@ -27,7 +27,7 @@ say "exports and tests done: $(tail -2 "$out/cuda-tests.txt" | head -1)"
 tail -n 4 "$work"/export-*.txt | tee "$out/exports.txt"
 
 if [ "${PROBE:-0}" = 1 ]; then
-    timeout ${PROBE_SECONDS:-120} python3 benchmarks/int4_cuda_probe.py $work/rand-static-int4.onnx \
+    timeout ${PROBE_SECONDS:-120} python3 benchmarks/probes/int4_cuda_probe.py $work/rand-static-int4.onnx \
         $work/rand-static-q4f16.onnx --no-ops --json "$out/int4-probe.json" > "$work/probe.txt" 2>&1
     say "probe: exit $?"
 fi

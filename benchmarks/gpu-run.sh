@@ -57,7 +57,7 @@ placement() { python3 benchmarks/cuda_placement.py --json "$out/cuda-placement.j
 kernels() {
     for shape in "1 128" "4 2048"; do
         set -- $shape
-        python3 benchmarks/cuda_kernels.py --batch $1 --seq $2 --json "$out/cuda-kernels-$1x$2.json"
+        python3 benchmarks/probes/cuda_kernels.py --batch $1 --seq $2 --json "$out/cuda-kernels-$1x$2.json"
     done
 }
 
@@ -80,7 +80,7 @@ decode() {  # decode VARIANT...; batch 8 without the primitives flavour (its pre
 }
 # The static step's attention alone: TensorScatter + Attention-24, GroupQueryAttention's shared buffer
 # and torch over the valid prefix, at every context in one 8193-position buffer.
-static_step() { python3 benchmarks/cuda_static.py --json "$out/cuda-static-step.json"; }
+static_step() { python3 benchmarks/probes/cuda_static.py --json "$out/cuda-static-step.json"; }
 # The examples' modules and the real transformers blocks exported in fp16 and verified on ort-cuda.
 modules() {
     python3 benchmarks/real_modules.py --examples --dtype fp16 --runtimes torch,ort-cuda \

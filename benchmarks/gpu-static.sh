@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The ort flavour's static step on the GPU machine (see docs/benchmarks.md), since its
 # total_sequence_length is shape arithmetic: GroupQueryAttention alone against NumPy
-# (benchmarks/gqa_cuda_probe.py), the CUDA and placement tests, then the random Llama's static
+# (benchmarks/probes/gqa_cuda_probe.py), the CUDA and placement tests, then the random Llama's static
 # exports captured in a CUDA graph beside its concat export, onnxruntime-genai's CUDA builds and
 # transformers, and SmolLM2's static fp16 the same way.
 # Run from the project root with ONNX Runtime's CUDA build importable and PACK the folder
@@ -10,7 +10,7 @@ set -u
 logs=/tmp/hf  # the export logs stay on the device: eight files at most come back
 . "$(dirname "$0")/gpu-common.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/probe.txt"
-python3 benchmarks/gqa_cuda_probe.py --json "$out/gqa-probe.json" >> "$out/probe.txt" 2>&1
+python3 benchmarks/probes/gqa_cuda_probe.py --json "$out/gqa-probe.json" >> "$out/probe.txt" 2>&1
 say "probe: exit $?"
 
 ex "$pack/smollm2.gguf" smollm2 static fp16 "${SMOLLM2_MAX_SEQ:-4097}" &

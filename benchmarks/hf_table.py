@@ -6,7 +6,7 @@ run's own measurement can come out low: this VM's read rate drifts between runs,
 `info`, and a step cannot read faster than the memory does), and each engine's greedy tokens
 against transformers' where the files have them.
 
-    python benchmarks/hf_table.py benchmarks/cpu-hf-llama-decode-*.json
+    python benchmarks/hf_table.py benchmarks/results/2026-11-24-cpu/hf-llama-decode-*.json
 """
 
 import json

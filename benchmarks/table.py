@@ -89,7 +89,7 @@ def decode_summary(rows):
 
 
 def static_step_table(doc):
-    """benchmarks/cuda_static.py's file: the step's attention per batch and context, each way's median ms
+    """benchmarks/probes/cuda_static.py's file: the step's attention per batch and context, each way's median ms
     (and its fraction of the GPU's read bandwidth), in one buffer."""
     ways = [("torch", "eager"), ("torch", "cuda-graph"), ("attention24", "in-place"),
             ("attention24", "in-place cuda-graph"),

@@ -180,3 +180,50 @@ def test_a_function_imports_a_module_of_the_package_only_to_put_off_torch():
     needless = [f"{m}:{line} imports {t}" for m, line, t in inner
                 if (m, t) not in LAZY_BY_DESIGN and (not loads_heavy(t) or loads_heavy(m))]
     assert needless == []
+
+
+def _top_level_names(module: str) -> set[str]:
+    """The names a package module defines or imports at its top (inside ifs and trys too)."""
+    where = PACKAGE.parent / module.replace(".", "/")
+    path = where.with_suffix(".py") if where.with_suffix(".py").exists() else where / "__init__.py"
+    names, todo = set(), list(ast.parse(path.read_text()).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.If | ast.Try):
+            todo += node.body + node.orelse + [s for h in getattr(node, "handlers", []) for s in h.body]
+    return names
+
+
+def test_the_benchmarks_use_only_the_public_names_the_package_has():
+    """Every script under benchmarks/ (tools and probes) reads the package's public names only, and
+    each name it imports or reads through a module exists: a renamed or removed function fails here,
+    not on the GPU machine."""
+    bad = []
+    for path in sorted((PACKAGE.parent / "benchmarks").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        modules: dict[str, str] = {}
+        used: list[tuple[str, str]] = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("attnexport"):
+                for a in node.names:
+                    sub = PACKAGE.parent / f"{node.module}.{a.name}".replace(".", "/")
+                    if sub.with_suffix(".py").exists() or (sub / "__init__.py").exists():
+                        modules[a.asname or a.name] = f"{node.module}.{a.name}"
+                    else:
+                        used.append((node.module, a.name))
+            elif isinstance(node, ast.Import):
+                modules.update({a.asname or a.name: a.name for a in node.names if a.name.startswith("attnexport")})
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+                used.append((modules[node.value.id], node.attr))
+        for module, name in used:
+            if name.startswith("_") or name not in _top_level_names(module):
+                bad.append(f"{path.relative_to(PACKAGE.parent)}: {module}.{name}")
+    assert bad == []

@@ -419,13 +419,13 @@ def test_every_input_of_one_width_reads_one_summing_matrix():
 
 
 def test_the_timing_only_edits_of_a_folded_graph_keep_its_codes_and_drop_what_they_say():
-    """benchmarks/int4_step.py's `:no-zero-points` and `:bare` (what the zero points and the block
+    """benchmarks/probes/int4_step.py's `:no-zero-points` and `:bare` (what the zero points and the block
     sums cost, docs/quantization.md): the codes and scales of the model's own blocks stay, the zero
     points go, and `bare` reads the plain input with K values, so with the zero points at the
     kernel's implied 8 it computes the grid's `d * (q - 8)` exactly."""
     import importlib.util
     from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "int4_step.py"
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "probes" / "int4_step.py"
     spec = importlib.util.spec_from_file_location("int4_step", path)
     int4_step = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(int4_step)

@@ -160,7 +160,7 @@ def test_tolerance_override_can_fail_a_run():
 def test_fp16_verify_is_green_with_derived_tolerances():
     """Cases that were red in fp16 (cosine scaling, the decoder) and a grouped cache decoded in
     fp16, on torch and ONNX Runtime, pass with tolerances derived from the fp16-emulated
-    reference, and say so. (Every case in fp16: benchmarks/cpu-verify-fp16.json, 0 failed.)"""
+    reference, and say so. (Every case in fp16: benchmarks/results/2026-11-23-cpu/verify-fp16.json, 0 failed.)"""
     wanted = ("mha-scaling-cosine", "decoder-seeded", "mha-kv-cache-gqa")
     r = run("verify", "--dtype", "fp16", *[a for c in wanted for a in ("--case", c)],
             "--flavor", "attention", "--runtimes", "torch,ort-cpu", "--json")

@@ -496,7 +496,7 @@ def _optimum_engines(weights: Path, layout: hf.Layout, r: HFBenchRequest, tmp: P
                     release=sessions.drop, step=lambda: _stepping(sessions.get(), layout))]
 
 
-def _word_tokenizer(folder: Path, vocab: int) -> None:
+def word_tokenizer(folder: Path, vocab: int) -> None:
     """A tokenizer.json of `vocab` plain words (onnxruntime-genai's builder wants one; the bench
     feeds token ids, so what the words are does not matter)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -525,7 +525,7 @@ def _genai_engines(weights: Path, model_type: str, r: HFBenchRequest, tmp: Path,
     if tokenizer is not None:
         tokenizer.save_pretrained(str(weights))  # the model's own (the builder copies it)
     if not (weights / "tokenizer.json").exists():
-        _word_tokenizer(weights, vocab)
+        word_tokenizer(weights, vocab)
     out = tmp / f"genai-{precision}"
     command = [r.genai_python or sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", model_type,
                "-i", str(weights), "-o", str(out), "-p", precision, "-e", "cpu"]

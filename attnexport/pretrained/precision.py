@@ -537,7 +537,7 @@ def _block_sums(model, nodes: list, inits: list, x: str, k: int, block: int, rea
     return name
 
 
-def _fold(grid: Grid) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def fold_grid(grid: Grid) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A float-minimum grid's minimums folded: (zero points (K/block, N), the residual rows' codes
     (K/block, N), their scales and zero points (one per block of `block` residual rows and column),
     the part of each minimum they miss (K/block, N, float64)). The residual rows are rounded by ONNX
@@ -574,13 +574,13 @@ def _carry_folded(model: onnx.ModelProto, s: Site, grid: Grid) -> dict:
     Returns how far the folded weights are from the grid's, in steps of each block's scale."""
     base, real = s.weight, _float_of(model, s)
     blocks = s.k // grid.block
-    zero, codes, r_scale, r_zero, missed = _fold(grid)
+    zero, codes, r_scale, r_zero, missed = fold_grid(grid)
     if real is np.float16:  # the residual rows' scales as the file holds them: what they miss grows by that rounding
         rounded = r_scale.astype(np.float16).astype(np.float64)
         held = np.repeat(rounded - r_scale.astype(np.float64), grid.block, axis=0)[:blocks] * (
             codes.astype(np.float64) - np.repeat(r_zero, grid.block, axis=0)[:blocks])
         missed = missed - held
-    k_folded = s.k + _folded_width(s.k, grid.block)
+    k_folded = s.k + folded_width(s.k, grid.block)
     q = np.zeros((k_folded, s.n), np.uint8)
     q[:s.k], q[s.k:s.k + blocks] = grid.q, codes  # the padding rows past them read zeros
     scales = np.concatenate([grid.scale.astype(np.float32), r_scale]).astype(real)
@@ -682,7 +682,7 @@ def _embedding_from_head(model: onnx.ModelProto, entry: dict) -> bool:
 
 def _folded_input(model, nodes: list, inits: list, x: str, k: int, block: int, real=np.float32) -> str:
     """The name of `x` (..., K) with its sums over each block of `block` values appended, padded
-    with zeros to whole blocks (..., K + `_folded_width`): a MatMul by a 0/1 matrix (`_summing`,
+    with zeros to whole blocks (..., K + `folded_width`): a MatMul by a 0/1 matrix (`_summing`,
     one per K in the whole model, so every layer's inputs of that width read the same small
     matrix from the cache) and a Concat, made once per input (the matrices that share it read
     one). Whole blocks, because onnxruntime-web 1.30's WebGPU MatMulNBits answers wrong when K is
@@ -691,7 +691,7 @@ def _folded_input(model, nodes: list, inits: list, x: str, k: int, block: int, r
     name = f"{x}{FOLDED}"
     if any(name in n.output for n in nodes):
         return name
-    ones = _summing(model, inits, k, block, real, _folded_width(k, block))
+    ones = _summing(model, inits, k, block, real, folded_width(k, block))
     nodes += [helper.make_node("MatMul", [x, ones], [f"{name}_sums"], name=f"{name}_sums"),
               helper.make_node("Concat", [x, f"{name}_sums"], [name], name=name, axis=-1)]
     return name
@@ -709,7 +709,7 @@ def _summing(model, inits: list, k: int, block: int, real, width: int) -> str:
     return name
 
 
-def _folded_width(k: int, block: int) -> int:
+def folded_width(k: int, block: int) -> int:
     """How many values a folded input appends: one sum a block, padded to whole blocks."""
     return -(-(k // block) // block) * block
 

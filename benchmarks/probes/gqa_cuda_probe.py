@@ -13,7 +13,7 @@ ragged positions, and varies what the graph decides:
 
 and prints each combination's worst error against the oracle, at head sizes 16 and 64.
 
-    python benchmarks/gqa_cuda_probe.py [--json FILE] [--provider cuda|cpu]
+    python benchmarks/probes/gqa_cuda_probe.py [--json FILE] [--provider cuda|cpu]
 """
 
 from __future__ import annotations

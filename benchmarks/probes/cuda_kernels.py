@@ -1,7 +1,7 @@
 """Which CUDA kernels one run of the MHA block launches, in torch and in each ONNX Runtime flavour.
 
 Run on a GPU machine from the project root:
-    python3 benchmarks/cuda_kernels.py --batch 1 --seq 128 [--json FILE]
+    python3 benchmarks/probes/cuda_kernels.py --batch 1 --seq 128 [--json FILE]
 torch's profiler (CUPTI) sees every kernel of the process, ONNX Runtime's too, so the same
 tool lists both: the kernel names show which attention kernel ran (flash, memory-efficient,
 unfused) and the count shows what a CUDA graph has to replay.
@@ -18,6 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 from attnexport import dtypes as D
 from attnexport import export as E
 from attnexport import runtimes as R
+from attnexport import seeding as S
 from attnexport import variants as V
 
 
@@ -44,9 +45,9 @@ def main():
     a = ap.parse_args()
     v = V.get("mha")
     o = v.resolve({"batch": a.batch, "seq": a.seq, "dim": 1024, "heads": 16})
-    params = V.init_params(v, o, 0)
-    inputs = D.cast_floats(V.make_inputs(v, o, 1), "fp16")
-    module = V.load_params(v.build(o), params).to("cuda", torch.float16).eval()
+    params = S.init_params(v, o, 0)
+    inputs = D.cast_floats(S.make_inputs(v, o, 1), "fp16")
+    module = S.load_params(v.build(o), params).to("cuda", torch.float16).eval()
     x = {k: torch.from_numpy(np.ascontiguousarray(t)).cuda() for k, t in inputs.items()}
 
     def torch_run():

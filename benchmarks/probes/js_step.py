@@ -6,7 +6,7 @@ share. Prints each step's seconds and the logits' largest difference from `ort-c
 
     attnexport export --hf SmolLM2-135M-Instruct.Q4_1.gguf --kv-cache static --max-seq 4200 --flavor ort \\
         --precision int4 -o smollm2-int4.onnx
-    python benchmarks/js_step.py smollm2-int4.onnx [--runtime ort-node] [--steps 6]
+    python benchmarks/probes/js_step.py smollm2-int4.onnx [--runtime ort-node] [--steps 6]
 """
 
 import argparse

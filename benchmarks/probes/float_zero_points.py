@@ -3,7 +3,7 @@ blocks of 32, one token) with integer zero points (0, the minimums apart) and wi
 points (`-m / d`, which MatMulNBits also accepts), at accuracy levels 0 and 4, timed on ONNX
 Runtime's CPU provider.
 
-    python benchmarks/float_zero_points.py --threads 2
+    python benchmarks/probes/float_zero_points.py --threads 2
 """
 
 import argparse

@@ -2,7 +2,7 @@
 (dim 512, 8 heads, batch 1) over buffers of --max-seq positions with --context of them written,
 its buffers bound in place, profiled by ONNX Runtime (kernel time per op type, summed over runs).
 
-    python benchmarks/static_profile.py [--max-seq 8193] [--context 1024] [--runs 30]
+    python benchmarks/probes/static_profile.py [--max-seq 8193] [--context 1024] [--runs 30]
 """
 
 from __future__ import annotations

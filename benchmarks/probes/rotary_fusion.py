@@ -3,7 +3,7 @@
 ONNX Runtime's CPU provider. The README's fused/unfused timings quote what this prints.
 
     pip install -e ".[hf]"
-    python benchmarks/rotary_fusion.py [--batch 4] [--seq 512] [--rounds 3] [--iters 30]
+    python benchmarks/probes/rotary_fusion.py [--batch 4] [--seq 512] [--rounds 3] [--iters 30]
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Exports `mha` (dim 512, 8 heads, fp32) in a flavour, runs it at batch x seq with
 profiler on, and prints (and writes with --json) the mean kernel time of every node over the
 profiled runs and its share of the total.
 
-    python benchmarks/cpu_profile.py --flavor ort --batch 8 --seq 512 --runs 12 \
-        --json benchmarks/cpu-profile-ort-8x512.json
+    python benchmarks/probes/cpu_profile.py --flavor ort --batch 8 --seq 512 --runs 12 \
+        --json benchmarks/results/2026-11-23-cpu/profile-ort-8x512.json
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Reads the JSON of `attnexport verify --dtype fp16 --json` and, for every compare
 tolerance was derived (basis "fp16-emulated reference error E x 4"), divides the run's max abs
 error by E. The README's statement about the factor 4 quotes what this prints.
 
-    attnexport verify --dtype fp16 --runtimes torch,ort-cpu --json > benchmarks/cpu-verify-fp16.json
-    python benchmarks/fp16_error_ratio.py benchmarks/cpu-verify-fp16.json
+    attnexport verify --dtype fp16 --runtimes torch,ort-cpu --json > benchmarks/results/2026-11-23-cpu/verify-fp16.json
+    python benchmarks/probes/fp16_error_ratio.py benchmarks/results/2026-11-23-cpu/verify-fp16.json
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ on device memory and, where ONNX Runtime captures it, in a CUDA graph:
 
 Every way's output is compared with torch's over the valid prefix in float32. Run on a GPU machine
 from the project root:
-    python3 benchmarks/cuda_static.py --batch 1,8 --context 128,1024,4096,8192 --buffer 8193 [--json FILE]
+    python3 benchmarks/probes/cuda_static.py --batch 1,8 --context 128,1024,4096,8192 --buffer 8193 [--json FILE]
 The step's least bytes (the valid prefix of keys and values, read once) over the GPU's read
 bandwidth (attnexport.bench.cuda_read_bandwidth) is its fraction of the memory limit.
 """
@@ -91,7 +91,7 @@ def bound_session(model, tensors: dict, outputs: dict, cuda_graph: bool, cpu_inp
 def timed(fn, warmup, iters):
     for _ in range(warmup):
         fn()
-    ms = [B._time_one(fn, "cuda") for _ in range(iters)]
+    ms = [R.time_call(fn, "cuda") for _ in range(iters)]
     return statistics.median(ms), float(np.percentile(ms, 90))
 
 

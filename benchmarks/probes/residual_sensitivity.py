@@ -5,7 +5,7 @@ the sum of the block's inputs), relative to the output, as an rms over the posit
 teacher-forced passage verify uses; beside it, the error the folded form leaves (what its 4-bit
 residual rows miss of r). Means and maxima by kind of matrix, over the layers.
 
-    python benchmarks/residual_sensitivity.py SmolLM2-135M-Instruct.Q4_1.gguf
+    python benchmarks/probes/residual_sensitivity.py SmolLM2-135M-Instruct.Q4_1.gguf
 """
 
 import argparse
@@ -47,7 +47,7 @@ def main() -> None:
             continue
         # The folded form's zero points, and what its residual rows miss of what those leave of
         # each minimum (the residual, K/block x N).
-        zero, _codes, _scales, _zeros, missed = P._fold(grid)
+        zero, _codes, _scales, _zeros, missed = P.fold_grid(grid)
         residual = grid.minimum.astype(np.float64) + grid.scale.astype(np.float64) * zero
         x = inputs[name]
         sums = x.reshape(len(x), -1, a.block).sum(-1)

@@ -20,10 +20,10 @@ by op type (the block sums and the Concats that append them apart), which is whe
         --precision int4 -o folded.onnx
     attnexport export --hf SmolLM2-135M-Instruct.Q4_1.gguf --kv-cache static --max-seq 4200 --flavor ort \\
         --precision int4 --minimums exact -o exact.onnx
-    python benchmarks/int4_step.py --genai GENAI_INT4/model.onnx folded.onnx exact.onnx exact.onnx:no-minimums
-    python benchmarks/int4_step.py --genai GENAI_INT4/model.onnx folded.onnx folded.onnx:no-zero-points \\
+    python benchmarks/probes/int4_step.py --genai GENAI_INT4/model.onnx folded.onnx exact.onnx exact.onnx:no-minimums
+    python benchmarks/probes/int4_step.py --genai GENAI_INT4/model.onnx folded.onnx folded.onnx:no-zero-points \\
         folded.onnx:bare
-    python benchmarks/int4_step.py --profile --genai GENAI_INT4/model.onnx folded.onnx
+    python benchmarks/probes/int4_step.py --profile --genai GENAI_INT4/model.onnx folded.onnx
 """
 
 import argparse
@@ -85,7 +85,7 @@ def bare(model: onnx.ModelProto) -> onnx.ModelProto:
         attrs = {a.name: a for a in node.attribute}
         n, block, k = attrs["N"].i, attrs["block_size"].i, attrs["K"].i
         node.input[0] = concats[node.input[0]].input[0]
-        width = k - P._folded_width(k, block)  # K without the appended sums
+        width = k - P.folded_width(k, block)  # K without the appended sums
         kept = width // block
         codes, scales = (numpy_helper.to_array(inits[name]) for name in node.input[1:3])
         inits[node.input[1]].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(codes[:, :kept]), node.input[1]))

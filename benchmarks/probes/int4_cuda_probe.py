@@ -16,7 +16,7 @@ for the node at fault two ways:
   OrtValue type", H100 2026-11-26; a node alone is the clean test.) `--providers` also takes node,
   wasm and webgpu.
 
-    python benchmarks/int4_cuda_probe.py [MODEL.onnx ...] [--json FILE] [--providers cpu,cuda]
+    python benchmarks/probes/int4_cuda_probe.py [MODEL.onnx ...] [--json FILE] [--providers cpu,cuda]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 RUNTIME = {"cpu": "ort-cpu", "cuda": "ort-cuda", "node": "ort-node", "wasm": "ort-wasm", "webgpu": "ort-webgpu"}
