@@ -15,7 +15,6 @@ import json
 import logging
 import re
 import warnings
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,12 +34,12 @@ from attnexport import variants as V
 from attnexport import weights as W
 from attnexport.compare import compare, past_ends_zeroed, tolerance
 from attnexport.errors import AttnExportError, ExportError, UsageError, first_line, reason
+from attnexport.record import ExportRecord, as_json, attention_op_of
 from attnexport.signature import PLAIN, StepSignature, WritePos
 
 FLAVORS = tuple(FL.FLAVORS)  # names, in the registry's order
 DEFAULT_FLAVOR = FL.DEFAULT
 DTYPES = D.DTYPES
-ATTENTION_OPS = FL.FUSED_OPS
 
 
 @dataclass(frozen=True)
@@ -66,17 +65,6 @@ class ExportResult:
         return {"path": str(self.path), "variant": self.variant, "options": self.options, "flavor": self.flavor,
                 "graph_flavor": self.graph_flavor, "opset": self.opset, "dtype": self.dtype,
                 "attention_op": self.attention_op, "size": self.size, "note": self.note}
-
-
-def attention_op_of(model: onnx.ModelProto) -> str:
-    """Names the attention op in a graph: a fused op, MatMul+Softmax, or none."""
-    ops = Counter((n.domain, n.op_type) for n in model.graph.node)
-    fused = [name for key, name in ATTENTION_OPS.items() if ops.get(key)]
-    if fused:
-        return ", ".join(fused)
-    if ops.get(("", "Softmax")) and ops.get(("", "MatMul")):
-        return "MatMul+Softmax"
-    return "none"
 
 
 def graph_flavor(variant: schema.Variant, flavor: str) -> str:
@@ -364,12 +352,10 @@ def _build(decided: _Resolved, trace_key: str):
                       what=what)
     model = program.model_proto
     _name_axes(model, variant, ex, out_specs)
-    meta = {"attnexport.variant": variant.name, "attnexport.options": json.dumps(o, sort_keys=True),
-            "attnexport.flavor": flavor, "attnexport.graph_flavor": gf, "attnexport.opset": str(opset),
-            "attnexport.dtype": dtype, "attnexport.seed": str(seed),
-            # "seed": the parameters come from the seed; "given": the caller's own (params=).
-            "attnexport.params_source": decided.params_source,
-            "attnexport.golden_manifest_sha256": golden.manifest_hash()}
+    # params_source "seed": the parameters come from the seed; "given": the caller's own (params=).
+    meta = ExportRecord(variant=variant.name, options=as_json(o), flavor=flavor, graph_flavor=gf, opset=str(opset),
+                        dtype=dtype, seed=str(seed), params_source=decided.params_source,
+                        golden_manifest_sha256=golden.manifest_hash())
     model, op_name = finish(model, Finishing(gf, opset, dtype, what, variant.dot_product_core, flavor), params, meta,
                             target.signature)
     note = "" if variant.dot_product_core or not FL.FLAVORS[flavor].fused else \
@@ -492,15 +478,15 @@ def check_flavor_op(model, flavor: str, what: str, applies: bool = True, flavor_
 # What a static step on com.microsoft.GroupQueryAttention accepts, in its metadata: ONNX Runtime
 # (1.31.1) has no computation for a block of more than one position over written positions at
 # batch > 1 (it takes such a block as a first prompt); the graph answers NaN in those sequences
-# (attnexport.onnx_attention) and verify reports such runs as not applicable with this text.
-STATIC_BLOCKS = "attnexport.static_blocks"
+# (attnexport.onnx_attention) and verify reports such runs as not applicable with this text (the
+# record's `static_blocks`).
 GQA_BLOCKS = ("one position a step over written positions at batch > 1 (a block of several: at batch 1, or into "
               "empty buffers, write_pos 0): ONNX Runtime's GroupQueryAttention computes no more, and the graph "
               "answers NaN beyond it")
 # And what its buffers' outputs hold: GroupQueryAttention copies each sequence's valid prefix into
 # a present output that is not the past input's memory, and leaves what lies past it undefined
-# (bound in place, the buffer keeps it). verify compares those outputs over the valid prefix.
-STATIC_BUFFERS = "attnexport.static_buffers"
+# (bound in place, the buffer keeps it). verify compares those outputs over the valid prefix (the
+# record's `static_buffers`).
 GQA_BUFFERS = ("key_cache_out and value_cache_out hold each sequence's positions up to write_pos + the block; past "
                "them they are undefined unless bound to the input buffers (IO binding), which keeps them")
 
@@ -518,7 +504,7 @@ class Finishing:
     flavor_asked: str | None = None
 
 
-def finish(model, how: Finishing, params: dict, meta: dict, signature: StepSignature = PLAIN):
+def finish(model, how: Finishing, params: dict, meta: ExportRecord, signature: StepSignature = PLAIN):
     """What every export ends with, a variant's and a user's module's alike: the conversion to
     `opset`, the record of where each parameter is held (`attnexport.params`, with the sha256 of
     its bytes), the step's signature (`signature`'s caches and write position, the graph's
@@ -527,17 +513,16 @@ def finish(model, how: Finishing, params: dict, meta: dict, signature: StepSigna
     attention op's name)."""
     model = convert_opset(model, how.opset, how.what)
     try:
-        meta = {**meta, **signature.with_graph(model).meta()}
+        meta = replace(meta, signature=signature.with_graph(model).to_json())
     except ValueError as e:
         raise ExportError(f"{how.what}: {e}") from None
     _rotary_caches_per_batch(model)
     if any(n.op_type == "GroupQueryAttention" for n in model.graph.node):
-        meta = {**meta, STATIC_BLOCKS: GQA_BLOCKS, STATIC_BUFFERS: GQA_BUFFERS}
+        meta = replace(meta, static_blocks=GQA_BLOCKS, static_buffers=GQA_BUFFERS)
         from attnexport.onnx_attention import share_static_totals
         share_static_totals(model)
     entries = W.record(model, params, D.NUMPY[how.dtype])
-    stamp(model, {**meta, "attnexport.params": json.dumps(entries, sort_keys=True),
-                  "attnexport.params_sha256": W.total_sha256(entries)}, how.what)
+    stamp(model, replace(meta, params=as_json(entries), params_sha256=W.total_sha256(entries)), how.what)
     return model, check_flavor_op(model, how.flavor, how.what, how.applies, how.flavor_asked)
 
 
@@ -571,7 +556,7 @@ def _rotary_caches_per_batch(model) -> None:
         model.graph.node.extend(nodes)
 
 
-def stamp(model, meta: dict, what: str) -> None:
+def stamp(model, meta: ExportRecord, what: str) -> None:
     """Strips exporter noise, sets the lowest IR version, records `meta` (with attnexport's and
     torch's versions), and checks the model: onnx.checker (full) and strict shape inference."""
     import torch
@@ -592,9 +577,7 @@ def stamp(model, meta: dict, what: str) -> None:
     # onnx's default IR version is newer than many ONNX Runtime releases accept: use the lowest
     # the opsets allow.
     model.ir_version = onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
-    meta = {**meta, "attnexport.version": __version__, "attnexport.torch_version": torch.__version__.split("+")[0]}
-    for k, v in meta.items():
-        model.metadata_props.add(key=k, value=v)
+    replace(meta, version=__version__, torch_version=torch.__version__.split("+")[0]).write(model)
     try:
         onnx.checker.check_model(model, full_check=True)
         onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
@@ -692,7 +675,8 @@ class ModuleExport:
             each such input's positions axis (axis -2 unless `dynamic` names another) is symbolic
             (`past_len`), the export is checked with empty caches too, and `verify --module`
             checks the decode property (recorded as `attnexport.cache` metadata).
-        extra_meta: more metadata for the model (a language model's `attnexport.hf` layout).
+        record: more of the export's record (`record.ExportRecord`'s fields: a whole model's `hf`
+            layout, where its parameters came from).
         write_pos: the module's cache is static, given: `cache`'s inputs are buffers that keep
             their size (positions on axis -2), each step writes its block into them where the
             input `write_pos` says (each sequence's first position (B,), the block's positions
@@ -729,7 +713,7 @@ class ModuleExport:
     output_names: list[str] | None = None
     allow_unfused: bool = False
     cache: dict | None = None
-    extra_meta: dict | None = None
+    record: dict | None = None
     write_pos: str | None = None
     check: Callable[[onnx.ModelProto], list] | None = None
     rewrite: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None
@@ -808,12 +792,11 @@ def export_module(module, example_inputs, request: ModuleExport | None = None, *
     spec = [{"name": n, "shape": list(a.shape), "dtype": str(a.dtype).replace("torch.", ""),
              "dynamic": {str(ax): d for ax, d in kept.get(n, {}).items()}}
             for n, a in zip(t.names, t.args, strict=True)]
-    meta = {"attnexport.module": r.name, "attnexport.inputs": json.dumps(spec), "attnexport.flavor": r.flavor,
-            "attnexport.graph_flavor": r.flavor, "attnexport.opset": str(opset), "attnexport.dtype": r.dtype,
-            "attnexport.routed": json.dumps(calls),
-            **({"attnexport.seed": str(r.seed)} if r.seed is not None else {}),
-            "attnexport.params_source": ("given: " + Path(r.weights_file).name) if r.weights_file else "seed",
-            **(r.extra_meta or {})}
+    meta = ExportRecord(module=r.name, inputs=as_json(spec, sort_keys=False), routed=as_json(calls, sort_keys=False),
+                        flavor=r.flavor, graph_flavor=r.flavor, opset=str(opset), dtype=r.dtype,
+                        seed=str(r.seed) if r.seed is not None else None,
+                        params_source=("given: " + Path(r.weights_file).name) if r.weights_file else "seed")
+    meta = replace(meta, **(r.record or {}))
     params = {k: v.detach().float().numpy() for k, v in t.module.state_dict().items()}
     if r.rewrite is not None:
         model = r.rewrite(model)
@@ -1113,7 +1096,7 @@ def _check_other_sizes(t: _ModuleTrace, model, kept: dict, empty=frozenset(), wr
     probes = static_probes(t.args, names, kept, t.cache, write, 1) if write else \
         probe_inputs(t.args, names, kept, 1, empty)
     # GroupQueryAttention's buffers are undefined past each sequence's written positions.
-    undefined_past = write is not None and any(p.key == STATIC_BUFFERS for p in model.metadata_props)
+    undefined_past = write is not None and ExportRecord.of(model).static_buffers is not None
     for feed in probes:
         want, tol = M.expected_of(t.module, feed, name, t.request.dtype, compute)
         if t.request.rtol is not None or t.request.atol is not None:

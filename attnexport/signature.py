@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attnexport.errors import UsageError
+from attnexport.record import ExportRecord
 
 META = "attnexport.signature"
 KINDS = ("concat", "static", "cross")
@@ -198,11 +199,6 @@ class StepSignature:
             return "its signature has a static cache without a write position, or one without a static cache"
         return ""
 
-    def meta(self) -> dict[str, str]:
-        """The metadata entry that records this signature."""
-        return {META: self.to_json()}
-
-
 PLAIN = StepSignature()  # a step that carries no cache (its inputs and outputs filled in from the graph)
 
 
@@ -217,11 +213,11 @@ def describe(signature: StepSignature) -> str:
 def of(model, what: str = "the model") -> StepSignature | None:
     """The signature `model` records (None for a file exported before signatures); a one-line
     UsageError if the record is damaged or disagrees with the graph."""
-    props = {p.key: p.value for p in model.metadata_props}
-    if META not in props:
+    text = ExportRecord.of(model).signature
+    if text is None:
         return None
     try:
-        signature = StepSignature.from_json(props[META])
+        signature = StepSignature.from_json(text)
     except (ValueError, KeyError, TypeError) as e:
         raise UsageError(f"{what}: its {META} metadata is damaged ({e})") from None
     problem = signature.disagreement(model)

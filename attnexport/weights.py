@@ -10,7 +10,7 @@ any number is compared, and the parameters it runs the reference with are the mo
 from __future__ import annotations
 
 import hashlib
-import json
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -18,6 +18,7 @@ from onnx import numpy_helper
 
 from attnexport import schema
 from attnexport.errors import UsageError
+from attnexport.record import ExportRecord, as_json
 
 LAYOUTS = ("as-is", "transposed")
 
@@ -147,14 +148,6 @@ def read(model: onnx.ModelProto, entries: dict[str, dict]) -> tuple[dict[str, np
     return params, changed
 
 
-def from_metadata(meta: dict) -> dict[str, dict] | None:
-    """The parameter entries recorded at export, or None for a model exported without them."""
-    text = meta.get("params")
-    if text is None:
-        return None
-    return json.loads(text) if isinstance(text, str) else text
-
-
 def reweight(model: onnx.ModelProto, entries: dict[str, dict], params: dict[str, np.ndarray]) -> onnx.ModelProto | None:
     """A copy of `model` holding `params` in place of the parameters `entries` records.
 
@@ -184,11 +177,6 @@ def reweight(model: onnx.ModelProto, entries: dict[str, dict], params: dict[str,
             return None
         init.CopyFrom(numpy_helper.from_array(value, init.name))
         new[name] = {**e, "sha256": sha256_of(value)}
-    for p in out.metadata_props:
-        if p.key == "attnexport.params":
-            p.value = json.dumps(new, sort_keys=True)
-        elif p.key == "attnexport.params_sha256":
-            p.value = total_sha256(new)
-        elif p.key == "attnexport.params_source":
-            p.value = "given"
+    record = ExportRecord.of(out)
+    replace(record, params=as_json(new), params_sha256=total_sha256(new), params_source="given").write(out)
     return out

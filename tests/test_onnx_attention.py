@@ -169,7 +169,8 @@ STATIC = {"kv_cache": True, "max_seq": 12, "causal": True, "kv_heads": 2, "seq":
 
 
 def test_ort_static_step_is_one_group_query_attention_over_the_buffers():
-    from attnexport.export import GQA_BLOCKS, STATIC_BLOCKS, STATIC_BUFFERS
+    from attnexport.export import GQA_BLOCKS, GQA_BUFFERS
+    from attnexport.record import ExportRecord
     model = _graph(STATIC, "ort", variant="mha")
     node = _fused(model, ("com.microsoft", "GroupQueryAttention"))
     assert node.input[3] == "key_cache" and node.input[4] == "value_cache"
@@ -177,8 +178,8 @@ def test_ort_static_step_is_one_group_query_attention_over_the_buffers():
     assert _attrs(node)["num_heads"] == 4 and _attrs(node)["kv_num_heads"] == 2
     ops = _ops(model)
     assert ops[("", "ScatterElements")] == 0 and ops[MSFT] == 0 and ops[("", "Softmax")] == 0
-    meta = {p.key: p.value for p in model.metadata_props}
-    assert meta[STATIC_BLOCKS] == GQA_BLOCKS and STATIC_BUFFERS in meta
+    record = ExportRecord.of(model)
+    assert record.static_blocks == GQA_BLOCKS and record.static_buffers == GQA_BUFFERS
 
 
 def test_ort_static_step_without_causality_keeps_the_scattered_graph():

@@ -309,14 +309,14 @@ def test_localize_on_a_good_model_finds_nothing(models):
 
 def test_reweighted_export_holds_what_a_fresh_export_with_those_parameters_holds():
     from attnexport import weights as W
-    from attnexport.reading import attnexport_metadata
+    from attnexport.record import ExportRecord
     variant = V.get("decoder")
     o = variant.resolve({"mask": "padding"})
     other = seeding.init_params(variant, o, 7)
     base = E.build_model("decoder", o, "ort")[0]
-    moved = W.reweight(base, W.from_metadata(attnexport_metadata(base)), other)
+    moved = W.reweight(base, ExportRecord.of(base).parsed("params"), other)
     fresh = E.build_model("decoder", o, "ort", params=other)[0]
     assert moved.graph.SerializeToString(deterministic=True) == fresh.graph.SerializeToString(deterministic=True)
-    assert attnexport_metadata(moved)["params_sha256"] == attnexport_metadata(fresh)["params_sha256"]
+    assert ExportRecord.of(moved).params_sha256 == ExportRecord.of(fresh).params_sha256
     # Another parameter set (a missing name) cannot be put in: the caller exports afresh.
-    assert W.reweight(base, W.from_metadata(attnexport_metadata(base)), dict(list(other.items())[1:])) is None
+    assert W.reweight(base, ExportRecord.of(base).parsed("params"), dict(list(other.items())[1:])) is None

@@ -15,8 +15,8 @@ def mha():
     v = V.get("mha")
     o = v.resolve({"heads": 2, "dim": 16})
     model, _ = E.build_model("mha", o, "primitives")
-    from attnexport.reading import attnexport_metadata
-    return v, o, model, W.from_metadata(attnexport_metadata(model))
+    from attnexport.record import ExportRecord
+    return v, o, model, ExportRecord.of(model).parsed("params")
 
 
 def test_read_gives_back_the_parameters_and_finds_a_changed_one(mha):
@@ -39,8 +39,8 @@ def test_reweight_holds_what_was_asked_and_refuses_another_parameter_set(mha):
     v, o, model, entries = mha
     other = seeding.init_params(v, o, 7)
     reweighted = W.reweight(model, entries, other)
-    from attnexport.reading import attnexport_metadata
-    params, changed = W.read(reweighted, W.from_metadata(attnexport_metadata(reweighted)))
+    from attnexport.record import ExportRecord
+    params, changed = W.read(reweighted, ExportRecord.of(reweighted).parsed("params"))
     assert changed == [] and all(np.array_equal(params[k], other[k]) for k in other)
     assert W.reweight(model, entries, {k: x for k, x in other.items() if k != "q_proj.weight"}) is None
 

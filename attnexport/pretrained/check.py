@@ -10,7 +10,6 @@ generation's from transformers' own `generate`."""
 from __future__ import annotations
 
 import functools
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from attnexport.pretrained import model as hf
 from attnexport.pretrained import precision as P
 from attnexport.pretrained import reference as HR
 from attnexport.reading import load_model
+from attnexport.record import ExportRecord
 from attnexport.report import Report, Row
 from attnexport.verify.executor import Executor
 from attnexport.verify.module_check import changed_params
@@ -141,9 +141,9 @@ def verify_hf(check: HFCheck) -> Report:
     check = HFCheck(**{**vars(check), "model_path": path})
     model = load_model(check.model_path)
     layout = hf.Layout.of(model)
-    meta = {p.key: p.value for p in model.metadata_props}
-    dtype, flavor = meta.get("attnexport.dtype", "fp32"), meta.get("attnexport.flavor", "-")
-    seed = check.seed if check.seed is not None else int(meta.get("attnexport.seed", 0))
+    meta = ExportRecord.of(model)
+    dtype, flavor = meta.dtype, meta.flavor
+    seed = check.seed if check.seed is not None else meta.number("seed", 0)
     check = HFCheck(**{**vars(check), "seed": seed})
     hf_model, _ = hf.load(check.source, seed)
     tokenizer = hf.tokenizer_of(check.source)
@@ -157,7 +157,7 @@ def verify_hf(check: HFCheck) -> Report:
                         check.max_growth)
     ctx = _Context(check, model, layout, reference, tokenizer, dtype, flavor, used,
                    {rt: _prepared(rt, model) for rt in used if rt in R.ONNX_RUNTIMES}, executor)
-    record = json.loads(meta.get("attnexport.params", "{}"))
+    record = meta.parsed("params", {})
     changed = changed_params(reference.step, record, dtype)
     damaged = W.read(model, record)[1] if record else []  # the file's own initializers against the record
     damaged += P.damaged(model, quantized)
@@ -234,8 +234,7 @@ def _prepared(runtime: str, model) -> R.Prepared:
 def _precision_name(model, quantized) -> str:
     if quantized is not None:
         return f"int{quantized['plan']['bits']}"
-    meta = {p.key: p.value for p in model.metadata_props}
-    return meta.get("attnexport.dtype", "fp32")
+    return ExportRecord.of(model).dtype
 
 
 def _weights_rows(ctx: _Context, quantized: dict) -> None:

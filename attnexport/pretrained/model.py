@@ -22,8 +22,10 @@ from attnexport import signature as SG
 from attnexport.errors import UsageError, reason
 from attnexport.pretrained import families, forms
 from attnexport.pretrained.forms import left_padded
+from attnexport.record import ExportRecord
 
-# The metadata key that says which form a model is and its cache's shape (see `Layout.meta`).
+# The metadata key that says which form a model is and its cache's shape (the export record's
+# `hf`, see `Layout.meta`).
 META = "attnexport.hf"
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                  "pytorch_model.bin.index.json")
@@ -76,10 +78,9 @@ class Layout:
     @classmethod
     def of(cls, model) -> Layout:
         """The layout an export recorded (`attnexport.hf` metadata); a UsageError if it has none."""
-        props = {p.key: p.value for p in model.metadata_props}
-        if META not in props:
+        fields = ExportRecord.of(model).parsed("hf")
+        if fields is None:
             raise UsageError("the model is not a language model exported with --hf (no attnexport.hf metadata)")
-        fields = json.loads(props[META])
         families.of_task(fields.get("task", families.DecoderOnly.task)).form(fields.get("form"))
         layout = cls(**fields)
         recorded = SG.of(model)  # None: exported before signatures

@@ -39,15 +39,15 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from attnexport.errors import UsageError
+from attnexport.record import ExportRecord, as_json
 
-META = "attnexport.precision"
 BLOCKS = (16, 32, 64, 128)
 # MatMulNBits's accuracy_level: 0 computes with float activations; 4 quantizes each block of the
 # activations to int8 first (ONNX Runtime's fastest CPU kernels), 1 to 3 ask for fp32/fp16/bf16
@@ -181,8 +181,7 @@ def sites(model: onnx.ModelProto, vocab: int | None = None) -> list[Site]:
     """Every MatMul with a constant 2-D float weight, in graph order, with the parameters the
     export's record (`attnexport.params`) places in it and its group."""
     inits = {i.name: i for i in model.graph.initializer}
-    meta = {p.key: p.value for p in model.metadata_props}
-    record = json.loads(meta.get("attnexport.params", "{}"))
+    record = ExportRecord.of(model).parsed("params", {})
     held: dict[str, dict] = {}
     for name, e in record.items():
         if e.get("initializer"):
@@ -367,7 +366,7 @@ def quantize(model: onnx.ModelProto, plan: Plan, layers: int, vocab: int | None 
     Runtime's quantizer. `weights` ({initializer: (K, N) float32}) are the matrices a graph exported
     in half stands for: a grid is looked for there (an fp16 initializer is its rounding), and the
     scales are written in the graph's float type. Returns what was done; `model` gets the record
-    (`META`)."""
+    (the export record's `precision`)."""
     found = sites(model, vocab)
     if not found:
         raise UsageError("the model has no MatMul with a constant weight matrix: there is nothing to quantize")
@@ -412,14 +411,10 @@ def quantize(model: onnx.ModelProto, plan: Plan, layers: int, vocab: int | None 
             e["embedding"] = "gathered from this matrix's blocks"
     _drop_unused(model)
     _fingerprint(model, done)
-    meta = {p.key: p.value for p in model.metadata_props}
-    meta[META] = done.meta()
-    if "attnexport.params" in meta:
-        meta["attnexport.params"] = json.dumps(_params_record(json.loads(meta["attnexport.params"]), done, model),
-                                               sort_keys=True)
-    del model.metadata_props[:]
-    for key, value in meta.items():
-        model.metadata_props.add(key=key, value=value)
+    record = ExportRecord.of(model)
+    params = record.parsed("params")
+    replace(record, precision=done.meta(),
+            params=as_json(_params_record(params, done, model)) if params is not None else None).write(model)
     return done
 
 
@@ -758,11 +753,9 @@ def _drop_unused(model: onnx.ModelProto) -> None:
 # --- reading a quantized model back ---------------------------------------------------------------------
 
 def record_of(model: onnx.ModelProto) -> dict | None:
-    """The record `quantize` left (`META`), or None for a model that is not quantized."""
-    for p in model.metadata_props:
-        if p.key == META:
-            return json.loads(p.value)
-    return None
+    """The record `quantize` left (the export record's `precision`), or None for a model that is not
+    quantized."""
+    return ExportRecord.of(model).parsed("precision")
 
 
 def _nbits_node(model, entry: dict):
@@ -847,9 +840,7 @@ def fingerprint(model: onnx.ModelProto) -> None:
     for e in record["matrices"]:
         if e["bits"]:
             e["sha256"] = _digest(model, e["tensors"], inits)
-    for p in model.metadata_props:
-        if p.key == META:
-            p.value = json.dumps(record, sort_keys=True)
+    replace(ExportRecord.of(model), precision=as_json(record)).write(model)
 
 
 def damaged(model: onnx.ModelProto, record: dict | None = None) -> list[str]:

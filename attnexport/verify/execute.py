@@ -16,8 +16,8 @@ from attnexport.compare import (
     past_ends_zeroed,
 )
 from attnexport.errors import AttnExportError, ProviderUnavailableError, UnsupportedByFlavor, reason
-from attnexport.export import STATIC_BLOCKS, STATIC_BUFFERS
 from attnexport.localize import Localization, locate
+from attnexport.record import ExportRecord
 from attnexport.report import Row
 from attnexport.signature import PLAIN, StepSignature
 from attnexport.verify.decode_checks import decode_run
@@ -34,7 +34,7 @@ def execute(step: Step, executor: Executor) -> Row:
     row = Row(case.name, case.variant, step.flavor, step.runtime, dtype, step.model, tolerance=step.tol,
               expected_kind=step.expected_kind, inputs=case.inputs, expected=step.expected)
     row.error = step.problem
-    prepared, signature, limits = None, PLAIN, {}
+    prepared, signature, limits = None, PLAIN, ExportRecord()
     if not row.error:
         try:
             prepared, signature, limits = _prepared(step, variant)
@@ -45,7 +45,7 @@ def execute(step: Step, executor: Executor) -> Row:
         except Exception as e:  # noqa: BLE001 - a model a runtime cannot load fails verification
             row.error = str(e) if isinstance(e, AttnExportError) else reason(e)
     if prepared is not None:
-        refused = _beyond_static_blocks(step, limits.get(STATIC_BLOCKS, ""), signature)
+        refused = _beyond_static_blocks(step, limits.static_blocks or "", signature)
         if refused:
             row.skipped = f"the model takes {refused}"
     feed = D.cast_floats(case.inputs, dtype)
@@ -58,7 +58,7 @@ def execute(step: Step, executor: Executor) -> Row:
 
     def judge(got):
         expected = step.expected
-        if not step.decode_chunk and STATIC_BUFFERS in limits:
+        if not step.decode_chunk and limits.static_buffers is not None:
             got, expected = _valid_prefix(got, case, signature), _valid_prefix(expected, case, signature)
         return compare_outputs(declared, got, expected, step.tol)
     # Verify is a check, bench the timing tool: one untimed run, then a few timed ones (the
@@ -79,7 +79,8 @@ def _prepared(step: Step, variant):
         prepared = R.prepare_onnx(step.runtime, step.source.get())
     limits = _static_limits(step)
     # Where the caches and the write position are, as the step records them.
-    signature = _signature(step, variant) if step.decode_chunk or limits else PLAIN
+    static = limits.static_blocks is not None or limits.static_buffers is not None
+    signature = _signature(step, variant) if step.decode_chunk or static else PLAIN
     return prepared, signature, limits
 
 
@@ -105,12 +106,10 @@ def localize(step: Step, dtype: str) -> Localization | None:
         return None
 
 
-def _static_limits(step: Step) -> dict:
-    """What the model's metadata says of its static step (`export.STATIC_BLOCKS`,
-    `export.STATIC_BUFFERS`), if anything: {key: text}."""
-    if step.source is None:
-        return {}
-    return {p.key: p.value for p in step.source.get().metadata_props if p.key in (STATIC_BLOCKS, STATIC_BUFFERS)}
+def _static_limits(step: Step) -> ExportRecord:
+    """The model's record (`static_blocks`, `static_buffers`: what it says of its static step);
+    an empty one for a run without a model file."""
+    return ExportRecord() if step.source is None else ExportRecord.of(step.source.get())
 
 
 def _block(case) -> int:

@@ -11,13 +11,13 @@ import onnx
 
 from attnexport import dtypes as D
 from attnexport import export as E
-from attnexport import flavors as FL
 from attnexport import golden, schema, seeding
 from attnexport import runtimes as R
 from attnexport import variants as V
 from attnexport import weights as W
 from attnexport.errors import UsageError
-from attnexport.reading import attnexport_metadata, load_model
+from attnexport.reading import load_model
+from attnexport.record import ExportRecord
 from attnexport.verify.decode_checks import golden_decode_checks
 from attnexport.verify.request import VerifyRequest
 from attnexport.verify.run import ModelSource, Step, case_tolerance
@@ -46,20 +46,6 @@ def _seeded_case(variant, options, sizes, i):
     name = f"seeded-{'x'.join(str(o[k]) for k in ('batch', 'seq') if k in o)}"
     return golden.GoldenCase(name, variant.name, o, seeding.make_inputs(variant, o, 1000 + i), {}, {},
                              {"source": "seeded inputs (no stored golden case has these options)"})
-
-
-def flavor_of(model: onnx.ModelProto) -> str:
-    """The flavour a graph has, read from its attention op."""
-    return FL.of_op(E.attention_op_of(model))
-
-
-def dtype_of(model: onnx.ModelProto) -> str:
-    """fp16 when the model's float inputs are float16, else fp32."""
-    inits = {i.name for i in model.graph.initializer}
-    for i in model.graph.input:
-        if i.name not in inits and i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16:
-            return "fp16"
-    return "fp32"
 
 
 def check_interface(path, model: onnx.ModelProto, variant: schema.Variant, options: dict, dtype: str) -> None:
@@ -91,47 +77,46 @@ def plan_model(path, used: list[str], request: VerifyRequest, model_flavor: str 
                                                        request.model_options)
     seed, rtol, atol = request.seed, request.rtol, request.atol
     model = load_model(path)
-    meta = attnexport_metadata(model)
+    record = ExportRecord.of(model)
     name = Path(path).name
     changed: list[str] = []
     good_params: dict | None = None
-    if meta.get("variant"):
-        variant = V.get(meta["variant"])
-        options = variant.resolve(meta["options"])  # an earlier export's options lack newer ones
-        for flag, given, has in (("--variant", model_variant, meta["variant"]), ("--flavor", model_flavor,
-                                                                                  meta.get("flavor"))):
+    if record.variant:
+        variant = V.get(record.variant)
+        options = variant.resolve(record.parsed("options", {}))  # an earlier export's options lack newer ones
+        for flag, given, has in (("--variant", model_variant, record.variant), ("--flavor", model_flavor,
+                                                                                 record.flavor)):
             if given is not None and given != has:
                 raise UsageError(f"{path}: {flag} {given} disagrees with the model's metadata ({has})")
         for k, v in (model_options or {}).items():
             if options.get(k) != v:
                 raise UsageError(f"{path}: --{k.replace('_', '-')} {v} disagrees with the model's metadata "
                                  f"({options.get(k)})")
-        if seed is not None and str(seed) != meta.get("seed"):
-            raise UsageError(f"{path}: --seed {seed} disagrees with the model's metadata ({meta.get('seed')})")
-        flavor, gf = meta.get("flavor", "?"), meta.get("graph_flavor", flavor_of(model))
-        mdtype, opset = meta.get("dtype", dtype_of(model)), int(meta.get("opset", 0)) or None
-        seed_params = seeding.init_params(variant, options, int(meta.get("seed", 0)))
-        entries = W.from_metadata(meta)
+        if seed is not None and str(seed) != record.seed:
+            raise UsageError(f"{path}: --seed {seed} disagrees with the model's metadata ({record.seed})")
+        flavor, gf, mdtype, opset = record.flavor, record.graph_flavor, record.dtype, record.number("opset") or None
+        seed_params = seeding.init_params(variant, options, record.number("seed", 0))
+        entries = record.parsed("params")
         if entries is None:  # exported before fingerprints: the parameters of its seed
-            params, kind = seed_params, f"reference (parameters of seed {meta.get('seed', 0)})"
+            params, kind = seed_params, f"reference (parameters of seed {record.number('seed', 0)})"
         else:
             params, changed = W.read(model, entries)
             params = {**{k: v for k, v in seed_params.items() if k not in params}, **params}
             kind = "reference (the model's own parameters)"
-            if changed and meta.get("params_source") == "seed":
+            if changed and record.params_source == "seed":
                 good_params = seed_params  # localization compares with what the export wrote
     elif model_variant:
         variant = V.get(model_variant)
         options = variant.resolve(model_options or {})
-        flavor = model_flavor or flavor_of(model)
+        flavor = model_flavor or record.flavor
         gf = E.graph_flavor(variant, flavor)
-        mdtype = dtype_of(model)
+        mdtype = record.dtype
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
         seed = seed or 0
         params, kind = seeding.init_params(variant, options, seed), f"reference (parameters of seed {seed})"
-    elif meta.get("module"):
-        raise UsageError(f"{path} was exported from the module {meta['module']}: verify it against that module, "
-                         f"`attnexport verify {path} --module {meta['module']}`")
+    elif record.module:
+        raise UsageError(f"{path} was exported from the module {record.module}: verify it against that module, "
+                         f"`attnexport verify {path} --module {record.module}`")
     else:
         raise UsageError(f"{path} has no attnexport metadata: name its variant and options "
                          "(e.g. --variant mha --heads 8 --seed 0), or compare it with its torch module "

@@ -4,7 +4,6 @@ runtime, the decode property of its caches, localization against the module expo
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,11 +24,11 @@ from attnexport.compare import (
 from attnexport.errors import UsageError, reason
 from attnexport.localize import Localization, locate
 from attnexport.reading import load_model
+from attnexport.record import ExportRecord
 from attnexport.report import Report, Row
 from attnexport.signature import WritePos
 from attnexport.verify.decode_checks import cache_of, module_decode_rows, module_static_rows, write_pos_of
 from attnexport.verify.executor import Executor
-from attnexport.verify.model_plan import dtype_of, flavor_of
 from attnexport.verify.run import LoadedModule
 
 # --- a user's module against its model -------------------------------------------------------
@@ -91,15 +90,14 @@ def _verify_module(check: ModuleCheck) -> Report:
                                                          check.weights_file)
 
     model = load_model(model_path)
-    meta = {p.key: p.value for p in model.metadata_props}
-    if "attnexport.variant" in meta:
-        raise UsageError(f"{model_path} was exported from the variant {meta['attnexport.variant']!r}, not from a "
+    meta = ExportRecord.of(model)
+    if meta.variant is not None:
+        raise UsageError(f"{model_path} was exported from the variant {meta.variant!r}, not from a "
                          f"module: verify it without --module (`attnexport verify {model_path}`)")
     spec_inputs = _model_inputs(model, model_path, meta, input_specs)
-    dtype = meta.get("attnexport.dtype") or dtype_of(model)
-    flavor = meta.get("attnexport.flavor") or flavor_of(model)
+    dtype, flavor = meta.dtype, meta.flavor
     if seed is None:
-        seed = int(meta.get("attnexport.seed", 0))
+        seed = meta.number("seed", 0)
     module, example = M.load(spec, seed)
     if input_specs:
         M.check_input_names(module, [n for n, _, _ in input_specs], f"--module {spec}")
@@ -107,7 +105,7 @@ def _verify_module(check: ModuleCheck) -> Report:
         M.load_weights(module, weights_file)
     module = module.to(D.torch_dtype(dtype)).eval()
     names = [i["name"] for i in spec_inputs]
-    entries = json.loads(meta.get("attnexport.params", "{}"))
+    entries = meta.parsed("params", {})
     changed = changed_params(module, entries, dtype)
     damaged = W.read(model, entries)[1] if entries else []  # the file's own initializers against the record
     used, table = R.select(check.runtimes, check.skip_unavailable)
@@ -161,7 +159,7 @@ def _verify_module(check: ModuleCheck) -> Report:
             work = _module_call(module, feed, declared) if itself else \
                 functools.partial(prepared[rt].run, arrays) if rt in prepared else None
             if changed:
-                source = meta.get("attnexport.params_source", "seed")
+                source = meta.params_source or "seed"
                 hint = f"; it was exported with --weights {source[len('given: '):]}" \
                     if source.startswith("given: ") and weights_file is None else ""
                 row.error = (f"the module's parameters differ from the model's: {', '.join(changed[:3])} "
@@ -212,7 +210,7 @@ class _KnownGood:
         self.module, self.spec, self.names, self.declared = module, spec, names, declared
         self.dynamic = {i["name"]: {int(a): d for a, d in i["dynamic"].items()} for i in spec_inputs}
         self.flavor, self.dtype = flavor, dtype
-        self.opset = int(meta["attnexport.opset"]) if "attnexport.opset" in meta else None
+        self.opset = meta.number("opset")
         self.example, self.model = None, None
 
     def locate(self, model, feed, runtime, _result=None):
@@ -258,10 +256,10 @@ def _model_inputs(model, model_path, meta, input_specs) -> list[dict]:
             specs.append({"name": vi.name, "shape": list(shape), "dtype": want or dtype,
                           "dynamic": {str(a): d.dim_param for a, d in enumerate(dims) if d.dim_param}})
         return specs
-    if "attnexport.inputs" not in meta:
+    if meta.inputs is None:
         raise UsageError(f"{model_path} records no input spec (it was not exported by `attnexport export --module`): "
                          f"give its inputs, e.g. --input {graph[0].name if graph else 'x'}:2x16x64 (one per input)")
-    specs = json.loads(meta["attnexport.inputs"])
+    specs = meta.parsed("inputs")
     if [i["name"] for i in specs] != [i.name for i in graph]:
         raise UsageError(f"{model_path}: its inputs are not those of its metadata")
     return specs
@@ -288,11 +286,11 @@ def _write_pos(model, recorded: SG.StepSignature, check: ModuleCheck, cache: dic
     return None if check.cache is not None else recorded.write_pos
 
 
-def _before_signatures(model, meta: dict) -> SG.StepSignature:
+def _before_signatures(model, meta: ExportRecord) -> SG.StepSignature:
     """The signature of a file exported before `attnexport.signature`: its cache pairs and write
     position as that export recorded them (`attnexport.cache`, `attnexport.write_pos` metadata)."""
-    cache = json.loads(meta.get("attnexport.cache", "{}"))
-    write = json.loads(meta["attnexport.write_pos"])["input"] if "attnexport.write_pos" in meta else None
+    cache = meta.parsed("cache", {})
+    write = meta.parsed("write_pos")["input"] if meta.write_pos is not None else None
     kind = "concat" if write is None else "static"
     caches = tuple(SG.CachePair(n, c["output"], c["axis"], kind) for n, c in cache.items())
     return SG.StepSignature(caches=caches, write_pos=write_pos_of(model, write, cache) if write else None)

@@ -23,7 +23,7 @@ from attnexport.compare import (
     tolerance,
 )
 from attnexport.errors import UnsupportedByFlavor
-from attnexport.reading import attnexport_metadata
+from attnexport.record import ExportRecord
 from attnexport.verify.executor import Executor
 
 # --- what one run is ---------------------------------------------------------------------------
@@ -87,7 +87,7 @@ def _export(variant, options, gf, opset, dtype, params) -> onnx.ModelProto | Exc
     graph = _GRAPHS[key]
     if isinstance(graph, Exception):
         return graph
-    entries = W.from_metadata(attnexport_metadata(graph))
+    entries = ExportRecord.of(graph).parsed("params")
     model = W.reweight(graph, entries, params) if entries is not None else None
     if model is None:
         try:
