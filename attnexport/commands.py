@@ -20,6 +20,7 @@ from attnexport import bench as bench_mod
 from attnexport import export as export_mod
 from attnexport import files as F
 from attnexport import modules
+from attnexport import options as O
 from attnexport import verify as verify_mod
 from attnexport.compare import check_tolerance_values
 from attnexport.errors import UsageError
@@ -120,108 +121,103 @@ def _one_source(variant, module_spec, hf_path) -> None:
 
 # --- export ------------------------------------------------------------------------------------
 
-def export(variant=None, module_spec=None, hf_path=None, *, input_specs=(), nan_rows=False, allow_unfused=False,
-           cache_specs=(), write_pos=None, output_names=None, dynamic_specs=(), flavor=export_mod.DEFAULT_FLAVOR,
-           opset=None, dtype="fp32", seed=0, output=None, deploy=None, rtol=None, atol=None, precision=None,
-           block_size=None, accuracy_level=None, keep=None, symmetric=None, requantize=None, minimums=None,
-           **options):
+def export(variant=None, module_spec=None, hf_path=None, **passed):
     """`attnexport export`: a variant, a user's module (`module_spec`, FILE.py:NAME) or a language
     model (`hf_path`), exported and checked as the command does. Returns the export's result
     (`to_dict()`, `summary()`)."""
-    _one_source(variant, module_spec, hf_path)
-    check_tolerance_values(rtol, atol)
-    if deploy is not None and hf_path is None:
+    a, options = O.read(O.EXPORT, {"variant": variant, "module_spec": module_spec, "hf_path": hf_path, **passed})
+    _one_source(a.variant, a.module_spec, a.hf_path)
+    check_tolerance_values(a.rtol, a.atol)
+    if a.deploy is not None and a.hf_path is None:
         raise UsageError("--deploy writes a language model's folder: it goes with --hf")
-    quant = {"block_size": block_size, "accuracy_level": accuracy_level, "keep": keep, "symmetric": symmetric,
-             "requantize": requantize, "minimums": minimums}
-    if hf_path is None and (precision is not None or any(v is not None for v in quant.values())):
+    quant = {"block_size": a.block_size, "accuracy_level": a.accuracy_level, "keep": a.keep, "symmetric": a.symmetric,
+             "requantize": a.requantize, "minimums": a.minimums}
+    if a.hf_path is None and (a.precision is not None or any(v is not None for v in quant.values())):
         raise UsageError("--precision, --block-size, --accuracy-level, --keep, --symmetric, --requantize and "
                          "--minimums go with --hf")
-    module_only = input_specs or dynamic_specs or nan_rows or allow_unfused or cache_specs or write_pos or output_names
-    if hf_path is not None:
+    module_only = (a.input_specs or a.dynamic_specs or a.nan_rows or a.allow_unfused or a.cache_specs or a.write_pos
+                   or a.output_names)
+    if a.hf_path is not None:
         if module_only:
             raise UsageError(f"{_MODULE_ONLY} go with --module (--hf knows its model's inputs, outputs and cache)")
         from attnexport.pretrained import export as hf_export
         form, max_seq = hf_form(options)
-        request = hf_export.request(hf_path, quant, form=form, max_seq=max_seq, flavor=flavor, opset=opset,
-                                    dtype=dtype, output=output, seed=seed, deploy=deploy, rtol=rtol, atol=atol,
-                                    precision=precision)
+        request = hf_export.request(a.hf_path, quant, form=form, max_seq=max_seq, flavor=a.flavor, opset=a.opset,
+                                    dtype=a.dtype, output=a.output, seed=a.seed, deploy=a.deploy, rtol=a.rtol,
+                                    atol=a.atol, precision=a.precision)
         return hf_export.export_hf(request)[0]
-    if variant is not None and (rtol is not None or atol is not None):
+    if a.variant is not None and (a.rtol is not None or a.atol is not None):
         raise UsageError("--rtol/--atol set the check before writing of --hf and --module exports; a variant's "
                          "export is checked by verify (which takes them too)")
-    if module_spec is None:
+    if a.module_spec is None:
         if module_only:
             raise UsageError(f"{_MODULE_ONLY} go with --module")
-        return export_mod.export(export_mod.ExportRequest(variant, given(options), flavor, opset, dtype, seed=seed,
-                                                          output=output))
-    if isinstance(output_names, str):
-        output_names = output_names.split(",")
+        return export_mod.export(export_mod.ExportRequest(a.variant, given(options), a.flavor, a.opset, a.dtype,
+                                                          seed=a.seed, output=a.output))
+    if isinstance(a.output_names, str):
+        a.output_names = a.output_names.split(",")
     request = export_mod.ModuleExport(
-        flavor=flavor, opset=opset, dtype=dtype, dynamic=dynamic_axes(dynamic_specs), output=output,
-        name=module_spec, nan_rows=nan_rows, seed=seed, allow_unfused=allow_unfused,
-        cache=cache_pairs(cache_specs) or None, write_pos=write_pos, output_names=output_names or None,
-        rtol=rtol, atol=atol)
+        flavor=a.flavor, opset=a.opset, dtype=a.dtype, dynamic=dynamic_axes(a.dynamic_specs), output=a.output,
+        name=a.module_spec, nan_rows=a.nan_rows, seed=a.seed, allow_unfused=a.allow_unfused,
+        cache=cache_pairs(a.cache_specs) or None, write_pos=a.write_pos, output_names=a.output_names or None,
+        rtol=a.rtol, atol=a.atol)
     weights = module_weights(options)
     if given(options):
         flags = ", ".join("--" + k.replace("_", "-") for k in given(options))
         raise UsageError(f"--module takes no variant options ({flags})")
-    return export_mod.export_module_file(module_spec, input_specs, request, weights)
+    return export_mod.export_module_file(a.module_spec, a.input_specs, request, weights)
 
 
 # --- verify ------------------------------------------------------------------------------------
 
-def verify(models=(), *, variants=(), flavors=(), runtimes=None, dtype=None, golden_dir=None, rtol=None, atol=None,
-           skip_unavailable=False, strict_placement=False, seed=None, localize=False, save_baseline=None,
-           baseline_dir=None, max_growth=10.0, cases=(), module_spec=None, hf_path=None, new_tokens=48,
-           clients_text=None, budget=None, input_specs=(), cache_specs=(), write_pos=None,
-           progress: Callable | None = None, **options):
+def verify(models=(), *, progress: Callable | None = None, **passed):
     """`attnexport verify`: golden cases exported and run (no `models`), model files judged by
     their metadata, a model against its module (`module_spec`) or against its language model
     (`hf_path`). Returns the `verify.Report`; `progress(i, n, what)` is told of each run."""
-    if models and len(variants) > 1:
+    a, options = O.read(O.VERIFY, passed)
+    if models and len(a.variants) > 1:
         raise UsageError("a MODEL takes one --variant")
-    if clients_text is not None and hf_path is None:
+    if a.clients_text is not None and a.hf_path is None:
         raise UsageError("--clients generate from a language model's deployment folder: it goes with --hf")
-    if budget is not None and hf_path is None:
+    if a.budget is not None and a.hf_path is None:
         raise UsageError("--budget is the accuracy budget of a quantized or fp16 language model: it goes with --hf")
-    if hf_path is not None:
+    if a.hf_path is not None:
         from attnexport.pretrained.accuracy import Budget
         from attnexport.pretrained.check import HFCheck, verify_hf
-        if len(models) != 1 or module_spec is not None:
+        if len(models) != 1 or a.module_spec is not None:
             raise UsageError("--hf compares one MODEL with the language model it was exported from: give one MODEL "
                              "(and no --module)")
-        if given(options) or variants or flavors or cases or input_specs or cache_specs or write_pos:
+        if given(options) or a.variants or a.flavors or a.cases or a.input_specs or a.cache_specs or a.write_pos:
             raise UsageError("--hf takes no --variant, --flavor, --case, --input, --cache, --write-pos or variant "
                              "options: the model says what it is")
-        return verify_hf(HFCheck(models[0], hf_path, runtimes, rtol, atol, skip_unavailable, seed, new_tokens,
-                                 tuple(clients.parse(clients_text)), Budget().with_overrides(budget),
-                                 strict_placement, localize, baseline_dir, save_baseline, max_growth))
-    if module_spec is not None:
+        return verify_hf(HFCheck(models[0], a.hf_path, a.runtimes, a.rtol, a.atol, a.skip_unavailable, a.seed,
+                                 a.new_tokens, tuple(clients.parse(a.clients_text)), Budget().with_overrides(a.budget),
+                                 a.strict_placement, a.localize, a.baseline_dir, a.save_baseline, a.max_growth))
+    if a.module_spec is not None:
         if len(models) != 1:
             raise UsageError("--module compares one MODEL with the module it was exported from: give one MODEL")
         weights = module_weights(options)
-        if given(options) or variants or flavors or cases:
+        if given(options) or a.variants or a.flavors or a.cases:
             raise UsageError("--module takes no --variant, --flavor, --case or variant options: the model and the "
                              "module say what to compare")
-        return verify_mod.verify_module(models[0], module_spec, runtimes, rtol=rtol, atol=atol,
-                                        skip_unavailable=skip_unavailable,
-                                        input_specs=[modules.parse_input(t) for t in input_specs] or None,
-                                        seed=seed, weights_file=weights, cache=cache_pairs(cache_specs) or None,
-                                        write_pos=write_pos, strict_placement=strict_placement, localize=localize,
-                                        baseline=baseline_dir, save_baseline=save_baseline, max_growth=max_growth)
-    if input_specs or cache_specs or write_pos:
+        return verify_mod.verify_module(models[0], a.module_spec, a.runtimes, rtol=a.rtol, atol=a.atol,
+                                        skip_unavailable=a.skip_unavailable,
+                                        input_specs=[modules.parse_input(t) for t in a.input_specs] or None,
+                                        seed=a.seed, weights_file=weights, cache=cache_pairs(a.cache_specs) or None,
+                                        write_pos=a.write_pos, strict_placement=a.strict_placement, localize=a.localize,
+                                        baseline=a.baseline_dir, save_baseline=a.save_baseline, max_growth=a.max_growth)
+    if a.input_specs or a.cache_specs or a.write_pos:
         raise UsageError("--input, --cache and --write-pos go with --module (the inputs of a MODEL exported from a "
                          "module)")
-    if models and cases:
+    if models and a.cases:
         raise UsageError("--case selects golden cases to export and run; a MODEL runs those of its own options")
     request = verify_mod.VerifyRequest(
-        variants=None if models else (list(variants) or None), flavors=list(flavors) or None,
-        runtimes=runtimes, dtype=dtype, golden_dir=golden_dir, models=list(models) or None, rtol=rtol,
-        atol=atol, skip_unavailable=skip_unavailable, strict_placement=strict_placement,
-        model_variant=variants[0] if models and variants else None, model_options=given(options) or None,
-        seed=seed, localize=localize, baseline=baseline_dir, save_baseline=save_baseline, max_growth=max_growth,
-        cases=list(cases) or None)
+        variants=None if models else (list(a.variants) or None), flavors=list(a.flavors) or None,
+        runtimes=a.runtimes, dtype=a.dtype, golden_dir=a.golden_dir, models=list(models) or None, rtol=a.rtol,
+        atol=a.atol, skip_unavailable=a.skip_unavailable, strict_placement=a.strict_placement,
+        model_variant=a.variants[0] if models and a.variants else None, model_options=given(options) or None,
+        seed=a.seed, localize=a.localize, baseline=a.baseline_dir, save_baseline=a.save_baseline,
+        max_growth=a.max_growth, cases=list(a.cases) or None)
     return verify_mod.verify(request, progress=progress)
 
 
@@ -247,57 +243,56 @@ class BenchResult:
         return bench_mod.to_json(self.rows)
 
 
-def bench(variant=None, module_spec=None, hf_path=None, *, genai_python=None, precisions_text=None,
-          genai_precisions_text=None, input_specs=(), batch=None, seq=None, kv_seq=None, decode=False, context=None,
-          runtimes=None, flavors=(), dtype="fp32", warmup=5, iters=30, cuda_graph=False, threads=None, repeat=5,
-          seed=0, plot=None, progress: Callable | None = None, said: Callable[[str], None] | None = None,
-          **options) -> BenchResult:
+def bench(variant=None, module_spec=None, hf_path=None, *, progress: Callable | None = None,
+          said: Callable[[str], None] | None = None, **passed) -> BenchResult:
     """`attnexport bench`: a variant or a user's module timed on every runtime and flavour beside
     torch eager, or a language model's engines side by side (`hf_path`, with `decode`). The sizes
     are the command line's texts (`seq="512,2048"`); `said(text)` is told what is about to be
     timed and what the run should know (a note), before it runs."""
+    a, options = O.read(O.BENCH, {"variant": variant, "module_spec": module_spec, "hf_path": hf_path, **passed})
     said = said or (lambda text: None)
-    _one_source(variant, module_spec, hf_path)
-    if (genai_python or precisions_text or genai_precisions_text) is not None and hf_path is None:
+    _one_source(a.variant, a.module_spec, a.hf_path)
+    if (a.genai_python or a.precisions_text or a.genai_precisions_text) is not None and a.hf_path is None:
         raise UsageError("--genai-python, --precision and --genai-precision go with --hf")
-    contexts = int_list("--context", context)
-    if hf_path is not None:
-        if not decode or given(options) or input_specs or batch or seq or kv_seq or cuda_graph or plot or \
-                dtype != "fp32" or (runtimes and runtimes != ["ort-cpu"]):
+    contexts = int_list("--context", a.context)
+    if a.hf_path is not None:
+        if not a.decode or given(options) or a.input_specs or a.batch or a.seq or a.kv_seq or a.cuda_graph or \
+                a.plot or a.dtype != "fp32" or (a.runtimes and a.runtimes != ["ort-cpu"]):
             raise UsageError("--hf takes --decode with --context, --flavor, --threads, --warmup, --iters, --seed and "
                              "--json (fp32 on ort-cpu, beside transformers and Optimum)")
         from attnexport.pretrained import bench as hf_bench
         lm_request = hf_bench.HFBenchRequest(
-            hf_path, tuple(contexts or hf_bench.CONTEXTS), flavors=tuple(flavors) or hf_bench.HFBenchRequest.flavors,
-            threads=threads or 0, iters=iters, warmup=warmup, seed=seed, genai_python=genai_python,
-            precisions=precisions(precisions_text, "--precision", PRECISIONS),
-            genai_precisions=precisions(genai_precisions_text, "--genai-precision", GENAI_PRECISIONS))
+            a.hf_path, tuple(contexts or hf_bench.CONTEXTS),
+            flavors=tuple(a.flavors) or hf_bench.HFBenchRequest.flavors,
+            threads=a.threads or 0, iters=a.iters, warmup=a.warmup, seed=a.seed, genai_python=a.genai_python,
+            precisions=precisions(a.precisions_text, "--precision", PRECISIONS),
+            genai_precisions=precisions(a.genai_precisions_text, "--genai-precision", GENAI_PRECISIONS))
         lm_rows, info = hf_bench.bench_hf(lm_request, said=lambda text: said(f"timing {text}"))
-        return BenchResult(lm_rows, str(hf_path), "fp32", language_model=True, info=info)
-    if contexts and not decode:
+        return BenchResult(lm_rows, str(a.hf_path), "fp32", language_model=True, info=info)
+    if contexts and not a.decode:
         raise UsageError("--context goes with --decode")
-    title = module_spec or variant
-    if module_spec is not None:
+    title = a.module_spec or a.variant
+    if a.module_spec is not None:
         weights = module_weights(options)
-        if decode or given(options) or kv_seq:
+        if a.decode or given(options) or a.kv_seq:
             raise UsageError("--module takes --batch and --seq (no --decode, --kv-seq or variant options)")
-        loaded, example, names = modules.load_with_inputs(module_spec, input_specs, seed, weights)
-        variant = bench_mod.module_variant(module_spec, loaded, example, names)
-    elif input_specs:
+        loaded, example, names = modules.load_with_inputs(a.module_spec, a.input_specs, a.seed, weights)
+        a.variant = bench_mod.module_variant(a.module_spec, loaded, example, names)
+    elif a.input_specs:
         raise UsageError("--input goes with --module")
     opts = given(options)
-    for name, text in (("batch", batch), ("seq", seq), ("kv_seq", kv_seq)):
+    for name, text in (("batch", a.batch), ("seq", a.seq), ("kv_seq", a.kv_seq)):
         values = int_list("--" + name.replace("_", "-"), text)
         if values:
             opts[name] = values
-    request = bench_mod.BenchRequest(variant, opts, runtimes, list(flavors) or None, dtype, warmup, iters,
-                                     cuda_graph, threads, seed, repeat)
-    if plot:
-        plot = str(F.resolve_target(plot))  # refused before the benchmark runs, not after
-    for w in bench_mod.warnings_for(runtimes, dtype, cuda_graph):
+    request = bench_mod.BenchRequest(a.variant, opts, a.runtimes, list(a.flavors) or None, a.dtype, a.warmup, a.iters,
+                                     a.cuda_graph, a.threads, a.seed, a.repeat)
+    if a.plot:
+        a.plot = str(F.resolve_target(a.plot))  # refused before the benchmark runs, not after
+    for w in bench_mod.warnings_for(a.runtimes, a.dtype, a.cuda_graph):
         said(f"note: {w}")
-    rows = bench_mod.bench_decode(request, None, contexts, progress=progress) if decode else \
+    rows = bench_mod.bench_decode(request, None, contexts, progress=progress) if a.decode else \
         bench_mod.bench(request, progress=progress)
-    if plot:
-        bench_mod.plot(rows, plot, f"{title} {dtype}, median latency")
-    return BenchResult(rows, title, dtype, plot=plot)
+    if a.plot:
+        bench_mod.plot(rows, a.plot, f"{title} {a.dtype}, median latency")
+    return BenchResult(rows, title, a.dtype, plot=a.plot)

@@ -234,7 +234,7 @@ def test_the_json_of_a_failing_verify_and_of_an_untimed_bench_row_is_strict(tmp_
 def test_closed_choices_are_listed_and_completed():
     """--variant, --flavor, --dtype, --runtimes and the variants' choice options list their values in --help and
     complete in shells; a wrong one is attnexport's one line, exit 2."""
-    from attnexport.cli import RUNTIME_LIST
+    from attnexport.options import RUNTIME_LIST
     text = run("bench", "--help").output
     for shown in ("[primitives|attention|ort]", "[fp32|fp16]", "[torch|torch-cuda|ort-cpu|ort-cuda|ort-node|",
                   "[bhsd|bsd]", "INTEGER RANGE", "[sdpa|self|mha|mha-tied|cross|"):
