@@ -19,7 +19,7 @@ from typing import Any
 from attnexport import bench as bench_mod
 from attnexport import export as export_mod
 from attnexport import files as F
-from attnexport import modules
+from attnexport import modules, pretrained
 from attnexport import options as O
 from attnexport import verify as verify_mod
 from attnexport.compare import check_tolerance_values
@@ -140,7 +140,7 @@ def export(variant=None, module_spec=None, hf_path=None, **passed):
     if a.hf_path is not None:
         if module_only:
             raise UsageError(f"{_MODULE_ONLY} go with --module (--hf knows its model's inputs, outputs and cache)")
-        from attnexport.pretrained import export as hf_export
+        hf_export = pretrained.export
         form, max_seq = hf_form(options)
         request = hf_export.request(a.hf_path, quant, form=form, max_seq=max_seq, flavor=a.flavor, opset=a.opset,
                                     dtype=a.dtype, output=a.output, seed=a.seed, deploy=a.deploy, rtol=a.rtol,
@@ -182,8 +182,7 @@ def verify(models=(), *, progress: Callable | None = None, **passed):
     if a.budget is not None and a.hf_path is None:
         raise UsageError("--budget is the accuracy budget of a quantized or fp16 language model: it goes with --hf")
     if a.hf_path is not None:
-        from attnexport.pretrained.accuracy import Budget
-        from attnexport.pretrained.check import HFCheck, verify_hf
+        Budget, HFCheck, verify_hf = pretrained.accuracy.Budget, pretrained.check.HFCheck, pretrained.check.verify_hf
         if len(models) != 1 or a.module_spec is not None:
             raise UsageError("--hf compares one MODEL with the language model it was exported from: give one MODEL "
                              "(and no --module)")
@@ -238,7 +237,7 @@ class BenchResult:
     def to_json(self):
         """`bench --json`: the rows as a list; a language model's as {"rows": [...], "info": {...}}."""
         if self.language_model:
-            from attnexport.pretrained import bench as hf_bench
+            hf_bench = pretrained.bench
             return {"rows": hf_bench.to_json(self.rows), "info": self.info}
         return bench_mod.to_json(self.rows)
 
@@ -260,7 +259,7 @@ def bench(variant=None, module_spec=None, hf_path=None, *, progress: Callable | 
                 a.plot or a.dtype != "fp32" or (a.runtimes and a.runtimes != ["ort-cpu"]):
             raise UsageError("--hf takes --decode with --context, --flavor, --threads, --warmup, --iters, --seed and "
                              "--json (fp32 on ort-cpu, beside transformers and Optimum)")
-        from attnexport.pretrained import bench as hf_bench
+        hf_bench = pretrained.bench
         lm_request = hf_bench.HFBenchRequest(
             a.hf_path, tuple(contexts or hf_bench.CONTEXTS),
             flavors=tuple(a.flavors) or hf_bench.HFBenchRequest.flavors,

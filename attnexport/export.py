@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,13 @@ class ExportResult:
         return {"path": str(self.path), "variant": self.variant, "options": self.options, "flavor": self.flavor,
                 "graph_flavor": self.graph_flavor, "opset": self.opset, "dtype": self.dtype,
                 "attention_op": self.attention_op, "size": self.size, "note": self.note}
+
+
+def _tracing():
+    """The modules that trace and translate (`onnx_attention`, `recognize`): they import torch and
+    onnxscript, put off until an export runs (the command line starts without them)."""
+    from attnexport import onnx_attention, recognize
+    return SimpleNamespace(onnx_attention=onnx_attention, recognize=recognize)
 
 
 def graph_flavor(variant: schema.Variant, flavor: str) -> str:
@@ -425,7 +433,7 @@ def to_onnx(program, args, *, flavor: str, opset: int, input_names, output_names
     False where the caller runs that optimizer itself (`attnexport.pretrained.fusions`)."""
     import torch
     importlib.import_module("attnexport.models.core")  # registers the attnexport::attention custom ops
-    from attnexport.onnx_attention import TRANSLATIONS
+    TRANSLATIONS = _tracing().onnx_attention.TRANSLATIONS
     translation = TRANSLATIONS[flavor]
     table: dict[Callable[..., Any], Callable[..., Any]] = {
         torch.ops.attnexport.attention.default: translation.attention,
@@ -519,8 +527,7 @@ def finish(model, how: Finishing, params: dict, meta: ExportRecord, signature: S
     _rotary_caches_per_batch(model)
     if any(n.op_type == "GroupQueryAttention" for n in model.graph.node):
         meta = replace(meta, static_blocks=GQA_BLOCKS, static_buffers=GQA_BUFFERS)
-        from attnexport.onnx_attention import share_static_totals
-        share_static_totals(model)
+        _tracing().onnx_attention.share_static_totals(model)
     entries = W.record(model, params, D.NUMPY[how.dtype])
     stamp(model, replace(meta, params=as_json(entries), params_sha256=W.total_sha256(entries)), how.what)
     return model, check_flavor_op(model, how.flavor, how.what, how.applies, how.flavor_asked)
@@ -764,7 +771,7 @@ def export_module(module, example_inputs, request: ModuleExport | None = None, *
     tensors for `forward`. Takes a ModuleExport, or its fields as keywords (`flavor="ort"`)."""
     import torch
 
-    from attnexport import recognize
+    recognize = _tracing().recognize
 
     if request is not None and fields:
         raise TypeError("give a ModuleExport or its fields, not both")
@@ -948,8 +955,7 @@ def _trace_to_onnx(t: _ModuleTrace, opset: int):
     recognized stops a fused flavour unless allowed), and the ONNX model of it: (program, found, model)."""
     import torch
 
-    from attnexport import recognize
-    from attnexport.onnx_attention import torch_dead_rows
+    recognize, torch_dead_rows = _tracing().recognize, _tracing().onnx_attention.torch_dead_rows
 
     r = t.request
     with M.routed(), (torch_dead_rows() if r.nan_rows else contextlib.nullcontext()):

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from attnexport import dtypes as D
+from attnexport import models
 from attnexport.compare import derived_tolerance, tolerance
 from attnexport.errors import ExportError, UsageError, first_line, reason
 from attnexport.semantics import Core
@@ -32,7 +33,7 @@ def torch_gives_nan_rows(dtype: str) -> bool:
     query row whose mask hides every key. torch 2.13 gives zeros; earlier releases gave NaN."""
     import torch
 
-    from attnexport.models.core import torch_sdpa
+    torch_sdpa = models.core.torch_sdpa
     q = torch.ones((1, 1, 1, 4), dtype=D.torch_dtype(dtype))
     mask = torch.zeros((1, 1, 1, 2), dtype=torch.bool)
     return bool(torch.isnan(torch_sdpa(q, q.expand(1, 1, 2, 4), q.expand(1, 1, 2, 4), attn_mask=mask)).any())
@@ -229,7 +230,7 @@ def routed():
     reports them; the calls routed are counted there too."""
     import torch
 
-    from attnexport.models.core import attend
+    attend = models.core.attend
     functional = torch.nn.functional
     original = functional.scaled_dot_product_attention
 

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from attnexport import bench as bench_mod
 from attnexport import files as F
+from attnexport import pretrained
 from attnexport import signature as SG
 from attnexport.compare import FP32_FACTOR
 
@@ -243,7 +244,7 @@ def bench(result) -> None:
 def language_model_bench(rows, info: dict, path: str) -> None:
     """`bench --hf`: each engine, precision, form and flavour at each context, its time beside its
     answers' agreement."""
-    from attnexport.pretrained import bench as hf_bench
+    hf_bench = pretrained.bench
     click.echo(f"{path}: {info['layers']} layers, {info['parameters']:,} parameters, fp32, {info['threads']} "
                f"thread(s); memory read bandwidth {info['bandwidth_gbs']:.1f} GB/s")
     for row in rows:

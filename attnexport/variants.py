@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 
+from attnexport import models
 from attnexport import reference as ref
 from attnexport.errors import UnknownVariantError
 from attnexport.schema import Option, TensorSpec, Variant
@@ -53,15 +54,15 @@ def _mha_flops(B, Tq, Tk, D, H, hd, kv_dim=None, kv_heads=None):
     return proj + 2 * B * H * Tq * Tk * 2 * hd
 
 
-# --- builders (torch is imported lazily so that `list` and the reference stay light) -------
+# --- builders (each module read from `models` when built: `list` and the reference stay light) ---
 
 def _build_sdpa(o):
-    from attnexport.models.dot_product import ScaledDotProductAttention
     bsd = o["layout"] == "bsd"
     core = Core(o["scale"], o["causal"], o["softcap"], Core.mode(None if o["weights"] == "none" else o["weights"]),
                 SOFTMAX_PRECISION_TYPES_BY_NAME.get(o["softmax_precision"]))
-    return ScaledDotProductAttention(core, inputs=[s.name for s in _sdpa_inputs(o)], heads=o["heads"] if bsd else None,
-                                     kv_heads=o["kv_heads"] if bsd else None, pad_mask=o["mask_keys"] is not None)
+    return models.ScaledDotProductAttention(core, inputs=[s.name for s in _sdpa_inputs(o)],
+                                            heads=o["heads"] if bsd else None, kv_heads=o["kv_heads"] if bsd else None,
+                                            pad_mask=o["mask_keys"] is not None)
 
 
 def _sdpa_inputs(o):
@@ -163,8 +164,7 @@ def _sdpa_cache_check(o):
 
 
 def _build_self(o):
-    from attnexport.models.dot_product import SelfAttention
-    return SelfAttention(o["dim"], o["scaling"], o["temperature"], o["weights"])
+    return models.SelfAttention(o["dim"], o["scaling"], o["temperature"], o["weights"])
 
 
 def static_cache(o) -> bool:
@@ -183,9 +183,8 @@ def step_signature(variant: Variant, o: dict) -> StepSignature:
 
 
 def _build_mha(o):
-    from attnexport.models.multi_head import CachedSelfAttention, MultiHeadAttention, StaticCachedSelfAttention
-    cls = StaticCachedSelfAttention if static_cache(o) else CachedSelfAttention if o["kv_cache"] else \
-        MultiHeadAttention
+    cls = models.StaticCachedSelfAttention if static_cache(o) else \
+        models.CachedSelfAttention if o["kv_cache"] else models.MultiHeadAttention
     return cls(o["dim"], o["heads"], o["kv_heads"], causal=o["causal"], scaling=o["scaling"],
                temperature=o["temperature"], weights=o["weights"])
 
@@ -250,43 +249,36 @@ def _mha_outputs(o):
 
 
 def _build_tied(o):
-    from attnexport.models.multi_head import TiedMultiHeadAttention
-    return TiedMultiHeadAttention(o["dim"], o["heads"])
+    return models.TiedMultiHeadAttention(o["dim"], o["heads"])
 
 
 def _build_cross(o):
-    from attnexport.models.multi_head import CrossAttention
-    return CrossAttention(o["dim"], o["heads"], kv_dim=o["kv_dim"], weights=o["weights"])
+    return models.CrossAttention(o["dim"], o["heads"], kv_dim=o["kv_dim"], weights=o["weights"])
 
 
 def _build_additive(o):
-    from attnexport.models.additive import AdditiveAttention
-    return AdditiveAttention(o["dim"], o["kv_dim"], o["hidden"], o["weights"])
+    return models.AdditiveAttention(o["dim"], o["kv_dim"], o["hidden"], o["weights"])
 
 
 def _build_masked_softmax(o):
-    from attnexport.models.additive import MaskedSoftmax
-    return MaskedSoftmax()
+    return models.MaskedSoftmax()
 
 
 def _build_kernel(o):
-    from attnexport.models.kernel import KernelRegression
-    return KernelRegression(o["learnable_bandwidth"], o["weights"])
+    return models.KernelRegression(o["learnable_bandwidth"], o["weights"])
 
 
 def _build_posenc(o):
-    from attnexport.models.transformer import PositionalEncoding
-    return PositionalEncoding()
+    return models.PositionalEncoding()
 
 
 def _build_encoder(o):
-    from attnexport.models.transformer import EncoderLayer
-    return EncoderLayer(o["dim"], o["heads"], o["ffn_dim"])
+    return models.EncoderLayer(o["dim"], o["heads"], o["ffn_dim"])
 
 
 def _build_decoder(o):
-    from attnexport.models.transformer import CachedDecoderLayer, DecoderLayer, StaticCachedDecoderLayer
-    cls = StaticCachedDecoderLayer if static_cache(o) else CachedDecoderLayer if o["kv_cache"] else DecoderLayer
+    cls = models.StaticCachedDecoderLayer if static_cache(o) else \
+        models.CachedDecoderLayer if o["kv_cache"] else models.DecoderLayer
     return cls(o["dim"], o["heads"], o["ffn_dim"])
 
 
