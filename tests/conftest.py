@@ -307,3 +307,13 @@ def draw_options(v, data) -> dict:
         given["kv_seq"] = data.draw(st.sampled_from([0, given["kv_seq"]]))
         given["past_kv_seq"] = max(given["past_kv_seq"], 1 - given["kv_seq"])
     return v.resolve(given)
+
+
+def ort_as_written(model, feeds: dict) -> dict:
+    """{output: array} of `model` on ONNX Runtime's CPU provider with its graph optimizations off
+    (the graph as a rewrite wrote it), for the tests of the ort flavour's rewrites."""
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))

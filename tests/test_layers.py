@@ -94,6 +94,7 @@ TESTED_ELSEWHERE = {
     "pretrained/model": "the step graphs and the generation loop: test_pretrained_check.py (export and verify "
                         "of every architecture and form), test_pretrained_reference.py",
     "pretrained/bench": "bench --hf: test_pretrained_check.py",
+    "fusions/graph": "what the ort flavour's rewrites share: each rewrite's tests (test_pretrained_fusions_*.py)",
     "render": "what the commands print: test_cli.py, test_bench.py and test_verify.py read it",
 }
 
@@ -104,9 +105,10 @@ PREFIXED = ("pretrained",)
 
 
 def _test_name(path: Path) -> str:
-    """What a module's test file is called, less `test_`: its name, or its package's and its own."""
-    package = path.parent.name
-    return f"{package}_{path.stem}" if package in PREFIXED else path.stem
+    """What a module's test file is called, less `test_`: its name, or (in the whole-model package)
+    its packages' and its own: pretrained/fusions/rms.py is tested by test_pretrained_fusions_rms.py."""
+    parts = [p for p in path.relative_to(PACKAGE).with_suffix("").parts if p != "__init__"]
+    return "_".join(parts) if parts and parts[0] in PREFIXED else path.stem
 
 
 def test_every_logic_module_has_its_test_file():

@@ -95,7 +95,7 @@ def test_a_divergence_names_the_sequence_the_step_and_both_tokens_and_is_localiz
     assert run("export", "--hf", folders["llama"], "--kv-cache", "static", "--max-seq", "64", "--flavor", "ort",
                "-o", path).exit_code == 0
     model = onnx.load(path)
-    target = next(i for i in model.graph.initializer if i.name == hf_fusions.SIN)
+    target = next(i for i in model.graph.initializer if i.name == hf_fusions.rotary.SIN)
     table = onnx.numpy_helper.to_array(target)
     noisy = table + np.random.default_rng(0).standard_normal(table.shape).astype(np.float32) * 0.5
     target.CopyFrom(onnx.numpy_helper.from_array(noisy, target.name))

@@ -25,11 +25,11 @@ from attnexport.compare import QUANTIZED_FACTOR
 from attnexport.errors import ExportError, UsageError, reason
 from attnexport.export import ModuleExport, ModuleExportResult, export_module
 from attnexport.pretrained import accuracy as A
-from attnexport.pretrained import forms
-from attnexport.pretrained import fusions as HF
+from attnexport.pretrained import forms, fusions
 from attnexport.pretrained import model as hf
 from attnexport.pretrained import precision as P
 from attnexport.pretrained import reference as HR
+from attnexport.pretrained.fusions import rotary, tied_head
 
 # A source folder's files a deployment keeps as they are: the tokenizer and the generation config.
 _KEPT = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
@@ -231,11 +231,11 @@ def _rewritten(onnx_model, model, layout: hf.Layout, flavor: str, dtype: str, na
     (concat), a tied vocabulary matrix kept once as the head reads it, ONNX Runtime's fused ops
     (ort flavour); see `attnexport.pretrained.fusions`."""
     layout.cache_form.fit_pasts(onnx_model, layout)
-    HF.tied_head(onnx_model)
+    tied_head.tied_head(onnx_model)
     if FL.FLAVORS[flavor].fuses_language_models:
         positions = layout.cache_form.rotary_positions(model, layout)
-        tables = HF.rotary_tables(model, positions, D.NUMPY[dtype]) if positions else None
-        onnx_model = HF.fuse_for_ort(onnx_model, tables, layout.cache_form.writes_in_place, name)
+        tables = rotary.rotary_tables(model, positions, D.NUMPY[dtype]) if positions else None
+        onnx_model = fusions.fuse_for_ort(onnx_model, tables, layout.cache_form.writes_in_place, name)
     return onnx_model
 
 
