@@ -955,7 +955,8 @@ def _trace_to_onnx(t: _ModuleTrace, opset: int):
     recognized stops a fused flavour unless allowed), and the ONNX model of it: (program, found, model)."""
     import torch
 
-    recognize, torch_dead_rows = _tracing().recognize, _tracing().onnx_attention.torch_dead_rows
+    tracing = _tracing()
+    recognize, torch_dead_rows = tracing.recognize, tracing.onnx_attention.torch_dead_rows
 
     r = t.request
     with M.routed(), (torch_dead_rows() if r.nan_rows else contextlib.nullcontext()):

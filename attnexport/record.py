@@ -1,7 +1,8 @@
 """What an export records in the model's metadata, as one dataclass written and read here only.
 
-Each field is the metadata key `attnexport.<field>`, its value as the file holds it: text, the
-JSON fields (`JSON`) as JSON text that `parsed` reads. The one fallback rule: a key the file
+Each field is the metadata key `attnexport.<field>`, its value as the file holds it: text (the
+JSON fields, options, inputs, routed, params, signature, hf, precision, cache and write_pos, as
+JSON text that `parsed` reads). The one fallback rule: a key the file
 lacks (an earlier export, or another exporter's file) is None, except what the graph itself says
 (the float type of its inputs, the flavour of its attention op: `dtype`, `flavor` and
 `graph_flavor`), which is read from the graph.
@@ -21,8 +22,6 @@ from attnexport import flavors as FL
 from attnexport.errors import UsageError
 
 PREFIX = "attnexport."
-# The fields whose text is JSON.
-JSON = frozenset({"options", "inputs", "routed", "params", "signature", "hf", "precision", "cache", "write_pos"})
 
 
 @dataclass(frozen=True)
@@ -67,6 +66,8 @@ class ExportRecord:
         known = {f.name for f in fields(cls)} - {"other"}
         record = cls(**{k: v for k, v in props.items() if k in known},
                      other={k: v for k, v in props.items() if k not in known})
+        if record.dtype and record.flavor and record.graph_flavor:  # an attnexport export: the graph not read
+            return record
         graph = FL.of_op(attention_op_of(model))
         return replace(record, dtype=record.dtype or dtype_of(model), flavor=record.flavor or graph,
                        graph_flavor=record.graph_flavor or graph)
@@ -91,11 +92,6 @@ class ExportRecord:
         """An integer field (opset, seed), or `default` where the file has none."""
         text = getattr(self, name)
         return default if text is None else int(text)
-
-    @property
-    def exported(self) -> bool:
-        """Whether attnexport made the file (it records what the export came from)."""
-        return any(v is not None for v in (self.variant, self.module, self.hf))
 
     def props(self) -> dict[str, str]:
         """{metadata key: value} of every field the record has, in the fields' order."""

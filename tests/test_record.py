@@ -27,7 +27,7 @@ def _bare(dtype=TensorProto.FLOAT, ops=("MatMul", "Softmax")):
 def test_a_file_without_a_record_reads_as_none_but_for_what_its_graph_says():
     record = ExportRecord.of(_bare(TensorProto.FLOAT16))
     assert record.dtype == "fp16" and record.flavor == record.graph_flavor == "primitives"
-    assert record.variant is record.params is record.hf is None and not record.exported
+    assert record.variant is record.module is record.params is record.hf is None and record.other == {}
     assert record.number("seed") is None and record.number("seed", 0) == 0 and record.parsed("params", {}) == {}
     assert ExportRecord.of(_bare()).dtype == "fp32"
 
@@ -41,7 +41,7 @@ def test_what_is_written_is_read_back_and_the_rest_of_the_metadata_is_kept():
     props = {p.key: p.value for p in model.metadata_props}
     assert props["producer.note"] == "kept" and props["attnexport.future_key"] == "as it was"
     record = ExportRecord.of(model)
-    assert record.exported and record.variant == "mha" and record.parsed("options") == {"heads": 2}
+    assert record.variant == "mha" and record.parsed("options") == {"heads": 2}
     assert record.flavor == "ort" and record.number("opset") == 23 and record.number("seed") == 3
     assert record.parsed("params") == {"w": {"sha256": "x"}} and record.other == {"future_key": "as it was"}
     assert "attnexport.hf" not in props  # a field the record lacks is not written

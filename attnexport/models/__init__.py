@@ -6,7 +6,6 @@ variant, listing them and the float64 reference stay light."""
 
 import importlib
 
-FILES = ("core", "dot_product", "multi_head", "additive", "kernel", "transformer")
 # The modules the variants build, by the file each is in.
 CLASSES = {
     "ScaledDotProductAttention": "dot_product", "SelfAttention": "dot_product",
@@ -19,8 +18,11 @@ CLASSES = {
 
 
 def __getattr__(name: str):
-    if name in FILES:
-        return importlib.import_module(f"{__name__}.{name}")
     if name in CLASSES:
         return getattr(importlib.import_module(f"{__name__}.{CLASSES[name]}"), name)
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"{__name__}.{name}":  # the module exists; something it imports does not
+            raise
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -38,7 +38,7 @@ from attnexport.pretrained import precision as P
 from attnexport.pretrained import reference as HR
 
 CONTEXTS = (128, 1024, 4096)
-FORMS = ("concat", "static")
+FORMS = tuple(name for name, form in forms.FORMS.items() if form.caches)  # a step to time: a cache
 # Generation agreement: this many greedy tokens after each prompt (the tokenizer's PROMPTS, else
 # seeded ids of these lengths), one prompt at a time.
 AGREEMENT_TOKENS = 48

@@ -46,9 +46,7 @@ class Family:
 
     def form(self, name: str) -> FM.CacheForm:
         """The cache form `name` of this family; a UsageError naming its forms otherwise."""
-        if name not in self.forms:
-            raise UsageError(f"--kv-cache for --hf is one of {', '.join(self.forms)}, got {name!r}")
-        return FM.FORMS[name]
+        return FM.form(name, self.forms)
 
     def generate(self, run, layout, prompts, new_tokens: int, watch: np.ndarray | None = None, dtype=np.float32):
         """Greedy decoding of `new_tokens` tokens after each prompt with the step graph of `layout`

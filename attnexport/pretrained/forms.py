@@ -119,7 +119,7 @@ class CacheForm:
 
     def signature(self, layout) -> SG.StepSignature:
         """The caches and write position of this form's step (the graph fills in the rest)."""
-        pairs = zip(self.cache_names(layout, "past_key_values"), self.cache_names(layout, "present"), strict=True)
+        pairs = layout.cache_pairs.items()
         return SG.StepSignature(caches=tuple(SG.CachePair(p, q, 2, self.kind or "concat") for p, q in pairs))
 
     # --- export ------------------------------------------------------------------------------------
@@ -191,7 +191,7 @@ class CacheForm:
         if past:
             out = run({"input_ids": ids[:, :past], "attention_mask": mask[:, :past],
                        "position_ids": positions[:, :past], **pasts})
-            pasts = {p: out[q] for p, q in zip(pasts, self.cache_names(layout, "present"), strict=True)}
+            pasts = {p: out[q] for p, q in layout.cache_pairs.items()}
         return {"input_ids": ids[:, past:], "attention_mask": mask, "position_ids": positions[:, past:], **pasts}
 
     def valid_positions(self, layout, feed: dict) -> dict:
@@ -220,13 +220,12 @@ class CacheForm:
         cache fed to the next."""
         batch, total = ids.shape
         state = self.empty_caches(layout, batch, dtype, self.cache_positions(layout))
-        pairs = dict(zip(state, self.cache_names(layout, "present"), strict=True))
         logits, start = [], 0
         while start < total:
             end = first if start == 0 else min(start + chunk, total)
             out = run(self.block_feed(layout, ids[:, start:end], start, state))
             logits.append(np.asarray(out["logits"], np.float64))
-            state = {past: out[present] for past, present in pairs.items()}
+            state = {past: out[present] for past, present in layout.cache_pairs.items()}
             start = end
         return np.concatenate(logits, axis=1)
 
@@ -393,7 +392,7 @@ class StaticCache(CacheForm):
         if past:
             out = run({"input_ids": ids[:, :past], "write_pos": np.zeros(batch, np.int64),
                        **{n: b[:, :, :past] for n, b in buffers.items()}})
-            for p, q in zip(list(buffers), self.cache_names(layout, "present"), strict=True):
+            for p, q in layout.cache_pairs.items():
                 buffers[p][:, :, :past] = out[q]
         return {"input_ids": ids[:, past:], "write_pos": np.full(batch, past, np.int64), **buffers}
 
@@ -414,11 +413,10 @@ class StaticCache(CacheForm):
         are masked out of every attention, so the model's outputs over the window are those over
         the whole buffers, and a check at thousands of positions computes a few rows in float64.
         Its presents' whole shapes are their buffers'."""
-        presents = self.cache_names(layout, "present")
-        pasts = self.cache_names(layout, "past_key_values")
-        end = valid[presents[0]].shape[2]
-        return ({n: v[:, :, :end] if n in pasts else v for n, v in feed.items()},
-                {q: tuple(np.shape(feed[p])) for p, q in zip(pasts, presents, strict=True)})
+        pairs = layout.cache_pairs
+        end = valid[next(iter(pairs.values()))].shape[2]
+        return ({n: v[:, :, :end] if n in pairs else v for n, v in feed.items()},
+                {q: tuple(np.shape(feed[p])) for p, q in pairs.items()})
 
     def block_feed(self, layout, block, start, state):
         return {"input_ids": block, "write_pos": np.full(block.shape[0], start, np.int64), **state}
@@ -446,10 +444,11 @@ CPU_ONLY_STATIC = ("not for CUDA: ONNX Runtime's CUDA provider has no float32 Gr
 FORMS: dict[str, CacheForm] = {f.name: f for f in (NoCache(), ConcatCache(), StaticCache())}
 
 
-def form(name: str) -> CacheForm:
-    """The form `name`; a UsageError naming the forms otherwise."""
-    if name not in FORMS:
-        raise UsageError(f"--kv-cache for --hf is one of {', '.join(FORMS)}, got {name!r}")
+def form(name: str, among=None) -> CacheForm:
+    """The form `name`; a UsageError naming the forms (`among`: a family's, of FORMS) otherwise."""
+    names = tuple(FORMS) if among is None else among
+    if name not in names:
+        raise UsageError(f"--kv-cache for --hf is one of {', '.join(names)}, got {name!r}")
     return FORMS[name]
 
 
@@ -479,8 +478,7 @@ class _Padded(Decoding):
         ids, mask, positions = left_padded(prompts, layout.pad_token)
         self.feed = {"input_ids": ids, "attention_mask": mask, "position_ids": positions,
                      **form.empty_caches(layout, len(prompts), dtype)}
-        self.pairs = dict(zip(form.cache_names(layout, "past_key_values"), form.cache_names(layout, "present"),
-                              strict=True))
+        self.pairs = layout.cache_pairs
         self.last = np.full(len(prompts), ids.shape[1] - 1)
 
     def advance(self, token, out):
@@ -507,8 +505,7 @@ class _RightPadded(Decoding):
             ids[b, :len(p)] = p
         self.feed = {"input_ids": ids, "write_pos": np.zeros(len(prompts), np.int64),
                      **form.empty_caches(layout, len(prompts), dtype, form.cache_positions(layout))}
-        self.pairs = dict(zip(form.cache_names(layout, "past_key_values"), form.cache_names(layout, "present"),
-                              strict=True))
+        self.pairs = layout.cache_pairs
         self.last = lengths - 1
         self.write_pos = lengths.copy()
 
