@@ -142,9 +142,7 @@ def export(variant=None, module_spec=None, hf_path=None, **passed):
             raise UsageError(f"{_MODULE_ONLY} go with --module (--hf knows its model's inputs, outputs and cache)")
         hf_export = pretrained.export
         form, max_seq = hf_form(options)
-        request = hf_export.request(a.hf_path, quant, form=form, max_seq=max_seq, flavor=a.flavor, opset=a.opset,
-                                    dtype=a.dtype, output=a.output, seed=a.seed, deploy=a.deploy, rtol=a.rtol,
-                                    atol=a.atol, precision=a.precision)
+        request = hf_export.request(a.hf_path, quant, **O.pick(a, hf_export.HFExport, form=form, max_seq=max_seq))
         return hf_export.export_hf(request)[0]
     if a.variant is not None and (a.rtol is not None or a.atol is not None):
         raise UsageError("--rtol/--atol set the check before writing of --hf and --module exports; a variant's "
@@ -152,15 +150,13 @@ def export(variant=None, module_spec=None, hf_path=None, **passed):
     if a.module_spec is None:
         if module_only:
             raise UsageError(f"{_MODULE_ONLY} go with --module")
-        return export_mod.export(export_mod.ExportRequest(a.variant, given(options), a.flavor, a.opset, a.dtype,
-                                                          seed=a.seed, output=a.output))
+        return export_mod.export(export_mod.ExportRequest(**O.pick(a, export_mod.ExportRequest,
+                                                                   options=given(options))))
     if isinstance(a.output_names, str):
         a.output_names = a.output_names.split(",")
-    request = export_mod.ModuleExport(
-        flavor=a.flavor, opset=a.opset, dtype=a.dtype, dynamic=dynamic_axes(a.dynamic_specs), output=a.output,
-        name=a.module_spec, nan_rows=a.nan_rows, seed=a.seed, allow_unfused=a.allow_unfused,
-        cache=cache_pairs(a.cache_specs) or None, write_pos=a.write_pos, output_names=a.output_names or None,
-        rtol=a.rtol, atol=a.atol)
+    request = export_mod.ModuleExport(**O.pick(a, export_mod.ModuleExport, dynamic=dynamic_axes(a.dynamic_specs),
+                                               name=a.module_spec, cache=cache_pairs(a.cache_specs) or None,
+                                               output_names=a.output_names or None))
     weights = module_weights(options)
     if given(options):
         flags = ", ".join("--" + k.replace("_", "-") for k in given(options))
@@ -189,9 +185,8 @@ def verify(models=(), *, progress: Callable | None = None, **passed):
         if given(options) or a.variants or a.flavors or a.cases or a.input_specs or a.cache_specs or a.write_pos:
             raise UsageError("--hf takes no --variant, --flavor, --case, --input, --cache, --write-pos or variant "
                              "options: the model says what it is")
-        return verify_hf(HFCheck(models[0], a.hf_path, a.runtimes, a.rtol, a.atol, a.skip_unavailable, a.seed,
-                                 a.new_tokens, tuple(clients.parse(a.clients_text)), Budget().with_overrides(a.budget),
-                                 a.strict_placement, a.localize, a.baseline_dir, a.save_baseline, a.max_growth))
+        return verify_hf(HFCheck(models[0], a.hf_path, **O.pick(a, HFCheck, clients=tuple(clients.parse(a.clients_text)),
+                                                                 budget=Budget().with_overrides(a.budget))))
     if a.module_spec is not None:
         if len(models) != 1:
             raise UsageError("--module compares one MODEL with the module it was exported from: give one MODEL")
@@ -199,24 +194,19 @@ def verify(models=(), *, progress: Callable | None = None, **passed):
         if given(options) or a.variants or a.flavors or a.cases:
             raise UsageError("--module takes no --variant, --flavor, --case or variant options: the model and the "
                              "module say what to compare")
-        return verify_mod.verify_module(models[0], a.module_spec, a.runtimes, rtol=a.rtol, atol=a.atol,
-                                        skip_unavailable=a.skip_unavailable,
-                                        input_specs=[modules.parse_input(t) for t in a.input_specs] or None,
-                                        seed=a.seed, weights_file=weights, cache=cache_pairs(a.cache_specs) or None,
-                                        write_pos=a.write_pos, strict_placement=a.strict_placement, localize=a.localize,
-                                        baseline=a.baseline_dir, save_baseline=a.save_baseline, max_growth=a.max_growth)
+        return verify_mod.verify_module(models[0], a.module_spec, **O.pick(
+            a, verify_mod.module_check.ModuleCheck, input_specs=[modules.parse_input(t) for t in a.input_specs] or None,
+            weights_file=weights, cache=cache_pairs(a.cache_specs) or None))
     if a.input_specs or a.cache_specs or a.write_pos:
         raise UsageError("--input, --cache and --write-pos go with --module (the inputs of a MODEL exported from a "
                          "module)")
     if models and a.cases:
         raise UsageError("--case selects golden cases to export and run; a MODEL runs those of its own options")
-    request = verify_mod.VerifyRequest(
-        variants=None if models else (list(a.variants) or None), flavors=list(a.flavors) or None,
-        runtimes=a.runtimes, dtype=a.dtype, golden_dir=a.golden_dir, models=list(models) or None, rtol=a.rtol,
-        atol=a.atol, skip_unavailable=a.skip_unavailable, strict_placement=a.strict_placement,
+    request = verify_mod.VerifyRequest(**O.pick(
+        a, verify_mod.VerifyRequest, variants=None if models else (list(a.variants) or None),
+        flavors=list(a.flavors) or None, models=list(models) or None,
         model_variant=a.variants[0] if models and a.variants else None, model_options=given(options) or None,
-        seed=a.seed, localize=a.localize, baseline=a.baseline_dir, save_baseline=a.save_baseline,
-        max_growth=a.max_growth, cases=list(a.cases) or None)
+        cases=list(a.cases) or None))
     return verify_mod.verify(request, progress=progress)
 
 
@@ -260,12 +250,11 @@ def bench(variant=None, module_spec=None, hf_path=None, *, progress: Callable | 
             raise UsageError("--hf takes --decode with --context, --flavor, --threads, --warmup, --iters, --seed and "
                              "--json (fp32 on ort-cpu, beside transformers and Optimum)")
         hf_bench = pretrained.bench
-        lm_request = hf_bench.HFBenchRequest(
-            a.hf_path, tuple(contexts or hf_bench.CONTEXTS),
-            flavors=tuple(a.flavors) or hf_bench.HFBenchRequest.flavors,
-            threads=a.threads or 0, iters=a.iters, warmup=a.warmup, seed=a.seed, genai_python=a.genai_python,
+        lm_request = hf_bench.HFBenchRequest(a.hf_path, **O.pick(
+            a, hf_bench.HFBenchRequest, contexts=tuple(contexts or hf_bench.CONTEXTS),
+            flavors=tuple(a.flavors) or hf_bench.HFBenchRequest.flavors, threads=a.threads or 0,
             precisions=precisions(a.precisions_text, "--precision", PRECISIONS),
-            genai_precisions=precisions(a.genai_precisions_text, "--genai-precision", GENAI_PRECISIONS))
+            genai_precisions=precisions(a.genai_precisions_text, "--genai-precision", GENAI_PRECISIONS)))
         lm_rows, info = hf_bench.bench_hf(lm_request, said=lambda text: said(f"timing {text}"))
         return BenchResult(lm_rows, str(a.hf_path), "fp32", language_model=True, info=info)
     if contexts and not a.decode:
@@ -284,14 +273,12 @@ def bench(variant=None, module_spec=None, hf_path=None, *, progress: Callable | 
         values = int_list("--" + name.replace("_", "-"), text)
         if values:
             opts[name] = values
-    request = bench_mod.BenchRequest(a.variant, opts, a.runtimes, list(a.flavors) or None, a.dtype, a.warmup, a.iters,
-                                     a.cuda_graph, a.threads, a.seed, a.repeat)
-    if a.plot:
-        a.plot = str(F.resolve_target(a.plot))  # refused before the benchmark runs, not after
+    request = bench_mod.BenchRequest(**O.pick(a, bench_mod.BenchRequest, options=opts, flavors=list(a.flavors) or None))
+    chart = str(F.resolve_target(a.plot)) if a.plot else None  # refused before the benchmark runs, not after
     for w in bench_mod.warnings_for(a.runtimes, a.dtype, a.cuda_graph):
         said(f"note: {w}")
     rows = bench_mod.bench_decode(request, None, contexts, progress=progress) if a.decode else \
         bench_mod.bench(request, progress=progress)
-    if a.plot:
-        bench_mod.plot(rows, a.plot, f"{title} {a.dtype}, median latency")
-    return BenchResult(rows, title, a.dtype, plot=a.plot)
+    if chart:
+        bench_mod.plot(rows, chart, f"{title} {a.dtype}, median latency")
+    return BenchResult(rows, title, a.dtype, plot=chart)

@@ -6,6 +6,7 @@ lacks is a variant option (or, misspelt, a TypeError)."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import click
@@ -16,6 +17,7 @@ from attnexport import runtimes as R
 from attnexport import variants as V
 from attnexport.errors import UsageError
 from attnexport.pretrained.precision import MINIMUM_FORMS, PRECISIONS
+from attnexport.verify.request import Checking
 
 
 class _Checked(click.Choice):
@@ -175,9 +177,9 @@ VERIFY = (
                  help="Compare every intermediate value with the export; name the first diverging node."),
     click.Option(["--save-baseline"], type=click.Path(), default=None,
                  help="Write every run's inputs and outputs to this folder (a known-good baseline)."),
-    click.Option(["--baseline", "baseline_dir"], type=click.Path(), default=None,
+    click.Option(["--baseline"], type=click.Path(), default=None,
                  help="Fail runs whose error grew more than --max-growth times since this baseline."),
-    click.Option(["--max-growth"], type=float, default=10.0, show_default=True,
+    click.Option(["--max-growth"], type=float, default=Checking.max_growth, show_default=True,
                  help="Allowed growth of the max abs error against --baseline."),
     click.Option(["--details"], is_flag=True, help="Show every run with its error statistics."),
     click.Option(["--case", "cases"], multiple=True,
@@ -257,6 +259,15 @@ def read(table, given: dict) -> tuple[SimpleNamespace, dict]:
     names = {o.name: o for o in table}
     values = {name: given[name] if name in given else _default(o) for name, o in names.items()}
     return SimpleNamespace(**values), {k: v for k, v in given.items() if k not in names}
+
+
+def pick(values: SimpleNamespace, request_class, **given) -> dict:
+    """Keywords for the dataclass `request_class`: `given`, and every field of it that `values`
+    (what `read` returns) holds under the same name: an option is then passed on by its name alone,
+    never restated as `name=a.name`."""
+    taken = {f.name: getattr(values, f.name) for f in dataclasses.fields(request_class)
+             if f.init and f.name not in given and hasattr(values, f.name)}
+    return {**taken, **given}
 
 
 def _default(option: click.Option):

@@ -14,6 +14,7 @@ from attnexport.errors import UsageError
 from attnexport.localize import Localization
 from attnexport.report import Row
 from attnexport.verify.executor import Executor
+from attnexport.verify.request import Checking
 
 TOL = tolerance("fp32")
 
@@ -85,7 +86,7 @@ def test_failing_runs_are_localized_up_to_the_limit_and_passing_ones_only_with_l
     ex.run(good, lambda: {"y": np.ones(2)}, _judge, locate=_diverged)
     assert good.passed and good.localization is None
     # --localize: every run, and a divergence fails a run whose outputs passed.
-    ex = Executor(localize=True)
+    ex = Executor(Checking(localize=True))
     good = _row("good")
     ex.run(good, lambda: {"y": np.ones(2)}, _judge, locate=_diverged)
     assert not good.passed and "diverge" in good.error and good.localization.node == "n1"
@@ -98,18 +99,18 @@ def test_failing_runs_are_localized_up_to_the_limit_and_passing_ones_only_with_l
 def test_max_growth_is_checked_once_for_every_mode(tmp_path):
     for bad in (0.5, math.inf, math.nan):
         with pytest.raises(UsageError, match="--max-growth"):
-            Executor(max_growth=bad)
+            Executor(Checking(max_growth=bad))
 
 
 def test_the_baseline_holds_every_row_that_compared_something(tmp_path):
     """Rows without output arrays (a language model's accuracy, generation's tokens) are kept by
     their comparisons, and a later run is held to them."""
-    ex = Executor(save_baseline=tmp_path / "b")
+    ex = Executor(Checking(save_baseline=tmp_path / "b"))
     kl = Row("accuracy", "v", "-", "ort-cpu", "fp32")
     ex.run(kl, lambda: 0.001,
            lambda got: [compare("mean KL", np.array(got), np.array(0.0), tolerance("fp32", 0, 0.01))])
     ex.report([], "fp32", [], [])
-    again = Executor(baseline=tmp_path / "b", max_growth=10)
+    again = Executor(Checking(baseline=tmp_path / "b", max_growth=10))
     grown = Row("accuracy", "v", "-", "ort-cpu", "fp32")
     again.run(grown, lambda: 0.05, lambda got: [compare("mean KL", np.array(got), np.array(0.0),
                                                         tolerance("fp32", 0, 0.1))])
@@ -120,10 +121,10 @@ def test_the_baseline_holds_every_row_that_compared_something(tmp_path):
 def test_a_row_that_fails_on_its_own_fails_whatever_its_baseline_says(tmp_path):
     """The baseline adds a reason to fail, never a reason to pass: a run whose output is over its
     tolerance fails even where the baseline recorded the same error (no growth)."""
-    ex = Executor(save_baseline=tmp_path / "b")
+    ex = Executor(Checking(save_baseline=tmp_path / "b"))
     ex.run(_row(), lambda: {"y": np.full(2, 1.5)}, _judge)
     ex.report([], "fp32", [], [])
-    again = Executor(baseline=tmp_path / "b")
+    again = Executor(Checking(baseline=tmp_path / "b"))
     row = _row()
     again.run(row, lambda: {"y": np.full(2, 1.5)}, _judge)
     assert row.baseline["passed"] and row.baseline["outputs"][0]["growth"] == pytest.approx(1.0)

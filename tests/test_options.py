@@ -31,3 +31,40 @@ def test_a_misspelt_keyword_is_refused_not_dropped(tmp_path):
     with pytest.raises(UsageError, match="hedas"):
         commands.export("mha", hedas=4, output=str(tmp_path / "m.onnx"))
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_every_verify_mode_takes_the_checking_options_by_their_declared_names():
+    # One declaration of where and how strictly verify runs (verify.request.Checking), shared by
+    # the golden/model, module and language-model requests; the command line's options bear the
+    # same names and defaults, so commands passes them on without naming them.
+    import dataclasses
+
+    from attnexport.pretrained.check import HFCheck
+    from attnexport.verify.module_check import ModuleCheck
+    from attnexport.verify.request import Checking, VerifyRequest
+    v, _ = O.read(O.VERIFY, {})
+    for f in dataclasses.fields(Checking):
+        assert getattr(v, f.name) == (f.default if not isinstance(f.default, list) else ()), f.name
+    for request in (VerifyRequest, ModuleCheck, HFCheck):
+        assert issubclass(request, Checking)
+    got = Checking.taken(O.read(O.VERIFY, {"max_growth": 3.0, "baseline": "b"})[0])
+    assert got["max_growth"] == 3.0 and got["baseline"] == "b"
+
+
+def test_pick_passes_each_option_a_request_has_by_its_name():
+    a, _ = O.read(O.EXPORT, {"variant": "mha", "seed": 7, "dtype": "fp16"})
+    from attnexport.export import ExportRequest
+    picked = O.pick(a, ExportRequest, options={"heads": 2})
+    assert picked["seed"] == 7 and picked["dtype"] == "fp16" and picked["options"] == {"heads": 2}
+    assert "params" not in picked and "use_cache" not in picked  # what the command line does not hold
+
+
+def test_commands_never_restate_an_option_by_name():
+    # `name=a.name` (passed on as given) in commands.py is an option written a third time: O.pick
+    # passes it on; what commands changes on the way (`name=a.name or None`) is its own.
+    import re
+    from pathlib import Path
+    text = Path(commands.__file__).read_text()
+    names = {o.name for table in (O.EXPORT, O.VERIFY, O.BENCH) for o in table}
+    restated = sorted(n for n in names if re.search(rf"\b{n}\s*=\s*a\.{n}\s*[,)]", text))
+    assert restated == []

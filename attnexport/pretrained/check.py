@@ -32,6 +32,7 @@ from attnexport.reading import load_model
 from attnexport.record import ExportRecord
 from attnexport.report import Report, Row
 from attnexport.verify.executor import Executor
+from attnexport.verify.request import Checking
 from attnexport.verify.module_check import changed_params
 
 # Generation parity without a tokenizer: seeded prompts of these lengths in one batch (left- or
@@ -44,24 +45,16 @@ DECODE_PREFILL = 4
 
 
 @dataclass(frozen=True)
-class HFCheck:
-    """What `verify MODEL --hf PATH` checks: the model file against the model at `source`."""
+class HFCheck(Checking):
+    """What `verify MODEL --hf PATH` checks: the model file against the model at `source`, with the
+    Checking fields (where and how strictly)."""
 
     model_path: str | Path
     source: str | Path
-    runtimes: list[str] | None = None
-    rtol: float | None = None
-    atol: float | None = None
-    skip_unavailable: bool = False
     seed: int | None = None
     new_tokens: int = NEW_TOKENS
     clients: tuple = ()  # with a deployment folder: the clients that load it (attnexport.pretrained.clients)
     budget: A.Budget = A.Budget()  # what a quantized or fp16 model may cost in answers
-    strict_placement: bool = False  # a compute node an accelerated runtime left on the CPU fails the row
-    localize: bool = False  # localize every ONNX run; a divergence fails it
-    baseline: str | Path | None = None  # a known-good baseline folder to compare with (verify.executor)
-    save_baseline: str | Path | None = None  # write the runs as a baseline folder
-    max_growth: float = 10.0
 
 
 @dataclass
@@ -153,8 +146,7 @@ def verify_hf(check: HFCheck) -> Report:
     quantized = P.record_of(model)
     used, table = R.select(check.runtimes, check.skip_unavailable)
     used, table = _able(model, used, table, check, quantized)
-    executor = Executor(check.strict_placement, check.localize, check.baseline, check.save_baseline,
-                        check.max_growth)
+    executor = Executor(check.checking)
     ctx = _Context(check, model, layout, reference, tokenizer, dtype, flavor, used,
                    {rt: _prepared(rt, model) for rt in used if rt in R.ONNX_RUNTIMES}, executor)
     record = meta.parsed("params", {})

@@ -52,10 +52,8 @@ def verify(request: VerifyRequest | None = None, *, progress: Callable[[int, int
     r = request or VerifyRequest(**fields)
     variants, flavors, runtimes, dtype, golden_dir, models = \
         r.variants, r.flavors, r.runtimes, r.dtype, r.golden_dir, r.models
-    rtol, atol, seed, cases, max_growth = r.rtol, r.atol, r.seed, r.cases, r.max_growth
-    model_variant, model_options, baseline, save_baseline = r.model_variant, r.model_options, r.baseline, \
-        r.save_baseline
-    skip_unavailable, strict_placement, localize = r.skip_unavailable, r.strict_placement, r.localize
+    rtol, atol, seed, cases = r.rtol, r.atol, r.seed, r.cases
+    model_variant, model_options = r.model_variant, r.model_options
     if dtype is not None:
         D.check(dtype)
     check_tolerance_values(rtol, atol)
@@ -68,8 +66,8 @@ def verify(request: VerifyRequest | None = None, *, progress: Callable[[int, int
     flavors = FL.check_all(flavors)
     if models and len(flavors) > 1 and flavors != list(E.FLAVORS):
         raise UsageError("a model file has one flavor: give at most one --flavor")
-    executor = Executor(strict_placement, localize, baseline, save_baseline, max_growth)
-    used, table = R.select(runtimes, skip_unavailable)
+    executor = Executor(r.checking)
+    used, table = R.select(runtimes, r.skip_unavailable)
     if models:
         model_flavor = flavors[0] if flavors != list(E.FLAVORS) else None
         plan, dtypes = [], set()

@@ -24,32 +24,31 @@ from attnexport.compare import Comparison
 from attnexport.errors import UsageError, reason
 from attnexport.localize import Localization
 from attnexport.report import Report, Row
+from attnexport.verify.request import Checking
 
 AUTO_LOCALIZE_LIMIT = 20  # failing runs localized without --localize, per verify call
 
 
 class Executor:
-    """Runs the rows of one verify call and keeps them.
+    """Runs the rows of one verify call and keeps them, as `checking` (a request's Checking) says.
 
-    `strict`: a compute node an accelerated runtime left on the CPU fails the row
-    (--strict-placement). `localize`: every run with a graph is localized, and a divergence fails
-    it (--localize); otherwise failing runs are, up to `auto_localize` of them. `baseline`: a folder
-    of a known-good run (`attnexport.baseline`) every run is compared with, failing where an
-    output's error grew more than `max_growth` times; `save_baseline`: where `report` writes the
-    runs as one.
+    Its `strict_placement`: a compute node an accelerated runtime left on the CPU fails the row.
+    `localize`: every run with a graph is localized, and a divergence fails it; otherwise failing
+    runs are, up to `auto_localize` of them. `baseline`: a folder of a known-good run
+    (`attnexport.baseline`) every run is compared with, failing where an output's error grew more
+    than `max_growth` times; `save_baseline`: where `report` writes the runs as one.
     """
 
-    def __init__(self, strict: bool = False, localize: bool = False, baseline: str | Path | None = None,
-                 save_baseline: str | Path | None = None, max_growth: float = 10.0,
-                 auto_localize: int = AUTO_LOCALIZE_LIMIT):
-        if not (isinstance(max_growth, (int, float)) and math.isfinite(max_growth) and max_growth >= 1):
-            raise UsageError(f"--max-growth must be a finite number >= 1, got {max_growth}")
-        self.strict, self.localize_all, self.max_growth = strict, localize, max_growth
-        self.auto_localize = auto_localize
-        self.baseline, self.save_baseline = baseline, save_baseline
-        self.entries = B.load(baseline) if baseline is not None else None
-        if save_baseline is not None:  # before any work: the folder must be writable
-            F.resolve_target(Path(save_baseline) / B.MANIFEST, new_folder=True)
+    def __init__(self, checking: Checking = Checking(), auto_localize: int = AUTO_LOCALIZE_LIMIT):
+        growth = checking.max_growth
+        if not (isinstance(growth, (int, float)) and math.isfinite(growth) and growth >= 1):
+            raise UsageError(f"--max-growth must be a finite number >= 1, got {growth}")
+        self.checking, self.auto_localize = checking, auto_localize
+        self.strict, self.localize_all = checking.strict_placement, checking.localize
+        self.baseline, self.save_baseline = checking.baseline, checking.save_baseline
+        self.entries = B.load(self.baseline) if self.baseline is not None else None
+        if self.save_baseline is not None:  # before any work: the folder must be writable
+            F.resolve_target(Path(self.save_baseline) / B.MANIFEST, new_folder=True)
         self.rows: list[Row] = []
         self.localized = 0
 
@@ -83,7 +82,8 @@ class Executor:
         if locate is not None and (self.localize_all or (not row.passed and self.localized < self.auto_localize)):
             self._localize(row, locate, got)
         if self.entries is not None and not row.skipped:
-            row.baseline = B.check(row, self.entries.get(B.key(row.case, row.flavor, row.runtime)), self.max_growth)
+            row.baseline = B.check(row, self.entries.get(B.key(row.case, row.flavor, row.runtime)),
+                                   self.checking.max_growth)
             row.passed = row.passed and row.baseline["passed"]
         return got
 

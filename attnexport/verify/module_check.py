@@ -29,6 +29,7 @@ from attnexport.report import Report, Row
 from attnexport.signature import WritePos
 from attnexport.verify.decode_checks import cache_of, module_decode_rows, module_static_rows, write_pos_of
 from attnexport.verify.executor import Executor
+from attnexport.verify.request import Checking
 from attnexport.verify.run import LoadedModule
 
 # --- a user's module against its model -------------------------------------------------------
@@ -39,26 +40,18 @@ VERIFY_SIZES = ((1, 1), (1, 5), (3, 7))
 
 
 @dataclass(frozen=True)
-class ModuleCheck:
+class ModuleCheck(Checking):
     """What `verify --module` checks: a model file against the module `spec` (FILE.py:NAME) it was
-    exported from, where and how strictly; the fields are verify_module's keywords."""
+    exported from, with the Checking fields (where and how strictly); the fields are
+    verify_module's keywords."""
 
     model_path: str | Path
     spec: str
-    runtimes: list[str] | None = None
-    rtol: float | None = None
-    atol: float | None = None
-    skip_unavailable: bool = False
     input_specs: list | None = None  # parse_input results, in forward's order
     seed: int | None = None
     weights_file: str | Path | None = None
     cache: dict | None = None  # {input: output} pairs of a model that does not record them
     write_pos: str | None = None  # the write position of its static cache (`cache` its buffers)
-    strict_placement: bool = False  # a compute node an accelerated runtime left on the CPU fails the row
-    localize: bool = False  # localize every ONNX run; a divergence fails it
-    baseline: str | Path | None = None  # a known-good baseline folder to compare with (verify.executor)
-    save_baseline: str | Path | None = None  # write the runs as a baseline folder
-    max_growth: float = 10.0
 
 
 def verify_module(model_path, spec: str, runtimes: list[str] | None = None, **fields) -> Report:
@@ -78,7 +71,7 @@ def verify_module(model_path, spec: str, runtimes: list[str] | None = None, **fi
     axis}}) is also checked for the decode property: see `decode_checks.module_decode_rows`.
     """
 
-    check = ModuleCheck(model_path, spec, runtimes, **fields)
+    check = ModuleCheck(model_path, spec, runtimes=runtimes, **fields)
     check_tolerance_values(check.rtol, check.atol)
     with np.errstate(all="ignore"):  # a NaN is reported by the comparison, not by a RuntimeWarning
         return _verify_module(check)
@@ -116,8 +109,7 @@ def _verify_module(check: ModuleCheck) -> Report:
     cache = cache_of(model, check.cache, static=check.write_pos is not None) if check.cache is not None else \
         recorded.cache()
     write = _write_pos(model, recorded, check, cache)
-    executor = Executor(check.strict_placement, check.localize, check.baseline, check.save_baseline,
-                        check.max_growth)
+    executor = Executor(check.checking)
     known_good = _KnownGood(module, spec, names, spec_inputs, declared, flavor, meta, dtype)
 
     def plain(module, feed):
