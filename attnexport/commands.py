@@ -185,8 +185,8 @@ def verify(models=(), *, progress: Callable | None = None, **passed):
         if given(options) or a.variants or a.flavors or a.cases or a.input_specs or a.cache_specs or a.write_pos:
             raise UsageError("--hf takes no --variant, --flavor, --case, --input, --cache, --write-pos or variant "
                              "options: the model says what it is")
-        return verify_hf(HFCheck(models[0], a.hf_path, **O.pick(a, HFCheck, clients=tuple(clients.parse(a.clients_text)),
-                                                                 budget=Budget().with_overrides(a.budget))))
+        return verify_hf(HFCheck(models[0], a.hf_path, **O.pick(
+            a, HFCheck, clients=tuple(clients.parse(a.clients_text)), budget=Budget().with_overrides(a.budget))))
     if a.module_spec is not None:
         if len(models) != 1:
             raise UsageError("--module compares one MODEL with the module it was exported from: give one MODEL")

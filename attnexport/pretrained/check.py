@@ -32,8 +32,8 @@ from attnexport.reading import load_model
 from attnexport.record import ExportRecord
 from attnexport.report import Report, Row
 from attnexport.verify.executor import Executor
-from attnexport.verify.request import Checking
 from attnexport.verify.module_check import changed_params
+from attnexport.verify.request import Checking
 
 # Generation parity without a tokenizer: seeded prompts of these lengths in one batch (left- or
 # right-padded by the form's loop); with one, hf_reference.PROMPTS. This many new tokens.

@@ -39,7 +39,8 @@ class Executor:
     than `max_growth` times; `save_baseline`: where `report` writes the runs as one.
     """
 
-    def __init__(self, checking: Checking = Checking(), auto_localize: int = AUTO_LOCALIZE_LIMIT):
+    def __init__(self, checking: Checking | None = None, auto_localize: int = AUTO_LOCALIZE_LIMIT):
+        checking = checking or Checking()
         growth = checking.max_growth
         if not (isinstance(growth, (int, float)) and math.isfinite(growth) and growth >= 1):
             raise UsageError(f"--max-growth must be a finite number >= 1, got {growth}")
