@@ -682,8 +682,9 @@ class ModuleExport:
             each such input's positions axis (axis -2 unless `dynamic` names another) is symbolic
             (`past_len`), the export is checked with empty caches too, and `verify --module`
             checks the decode property (recorded as `attnexport.cache` metadata).
-        record: more of the export's record (`record.ExportRecord`'s fields: a whole model's `hf`
-            layout, where its parameters came from).
+        record: more of the export's record (`record.ExportRecord`'s fields: where a whole model's
+            parameters came from).
+        model_sizes: a whole model's sizes, recorded in its step signature (`signature.StepSignature.model`).
         write_pos: the module's cache is static, given: `cache`'s inputs are buffers that keep
             their size (positions on axis -2), each step writes its block into them where the
             input `write_pos` says (each sequence's first position (B,), the block's positions
@@ -721,6 +722,7 @@ class ModuleExport:
     allow_unfused: bool = False
     cache: dict | None = None
     record: dict | None = None
+    model_sizes: dict | None = None
     write_pos: str | None = None
     check: Callable[[onnx.ModelProto], list] | None = None
     rewrite: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None
@@ -809,7 +811,7 @@ def export_module(module, example_inputs, request: ModuleExport | None = None, *
         model = r.rewrite(model)
     caches = tuple(replace(c, axis=cache_axes[c.past]) for c in t.target.signature.caches)
     model, op_name = finish(model, Finishing(r.flavor, opset, r.dtype, r.name, bool(calls)), params, meta,
-                            StepSignature(caches=caches, write_pos=write))
+                            StepSignature(caches=caches, write_pos=write, model=r.model_sizes))
     if r.finalize is not None:
         model = r.finalize(model)
     checked = r.check(model) if r.check is not None else \

@@ -27,12 +27,13 @@ PREFIX = "attnexport."
 @dataclass(frozen=True)
 class ExportRecord:
     """An export's record. What made it: a variant (`variant`, `options`), a user's module
-    (`module`, `inputs`, `routed`) or a whole model (`hf`: its layout); how (`flavor` asked,
-    `graph_flavor` made, `opset`, `dtype`, `seed`); its parameters (`params`: each one's
+    (`module`, `inputs`, `routed`) or a whole model (its sizes in `signature`); how (`flavor`
+    asked, `graph_flavor` made, `opset`, `dtype`, `seed`); its parameters (`params`: each one's
     initializer and fingerprint, `params_sha256`, `params_source`); its step (`signature`, and
     ONNX Runtime's limits of a static step: `static_blocks`, `static_buffers`); a quantization
     (`precision`); the golden manifest it was checked against; attnexport's and torch's versions.
-    `cache` and `write_pos` are what files from before signatures recorded."""
+    `cache` and `write_pos` are what files from before signatures recorded, `hf` a whole model's
+    sizes in files from before they were in the signature."""
 
     variant: str | None = None
     options: str | None = None

@@ -13,6 +13,10 @@ updated, on which axis its positions lie, and its kind:
 
 A static cache's write position comes with its form (`WritePos`): one position per sequence
 ("start"), the block's positions ("positions"), or one position for every sequence ("shared").
+
+A whole model's step also records the model's sizes (`model`: its family's task, cache form,
+layers, cache heads and head size, vocabulary, static buffers, pad token; see
+`attnexport.pretrained.model.Layout`), so that one record says all an app needs to drive it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -112,6 +117,7 @@ class StepSignature:
         write_pos: a static cache's write position, or None.
         along: the outputs that run along the sequence -> their sequence axis (None: `output`,
             on the stream inputs' axis, as a variant's).
+        model: a whole model's sizes (see the module's text); None for a variant's or a module's.
     """
 
     inputs: tuple[str, ...] = ()
@@ -120,6 +126,7 @@ class StepSignature:
     caches: tuple[CachePair, ...] = ()
     write_pos: WritePos | None = None
     along: Mapping[str, int] | None = None
+    model: Mapping[str, Any] | None = None
 
     @property
     def pairs(self) -> dict[str, str]:
@@ -151,7 +158,8 @@ class StepSignature:
             "dynamic_axes": {n: {str(a): d for a, d in axes.items()} for n, axes in self.dynamic_axes.items()},
             "caches": [{"past": c.past, "present": c.present, "axis": c.axis, "kind": c.kind} for c in self.caches],
             "write_pos": self.write_pos.meta() if self.write_pos else None,
-            **({"along": dict(self.along)} if self.along is not None else {})}, sort_keys=True)
+            **({"along": dict(self.along)} if self.along is not None else {}),
+            **({"model": dict(self.model)} if self.model is not None else {})}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> StepSignature:
@@ -160,7 +168,8 @@ class StepSignature:
                    {n: {int(a): d for a, d in axes.items()} for n, axes in f.get("dynamic_axes", {}).items()},
                    tuple(CachePair(c["past"], c["present"], int(c["axis"]), c["kind"]) for c in f.get("caches", ())),
                    WritePos.from_meta(f["write_pos"]) if f.get("write_pos") else None,
-                   {n: int(a) for n, a in f["along"].items()} if f.get("along") is not None else None)
+                   {n: int(a) for n, a in f["along"].items()} if f.get("along") is not None else None,
+                   f.get("model"))
 
     def with_graph(self, model) -> StepSignature:
         """This signature with the graph's inputs (initializers left out), outputs and symbolic
@@ -174,7 +183,7 @@ class StepSignature:
             if dims:
                 axes[vi.name] = dims
         signature = StepSignature(tuple(i.name for i in ins), tuple(o.name for o in outs), axes, self.caches,
-                                  self.write_pos, self.along)
+                                  self.write_pos, self.along, self.model)
         problem = signature.disagreement(model)
         if problem:
             raise ValueError(problem)

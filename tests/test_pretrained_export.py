@@ -16,6 +16,7 @@ pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip 
 from conftest import cli as run  # noqa: E402
 
 from attnexport import signature as SG  # noqa: E402
+from attnexport.errors import UsageError  # noqa: E402
 from attnexport.pretrained import export as hf_export  # noqa: E402
 from attnexport.pretrained import forms  # noqa: E402
 from attnexport.pretrained import model as hf  # noqa: E402
@@ -56,6 +57,32 @@ def test_a_deployment_folder_holds_what_its_clients_read(folders, tmp_path):
     for path in [out, out / "onnx", *out.rglob("*")]:  # the user's umask, as a plain mkdir and open would
         assert path.stat().st_mode & 0o027 == 0, path
     assert not list(tmp_path.glob(".attnexport-*"))  # no staging folder left
+
+
+def test_the_model_sizes_are_in_the_signature_and_files_from_before_are_read_alike(folders, tmp_path):
+    out = tmp_path / "m.onnx"
+    _, layout = hf_export.export_hf(hf_export.HFExport(folders["llama"], form="static", max_seq=16, output=out))
+    model = onnx.load(out)
+    props = {p.key: p.value for p in model.metadata_props}
+    assert hf.OLD_META not in props  # one record: the signature
+    assert json.loads(props[SG.META])["model"] == layout.sizes() and hf.Layout.of(model) == layout
+    # A file from before: its sizes in attnexport.hf, its signature without them.
+    signature = json.loads(props[SG.META])
+    sizes = signature.pop("model")
+    old = {**props, SG.META: json.dumps(signature), hf.OLD_META: json.dumps(sizes)}
+    del model.metadata_props[:]
+    for key, value in old.items():
+        model.metadata_props.add(key=key, value=value)
+    assert hf.Layout.of(model) == layout
+    # One whose caches disagree with its recorded form, and one whose sizes are damaged: one line each.
+    model.metadata_props[[p.key for p in model.metadata_props].index(hf.OLD_META)].value = \
+        json.dumps({**sizes, "form": "concat"})
+    with pytest.raises(UsageError, match="records its caches otherwise than its concat form"):
+        hf.Layout.of(model)
+    model.metadata_props[[p.key for p in model.metadata_props].index(hf.OLD_META)].value = \
+        json.dumps({**sizes, "heads": 3})
+    with pytest.raises(UsageError, match="recorded sizes are damaged"):
+        hf.Layout.of(model)
 
 
 def test_an_existing_deployment_folder_gets_its_files_replaced_and_keeps_the_rest(folders, tmp_path):

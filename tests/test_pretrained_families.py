@@ -58,7 +58,7 @@ def test_a_second_decoder_only_family_is_a_class_and_a_line_and_exports_and_veri
     path = tmp_path / "gpt2.onnx"
     _, layout = hf_export.export_hf(hf_export.HFExport(tiny_lm("gpt2"), form="concat", output=path))
     model = onnx.load(path)
-    recorded = json.loads({p.key: p.value for p in model.metadata_props}[hf.META])
+    recorded = json.loads({p.key: p.value for p in model.metadata_props}["attnexport.signature"])["model"]
     assert recorded["task"] == "lm-head" and layout.family.task == "lm-head"
     assert hf.Layout.of(model).family is families.FAMILIES["lm-head"]
     report = verify_hf(HFCheck(path, tiny_lm("gpt2"), runtimes=["torch", "ort-cpu"]))

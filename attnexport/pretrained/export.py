@@ -147,7 +147,7 @@ def export_hf(request: HFExport) -> tuple[ModuleExportResult, hf.Layout]:
         output=None if deploy else r.output, input_names=list(feed), name=name,
         seed=r.seed if params_source == "seed" else None, output_names=layout.outputs,
         cache=layout.cache_pairs or None,
-        record={"hf": layout.meta(), "params_source": params_source},
+        record={"params_source": params_source}, model_sizes=layout.sizes(),
         write_pos=layout.signature.write_pos.name if layout.signature.write_pos else None,
         check=check, finalize=quantize if plan is not None else None,
         rewrite=lambda onnx_model: _rewritten(onnx_model, model, layout, flavor, dtype, name),

@@ -19,7 +19,7 @@ from attnexport.pretrained import forms as FM
 class Family:
     """One family. Subclasses set the class attributes and override what differs."""
 
-    # The task an export records (`attnexport.hf` metadata) and verify's rows name.
+    # The task an export records (its step signature's `model`) and verify's rows name.
     task: ClassVar[str]
     # What `--hf` calls a model of it in a refusal.
     what: ClassVar[str]

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +23,9 @@ from attnexport.pretrained import families, forms
 from attnexport.pretrained.forms import left_padded
 from attnexport.record import ExportRecord
 
-# The metadata key that says which form a model is and its cache's shape (the export record's
-# `hf`, see `Layout.meta`).
-META = "attnexport.hf"
+# Where files exported before the step signature recorded a model's sizes (the export record's
+# `hf`); the signature's `model` holds them since (`Layout.sizes`).
+OLD_META = "attnexport.hf"
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                  "pytorch_model.bin.index.json")
 # What a folder holds when it has a tokenizer (the fast tokenizer's file, or a slow one's vocabulary).
@@ -36,7 +35,8 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenize
 @dataclass(frozen=True)
 class Layout:
     """A language model's step graph, as apps (and verify and bench) drive it: the cache form,
-    the layers, the cache's heads and head size, the buffers' positions (static), the vocabulary."""
+    the layers, the cache's heads and head size, the buffers' positions (static), the vocabulary.
+    An export records it in its step signature (`signature.StepSignature.model`)."""
 
     form: str
     layers: int
@@ -72,27 +72,39 @@ class Layout:
     def outputs(self) -> list[str]:
         return self.cache_form.outputs(self)
 
-    def meta(self) -> str:
-        return json.dumps({"task": self.task, **vars(self)})
+    def sizes(self) -> dict:
+        """The fields the step signature records (`model`)."""
+        return dict(vars(self))
 
     @classmethod
     def of(cls, model) -> Layout:
-        """The layout an export recorded (`attnexport.hf` metadata); a UsageError if it has none."""
-        fields = ExportRecord.of(model).parsed("hf")
-        if fields is None:
-            raise UsageError("the model is not a language model exported with --hf (no attnexport.hf metadata)")
-        families.of_task(fields.get("task", families.DecoderOnly.task)).form(fields.get("form"))
-        layout = cls(**fields)
+        """The layout an export recorded: its step signature's `model` (files exported before it:
+        their `attnexport.hf` metadata, checked against the signature's caches where there is
+        one); a UsageError if it has none."""
         recorded = SG.of(model)  # None: exported before signatures
-        if recorded is not None and recorded.caches != layout.signature.caches:
+        fields = recorded.model if recorded is not None else None
+        if fields is None:
+            fields = ExportRecord.of(model).parsed("hf")
+        if fields is None:
+            raise UsageError("the model is not a language model exported with --hf (its signature records no "
+                             "model sizes)")
+        if not isinstance(fields, dict) or set(fields) - {f for f in cls.__dataclass_fields__}:
+            raise UsageError(f"the model's recorded sizes are damaged: {fields!r:.120}")
+        families.of_task(fields.get("task", families.DecoderOnly.task)).form(fields.get("form"))
+        try:
+            layout = cls(**fields)
+        except TypeError as e:
+            raise UsageError(f"the model's recorded sizes are damaged ({e})") from None
+        expected = layout.signature.caches
+        if recorded is not None and recorded.caches != expected:
             raise UsageError(f"the model's signature records its caches otherwise than its {layout.form} form does "
-                             f"({len(recorded.caches)} pairs, the form has {len(layout.signature.caches)})")
+                             f"({len(recorded.caches)} pairs, the form has {len(expected)})")
         return layout
 
     @property
     def signature(self) -> SG.StepSignature:
-        """The caches and write position of this layout's step (the graph fills in the rest)."""
-        return self.cache_form.signature(self)
+        """The caches, write position and sizes of this layout's step (the graph fills in the rest)."""
+        return replace(self.cache_form.signature(self), model=self.sizes())
 
 
 # --- loading ------------------------------------------------------------------------------------
