@@ -103,15 +103,15 @@ def module_weights(options: dict):
     return weights
 
 
-def hf_form(options: dict) -> tuple[str, int]:
-    """(cache form, max_seq) from --kv-cache [static] and --max-seq (`hf_export` checks that they
-    go together); no other variant option."""
+def hf_form(options: dict) -> tuple[str | None, int]:
+    """(cache form (None: the family's default), max_seq) from --kv-cache [static] and --max-seq
+    (`hf_export` checks that they go together); no other variant option."""
     kv_cache, max_seq = options.pop("kv_cache", None), options.pop("max_seq", None)
     rest = {k: v for k, v in options.items() if v is not None}
     if rest:
         raise UsageError(f"--hf takes no variant options but --kv-cache and --max-seq "
                          f"({', '.join('--' + k.replace('_', '-') for k in rest)})")
-    return kv_cache or "none", max_seq or 0
+    return kv_cache, max_seq or 0
 
 
 def _one_source(variant, module_spec, hf_path) -> None:

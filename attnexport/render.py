@@ -168,9 +168,10 @@ def verify(report, details: bool = False, out: Console | None = None) -> None:
         c, r = max(derived, key=lambda cr: cr[0].atol)
         click.echo(f"budgets: per output, atol = max(policy, {FP32_FACTOR:g} x torch's own error against the model "
                    f"in float64), rtol {c.rtol:g}; the largest: {c.name} of {r.case}, atol {c.atol:.3g} ({c.basis})")
-    for r in report.rows:  # a lossy language model's accuracy, in words
+    for r in report.rows:  # a lossy language model's accuracy, an encoder's embeddings, in words
         if r.detail and "summary" in r.detail:
-            click.echo(f"accuracy on {r.runtime}: {r.detail['summary']}; budget: {r.detail['budget']['text']}")
+            click.echo(f"{r.detail.get('measure', 'accuracy')} on {r.runtime}: {r.detail['summary']}; budget: "
+                       f"{r.detail['budget']['text']}")
         if r.detail and r.detail.get("layer_costs"):
             top = ", ".join(f"{c['group']} {c['kl_mean']:.2g}" for c in r.detail["layer_costs"][:5])
             click.echo(f"layers that cost most, each quantized alone (mean KL vs fp32): {top}")

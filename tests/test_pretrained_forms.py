@@ -14,7 +14,7 @@ from attnexport.pretrained import model as hf  # noqa: E402
 from attnexport.pretrained.check import HFCheck, verify_hf  # noqa: E402
 
 
-@pytest.mark.parametrize("name", list(forms.FORMS))
+@pytest.mark.parametrize("name", families.DecoderOnly.forms)
 def test_every_feed_a_form_makes_is_its_inputs_and_its_axes_name_only_them(name):
     layout = hf.Layout(name, layers=2, kv_heads=1, head_dim=4, vocab=11, max_seq=16)
     form = layout.cache_form

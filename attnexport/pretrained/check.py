@@ -24,6 +24,7 @@ from attnexport.errors import AttnExportError, UsageError, reason
 from attnexport.localize import Localization, locate
 from attnexport.pretrained import accuracy as A
 from attnexport.pretrained import clients, forms
+from attnexport.pretrained import embeddings as E
 from attnexport.pretrained import export as hf_export
 from attnexport.pretrained import model as hf
 from attnexport.pretrained import precision as P
@@ -39,6 +40,7 @@ from attnexport.verify.request import Checking
 # right-padded by the form's loop); with one, hf_reference.PROMPTS. This many new tokens.
 PROMPT_LENGTHS = (5, 9, 2)
 NEW_TOKENS = 48
+EMBED_BATCH = 8  # sentences a run of the embeddings check embeds at once
 # The decode property: (batch, blocks after a prefill of DECODE_PREFILL, total tokens).
 DECODE = ((2, 1, 8), (1, 3, 10))
 DECODE_PREFILL = 4
@@ -140,8 +142,9 @@ def verify_hf(check: HFCheck) -> Report:
     check = HFCheck(**{**vars(check), "seed": seed})
     hf_model, _ = hf.load(check.source, seed)
     tokenizer = hf.tokenizer_of(check.source)
+    hf.check_tokenizer(layout, tokenizer, check.source)
     prompts = HR.prompts(tokenizer, layout, PROMPT_LENGTHS, seed=4)
-    _check_room(layout, prompts, check.new_tokens)
+    _check_room(layout, prompts, check.new_tokens, tokenizer)
     reference = HR.Reference(hf_model, layout, dtype, check.rtol, check.atol)
     quantized = P.record_of(model)
     used, table = R.select(check.runtimes, check.skip_unavailable)
@@ -163,14 +166,11 @@ def verify_hf(check: HFCheck) -> Report:
             executor.record(row)
         elif quantized is not None:  # its answers are judged by the accuracy budget, its weights by their source
             _weights_rows(ctx, quantized)
-            _accuracy_rows(ctx, prompts)
+            _ROWS[layout.family.answers[1]](ctx, prompts)
         else:  # half precision: each step within fp16's budget, its answers by the accuracy budget
-            _shape_rows(ctx)
-            _decode_rows(ctx)
-            if dtype != "fp32":
-                _accuracy_rows(ctx, prompts)
-            else:
-                _generation_rows(ctx, prompts)
+            for name in layout.family.checks:
+                _ROWS[name](ctx, prompts)
+            _ROWS[layout.family.answers[dtype != "fp32"]](ctx, prompts)
         if not changed and not damaged:
             if check.clients:
                 _client_rows(ctx, folder, prompts)
@@ -314,16 +314,25 @@ def _accuracy_rows(ctx: _Context, prompts) -> None:
         ctx.executor.record(row)
 
 
-def _check_room(layout: hf.Layout, prompts, new_tokens: int) -> None:
-    """A static model's buffers must hold every check's positions: a one-line refusal otherwise."""
-    form = layout.cache_form
-    needs = max(max(past + block for _, _, block, past, _ in form.verify_checks), max(t for _, _, t in DECODE),
-                max(len(p) for p in prompts) + new_tokens)
-    form.check_room(layout, needs, f"verify --hf runs prompts of up to {max(len(p) for p in prompts)} tokens and "
-                                   f"{new_tokens} new ones (--new-tokens)")
+def _check_room(layout: hf.Layout, prompts, new_tokens: int, tokenizer) -> None:
+    """The model's step must hold every check's positions (a static model's buffers, an encoder's
+    position table): a one-line refusal otherwise."""
+    longest = max(len(p) for p in prompts)
+    needs = {"shapes": (max(past + block for _, _, block, past, _ in layout.cache_form.verify_checks),
+                        "verify --hf checks steps"),
+             "decode": (max(t for _, _, t in DECODE), "verify --hf decodes"),
+             "generation": (longest + new_tokens, f"verify --hf runs prompts of up to {longest} tokens and "
+                                                  f"{new_tokens} new ones (--new-tokens)"),
+             "accuracy": (longest + new_tokens, f"verify --hf runs prompts of up to {longest} tokens and "
+                                                f"{new_tokens} new ones (--new-tokens)")}
+    if tokenizer is not None:
+        needs["embeddings"] = (max(len(ids) for ids in tokenizer(E.sentences())["input_ids"]),
+                               "verify --hf embeds sentences")
+    layout.cache_form.check_room(layout, *max(needs[n] for n in (*layout.family.checks, *layout.family.answers)
+                                              if n in needs))
 
 
-def _shape_rows(ctx: _Context) -> None:
+def _shape_rows(ctx: _Context, prompts=None) -> None:
     """The step at each shape, its caches written by the model from a prefix of text, against the
     float64 model on the same feed."""
     for label, batch, block, past, padded in ctx.layout.cache_form.verify_checks:
@@ -333,8 +342,8 @@ def _shape_rows(ctx: _Context) -> None:
         for rt in ctx.used:
             if R.runs_module(rt):  # the budget is torch's own error on this feed: torch's rows are the generation's
                 continue
-            row = ctx.row(label, rt, "the model in float64, caches written by it in fp32",
-                          expected.tolerances["logits"])
+            row = ctx.row(label, rt, "the model in float64" + (", caches written by it in fp32" if past else ""),
+                          expected.tolerances[ctx.layout.outputs[0]])
             row.inputs, row.expected = feed, expected.outputs
             ctx.run(row, functools.partial(_called, feed=feed),
                     functools.partial(expected.compare, names=ctx.layout.outputs),
@@ -349,7 +358,7 @@ def _located(ctx: _Context, feed: dict, runtime: str, _result=None) -> Localizat
     return ctx.localize(feed, runtime)
 
 
-def _decode_rows(ctx: _Context) -> None:
+def _decode_rows(ctx: _Context, prompts=None) -> None:
     """The decode property: a prefill of 4 tokens, then blocks of 1 (batch 2) or of 3 (batch 1),
     give the logits of one forward over the whole sequence in float64; the budget is torch's error
     in that one forward (its fp32 step over the whole sequence), so torch's stepped run is checked
@@ -410,6 +419,46 @@ def _generation_rows(ctx: _Context, prompts) -> None:
         ctx.run(row, lambda run: hf.generate(run, layout, prompts, n, watch=want.tokens,
                                              dtype=ctx.reference.numpy_dtype),
                 functools.partial(judge, row), locate=functools.partial(locate, rt))
+
+
+def _embedding_rows(ctx: _Context, prompts=None) -> None:
+    """A sentence encoder as its users judge it (`attnexport.pretrained.embeddings`): the
+    embeddings of real sentences on each runtime against the model's in float64, each sentence's
+    cosine and top-k retrieval over the corpus, within the precision's budget."""
+    texts = E.sentences()
+    batches = [texts[i:i + EMBED_BATCH] for i in range(0, len(texts), EMBED_BATCH)]
+    feeds = [_encoded(ctx, batch) for batch in batches]
+    want = np.concatenate([ctx.reference.run64(f)["sentence_embedding"] for f in feeds])
+    precision = _precision_name(ctx.onnx_model, P.record_of(ctx.onnx_model))
+    budget = E.BUDGETS.get(precision, E.BUDGETS["int4"])
+    label = f"embeddings: {len(texts)} sentences, cosine and top-{E.TOP_K} retrieval of {len(E.QUERIES)} queries"
+
+    def judge(row, got):
+        cost = E.measure(got, want, budget)
+        row.detail = {"embeddings": cost.to_dict(), "budget": {**vars(budget), "text": budget.text()},
+                      "summary": cost.text(), "measure": "embeddings"}
+        failures = cost.failures(budget)
+        if failures:
+            row.error = f"over the embedding budget: {'; '.join(failures)} ({cost.text()})"
+        distance = float(1 - cost.cosines.min()) if np.isfinite(cost.cosines).all() else math.inf
+        return [Comparison("sentence_embedding: 1 - cosine", not failures, distance, math.nan, 0, 0, 0.0,
+                           1 - budget.cosine, distance, math.inf, compared=int(cost.cosines.size),
+                           basis=f"the {precision} embedding budget: {budget.text()}")]
+    for rt in ctx.used:
+        row = ctx.row(label, rt, "the model's embeddings in float64")
+        ctx.run(row, lambda run: np.concatenate([np.asarray(run(f)["sentence_embedding"]) for f in feeds]),
+                functools.partial(judge, row))
+
+
+def _encoded(ctx: _Context, texts: list[str]) -> dict:
+    """The model's inputs for `texts`, tokenized as its users' tokenizer does (padded on the right)."""
+    encoded = ctx.tokenizer(texts, padding=True, truncation=True, max_length=ctx.layout.max_seq, return_tensors="np")
+    return {n: np.asarray(encoded[n], np.int64) if n in encoded else np.zeros_like(encoded["input_ids"], np.int64)
+            for n in ctx.layout.inputs}
+
+
+_ROWS = {"shapes": _shape_rows, "decode": _decode_rows, "generation": _generation_rows,
+         "accuracy": _accuracy_rows, "embeddings": _embedding_rows}
 
 
 def _client_rows(ctx: _Context, folder, prompts) -> None:

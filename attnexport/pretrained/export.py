@@ -42,7 +42,8 @@ class HFExport:
 
     Attributes:
         source: a save_pretrained folder, a GGUF file or a model id (see `hf.load`).
-        form: the cache form: `none`, `concat`, `static`.
+        form: the cache form: `none`, `concat`, `static` (None: the family's default: none for a
+            causal language model, embed for a sentence encoder).
         max_seq: the static buffers' positions.
         flavor, opset, dtype, seed: the module export's settings (seed: a config-only folder's weights).
         output: the .onnx file to write; None with no deploy: in memory only.
@@ -56,7 +57,7 @@ class HFExport:
     """
 
     source: str | Path
-    form: str = "none"
+    form: str | None = None
     max_seq: int = 0
     flavor: str | None = None
     opset: int | None = None
@@ -107,15 +108,19 @@ def export_hf(request: HFExport) -> tuple[ModuleExportResult, hf.Layout]:
     """Exports the model at `request.source` in its cache form, checked against the model in
     float64 before anything is written; returns (the ModuleExportResult, the layout)."""
     r = request
-    form = forms.form(r.form)  # the family's own forms are checked once the model is loaded
-    form.check_max_seq(r.max_seq)
+    if r.form is not None:  # the family's own forms are checked once the model is loaded
+        forms.form(r.form).check_max_seq(r.max_seq)
+    elif r.max_seq:
+        forms.FORMS["none"].check_max_seq(r.max_seq)
     if r.deploy is not None and r.output is not None:
         raise UsageError("give -o FILE.onnx or --deploy FOLDER, not both")
     dtype, plan = _precision(r)
     deploy = _deploy_target(Path(r.deploy)) if r.deploy is not None else None
     model, params_source = hf.load(r.source, r.seed)
-    layout = hf.layout_of(model, r.form, r.max_seq)
+    layout = hf.layout_of(model, r.form, r.max_seq, r.source)
+    form = layout.cache_form
     tokenizer = hf.tokenizer_of(r.source)
+    hf.check_tokenizer(layout, tokenizer, r.source)
     wrapper = hf.step_module(model, layout)
     # The example only shapes the trace; the check below feeds what the model writes.
     block, past = form.trace_shape
@@ -123,7 +128,7 @@ def export_hf(request: HFExport) -> tuple[ModuleExportResult, hf.Layout]:
     example = tuple(torch.from_numpy(v) for v in feed.values())
     flavor = r.flavor or FL.DEFAULT
     opset = FL.opset_for(flavor, r.opset, list(form.needs))
-    name = f"{model.config.model_type} ({r.form})"
+    name = f"{model.config.model_type} ({layout.form})"
     quantized: dict = {}
 
     def quantize(onnx_model):
@@ -260,8 +265,11 @@ def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: s
         bad = [c for c in comparisons if not c]
         if bad:
             raise ExportError(f"{name}: the export differs from the model in float64 at {label}: {bad[0]}")
-        caches = [c for c in comparisons if c.name != "logits"]
-        entry = {"step": label, "logits": _worst(comparisons[0])}
+        first, rest = comparisons[0], comparisons[1:]  # logits, or an encoder's token states, first
+        presents = set(layout.cache_pairs.values())
+        caches = [c for c in rest if c.name in presents]
+        entry = {"step": label, first.name: _worst(first),
+                 **{c.name: _worst(c) for c in rest if c.name not in presents}}
         if caches:
             entry["cache"] = _worst(max(caches, key=lambda c: c.needed_atol / max(c.atol, 1e-30)))
         checked.append(entry)
@@ -273,8 +281,9 @@ def _worst(c) -> dict:
 
 
 def _checked_note(checked: list) -> str:
-    worst = max((e["logits"] for e in checked), key=lambda w: w["max_abs"])
-    return (f"checked against the model in float64 at {len(checked)} step shapes: logits max abs "
+    first = next(k for k in checked[0] if k != "step")  # logits, or an encoder's token states
+    worst = max((e[first] for e in checked), key=lambda w: w["max_abs"])
+    return (f"checked against the model in float64 at {len(checked)} step shapes: {first} max abs "
             f"{worst['max_abs']:.3g}, budget atol {worst['atol']:.3g} rtol {worst['rtol']:g} ({worst['basis']})")
 
 

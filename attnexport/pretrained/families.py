@@ -1,9 +1,9 @@
 """Model families: what kind of whole model a config is, one class a family, registered in
 `FAMILIES` by the task its exports record. A family says which configs it takes (and why it
 refuses the others), the transformers class that builds them, the cache forms it exports, the
-architectures the suite tests, and its generation loop. Nothing outside these classes asks a
-family's name. Decoder-only language models now; encoders and encoder-decoders are families to
-come.
+architectures the suite tests, the checks verify runs of it, and its generation loop. Nothing
+outside these classes asks a family's name. Decoder-only language models and sentence encoders
+now; encoder-decoders are a family to come.
 """
 
 from __future__ import annotations
@@ -31,6 +31,21 @@ class Family:
     # The cache forms it exports (`forms.FORMS`' names) and the model types the suite tests.
     forms: ClassVar[tuple[str, ...]]
     tested: ClassVar[tuple[str, ...]]
+    # What verify --hf checks of a float model of it beside its answers (`attnexport.pretrained.check`'s
+    # row makers, by name), and what judges its answers: in fp32, and in a lossy precision.
+    checks: ClassVar[tuple[str, ...]]
+    answers: ClassVar[tuple[str, str]]
+    # Whether its export and verify need the model's tokenizer (its checks embed real sentences).
+    needs_tokenizer: ClassVar[bool] = False
+
+    @property
+    def default_form(self) -> str:
+        """The form an export without --kv-cache makes."""
+        return self.forms[0]
+
+    def layout_fields(self, model, source) -> dict:
+        """What this family's layout records beyond the sizes every family has (`model.layout_of`)."""
+        return {}
 
     def accepts(self, config) -> bool:
         return any(a.endswith(self.architectures) for a in getattr(config, "architectures", None) or [])
@@ -66,6 +81,8 @@ class DecoderOnly(Family):
     gguf_mapping = "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"
     forms = ("none", "concat", "static")
     tested = ("llama", "mistral", "qwen2", "phi3", "gpt2", "gemma2")
+    checks = ("shapes", "decode")
+    answers = ("generation", "accuracy")
 
     def generate(self, run, layout, prompts, new_tokens, watch=None, dtype=np.float32):
         """none: the whole sequence each step; concat: prompts left-padded with the mask and
@@ -87,8 +104,43 @@ class DecoderOnly(Family):
         return np.stack(tokens, axis=1), logits, diverged
 
 
+class Encoder(Family):
+    """Sentence encoders (BERT and its kin): a sequence in, each token's state and the sentence's
+    embedding out (pooled and normalised as its sentence-transformers config says), no cache."""
+
+    task = "feature-extraction"
+    what = "sentence encoder"
+    architectures = ("BertModel", "RobertaModel", "XLMRobertaModel")
+    auto_class = "AutoModel"
+    gguf_mapping = "MODEL_MAPPING_NAMES"
+    forms = ("embed",)
+    tested = ("bert", "roberta")
+    checks = ("shapes",)
+    answers = ("embeddings", "embeddings")
+    needs_tokenizer = True
+
+    def form(self, name: str) -> FM.CacheForm:
+        if name not in self.forms:
+            raise UsageError(f"a {self.what} keeps no cache: --kv-cache and --max-seq go with causal language models")
+        return FM.FORMS[name]
+
+    def layout_fields(self, model, source) -> dict:
+        """The position table's length (the longest sequence), whether it takes token_type_ids,
+        and its pooling and normalisation (`forms.pooling_of`)."""
+        config, embeddings = model.config, getattr(model, "embeddings", None)
+        # RoBERTa's kin count positions from after the padding index (its `padding_idx`), BERT's from 0.
+        first = getattr(embeddings, "padding_idx", -1) + 1 if embeddings is not None else 0
+        pooling, normalize = FM.pooling_of(source)
+        return {"max_seq": int(config.max_position_embeddings) - first,
+                "token_types": int(getattr(config, "type_vocab_size", 0) or 0), "pooling": pooling,
+                "normalize": normalize}
+
+    def generate(self, run, layout, prompts, new_tokens, watch=None, dtype=np.float32):
+        raise UsageError(f"a {self.what} generates no tokens")
+
+
 # The families, by the task their exports record.
-FAMILIES: dict[str, Family] = {f.task: f for f in (DecoderOnly(),)}
+FAMILIES: dict[str, Family] = {f.task: f for f in (DecoderOnly(), Encoder())}
 
 
 def of_config(config, source) -> Family:

@@ -28,6 +28,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
+import json
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -92,6 +94,8 @@ class CacheForm:
     # Whether each present is its past's buffer written (of --max-seq positions): a runtime that
     # writes in place may bind one buffer to both (ONNX Runtime's GroupQueryAttention does).
     writes_in_place: ClassVar[bool] = False
+    # Whether --kv-cache names it (an encoder's form is its family's only one, never asked for).
+    kv_cache: ClassVar[bool] = True
 
     @property
     def caches(self) -> bool:
@@ -440,15 +444,112 @@ CPU_ONLY_STATIC = ("not for CUDA: ONNX Runtime's CUDA provider has no float32 Gr
                    "leaves on the CPU gives wrong answers over device buffers; for CUDA export --dtype fp16 or "
                    "--precision q4f16 (verify --runtimes ort-cuda --strict-placement refuses this one)")
 
-# The forms, by the name --kv-cache takes (a bare --kv-cache is concat).
-FORMS: dict[str, CacheForm] = {f.name: f for f in (NoCache(), ConcatCache(), StaticCache())}
+class Embedding(CacheForm):
+    """A sentence encoder's one pass: input_ids, attention_mask (1 on tokens, 0 on padding, which
+    tokenizers put on the right), token_type_ids where the model takes them -> last_hidden_state
+    (B, T, hidden) and sentence_embedding (B, hidden): the token states pooled over the mask (mean,
+    cls or max) and L2-normalised where the model's sentence-transformers config says. No cache."""
+
+    name = "embed"
+    kv_cache = False
+    export_checks = (("batch 2, 9 tokens", 2, 9, 0, 0), ("batch 1, 1 token", 1, 1, 0, 0),
+                     ("batch 3, 12 tokens, sequence 0 right-padded by 5", 3, 12, 0, 5))
+    verify_checks = (("batch 2, 7 tokens", 2, 7, 0, 0), ("batch 1, 2 tokens", 1, 2, 0, 0),
+                     ("batch 4, 16 tokens, sequence 0 right-padded by 9", 4, 16, 0, 9))
+    trace_shape = (7, 0)
+
+    def inputs(self, layout):
+        return ["input_ids", "attention_mask", *(["token_type_ids"] if layout.token_types else [])]
+
+    def outputs(self, layout):
+        return ["last_hidden_state", "sentence_embedding"]
+
+    def dynamic_axes(self, layout):
+        return {n: {0: "batch", 1: "sequence"} for n in self.inputs(layout)}
+
+    def wrapper(self, model, layout):
+        return EncoderStep(model, layout.pooling, layout.normalize, bool(layout.token_types))
+
+    def rotary_positions(self, model, layout):
+        return 0
+
+    def room(self, layout):
+        return layout.max_seq
+
+    def check_room(self, layout, needs, what):
+        if needs > layout.max_seq:
+            raise UsageError(f"{what}: {needs} tokens, the model's positions take {layout.max_seq}")
+
+    def example_feed(self, layout, batch, block, past, seed, padded):
+        rng = np.random.default_rng(seed)
+        return self.feed(layout, rng.integers(min(3, layout.vocab - 1), layout.vocab, (batch, block), dtype=np.int64),
+                         padded)
+
+    def feed(self, layout, ids: np.ndarray, padded: int = 0) -> dict:
+        """The inputs for the token rows `ids` (B, T), sequence 0's last `padded` positions padding
+        (the pad token, mask 0), every token of type 0."""
+        ids = ids.copy()
+        mask = np.ones(ids.shape, np.int64)
+        if padded:
+            mask[0, -padded:] = 0
+            ids[0, -padded:] = layout.pad_token
+        types = {"token_type_ids": np.zeros(ids.shape, np.int64)} if layout.token_types else {}
+        return {"input_ids": ids, "attention_mask": mask, **types}
+
+    def prefilled_feed(self, run, layout, ids, past, padded, dtype):
+        return self.feed(layout, ids, padded)
+
+    def valid_positions(self, layout, feed):
+        """The states of tokens (not padding), and every sentence's embedding."""
+        mask = np.asarray(feed["attention_mask"]).astype(bool)
+        return {"last_hidden_state": mask[:, :, None], "sentence_embedding": np.ones((mask.shape[0], 1), bool)}
+
+    def stepped_logits(self, run, layout, ids, first, chunk, dtype):
+        raise UsageError("a sentence encoder has no steps")
+
+    def decoding(self, layout, prompts, new_tokens, dtype):
+        raise UsageError("a sentence encoder generates no tokens")
+
+
+# The forms, by the name --kv-cache takes (a bare --kv-cache is concat; embed is an encoder's).
+FORMS: dict[str, CacheForm] = {f.name: f for f in (NoCache(), ConcatCache(), StaticCache(), Embedding())}
+
+POOLINGS = ("mean", "cls", "max")
+
+
+def pooling_of(source) -> tuple[str, bool]:
+    """(pooling, normalised) as the sentence-transformers files in the folder `source` declare them
+    (modules.json: a Pooling module's config, a Normalize module); mean pooling without
+    normalisation where it has none (a plain transformers folder). A pooling attnexport does not
+    compute is a one-line refusal."""
+    folder = Path(source) if source is not None else None
+    modules_file = folder / "modules.json" if folder is not None and folder.is_dir() else None
+    if modules_file is None or not modules_file.is_file():
+        return "mean", False
+    try:
+        modules = json.loads(modules_file.read_text())
+        kinds = {m["type"].rsplit(".", 1)[-1]: m.get("path", "") for m in modules}
+        pooling = "mean"
+        if "Pooling" in kinds:
+            config = json.loads((folder / kinds["Pooling"] / "config.json").read_text())
+            modes = [k[len("pooling_mode_"):].removesuffix("_token").removesuffix("_tokens")
+                     for k, on in config.items() if k.startswith("pooling_mode_") and on]
+            if len(modes) != 1 or modes[0] not in POOLINGS:
+                raise UsageError(f"--hf {source}: its pooling ({', '.join(modes) or 'none'}) is not one attnexport "
+                                 f"computes ({', '.join(POOLINGS)}, one of them)")
+            pooling = modes[0]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"--hf {source}: its sentence-transformers files are damaged ({e})") from None
+    return pooling, "Normalize" in kinds
 
 
 def form(name: str, among=None) -> CacheForm:
-    """The form `name`; a UsageError naming the forms (`among`: a family's, of FORMS) otherwise."""
+    """The form `name`; a UsageError naming the forms --kv-cache takes (`among`: a family's, of
+    FORMS) otherwise."""
     names = tuple(FORMS) if among is None else among
     if name not in names:
-        raise UsageError(f"--kv-cache for --hf is one of {', '.join(names)}, got {name!r}")
+        chosen = [n for n in names if FORMS[n].kv_cache]
+        raise UsageError(f"--kv-cache for --hf is one of {', '.join(chosen)}, got {name!r}")
     return FORMS[name]
 
 
@@ -678,3 +779,28 @@ class StaticStep(torch.nn.Module):
         with _stepping(self.model, step, STATIC_ATTENTION):
             out = self.model(input_ids=input_ids, position_ids=positions, use_cache=False)
         return (_logits(out), *_written(step, self.layers, "static"))
+
+
+class EncoderStep(torch.nn.Module):
+    """A sentence encoder as its export: the token states and the pooled (and normalised)
+    sentence embedding, as sentence-transformers computes them (mean: the states summed over the
+    mask and divided by its count, at least 1e-9; max: padding set to -1e9 first; cls: the first
+    token's)."""
+
+    def __init__(self, model, pooling: str, normalize: bool, token_types: bool):
+        super().__init__()
+        self.model, self.pooling, self.normalize, self.token_types = model, pooling, normalize, token_types
+
+    def forward(self, input_ids, attention_mask, *token_type_ids):
+        types = {"token_type_ids": token_type_ids[0]} if self.token_types else {}
+        states = self.model(input_ids=input_ids, attention_mask=attention_mask, **types).last_hidden_state
+        weights = attention_mask.unsqueeze(-1).to(states.dtype)
+        if self.pooling == "cls":
+            pooled = states[:, 0]
+        elif self.pooling == "max":
+            pooled = torch.where(weights > 0, states, torch.full_like(states, -1e9)).amax(dim=1)
+        else:
+            pooled = (states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+        if self.normalize:
+            pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=-1)
+        return states, pooled

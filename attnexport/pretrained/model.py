@@ -43,9 +43,13 @@ class Layout:
     kv_heads: int
     head_dim: int
     vocab: int
-    max_seq: int = 0
+    max_seq: int = 0  # static: the buffers' positions; an encoder: the longest sequence its positions take
     pad_token: int = 0
     task: str = families.DecoderOnly.task  # the family's (files from before it record the one there was)
+    # An encoder's: the token types it takes (0: no token_type_ids input), its pooling and normalisation.
+    token_types: int = 0
+    pooling: str = ""
+    normalize: bool = False
 
     @property
     def cache_form(self) -> forms.CacheForm:
@@ -239,17 +243,28 @@ def tokenizer_of(source: str | Path):
         return None
 
 
-def layout_of(model, form: str, max_seq: int = 0) -> Layout:
-    """The step graph's layout for `model` in cache form `form`."""
+def check_tokenizer(layout: Layout, tokenizer, source) -> None:
+    """A family whose checks embed real sentences needs the model's tokenizer: a one-line refusal
+    where its folder has none."""
+    if tokenizer is None and layout.family.needs_tokenizer:
+        raise UsageError(f"--hf {source}: a {layout.family.what} needs its tokenizer beside it (tokenizer.json, "
+                         "or vocab.txt with tokenizer_config.json): its embeddings are judged on real sentences")
+
+
+def layout_of(model, form: str | None, max_seq: int = 0, source=None) -> Layout:
+    """The step graph's layout for `model` in cache form `form` (None: its family's default), its
+    family's own fields read from the model and the folder at `source`."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     pad = config.pad_token_id if getattr(config, "pad_token_id", None) is not None else 0
     family = families.of_model(model)
+    form = form or family.default_form
     family.form(form)
-    return Layout(form, config.num_hidden_layers, kv_heads, head_dim, config.vocab_size, max_seq, int(pad),
-                  family.task)
+    fields = {"max_seq": max_seq, **family.layout_fields(model, source)}
+    return Layout(form, config.num_hidden_layers, kv_heads, head_dim, config.vocab_size, pad_token=int(pad),
+                  task=family.task, **fields)
 
 
 # --- the step graphs ------------------------------------------------------------------------------

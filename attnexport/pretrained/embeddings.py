@@ -1,0 +1,148 @@
+"""What a sentence encoder's export costs as its users judge an embedder: each sentence's embedding
+against the model's own in float64 (the cosine between them), and retrieval over a small corpus of
+real sentences (the project's own documentation): for each query, the documents the export ranks
+first against those the float64 model ranks first.
+
+A retrieved document agrees when it is among the float64 model's top k, or scores within the
+ranking's own uncertainty of the k-th: twice the largest score error the export makes, at most the
+error its cosine budget allows (`EmbeddingBudget.tie`). Two documents whose float64 scores differ
+by less than that are a tie the export may order either way; an export whose scores move further
+than its budget allows has its swaps counted. The budget is one table, by precision (`BUDGETS`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Sentences from attnexport's documentation: the corpus retrieval ranks.
+CORPUS = (
+    "attnexport makes attention layers safe to ship as ONNX.",
+    "Attention variants are defined as PyTorch modules and exported to ONNX graphs.",
+    "Every export is checked against golden outputs computed by an independent float64 reference.",
+    "verify runs the golden cases through every flavour and runtime and compares the outputs in float64.",
+    "A run passes only when every output the variant declares was compared.",
+    "NaN never passes a comparison.",
+    "The attention flavour uses the standard ONNX Attention operator of opset 23.",
+    "The primitives flavour spells attention out as MatMul, Softmax and MatMul for older runtimes.",
+    "The ort flavour uses ONNX Runtime's fused contrib operators.",
+    "A key/value cache lets a decoder reuse the keys and values of earlier tokens.",
+    "A static cache keeps buffers of a fixed size and writes each step's keys in place.",
+    "The concat form returns each present as its past with the new block appended.",
+    "Grouped-query attention shares each key and value head among several query heads.",
+    "Rotary position embeddings rotate queries and keys by an angle that grows with the position.",
+    "The numerics policy gives each output a tolerance derived from torch's own error against float64.",
+    "Padded positions are never compared: their values mean nothing.",
+    "bench times every runtime and flavour beside PyTorch eager in the same run.",
+    "A timing is a median over many runs after a warm-up, reported with its spread.",
+    "Silent fallback to the CPU is reported: a compute node left on the CPU fails a strict check.",
+    "int4 weights are stored in blocks of 32 values, each block with its own scale.",
+    "Dynamic int8 quantization rounds the activations to eight bits at run time.",
+    "Half precision halves the memory a model's weights take.",
+    "The deployment folder holds the config, the tokenizer and the ONNX model that clients load.",
+    "transformers.js runs the exported model in Node and in the browser.",
+    "WebGPU runs the model on the graphics card from a web page.",
+    "The command line prints one clear line and exits with code 2 on bad input.",
+    "Nothing is half-written on disk: files are written to a temporary name, then renamed.",
+    "Ctrl-C stops a run and exits with code 130.",
+    "A sentence encoder turns text into an embedding for search and retrieval.",
+    "Mean pooling averages the token states over the attention mask.",
+    "Embeddings are normalised to unit length so that a dot product is their cosine.",
+    "A localization names the first node of the graph whose output diverges.",
+)
+# Queries, each close to a few of the corpus's sentences.
+QUERIES = (
+    "How is an exported model checked for numerical errors?",
+    "Which ONNX operator does the attention flavour use?",
+    "How does the decoder keep earlier keys and values?",
+    "How are weights quantized to four bits?",
+    "What does a user load in a deployment?",
+    "What happens on invalid input?",
+    "How are sentences turned into vectors?",
+    "How is speed measured?",
+)
+TOP_K = 5
+
+
+@dataclass(frozen=True)
+class EmbeddingBudget:
+    """What an export may cost: the lowest cosine of any sentence's embedding to the float64 one,
+    and the least share of each query's top-k retrieved documents that agree with the float64
+    ranking's (see the module's text)."""
+
+    cosine: float
+    retrieval: float
+
+    def text(self) -> str:
+        return f"cosine >= {self.cosine:g}, top-{TOP_K} agreement >= {self.retrieval:g}"
+
+    @property
+    def tie(self) -> float:
+        """The largest score change the cosine budget allows: unit vectors at cosine c lie
+        sqrt(2 (1 - c)) apart, and a score moves by that for the query and for the document."""
+        return 2 * float(np.sqrt(2 * (1 - self.cosine)))
+
+
+# By precision: fp32 rounds as torch's fp32 does; fp16 and the quantized ones as sentence-transformers'
+# and fastembed's users accept them.
+BUDGETS = {"fp32": EmbeddingBudget(0.99999, 1.0), "fp16": EmbeddingBudget(0.999, 0.95),
+           "int8": EmbeddingBudget(0.99, 0.9), "int4": EmbeddingBudget(0.98, 0.85)}
+
+
+@dataclass
+class EmbeddingCost:
+    """The cosines of each sentence's embedding to the float64 one, and retrieval agreement."""
+
+    cosines: np.ndarray
+    agreement: float  # the share of each query's top-k documents that agree, averaged over queries
+    top1: float  # the share of queries whose first document is the float64 ranking's first
+    score_error: float  # the largest difference of a query-document score from the float64 one
+
+    def failures(self, budget: EmbeddingBudget) -> list[str]:
+        out = []
+        if not np.isfinite(self.cosines).all():
+            out.append("an embedding is not finite")
+        elif self.cosines.min() < budget.cosine:
+            out.append(f"sentence {int(self.cosines.argmin())}'s cosine {self.cosines.min():.7f} < {budget.cosine:g}")
+        if not self.agreement >= budget.retrieval:
+            out.append(f"top-{TOP_K} agreement {self.agreement:.3f} < {budget.retrieval:g}")
+        return out
+
+    def to_dict(self) -> dict:
+        return {"sentences": int(self.cosines.size), "cosine_min": float(self.cosines.min()),
+                "cosine_mean": float(self.cosines.mean()), f"top{TOP_K}_agreement": self.agreement,
+                "top1_agreement": self.top1, "score_error": self.score_error}
+
+    def text(self) -> str:
+        return (f"1 - cosine max {1 - self.cosines.min():.2g} mean {1 - self.cosines.mean():.2g} over "
+                f"{self.cosines.size} sentences; top-{TOP_K} agreement {self.agreement:.3f}, top-1 {self.top1:.3f}")
+
+
+def sentences() -> list[str]:
+    """The queries, then the corpus: what is embedded."""
+    return [*QUERIES, *CORPUS]
+
+
+def unit(vectors: np.ndarray) -> np.ndarray:
+    v = np.asarray(vectors, np.float64)
+    return v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-300)
+
+
+def measure(got: np.ndarray, want: np.ndarray, budget: EmbeddingBudget) -> EmbeddingCost:
+    """The cost of the embeddings `got` of `sentences()` against the float64 model's `want`, ties
+    within `budget`'s."""
+    g, w = unit(got), unit(want)
+    cosines = np.sum(g * w, axis=-1)
+    queries = len(QUERIES)
+    scores_got, scores_want = g[:queries] @ g[queries:].T, w[:queries] @ w[queries:].T
+    error = float(np.abs(scores_got - scores_want).max()) if np.isfinite(scores_got).all() else float("inf")
+    shares, firsts = [], []
+    if not np.isfinite(error):
+        return EmbeddingCost(cosines, 0.0, 0.0, error)
+    tie = min(2 * error, budget.tie)
+    for q in range(queries):
+        mine = np.argsort(-scores_got[q], kind="stable")[:TOP_K]
+        kth = np.sort(scores_want[q])[::-1][TOP_K - 1]
+        shares.append(float(np.mean(scores_want[q][mine] >= kth - tie)))
+        firsts.append(float(scores_want[q][mine[0]] >= scores_want[q].max() - tie))
+    return EmbeddingCost(cosines, float(np.mean(shares)), float(np.mean(firsts)), error)

@@ -1,0 +1,218 @@
+"""Sentence encoders (`attnexport.pretrained.embeddings`, the Encoder family and its embed form):
+the cost measures as an embedder's users judge it (cosine, top-k retrieval with ties), and small
+random BERT and RoBERTa encoders from examples/tiny_encoders.py exported in every flavour with a
+dynamic batch and sequence, their pooling as their sentence-transformers files say, verified on
+every runtime present, and the refusals. The real all-MiniLM-L6-v2 is tests/test_real_encoders.py's."""
+
+import importlib.util
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from attnexport.pretrained import embeddings as E
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+
+def _embeddings(seed=0, n=None):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n or len(E.sentences()), 16))
+
+
+def test_the_same_embeddings_cost_nothing():
+    want = _embeddings()
+    cost = E.measure(want * 3.0, want, E.BUDGETS["fp32"])  # a scale is no change to a cosine
+    assert cost.cosines.min() > 1 - 1e-12 and cost.agreement == 1.0 and cost.top1 == 1.0
+    assert cost.failures(E.BUDGETS["fp32"]) == []
+
+
+def test_a_turned_sentence_fails_the_cosine_and_names_it():
+    want = _embeddings()
+    got = want.copy()
+    got[11] = _embeddings(seed=1)[11]
+    cost = E.measure(got, want, E.BUDGETS["fp32"])
+    failures = cost.failures(E.BUDGETS["fp32"])
+    assert cost.cosines.argmin() == 11 and any("sentence 11" in f for f in failures)
+
+
+def test_a_nan_never_passes():
+    got = _embeddings()
+    got[0, 0] = np.nan
+    cost = E.measure(got, _embeddings(), E.BUDGETS["int4"])
+    assert cost.failures(E.BUDGETS["int4"]) and cost.agreement == 0.0
+
+
+def test_a_tie_within_the_exports_own_error_agrees_and_a_real_swap_does_not():
+    queries = len(E.QUERIES)
+    want = _embeddings()
+    scores = E.unit(want[:queries]) @ E.unit(want[queries:]).T
+    ranked = np.argsort(-scores[0])
+    inside, outside = queries + ranked[E.TOP_K - 1], queries + ranked[E.TOP_K]
+    # Swap the k-th and the (k+1)-th documents' embeddings for query 0 only by moving the query.
+    got = want.copy()
+    got[0] = want[0] + 1e-9 * (E.unit(want[outside]) - E.unit(want[inside]))
+    assert E.measure(got, want, E.BUDGETS["fp32"]).agreement == 1.0  # a nudge far below any real difference
+    got[0] = E.unit(want[outside]) * np.linalg.norm(want[0])  # the query now is document k+1
+    cost = E.measure(got, want, E.BUDGETS["fp32"])
+    assert cost.agreement < 1.0 and cost.failures(E.BUDGETS["fp32"])
+
+
+# --- the encoder family, on small random encoders ----------------------------------------------------
+
+transformers = pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
+
+import onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+import torch  # noqa: E402
+from conftest import cli as run  # noqa: E402
+
+from attnexport import signature as SG  # noqa: E402
+from attnexport.errors import UsageError  # noqa: E402
+from attnexport.pretrained import export as hf_export  # noqa: E402
+from attnexport.pretrained import families  # noqa: E402
+from attnexport.pretrained import model as hf  # noqa: E402
+from attnexport.pretrained.check import HFCheck, verify_hf  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder(tmp_path_factory):
+    """`tiny_encoder(arch, **how)`: examples/tiny_encoders.py's folder, saved once per worker."""
+    spec = importlib.util.spec_from_file_location("tiny_encoders", ROOT / "examples" / "tiny_encoders.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    made: dict = {}
+
+    def folder(arch: str, **how):
+        key = (arch, tuple(sorted(how.items())))
+        if key not in made:
+            made[key] = tmp_path_factory.mktemp(arch)
+            module.save(arch, made[key], **how)
+        return made[key]
+    return folder
+
+
+def _sentences(folder, texts):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+    return {k: np.asarray(v, np.int64) for k, v in tokenizer(texts, padding=True, return_tensors="np").items()}
+
+
+def _torch_embeddings(folder, feed, pooling="mean", normalize=True):
+    """What sentence-transformers computes, written out here from the model's token states."""
+    model = transformers.AutoModel.from_pretrained(str(folder)) if (folder / "model.safetensors").exists() else None
+    assert model is None  # the folders hold a config only: the export's weights are drawn from its seed
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.from_pretrained(str(folder))
+    model = transformers.AutoModel.from_config(config).eval()
+    with torch.no_grad():
+        states = model(**{k: torch.from_numpy(v) for k, v in feed.items()}).last_hidden_state.double().numpy()
+    mask = feed["attention_mask"][..., None].astype(np.float64)
+    pooled = {"mean": (states * mask).sum(1) / mask.sum(1), "cls": states[:, 0],
+              "max": np.where(mask > 0, states, -1e9).max(1)}[pooling]
+    return pooled / np.linalg.norm(pooled, axis=-1, keepdims=True) if normalize else pooled
+
+
+def test_the_embed_form_feeds_its_inputs_and_compares_tokens_not_padding():
+    layout = hf.Layout("embed", layers=2, kv_heads=4, head_dim=4, vocab=50, max_seq=16, task="feature-extraction",
+                       token_types=2, pooling="mean", normalize=True)
+    form = layout.cache_form
+    feed = hf.example_feed(layout, batch=3, block=6, padded=2)
+    assert list(feed) == layout.inputs == ["input_ids", "attention_mask", "token_type_ids"]
+    assert set(form.dynamic_axes(layout)) == set(layout.inputs) and layout.signature.caches == ()
+    assert feed["attention_mask"][0].tolist() == [1, 1, 1, 1, 0, 0]  # right padding, as tokenizers pad
+    assert (feed["input_ids"][0, -2:] == layout.pad_token).all()
+    valid = form.valid_positions(layout, feed)
+    assert valid["last_hidden_state"][0, :, 0].tolist() == [True] * 4 + [False] * 2 and valid["sentence_embedding"].all()
+    assert hf.Layout("embed", 2, 4, 4, 50, 16, task="feature-extraction").inputs == ["input_ids", "attention_mask"]
+    with pytest.raises(UsageError, match="positions take 16"):
+        form.check_room(layout, 17, "embedding")
+    with pytest.raises(UsageError, match="generates no tokens"):
+        form.decoding(layout, [np.array([3])], 1, np.float32)
+
+
+@pytest.mark.parametrize("flavor", ["attention", "primitives", "ort"])
+def test_a_bert_encoder_exports_with_a_dynamic_batch_and_sequence_and_embeds_as_sentence_transformers(
+        tiny_encoder, tmp_path, flavor):
+    folder = tiny_encoder("bert")
+    out = tmp_path / "bert.onnx"
+    result, layout = hf_export.export_hf(hf_export.HFExport(folder, flavor=flavor, output=out))
+    assert layout.family is families.FAMILIES["feature-extraction"] and layout.form == "embed"
+    model = onnx.load(out)
+    assert [i.name for i in model.graph.input] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert [o.name for o in model.graph.output] == ["last_hidden_state", "sentence_embedding"]
+    recorded = SG.of(model).model
+    assert (recorded["pooling"], recorded["normalize"], recorded["max_seq"]) == ("mean", True, 128)
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    for texts in (E.CORPUS[:1], E.CORPUS[:5], E.QUERIES):  # batches and lengths the trace never saw
+        feed = _sentences(folder, list(texts))
+        got = session.run(["sentence_embedding"], feed)[0]
+        want = _torch_embeddings(folder, feed)
+        assert got.shape == want.shape and np.abs(got - want).max() < 1e-5
+
+
+@pytest.mark.parametrize(("arch", "pooling", "normalize"), [("bert", "cls", False), ("roberta", "max", True)])
+def test_the_pooling_and_normalisation_are_the_folders_own(tiny_encoder, tmp_path, arch, pooling, normalize):
+    folder = tiny_encoder(arch, pooling=pooling, normalize=normalize)
+    out = tmp_path / "m.onnx"
+    _, layout = hf_export.export_hf(hf_export.HFExport(folder, output=out))
+    assert (layout.pooling, layout.normalize) == (pooling, normalize)
+    inputs = [i.name for i in onnx.load(out).graph.input]
+    assert inputs == ["input_ids", "attention_mask", "token_type_ids"]  # RoBERTa's one type too: as Optimum's
+    feed = _sentences(folder, list(E.QUERIES))
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(["sentence_embedding"], feed)[0]
+    assert np.abs(got - _torch_embeddings(folder, feed, pooling, normalize)).max() < 1e-4
+
+
+def test_verify_judges_an_encoder_on_every_runtime_and_catches_a_changed_weight(tiny_encoder, tmp_path):
+    folder = tiny_encoder("bert")
+    out = tmp_path / "bert.onnx"
+    hf_export.export_hf(hf_export.HFExport(folder, output=out))
+    report = verify_hf(HFCheck(out, folder, runtimes=["torch", "onnx-ref", "ort-cpu"]))
+    assert report.ok, [(r.case, r.runtime, r.error) for r in report.failures]
+    cases = {r.case for r in report.rows}
+    assert any(c.startswith("embeddings:") for c in cases) and any("right-padded" in c for c in cases)
+    embedded = [r for r in report.rows if r.case.startswith("embeddings:")]
+    assert {r.runtime for r in embedded} == {"torch", "onnx-ref", "ort-cpu"}
+    assert all(r.detail["embeddings"]["top5_agreement"] == 1.0 for r in embedded)
+    # The same file against another seed's weights: named, not passed.
+    other = verify_hf(HFCheck(out, folder, runtimes=["ort-cpu"], seed=1))
+    assert not other.ok and "parameters differ" in other.failures[0].error
+
+
+def test_the_command_line_exports_and_verifies_an_encoder(tiny_encoder, tmp_path):
+    folder = tiny_encoder("bert")
+    r = run("export", "--hf", folder, "-o", tmp_path / "m.onnx")
+    assert r.exit_code == 0, r.output
+    assert "bert (embed)" in r.output and "last_hidden_state max abs" in r.output
+    r = run("verify", tmp_path / "m.onnx", "--hf", folder, "--runtimes", "ort-cpu")
+    assert r.exit_code == 0, r.output
+    assert "embeddings on ort-cpu: 1 - cosine max" in r.output and "top-5 agreement 1.000" in r.output
+
+
+def test_refusals_are_one_line_and_write_nothing(tiny_encoder, tmp_path):
+    folder = tiny_encoder("bert")
+    r = run("export", "--hf", folder, "--kv-cache", "-o", tmp_path / "a.onnx")
+    assert r.exit_code == 2 and "keeps no cache" in r.output and len(r.output.strip().splitlines()) == 1
+    bare = tmp_path / "no-tokenizer"
+    shutil.copytree(folder, bare)
+    for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        (bare / f).unlink()
+    r = run("export", "--hf", bare, "-o", tmp_path / "b.onnx")
+    assert r.exit_code == 2 and "needs its tokenizer" in r.output and len(r.output.strip().splitlines()) == 1
+    short = tmp_path / "short"
+    shutil.copytree(folder, short)
+    config = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 12}))
+    assert run("export", "--hf", short, "-o", tmp_path / "c.onnx").exit_code == 0  # its own checks fit
+    r = run("verify", tmp_path / "c.onnx", "--hf", short, "--runtimes", "ort-cpu")
+    assert r.exit_code == 2 and "the model's positions take 12" in r.output
+    pooled = tmp_path / "pooled"
+    shutil.copytree(folder, pooled)
+    (pooled / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_weightedmean_tokens": True}))
+    r = run("export", "--hf", pooled, "-o", tmp_path / "d.onnx")
+    assert r.exit_code == 2 and "weightedmean" in r.output
+    assert sorted(p.name for p in tmp_path.glob("*.onnx")) == ["c.onnx"]
+    with pytest.raises(UsageError, match="not a causal language model"):
+        families.of_config(transformers.T5Config(architectures=["T5Model"]), "t5")
+    assert hf.Layout.of(onnx.load(tmp_path / "c.onnx")).max_seq == 12
