@@ -123,7 +123,8 @@ def test_the_embed_form_feeds_its_inputs_and_compares_tokens_not_padding():
     assert feed["attention_mask"][0].tolist() == [1, 1, 1, 1, 0, 0]  # right padding, as tokenizers pad
     assert (feed["input_ids"][0, -2:] == layout.pad_token).all()
     valid = form.valid_positions(layout, feed)
-    assert valid["last_hidden_state"][0, :, 0].tolist() == [True] * 4 + [False] * 2 and valid["sentence_embedding"].all()
+    assert valid["last_hidden_state"][0, :, 0].tolist() == [True] * 4 + [False] * 2
+    assert valid["sentence_embedding"].all()
     assert hf.Layout("embed", 2, 4, 4, 50, 16, task="feature-extraction").inputs == ["input_ids", "attention_mask"]
     with pytest.raises(UsageError, match="positions take 16"):
         form.check_room(layout, 17, "embedding")
