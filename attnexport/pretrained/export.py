@@ -225,9 +225,10 @@ def check_quantized(onnx_model, model, layout: hf.Layout, before: dict, tokenize
     session = R.prepare_onnx("ort-cpu", onnx_model)
     for label, batch, block, past, padded in layout.cache_form.export_checks:
         ids = HR.token_rows(tokenizer, layout.vocab, batch, past + block, seed=1)
-        logits = np.asarray(session.run(HR.prefilled_feed(held, ids, past, padded))["logits"])
-        if not np.isfinite(logits).all():
-            raise ExportError(f"{name}: the quantized export gives logits that are not finite at {label}")
+        first = layout.outputs[0]  # logits, or an encoder's token states
+        got = np.asarray(session.run(HR.prefilled_feed(held, ids, past, padded))[first])
+        if not np.isfinite(got).all():
+            raise ExportError(f"{name}: the quantized export gives {first} that are not finite at {label}")
     return checked
 
 

@@ -94,7 +94,7 @@ class Layout:
                              "model sizes)")
         if not isinstance(fields, dict) or set(fields) - {f for f in cls.__dataclass_fields__}:
             raise UsageError(f"the model's recorded sizes are damaged: {fields!r:.120}")
-        families.of_task(fields.get("task", families.DecoderOnly.task)).form(fields.get("form"))
+        families.of_task(fields.get("task", families.DecoderOnly.task)).form(str(fields.get("form", "")))
         try:
             layout = cls(**fields)
         except TypeError as e:
