@@ -1,8 +1,10 @@
 """The clients of a deployment folder (`attnexport.pretrained.clients`, `verify FOLDER --hf PATH --clients`):
-Optimum's ORTModelForCausalLM and transformers.js load the folder `export --hf --deploy` writes
-and generate transformers' tokens from it. Each client's test skips, saying why, where it is not
-installed (CI installs both for the real-model tests: optimum-onnx, and transformers.js among
-attnexport's pinned npm packages)."""
+Optimum's ORTModelForCausalLM and transformers.js load the folder `export --hf --deploy` writes of a
+language model and generate transformers' tokens from it; sentence-transformers (backend onnx),
+Optimum's ORTModelForFeatureExtraction and transformers.js' feature-extraction pipeline load a
+sentence encoder's and embed as transformers does. Each client's test skips, saying why, where it is
+not installed (CI installs them for the real-model tests: optimum-onnx, sentence-transformers, and
+transformers.js among attnexport's pinned npm packages)."""
 
 import json
 
@@ -14,11 +16,16 @@ from attnexport.pretrained import clients
 
 
 def test_clients_are_named_or_refused():
-    assert clients.parse("all") == list(clients.CLIENTS)
+    from attnexport.pretrained import families
+    assert clients.parse("all") == ["all"]
     assert clients.parse("transformers.js, optimum") == ["transformers.js", "optimum"]
     assert clients.parse(None) == []
     with pytest.raises(UsageError, match="unknown onnxruntime-genai"):
         clients.parse("optimum,onnxruntime-genai")
+    assert clients.of_family(["all"], families.DecoderOnly()) == list(clients.CLIENTS)
+    assert clients.of_family(["all"], families.Encoder()) == list(clients.EMBEDDERS)
+    with pytest.raises(UsageError, match="sentence-transformers: a causal language model's clients are"):
+        clients.of_family(["sentence-transformers"], families.DecoderOnly())
 
 
 def _available(client):
@@ -106,3 +113,50 @@ def test_the_optimum_clients_loop_gives_the_models_own_new_tokens(tiny_lm):
     assert encoded == prompts
     for prompt, got in zip(prompts, tokens, strict=True):
         assert got == hf.reference_generation(model, layout, [prompt], 5).tokens[0].tolist()
+
+
+@pytest.fixture(scope="module")
+def encoder_deployed(tmp_path_factory):
+    """A small random BERT encoder (examples/tiny_encoders.py) and its deployment folder."""
+    pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
+    import importlib.util
+
+    from conftest import ROOT
+    spec = importlib.util.spec_from_file_location("tiny_encoders", ROOT / "examples" / "tiny_encoders.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    source = tmp_path_factory.mktemp("bert")
+    module.save("bert", source)
+    out = tmp_path_factory.mktemp("deploy") / "bert-onnx"
+    r = cli("export", "--hf", str(source), "--deploy", str(out))
+    assert r.exit_code == 0, r.output
+    return source, out
+
+
+@pytest.mark.parametrize("client", clients.EMBEDDERS)
+def test_each_embedding_client_embeds_as_transformers_from_the_folder(client, encoder_deployed):
+    _available(client)
+    source, out = encoder_deployed
+    assert (out / "modules.json").is_file() and (out / "1_Pooling" / "config.json").is_file()
+    r = cli("verify", str(out), "--hf", str(source), "--runtimes", "ort-cpu", "--clients", client, "--json")
+    assert r.exit_code == 0, r.output
+    rows = [row for row in json.loads(r.output)["results"] if row["runtime"] == client]
+    assert len(rows) == 1 and rows[0]["passed"], rows
+    cost = rows[0]["detail"]["embeddings"]
+    assert cost["sentences"] == 40 and cost["cosine_min"] > 0.99999 and cost["top5_agreement"] == 1.0
+
+
+def test_an_embedding_client_whose_pooling_differs_fails_its_row(encoder_deployed, tmp_path):
+    """The folder says cls pooling, the model was exported with mean: the clients pool as the folder
+    says, and their embeddings are not the model's."""
+    _available("optimum")
+    import shutil
+
+    source, out = encoder_deployed
+    changed = tmp_path / "changed"
+    shutil.copytree(out, changed)
+    (changed / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))
+    r = cli("verify", str(changed), "--hf", str(source), "--runtimes", "ort-cpu", "--clients", "optimum", "--json")
+    assert r.exit_code == 1, r.output
+    row = next(row for row in json.loads(r.output)["results"] if row["runtime"] == "optimum")
+    assert not row["passed"] and "over the embedding budget" in row["error"]

@@ -78,3 +78,20 @@ def test_each_export_is_verified_on_every_runtime_here(folder, name, args):
         cost = r["detail"]["embeddings"]
         assert cost["top5_agreement"] == 1.0 and cost["top1_agreement"] == 1.0
         assert cost["cosine_min"] >= (0.999 if name == "fp16" else 0.99999)
+
+
+def test_its_deployment_folder_embeds_in_every_client_as_transformers_does(folder, tmp_path):
+    """sentence-transformers (backend onnx), Optimum's ORTModelForFeatureExtraction and
+    transformers.js' feature-extraction pipeline, each with its own tokenizer and pooling."""
+    from attnexport.pretrained import clients
+    missing = [f"{c} ({clients.status(c)[1]})" for c in clients.EMBEDDERS if not clients.status(c)[0]]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)}")
+    out = tmp_path / "minilm-onnx"
+    assert cli("export", "--hf", folder, "--deploy", out).exit_code == 0
+    result = cli("verify", out, "--hf", folder, "--runtimes", "ort-cpu", "--clients", "all", "--json")
+    assert result.exit_code == 0, result.output
+    rows = {r["runtime"]: r for r in json.loads(result.output)["results"] if r["runtime"] in clients.EMBEDDERS}
+    assert sorted(rows) == sorted(clients.EMBEDDERS)
+    for r in rows.values():
+        assert r["detail"]["embeddings"]["cosine_min"] > 0.99999 and r["detail"]["embeddings"]["top1_agreement"] == 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,8 @@ def verify_hf(check: HFCheck) -> Report:
     check = HFCheck(**{**vars(check), "model_path": path})
     model = load_model(check.model_path)
     layout = hf.Layout.of(model)
+    if check.clients:
+        check = HFCheck(**{**vars(check), "clients": tuple(clients.of_family(check.clients, layout.family))})
     meta = ExportRecord.of(model)
     dtype, flavor = meta.dtype, meta.flavor
     seed = check.seed if check.seed is not None else meta.number("seed", 0)
@@ -173,7 +176,7 @@ def verify_hf(check: HFCheck) -> Report:
             _ROWS[layout.family.answers[dtype != "fp32"]](ctx, prompts)
         if not changed and not damaged:
             if check.clients:
-                _client_rows(ctx, folder, prompts)
+                _ROWS[layout.family.client_rows](ctx, prompts, folder)
     runtimes = R.described(table) + [{"name": c, "available": ok, "reason": why, "used": ok}
                                      for c in check.clients for ok, why in [clients.status(c)]]
     return executor.report(runtimes, dtype, [flavor], [str(check.model_path)])
@@ -433,21 +436,46 @@ def _embedding_rows(ctx: _Context, prompts=None) -> None:
     budget = E.BUDGETS.get(precision, E.BUDGETS["int4"])
     label = f"embeddings: {len(texts)} sentences, cosine and top-{E.TOP_K} retrieval of {len(E.QUERIES)} queries"
 
-    def judge(row, got):
-        cost = E.measure(got, want, budget)
-        row.detail = {"embeddings": cost.to_dict(), "budget": {**vars(budget), "text": budget.text()},
-                      "summary": cost.text(), "measure": "embeddings"}
-        failures = cost.failures(budget)
-        if failures:
-            row.error = f"over the embedding budget: {'; '.join(failures)} ({cost.text()})"
-        distance = float(1 - cost.cosines.min()) if np.isfinite(cost.cosines).all() else math.inf
-        return [Comparison("sentence_embedding: 1 - cosine", not failures, distance, math.nan, 0, 0, 0.0,
-                           1 - budget.cosine, distance, math.inf, compared=int(cost.cosines.size),
-                           basis=f"the {precision} embedding budget: {budget.text()}")]
     for rt in ctx.used:
         row = ctx.row(label, rt, "the model's embeddings in float64")
         ctx.run(row, lambda run: np.concatenate([np.asarray(run(f)["sentence_embedding"]) for f in feeds]),
-                functools.partial(judge, row))
+                functools.partial(_judge_embeddings, row, want, budget, precision, lambda got: got))
+
+
+def _embedding_client_rows(ctx: _Context, prompts, folder) -> None:
+    """Each client embedding the check's sentences from the deployment folder with its own
+    tokenizer and pooling, against transformers' embeddings (the model in fp32 as the file holds
+    it) within the file's precision's embedding budget."""
+    texts = E.sentences()
+    want = np.concatenate([ctx.reference.run(_encoded(ctx, texts[i:i + EMBED_BATCH]))["sentence_embedding"]
+                           for i in range(0, len(texts), EMBED_BATCH)])
+    precision = _precision_name(ctx.onnx_model, P.record_of(ctx.onnx_model))
+    budget = E.BUDGETS.get(precision, E.BUDGETS["int4"])
+    for client in ctx.check.clients:
+        row = ctx.row(f"client: embed {len(texts)} sentences from the folder", client,
+                      "transformers' embeddings of the same sentences")
+        row.flavor = "-"
+        ok, why = clients.status(client)
+        if not ok:
+            row.error = f"{client} is not available: {why}"
+        ctx.executor.run(row, functools.partial(clients.embed, client, folder, texts, R.cpu_threads()),
+                         functools.partial(_judge_embeddings, row, want, budget, precision,
+                                           lambda done: done.embeddings))
+
+
+def _judge_embeddings(row: Row, want: np.ndarray, budget, precision: str, take, got) -> list[Comparison]:
+    """`got`'s embeddings (`take(got)`) against `want` within `budget`: the row's detail, its error
+    where over the budget, and its one comparison (1 - the lowest cosine)."""
+    cost = E.measure(take(got), want, budget)
+    row.detail = {"embeddings": cost.to_dict(), "budget": {**vars(budget), "text": budget.text()},
+                  "summary": cost.text(), "measure": "embeddings"}
+    failures = cost.failures(budget)
+    if failures:
+        row.error = f"over the embedding budget: {'; '.join(failures)} ({cost.text()})"
+    distance = float(1 - cost.cosines.min()) if np.isfinite(cost.cosines).all() else math.inf
+    return [Comparison("sentence_embedding: 1 - cosine", not failures, distance, math.nan, 0, 0, 0.0,
+                       1 - budget.cosine, distance, math.inf, compared=int(cost.cosines.size),
+                       basis=f"the {precision} embedding budget: {budget.text()}")]
 
 
 def _encoded(ctx: _Context, texts: list[str]) -> dict:
@@ -457,11 +485,7 @@ def _encoded(ctx: _Context, texts: list[str]) -> dict:
             for n in ctx.layout.inputs}
 
 
-_ROWS = {"shapes": _shape_rows, "decode": _decode_rows, "generation": _generation_rows,
-         "accuracy": _accuracy_rows, "embeddings": _embedding_rows}
-
-
-def _client_rows(ctx: _Context, folder, prompts) -> None:
+def _client_rows(ctx: _Context, prompts, folder) -> None:
     """Each client generating from the deployment folder, prompt by prompt (batch 1), against
     transformers' `generate` on the same prompt: the same tokens, and where the folder has a
     tokenizer, the client's encoding of each prompt equal to transformers'."""
@@ -497,3 +521,9 @@ def _client_rows(ctx: _Context, folder, prompts) -> None:
             row.error = f"{client} is not available: {why}"
         ctx.executor.run(row, functools.partial(clients.generate, client, folder, given, n, R.cpu_threads()),
                          functools.partial(judge, row, client))
+
+
+# The row makers, by the names a family's `checks`, `answers` and `client_rows` give.
+_ROWS: dict[str, Callable[..., None]] = {
+    "shapes": _shape_rows, "decode": _decode_rows, "generation": _generation_rows, "accuracy": _accuracy_rows,
+    "embeddings": _embedding_rows, "generating clients": _client_rows, "embedding clients": _embedding_client_rows}

@@ -1,7 +1,11 @@
-"""The clients that load a deployment folder (`export --hf --deploy`), each generating greedily from it
-with its own tokenizer, loader and loop: Optimum's ORTModelForCausalLM (Python, `optimum-onnx`) and
-transformers.js (`@huggingface/transformers` in Node, one of attnexport's pinned npm packages). What
-`verify FOLDER --hf PATH --clients ...` compares with transformers' `generate`.
+"""The clients that load a deployment folder (`export --hf --deploy`), each with its own tokenizer,
+loader and loop. A causal language model's generate greedily from it: Optimum's ORTModelForCausalLM
+(Python, `optimum-onnx`) and transformers.js (`@huggingface/transformers` in Node, one of
+attnexport's pinned npm packages); what `verify FOLDER --hf PATH --clients ...` compares with
+transformers' `generate`. A sentence encoder's embed sentences with it: sentence-transformers'
+`SentenceTransformer(folder, backend="onnx")`, Optimum's ORTModelForFeatureExtraction (its token
+states pooled as the folder's sentence-transformers config says, as its users write it) and
+transformers.js' feature-extraction pipeline; compared with transformers' embeddings.
 """
 
 from __future__ import annotations
@@ -14,10 +18,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from attnexport.errors import ProviderUnavailableError, UsageError, reason
+from attnexport.pretrained.embeddings import pooling_of
 from attnexport.runtimes import js
 
-CLIENTS = ("optimum", "transformers.js")
+CLIENTS = ("optimum", "transformers.js")  # a causal language model's
+EMBEDDERS = ("sentence-transformers", "optimum", "transformers.js")  # a sentence encoder's
+KNOWN = tuple(dict.fromkeys(CLIENTS + EMBEDDERS))
 SECONDS = 1800  # a client that takes longer has hung
 
 
@@ -33,26 +42,46 @@ class ClientRun:
 
 
 def parse(text: str | None) -> list[str]:
-    """`--clients a,b` (or `all`) -> the clients' names; an unknown one is a UsageError naming them."""
+    """`--clients a,b` -> the clients' names (`all`: ["all"], the model family's own, which verify
+    knows once it has read the model); an unknown one is a UsageError naming them."""
     if not text:
         return []
-    names = list(CLIENTS) if text.strip() == "all" else [t.strip() for t in text.split(",") if t.strip()]
-    unknown = [n for n in names if n not in CLIENTS]
+    if text.strip() == "all":
+        return ["all"]
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [n for n in names if n not in KNOWN]
     if unknown:
-        raise UsageError(f"--clients: unknown {', '.join(unknown)} (the clients: {', '.join(CLIENTS)}, or all)")
+        raise UsageError(f"--clients: unknown {', '.join(unknown)} (the clients: {', '.join(KNOWN)}, or all)")
     return names
+
+
+def of_family(names, family) -> list[str]:
+    """`parse`'s names for a model of `family` (`all`: its clients); a client that does not load its
+    models is a UsageError."""
+    wanted = list(family.clients) if list(names) == ["all"] else list(names)
+    foreign = [n for n in wanted if n not in family.clients]
+    if foreign:
+        raise UsageError(f"--clients {', '.join(foreign)}: a {family.what}'s clients are {', '.join(family.clients)}")
+    return wanted
 
 
 def status(client: str) -> tuple[bool, str]:
     """(available, what it is or why not)."""
+    from importlib.metadata import version
     if client == "optimum":
         try:
-            from importlib.metadata import version
-
             import optimum.onnxruntime  # noqa: F401
-            return True, f"Optimum's ORTModelForCausalLM (optimum-onnx {version('optimum-onnx')})"
+            return True, f"Optimum's ORTModel classes (optimum-onnx {version('optimum-onnx')})"
         except ImportError as e:
             return False, f"optimum-onnx is not installed (pip install optimum-onnx): {reason(e)}"
+    if client == "sentence-transformers":
+        try:
+            import optimum.onnxruntime  # noqa: F401
+            import sentence_transformers  # noqa: F401
+            return True, f"sentence-transformers {version('sentence-transformers')} (backend onnx)"
+        except ImportError as e:
+            return False, ("sentence-transformers' ONNX backend is not installed (pip install "
+                           f"'sentence-transformers<6' optimum-onnx): {reason(e)}")
     node, why = js.find_node()
     if node is None:
         return False, why
@@ -114,17 +143,23 @@ def greedy_each(model, tokenizer, prompts: list, new_tokens: int) -> tuple[list,
 
 
 def _transformers_js(folder: Path, prompts: list, new_tokens: int, threads: int | None) -> ClientRun:
-    node, _ = js.find_node()
     texts = all(isinstance(p, str) for p in prompts)
     request = {"folder": str(Path(folder).resolve()), "prompts": list(prompts) if texts else None,
                "ids": None if texts else [[int(t) for t in p] for p in prompts], "new_tokens": new_tokens,
                "threads": threads or 0}
+    answer = _node("generate.mjs", request)
+    return ClientRun("transformers.js", answer["prompt_ids"], answer["tokens"], float(answer["ms"]))
+
+
+def _node(script: str, request: dict) -> dict:
+    """The answer of one of attnexport's transformers.js scripts (js/`script`) to `request`."""
+    node, _ = js.find_node()
     with tempfile.TemporaryDirectory(prefix="attnexport-client-") as tmp:
         path = Path(tmp) / "request.json"
         path.write_text(json.dumps(request))
         env = {**os.environ, "ATTNEXPORT_JS_HOME": str(js.home())}
         try:
-            done = subprocess.run([str(node), str(js.PACKAGE / "generate.mjs"), str(path)], capture_output=True,
+            done = subprocess.run([str(node), str(js.PACKAGE / script), str(path)], capture_output=True,
                                   text=True, env=env, timeout=SECONDS)
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"transformers.js took more than {SECONDS} s") from None
@@ -133,4 +168,66 @@ def _transformers_js(folder: Path, prompts: list, new_tokens: int, threads: int 
         {"error": (done.stderr.strip().splitlines() or ["no answer"])[-1]}
     if "error" in answer:
         raise RuntimeError(f"transformers.js: {answer['error'][:300]}")
-    return ClientRun("transformers.js", answer["prompt_ids"], answer["tokens"], float(answer["ms"]))
+    return answer
+
+
+@dataclass
+class ClientEmbedding:
+    """A client's embeddings of the texts (N, D), and how long it took."""
+
+    client: str
+    embeddings: np.ndarray
+    ms: float
+
+
+def embed(client: str, folder: Path, texts: list[str], threads: int | None = None) -> ClientEmbedding:
+    """The sentence embeddings `client` computes from the deployment folder of a sentence encoder,
+    with its own tokenizer and its own pooling (the folder's sentence-transformers config says which)."""
+    ok, why = status(client)
+    if not ok:
+        raise ProviderUnavailableError(f"client {client} is not available: {why}")
+    pooling, normalize = pooling_of(folder)
+    started = time.perf_counter()
+    if client == "sentence-transformers":
+        from sentence_transformers import SentenceTransformer
+        model = SentenceTransformer(str(folder), backend="onnx", device="cpu",
+                                    model_kwargs={"provider": "CPUExecutionProvider"})
+        started = time.perf_counter()
+        got = model.encode(texts, batch_size=len(texts), convert_to_numpy=True)
+    elif client == "optimum":
+        got = _optimum_embeddings(folder, texts, pooling, normalize, threads)
+    else:
+        got = _transformers_js_embeddings(folder, texts, pooling, normalize, threads)
+    return ClientEmbedding(client, np.asarray(got, np.float64), (time.perf_counter() - started) * 1e3)
+
+
+def _optimum_embeddings(folder: Path, texts: list[str], pooling: str, normalize: bool, threads) -> np.ndarray:
+    """ORTModelForFeatureExtraction's token states, pooled over the mask as sentence-transformers'
+    model card tells its users to."""
+    import onnxruntime as ort
+    from optimum.onnxruntime import ORTModelForFeatureExtraction
+    from transformers import AutoTokenizer
+
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    model = ORTModelForFeatureExtraction.from_pretrained(str(folder), subfolder="onnx", file_name="model.onnx",
+                                                         provider="CPUExecutionProvider", session_options=options)
+    encoded = AutoTokenizer.from_pretrained(str(folder))(texts, padding=True, truncation=True, return_tensors="pt")
+    states = model(**encoded).last_hidden_state.detach().double().numpy()
+    mask = encoded["attention_mask"].numpy()[..., None].astype(np.float64)
+    if pooling == "cls":
+        pooled = states[:, 0]
+    elif pooling == "max":
+        pooled = np.where(mask > 0, states, -1e9).max(axis=1)
+    else:
+        pooled = (states * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
+    return pooled / np.linalg.norm(pooled, axis=-1, keepdims=True) if normalize else pooled
+
+
+def _transformers_js_embeddings(folder: Path, texts: list[str], pooling: str, normalize: bool, threads) -> np.ndarray:
+    if pooling not in ("mean", "cls"):
+        raise RuntimeError(f"transformers.js' feature-extraction pipeline has no {pooling} pooling")
+    answer = _node("embed.mjs", {"folder": str(Path(folder).resolve()), "texts": list(texts), "pooling": pooling,
+                                 "normalize": normalize, "threads": threads or 0})
+    return np.asarray(answer["embeddings"], np.float64)

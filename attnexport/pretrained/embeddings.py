@@ -11,9 +11,13 @@ than its budget allows has its swaps counted. The budget is one table, by precis
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+
+from attnexport.errors import UsageError
 
 # Sentences from attnexport's documentation: the corpus retrieval ranks.
 CORPUS = (
@@ -146,3 +150,32 @@ def measure(got: np.ndarray, want: np.ndarray, budget: EmbeddingBudget) -> Embed
         shares.append(float(np.mean(scores_want[q][mine] >= kth - tie)))
         firsts.append(float(scores_want[q][mine[0]] >= scores_want[q].max() - tie))
     return EmbeddingCost(cosines, float(np.mean(shares)), float(np.mean(firsts)), error)
+
+
+POOLINGS = ("mean", "cls", "max")
+
+
+def pooling_of(source) -> tuple[str, bool]:
+    """(pooling, normalised) as the sentence-transformers files in the folder `source` declare them
+    (modules.json: a Pooling module's config, a Normalize module); mean pooling without
+    normalisation where it has none (a plain transformers folder). A pooling attnexport does not
+    compute is a one-line refusal."""
+    folder = Path(source) if source is not None else None
+    modules_file = folder / "modules.json" if folder is not None and folder.is_dir() else None
+    if modules_file is None or not modules_file.is_file():
+        return "mean", False
+    try:
+        modules = json.loads(modules_file.read_text())
+        kinds = {m["type"].rsplit(".", 1)[-1]: m.get("path", "") for m in modules}
+        pooling = "mean"
+        if "Pooling" in kinds:
+            config = json.loads((folder / kinds["Pooling"] / "config.json").read_text())
+            modes = [k[len("pooling_mode_"):].removesuffix("_token").removesuffix("_tokens")
+                     for k, on in config.items() if k.startswith("pooling_mode_") and on]
+            if len(modes) != 1 or modes[0] not in POOLINGS:
+                raise UsageError(f"--hf {source}: its pooling ({', '.join(modes) or 'none'}) is not one attnexport "
+                                 f"computes ({', '.join(POOLINGS)}, one of them)")
+            pooling = modes[0]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"--hf {source}: its sentence-transformers files are damaged ({e})") from None
+    return pooling, "Normalize" in kinds

@@ -33,7 +33,8 @@ from attnexport.pretrained.fusions import rotary, tied_head
 
 # A source folder's files a deployment keeps as they are: the tokenizer and the generation config.
 _KEPT = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
-         "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json", "generation_config.json")
+         "vocab.txt", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",
+         "generation_config.json")
 
 
 @dataclass(frozen=True)
@@ -316,7 +317,8 @@ def write_deployment(folder: Path, result: ModuleExportResult, model, source, to
     try:
         source_dir = Path(source)
         kept = [f for f in _KEPT if source_dir.is_dir() and (source_dir / f).is_file()]
-        for f in kept:
+        for f in kept + layout.family.deploy_files(source):
+            (staging / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source_dir / f, staging / f)
         if tokenizer is not None and not any(f.startswith("tokenizer") for f in kept):
             with contextlib.redirect_stdout(None):

@@ -8,11 +8,14 @@ now; encoder-decoders are a family to come.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 
 from attnexport.errors import UsageError
+from attnexport.pretrained import embeddings as EM
 from attnexport.pretrained import forms as FM
 
 
@@ -37,6 +40,9 @@ class Family:
     answers: ClassVar[tuple[str, str]]
     # Whether its export and verify need the model's tokenizer (its checks embed real sentences).
     needs_tokenizer: ClassVar[bool] = False
+    # The clients that load its deployment folder (`attnexport.pretrained.clients`), and the check of them.
+    clients: ClassVar[tuple[str, ...]]
+    client_rows: ClassVar[str]
 
     @property
     def default_form(self) -> str:
@@ -46,6 +52,11 @@ class Family:
     def layout_fields(self, model, source) -> dict:
         """What this family's layout records beyond the sizes every family has (`model.layout_of`)."""
         return {}
+
+    def deploy_files(self, source) -> list[str]:
+        """The files of the folder `source` its deployment folder keeps beside the tokenizer's (paths
+        relative to it)."""
+        return []
 
     def accepts(self, config) -> bool:
         return any(a.endswith(self.architectures) for a in getattr(config, "architectures", None) or [])
@@ -83,6 +94,8 @@ class DecoderOnly(Family):
     tested = ("llama", "mistral", "qwen2", "phi3", "gpt2", "gemma2")
     checks = ("shapes", "decode")
     answers = ("generation", "accuracy")
+    clients = ("optimum", "transformers.js")
+    client_rows = "generating clients"
 
     def generate(self, run, layout, prompts, new_tokens, watch=None, dtype=np.float32):
         """none: the whole sequence each step; concat: prompts left-padded with the mask and
@@ -118,6 +131,8 @@ class Encoder(Family):
     checks = ("shapes",)
     answers = ("embeddings", "embeddings")
     needs_tokenizer = True
+    clients = ("sentence-transformers", "optimum", "transformers.js")
+    client_rows = "embedding clients"
 
     def form(self, name: str) -> FM.CacheForm:
         if name not in self.forms:
@@ -126,14 +141,29 @@ class Encoder(Family):
 
     def layout_fields(self, model, source) -> dict:
         """The position table's length (the longest sequence), whether it takes token_type_ids,
-        and its pooling and normalisation (`forms.pooling_of`)."""
+        and its pooling and normalisation (`embeddings.pooling_of`)."""
         config, embeddings = model.config, getattr(model, "embeddings", None)
         # RoBERTa's kin count positions from after the padding index (its `padding_idx`), BERT's from 0.
         first = getattr(embeddings, "padding_idx", -1) + 1 if embeddings is not None else 0
-        pooling, normalize = FM.pooling_of(source)
+        pooling, normalize = EM.pooling_of(source)
         return {"max_seq": int(config.max_position_embeddings) - first,
                 "token_types": int(getattr(config, "type_vocab_size", 0) or 0), "pooling": pooling,
                 "normalize": normalize}
+
+    def deploy_files(self, source) -> list[str]:
+        """sentence-transformers' files (modules.json, its configs, each module's folder), which its
+        loader and transformers.js' pipeline read for the pooling and normalisation."""
+        folder = Path(source)
+        if not folder.is_dir():
+            return []
+        found = [f for f in ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
+                 if (folder / f).is_file()]
+        if "modules.json" in found:
+            for module in json.loads((folder / "modules.json").read_text()):
+                where = folder / module.get("path", "")
+                if module.get("path") and where.is_dir():
+                    found += sorted(str(p.relative_to(folder)) for p in where.rglob("*") if p.is_file())
+        return found
 
     def generate(self, run, layout, prompts, new_tokens, watch=None, dtype=np.float32):
         raise UsageError(f"a {self.what} generates no tokens")
