@@ -227,8 +227,8 @@ class BenchResult:
     def to_json(self):
         """`bench --json`: the rows as a list; a language model's as {"rows": [...], "info": {...}}."""
         if self.language_model:
-            hf_bench = pretrained.bench
-            return {"rows": hf_bench.to_json(self.rows), "info": self.info}
+            module = pretrained.embedding_bench if self.info.get("embeddings") else pretrained.bench
+            return {"rows": module.to_json(self.rows), "info": self.info}
         return bench_mod.to_json(self.rows)
 
 
@@ -244,8 +244,23 @@ def bench(variant=None, module_spec=None, hf_path=None, *, progress: Callable | 
     if (a.genai_python or a.precisions_text or a.genai_precisions_text) is not None and a.hf_path is None:
         raise UsageError("--genai-python, --precision and --genai-precision go with --hf")
     contexts = int_list("--context", a.context)
+    if a.hf_path is not None and not a.decode:  # a sentence encoder's
+        if given(options) or a.input_specs or a.kv_seq or a.cuda_graph or a.plot or a.dtype != "fp32" or \
+                a.genai_python or a.genai_precisions_text or contexts or (a.runtimes and a.runtimes != ["ort-cpu"]):
+            raise UsageError("--hf without --decode times a sentence encoder: it takes --batch, --seq, --flavor, "
+                             "--precision, --threads, --warmup, --iters, --seed and --json (on ort-cpu, beside "
+                             "transformers and Optimum); a causal language model takes --decode")
+        embed_bench = pretrained.embedding_bench
+        e_request = embed_bench.EmbedBenchRequest(a.hf_path, **O.pick(
+            a, embed_bench.EmbedBenchRequest, shapes=embed_bench.shapes(int_list("--batch", a.batch),
+                                                                        int_list("--seq", a.seq)),
+            flavors=tuple(a.flavors) or embed_bench.EmbedBenchRequest.flavors, threads=a.threads or 0,
+            precisions=precisions(a.precisions_text, "--precision", PRECISIONS) if a.precisions_text
+            else embed_bench.EmbedBenchRequest.precisions))
+        e_rows, info = embed_bench.bench_embeddings(e_request, said=said)
+        return BenchResult(e_rows, str(a.hf_path), "fp32", language_model=True, info={**info, "embeddings": True})
     if a.hf_path is not None:
-        if not a.decode or given(options) or a.input_specs or a.batch or a.seq or a.kv_seq or a.cuda_graph or \
+        if given(options) or a.input_specs or a.batch or a.seq or a.kv_seq or a.cuda_graph or \
                 a.plot or a.dtype != "fp32" or (a.runtimes and a.runtimes != ["ort-cpu"]):
             raise UsageError("--hf takes --decode with --context, --flavor, --threads, --warmup, --iters, --seed and "
                              "--json (fp32 on ort-cpu, beside transformers and Optimum)")

@@ -83,9 +83,10 @@ EXPORT = (
                  help="Your own module instead: an nn.Module class taking no arguments, or a function returning "
                       "a module or (module, example_inputs)."),
     click.Option(["--hf", "hf_path"], default=None, metavar="PATH",
-                 help="A transformers causal language model instead: a folder saved with save_pretrained (a config "
-                      "alone: weights from --seed) or a model id; --kv-cache (Optimum's names) or --kv-cache static "
-                      "--max-seq N (buffers written in place), none without."),
+                 help="A transformers causal language model or sentence encoder instead: a folder saved with "
+                      "save_pretrained (a config alone: weights from --seed) or a model id; a language model: "
+                      "--kv-cache (Optimum's names) or --kv-cache static --max-seq N (buffers written in place), "
+                      "none without; an encoder: its token states and sentence embedding."),
     click.Option(["--input", "input_specs"], multiple=True, metavar="NAME:SHAPE[:DTYPE]",
                  help="With --module: an example input, e.g. x:2x16x64 (repeatable; default: the NAME function's)."),
     click.Option(["--nan-rows"], is_flag=True,
@@ -188,13 +189,15 @@ VERIFY = (
                  help="With one MODEL: compare it with this module (--weights FILE: its trained weights)."),
     click.Option(["--hf", "hf_path"], default=None, metavar="PATH",
                  help="With one MODEL exported with export --hf: compare it with this language model (its shapes, "
-                      "the decode property, greedy generation against transformers' generate)."),
+                      "the decode property, greedy generation against transformers' generate) or sentence encoder "
+                      "(its shapes, each sentence's cosine and top-5 retrieval against float64)."),
     click.Option(["--new-tokens"], type=click.IntRange(min=1), default=48, show_default=True,
                  help="With --hf: the tokens generated for the parity check."),
-    click.Option(["--clients", "clients_text"], default=None, metavar="optimum,transformers.js|all",
-                 help="With --hf and a deployment folder as MODEL (export --hf --deploy): also generate from it with "
-                      "these clients (Optimum's ORTModelForCausalLM, transformers.js in Node) and compare their "
-                      "tokens."),
+    click.Option(["--clients", "clients_text"], default=None, metavar="optimum,transformers.js,...|all",
+                 help="With --hf and a deployment folder as MODEL (export --hf --deploy): also run it with these "
+                      "clients and compare: a language model's generate (Optimum's ORTModelForCausalLM, "
+                      "transformers.js in Node), an encoder's embed (sentence-transformers, Optimum, "
+                      "transformers.js)."),
     click.Option(["--budget"], default=None, metavar="LIMIT=VALUE,...",
                  help="With --hf and a quantized or fp16 MODEL: the accuracy budget's limits instead of the defaults "
                       "(kl-mean=0.05, top1=0.85, perplexity=0.05, first-tokens=0, margin=1; 'none' drops a limit)."),
@@ -217,13 +220,15 @@ BENCH = (
     click.Option(["--hf", "hf_path"], default=None, metavar="PATH",
                  help="A transformers causal language model (as for export --hf), with --decode: each cache form and "
                       "flavor against transformers eager (and Optimum's export and onnxruntime-genai's model builder "
-                      "when installed)."),
+                      "when installed); or a sentence encoder, without --decode: sentences a second at --batch x --seq "
+                      "(default 1x16, 32x128, 8x512) beside transformers and Optimum's export (optimized, and its "
+                      "dynamic int8) when installed."),
     click.Option(["--genai-python"], default=None, metavar="PYTHON",
                  help="With --hf: the Python that runs onnxruntime-genai's model builder (default: this one; the "
                       "builder may want another transformers than Optimum)."),
     click.Option(["--precision", "precisions_text"], default=None, metavar="P,...",
-                 help="With --hf: attnexport's precisions to time (fp32, fp16, int8, int4, q4f16; default fp32), "
-                      "each beside its accuracy."),
+                 help="With --hf: attnexport's precisions to time (fp32, fp16, int8, int4, q4f16; default fp32, an "
+                      "encoder's fp32,int8), each beside its accuracy."),
     click.Option(["--genai-precision", "genai_precisions_text"], default=None, metavar="P,...",
                  help="With --hf: onnxruntime-genai builder's precisions to time (its -p: fp32, int4; default fp32)."),
     click.Option(["--input", "input_specs"], multiple=True, metavar="NAME:SHAPE[:DTYPE]",

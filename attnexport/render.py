@@ -225,7 +225,10 @@ def bench_table(rows, variant, dtype) -> None:
 def bench(result) -> None:
     """`attnexport bench`'s result (`commands.BenchResult`) as text."""
     if result.language_model:
-        language_model_bench(result.rows, result.info, result.title)
+        if result.info.get("embeddings"):
+            encoder_bench(result.rows, result.info, result.title)
+        else:
+            language_model_bench(result.rows, result.info, result.title)
         return
     rows = result.rows
     bench_table(rows, result.title, result.dtype)
@@ -260,5 +263,25 @@ def language_model_bench(rows, info: dict, path: str) -> None:
                    f"{row.median_ms:.3f} ms (p10 {row.p10_ms:.3f}, p90 {row.p90_ms:.3f}), "
                    f"{row.tokens_per_s:,.0f} tokens/s{ratio}{band}" + (f"; {agree}" if agree else "")
                    + (f"; {row.note}" if row.note else ""))
+    for engine, why in info["skipped"].items():
+        click.echo(f"note: {engine} not timed: {why}")
+
+
+def encoder_bench(rows, info: dict, path: str) -> None:
+    """`bench --hf ENCODER`: each engine, precision and flavour at each shape, its time beside its
+    embeddings' accuracy."""
+    embed_bench = pretrained.embedding_bench
+    click.echo(f"{path}: {info['layers']} layers, {info['parameters']:,} parameters, {info['pooling']} pooling"
+               f"{', normalised' if info['normalize'] else ''}, {info['threads']} thread(s)")
+    for row in rows:
+        if row.median_ms != row.median_ms:  # NaN: the export failed
+            click.echo(f"{row.engine} {row.precision} {row.flavor}: {row.note}")
+            continue
+        ratios = "".join(f", {v:.2f}x {k}" for k, v in (("transformers", row.ratio_to_transformers),
+                                                         ("the anchor", row.ratio_to_anchor)) if v)
+        accuracy = embed_bench.accuracy_text(row.accuracy)
+        click.echo(f"{row.batch:>3d} x {row.seq:<4d} {row.engine} {row.precision} {row.flavor}: {row.median_ms:.2f} ms "
+                   f"(p10 {row.p10_ms:.2f}, p90 {row.p90_ms:.2f}), {row.sentences_per_s:,.1f} sentences/s{ratios}"
+                   + (f"; {accuracy}" if accuracy else ""))
     for engine, why in info["skipped"].items():
         click.echo(f"note: {engine} not timed: {why}")

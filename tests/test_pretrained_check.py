@@ -1,6 +1,6 @@
 """Whole language models (`export --hf`, `verify --hf`, `bench --hf`): small random configs of five
 architectures (examples/tiny_lms.py), each cache form exported, verified with generation parity
-against transformers' `generate`, and the README's static loop run. The `[hf]` extra; by default
+against transformers' `generate`, and docs/language-models.md's static loop run. The `[hf]` extra; by default
 each form in one flavour (every flavour is covered), every flavour with --all-modules."""
 
 import json
@@ -128,15 +128,15 @@ def test_verify_hf_takes_localize_and_a_baseline(folders, tmp_path):
     assert r.exit_code == 1
 
 
-def test_the_readme_static_loop_generates_what_transformers_generates(folders, tmp_path, monkeypatch):
-    """The README's plain ONNX Runtime + NumPy loop (buffers bound in place) on an export."""
+def test_the_documented_static_loop_generates_what_transformers_generates(folders, tmp_path, monkeypatch):
+    """docs/language-models.md's plain ONNX Runtime + NumPy loop (buffers bound in place) on an export."""
     from test_docs import doc_block
     path = tmp_path / "llama-static.onnx"
     assert run("export", "--hf", folders["llama"], "--kv-cache", "static", "--max-seq", "64", "--flavor", "ort",
                "-o", path).exit_code == 0
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    exec(doc_block("README.md", "### Generating with the static cache", "python"), scope)  # noqa: S102
+    exec(doc_block("docs/language-models.md", "## Generating with the static cache", "python"), scope)  # noqa: S102
     model, _ = hf.load(folders["llama"])
     layout = hf.Layout.of(onnx.load(path))
     prompts = [np.array(p) for p in scope["prompts"]]
@@ -190,7 +190,7 @@ def test_refusals_are_one_line_and_exit_2(folders, tmp_path):
         assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output, (args, r.output)
     (tmp_path / "enc").mkdir()
     import transformers
-    transformers.BertConfig(architectures=["BertModel"]).save_pretrained(tmp_path / "enc")
+    transformers.T5Config(architectures=["T5ForConditionalGeneration"]).save_pretrained(tmp_path / "enc")
     r = run("export", "--hf", tmp_path / "enc")
     assert r.exit_code == 2 and "not a causal language model" in r.output
 

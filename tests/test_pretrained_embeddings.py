@@ -191,7 +191,7 @@ def test_the_command_line_exports_and_verifies_an_encoder(tiny_encoder, tmp_path
     assert "embeddings on ort-cpu: 1 - cosine max" in r.output and "top-5 agreement 1.000" in r.output
 
 
-def test_refusals_are_one_line_and_write_nothing(tiny_encoder, tmp_path):
+def test_refusals_are_one_line_and_write_nothing(tiny_encoder, tiny_lm, tmp_path):
     folder = tiny_encoder("bert")
     r = run("export", "--hf", folder, "--kv-cache", "-o", tmp_path / "a.onnx")
     assert r.exit_code == 2 and "keeps no cache" in r.output and len(r.output.strip().splitlines()) == 1
@@ -214,6 +214,8 @@ def test_refusals_are_one_line_and_write_nothing(tiny_encoder, tmp_path):
     r = run("export", "--hf", pooled, "-o", tmp_path / "d.onnx")
     assert r.exit_code == 2 and "weightedmean" in r.output
     assert sorted(p.name for p in tmp_path.glob("*.onnx")) == ["c.onnx"]
+    r = run("verify", tmp_path / "c.onnx", "--hf", tiny_lm("llama"), "--runtimes", "ort-cpu")
+    assert r.exit_code == 2 and "is a sentence encoder's export" in r.output and "causal language model" in r.output
     with pytest.raises(UsageError, match="not a causal language model"):
         families.of_config(transformers.T5Config(architectures=["T5Model"]), "t5")
     assert hf.Layout.of(onnx.load(tmp_path / "c.onnx")).max_seq == 12

@@ -24,11 +24,13 @@ class _Config:
 def test_a_config_goes_to_the_family_of_its_architecture_and_any_other_is_told_what_each_takes():
     assert families.of_config(_Config("LlamaForCausalLM"), "src").task == "causal-lm"
     assert families.of_config(_Config("GPT2LMHeadModel"), "src").task == "causal-lm"
+    assert families.of_config(_Config("BertModel"), "src").task == "feature-extraction"
     with pytest.raises(UsageError, match=r"--hf src: not a causal language model \(task causal-lm: architectures "
-                                         r"ending in ForCausalLM or LMHeadModel, .*; its config lists BertModel\)"):
-        families.of_config(_Config("BertModel"), "src")
-    with pytest.raises(UsageError, match=r"its config lists none \(bert\)"):
-        families.of_config(_Config(model_type="bert"), "src")
+                                         r"ending in ForCausalLM or LMHeadModel, .*\) or not a sentence encoder "
+                                         r"\(task feature-extraction: .*; its config lists T5Model\)"):
+        families.of_config(_Config("T5Model"), "src")
+    with pytest.raises(UsageError, match=r"its config lists none \(t5\)"):
+        families.of_config(_Config(model_type="t5"), "src")
 
 
 def test_a_task_no_family_records_is_refused():

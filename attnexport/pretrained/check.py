@@ -24,7 +24,7 @@ from attnexport.compare import Comparison, Tolerance, check_tolerance_values, co
 from attnexport.errors import AttnExportError, UsageError, reason
 from attnexport.localize import Localization, locate
 from attnexport.pretrained import accuracy as A
-from attnexport.pretrained import clients, forms
+from attnexport.pretrained import clients, families, forms
 from attnexport.pretrained import embeddings as E
 from attnexport.pretrained import export as hf_export
 from attnexport.pretrained import model as hf
@@ -144,6 +144,10 @@ def verify_hf(check: HFCheck) -> Report:
     seed = check.seed if check.seed is not None else meta.number("seed", 0)
     check = HFCheck(**{**vars(check), "seed": seed})
     hf_model, _ = hf.load(check.source, seed)
+    source_family = families.of_model(hf_model)
+    if source_family is not layout.family:
+        raise UsageError(f"{path.name} is a {layout.family.what}'s export; --hf {check.source} is a "
+                         f"{source_family.what}: give the model it was exported from")
     tokenizer = hf.tokenizer_of(check.source)
     hf.check_tokenizer(layout, tokenizer, check.source)
     prompts = HR.prompts(tokenizer, layout, PROMPT_LENGTHS, seed=4)

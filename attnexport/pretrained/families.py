@@ -40,6 +40,8 @@ class Family:
     answers: ClassVar[tuple[str, str]]
     # Whether its export and verify need the model's tokenizer (its checks embed real sentences).
     needs_tokenizer: ClassVar[bool] = False
+    # Whether its models embed sentences (bench --hf times them so; else their decoding, with --decode).
+    embeds: ClassVar[bool] = False
     # The clients that load its deployment folder (`attnexport.pretrained.clients`), and the check of them.
     clients: ClassVar[tuple[str, ...]]
     client_rows: ClassVar[str]
@@ -131,6 +133,7 @@ class Encoder(Family):
     checks = ("shapes",)
     answers = ("embeddings", "embeddings")
     needs_tokenizer = True
+    embeds = True
     clients = ("sentence-transformers", "optimum", "transformers.js")
     client_rows = "embedding clients"
 

@@ -339,7 +339,7 @@ class StaticCache(CacheForm):
     verify_checks = (("batch 2, block 3 into empty buffers", 2, 3, 0, 0), ("batch 1, one token", 1, 1, 0, 0),
                      ("batch 3, one token after 5", 3, 1, 5, 0), ("batch 1, block 3 after 7", 1, 3, 7, 0))
     _own = "the static form's inputs (write_pos, fixed buffers) are attnexport's own: "
-    cannot = {"optimum": _own + "the README's loop runs it; export with --kv-cache for Optimum",
+    cannot = {"optimum": _own + "docs/language-models.md's loop runs it; export with --kv-cache for Optimum",
               "transformers.js": _own + "export with --kv-cache for transformers.js"}
     needs = ("--kv-cache static",)
     trace_shape = (3, 0)
