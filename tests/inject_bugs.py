@@ -131,6 +131,22 @@ BUGS = [
     ("a family exports a form it does not declare",
      [(PRE + "families.py", "        return FM.form(name, self.forms)", "        return FM.form(name)")], False,
      ["tests/test_pretrained_families.py"]),
+    # --- the sentence encoders (2026-11-28) ----------------------------------------------------------
+    ("an embedding's cosine without the norms",
+     [(PRE + "embeddings.py", "    return v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-300)",
+       "    return v")], False,
+     ["tests/test_pretrained_embeddings.py", "-k", "cost_nothing or turned"]),
+    ("retrieval ties as wide as the export's error, uncapped",
+     [(PRE + "embeddings.py", "    tie = min(2 * error, budget.tie)", "    tie = 2 * error")], False,
+     ["tests/test_pretrained_embeddings.py", "-k", "tie"]),
+    ("an encoder's padding compared",
+     [(PRE + "forms.py", '        return {"last_hidden_state": mask[:, :, None],',
+       '        return {"last_hidden_state": np.ones_like(mask)[:, :, None],')], False,
+     ["tests/test_pretrained_embeddings.py", "-k", "embed_form"]),
+    ("mean pooling over the padding too",
+     [(PRE + "forms.py", "            pooled = (states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)",
+       "            pooled = states.mean(dim=1)")], False,
+     ["tests/test_pretrained_embeddings.py", "-k", "dynamic_batch"]),
 ]
 src = pathlib.Path(__file__).resolve().parent.parent
 py = sys.executable

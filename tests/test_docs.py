@@ -169,3 +169,18 @@ def test_the_counts_the_pages_name_are_the_codes():
     tree = ast.parse((ROOT / "benchmarks" / "real_modules.py").read_text())
     blocks = next(n.value for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "MODULES")
     assert _said("docs/modules.md", r"of the (\w+) blocks exported") == len(blocks.elts)
+
+
+def test_what_a_deployment_needs_of_its_dependencies_is_said_and_installed():
+    """transformers 5 reads GGUF files through accelerate: the [real] extra brings it and the README
+    says why; a Node app's onnxruntime-node install is told the variable attnexport's own install sets."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(d.startswith("accelerate") for d in extras["real"])
+    assert "| accelerate (extra `real`) |" in (ROOT / "README.md").read_text()
+    source = (ROOT / "attnexport" / "runtimes" / "js.py").read_text()
+    variable = re.search(r'"(ONNXRUNTIME_NODE_INSTALL)": "(\w+)"', source)
+    assert variable is not None
+    assert f"{variable[1]}={variable[2]} npm install @huggingface/transformers" in \
+        (ROOT / "docs" / "language-models.md").read_text()

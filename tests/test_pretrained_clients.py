@@ -160,3 +160,49 @@ def test_an_embedding_client_whose_pooling_differs_fails_its_row(encoder_deploye
     assert r.exit_code == 1, r.output
     row = next(row for row in json.loads(r.output)["results"] if row["runtime"] == "optimum")
     assert not row["passed"] and "over the embedding budget" in row["error"]
+
+
+# Each turn: its role's word (t3 the user's, t4 the assistant's), its words, t8; then t6, the reply's turn.
+CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}t3{% else %}t4{% endif %} {{ m['content'] }} t8 "
+                 "{% endfor %}{% if add_generation_prompt %}t6{% endif %}")
+
+
+def test_a_folder_written_under_transformers_5_with_a_chat_template_is_read_by_every_client(tmp_path, tiny_lm):
+    """A source whose tokenizer transformers 5 saved (its class TokenizersBackend, which transformers 4
+    cannot import; its chat template in chat_template.jinja, which transformers.js 4 does not read):
+    the deployment folder names a class both load and carries the template in tokenizer_config.json,
+    and each client encodes a conversation with it as transformers does, then generates its tokens."""
+    pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
+    import shutil
+
+    import numpy as np
+    import transformers
+
+    from attnexport.pretrained import bench as hf_bench
+    from attnexport.pretrained import model as hf
+    source = tmp_path / "llama"
+    shutil.copytree(tiny_lm("llama"), source)
+    hf_bench.word_tokenizer(source, 1000)
+    (source / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "TokenizersBackend", "bos_token": "t1", "eos_token": "t2", "pad_token": "t0"}))
+    (source / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    out = tmp_path / "deploy"
+    r = cli("export", "--hf", str(source), "--kv-cache", "--deploy", str(out))
+    assert r.exit_code == 0, r.output
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and config["chat_template"] == CHAT_TEMPLATE
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))  # this transformers, whichever it is
+    chat = [{"role": "user", "content": "t5 t37 t48"}, {"role": "assistant", "content": "t7"},
+            {"role": "user", "content": "t9 t3"}]
+    want_ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+    want_ids = want_ids["input_ids"] if isinstance(want_ids, dict) else want_ids
+    assert want_ids == [3, 5, 37, 48, 8, 4, 7, 8, 3, 9, 3, 8, 6]  # the template's, word for word (t1, t2 are special)
+    model, _ = hf.load(source)
+    layout = hf.layout_of(model, "concat")
+    want = hf.reference_generation(model, layout, [np.array(want_ids)], 6).tokens[0].tolist()
+    for client in clients.CLIENTS:
+        if not clients.status(client)[0]:
+            continue
+        done = clients.generate(client, out, [chat], 6)
+        assert done.prompt_ids == [list(want_ids)], client
+        assert done.tokens == [want], client

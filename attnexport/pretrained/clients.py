@@ -92,7 +92,8 @@ def status(client: str) -> tuple[bool, str]:
 
 def generate(client: str, folder: Path, prompts: list, new_tokens: int, threads: int | None = None) -> ClientRun:
     """Greedy generation of `new_tokens` tokens after each prompt (texts, encoded by the client's
-    tokenizer from the folder, or token id lists) by `client` from `folder`; no end-of-sequence stop."""
+    tokenizer from the folder; conversations, encoded by its chat template; or token id lists) by
+    `client` from `folder`; no end-of-sequence stop."""
     ok, why = status(client)
     if not ok:
         raise ProviderUnavailableError(f"client {client} is not available: {why}")
@@ -113,7 +114,7 @@ def _optimum(folder: Path, prompts: list, new_tokens: int, threads: int | None) 
     model = ORTModelForCausalLM.from_pretrained(str(folder), subfolder="onnx", file_name="model.onnx",
                                                 provider="CPUExecutionProvider", session_options=options,
                                                 use_cache=use_cache)
-    texts = all(isinstance(p, str) for p in prompts)
+    texts = all(isinstance(p, str) or _is_chat(p) for p in prompts)
     tokenizer = AutoTokenizer.from_pretrained(str(folder)) if texts else None
     started = time.perf_counter()
     encoded, tokens = greedy_each(model, tokenizer, prompts, new_tokens)
@@ -133,7 +134,11 @@ def greedy_each(model, tokenizer, prompts: list, new_tokens: int) -> tuple[list,
                               pad_token_id=pad)
     encoded, tokens = [], []
     for p in prompts:
-        ids = tokenizer(p)["input_ids"] if tokenizer is not None else [int(t) for t in p]
+        if _is_chat(p):  # as its users encode a conversation: the chat template, with the generation prompt
+            ids = tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True)
+            ids = ids["input_ids"] if isinstance(ids, dict) else ids  # transformers 5 gives an encoding
+        else:
+            ids = tokenizer(p)["input_ids"] if tokenizer is not None else [int(t) for t in p]
         encoded.append(list(ids))
         with torch.no_grad():
             out = model.generate(input_ids=torch.tensor([ids]), generation_config=config,
@@ -144,11 +149,18 @@ def greedy_each(model, tokenizer, prompts: list, new_tokens: int) -> tuple[list,
 
 def _transformers_js(folder: Path, prompts: list, new_tokens: int, threads: int | None) -> ClientRun:
     texts = all(isinstance(p, str) for p in prompts)
+    chats = all(_is_chat(p) for p in prompts)
     request = {"folder": str(Path(folder).resolve()), "prompts": list(prompts) if texts else None,
-               "ids": None if texts else [[int(t) for t in p] for p in prompts], "new_tokens": new_tokens,
+               "chats": list(prompts) if chats else None,
+               "ids": None if texts or chats else [[int(t) for t in p] for p in prompts], "new_tokens": new_tokens,
                "threads": threads or 0}
     answer = _node("generate.mjs", request)
     return ClientRun("transformers.js", answer["prompt_ids"], answer["tokens"], float(answer["ms"]))
+
+
+def _is_chat(prompt) -> bool:
+    """Whether a prompt is a conversation ([{role, content}, ...]), encoded with the chat template."""
+    return isinstance(prompt, list) and bool(prompt) and all(isinstance(m, dict) for m in prompt)
 
 
 def _node(script: str, request: dict) -> dict:

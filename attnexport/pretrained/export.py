@@ -323,6 +323,7 @@ def write_deployment(folder: Path, result: ModuleExportResult, model, source, to
         if tokenizer is not None and not any(f.startswith("tokenizer") for f in kept):
             with contextlib.redirect_stdout(None):
                 tokenizer.save_pretrained(str(staging))
+        portable_tokenizer_config(staging)
         config = model.config.to_dict()
         config.pop("quantization_config", None)
         config["use_cache"] = layout.cache_form.caches
@@ -347,6 +348,34 @@ def write_deployment(folder: Path, result: ModuleExportResult, model, source, to
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder / layout.cache_form.deploy_file
+
+
+# The tokenizer class transformers 5 writes for a fast tokenizer of its own, which transformers 4
+# (Optimum's, whose optimum-onnx pins it below 4.58) cannot import; the class both load it as.
+_NEW_TOKENIZER_CLASSES = ("TokenizersBackend",)
+_PORTABLE_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
+
+
+def portable_tokenizer_config(folder: Path) -> None:
+    """The deployment folder's tokenizer_config.json made readable by every client: a chat template
+    kept in chat_template.jinja (how transformers writes it now) also in the config's
+    `chat_template`, the one place transformers.js 4 reads it; and a tokenizer class only
+    transformers 5 knows named as the fast tokenizer class both transformers 4 and 5 load (the
+    tokenizer.json beside it is the tokenizer itself)."""
+    path = folder / "tokenizer_config.json"
+    if not path.is_file():
+        return
+    config = json.loads(path.read_text())
+    template = folder / "chat_template.jinja"
+    changed = False
+    if template.is_file() and not config.get("chat_template"):
+        config["chat_template"] = template.read_text()
+        changed = True
+    if config.get("tokenizer_class") in _NEW_TOKENIZER_CLASSES and (folder / "tokenizer.json").is_file():
+        config["tokenizer_class"] = _PORTABLE_TOKENIZER_CLASS
+        changed = True
+    if changed:
+        path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
 def _umask() -> int:

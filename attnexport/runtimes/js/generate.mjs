@@ -3,7 +3,9 @@
 // generation loop, nothing of attnexport's. Called by attnexport/pretrained/clients.py:
 //
 //   node generate.mjs REQUEST.json   (REQUEST: {folder, prompts: [text] | null, ids: [[id]] | null,
-//                                      new_tokens, threads})
+//                                      chats: [[{role, content}]] | null, new_tokens, threads})
+//
+// A chat is encoded as its users encode one: the tokenizer's chat template with the generation prompt.
 //
 // prints one JSON line: {prompt_ids: [[id]], tokens: [[id]] (the new ones), ms} or {error}.
 // ATTNEXPORT_JS_HOME is the folder holding node_modules.
@@ -27,13 +29,19 @@ async function main() {
   const model = await AutoModelForCausalLM.from_pretrained(name, {
     dtype: 'fp32', device: 'cpu', ...(req.threads ? { session_options: { intraOpNumThreads: req.threads } } : {}),
   });
-  const tokenizer = req.prompts ? await AutoTokenizer.from_pretrained(name) : null;
+  const tokenizer = req.prompts || req.chats ? await AutoTokenizer.from_pretrained(name) : null;
   const promptIds = [];
   const tokens = [];
   const started = performance.now();
-  const count = req.prompts ? req.prompts.length : req.ids.length;
+  const count = (req.prompts || req.chats || req.ids).length;
   for (let i = 0; i < count; i++) {
-    const ids = req.prompts ? Array.from(tokenizer(req.prompts[i]).input_ids.data, Number) : req.ids[i];
+    let ids;
+    if (req.chats) {
+      const encoded = tokenizer.apply_chat_template(req.chats[i], { add_generation_prompt: true, return_tensor: false });
+      ids = Array.from(encoded.input_ids ?? encoded, Number); // an encoding, or the ids alone
+    } else {
+      ids = req.prompts ? Array.from(tokenizer(req.prompts[i]).input_ids.data, Number) : req.ids[i];
+    }
     promptIds.push(ids);
     const input = new Tensor('int64', BigInt64Array.from(ids.map(BigInt)), [1, ids.length]);
     const mask = new Tensor('int64', new BigInt64Array(ids.length).fill(1n), [1, ids.length]);
