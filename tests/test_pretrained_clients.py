@@ -195,7 +195,7 @@ def test_a_folder_written_under_transformers_5_with_a_chat_template_is_read_by_e
     chat = [{"role": "user", "content": "t5 t37 t48"}, {"role": "assistant", "content": "t7"},
             {"role": "user", "content": "t9 t3"}]
     want_ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
-    want_ids = want_ids["input_ids"] if isinstance(want_ids, dict) else want_ids
+    want_ids = list(want_ids if isinstance(want_ids, list) else want_ids["input_ids"])  # 5: an encoding
     assert want_ids == [3, 5, 37, 48, 8, 4, 7, 8, 3, 9, 3, 8, 6]  # the template's, word for word (t1, t2 are special)
     model, _ = hf.load(source)
     layout = hf.layout_of(model, "concat")

@@ -197,8 +197,9 @@ def test_refusals_are_one_line_and_write_nothing(tiny_encoder, tiny_lm, tmp_path
     assert r.exit_code == 2 and "keeps no cache" in r.output and len(r.output.strip().splitlines()) == 1
     bare = tmp_path / "no-tokenizer"
     shutil.copytree(folder, bare)
-    for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        (bare / f).unlink()
+    for f in bare.glob("*"):  # what a transformers version saves of a tokenizer: its files, whichever
+        if f.name.startswith(("tokenizer", "vocab", "special_tokens")):
+            f.unlink()
     r = run("export", "--hf", bare, "-o", tmp_path / "b.onnx")
     assert r.exit_code == 2 and "needs its tokenizer" in r.output and len(r.output.strip().splitlines()) == 1
     short = tmp_path / "short"

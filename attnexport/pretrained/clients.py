@@ -136,7 +136,7 @@ def greedy_each(model, tokenizer, prompts: list, new_tokens: int) -> tuple[list,
     for p in prompts:
         if _is_chat(p):  # as its users encode a conversation: the chat template, with the generation prompt
             ids = tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True)
-            ids = ids["input_ids"] if isinstance(ids, dict) else ids  # transformers 5 gives an encoding
+            ids = ids if isinstance(ids, list) else ids["input_ids"]  # transformers 5 gives an encoding
         else:
             ids = tokenizer(p)["input_ids"] if tokenizer is not None else [int(t) for t in p]
         encoded.append(list(ids))
