@@ -263,8 +263,7 @@ def language_model_bench(rows, info: dict, path: str) -> None:
                    f"{row.median_ms:.3f} ms (p10 {row.p10_ms:.3f}, p90 {row.p90_ms:.3f}), "
                    f"{row.tokens_per_s:,.0f} tokens/s{ratio}{band}" + (f"; {agree}" if agree else "")
                    + (f"; {row.note}" if row.note else ""))
-    for engine, why in info["skipped"].items():
-        click.echo(f"note: {engine} not timed: {why}")
+    _skipped(info)
 
 
 def encoder_bench(rows, info: dict, path: str) -> None:
@@ -283,5 +282,10 @@ def encoder_bench(rows, info: dict, path: str) -> None:
         click.echo(f"{row.batch:>3d} x {row.seq:<4d} {row.engine} {row.precision} {row.flavor}: {row.median_ms:.2f} ms "
                    f"(p10 {row.p10_ms:.2f}, p90 {row.p90_ms:.2f}), {row.sentences_per_s:,.1f} sentences/s{ratios}"
                    + (f"; {accuracy}" if accuracy else ""))
+    _skipped(info)
+
+
+def _skipped(info: dict) -> None:
+    """The engines a whole model's bench could not time, and why."""
     for engine, why in info["skipped"].items():
         click.echo(f"note: {engine} not timed: {why}")

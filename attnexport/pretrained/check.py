@@ -73,6 +73,7 @@ class _Context:
     prepared: dict
     executor: Executor
     known_good: Any = None
+    precision: str = "fp32"  # the file's: its dtype, or int8/int4 when quantized
 
     @property
     def name(self) -> str:
@@ -158,7 +159,8 @@ def verify_hf(check: HFCheck) -> Report:
     used, table = _able(model, used, table, check, quantized)
     executor = Executor(check.checking)
     ctx = _Context(check, model, layout, reference, tokenizer, dtype, flavor, used,
-                   {rt: _prepared(rt, model) for rt in used if rt in R.ONNX_RUNTIMES}, executor)
+                   {rt: _prepared(rt, model) for rt in used if rt in R.ONNX_RUNTIMES}, executor,
+                   precision=_precision_name(model, quantized))
     record = meta.parsed("params", {})
     changed = changed_params(reference.step, record, dtype)
     damaged = W.read(model, record)[1] if record else []  # the file's own initializers against the record
@@ -436,7 +438,7 @@ def _embedding_rows(ctx: _Context, prompts=None) -> None:
     batches = [texts[i:i + EMBED_BATCH] for i in range(0, len(texts), EMBED_BATCH)]
     feeds = [_encoded(ctx, batch) for batch in batches]
     want = np.concatenate([ctx.reference.run64(f)["sentence_embedding"] for f in feeds])
-    precision = _precision_name(ctx.onnx_model, P.record_of(ctx.onnx_model))
+    precision = ctx.precision
     budget = E.BUDGETS.get(precision, E.BUDGETS["int4"])
     label = f"embeddings: {len(texts)} sentences, cosine and top-{E.TOP_K} retrieval of {len(E.QUERIES)} queries"
 
@@ -453,7 +455,7 @@ def _embedding_client_rows(ctx: _Context, prompts, folder) -> None:
     texts = E.sentences()
     want = np.concatenate([ctx.reference.run(_encoded(ctx, texts[i:i + EMBED_BATCH]))["sentence_embedding"]
                            for i in range(0, len(texts), EMBED_BATCH)])
-    precision = _precision_name(ctx.onnx_model, P.record_of(ctx.onnx_model))
+    precision = ctx.precision
     budget = E.BUDGETS.get(precision, E.BUDGETS["int4"])
     for client in ctx.check.clients:
         row = ctx.row(f"client: embed {len(texts)} sentences from the folder", client,

@@ -45,11 +45,9 @@ class Executor:
         if not (isinstance(growth, (int, float)) and math.isfinite(growth) and growth >= 1):
             raise UsageError(f"--max-growth must be a finite number >= 1, got {growth}")
         self.checking, self.auto_localize = checking, auto_localize
-        self.strict, self.localize_all = checking.strict_placement, checking.localize
-        self.baseline, self.save_baseline = checking.baseline, checking.save_baseline
-        self.entries = B.load(self.baseline) if self.baseline is not None else None
-        if self.save_baseline is not None:  # before any work: the folder must be writable
-            F.resolve_target(Path(self.save_baseline) / B.MANIFEST, new_folder=True)
+        self.entries = B.load(checking.baseline) if checking.baseline is not None else None
+        if checking.save_baseline is not None:  # before any work: the folder must be writable
+            F.resolve_target(Path(checking.save_baseline) / B.MANIFEST, new_folder=True)
         self.rows: list[Row] = []
         self.localized = 0
 
@@ -78,9 +76,9 @@ class Executor:
                 got, row.median_ms = results[-1], statistics.median(times)
                 if isinstance(got, dict):  # outputs by name: kept for the baseline
                     row.arrays = got
-                row.judge(judge(got), cpu_nodes, self.strict)
+                row.judge(judge(got), cpu_nodes, self.checking.strict_placement)
                 row.passed = row.passed and not row.error
-        if locate is not None and (self.localize_all or (not row.passed and self.localized < self.auto_localize)):
+        if locate is not None and (self.checking.localize or (not row.passed and self.localized < self.auto_localize)):
             self._localize(row, locate, got)
         if self.entries is not None and not row.skipped:
             row.baseline = B.check(row, self.entries.get(B.key(row.case, row.flavor, row.runtime)),
@@ -102,14 +100,14 @@ class Executor:
             return
         self.localized += 1
         row.localization = found
-        if self.localize_all and found.diverged and row.passed:
+        if self.checking.localize and found.diverged and row.passed:
             row.passed = False
             row.error = "intermediate values diverge from the export (--localize)"
 
     def report(self, runtimes: list[dict], dtype: str, flavors: list[str], models: list[str]) -> Report:
         """The report of every row run, the baseline written where asked (`save_baseline`)."""
         report = Report(self.rows, runtimes, dtype, flavors, models,
-                        baseline=None if self.baseline is None else str(self.baseline))
-        if self.save_baseline is not None:
-            report.saved_baseline = str(B.save(self.rows, self.save_baseline))
+                        baseline=None if self.checking.baseline is None else str(self.checking.baseline))
+        if self.checking.save_baseline is not None:
+            report.saved_baseline = str(B.save(self.rows, self.checking.save_baseline))
         return report
