@@ -62,6 +62,25 @@ def tiny_lm(tiny_lms, tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="session")
+def tiny_encoder(tmp_path_factory):
+    """`tiny_encoder(arch, **how)`: examples/tiny_encoders.py's small random sentence encoder (a
+    config, a tokenizer and its sentence-transformers modules), saved once per worker and shared."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("tiny_encoders", ROOT / "examples" / "tiny_encoders.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    made: dict = {}
+
+    def folder(arch: str, **how) -> Path:
+        key = (arch, tuple(sorted(how.items())))
+        if key not in made:
+            made[key] = tmp_path_factory.mktemp(arch)
+            module.save(arch, made[key], **how)
+        return made[key]
+    return folder
+
+
 @pytest.fixture(autouse=True)
 def _work_in_a_temporary_folder(tmp_path_factory, monkeypatch):
     """Every test runs in a fresh temporary folder, so a command's default output (`models/`)

@@ -116,17 +116,10 @@ def test_the_optimum_clients_loop_gives_the_models_own_new_tokens(tiny_lm):
 
 
 @pytest.fixture(scope="module")
-def encoder_deployed(tmp_path_factory):
+def encoder_deployed(tmp_path_factory, tiny_encoder):
     """A small random BERT encoder (examples/tiny_encoders.py) and its deployment folder."""
     pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
-    import importlib.util
-
-    from conftest import ROOT
-    spec = importlib.util.spec_from_file_location("tiny_encoders", ROOT / "examples" / "tiny_encoders.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    source = tmp_path_factory.mktemp("bert")
-    module.save("bert", source)
+    source = tiny_encoder("bert")
     out = tmp_path_factory.mktemp("deploy") / "bert-onnx"
     r = cli("export", "--hf", str(source), "--deploy", str(out))
     assert r.exit_code == 0, r.output

@@ -13,17 +13,12 @@ from attnexport.pretrained import embedding_bench as EB
 
 transformers = pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
 
-from conftest import ROOT, cli  # noqa: E402
+from conftest import cli  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def bert(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location("tiny_encoders", ROOT / "examples" / "tiny_encoders.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    folder = tmp_path_factory.mktemp("bert")
-    module.save("bert", folder)
-    return folder
+@pytest.fixture
+def bert(tiny_encoder):
+    return tiny_encoder("bert")
 
 
 def test_shapes_pair_up_as_bench_pairs_them():

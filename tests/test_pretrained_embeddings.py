@@ -4,7 +4,6 @@ random BERT and RoBERTa encoders from examples/tiny_encoders.py exported in ever
 dynamic batch and sequence, their pooling as their sentence-transformers files say, verified on
 every runtime present, and the refusals. The real all-MiniLM-L6-v2 is tests/test_real_encoders.py's."""
 
-import importlib.util
 import json
 import shutil
 
@@ -12,8 +11,6 @@ import numpy as np
 import pytest
 
 from attnexport.pretrained import embeddings as E
-
-ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
 
 def _embeddings(seed=0, n=None):
@@ -74,23 +71,6 @@ from attnexport.pretrained import export as hf_export  # noqa: E402
 from attnexport.pretrained import families  # noqa: E402
 from attnexport.pretrained import model as hf  # noqa: E402
 from attnexport.pretrained.check import HFCheck, verify_hf  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def tiny_encoder(tmp_path_factory):
-    """`tiny_encoder(arch, **how)`: examples/tiny_encoders.py's folder, saved once per worker."""
-    spec = importlib.util.spec_from_file_location("tiny_encoders", ROOT / "examples" / "tiny_encoders.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    made: dict = {}
-
-    def folder(arch: str, **how):
-        key = (arch, tuple(sorted(how.items())))
-        if key not in made:
-            made[key] = tmp_path_factory.mktemp(arch)
-            module.save(arch, made[key], **how)
-        return made[key]
-    return folder
 
 
 def _sentences(folder, texts):
