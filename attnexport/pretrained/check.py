@@ -104,7 +104,9 @@ class _Context:
         """The first diverging node against the model exported afresh (once) from the same source."""
         try:
             if self.known_good is None:
-                request = hf_export.HFExport(self.check.source, self.layout.form, self.layout.max_seq, self.flavor,
+                # --max-seq is the static buffers' (an encoder's max_seq is its position table's, not asked for)
+                max_seq = self.layout.max_seq if self.layout.cache_form.writes_in_place else 0
+                request = hf_export.HFExport(self.check.source, self.layout.form, max_seq, self.flavor,
                                              dtype=self.dtype, seed=self.check.seed or 0)
                 self.known_good = hf_export.export_hf(request)[0].model
             return locate(self.onnx_model, self.known_good, feed, runtime, self.dtype)

@@ -156,7 +156,8 @@ def export_hf(request: HFExport) -> tuple[ModuleExportResult, hf.Layout]:
         record={"params_source": params_source}, model_sizes=layout.sizes(),
         write_pos=layout.signature.write_pos.name if layout.signature.write_pos else None,
         check=check, finalize=quantize if plan is not None else None,
-        rewrite=lambda onnx_model: _rewritten(onnx_model, model, layout, flavor, dtype, name),
+        rewrite=lambda onnx_model: _rewritten(onnx_model, model, layout, flavor, dtype, name,
+                                              quantized=plan is not None),
         optimized_by_rewrite=FL.FLAVORS[flavor].fuses_language_models)
     try:
         result = export_module(wrapper, example, module_request)
@@ -233,16 +234,19 @@ def check_quantized(onnx_model, model, layout: hf.Layout, before: dict, tokenize
     return checked
 
 
-def _rewritten(onnx_model, model, layout: hf.Layout, flavor: str, dtype: str, name: str):
+def _rewritten(onnx_model, model, layout: hf.Layout, flavor: str, dtype: str, name: str, quantized: bool = False):
     """The traced step graph made what a deployment wants: each past fitting the block's batch
     (concat), a tied vocabulary matrix kept once as the head reads it, ONNX Runtime's fused ops
-    (ort flavour); see `attnexport.pretrained.fusions`."""
+    (ort flavour; an encoder's projections packed into its attention in fp32 alone, where they are
+    neither rounded to half nor left for the quantizer's MatMuls); see `attnexport.pretrained.fusions`."""
     layout.cache_form.fit_pasts(onnx_model, layout)
     tied_head.tied_head(onnx_model)
     if FL.FLAVORS[flavor].fuses_language_models:
         positions = layout.cache_form.rotary_positions(model, layout)
         tables = rotary.rotary_tables(model, positions, D.NUMPY[dtype]) if positions else None
-        onnx_model = fusions.fuse_for_ort(onnx_model, tables, layout.cache_form.writes_in_place, name)
+        onnx_model = fusions.fuse_for_ort(onnx_model, tables, layout.cache_form.writes_in_place, name,
+                                          encoder=layout.family.fuses_encoder_layers,
+                                          packed=dtype == "fp32" and not quantized)
     return onnx_model
 
 

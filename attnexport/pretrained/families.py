@@ -45,6 +45,9 @@ class Family:
     # The clients that load its deployment folder (`attnexport.pretrained.clients`), and the check of them.
     clients: ClassVar[tuple[str, ...]]
     client_rows: ClassVar[str]
+    # The ort flavour's fusions of an encoder's layers (`fusions.encoder`: the attention with the padding
+    # mask, the skip layer norms, the bias GELU) beside those every family's steps get.
+    fuses_encoder_layers: ClassVar[bool] = False
 
     @property
     def default_form(self) -> str:
@@ -136,6 +139,7 @@ class Encoder(Family):
     embeds = True
     clients = ("sentence-transformers", "optimum", "transformers.js")
     client_rows = "embedding clients"
+    fuses_encoder_layers = True
 
     def form(self, name: str) -> FM.CacheForm:
         if name not in self.forms:

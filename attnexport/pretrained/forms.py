@@ -471,6 +471,12 @@ class Embedding(CacheForm):
     def rotary_positions(self, model, layout):
         return 0
 
+    def notes(self, attention_op, dtype):
+        if attention_op.startswith("com.microsoft."):  # the ort flavour's (attnexport.pretrained.fusions.encoder)
+            return [f"{attention_op} takes the padding mask as it comes, which onnxruntime-web's WebGPU kernels "
+                    "refuse: for WebGPU, export the attention flavour"]
+        return []
+
     def room(self, layout):
         return layout.max_seq
 

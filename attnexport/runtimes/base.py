@@ -31,6 +31,9 @@ class Runtime:
     # The MatMulNBits widths its kernel takes (onnxruntime-web 1.30's WebGPU kernel: "Only 2b and 4b
     # quantization is supported"); the standard ops' coverage is the adapter's (`missing_ops`).
     nbits: tuple[int, ...] = (2, 4, 8)
+    # Its com.microsoft.Attention and MultiHeadAttention kernels take a padding mask (mask_index,
+    # key_padding_mask); onnxruntime-web 1.30's WebGPU ones refuse it ("Mask not supported").
+    padding_mask: bool = True
     provider: str = ""  # the ONNX Runtime execution provider the `ort` adapter gives its sessions
     # Its session binds inputs and outputs to buffers of its own (ONNX Runtime's IO binding): bench
     # binds a static cache's buffers in place, and on CUDA every input and output on the device.
@@ -47,7 +50,8 @@ REGISTRY = {r.name: r for r in (
     # ONNX Runtime where apps deploy it, through one JavaScript process; started when named.
     Runtime("ort-node", "onnx", "cpu", "js", default=False, timed=True),
     Runtime("ort-wasm", "onnx", "cpu", "js", default=False, timed=True),
-    Runtime("ort-webgpu", "onnx", "gpu", "js", default=False, timed=True, accelerated=True, nbits=(2, 4)),
+    Runtime("ort-webgpu", "onnx", "gpu", "js", default=False, timed=True, accelerated=True, nbits=(2, 4),
+            padding_mask=False),
 )}
 RUNTIMES = tuple(REGISTRY)
 ONNX_RUNTIMES = tuple(n for n, r in REGISTRY.items() if r.runs == "onnx")
