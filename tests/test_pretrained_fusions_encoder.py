@@ -62,6 +62,9 @@ def test_fp32_is_one_packed_attention_a_layer_with_the_mask_as_it_comes(tiny_enc
         _embed(tmp_path / "attention.onnx", feed)
     kept = feed["attention_mask"].astype(bool)
     assert np.abs(states[kept] - want_states[kept]).max() < 1e-5 and np.abs(pooled - want_pooled).max() < 1e-5
+    # onnx's reference evaluator runs the fused ops from their contracts (attnexport.runtimes.reference)
+    ref = R.prepare_onnx("onnx-ref", model).run(feed)
+    assert np.abs(ref["last_hidden_state"][kept] - states[kept]).max() < 1e-5
     # Each projection's weight is fingerprinted as its columns of the packed matrix.
     record = json.loads({p.key: p.value for p in model.metadata_props}["attnexport.params"])
     prefix = "model.encoder.layer.0.attention.self"
@@ -107,6 +110,9 @@ def test_in_half_and_quantized_the_projections_stay_matmuls_into_a_masked_multi_
     feed = _padded_feed(folder, list(E.CORPUS[:6]))
     _export(folder, tmp_path / "attention.onnx", flavor="attention", precision=precision)
     got, want = _embed(path, feed)[1], _embed(tmp_path / "attention.onnx", feed)[1]
+    if precision == "fp16":  # the reference evaluator's MultiHeadAttention with the bias and the mask
+        ref = R.prepare_onnx("onnx-ref", model).run(feed)["sentence_embedding"]
+        assert np.abs(ref.astype(np.float32) - got.astype(np.float32)).max() < 2e-3
     cosine = (got * want).sum(-1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
     assert np.isfinite(got).all() and cosine.min() > 0.999
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 
@@ -37,11 +39,13 @@ def _rotate_half(x64: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarra
 
 
 def fused_reference_ops() -> list:
-    """The ops ONNX Runtime's fusions put in an ort-flavour language model (`attnexport.pretrained.fusions`),
+    """The ops ONNX Runtime's fusions put in an ort-flavour whole model (`attnexport.pretrained.fusions`),
     for onnx's ReferenceEvaluator, from their contracts: com.microsoft.SkipSimplifiedLayerNormalization
-    (an RMS norm over the last axis of input + skip, scaled, which it also returns) and
+    (an RMS norm over the last axis of input + skip, scaled, which it also returns),
     com.microsoft.RotaryEmbedding (rotate-half: the cos and sin tables gathered at the position
-    ids)."""
+    ids), and an encoder's: com.microsoft.SkipLayerNormalization (a layer norm of input + skip +
+    bias, which it also returns), com.microsoft.BiasGelu (the exact, erf GELU of input + bias) and
+    com.microsoft.Attention (its projections packed in one matrix; the subset attnexport emits)."""
     from onnx.reference.op_run import OpRun
 
     class SkipSimplifiedLayerNormalization(OpRun):
@@ -67,7 +71,63 @@ def fused_reference_ops() -> list:
             out = _rotate_half(y.astype(np.float64), cos, sin).astype(x.dtype)
             return (out if four else out.transpose(0, 2, 1, 3).reshape(x.shape),)
 
-    return [SkipSimplifiedLayerNormalization, RotaryEmbedding]
+    erf = np.vectorize(math.erf, otypes=[np.float64])
+
+    class SkipLayerNormalization(OpRun):
+        op_domain = "com.microsoft"
+
+        def _run(self, x, skip, gamma, beta=None, bias=None, epsilon=1e-12):
+            total = x + skip + (bias if bias is not None else 0)
+            t64 = total.astype(np.float64)
+            mean = t64.mean(-1, keepdims=True)
+            inv = 1.0 / np.sqrt(((t64 - mean) ** 2).mean(-1, keepdims=True) + epsilon)
+            out = (t64 - mean) * inv * gamma + (beta if beta is not None else 0)
+            return out.astype(x.dtype), mean.astype(np.float32), inv.astype(np.float32), total
+
+    class BiasGelu(OpRun):
+        op_domain = "com.microsoft"
+
+        def _run(self, x, bias):
+            y = x.astype(np.float64) + bias
+            return ((0.5 * y * (1.0 + erf(y / np.sqrt(2.0)))).astype(x.dtype),)
+
+    class Attention(OpRun):
+        op_domain = "com.microsoft"
+        op_schema = None  # not ONNX's own Attention (opset 23), whose attributes the evaluator would read by name
+
+        def _run(self, x, weights, bias=None, mask_index=None, past=None, attention_bias=None, *unused,
+                 num_heads=None, scale=None, unidirectional=0, mask_filter_value=-10000.0, qkv_hidden_sizes=None,
+                 do_rotary=0, past_present_share_buffer=0, rotary_embedding_dim=0):
+            if past is not None or unidirectional or do_rotary or qkv_hidden_sizes:
+                raise NotImplementedError("Attention with a cache, a causal mask, rotary or uneven q/k/v "
+                                          "(attnexport's exports have none)")
+            qkv = x @ weights + (bias if bias is not None else 0)
+            q, k, v = np.split(qkv, 3, axis=-1)
+            out = _attend(q, k, v, num_heads, scale, mask_index, attention_bias, mask_filter_value)
+            return (out.astype(x.dtype),)
+
+    return [SkipSimplifiedLayerNormalization, RotaryEmbedding, SkipLayerNormalization, BiasGelu, Attention]
+
+
+def _attend(q, k, v, heads: int, scale, key_padding_mask, attention_bias, mask_filter_value) -> np.ndarray:
+    """Attention over (B, S, heads * d) queries and (B, L, heads * d) keys and values in float64: a key
+    whose (B, L) padding mask is 0 gets mask_filter_value added to its score, as ONNX Runtime's
+    kernels do; returns (B, S, heads * dv)."""
+    B, S, D = q.shape
+    L = k.shape[1]
+    q4 = q.reshape(B, S, heads, -1).transpose(0, 2, 1, 3).astype(np.float64)
+    k4 = k.reshape(B, L, heads, -1).transpose(0, 2, 1, 3).astype(np.float64)
+    v4 = v.reshape(B, L, heads, -1).transpose(0, 2, 1, 3).astype(np.float64)
+    s = (q4 @ k4.transpose(0, 1, 3, 2)) * (scale if scale else 1.0 / np.sqrt(D // heads))
+    if attention_bias is not None:
+        s = s + attention_bias
+    if key_padding_mask is not None:
+        if key_padding_mask.shape != (B, L):
+            raise NotImplementedError("a padding mask other than (batch, keys) of 1 and 0 (attnexport's exports "
+                                      "have none)")
+        s = s + np.where(key_padding_mask[:, None, None, :] == 0, mask_filter_value, 0.0)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return ((e / e.sum(-1, keepdims=True)) @ v4).transpose(0, 2, 1, 3).reshape(B, S, -1)
 
 
 def gqa_reference_op():
@@ -130,6 +190,16 @@ def mha_reference_op():
         def _run(self, query, key=None, value=None, bias=None, key_padding_mask=None, attention_bias=None,
                  past_key=None, past_value=None, *unused, num_heads=None, scale=None, unidirectional=None,
                  mask_filter_value=None):
+            if key_padding_mask is not None and past_key is None and not unidirectional:
+                # an encoder's (`attnexport.pretrained.fusions.encoder`): q, k, v with their bias, the (B, L) mask
+                if bias is not None:
+                    query, key, value = (t + b for t, b in zip((query, key, value), np.split(bias, 3), strict=True))
+                filler = -10000.0 if mask_filter_value is None else mask_filter_value
+                return (_attend(query, key, value, num_heads, scale, key_padding_mask, attention_bias,
+                                filler).astype(query.dtype),)
+            if bias is not None or key_padding_mask is not None:
+                raise NotImplementedError("MultiHeadAttention's bias or key padding mask with a cache or a causal "
+                                          "mask (attnexport's exports have none)")
             B, S, D = query.shape
             L, N = key.shape[1], num_heads
             q = query.reshape(B, S, N, D // N).transpose(0, 2, 1, 3)
