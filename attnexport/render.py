@@ -173,8 +173,13 @@ def verify(report, details: bool = False, out: Console | None = None) -> None:
             click.echo(f"{r.detail.get('measure', 'accuracy')} on {r.runtime}: {r.detail['summary']}; budget: "
                        f"{r.detail['budget']['text']}")
         if r.detail and r.detail.get("layer_costs"):
-            top = ", ".join(f"{c['group']} {c['kl_mean']:.2g}" for c in r.detail["layer_costs"][:5])
-            click.echo(f"layers that cost most, each quantized alone (mean KL vs fp32): {top}")
+            costs = r.detail["layer_costs"][:5]
+            if "kl_mean" in costs[0]:  # a language model's
+                top = ", ".join(f"{c['group']} {c['kl_mean']:.2g}" for c in costs)
+                click.echo(f"layers that cost most, each quantized alone (mean KL vs fp32): {top}")
+            else:  # an encoder's
+                top = ", ".join(f"{c['group']} {c['cost']:.2g}" for c in costs)
+                click.echo(f"layers that cost most, each quantized alone (1 - lowest cosine vs float64): {top}")
     for r in report.failures:
         click.echo(f"FAIL {r.describe(localization=False)}")
         if r.localization is not None and (r.localization.diverged or r.localization.note):

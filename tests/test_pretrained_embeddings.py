@@ -200,3 +200,25 @@ def test_refusals_are_one_line_and_write_nothing(tiny_encoder, tiny_lm, tmp_path
     with pytest.raises(UsageError, match="not a causal language model"):
         families.of_config(transformers.T5Config(architectures=["T5Model"]), "t5")
     assert hf.Layout.of(onnx.load(tmp_path / "c.onnx")).max_seq == 12
+
+
+def test_a_quantized_encoder_reports_what_each_layer_costs_alone_and_keep_takes_its_layers(tiny_encoder, tmp_path):
+    """verify's per-layer row for an encoder: each layer's matrices as the file holds them, alone, in
+    the fp32 model, and the lowest cosine that costs, most costly first; --keep names an encoder's
+    layers as a language model's (BERT's parameters are encoder.layer.I)."""
+    from attnexport.pretrained import precision as P
+    folder = tiny_encoder("bert")
+    out = tmp_path / "int4.onnx"
+    hf_export.export_hf(hf_export.HFExport(folder, precision="int4", output=out))
+    groups = {e["group"] for e in P.record_of(onnx.load(out))["matrices"]}
+    assert groups == {"layer:0", "layer:1"}
+    report = verify_hf(HFCheck(out, folder, runtimes=["ort-cpu"]))
+    row = next(r for r in report.rows if "each layer quantized alone" in r.case)
+    costs = row.detail["layer_costs"]
+    assert [c["group"] for c in costs] in (["layer:0", "layer:1"], ["layer:1", "layer:0"])
+    assert costs[0]["cost"] >= costs[1]["cost"] > 0 and row.passed
+    kept = tmp_path / "kept.onnx"
+    hf_export.export_hf(hf_export.HFExport(folder, precision="int4", output=kept, plan=P.Plan(
+        bits=4, keep=P.parse_keep(costs[0]["group"]))))
+    held = {e["group"] for e in P.record_of(onnx.load(kept))["matrices"] if not e["bits"]}  # left float
+    assert held == {costs[0]["group"]}

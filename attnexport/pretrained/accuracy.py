@@ -395,6 +395,28 @@ def layer_costs(reference, onnx_model, base: Baseline, top: int | None = None) -
     return out[:top] if top else out
 
 
+def layer_costs_embeddings(reference, onnx_model, feeds: list[dict], want: np.ndarray, budget) -> list[dict]:
+    """An encoder's `layer_costs`: each group of quantized matrices made as the file holds it, alone,
+    in the fp32 model, and what that alone costs the embeddings of `feeds` (`embeddings.sentences()`)
+    against the float64 model's `want`: 1 - the lowest cosine, and top-k agreement; most costly first."""
+    import torch
+
+    from attnexport.pretrained import embeddings as E
+    record = P.record_of(onnx_model)
+    if record is None:
+        return []
+    groups = list(dict.fromkeys(e["group"] for e in record["matrices"] if e["bits"]))
+    out = []
+    for group in groups:
+        with as_file_holds(reference.model, onnx_model, {group}), torch.no_grad():
+            got = np.concatenate([np.asarray(reference.run(f)["sentence_embedding"]) for f in feeds])
+        cost = E.measure(got, want, budget)
+        out.append({"group": group, "cost": float(1 - cost.cosines.min()), "cosine_min": float(cost.cosines.min()),
+                    f"top{E.TOP_K}_agreement": cost.agreement})
+    out.sort(key=lambda d: -d["cost"])
+    return out
+
+
 def file_model(model, onnx_model):
     """A copy of transformers' `model` computing with the weights the quantized `onnx_model` holds
     (float activations): the model the file's weights make, which its graph is checked against."""

@@ -448,6 +448,18 @@ def _embedding_rows(ctx: _Context, prompts=None) -> None:
         row = ctx.row(label, rt, "the model's embeddings in float64")
         ctx.run(row, lambda run: np.concatenate([np.asarray(run(f)["sentence_embedding"]) for f in feeds]),
                 functools.partial(_judge_embeddings, row, want, budget, precision, lambda got: got))
+    if P.record_of(ctx.onnx_model) is not None:
+        costs = A.layer_costs_embeddings(ctx.reference, ctx.onnx_model, feeds, want, budget)
+        row = ctx.row("embeddings: the cost of each layer quantized alone (weights as the file holds them, "
+                      "activations rounded as its kernels do, emulated in torch)", "-", "the model's embeddings "
+                      "in float64")
+        row.flavor = "-"
+        row.detail = {"layer_costs": costs}
+        row.comparisons = [Comparison(f"1 - lowest cosine, {c['group']} alone", True, c["cost"], math.nan, 0, 0, 0.0,
+                                      math.inf, c["cost"], math.inf, compared=len(want),
+                                      basis="informational: which layers cost most") for c in costs[:3]]
+        row.passed = bool(costs)
+        ctx.executor.record(row)
 
 
 def _embedding_client_rows(ctx: _Context, prompts, folder) -> None:
@@ -487,10 +499,8 @@ def _judge_embeddings(row: Row, want: np.ndarray, budget, precision: str, take, 
 
 
 def _encoded(ctx: _Context, texts: list[str]) -> dict:
-    """The model's inputs for `texts`, tokenized as its users' tokenizer does (padded on the right)."""
-    encoded = ctx.tokenizer(texts, padding=True, truncation=True, max_length=ctx.layout.max_seq, return_tensors="np")
-    return {n: np.asarray(encoded[n], np.int64) if n in encoded else np.zeros_like(encoded["input_ids"], np.int64)
-            for n in ctx.layout.inputs}
+    """The model's inputs for `texts` (`embeddings.encoded`)."""
+    return E.encoded(ctx.tokenizer, texts, ctx.layout.max_seq, ctx.layout.inputs)
 
 
 def _client_rows(ctx: _Context, prompts, folder) -> None:

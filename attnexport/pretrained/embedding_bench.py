@@ -102,7 +102,10 @@ def bench_embeddings(request: EmbedBenchRequest, said=lambda text: None) -> tupl
     torch.set_num_threads(r.threads)
     reference = HR.Reference(model, layout)
     texts = E.sentences()
-    feeds = [_encoded(tokenizer, layout, texts[i:i + EMBED_BATCH]) for i in range(0, len(texts), EMBED_BATCH)]
+    # every engine's inputs (Optimum's export takes token_type_ids where the model has none); each takes its own
+    names = ("input_ids", "attention_mask", "token_type_ids")
+    feeds = [E.encoded(tokenizer, texts[i:i + EMBED_BATCH], layout.max_seq, names)
+             for i in range(0, len(texts), EMBED_BATCH)]
     want = np.concatenate([reference.run64(f)["sentence_embedding"] for f in feeds])
     info: dict = {"skipped": {}, "threads": r.threads, "layers": layout.layers,
                   "parameters": int(sum(p.numel() for p in model.parameters())), "pooling": layout.pooling,
@@ -110,7 +113,7 @@ def bench_embeddings(request: EmbedBenchRequest, said=lambda text: None) -> tupl
     rows: list[EmbedBenchRow] = []
     with tempfile.TemporaryDirectory(prefix="attnexport-embed-bench-") as tmp:
         weights = Path(tmp) / "weights"
-        _save_weights(model, tokenizer, r.source, weights)
+        _save_weights(model, tokenizer, r.source, weights, layout.family)
         step = reference.step
 
         def eager(feed):
@@ -183,18 +186,12 @@ def _ratios(rows: list[EmbedBenchRow]) -> None:
         row.ratio_to_anchor = anchor / row.median_ms if anchor and row.median_ms == row.median_ms else None
 
 
-def _encoded(tokenizer, layout, texts: list[str]) -> dict:
-    encoded = tokenizer(texts, padding=True, truncation=True, max_length=layout.max_seq, return_tensors="np")
-    return {n: np.asarray(encoded[n], np.int64) if n in encoded else np.zeros_like(encoded["input_ids"], np.int64)
-            for n in ("input_ids", "attention_mask", "token_type_ids")}
-
-
-def _save_weights(model, tokenizer, source, folder: Path) -> None:
+def _save_weights(model, tokenizer, source, folder: Path, family: families.Family) -> None:
     """The model's weights, its tokenizer and its sentence-transformers files in one folder: what
     every engine reads."""
     model.save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
-    for f in families.Encoder().deploy_files(source):
+    for f in family.deploy_files(source):
         (folder / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(Path(source) / f, folder / f)
 

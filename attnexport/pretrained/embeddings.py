@@ -127,6 +127,15 @@ def sentences() -> list[str]:
     return [*QUERIES, *CORPUS]
 
 
+def encoded(tokenizer, texts: list[str], max_seq: int, names) -> dict:
+    """The inputs `names` (of input_ids, attention_mask, token_type_ids) for `texts`, tokenized as
+    the model's users' tokenizer does (padded on the right, cut at `max_seq`); token types the
+    tokenizer leaves out are zeros."""
+    batch = tokenizer(texts, padding=True, truncation=True, max_length=max_seq, return_tensors="np")
+    return {n: np.asarray(batch[n], np.int64) if n in batch else np.zeros_like(batch["input_ids"], np.int64)
+            for n in names}
+
+
 def unit(vectors: np.ndarray) -> np.ndarray:
     v = np.asarray(vectors, np.float64)
     return v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-300)

@@ -201,7 +201,7 @@ def sites(model: onnx.ModelProto, vocab: int | None = None) -> list[Site]:
 
 def _group(params: dict, n: int, vocab: int | None) -> str:
     for name in params:
-        m = re.search(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.", name)
+        m = re.search(r"(?:^|\.)(?:layers|layer|h|blocks)\.(\d+)\.", name)  # BERT's: encoder.layer.I
         if m:
             return f"layer:{m.group(1)}"
     if vocab and n == vocab or any(re.search(r"(lm_head|embed_tokens|wte)\.weight$", p) for p in params):
