@@ -30,6 +30,7 @@ import numpy as np
 
 from attnexport.compare import Comparison
 from attnexport.errors import UsageError
+from attnexport.pretrained import embeddings as E
 from attnexport.pretrained import model as hf
 from attnexport.pretrained import precision as P
 
@@ -401,7 +402,6 @@ def layer_costs_embeddings(reference, onnx_model, feeds: list[dict], want: np.nd
     against the float64 model's `want`: 1 - the lowest cosine, and top-k agreement; most costly first."""
     import torch
 
-    from attnexport.pretrained import embeddings as E
     record = P.record_of(onnx_model)
     if record is None:
         return []
