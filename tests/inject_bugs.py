@@ -147,6 +147,18 @@ BUGS = [
      [(PRE + "forms.py", "            pooled = (states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)",
        "            pooled = states.mean(dim=1)")], False,
      ["tests/test_pretrained_embeddings.py", "-k", "dynamic_batch"]),
+    # --- the encoders' ort flavour and per-layer cost (2026-11-29) -------------------------------------
+    ("an encoder's fused attention without its padding mask",
+     [(PRE + "fusions/encoder.py", "[x, weight, bias, MASK_INT32]", "[x, weight, bias]")], False,
+     ["tests/test_pretrained_fusions_encoder.py", "-k", "packed"]),
+    ("the reference evaluator's MultiHeadAttention ignores the key padding mask",
+     [("attnexport/runtimes/reference.py", "        s = s + np.where(key_padding_mask[:, None, None, :] == 0,",
+       "        s = s + 0 * np.where(key_padding_mask[:, None, None, :] == 0,")], False,
+     ["tests/test_pretrained_fusions_encoder.py", "-k", "half"]),
+    ("an encoder's per-layer costs with every layer quantized at once",
+     [(PRE + "accuracy.py", "        with as_file_holds(reference.model, onnx_model, {group}), torch.no_grad():",
+       "        with as_file_holds(reference.model, onnx_model, None), torch.no_grad():")], False,
+     ["tests/test_pretrained_embeddings.py", "-k", "each_layer"]),
 ]
 src = pathlib.Path(__file__).resolve().parent.parent
 py = sys.executable
