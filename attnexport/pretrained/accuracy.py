@@ -374,21 +374,29 @@ def as_file_holds(model, onnx_model, groups: set | None = None, activations: boo
             owner.weight = weight
 
 
+def _each_group_alone(model, onnx_model):
+    """Each group of the file's quantized matrices (`layer:I`, `head`), yielded while `model`
+    computes with that group alone as the file holds it (`as_file_holds`), under no_grad."""
+    import torch
+
+    record = P.record_of(onnx_model)
+    if record is None:
+        return
+    for group in dict.fromkeys(e["group"] for e in record["matrices"] if e["bits"]):
+        with as_file_holds(model, onnx_model, {group}), torch.no_grad():
+            yield group
+
+
 def layer_costs(reference, onnx_model, base: Baseline, top: int | None = None) -> list[dict]:
     """Each group of quantized matrices (`layer:I`, `head`) made as the file holds it, alone, in the
     fp32 model: the mean KL that alone costs over EVAL_TEXT, most costly first."""
     import torch
 
-    record = P.record_of(onnx_model)
-    if record is None:
-        return []
-    groups = list(dict.fromkeys(e["group"] for e in record["matrices"] if e["bits"]))
     model = reference.model
     ids = torch.from_numpy(base.eval_ids)
     out = []
-    for group in groups:
-        with as_file_holds(model, onnx_model, {group}), torch.no_grad():
-            logits = model(input_ids=ids, use_cache=False).logits[0].double().numpy()
+    for group in _each_group_alone(model, onnx_model):
+        logits = model(input_ids=ids, use_cache=False).logits[0].double().numpy()
         kl = kl_per_position(base.eval32, logits)
         out.append({"group": group, "kl_mean": float(kl.mean()),
                     "top1": float((base.eval32.argmax(-1) == logits.argmax(-1)).mean())})
@@ -400,16 +408,9 @@ def layer_costs_embeddings(reference, onnx_model, feeds: list[dict], want: np.nd
     """An encoder's `layer_costs`: each group of quantized matrices made as the file holds it, alone,
     in the fp32 model, and what that alone costs the embeddings of `feeds` (`embeddings.sentences()`)
     against the float64 model's `want`: 1 - the lowest cosine, and top-k agreement; most costly first."""
-    import torch
-
-    record = P.record_of(onnx_model)
-    if record is None:
-        return []
-    groups = list(dict.fromkeys(e["group"] for e in record["matrices"] if e["bits"]))
     out = []
-    for group in groups:
-        with as_file_holds(reference.model, onnx_model, {group}), torch.no_grad():
-            got = np.concatenate([np.asarray(reference.run(f)["sentence_embedding"]) for f in feeds])
+    for group in _each_group_alone(reference.model, onnx_model):
+        got = np.concatenate([np.asarray(reference.run(f)["sentence_embedding"]) for f in feeds])
         cost = E.measure(got, want, budget)
         out.append({"group": group, "cost": float(1 - cost.cosines.min()), "cosine_min": float(cost.cosines.min()),
                     f"top{E.TOP_K}_agreement": cost.agreement})

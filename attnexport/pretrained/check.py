@@ -313,16 +313,23 @@ def _accuracy_rows(ctx: _Context, prompts) -> None:
         ctx.run(row, lambda run: A.measure(run, ctx.layout, base, budget, ctx.reference.numpy_dtype),
                 functools.partial(judge, row))
     if P.record_of(ctx.onnx_model) is not None:
-        costs = A.layer_costs(ctx.reference, ctx.onnx_model, base)
-        row = ctx.row("accuracy: the cost of each layer quantized alone (weights as the file holds them, "
-                      "activations rounded as its kernels do, emulated in torch)", "-", "the source model in fp32")
-        row.flavor = "-"
-        row.detail = {"layer_costs": costs}
-        row.comparisons = [Comparison(f"mean KL, {c['group']} alone", True, c["kl_mean"], math.nan, 0, 0, 0.0,
-                                      math.inf, c["kl_mean"], math.inf, compared=int(base.eval_ids.size),
-                                      basis="informational: which layers cost most") for c in costs[:3]]
-        row.passed = bool(costs)
-        ctx.executor.record(row)
+        _layer_cost_row(ctx, "accuracy", A.layer_costs(ctx.reference, ctx.onnx_model, base), "kl_mean", "mean KL",
+                        int(base.eval_ids.size), "the source model in fp32")
+
+
+def _layer_cost_row(ctx: _Context, what: str, costs: list[dict], key: str, measure: str, compared: int,
+                    against: str) -> None:
+    """One informational row (runtime "-"): which of a quantized file's layers cost most, each alone
+    (`costs`, most costly first, `key` its value), the three costliest as its comparisons."""
+    row = ctx.row(f"{what}: the cost of each layer quantized alone (weights as the file holds them, "
+                  "activations rounded as its kernels do, emulated in torch)", "-", against)
+    row.flavor = "-"
+    row.detail = {"layer_costs": costs}
+    row.comparisons = [Comparison(f"{measure}, {c['group']} alone", True, c[key], math.nan, 0, 0, 0.0, math.inf,
+                                  c[key], math.inf, compared=compared, basis="informational: which layers cost most")
+                       for c in costs[:3]]
+    row.passed = bool(costs)
+    ctx.executor.record(row)
 
 
 def _check_room(layout: hf.Layout, prompts, new_tokens: int, tokenizer) -> None:
@@ -449,17 +456,8 @@ def _embedding_rows(ctx: _Context, prompts=None) -> None:
         ctx.run(row, lambda run: np.concatenate([np.asarray(run(f)["sentence_embedding"]) for f in feeds]),
                 functools.partial(_judge_embeddings, row, want, budget, precision, lambda got: got))
     if P.record_of(ctx.onnx_model) is not None:
-        costs = A.layer_costs_embeddings(ctx.reference, ctx.onnx_model, feeds, want, budget)
-        row = ctx.row("embeddings: the cost of each layer quantized alone (weights as the file holds them, "
-                      "activations rounded as its kernels do, emulated in torch)", "-", "the model's embeddings "
-                      "in float64")
-        row.flavor = "-"
-        row.detail = {"layer_costs": costs}
-        row.comparisons = [Comparison(f"1 - lowest cosine, {c['group']} alone", True, c["cost"], math.nan, 0, 0, 0.0,
-                                      math.inf, c["cost"], math.inf, compared=len(want),
-                                      basis="informational: which layers cost most") for c in costs[:3]]
-        row.passed = bool(costs)
-        ctx.executor.record(row)
+        _layer_cost_row(ctx, "embeddings", A.layer_costs_embeddings(ctx.reference, ctx.onnx_model, feeds, want, budget),
+                        "cost", "1 - lowest cosine", len(want), "the model's embeddings in float64")
 
 
 def _embedding_client_rows(ctx: _Context, prompts, folder) -> None:
