@@ -25,7 +25,7 @@ from attnexport.compare import QUANTIZED_FACTOR
 from attnexport.errors import ExportError, UsageError, reason
 from attnexport.export import ModuleExport, ModuleExportResult, export_module
 from attnexport.pretrained import accuracy as A
-from attnexport.pretrained import forms, fusions
+from attnexport.pretrained import families, forms, fusions
 from attnexport.pretrained import model as hf
 from attnexport.pretrained import precision as P
 from attnexport.pretrained import reference as HR
@@ -118,6 +118,9 @@ def export_hf(request: HFExport) -> tuple[ModuleExportResult, hf.Layout]:
     dtype, plan = _precision(r)
     deploy = _deploy_target(Path(r.deploy)) if r.deploy is not None else None
     model, params_source = hf.load(r.source, r.seed)
+    own = families.of_model(model).export(r, model, params_source)
+    if own is not None:
+        return own, None
     layout = hf.layout_of(model, r.form, r.max_seq, r.source)
     form = layout.cache_form
     tokenizer = hf.tokenizer_of(r.source)

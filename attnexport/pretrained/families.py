@@ -3,7 +3,7 @@
 refuses the others), the transformers class that builds them, the cache forms it exports, the
 architectures the suite tests, the checks verify runs of it, and its generation loop. Nothing
 outside these classes asks a family's name. Decoder-only language models and sentence encoders
-now; encoder-decoders are a family to come.
+and Whisper's encoder-decoder.
 """
 
 from __future__ import annotations
@@ -78,6 +78,11 @@ class Family:
     def form(self, name: str) -> FM.CacheForm:
         """The cache form `name` of this family; a UsageError naming its forms otherwise."""
         return FM.form(name, self.forms)
+
+    def export(self, request, model, params_source):
+        """The export of a family whose model is more than one step graph (None: the one step graph
+        every other family's is, `attnexport.pretrained.export.export_hf`)."""
+        return None
 
     def generate(self, run, layout, prompts, new_tokens: int, watch: np.ndarray | None = None, dtype=np.float32):
         """Greedy decoding of `new_tokens` tokens after each prompt with the step graph of `layout`
@@ -176,8 +181,31 @@ class Encoder(Family):
         raise UsageError(f"a {self.what} generates no tokens")
 
 
+class EncoderDecoder(Family):
+    """Speech recognition with Whisper: an encoder over 30 s of log-mel features, a decoder whose
+    cross-attention reads the encoder's output as a cache computed once, and whose self cache grows a
+    token a step; three graphs (`attnexport.pretrained.whisper`), exported by `attnexport.pretrained.speech`."""
+
+    task = "automatic-speech-recognition"
+    what = "speech recognition model (Whisper)"
+    architectures = ("WhisperForConditionalGeneration",)
+    auto_class = "AutoModelForSpeechSeq2Seq"
+    gguf_mapping = "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"
+    forms = ("concat",)
+    tested = ("whisper",)
+    checks = ()
+    answers = ("transcripts", "transcripts")
+    clients = ("optimum",)
+    client_rows = "transcribing clients"
+
+    def export(self, request, model, params_source):
+        """Its own export: three graphs to a deployment folder."""
+        from attnexport.pretrained import speech
+        return speech.export_speech(request, model, params_source)
+
+
 # The families, by the task their exports record.
-FAMILIES: dict[str, Family] = {f.task: f for f in (DecoderOnly(), Encoder())}
+FAMILIES: dict[str, Family] = {f.task: f for f in (DecoderOnly(), Encoder(), EncoderDecoder())}
 
 
 def of_config(config, source) -> Family:

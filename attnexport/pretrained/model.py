@@ -19,7 +19,7 @@ import torch
 
 from attnexport import signature as SG
 from attnexport.errors import UsageError, reason
-from attnexport.pretrained import families, forms
+from attnexport.pretrained import ctranslate2, families, forms
 from attnexport.pretrained.forms import left_padded
 from attnexport.record import ExportRecord
 
@@ -160,6 +160,8 @@ def load(source: str | Path, seed: int = 0):
         return _load_gguf(folder)
     if not folder.exists() and (str(source).startswith((".", "/", "~")) or str(source).count("/") > 1):
         raise UsageError(f"--hf {source}: no such folder")
+    if ctranslate2.is_folder(folder):
+        return ctranslate2.load(folder)
     try:
         with _quiet_transformers():
             config = transformers.AutoConfig.from_pretrained(str(source))

@@ -1,0 +1,256 @@
+"""Whisper's export (`export --hf` of a speech model): its three graphs (`attnexport.pretrained.whisper`)
+through the module path, each checked before anything is written against the same graph of the model
+in float64 (the whole-model numerics policy, `attnexport.pretrained.reference`: each output within
+the factor of torch's own fp32 error), fed what the model itself computes: the encoder a clip's
+log-mel features, the first decoder step the encoder's output, the later step the caches the first
+step wrote. Written as the folder Optimum's ORTModelForSpeechSeq2Seq and transformers.js load:
+config.json, generation_config.json, preprocessor_config.json, the tokenizer, and the graphs in onnx/.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from attnexport import files as F
+from attnexport import flavors as FL
+from attnexport import modules as M
+from attnexport import runtimes as R
+from attnexport.compare import compare, failed
+from attnexport.errors import ExportError, UsageError, reason
+from attnexport.export import ModuleExport, ModuleExportResult, export_module
+from attnexport.pretrained import audio as AU
+from attnexport.pretrained import ctranslate2 as CT
+from attnexport.pretrained import reference as HR
+from attnexport.pretrained import whisper as W
+
+# The deployment folder's subfolder of graphs (Optimum's `subfolder`, transformers.js' place for them).
+GRAPH_DIR = "onnx"
+# A sentence the checks feed the decoder (after the start tokens), tokenized by the model's tokenizer.
+CHECK_TEXT = " Ever tried, ever failed. No matter."
+
+
+@dataclass
+class Speech:
+    """A Whisper model and what its graphs need beside it: its decoder's layers, the start tokens
+    of an English transcription without timestamps, the end token, the tokens never picked
+    (`suppress`) or not first (`suppress_first`), and where its tokenizer.json is."""
+
+    model: object
+    source: Path
+    start: list[int]
+    end: int
+    suppress: list[int]
+    suppress_first: list[int]
+
+    @property
+    def layers(self) -> int:
+        return self.model.config.decoder_layers
+
+    @property
+    def mels(self) -> int:
+        return self.model.config.num_mel_bins
+
+    @classmethod
+    def of(cls, model, source) -> Speech:
+        folder = Path(source)
+        tokens = CT.special_tokens(folder)
+        g = model.generation_config
+        return cls(model, folder, CT.start_tokens(tokens, model.config.vocab_size), int(model.config.eos_token_id),
+                   [int(t) for t in (g.suppress_tokens or [])], [int(t) for t in (g.begin_suppress_tokens or [])])
+
+    def text_tokens(self, text: str) -> list[int]:
+        from tokenizers import Tokenizer
+        return Tokenizer.from_file(str(self.source / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+
+
+def check_audio(seconds: float = 3.0, seed: int = 0) -> np.ndarray:
+    """A clip the export's checks feed when no speech is given: three gliding tones (a voice's
+    formants' range) with a little noise, seeded."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * AU.RATE)) / AU.RATE
+    audio = sum(0.2 * np.sin(2 * np.pi * (f0 + 80 * t) * t) for f0 in (220.0, 700.0, 2400.0))
+    return (audio + 0.01 * rng.standard_normal(t.size)).astype(np.float32)
+
+
+class Checked:
+    """The three graphs of a model in torch twice, as exported (fp32) and in float64, and the feeds
+    their checks run: each graph's feed computed by the fp32 graph before it."""
+
+    def __init__(self, speech: Speech):
+        self.speech = speech
+        self.fp32 = W.modules(speech.model)
+        self.fp64 = W.modules(copy.deepcopy(speech.model).double())
+        layers = speech.layers
+        clips = (check_audio(3.0, 0), check_audio(1.5, 1))
+        features = np.stack([AU.log_mel(clip, speech.mels) for clip in clips])
+        ids = np.tile(np.asarray(speech.start + speech.text_tokens(CHECK_TEXT), np.int64), (2, 1))
+        self.feeds = {W.ENCODER: {"input_features": features}}
+        states = self.run(W.ENCODER, self.feeds[W.ENCODER])["last_hidden_state"]
+        self.feeds[W.DECODER] = {"input_ids": ids[:, :-2], "encoder_hidden_states": states}
+        first = self.run(W.DECODER, self.feeds[W.DECODER])
+        caches = {n.replace("present", "past_key_values"): first[n] for n in W.both_names(layers, "present")}
+        self.feeds[W.DECODER_WITH_PAST] = {"input_ids": ids[:, -2:], **caches}
+
+    def _torch(self, module, feed: dict, dtype, mode) -> tuple:
+        args = [torch.from_numpy(np.ascontiguousarray(v)) for v in feed.values()]
+        args = [a.to(dtype) if a.is_floating_point() else a for a in args]
+        with torch.no_grad(), M.export_semantics(), mode:
+            return M.outputs_of(module(*args))
+
+    def run(self, graph: str, feed: dict) -> dict:
+        out = self._torch(self.fp32[graph], feed, torch.float32, _nothing())
+        return {n: t.numpy() for n, t in zip(W.outputs(graph, self.speech.layers), out, strict=True)}
+
+    def run64(self, graph: str, feed: dict) -> dict:
+        out = self._torch(self.fp64[graph], feed, torch.float64, HR.float64_everywhere())
+        return {n: t.double().numpy() for n, t in zip(W.outputs(graph, self.speech.layers), out, strict=True)}
+
+    def check(self, graph: str, onnx_model) -> list:
+        """The graph on ONNX Runtime's CPU provider against float64, every declared output within its
+        derived budget; an ExportError naming the first that is not."""
+        feed, names = self.feeds[graph], W.outputs(graph, self.speech.layers)
+        want, low = self.run64(graph, feed), self.run(graph, feed)
+        try:
+            got = R.prepare_onnx("ort-cpu", onnx_model).run(feed)
+        except Exception as e:  # noqa: BLE001 - ONNX Runtime's reason, in one line
+            raise ExportError(f"whisper {graph}: the export does not run on ONNX Runtime ({reason(e)[:300]})") from None
+        comparisons = []
+        for n in names:
+            tol = HR.budget(low[n], want[n])
+            if n not in got:
+                comparisons.append(failed(n, "output missing", tol))
+            elif np.shape(got[n]) != want[n].shape:
+                comparisons.append(failed(n, f"shape {np.shape(got[n])} != expected {want[n].shape}", tol))
+            else:
+                comparisons.append(compare(n, np.asarray(got[n], np.float64), want[n], tol))
+        bad = [c for c in comparisons if not c]
+        if bad:
+            raise ExportError(f"whisper {graph}: the export differs from the model in float64: {bad[0]}")
+        worst = max(comparisons, key=lambda c: c.max_abs / max(c.atol, 1e-30))
+        return [{"graph": graph, "compared": len(comparisons), "worst": {"output": worst.name, "max_abs": worst.max_abs,
+                                                                         "atol": worst.atol, "rtol": worst.rtol,
+                                                                         "basis": worst.basis}}]
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _examples(speech: Speech, checked: Checked) -> dict:
+    """Each graph's trace example: the checks' feeds (batch 2, so that the batch axis stays symbolic)."""
+    return {g: tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in checked.feeds[g].values()) for g in W.GRAPHS}
+
+
+@dataclass
+class SpeechExport:
+    """The three graphs' results and the folder they went to."""
+
+    folder: Path | None
+    graphs: dict[str, ModuleExportResult]
+    notes: list = field(default_factory=list)
+
+    @property
+    def path(self) -> Path | None:
+        return self.folder
+
+    def summary(self) -> str:
+        lines = [f"{self.folder}: whisper, {len(self.graphs)} graphs"]
+        for g, r in self.graphs.items():
+            c = r.checked[0]["worst"]
+            lines.append(f"  {g}: flavor {r.flavor}, opset {r.opset}, attention op {r.attention_op}, {r.routed} "
+                         f"attention call(s) routed, {F.human_size(r.size)}; vs float64: {c['output']} max abs "
+                         f"{c['max_abs']:.3g}, budget atol {c['atol']:.3g} ({c['basis']})")
+        return "\n".join(lines + [f"note: {n}" for n in self.notes])
+
+    def to_dict(self) -> dict:
+        return {"path": str(self.folder), "graphs": {g: r.to_dict() for g, r in self.graphs.items()},
+                "notes": self.notes}
+
+
+def export_speech(request, model, params_source: str) -> SpeechExport:
+    """`export --hf` of a Whisper model (`request`: `attnexport.pretrained.export.HFExport`): the three
+    graphs exported, each checked against float64, written as a deployment folder (--deploy) only:
+    a speech model is three graphs, not one file."""
+    r = request
+    if r.deploy is None:
+        raise UsageError("a Whisper model is three graphs (encoder, decoder, decoder with past): write them with "
+                         "--deploy FOLDER")
+    if r.form not in (None, "concat"):
+        raise UsageError(f"--kv-cache {r.form}: a Whisper export's decoder takes its self cache concat (the "
+                         "static form is not built for speech models yet)")
+    if r.precision != "fp32" or r.dtype != "fp32":
+        raise UsageError("a Whisper model exports in fp32 (fp16, int8 and int4 are not built for speech models yet)")
+    from attnexport.pretrained.export import _deploy_target
+    deploy = _deploy_target(Path(r.deploy))
+    speech = Speech.of(model, r.source)
+    checked = Checked(speech)
+    examples = _examples(speech, checked)
+    flavor = r.flavor or FL.DEFAULT
+    opset = FL.opset_for(flavor, r.opset, [])
+    layers, results = speech.layers, {}
+    for g, module in checked.fp32.items():
+        request = ModuleExport(
+            flavor=flavor, opset=opset, dynamic=W.dynamic_axes(g, layers), output=None, input_names=W.inputs(g, layers),
+            output_names=W.outputs(g, layers), name=f"whisper {g}", record={"params_source": params_source},
+            cache=W.cache_pairs(layers) if g == W.DECODER_WITH_PAST else None,
+            check=lambda onnx_model, g=g: checked.check(g, onnx_model))
+        results[g] = export_module(module, examples[g], request)
+    write_deployment(deploy, results, speech)
+    return SpeechExport(deploy, results)
+
+
+def write_deployment(folder: Path, results: dict, speech: Speech) -> None:
+    """config.json, generation_config.json, preprocessor_config.json, the tokenizer and the graphs in
+    onnx/, made in a temporary folder and renamed into place (see `export.write_deployment`)."""
+    from transformers import WhisperFeatureExtractor
+
+    from attnexport.pretrained.export import _umask
+    model = speech.model
+    staging = Path(tempfile.mkdtemp(prefix=".attnexport-", dir=folder.parent if not folder.exists() else folder))
+    os.chmod(staging, 0o777 & ~_umask())
+    try:
+        shutil.copyfile(speech.source / "tokenizer.json", staging / "tokenizer.json")
+        (staging / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(speech), indent=2) + "\n")
+        config = model.config.to_dict()
+        config["use_cache"] = True
+        (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        generation = model.generation_config.to_dict()
+        generation.update(decoder_start_token_id=speech.start[0], forced_decoder_ids=None)
+        (staging / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
+        WhisperFeatureExtractor(feature_size=speech.mels).to_json_file(str(staging / "preprocessor_config.json"))
+        (staging / GRAPH_DIR).mkdir()
+        import onnx
+        for g, r in results.items():
+            onnx.save_model(r.model, str(staging / GRAPH_DIR / f"{g}.onnx"))
+            r.path, r.size = folder / GRAPH_DIR / f"{g}.onnx", (staging / GRAPH_DIR / f"{g}.onnx").stat().st_size
+        if not folder.exists():
+            os.replace(staging, folder)
+        else:
+            for path in sorted(p for p in staging.rglob("*") if p.is_file()):
+                target = folder / path.relative_to(staging)
+                target.parent.mkdir(exist_ok=True)
+                F.resolve_target(target)
+                os.replace(path, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def tokenizer_config(speech: Speech) -> dict:
+    """The tokenizer_config.json Whisper's clients read beside tokenizer.json."""
+    return {"tokenizer_class": "WhisperTokenizer", "model_max_length": speech.model.config.max_target_positions,
+            "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>",
+            "pad_token": "<|endoftext|>", "clean_up_tokenization_spaces": True,
+            "errors": "replace", "add_prefix_space": False}

@@ -1,0 +1,216 @@
+"""Whisper, an encoder-decoder, as its deployments load it: three graphs with Optimum's names.
+
+- `encoder_model.onnx`: input_features (B, mels, 3000) -> last_hidden_state (B, 1500, width);
+- `decoder_model.onnx`, the first step: input_ids (B, T), encoder_hidden_states -> logits and, a
+  layer each, present.i.decoder.key/value (the self cache of the T tokens) and
+  present.i.encoder.key/value (the cross keys and values, computed here once from the encoder's
+  output);
+- `decoder_with_past_model.onnx`, every later step: input_ids and, a layer each,
+  past_key_values.i.decoder.key/value (the self cache so far) and past_key_values.i.encoder.key/value
+  (the cross cache as the first step returned it, reused) -> logits and present.i.decoder.key/value
+  (the self cache with the step's positions appended).
+
+The graphs are Whisper's forward written out over transformers' own parameters (its modules:
+convolutions, layer norms, projections, embeddings), each attention through attnexport's core:
+the encoder's and the cross-attention unmasked, the decoder's self-attention causal over its cache.
+The log-mel features stay in the client (`attnexport.pretrained.audio`), as in Whisper's clients.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from attnexport.models.core import attend
+from attnexport.semantics import Core
+
+ENCODER, DECODER, DECODER_WITH_PAST = "encoder_model", "decoder_model", "decoder_with_past_model"
+GRAPHS = (ENCODER, DECODER, DECODER_WITH_PAST)
+
+
+def self_names(layers: int, prefix: str) -> list[str]:
+    return [f"{prefix}.{i}.decoder.{kv}" for i in range(layers) for kv in ("key", "value")]
+
+
+def cross_names(layers: int, prefix: str) -> list[str]:
+    return [f"{prefix}.{i}.encoder.{kv}" for i in range(layers) for kv in ("key", "value")]
+
+
+def both_names(layers: int, prefix: str) -> list[str]:
+    """Optimum's order: each layer's self key and value, then its cross key and value."""
+    return [f"{prefix}.{i}.{side}.{kv}" for i in range(layers) for side in ("decoder", "encoder")
+            for kv in ("key", "value")]
+
+
+def inputs(graph: str, layers: int) -> list[str]:
+    return {ENCODER: ["input_features"], DECODER: ["input_ids", "encoder_hidden_states"],
+            DECODER_WITH_PAST: ["input_ids", *both_names(layers, "past_key_values")]}[graph]
+
+
+def outputs(graph: str, layers: int) -> list[str]:
+    return {ENCODER: ["last_hidden_state"], DECODER: ["logits", *both_names(layers, "present")],
+            DECODER_WITH_PAST: ["logits", *self_names(layers, "present")]}[graph]
+
+
+def dynamic_axes(graph: str, layers: int) -> dict:
+    """Each input's symbolic axes, Optimum's names (the encoder's frames are fixed: 30 s)."""
+    if graph == ENCODER:
+        return {"input_features": {0: "batch_size"}}
+    axes = {"input_ids": {0: "batch_size", 1: "decoder_sequence_length"}}
+    if graph == DECODER:
+        return {**axes, "encoder_hidden_states": {0: "batch_size", 1: "encoder_sequence_length"}}
+    for name in both_names(layers, "past_key_values"):
+        side = "past_decoder_sequence_length" if ".decoder." in name else "encoder_sequence_length_out"
+        axes[name] = {0: "batch_size", 2: side}
+    return axes
+
+
+def cache_pairs(layers: int) -> dict[str, str]:
+    """{self past: the present that returns it with the step appended}."""
+    return dict(zip(self_names(layers, "past_key_values"), self_names(layers, "present"), strict=True))
+
+
+# --- the torch graphs ----------------------------------------------------------------------------
+
+def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, T, H * d) -> (B, H, T, d)."""
+    b, t, _ = x.shape
+    return x.reshape(b, t, heads, -1).transpose(1, 2)
+
+
+def _merged(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, d) -> (B, T, H * d)."""
+    b, h, t, d = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * d)
+
+
+def _core(attn, causal: bool) -> Core:
+    return Core(attn.head_dim ** -0.5, causal)
+
+
+def self_attention(attn, x, causal: bool, past=None):
+    """A self-attention (transformers' WhisperAttention's parameters) through the core: returns
+    (output, the keys, the values), the past's positions first where there is one."""
+    q, k, v = (_heads(p(x), attn.num_heads) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+    a = attend(q, k, v, cache=past, core=_core(attn, causal))
+    if past is not None:
+        k, v = a.present_key, a.present_value
+    return attn.out_proj(_merged(a.output)), k, v
+
+
+def cross_kv(attn, states) -> tuple[torch.Tensor, torch.Tensor]:
+    """A cross-attention's keys and values of the encoder's output (B, H, S, d): what the first step
+    computes once."""
+    return _heads(attn.k_proj(states), attn.num_heads), _heads(attn.v_proj(states), attn.num_heads)
+
+
+def cross_attention(attn, x, key, value):
+    q = _heads(attn.q_proj(x), attn.num_heads)
+    return attn.out_proj(_merged(attend(q, key, value, core=_core(attn, False)).output))
+
+
+def _feed_forward(layer, x):
+    return layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(x))))
+
+
+class Encoder(torch.nn.Module):
+    """input_features (B, mels, 3000) -> last_hidden_state (B, 1500, width)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.encoder = model.model.encoder
+
+    def forward(self, input_features):
+        e = self.encoder
+        x = torch.nn.functional.gelu(e.conv1(input_features))
+        x = torch.nn.functional.gelu(e.conv2(x)).transpose(1, 2)
+        x = x + e.embed_positions.weight[:x.shape[1]]
+        for layer in e.layers:
+            x = x + self_attention(layer.self_attn, layer.self_attn_layer_norm(x), False)[0]
+            x = x + _feed_forward(layer, x)
+        return e.layer_norm(x)
+
+
+class _DecoderStep(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.decoder, self.proj_out = model.model.decoder, model.proj_out
+
+    def step(self, input_ids, past_len, pasts, crosses):
+        """logits, each layer's self keys and values, each layer's cross keys and values."""
+        d = self.decoder
+        positions = d.embed_positions.weight[past_len:past_len + input_ids.shape[1]]
+        x = d.embed_tokens(input_ids) + positions
+        written, kept = [], []
+        for i, layer in enumerate(d.layers):
+            out, k, v = self_attention(layer.self_attn, layer.self_attn_layer_norm(x), True,
+                                       pasts[i] if pasts is not None else None)
+            x = x + out
+            ck, cv = crosses[i]
+            x = x + cross_attention(layer.encoder_attn, layer.encoder_attn_layer_norm(x), ck, cv)
+            x = x + _feed_forward(layer, x)
+            written.append((k, v))
+            kept.append((ck, cv))
+        return self.proj_out(d.layer_norm(x)), written, kept
+
+
+class Decoder(_DecoderStep):
+    """The first step: input_ids, encoder_hidden_states -> logits, each layer's self key and value
+    of the tokens and cross key and value of the encoder's output (Optimum's order)."""
+
+    def forward(self, input_ids, encoder_hidden_states):
+        crosses = [cross_kv(layer.encoder_attn, encoder_hidden_states) for layer in self.decoder.layers]
+        logits, written, kept = self.step(input_ids, 0, None, crosses)
+        return (logits, *[t for (k, v), (ck, cv) in zip(written, kept, strict=True) for t in (k, v, ck, cv)])
+
+
+class DecoderWithPast(_DecoderStep):
+    """A later step: input_ids and each layer's self past and cross cache (Optimum's order) ->
+    logits, each layer's self key and value with the step appended."""
+
+    def forward(self, input_ids, *caches):
+        pasts = [(caches[4 * i], caches[4 * i + 1]) for i in range(len(self.decoder.layers))]
+        crosses = [(caches[4 * i + 2], caches[4 * i + 3]) for i in range(len(self.decoder.layers))]
+        logits, written, _ = self.step(input_ids, caches[0].shape[2], pasts, crosses)
+        return (logits, *[t for k, v in written for t in (k, v)])
+
+
+def modules(model) -> dict[str, torch.nn.Module]:
+    """The three graphs' torch modules over `model` (a WhisperForConditionalGeneration)."""
+    return {ENCODER: Encoder(model).eval(), DECODER: Decoder(model).eval(),
+            DECODER_WITH_PAST: DecoderWithPast(model).eval()}
+
+
+# --- transcription ---------------------------------------------------------------------------------
+
+def transcribe(run_encoder, run_decoder, run_with_past, features: np.ndarray, start: list[int], end: int,
+               layers: int, max_tokens: int, suppress=(), suppress_first=()) -> list[list[int]]:
+    """Greedy transcription of a batch of features (B, mels, 3000), the loop a client writes: the
+    encoder once, the first decoder step over the start tokens (its cross cache kept), then a token
+    a step with the self cache fed back, until every sequence has said `end` or `max_tokens`;
+    `suppress` tokens are never picked, `suppress_first` not as the first token (Whisper's
+    generation config). Each `run_*(feed) -> {output: array}` runs one graph on any runtime.
+    Returns each sequence's tokens after the start tokens, without the end token."""
+    batch = features.shape[0]
+    states = run_encoder({"input_features": features})["last_hidden_state"]
+    ids = np.tile(np.asarray(start, np.int64), (batch, 1))
+    out = run_decoder({"input_ids": ids, "encoder_hidden_states": states})
+    crosses = {n.replace("present", "past_key_values"): out[n] for n in cross_names(layers, "present")}
+    tokens: list[list[int]] = [[] for _ in range(batch)]
+    done = np.zeros(batch, bool)
+    for step in range(max_tokens):
+        logits = np.array(out["logits"][:, -1], np.float64)
+        logits[:, list(suppress)] = -np.inf
+        if step == 0:
+            logits[:, list(suppress_first)] = -np.inf
+        token = np.where(done, end, logits.argmax(-1))
+        for b in range(batch):
+            if not done[b] and token[b] != end:
+                tokens[b].append(int(token[b]))
+        done |= token == end
+        if done.all():
+            break
+        caches = {**crosses, **{n.replace("present", "past_key_values"): out[n] for n in self_names(layers, "present")}}
+        out = run_with_past({"input_ids": token[:, None].astype(np.int64),
+                             **{n: caches[n] for n in both_names(layers, "past_key_values")}})
+    return tokens
