@@ -117,12 +117,17 @@ class Checked:
     def check(self, graph: str, onnx_model) -> list:
         """The graph on ONNX Runtime's CPU provider against float64, every declared output within its
         derived budget; an ExportError naming the first that is not."""
-        feed, names = self.feeds[graph], W.outputs(graph, self.speech.layers)
-        want, low = self.run64(graph, feed), self.run(graph, feed)
         try:
-            got = R.prepare_onnx("ort-cpu", onnx_model).run(feed)
+            got = R.prepare_onnx("ort-cpu", onnx_model).run(self.feeds[graph])
         except Exception as e:  # noqa: BLE001 - ONNX Runtime's reason, in one line
             raise ExportError(f"whisper {graph}: the export does not run on ONNX Runtime ({reason(e)[:300]})") from None
+        return self.compared(graph, got, graph)
+
+    def compared(self, graph: str, got: dict, label: str) -> list:
+        """`got`, the outputs of `graph` on its check feed, against float64: every declared output
+        within its derived budget, or an ExportError naming the first that is not."""
+        feed, names = self.feeds[graph], W.outputs(graph, self.speech.layers)
+        want, low = self.run64(graph, feed), self.run(graph, feed)
         comparisons = []
         for n in names:
             tol = HR.budget(low[n], want[n])
@@ -134,12 +139,42 @@ class Checked:
                 comparisons.append(compare(n, np.asarray(got[n], np.float64), want[n], tol))
         bad = [c for c in comparisons if not c]
         if bad:
-            raise ExportError(f"whisper {graph}: the export differs from the model in float64: {bad[0]}")
+            raise ExportError(f"whisper {label}: the export differs from the model in float64: {bad[0]}")
         worst = max(comparisons, key=lambda c: c.max_abs / max(c.atol, 1e-30))
-        return [{"graph": graph, "compared": len(comparisons), "worst": {"output": worst.name, "max_abs": worst.max_abs,
+        return [{"graph": label, "compared": len(comparisons), "worst": {"output": worst.name, "max_abs": worst.max_abs,
                                                                          "atol": worst.atol, "rtol": worst.rtol,
                                                                          "basis": worst.basis}}]
 
+
+    def check_merged(self, decoder, first: ModuleExportResult) -> ModuleExportResult:
+        """The merged decoder checked as the two it joins were: each branch fed as a client feeds it
+        (the first step: empty pasts, use_cache_branch false; a later one: an empty
+        encoder_hidden_states, true), against float64; returns its result (the first step's, with
+        what was checked)."""
+        from dataclasses import replace
+        layers, checked = self.speech.layers, []
+        session = R.prepare_onnx("ort-cpu", decoder)
+        for graph, use_cache in ((W.DECODER, False), (W.DECODER_WITH_PAST, True)):
+            feed = dict(self.feeds[graph])
+            batch = feed["input_ids"].shape[0]
+            if use_cache:
+                width = self.speech.model.config.d_model
+                feed["encoder_hidden_states"] = np.zeros((batch, 0, width), np.float32)
+            else:
+                heads = self.speech.model.config.decoder_attention_heads
+                empty = np.zeros((batch, heads, 0, self.speech.model.config.d_model // heads), np.float32)
+                feed.update({n: empty for n in W.both_names(layers, "past_key_values")})
+            feed[W.USE_CACHE] = np.array([use_cache])
+            got = session.run({n: feed[n] for n in W.merged_inputs(layers)})
+            if use_cache:  # the cross caches passed through as they came
+                same = all(np.array_equal(got[c], feed[c.replace("present", "past_key_values")])
+                           for c in W.cross_names(layers, "present"))
+                if not same:
+                    raise ExportError("whisper decoder_model_merged: the step with past does not return the cross "
+                                      "cache it was given")
+                got = {n: got[n] for n in W.outputs(graph, layers)}
+            checked += self.compared(graph, got, f"{W.MERGED} ({W.USE_CACHE}={str(use_cache).lower()})")
+        return replace(first, checked=checked, model=decoder)
 
 class _nothing:
     def __enter__(self):
@@ -156,28 +191,32 @@ def _examples(speech: Speech, checked: Checked) -> dict:
 
 @dataclass
 class SpeechExport:
-    """The three graphs' results and the folder they went to."""
+    """A Whisper export: the graphs written ({stem: result}) into the folder, and every check made
+    before writing (the three graphs traced, then the merged decoder's two branches)."""
 
-    folder: Path | None
+    folder: Path
     graphs: dict[str, ModuleExportResult]
+    checked: list
     notes: list = field(default_factory=list)
 
     @property
-    def path(self) -> Path | None:
+    def path(self) -> Path:
         return self.folder
 
     def summary(self) -> str:
-        lines = [f"{self.folder}: whisper, {len(self.graphs)} graphs"]
-        for g, r in self.graphs.items():
-            c = r.checked[0]["worst"]
-            lines.append(f"  {g}: flavor {r.flavor}, opset {r.opset}, attention op {r.attention_op}, {r.routed} "
-                         f"attention call(s) routed, {F.human_size(r.size)}; vs float64: {c['output']} max abs "
-                         f"{c['max_abs']:.3g}, budget atol {c['atol']:.3g} ({c['basis']})")
+        r = self.graphs[W.ENCODER]
+        lines = [f"{self.folder}: whisper, flavor {r.flavor}, opset {r.opset}, attention op {r.attention_op}"]
+        lines += [f"  {GRAPH_DIR}/{g}.onnx: {x.routed} attention call(s) routed, {F.human_size(x.size)}"
+                  for g, x in self.graphs.items()]
+        for c in self.checked:
+            w = c["worst"]
+            lines.append(f"note: {c['graph']} checked against the model in float64 ({c['compared']} outputs): worst "
+                         f"{w['output']} max abs {w['max_abs']:.3g}, budget atol {w['atol']:.3g} ({w['basis']})")
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
     def to_dict(self) -> dict:
         return {"path": str(self.folder), "graphs": {g: r.to_dict() for g, r in self.graphs.items()},
-                "notes": self.notes}
+                "checked": self.checked, "notes": self.notes}
 
 
 def export_speech(request, model, params_source: str) -> SpeechExport:
@@ -208,13 +247,22 @@ def export_speech(request, model, params_source: str) -> SpeechExport:
             cache=W.cache_pairs(layers) if g == W.DECODER_WITH_PAST else None,
             check=lambda onnx_model, g=g: checked.check(g, onnx_model))
         results[g] = export_module(module, examples[g], request)
-    write_deployment(deploy, results, speech)
-    return SpeechExport(deploy, results)
+    decoder = W.merged(results[W.DECODER].model, results[W.DECODER_WITH_PAST].model, layers)
+    written = {W.ENCODER: results[W.ENCODER], W.MERGED: checked.check_merged(decoder, results[W.DECODER])}
+    write_deployment(deploy, {g: r.model for g, r in written.items()}, speech)
+    for g, r in written.items():
+        r.path = deploy / GRAPH_DIR / f"{g}.onnx"
+        r.size = r.path.stat().st_size
+    return SpeechExport(deploy, written, [c for r in results.values() for c in r.checked] + written[W.MERGED].checked,
+                        [f"the decoder's two steps are one graph ({W.MERGED}.onnx: an If on {W.USE_CACHE}, their "
+                         "weights kept once), as transformers.js and Optimum load Whisper; the log-mel features are "
+                         "the client's (attnexport.pretrained.audio.log_mel computes them as transformers does)"])
 
 
-def write_deployment(folder: Path, results: dict, speech: Speech) -> None:
-    """config.json, generation_config.json, preprocessor_config.json, the tokenizer and the graphs in
-    onnx/, made in a temporary folder and renamed into place (see `export.write_deployment`)."""
+def write_deployment(folder: Path, graphs: dict, speech: Speech) -> None:
+    """config.json, generation_config.json, preprocessor_config.json, the tokenizer and `graphs`
+    ({file stem: ModelProto}) in onnx/, made in a temporary folder and renamed into place (see
+    `export.write_deployment`)."""
     from transformers import WhisperFeatureExtractor
 
     from attnexport.pretrained.export import _umask
@@ -227,15 +275,13 @@ def write_deployment(folder: Path, results: dict, speech: Speech) -> None:
         config = model.config.to_dict()
         config["use_cache"] = True
         (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        generation = model.generation_config.to_dict()
-        generation.update(decoder_start_token_id=speech.start[0], forced_decoder_ids=None)
+        generation = {**model.generation_config.to_dict(), **generation_fields(speech)}
         (staging / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
         WhisperFeatureExtractor(feature_size=speech.mels).to_json_file(str(staging / "preprocessor_config.json"))
         (staging / GRAPH_DIR).mkdir()
         import onnx
-        for g, r in results.items():
-            onnx.save_model(r.model, str(staging / GRAPH_DIR / f"{g}.onnx"))
-            r.path, r.size = folder / GRAPH_DIR / f"{g}.onnx", (staging / GRAPH_DIR / f"{g}.onnx").stat().st_size
+        for g, model_proto in graphs.items():
+            onnx.save_model(model_proto, str(staging / GRAPH_DIR / f"{g}.onnx"))
         if not folder.exists():
             os.replace(staging, folder)
         else:
@@ -246,6 +292,21 @@ def write_deployment(folder: Path, results: dict, speech: Speech) -> None:
                 os.replace(path, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def generation_fields(speech: Speech) -> dict:
+    """What Whisper's generation config tells its clients beside the token suppression: the start,
+    the no-timestamps token, whether it is multilingual, its languages' and tasks' tokens (the
+    fields transformers' and transformers.js' Whisper generate read to build the start tokens)."""
+    tokens = CT.special_tokens(speech.source)
+    languages = {t: i for t, i in tokens.items() if len(t) in (6, 7) and t[:2] == "<|" and t[-2:] == "|>"
+                 and t[2:-2].isalpha() and t[2:-2].islower()}
+    return {"decoder_start_token_id": speech.start[0], "forced_decoder_ids": None,
+            "no_timestamps_token_id": tokens["<|notimestamps|>"],
+            "is_multilingual": CT.multilingual(speech.model.config.vocab_size),
+            "lang_to_id": languages if CT.multilingual(speech.model.config.vocab_size) else {},
+            "task_to_id": {t: tokens[f"<|{t}|>"] for t in ("transcribe", "translate") if f"<|{t}|>" in tokens},
+            "max_initial_timestamp_index": 50}
 
 
 def tokenizer_config(speech: Speech) -> dict:

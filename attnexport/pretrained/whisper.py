@@ -214,3 +214,97 @@ def transcribe(run_encoder, run_decoder, run_with_past, features: np.ndarray, st
         out = run_with_past({"input_ids": token[:, None].astype(np.int64),
                              **{n: caches[n] for n in both_names(layers, "past_key_values")}})
     return tokens
+
+
+# --- the merged decoder ----------------------------------------------------------------------------
+
+MERGED = "decoder_model_merged"
+USE_CACHE = "use_cache_branch"
+
+
+def merged_inputs(layers: int) -> list[str]:
+    return ["input_ids", "encoder_hidden_states", *both_names(layers, "past_key_values"), USE_CACHE]
+
+
+def merged(first, later, layers: int):
+    """One decoder graph for both steps, as transformers.js loads Whisper (and Optimum can): an If
+    on `use_cache_branch` (bool (1,)) runs `later` (the step with past: each layer's cross cache
+    passed through as its present) when it is true, else `first` (the first step, which computes
+    the cross cache from encoder_hidden_states); every input of both, every output of `first`.
+    A weight both graphs hold (the same bytes) is kept once; names inside each branch are prefixed
+    so that they cannot meet."""
+    import hashlib
+
+    import onnx
+    from onnx import helper
+
+    for g in (first, later):
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in g.graph.node
+               for a in n.attribute):
+            raise ValueError("a decoder graph with subgraphs of its own cannot be merged")
+    outer = set(merged_inputs(layers))
+    kept: dict[str, str] = {}  # digest -> initializer name in the merged graph
+    initializers = []
+
+    def share(graph, prefix: str) -> dict[str, str]:
+        names = {}
+        for init in graph.initializer:
+            digest = hashlib.sha1(init.SerializeToString().replace(init.name.encode(), b"")).hexdigest()
+            if digest not in kept:
+                kept[digest] = prefix + init.name
+                copy = onnx.TensorProto()
+                copy.CopyFrom(init)
+                copy.name = kept[digest]
+                initializers.append(copy)
+            names[init.name] = kept[digest]
+        return names
+
+    def body(graph, prefix: str, outputs: list[str], extra_nodes=()):
+        names = share(graph, prefix)
+
+        def rename(name: str) -> str:
+            return name if not name or name in outer else names.get(name, prefix + name)
+
+        nodes = []
+        for n in graph.node:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(n)
+            copy.name = prefix + n.name
+            copy.input[:] = [rename(i) for i in n.input]
+            copy.output[:] = [rename(o) for o in n.output]
+            nodes.append(copy)
+        nodes += list(extra_nodes)
+        produced = {o.name: rename(o.name) for o in graph.output}
+        produced.update({o: prefix + o for o in outputs if o not in produced})
+        return helper.make_graph(nodes, prefix.rstrip("/"), [], [
+            helper.make_tensor_value_info(produced[o], elem_type, None) for o in outputs])
+
+    names = outputs(DECODER, layers)
+    elem_type = first.graph.output[0].type.tensor_type.elem_type
+    passed = [helper.make_node("Identity", [c.replace("present", "past_key_values")], ["with_past/" + c],
+                               name="with_past/pass_" + c) for c in cross_names(layers, "present")]
+    then_branch = body(later.graph, "with_past/", names, passed)
+    else_branch = body(first.graph, "first/", names)
+    by_name = {i.name: i for i in list(first.graph.input) + list(later.graph.input)}
+    inputs = [by_name[n] for n in merged_inputs(layers)[:-1]]
+    inputs.append(helper.make_tensor_value_info(USE_CACHE, onnx.TensorProto.BOOL, [1]))
+    by_output = {o.name: o for o in first.graph.output}
+    out_infos = []
+    for n in names:
+        info = onnx.ValueInfoProto()
+        info.CopyFrom(by_output[n])
+        if n != "logits":  # the self cache's positions differ between the branches
+            dims = info.type.tensor_type.shape.dim
+            if ".decoder." in n:
+                dims[2].Clear()
+                dims[2].dim_param = "present_decoder_sequence_length"
+        out_infos.append(info)
+    node = helper.make_node("If", [USE_CACHE], names, name="use_cache_branch", then_branch=then_branch,
+                            else_branch=else_branch)
+    graph = helper.make_graph([node], "whisper_decoder_merged", inputs, out_infos, initializers)
+    model = helper.make_model(graph, opset_imports=list(first.opset_import), ir_version=first.ir_version)
+    functions = {(f.domain, f.name): f for f in list(first.functions) + list(later.functions)}
+    model.functions.extend(functions.values())
+    for p in first.metadata_props:
+        model.metadata_props.add(key=p.key, value=p.value)
+    return model
