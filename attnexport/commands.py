@@ -175,6 +175,8 @@ def verify(models=(), *, progress: Callable | None = None, **passed):
         raise UsageError("a MODEL takes one --variant")
     if a.clients_text is not None and a.hf_path is None:
         raise UsageError("--clients generate from a language model's deployment folder: it goes with --hf")
+    if a.audio and a.hf_path is None:
+        raise UsageError("--audio gives a Whisper folder's clips: it goes with --hf")
     if a.budget is not None and a.hf_path is None:
         raise UsageError("--budget is the accuracy budget of a quantized or fp16 language model: it goes with --hf")
     if a.hf_path is not None:

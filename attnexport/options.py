@@ -198,6 +198,10 @@ VERIFY = (
                       "clients and compare: a language model's generate (Optimum's ORTModelForCausalLM, "
                       "transformers.js in Node), an encoder's embed (sentence-transformers, Optimum, "
                       "transformers.js)."),
+    click.Option(["--audio"], multiple=True, type=click.Path(dir_okay=False), metavar="FILE.wav",
+                 help="With --hf and a Whisper deployment folder as MODEL: a clip (16 kHz mono WAV, up to 30 s; "
+                      "repeatable) whose greedy transcripts are compared with transformers' (default: a synthetic "
+                      "clip)."),
     click.Option(["--budget"], default=None, metavar="LIMIT=VALUE,...",
                  help="With --hf and a quantized or fp16 MODEL: the accuracy budget's limits instead of the defaults "
                       "(kl-mean=0.05, top1=0.85, perplexity=0.05, first-tokens=0, margin=1; 'none' drops a limit)."),

@@ -24,7 +24,7 @@ from attnexport.compare import Comparison, Tolerance, check_tolerance_values, co
 from attnexport.errors import AttnExportError, UsageError, reason
 from attnexport.localize import Localization, locate
 from attnexport.pretrained import accuracy as A
-from attnexport.pretrained import clients, families, forms
+from attnexport.pretrained import clients, families, forms, speech_check
 from attnexport.pretrained import embeddings as E
 from attnexport.pretrained import export as hf_export
 from attnexport.pretrained import model as hf
@@ -58,6 +58,7 @@ class HFCheck(Checking):
     new_tokens: int = NEW_TOKENS
     clients: tuple = ()  # with a deployment folder: the clients that load it (attnexport.pretrained.clients)
     budget: A.Budget = A.Budget()  # what a quantized or fp16 model may cost in answers
+    audio: tuple = ()  # a speech model's clips (16 kHz mono WAV files) its transcripts are checked on
 
 
 @dataclass
@@ -133,6 +134,10 @@ def model_file(path: str | Path) -> tuple[Path, Path | None]:
 def verify_hf(check: HFCheck) -> Report:
     """The rows of every check on every selected runtime (see the module docstring)."""
     check_tolerance_values(check.rtol, check.atol)
+    if speech_check.is_deployment(check.model_path):
+        return speech_check.verify_speech(check)
+    if check.audio:
+        raise UsageError("--audio goes with a Whisper deployment folder as MODEL (export --hf --deploy)")
     path, folder = model_file(check.model_path)
     if check.clients and folder is None:
         raise UsageError(f"--clients load a deployment folder (export --hf --deploy FOLDER); {check.model_path} "

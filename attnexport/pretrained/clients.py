@@ -24,7 +24,7 @@ from attnexport.errors import ProviderUnavailableError, UsageError, reason
 from attnexport.pretrained.embeddings import pooling_of
 from attnexport.runtimes import js
 
-CLIENTS = ("optimum", "transformers.js")  # a causal language model's
+CLIENTS = ("optimum", "transformers.js")  # a causal language model's (and a speech model's)
 EMBEDDERS = ("sentence-transformers", "optimum", "transformers.js")  # a sentence encoder's
 KNOWN = tuple(dict.fromkeys(CLIENTS + EMBEDDERS))
 SECONDS = 1800  # a client that takes longer has hung
@@ -243,3 +243,49 @@ def _transformers_js_embeddings(folder: Path, texts: list[str], pooling: str, no
     answer = _node("embed.mjs", {"folder": str(Path(folder).resolve()), "texts": list(texts), "pooling": pooling,
                                  "normalize": normalize, "threads": threads or 0})
     return np.asarray(answer["embeddings"], np.float64)
+
+
+def transcribe(client: str, folder: Path, clips: list, new_tokens: int, threads: int | None = None) -> ClientRun:
+    """Greedy transcripts of `clips` (16 kHz float samples) by `client` from a Whisper deployment
+    folder, each clip alone, as its users run it: the client's own feature extraction (the folder's
+    preprocessor config) and Whisper generation (English, no timestamps); each clip's tokens after
+    the start tokens, without the end token."""
+    ok, why = status(client)
+    if not ok:
+        raise ProviderUnavailableError(f"client {client} is not available: {why}")
+    if client == "optimum":
+        return _optimum_transcripts(folder, clips, new_tokens, threads)
+    answer = _node("transcribe.mjs", {"folder": str(Path(folder).resolve()),
+                                      "clips": [np.asarray(c).tolist() for c in clips], "max_new_tokens": new_tokens,
+                                      "threads": threads or 0})
+    return ClientRun("transformers.js", [], answer["tokens"], float(answer["ms"]))
+
+
+def _optimum_transcripts(folder: Path, clips: list, new_tokens: int, threads) -> ClientRun:
+    import onnxruntime as ort
+    import torch
+    from optimum.onnxruntime import ORTModelForSpeechSeq2Seq
+    from transformers import AutoFeatureExtractor
+
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    model = ORTModelForSpeechSeq2Seq.from_pretrained(str(folder), subfolder="onnx", use_cache=True, use_merged=True,
+                                                     provider="CPUExecutionProvider", session_options=options)
+    extractor = AutoFeatureExtractor.from_pretrained(str(folder))
+    config = model.generation_config
+    language = {"language": "en", "task": "transcribe"} if getattr(config, "is_multilingual", False) else {}
+    started = time.perf_counter()
+    tokens = []
+    for clip in clips:
+        features = extractor(np.asarray(clip), sampling_rate=16000, return_tensors="pt").input_features
+        with torch.no_grad():
+            out = model.generate(features, max_new_tokens=new_tokens, do_sample=False, num_beams=1, **language)
+        tokens.append(spoken(out[0].tolist(), config.eos_token_id))
+    return ClientRun("optimum", [], tokens, (time.perf_counter() - started) * 1e3)
+
+
+def spoken(ids: list, end: int) -> list[int]:
+    """A Whisper answer's text tokens: those below its end token (every special token, the start
+    tokens among them, is the end token or above)."""
+    return [int(t) for t in ids if t < end]

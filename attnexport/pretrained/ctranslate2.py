@@ -131,7 +131,7 @@ def load(folder: Path):
         pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id,
         suppress_tokens=[int(t) for t in ct2.get("suppress_ids", [])],
         begin_suppress_tokens=[int(t) for t in ct2.get("suppress_ids_begin", [])],
-        max_length=config.max_target_positions)
+        max_length=config.max_target_positions, **generation_fields(tokens, config.vocab_size))
     return model.eval(), "given: " + folder.name
 
 
@@ -141,6 +141,20 @@ def special_tokens(folder: Path) -> dict[str, int]:
     if not path.is_file():
         raise UsageError(f"--hf {folder}: a Whisper model needs its tokenizer.json beside model.bin")
     return {t["content"]: int(t["id"]) for t in json.loads(path.read_text()).get("added_tokens", [])}
+
+
+def generation_fields(tokens: dict[str, int], vocab: int) -> dict:
+    """What Whisper's generation config tells transformers' and transformers.js' Whisper generation
+    beside the token suppression: the no-timestamps token, whether the model is multilingual, its
+    languages' and tasks' tokens (from which they build the start tokens)."""
+    languages = {t: i for t, i in tokens.items() if t[:2] == "<|" and t[-2:] == "|>" and 2 <= len(t) - 4 <= 3
+                 and t[2:-2].isalpha() and t[2:-2].islower()}
+    fields = {"forced_decoder_ids": None, "no_timestamps_token_id": tokens.get("<|notimestamps|>"),
+              "is_multilingual": multilingual(vocab), "max_initial_timestamp_index": 50}
+    if multilingual(vocab):  # an English-only model's start has no language or task (given, they would be put in)
+        fields.update(lang_to_id=languages, task_to_id={t: tokens[f"<|{t}|>"] for t in ("transcribe", "translate")
+                                                        if f"<|{t}|>" in tokens})
+    return fields
 
 
 def multilingual(vocab: int) -> bool:

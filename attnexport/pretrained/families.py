@@ -195,7 +195,7 @@ class EncoderDecoder(Family):
     tested = ("whisper",)
     checks = ()
     answers = ("transcripts", "transcripts")
-    clients = ("optimum",)
+    clients = ("optimum", "transformers.js")
     client_rows = "transcribing clients"
 
     def export(self, request, model, params_source):

@@ -9,6 +9,7 @@ config.json, generation_config.json, preprocessor_config.json, the tokenizer, an
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -107,7 +108,7 @@ class Checked:
             return M.outputs_of(module(*args))
 
     def run(self, graph: str, feed: dict) -> dict:
-        out = self._torch(self.fp32[graph], feed, torch.float32, _nothing())
+        out = self._torch(self.fp32[graph], feed, torch.float32, contextlib.nullcontext())
         return {n: t.numpy() for n, t in zip(W.outputs(graph, self.speech.layers), out, strict=True)}
 
     def run64(self, graph: str, feed: dict) -> dict:
@@ -123,20 +124,26 @@ class Checked:
             raise ExportError(f"whisper {graph}: the export does not run on ONNX Runtime ({reason(e)[:300]})") from None
         return self.compared(graph, got, graph)
 
-    def compared(self, graph: str, got: dict, label: str) -> list:
-        """`got`, the outputs of `graph` on its check feed, against float64: every declared output
-        within its derived budget, or an ExportError naming the first that is not."""
+    def comparisons(self, graph: str, got: dict) -> list:
+        """`got`, the outputs of `graph` on its check feed, against float64: each declared output
+        within its budget (derived from torch's fp32 error on it)."""
         feed, names = self.feeds[graph], W.outputs(graph, self.speech.layers)
         want, low = self.run64(graph, feed), self.run(graph, feed)
-        comparisons = []
+        out = []
         for n in names:
             tol = HR.budget(low[n], want[n])
             if n not in got:
-                comparisons.append(failed(n, "output missing", tol))
+                out.append(failed(n, "output missing", tol))
             elif np.shape(got[n]) != want[n].shape:
-                comparisons.append(failed(n, f"shape {np.shape(got[n])} != expected {want[n].shape}", tol))
+                out.append(failed(n, f"shape {np.shape(got[n])} != expected {want[n].shape}", tol))
             else:
-                comparisons.append(compare(n, np.asarray(got[n], np.float64), want[n], tol))
+                out.append(compare(n, np.asarray(got[n], np.float64), want[n], tol))
+        return out
+
+    def compared(self, graph: str, got: dict, label: str) -> list:
+        """`comparisons`, or an ExportError naming the first output over its budget; returns what
+        was checked (the worst output against its budget)."""
+        comparisons = self.comparisons(graph, got)
         bad = [c for c in comparisons if not c]
         if bad:
             raise ExportError(f"whisper {label}: the export differs from the model in float64: {bad[0]}")
@@ -144,7 +151,6 @@ class Checked:
         return [{"graph": label, "compared": len(comparisons), "worst": {"output": worst.name, "max_abs": worst.max_abs,
                                                                          "atol": worst.atol, "rtol": worst.rtol,
                                                                          "basis": worst.basis}}]
-
 
     def check_merged(self, decoder, first: ModuleExportResult) -> ModuleExportResult:
         """The merged decoder checked as the two it joins were: each branch fed as a client feeds it
@@ -155,17 +161,8 @@ class Checked:
         layers, checked = self.speech.layers, []
         session = R.prepare_onnx("ort-cpu", decoder)
         for graph, use_cache in ((W.DECODER, False), (W.DECODER_WITH_PAST, True)):
-            feed = dict(self.feeds[graph])
-            batch = feed["input_ids"].shape[0]
-            if use_cache:
-                width = self.speech.model.config.d_model
-                feed["encoder_hidden_states"] = np.zeros((batch, 0, width), np.float32)
-            else:
-                heads = self.speech.model.config.decoder_attention_heads
-                empty = np.zeros((batch, heads, 0, self.speech.model.config.d_model // heads), np.float32)
-                feed.update({n: empty for n in W.both_names(layers, "past_key_values")})
-            feed[W.USE_CACHE] = np.array([use_cache])
-            got = session.run({n: feed[n] for n in W.merged_inputs(layers)})
+            feed = W.merged_feed(self.feeds[graph], self.speech.model.config)
+            got = session.run(feed)
             if use_cache:  # the cross caches passed through as they came
                 same = all(np.array_equal(got[c], feed[c.replace("present", "past_key_values")])
                            for c in W.cross_names(layers, "present"))
@@ -175,13 +172,6 @@ class Checked:
                 got = {n: got[n] for n in W.outputs(graph, layers)}
             checked += self.compared(graph, got, f"{W.MERGED} ({W.USE_CACHE}={str(use_cache).lower()})")
         return replace(first, checked=checked, model=decoder)
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _examples(speech: Speech, checked: Checked) -> dict:
@@ -275,7 +265,7 @@ def write_deployment(folder: Path, graphs: dict, speech: Speech) -> None:
         config = model.config.to_dict()
         config["use_cache"] = True
         (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        generation = {**model.generation_config.to_dict(), **generation_fields(speech)}
+        generation = model.generation_config.to_dict()
         (staging / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
         WhisperFeatureExtractor(feature_size=speech.mels).to_json_file(str(staging / "preprocessor_config.json"))
         (staging / GRAPH_DIR).mkdir()
@@ -292,21 +282,6 @@ def write_deployment(folder: Path, graphs: dict, speech: Speech) -> None:
                 os.replace(path, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def generation_fields(speech: Speech) -> dict:
-    """What Whisper's generation config tells its clients beside the token suppression: the start,
-    the no-timestamps token, whether it is multilingual, its languages' and tasks' tokens (the
-    fields transformers' and transformers.js' Whisper generate read to build the start tokens)."""
-    tokens = CT.special_tokens(speech.source)
-    languages = {t: i for t, i in tokens.items() if len(t) in (6, 7) and t[:2] == "<|" and t[-2:] == "|>"
-                 and t[2:-2].isalpha() and t[2:-2].islower()}
-    return {"decoder_start_token_id": speech.start[0], "forced_decoder_ids": None,
-            "no_timestamps_token_id": tokens["<|notimestamps|>"],
-            "is_multilingual": CT.multilingual(speech.model.config.vocab_size),
-            "lang_to_id": languages if CT.multilingual(speech.model.config.vocab_size) else {},
-            "task_to_id": {t: tokens[f"<|{t}|>"] for t in ("transcribe", "translate") if f"<|{t}|>" in tokens},
-            "max_initial_timestamp_index": 50}
 
 
 def tokenizer_config(speech: Speech) -> dict:

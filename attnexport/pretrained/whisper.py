@@ -226,6 +226,37 @@ def merged_inputs(layers: int) -> list[str]:
     return ["input_ids", "encoder_hidden_states", *both_names(layers, "past_key_values"), USE_CACHE]
 
 
+def merged_feed(feed: dict, config) -> dict:
+    """The merged decoder's feed for a step of either graph (`feed`: a first step's, with
+    encoder_hidden_states, or a later one's, with pasts), as a client fills what the step does
+    not use: a first step's pasts empty (no positions), a later step's encoder_hidden_states
+    empty, and use_cache_branch saying which."""
+    layers, heads = config.decoder_layers, config.decoder_attention_heads
+    batch = feed["input_ids"].shape[0]
+    use_cache = "encoder_hidden_states" not in feed
+    empty_states = np.zeros((batch, 0, config.d_model), np.float32)
+    empty_cache = np.zeros((batch, heads, 0, config.d_model // heads), np.float32)
+    full = {"input_ids": feed["input_ids"], "encoder_hidden_states": feed.get("encoder_hidden_states", empty_states),
+            **{n: feed.get(n, empty_cache) for n in both_names(layers, "past_key_values")},
+            USE_CACHE: np.array([use_cache])}
+    return full
+
+
+def merged_steps(run_merged, config):
+    """(first step, later step) over the merged decoder `run_merged(feed) -> {output: array}`,
+    each taking and returning what its own graph does (`merged_feed`; a later step's cross caches,
+    passed through, left out)."""
+    later_outputs = outputs(DECODER_WITH_PAST, config.decoder_layers)
+
+    def first(feed):
+        return run_merged(merged_feed(feed, config))
+
+    def later(feed):
+        out = run_merged(merged_feed(feed, config))
+        return {n: out[n] for n in later_outputs}
+    return first, later
+
+
 def merged(first, later, layers: int):
     """One decoder graph for both steps, as transformers.js loads Whisper (and Optimum can): an If
     on `use_cache_branch` (bool (1,)) runs `later` (the step with past: each layer's cross cache

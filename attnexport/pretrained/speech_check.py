@@ -1,0 +1,221 @@
+"""A Whisper deployment folder (`export --hf --deploy`) against the model it came from, on every
+runtime: each graph against the model in float64 (the encoder on two clips, the merged decoder's
+first step and its step with past, each output within the factor of torch's own fp32 error), the
+decode property (the decoder stepped a token at a time through its self cache gives the logits of
+one first step over the whole sequence: within the budget of that forward), greedy transcripts of
+the clips equal to transformers' `generate` in fp32 token for token, and, with --clients, the
+transcripts Optimum's ORTModelForSpeechSeq2Seq and transformers.js' pipeline make from the folder.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from attnexport import runtimes as R
+from attnexport.compare import Comparison, Tolerance, check_tolerance_values, compare
+from attnexport.errors import UsageError
+from attnexport.pretrained import audio as AU
+from attnexport.pretrained import clients, families
+from attnexport.pretrained import ctranslate2 as CT
+from attnexport.pretrained import model as hf
+from attnexport.pretrained import reference as HR
+from attnexport.pretrained import speech as S
+from attnexport.pretrained import whisper as W
+from attnexport.reading import load_model
+from attnexport.record import ExportRecord
+from attnexport.report import Report, Row
+from attnexport.verify.executor import Executor
+from attnexport.verify.module_check import changed_params
+
+EXACT = Tolerance(0.0, 0.0, "exact: token ids")
+
+
+def is_deployment(path) -> bool:
+    """Whether `path` is a Whisper deployment folder (its onnx/ holds the encoder and the merged decoder)."""
+    folder = Path(path)
+    return folder.is_dir() and all((folder / S.GRAPH_DIR / f"{g}.onnx").is_file() for g in (W.ENCODER, W.MERGED))
+
+
+@dataclass
+class _Context:
+    folder: Path
+    speech: S.Speech
+    checked: S.Checked
+    graphs: dict
+    prepared: dict
+    executor: Executor
+    flavor: str
+
+    def row(self, case: str, runtime: str, kind: str, tol: Tolerance | None = None) -> Row:
+        flavor = self.flavor if runtime in R.ONNX_RUNTIMES else "-"
+        return Row(case=case, variant=f"concat ({families.EncoderDecoder.task})", flavor=flavor, runtime=runtime,
+                   dtype="fp32", model=self.folder.name, tolerance=tol, expected_kind=kind)
+
+    def steps(self, runtime: str):
+        """(encoder, first decoder step, later step) on `runtime`, each `feed -> {output: array}`."""
+        if R.runs_module(runtime):
+            return tuple(functools.partial(self.checked.run, g) for g in W.GRAPHS)
+        first, later = W.merged_steps(self.prepared[runtime][W.MERGED].run, self.speech.model.config)
+        return self.prepared[runtime][W.ENCODER].run, first, later
+
+    def able(self, row: Row) -> bool:
+        if not R.runs_module(row.runtime) and row.runtime not in self.prepared:
+            row.skipped = f"{row.runtime} runs no ONNX model"
+        return not row.skipped
+
+
+def verify_speech(check) -> Report:
+    """The rows of every check on every selected runtime (`check`: the verify request, an
+    `attnexport.pretrained.check.HFCheck` whose model_path is the deployment folder)."""
+    check_tolerance_values(check.rtol, check.atol)
+    if check.rtol is not None or check.atol is not None:
+        raise UsageError("a Whisper folder's outputs are judged by budgets derived from torch's fp32 error: "
+                         "--rtol/--atol do not apply")
+    folder = Path(check.model_path)
+    graphs = {g: load_model(folder / S.GRAPH_DIR / f"{g}.onnx") for g in (W.ENCODER, W.MERGED)}
+    model, _ = hf.load(check.source, 0)
+    family = families.of_model(model)
+    if not isinstance(family, families.EncoderDecoder):
+        raise UsageError(f"{folder.name} is a Whisper export; --hf {check.source} is a {family.what}: give the model "
+                         "it was exported from")
+    speech = S.Speech.of(model, check.source)
+    clips = [AU.read_wav(p) for p in check.audio] if check.audio else [S.check_audio(3.0, 0)]
+    room = model.config.max_target_positions - len(speech.start)
+    if check.new_tokens > room:
+        raise UsageError(f"--new-tokens {check.new_tokens}: the decoder holds {model.config.max_target_positions} "
+                         f"positions, {len(speech.start)} of them the start tokens: at most {room}")
+    wanted = clients.of_family(check.clients, family) if check.clients else []
+    checked = S.Checked(speech)
+    used, table = R.select(check.runtimes, check.skip_unavailable)
+    executor = Executor(check.checking)
+    prepared = {rt: {g: R.prepare_onnx(rt, m) for g, m in graphs.items()} for rt in used if rt in R.ONNX_RUNTIMES}
+    flavor = ExportRecord.of(graphs[W.ENCODER]).flavor
+    ctx = _Context(folder, speech, checked, graphs, prepared, executor, flavor)
+    changed = [n for g, m, module in ((W.ENCODER, graphs[W.ENCODER], checked.fp32[W.ENCODER]),
+                                      (W.MERGED, graphs[W.MERGED], checked.fp32[W.DECODER]))
+               for n in changed_params(module, ExportRecord.of(m).parsed("params", {}), "fp32")]
+    if changed:
+        row = ctx.row("parameters", "-", "the model's record")
+        row.error = f"the folder's parameters differ from {check.source}'s: {', '.join(changed[:3])}"
+        executor.record(row)
+    else:
+        features = np.stack([AU.log_mel(c, speech.mels) for c in clips])
+        want = reference_transcripts(speech, features, check.new_tokens)
+        for rt in used:
+            _graph_rows(ctx, rt)
+            _decode_row(ctx, rt)
+            _transcript_row(ctx, rt, features, want, check.new_tokens, len(clips))
+        for client in wanted:
+            _client_row(ctx, client, clips, want, check.new_tokens)
+    runtimes = R.described(table) + [{"name": c, "available": ok, "reason": why, "used": ok}
+                                     for c in wanted for ok, why in [clients.status(c)]]
+    return executor.report(runtimes, "fp32", [flavor], [str(folder)])
+
+
+def reference_transcripts(speech: S.Speech, features: np.ndarray, new_tokens: int) -> list[list[int]]:
+    """transformers' own greedy `generate` in fp32 (its Whisper generation: the model's generation
+    config's suppression), from the start tokens: each clip's tokens, without the end token."""
+    model = speech.model
+    language = {"language": "en", "task": "transcribe"} if CT.multilingual(model.config.vocab_size) else {}
+    with torch.no_grad(), hf._quiet_transformers():
+        out = model.generate(torch.from_numpy(features), max_new_tokens=new_tokens, do_sample=False, num_beams=1,
+                             **language)
+    for row in out.tolist():  # its answers begin with the start tokens (the first of them left out, or not)
+        special = [t for t in row[:len(speech.start)] if t >= speech.end]
+        if any(t not in speech.start for t in special):
+            raise RuntimeError(f"transformers' generate started with {row[:len(speech.start)]}, not {speech.start}")
+    return [clients.spoken(row, speech.end) for row in out.tolist()]
+
+
+def _graph_rows(ctx: _Context, runtime: str) -> None:
+    feeds = ctx.checked.feeds
+    for graph, case in ((W.ENCODER, "encoder_model: 2 clips' features"),
+                        (W.DECODER, f"{W.MERGED}: first step, {feeds[W.DECODER]['input_ids'].shape[1]} tokens"),
+                        (W.DECODER_WITH_PAST, f"{W.MERGED}: step with past, "
+                                              f"{feeds[W.DECODER_WITH_PAST]['input_ids'].shape[1]} tokens")):
+        row = ctx.row(case, runtime, "the model in float64")
+        if not ctx.able(row):
+            ctx.executor.record(row)
+            continue
+        step = ctx.steps(runtime)[W.GRAPHS.index(graph)]
+        ctx.executor.run(row, functools.partial(step, feeds[graph]),
+                         functools.partial(ctx.checked.comparisons, graph))
+
+
+def _decode_row(ctx: _Context, runtime: str) -> None:
+    """The decode property: the start tokens, then the check's text a token at a time through the
+    self cache, each position's logits against the float64 decoder's over the whole sequence at once."""
+    feed = ctx.checked.feeds[W.DECODER]
+    ids = np.concatenate([feed["input_ids"], ctx.checked.feeds[W.DECODER_WITH_PAST]["input_ids"]], axis=1)
+    first = len(ctx.speech.start)
+    whole = {"input_ids": ids, "encoder_hidden_states": feed["encoder_hidden_states"]}
+    want = ctx.checked.run64(W.DECODER, whole)["logits"]
+    tol = HR.budget(ctx.checked.run(W.DECODER, whole)["logits"], want)
+    row = ctx.row(f"decode: {first} start tokens, then {ids.shape[1] - first} one at a time", runtime,
+                  "the decoder in float64 over the whole sequence", tol)
+    if not ctx.able(row):
+        ctx.executor.record(row)
+        return
+    layers = ctx.speech.layers
+
+    def stepped():
+        _, run_first, run_later = ctx.steps(runtime)
+        out = run_first({"input_ids": ids[:, :first], "encoder_hidden_states": feed["encoder_hidden_states"]})
+        crosses = {n.replace("present", "past_key_values"): out[n] for n in W.cross_names(layers, "present")}
+        logits = [np.asarray(out["logits"])]
+        for t in range(first, ids.shape[1]):
+            caches = {**crosses, **{n.replace("present", "past_key_values"): out[n]
+                                    for n in W.self_names(layers, "present")}}
+            pasts = {n: caches[n] for n in W.both_names(layers, "past_key_values")}
+            out = run_later({"input_ids": ids[:, t:t + 1], **pasts})
+            logits.append(np.asarray(out["logits"]))
+        return np.concatenate(logits, axis=1)
+    ctx.executor.run(row, stepped, lambda got: [compare("logits", got, want, tol)])
+
+
+def _judge_tokens(row: Row, want: list, who: str, got: list) -> list[Comparison]:
+    """Each clip's tokens against transformers': the row's detail, the first departure as its error,
+    one exact comparison of the tokens (padded with -1 to the longer)."""
+    width = max([len(t) for t in want + got] + [1])
+    pad = [t + [-1] * (width - len(t)) for t in want]
+    mine = [t + [-1] * (width - len(t)) for t in got]
+    row.detail = {"tokens": got, "transformers_tokens": want}
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        if a != b:
+            step = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+            said = a[step] if step < len(a) else "the end"
+            wanted = b[step] if step < len(b) else "the end"
+            row.error = f"clip {i}, token {step}: transformers said {wanted}, {who} {said}"
+            break
+    return [compare("tokens", np.array(mine), np.array(pad), EXACT)]
+
+
+def _transcript_row(ctx: _Context, runtime: str, features, want, new_tokens: int, clips: int) -> None:
+    row = ctx.row(f"transcripts: {clips} clip(s), greedy, up to {new_tokens} tokens", runtime,
+                  "transformers' generate in fp32", EXACT)
+    if not ctx.able(row):
+        ctx.executor.record(row)
+        return
+    s = ctx.speech
+
+    def transcribe():
+        return W.transcribe(*ctx.steps(runtime), features, s.start, s.end, s.layers, new_tokens, s.suppress,
+                            s.suppress_first)
+    ctx.executor.run(row, transcribe, functools.partial(_judge_tokens, row, want, runtime))
+
+
+def _client_row(ctx: _Context, client: str, clips, want, new_tokens: int) -> None:
+    row = ctx.row(f"client: transcribe {len(clips)} clip(s) from the folder", client,
+                  "transformers' generate in fp32", EXACT)
+    row.flavor = "-"
+    ok, why = clients.status(client)
+    if not ok:
+        row.error = f"{client} is not available: {why}"
+    ctx.executor.run(row, functools.partial(clients.transcribe, client, ctx.folder, clips, new_tokens,
+                                            R.cpu_threads()),
+                     lambda done: _judge_tokens(row, want, client, done.tokens))
