@@ -143,7 +143,7 @@ def export(variant=None, module_spec=None, hf_path=None, **passed):
         hf_export = pretrained.export
         form, max_seq = hf_form(options)
         request = hf_export.request(a.hf_path, quant, **O.pick(a, hf_export.HFExport, form=form, max_seq=max_seq))
-        return hf_export.export_hf(request)[0]
+        return hf_export.export(request)
     if a.variant is not None and (a.rtol is not None or a.atol is not None):
         raise UsageError("--rtol/--atol set the check before writing of --hf and --module exports; a variant's "
                          "export is checked by verify (which takes them too)")

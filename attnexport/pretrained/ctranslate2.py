@@ -149,8 +149,8 @@ def generation_fields(tokens: dict[str, int], vocab: int) -> dict:
     languages' and tasks' tokens (from which they build the start tokens)."""
     languages = {t: i for t, i in tokens.items() if t[:2] == "<|" and t[-2:] == "|>" and 2 <= len(t) - 4 <= 3
                  and t[2:-2].isalpha() and t[2:-2].islower()}
-    fields = {"forced_decoder_ids": None, "no_timestamps_token_id": tokens.get("<|notimestamps|>"),
-              "is_multilingual": multilingual(vocab), "max_initial_timestamp_index": 50}
+    fields: dict = {"forced_decoder_ids": None, "no_timestamps_token_id": tokens.get("<|notimestamps|>"),
+                    "is_multilingual": multilingual(vocab), "max_initial_timestamp_index": 50}
     if multilingual(vocab):  # an English-only model's start has no language or task (given, they would be put in)
         fields.update(lang_to_id=languages, task_to_id={t: tokens[f"<|{t}|>"] for t in ("transcribe", "translate")
                                                         if f"<|{t}|>" in tokens})

@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -105,22 +106,38 @@ def request(source: str | Path, plan_options: dict | None = None, **fields) -> H
     return HFExport(source, precision=precision, plan=plan, **fields)
 
 
-def export_hf(request: HFExport) -> tuple[ModuleExportResult, hf.Layout]:
-    """Exports the model at `request.source` in its cache form, checked against the model in
-    float64 before anything is written; returns (the ModuleExportResult, the layout)."""
-    r = request
+def export(request: HFExport) -> Any:
+    """`export --hf`: the model at `request.source` exported as its family does (one step graph,
+    `export_hf`; Whisper's three graphs, `speech.export_speech`); returns the result (`summary()`,
+    `to_dict()`)."""
+    _check_request(request)
+    model, params_source = hf.load(request.source, request.seed)
+    own = families.of_model(model).export(request, model, params_source)
+    return own if own is not None else export_hf(request, (model, params_source))[0]
+
+
+def _check_request(r: HFExport) -> None:
+    """What a request can be refused for before the model loads."""
     if r.form is not None:  # the family's own forms are checked once the model is loaded
         forms.form(r.form).check_max_seq(r.max_seq)
     elif r.max_seq:
         forms.FORMS["none"].check_max_seq(r.max_seq)
     if r.deploy is not None and r.output is not None:
         raise UsageError("give -o FILE.onnx or --deploy FOLDER, not both")
+    _precision(r)
+    if r.deploy is not None:
+        _deploy_target(Path(r.deploy))
+
+
+def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExportResult, hf.Layout]:
+    """Exports the model at `request.source` (or `loaded`: the model and where its parameters came
+    from, loaded already) in its cache form, checked against the model in float64 before anything is
+    written; returns (the ModuleExportResult, the layout)."""
+    r = request
+    _check_request(r)
     dtype, plan = _precision(r)
     deploy = _deploy_target(Path(r.deploy)) if r.deploy is not None else None
-    model, params_source = hf.load(r.source, r.seed)
-    own = families.of_model(model).export(r, model, params_source)
-    if own is not None:
-        return own, None
+    model, params_source = loaded or hf.load(r.source, r.seed)
     layout = hf.layout_of(model, r.form, r.max_seq, r.source)
     form = layout.cache_form
     tokenizer = hf.tokenizer_of(r.source)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,7 +47,7 @@ class Speech:
     of an English transcription without timestamps, the end token, the tokens never picked
     (`suppress`) or not first (`suppress_first`), and where its tokenizer.json is."""
 
-    model: object
+    model: Any
     source: Path
     start: list[int]
     end: int
@@ -101,7 +103,7 @@ class Checked:
         caches = {n.replace("present", "past_key_values"): first[n] for n in W.both_names(layers, "present")}
         self.feeds[W.DECODER_WITH_PAST] = {"input_ids": ids[:, -2:], **caches}
 
-    def _torch(self, module, feed: dict, dtype, mode) -> tuple:
+    def _torch(self, module, feed: dict, dtype, mode) -> list:
         args = [torch.from_numpy(np.ascontiguousarray(v)) for v in feed.values()]
         args = [a.to(dtype) if a.is_floating_point() else a for a in args]
         with torch.no_grad(), M.export_semantics(), mode:
@@ -235,7 +237,7 @@ def export_speech(request, model, params_source: str) -> SpeechExport:
             flavor=flavor, opset=opset, dynamic=W.dynamic_axes(g, layers), output=None, input_names=W.inputs(g, layers),
             output_names=W.outputs(g, layers), name=f"whisper {g}", record={"params_source": params_source},
             cache=W.cache_pairs(layers) if g == W.DECODER_WITH_PAST else None,
-            check=lambda onnx_model, g=g: checked.check(g, onnx_model))
+            check=functools.partial(checked.check, g))
         results[g] = export_module(module, examples[g], request)
     decoder = W.merged(results[W.DECODER].model, results[W.DECODER_WITH_PAST].model, layers)
     written = {W.ENCODER: results[W.ENCODER], W.MERGED: checked.check_merged(decoder, results[W.DECODER])}

@@ -93,7 +93,7 @@ def self_attention(attn, x, causal: bool, past=None):
     (output, the keys, the values), the past's positions first where there is one."""
     q, k, v = (_heads(p(x), attn.num_heads) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
     a = attend(q, k, v, cache=past, core=_core(attn, causal))
-    if past is not None:
+    if a.present_key is not None and a.present_value is not None:  # the past's positions, then the block's
         k, v = a.present_key, a.present_value
     return attn.out_proj(_merged(a.output)), k, v
 
