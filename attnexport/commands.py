@@ -229,7 +229,8 @@ class BenchResult:
     def to_json(self):
         """`bench --json`: the rows as a list; a language model's as {"rows": [...], "info": {...}}."""
         if self.language_model:
-            module = pretrained.embedding_bench if self.info.get("embeddings") else pretrained.bench
+            module = pretrained.speech_bench if self.info.get("speech") else \
+                pretrained.embedding_bench if self.info.get("embeddings") else pretrained.bench
             return {"rows": module.to_json(self.rows), "info": self.info}
         return bench_mod.to_json(self.rows)
 
@@ -246,6 +247,20 @@ def bench(variant=None, module_spec=None, hf_path=None, *, progress: Callable | 
     if (a.genai_python or a.precisions_text or a.genai_precisions_text) is not None and a.hf_path is None:
         raise UsageError("--genai-python, --precision and --genai-precision go with --hf")
     contexts = int_list("--context", a.context)
+    if a.audio is not None and a.hf_path is None:
+        raise UsageError("--audio goes with --hf and a Whisper model")
+    if a.hf_path is not None and pretrained.speech_bench.is_speech(a.hf_path):
+        if given(options) or a.input_specs or a.batch or a.seq or a.kv_seq or a.cuda_graph or a.plot or a.decode or \
+                a.dtype != "fp32" or a.genai_python or a.genai_precisions_text or a.precisions_text or contexts or \
+                (a.runtimes and a.runtimes != ["ort-cpu"]):
+            raise UsageError("--hf with a Whisper model takes --audio, --flavor, --threads, --warmup, --iters and "
+                             "--json (fp32 on ort-cpu, beside transformers, Optimum and CTranslate2)")
+        speech_bench = pretrained.speech_bench
+        s_request = speech_bench.SpeechBenchRequest(a.hf_path, **O.pick(
+            a, speech_bench.SpeechBenchRequest, flavors=tuple(a.flavors) or speech_bench.SpeechBenchRequest.flavors,
+            threads=a.threads or 0))
+        s_rows, info = speech_bench.bench_speech(s_request, said=said)
+        return BenchResult(s_rows, str(a.hf_path), "fp32", language_model=True, info={**info, "speech": True})
     if a.hf_path is not None and not a.decode:  # a sentence encoder's
         if given(options) or a.input_specs or a.kv_seq or a.cuda_graph or a.plot or a.dtype != "fp32" or \
                 a.genai_python or a.genai_precisions_text or contexts or (a.runtimes and a.runtimes != ["ort-cpu"]):

@@ -227,6 +227,10 @@ BENCH = (
                       "when installed); or a sentence encoder, without --decode: sentences a second at --batch x --seq "
                       "(default 1x16, 32x128, 8x512) beside transformers and Optimum's export (optimized, and its "
                       "dynamic int8) when installed."),
+    click.Option(["--audio"], type=click.Path(dir_okay=False), default=None, metavar="FILE.wav",
+                 help="With --hf and a Whisper model: the clip (16 kHz mono WAV, up to 30 s) transcribed (default: a "
+                      "synthetic clip); each engine's encoder, decoder a token and real-time factor beside "
+                      "transformers, Optimum's export and CTranslate2 (float32, int8) when installed."),
     click.Option(["--genai-python"], default=None, metavar="PYTHON",
                  help="With --hf: the Python that runs onnxruntime-genai's model builder (default: this one; the "
                       "builder may want another transformers than Optimum)."),

@@ -230,7 +230,9 @@ def bench_table(rows, variant, dtype) -> None:
 def bench(result) -> None:
     """`attnexport bench`'s result (`commands.BenchResult`) as text."""
     if result.language_model:
-        if result.info.get("embeddings"):
+        if result.info.get("speech"):
+            speech_bench(result.rows, result.info, result.title)
+        elif result.info.get("embeddings"):
             encoder_bench(result.rows, result.info, result.title)
         else:
             language_model_bench(result.rows, result.info, result.title)
@@ -287,6 +289,25 @@ def encoder_bench(rows, info: dict, path: str) -> None:
         click.echo(f"{row.batch:>3d} x {row.seq:<4d} {row.engine} {row.precision} {row.flavor}: {row.median_ms:.2f} ms "
                    f"(p10 {row.p10_ms:.2f}, p90 {row.p90_ms:.2f}), {row.sentences_per_s:,.1f} sentences/s{ratios}"
                    + (f"; {accuracy}" if accuracy else ""))
+    _skipped(info)
+
+
+def speech_bench(rows, info: dict, path: str) -> None:
+    """`bench --hf WHISPER`: each engine's encoder, decoder token and whole transcription, beside its
+    transcript's agreement with transformers' fp32 one."""
+    layers = "+".join(map(str, info["layers"]))
+    click.echo(f"{path}: {layers} layers, width {info['width']}, {info['parameters']:,} parameters, "
+               f"{info['threads']} thread(s); {info['audio_s']:.1f} s of audio, transformers says {info['text']!r} "
+               f"({len(info['transcript'])} tokens)")
+    for row in rows:
+        ratios = "".join(f", {v:.2f}x {k}" for k, v in (("transformers", row.ratio_to_transformers),
+                                                         ("CTranslate2", row.ratio_to_ctranslate2)) if v)
+        said = "the same transcript" if row.equal else \
+            f"transcript: {row.agreement:.0%} of its tokens agree, WER {row.word_error_rate:.2f}"
+        click.echo(f"{row.engine} {row.precision} {row.flavor}: encoder {row.encoder_ms:.1f} ms (p10 "
+                   f"{row.encoder_p10_ms:.1f}, p90 {row.encoder_p90_ms:.1f}), {row.token_ms:.2f} ms a token, "
+                   f"transcription {row.transcription_ms:.1f} ms (p10 {row.transcription_p10_ms:.1f}, p90 "
+                   f"{row.transcription_p90_ms:.1f}), real-time factor {row.real_time_factor:.3f}{ratios}; {said}")
     _skipped(info)
 
 

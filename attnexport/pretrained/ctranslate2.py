@@ -53,6 +53,16 @@ class Bin:
         return value.astype(np.float32)
 
 
+def read_spec(path: Path) -> str:
+    """The spec's name a model.bin holds (its first bytes only); "" where it has none or is not one."""
+    with open(path, "rb") as f:
+        head = f.read(4 + 2 + 256)
+    if len(head) < 6 or not 2 <= struct.unpack_from("<I", head)[0] <= 6:
+        return ""
+    n = struct.unpack_from("<H", head, 4)[0]
+    return head[6:6 + n - 1].decode("utf-8", errors="replace")
+
+
 def read(path: Path) -> Bin:
     """The model.bin at `path`; a UsageError for a file that is not one."""
     data = path.read_bytes()

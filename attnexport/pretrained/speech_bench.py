@@ -1,0 +1,279 @@
+"""`bench --hf WHISPER`: a speech model's transcription timed as its users run it, on one clip at a
+time: the encoder over 30 s of features, the decoder a token, and the whole transcription (the
+encoder once, then greedy decoding to the end token) as a real-time factor (its time over the clip's
+length), beside transformers eager in the same run and the engines its users would otherwise take:
+Optimum's export of the same weights on ONNX Runtime, and CTranslate2 (what faster-whisper runs; the
+same model.bin, where the source is a CTranslate2 folder) in float32 and int8.
+
+Every engine reads the same weights on the same threads and transcribes from the same log-mel
+features (computed once, outside the times). Each time is the median of `iters` runs after `warmup`
+untimed ones (with the 10th and 90th percentiles). A decoder token's time is (the transcription's
+time - the encoder's) / the tokens decoded (the end token counted), the same for every engine. Beside
+each, its transcript against transformers' fp32 greedy one: equal token for token, or the share of
+tokens that agree and the word error rate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+import tempfile
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from attnexport import runtimes as R
+from attnexport.bench import stats_of
+from attnexport.errors import reason
+from attnexport.pretrained import audio as AU
+from attnexport.pretrained import clients
+from attnexport.pretrained import ctranslate2 as CT
+from attnexport.pretrained import export as hf_export
+from attnexport.pretrained import model as hf
+from attnexport.pretrained import speech as S
+from attnexport.pretrained import speech_check as SC
+from attnexport.pretrained import whisper as W
+
+
+@dataclass(frozen=True)
+class SpeechBenchRequest:
+    source: str | Path
+    audio: str | Path | None = None  # a 16 kHz mono WAV (None: the check's synthetic clip)
+    flavors: tuple = ("attention", "ort")
+    threads: int = 0  # 0: every core
+    iters: int = 10
+    warmup: int = 2
+    new_tokens: int = 128
+    anchors: bool = True
+
+
+@dataclass
+class SpeechBenchRow:
+    engine: str  # transformers, attnexport, optimum, ctranslate2
+    flavor: str
+    precision: str
+    encoder_ms: float
+    encoder_p10_ms: float
+    encoder_p90_ms: float
+    transcription_ms: float
+    transcription_p10_ms: float
+    transcription_p90_ms: float
+    token_ms: float
+    tokens: int
+    real_time_factor: float
+    threads: int
+    equal: bool = False  # the transcript is transformers' fp32 one, token for token
+    agreement: float = 0.0  # the share of transformers' tokens it has at their places
+    word_error_rate: float = 0.0  # against transformers' fp32 transcript's words
+    ratio_to_transformers: float | None = None  # transformers' transcription time over this one (> 1: faster)
+    ratio_to_ctranslate2: float | None = None  # CTranslate2's at this precision over this one
+    note: str = ""
+
+
+@dataclass
+class _Engine:
+    engine: str
+    flavor: str
+    precision: str
+    encode: Callable[[np.ndarray], object]  # features (1, mels, 3000) -> its encoder's output
+    transcribe: Callable[[np.ndarray], list[int]]  # features -> the text tokens
+
+
+def is_speech(source) -> bool:
+    """Whether `source` is a Whisper model's folder (CTranslate2's, or transformers' by its config)."""
+    import json
+    folder = Path(source)
+    if CT.is_folder(folder):
+        return CT.read_spec(folder / "model.bin") == CT.WHISPER
+    config = folder / "config.json"
+    if folder.is_dir() and config.is_file():
+        try:
+            return any(a.endswith("WhisperForConditionalGeneration")
+                       for a in json.loads(config.read_text()).get("architectures") or [])
+        except ValueError:
+            return False
+    return False
+
+
+def bench_speech(request: SpeechBenchRequest, said=lambda text: None) -> tuple[list[SpeechBenchRow], dict]:
+    """Every engine on the clip; returns (rows, what the run measured besides)."""
+    import torch
+
+    r = request if request.threads else dataclasses.replace(request, threads=os.cpu_count() or 1)
+    clip = AU.read_wav(r.audio) if r.audio is not None else S.check_audio(3.0, 0)
+    model, _ = hf.load(r.source, 0)
+    speech = S.Speech.of(model, r.source)
+    room = model.config.max_target_positions - len(speech.start)
+    new_tokens = min(r.new_tokens, room)
+    torch.set_num_threads(r.threads)
+    features = AU.log_mel(clip, speech.mels)[None]
+    want = SC.reference_transcripts(speech, features, new_tokens)[0]
+    seconds = clip.size / AU.RATE
+    info: dict = {"skipped": {}, "threads": r.threads, "audio_s": seconds, "transcript": want,
+                  "text": _text(speech, want), "layers": [model.config.encoder_layers, model.config.decoder_layers],
+                  "width": model.config.d_model, "parameters": int(sum(p.numel() for p in model.parameters()))}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="attnexport-speech-bench-") as tmp:
+        engines = [_transformers(speech, new_tokens)]
+        for flavor in r.flavors:
+            said(f"exporting attnexport {flavor}")
+            out = Path(tmp) / f"attnexport-{flavor}"
+            try:
+                hf_export.export(hf_export.HFExport(r.source, flavor=flavor, deploy=out))
+            except Exception as x:  # noqa: BLE001 - a flavour that cannot express the model: said in the info
+                info["skipped"][f"attnexport {flavor}"] = f"export failed: {reason(x)[:200]}"
+                continue
+            engines.append(_attnexport(out, flavor, speech, new_tokens, r.threads))
+        if r.anchors:
+            engines += _optimum(speech, Path(tmp), new_tokens, r.threads, info, said)
+            engines += _ctranslate2(Path(r.source), speech, new_tokens, r.threads, info)
+        for engine in engines:
+            said(f"timing {engine.engine} {engine.flavor} {engine.precision}")
+            try:
+                got = engine.transcribe(features)
+                enc = R.time_calls(functools.partial(engine.encode, features), r.warmup, r.iters)
+                whole = R.time_calls(functools.partial(engine.transcribe, features), r.warmup, r.iters)
+            except Exception as x:  # noqa: BLE001 - an engine failing: said in the info, the others go on
+                info["skipped"][f"{engine.engine} {engine.precision}"] = reason(x)[:200]
+                continue
+            e50, e10, e90 = stats_of(enc)
+            t50, t10, t90 = stats_of(whole)
+            agree, wer = _agreement(got, want, speech)
+            rows.append(SpeechBenchRow(engine.engine, engine.flavor, engine.precision, e50, e10, e90, t50, t10, t90,
+                                       (t50 - e50) / (len(got) + 1), len(got), t50 / (seconds * 1e3), r.threads,
+                                       got == want, agree, wer))
+    _ratios(rows)
+    return rows, info
+
+
+def _text(speech: S.Speech, tokens: list[int]) -> str:
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(str(speech.source / "tokenizer.json")).decode(tokens)
+
+
+def _agreement(got: list[int], want: list[int], speech: S.Speech) -> tuple[float, float]:
+    """(the share of `want`'s tokens `got` has at their places, the word error rate of `got`'s words
+    against `want`'s: edits over `want`'s words)."""
+    same = sum(a == b for a, b in zip(got, want, strict=False)) / max(len(want), 1)
+    a, b = _text(speech, got).split(), _text(speech, want).split()
+    d = list(range(len(a) + 1))
+    for j in range(1, len(b) + 1):
+        prev, d[0] = d[0], j
+        for i in range(1, len(a) + 1):
+            prev, d[i] = d[i], min(d[i] + 1, d[i - 1] + 1, prev + (a[i - 1] != b[j - 1]))
+    return same, d[len(a)] / max(len(b), 1)
+
+
+def _ratios(rows: list[SpeechBenchRow]) -> None:
+    by = {(r.engine, r.precision): r.transcription_ms for r in rows}
+    for row in rows:
+        base, ct2 = by.get(("transformers", "fp32")), by.get(("ctranslate2", row.precision))
+        row.ratio_to_transformers = base / row.transcription_ms if base else None
+        row.ratio_to_ctranslate2 = ct2 / row.transcription_ms if ct2 else None
+
+
+def _transformers(speech: S.Speech, new_tokens: int) -> _Engine:
+    """transformers eager (its sdpa attention), fp32: the encoder, and `generate` greedy."""
+    import torch
+    model = speech.model
+
+    def encode(features):
+        with torch.no_grad():
+            return model.model.encoder(torch.from_numpy(features)).last_hidden_state
+
+    def transcribe(features):
+        return SC.reference_transcripts(speech, features, new_tokens)[0]
+    return _Engine("transformers", "-", "fp32", encode, transcribe)
+
+
+def _attnexport(folder: Path, flavor: str, speech: S.Speech, new_tokens: int, threads: int) -> _Engine:
+    """The deployment folder on ONNX Runtime's CPU provider, transcribed by the loop of `whisper.transcribe`."""
+    encoder = R.ort_session("ort-cpu", folder / S.GRAPH_DIR / f"{W.ENCODER}.onnx", threads=threads)[0]
+    decoder = R.ort_session("ort-cpu", folder / S.GRAPH_DIR / f"{W.MERGED}.onnx", threads=threads)[0]
+
+    def runner(session):
+        names = [o.name for o in session.get_outputs()]
+        return lambda feed: dict(zip(names, session.run(None, feed), strict=True))
+    run_encoder = runner(encoder)
+    first, later = W.merged_steps(runner(decoder), speech.model.config)
+
+    def transcribe(features):
+        return W.transcribe(run_encoder, first, later, features, speech.start, speech.end, speech.layers, new_tokens,
+                            speech.suppress, speech.suppress_first)[0]
+    return _Engine("attnexport", flavor, "fp32", lambda f: run_encoder({"input_features": f}), transcribe)
+
+
+def _optimum(speech: S.Speech, tmp: Path, new_tokens: int, threads: int, info: dict, said) -> list[_Engine]:
+    """Optimum's export of the same weights (its automatic-speech-recognition task, with past),
+    loaded by ORTModelForSpeechSeq2Seq and transcribed by its `generate`."""
+    try:
+        from optimum.exporters.onnx import main_export
+        from optimum.onnxruntime import ORTModelForSpeechSeq2Seq
+    except Exception as e:  # noqa: BLE001 - not installed (or broken): said in the run's info
+        info["skipped"]["optimum"] = f"optimum-onnx is not installed ({type(e).__name__}): pip install optimum-onnx"
+        return []
+    import onnxruntime as ort
+    import torch
+    from transformers import WhisperFeatureExtractor
+    said("exporting with optimum")
+    weights, out = tmp / "weights", tmp / "optimum"
+    try:
+        speech.model.save_pretrained(str(weights))
+        WhisperFeatureExtractor(feature_size=speech.mels).save_pretrained(str(weights))
+        with contextlib.redirect_stdout(None), contextlib.redirect_stderr(None), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            main_export(str(weights), output=str(out), task="automatic-speech-recognition-with-past")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        model = ORTModelForSpeechSeq2Seq.from_pretrained(str(out), provider="CPUExecutionProvider",
+                                                         session_options=options)
+    except Exception as e:  # noqa: BLE001 - Optimum's own failure, said in one line
+        info["skipped"]["optimum"] = f"Optimum's export failed: {reason(e)[:200]}"
+        return []
+    model.generation_config = speech.model.generation_config
+    language = {"language": "en", "task": "transcribe"} if CT.multilingual(speech.model.config.vocab_size) else {}
+
+    def encode(features):
+        return model.encoder(input_features=torch.from_numpy(features), attention_mask=None)
+
+    def transcribe(features):
+        with torch.no_grad():
+            ids = model.generate(torch.from_numpy(features), max_new_tokens=new_tokens, do_sample=False, num_beams=1,
+                                 **language)
+        return clients.spoken(ids[0].tolist(), speech.end)
+    return [_Engine("optimum", "-", "fp32", encode, transcribe)]
+
+
+def _ctranslate2(source: Path, speech: S.Speech, new_tokens: int, threads: int, info: dict) -> list[_Engine]:
+    """CTranslate2 on the same model.bin, in float32 and int8 (its weights quantized as it loads
+    them), greedy from the same start tokens."""
+    if not CT.is_folder(source):
+        info["skipped"]["ctranslate2"] = "the source is not a CTranslate2 folder (its model.bin is what it runs)"
+        return []
+    try:
+        import ctranslate2
+    except ImportError:
+        info["skipped"]["ctranslate2"] = "ctranslate2 is not installed: pip install ctranslate2"
+        return []
+    engines = []
+    for precision, compute in (("fp32", "float32"), ("int8", "int8")):
+        model = ctranslate2.models.Whisper(str(source), device="cpu", compute_type=compute, intra_threads=threads)
+
+        def encode(features, model=model):
+            return model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(features)))
+
+        def transcribe(features, model=model):
+            out = model.generate(ctranslate2.StorageView.from_array(np.ascontiguousarray(features)), [speech.start],
+                                 beam_size=1, max_length=len(speech.start) + new_tokens)
+            return clients.spoken(out[0].sequences_ids[0], speech.end)
+        engines.append(_Engine("ctranslate2", "-", precision, encode, transcribe))
+    return engines
+
+
+def to_json(rows: list[SpeechBenchRow]) -> list[dict]:
+    return [asdict(row) for row in rows]
