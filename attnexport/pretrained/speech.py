@@ -86,12 +86,17 @@ def check_audio(seconds: float = 3.0, seed: int = 0) -> np.ndarray:
 
 class Checked:
     """The three graphs of a model in torch twice, as exported (fp32) and in float64, and the feeds
-    their checks run: each graph's feed computed by the fp32 graph before it."""
+    their checks run: each graph's feed computed by the fp32 graph before it. The float64 reference
+    of the encoder's states and of the decoder's logits is transformers' own forward (its encoder;
+    the whole model over every token so far, teacher-forced), not the graphs' modules: a mistake in
+    how the graphs are written (a mask, a scale, a position) cannot be in both; the caches' keys and
+    values, which transformers keeps inside its cache object, are the modules' in float64."""
 
     def __init__(self, speech: Speech):
         self.speech = speech
         self.fp32 = W.modules(speech.model)
-        self.fp64 = W.modules(copy.deepcopy(speech.model).double())
+        self.model64 = copy.deepcopy(speech.model).double()
+        self.fp64 = W.modules(self.model64)
         layers = speech.layers
         clips = (check_audio(3.0, 0), check_audio(1.5, 1))
         features = np.stack([AU.log_mel(clip, speech.mels) for clip in clips])
@@ -114,8 +119,31 @@ class Checked:
         return {n: t.numpy() for n, t in zip(W.outputs(graph, self.speech.layers), out, strict=True)}
 
     def run64(self, graph: str, feed: dict) -> dict:
+        """The graph's outputs in float64: its encoder states or logits transformers' own (see the class)."""
         out = self._torch(self.fp64[graph], feed, torch.float64, HR.float64_everywhere())
-        return {n: t.double().numpy() for n, t in zip(W.outputs(graph, self.speech.layers), out, strict=True)}
+        found = {n: t.double().numpy() for n, t in zip(W.outputs(graph, self.speech.layers), out, strict=True)}
+        with torch.no_grad(), HR.float64_everywhere():
+            if graph == W.ENCODER:
+                states = self.model64.model.encoder(input_features=torch.from_numpy(feed["input_features"]).double())
+                found["last_hidden_state"] = states.last_hidden_state.numpy()
+            else:
+                ids, states = self.history(graph, feed)
+                logits = self.model64(encoder_outputs=(torch.from_numpy(states).double(),),
+                                      decoder_input_ids=torch.from_numpy(ids), use_cache=False).logits
+                found["logits"] = logits[:, -feed["input_ids"].shape[1]:].numpy()
+        return found
+
+    def history(self, graph: str, feed: dict) -> tuple[np.ndarray, np.ndarray]:
+        """(every token up to the step's last, the encoder states) of a decoder step's feed: a first
+        step's are its own; a later step's, those of the check's first step before its own (its
+        pasts were written from them)."""
+        if graph == W.DECODER:
+            return feed["input_ids"], feed["encoder_hidden_states"]
+        first = self.feeds[W.DECODER]
+        past = feed[W.self_names(self.speech.layers, "past_key_values")[0]].shape[2]
+        if past != first["input_ids"].shape[1]:
+            raise ValueError(f"a step with past of {past} positions is not one the check's first step wrote")
+        return np.concatenate([first["input_ids"], feed["input_ids"]], axis=1), first["encoder_hidden_states"]
 
     def check(self, graph: str, onnx_model) -> list:
         """The graph on ONNX Runtime's CPU provider against float64, every declared output within its
@@ -157,20 +185,21 @@ class Checked:
     def check_merged(self, decoder, first: ModuleExportResult) -> ModuleExportResult:
         """The merged decoder checked as the two it joins were: each branch fed as a client feeds it
         (the first step: empty pasts, use_cache_branch false; a later one: an empty
-        encoder_hidden_states, true), against float64; returns its result (the first step's, with
-        what was checked)."""
+        encoder_hidden_states, true, its cross presents empty), against float64; returns its result
+        (the first step's, with what was checked)."""
         from dataclasses import replace
         layers, checked = self.speech.layers, []
         session = R.prepare_onnx("ort-cpu", decoder)
         for graph, use_cache in ((W.DECODER, False), (W.DECODER_WITH_PAST, True)):
             feed = W.merged_feed(self.feeds[graph], self.speech.model.config)
             got = session.run(feed)
-            if use_cache:  # the cross caches passed through as they came
-                same = all(np.array_equal(got[c], feed[c.replace("present", "past_key_values")])
-                           for c in W.cross_names(layers, "present"))
-                if not same:
-                    raise ExportError("whisper decoder_model_merged: the step with past does not return the cross "
-                                      "cache it was given")
+            if use_cache:  # its cross presents empty: the clients keep the first step's
+                batch, heads = feed["input_ids"].shape[0], self.speech.model.config.decoder_attention_heads
+                empty = (batch, heads, 0, self.speech.model.config.d_model // heads)
+                shapes = {np.shape(got[c]) for c in W.cross_names(layers, "present")}
+                if shapes != {empty}:
+                    raise ExportError(f"whisper decoder_model_merged: the step with past returns cross presents of "
+                                      f"shapes {sorted(shapes)}, not empty ones {empty}")
                 got = {n: got[n] for n in W.outputs(graph, layers)}
             checked += self.compared(graph, got, f"{W.MERGED} ({W.USE_CACHE}={str(use_cache).lower()})")
         return replace(first, checked=checked, model=decoder)

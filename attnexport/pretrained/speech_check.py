@@ -157,7 +157,7 @@ def _decode_row(ctx: _Context, runtime: str) -> None:
     want = ctx.checked.run64(W.DECODER, whole)["logits"]
     tol = HR.budget(ctx.checked.run(W.DECODER, whole)["logits"], want)
     row = ctx.row(f"decode: {first} start tokens, then {ids.shape[1] - first} one at a time", runtime,
-                  "the decoder in float64 over the whole sequence", tol)
+                  "transformers' decoder in float64 over the whole sequence", tol)
     if not ctx.able(row):
         ctx.executor.record(row)
         return
