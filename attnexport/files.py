@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import stat
 import tempfile
 from pathlib import Path
@@ -136,3 +137,52 @@ def _sync_folder(folder: Path) -> None:
         pass  # some file systems refuse fsync on a folder; the rename itself is done
     finally:
         os.close(fd)
+
+
+def deploy_target(folder: Path, option: str = "--deploy") -> Path:
+    """A folder to be written (`write_folder`), checked before any work: a folder or nothing yet
+    (then its parent must exist: one level is made, never a tree), writable."""
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{option} {folder}: it is a file, not a folder")
+    if not folder.exists() and not folder.parent.is_dir():
+        raise UsageError(f"{option} {folder}: its folder {folder.parent} does not exist")
+    target = folder if folder.exists() else folder.parent
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {folder}: {target} is not writable")
+    return folder
+
+
+def write_folder(folder: Path, fill) -> None:
+    """`fill(staging)` writes the folder's files into a temporary folder beside it; a new folder is
+    then renamed into place whole, an existing one gets each file renamed over its own (a link is
+    written through, and stays), so an interrupted run leaves no half-written file. The folder made
+    has the mode a plain mkdir gives under the user's umask."""
+    staging = Path(tempfile.mkdtemp(prefix=".attnexport-", dir=folder.parent if not folder.exists() else folder))
+    os.chmod(staging, 0o777 & ~umask())  # mkdtemp's 0700: the folder a plain mkdir would make
+    try:
+        fill(staging)
+        if not folder.exists():
+            os.replace(staging, folder)
+            return
+        for path in sorted(p for p in staging.rglob("*") if p.is_file()):
+            target = folder / path.relative_to(staging)
+            if not target.parent.exists():
+                target.parent.mkdir()
+            if target.is_symlink():
+                atomic_write(target, path.read_bytes())  # through the link, which stays
+            else:
+                resolve_target(target)
+                os.replace(path, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def umask() -> int:
+    """The process's umask, read from /proc (setting it to read it would race other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022

@@ -109,7 +109,11 @@ def variables(built) -> dict[str, np.ndarray]:
     for conv in ("conv1", "conv2"):
         linear(f"encoder/{conv}", f"model.encoder.{conv}")
     out["decoder/embeddings/weight"] = state["model.decoder.embed_tokens.weight"]
-    out.update({"decoder/scale_embeddings": np.array(0, np.int8), "decoder/pre_norm": np.array(1, np.int8)})
+    # the flags and sizes CTranslate2's Whisper spec writes (activation 3: its GELU)
+    out.update({"decoder/scale_embeddings": np.array(0, np.int8), "decoder/pre_norm": np.array(1, np.int8),
+                "decoder/activation": np.array(3, np.int8), "decoder/alibi": np.array(0, np.int8),
+                "decoder/alignment_heads": np.array(1, np.int16), "decoder/alignment_layer": np.array(-1, np.int16),
+                "decoder/start_from_zero_embedding": np.array(0, np.int8)})
     return out
 
 
@@ -138,7 +142,7 @@ def write_bin(path: Path, values: dict, spec: str = "WhisperSpec", aliases=(("de
         return struct.pack("<H", len(raw) + 1) + raw + b"\0"
     parts = [struct.pack("<I", 6), text(spec), struct.pack("<I", 3), struct.pack("<I", len(values))]
     for name, v in values.items():
-        v = np.ascontiguousarray(v)
+        v = np.asarray(v, order="C")  # a scalar stays of rank 0
         parts += [text(name), struct.pack("<B", v.ndim), *[struct.pack("<I", d) for d in v.shape],
                   struct.pack("<B", TYPES[v.dtype.name]), struct.pack("<I", v.nbytes), v.tobytes()]
     parts.append(struct.pack("<I", len(aliases)))
@@ -149,7 +153,7 @@ def write_bin(path: Path, values: dict, spec: str = "WhisperSpec", aliases=(("de
 
 def save(folder, multilingual: bool = False, dtype: str = "float32", **sizes) -> None:
     """The CTranslate2 folder: model.bin, config.json (token suppression as CTranslate2's converter
-    writes it), tokenizer.json."""
+    writes it), tokenizer.json, vocabulary.json."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     built = model(multilingual, **sizes)
@@ -158,7 +162,16 @@ def save(folder, multilingual: bool = False, dtype: str = "float32", **sizes) ->
     config = {"suppress_ids": [1, 2, special["<|translate|>"], special["<|transcribe|>"]],
               "suppress_ids_begin": [special["<|endoftext|>"]], "lang_ids": [], "alignment_heads": []}
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (folder / "tokenizer.json").write_text(tokenizer_json(multilingual))
+    tokenizer = tokenizer_json(multilingual)
+    (folder / "tokenizer.json").write_text(tokenizer)
+    # CTranslate2's own vocabulary file (its converter writes one): the tokens by id
+    vocab = json.loads(tokenizer)["model"]["vocab"]
+    words = [""] * built.config.vocab_size
+    for word, i in vocab.items():
+        words[i] = word
+    for i in range(len(vocab), len(words)):  # the timestamp tokens
+        words[i] = f"<|{(i - len(vocab)) * 0.02:.2f}|>"
+    (folder / "vocabulary.json").write_text(json.dumps(words))
 
 
 def main() -> None:

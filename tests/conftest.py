@@ -81,6 +81,42 @@ def tiny_encoder(tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="session")
+def tiny_whisper():
+    """examples/tiny_whisper.py as a module: small random Whispers written as CTranslate2 folders."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("tiny_whisper", ROOT / "examples" / "tiny_whisper.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def whisper_folder(tiny_whisper, tmp_path_factory):
+    """`whisper_folder(**how)`: the CTranslate2 folder of tiny_whisper's model (`how`: its `save`'s
+    keywords), made once per worker and shared."""
+    made: dict = {}
+
+    def folder(**how) -> Path:
+        key = tuple(sorted(how.items()))
+        if key not in made:
+            made[key] = tmp_path_factory.mktemp("whisper")
+            tiny_whisper.save(made[key], **how)
+        return made[key]
+    return folder
+
+
+@pytest.fixture(scope="session")
+def whisper_deployed(whisper_folder, tmp_path_factory):
+    """The English-only tiny Whisper exported to a deployment folder (once per worker), and what the
+    export said (--json)."""
+    import json
+    out = tmp_path_factory.mktemp("deployed") / "whisper"
+    r = cli("export", "--hf", whisper_folder(), "--deploy", out, "--json")
+    assert r.exit_code == 0, r.output
+    return out, json.loads(r.output[r.output.index("{"):])
+
+
 @pytest.fixture(autouse=True)
 def _work_in_a_temporary_folder(tmp_path_factory, monkeypatch):
     """Every test runs in a fresh temporary folder, so a command's default output (`models/`)

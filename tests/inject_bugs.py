@@ -162,18 +162,18 @@ BUGS = [
     ("Whisper's decoder self-attention not causal",
      [(PRE + "whisper.py", "self_attention(layer.self_attn, layer.self_attn_layer_norm(x), True,",
        "self_attention(layer.self_attn, layer.self_attn_layer_norm(x), False,")], False,
-     ["tests/test_pretrained_whisper.py", "-k", "writes_the_folder"]),
+     ["tests/test_pretrained_speech.py", "-k", "writes_the_folder"]),
     ("Whisper's positions not offset by the past",
      [(PRE + "whisper.py", "        positions = d.embed_positions.weight[past_len:past_len + input_ids.shape[1]]",
        "        positions = d.embed_positions.weight[:input_ids.shape[1]]")], False,
-     ["tests/test_pretrained_whisper.py", "-k", "writes_the_folder"]),
+     ["tests/test_pretrained_speech.py", "-k", "writes_the_folder"]),
     ("the log-mel window symmetric, not periodic",
      [(PRE + "audio.py", "np.arange(N_FFT) / N_FFT)", "np.arange(N_FFT) / (N_FFT - 1))")],
-     False, ["tests/test_pretrained_whisper.py", "-k", "log_mel"]),
+     False, ["tests/test_pretrained_audio.py", "-k", "log_mel"]),
     ("the merged decoder's branches swapped",
      [(PRE + "whisper.py", "then_branch=then_branch,\n                            else_branch=else_branch)",
        "then_branch=else_branch,\n                            else_branch=then_branch)")],
-     False, ["tests/test_pretrained_whisper.py", "-k", "writes_the_folder"]),
+     False, ["tests/test_pretrained_speech.py", "-k", "writes_the_folder"]),
 ]
 src = pathlib.Path(__file__).resolve().parent.parent
 py = sys.executable

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,7 @@ from attnexport.compare import QUANTIZED_FACTOR
 from attnexport.errors import ExportError, UsageError, reason
 from attnexport.export import ModuleExport, ModuleExportResult, export_module
 from attnexport.pretrained import accuracy as A
-from attnexport.pretrained import families, forms, fusions
+from attnexport.pretrained import families, forms, fusions, speech
 from attnexport.pretrained import model as hf
 from attnexport.pretrained import precision as P
 from attnexport.pretrained import reference as HR
@@ -112,8 +110,15 @@ def export(request: HFExport) -> Any:
     `to_dict()`)."""
     _check_request(request)
     model, params_source = hf.load(request.source, request.seed)
-    own = families.of_model(model).export(request, model, params_source)
-    return own if own is not None else export_hf(request, (model, params_source))[0]
+    return _EXPORTERS[families.of_model(model).exporter](request, model, params_source)
+
+
+def _step_graph(request: HFExport, model, params_source: str) -> ModuleExportResult:
+    return export_hf(request, (model, params_source))[0]
+
+
+# A family's exporter (`families.Family.exporter`), by name: one step graph, or Whisper's graphs.
+_EXPORTERS = {"step": _step_graph, "speech": speech.export_speech}
 
 
 def _check_request(r: HFExport) -> None:
@@ -126,7 +131,7 @@ def _check_request(r: HFExport) -> None:
         raise UsageError("give -o FILE.onnx or --deploy FOLDER, not both")
     _precision(r)
     if r.deploy is not None:
-        _deploy_target(Path(r.deploy))
+        F.deploy_target(Path(r.deploy))
 
 
 def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExportResult, hf.Layout]:
@@ -136,7 +141,7 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
     r = request
     _check_request(r)
     dtype, plan = _precision(r)
-    deploy = _deploy_target(Path(r.deploy)) if r.deploy is not None else None
+    deploy = F.deploy_target(Path(r.deploy)) if r.deploy is not None else None
     model, params_source = loaded or hf.load(r.source, r.seed)
     layout = hf.layout_of(model, r.form, r.max_seq, r.source)
     form = layout.cache_form
@@ -315,30 +320,15 @@ def _checked_note(checked: list) -> str:
 
 # --- the deployment folder -----------------------------------------------------------------------
 
-def _deploy_target(folder: Path) -> Path:
-    """The deployment folder, checked before any work: a folder or nothing yet (then its parent
-    must exist: one level is made, never a tree)."""
-    if folder.exists() and not folder.is_dir():
-        raise UsageError(f"--deploy {folder}: it is a file, not a folder")
-    if not folder.exists() and not folder.parent.is_dir():
-        raise UsageError(f"--deploy {folder}: its folder {folder.parent} does not exist")
-    target = folder if folder.exists() else folder.parent
-    if not os.access(target, os.W_OK | os.X_OK):
-        raise UsageError(f"--deploy {folder}: {target} is not writable")
-    return folder
-
-
 def write_deployment(folder: Path, result: ModuleExportResult, model, source, tokenizer, layout: hf.Layout) -> Path:
     """Writes the deployment folder: config.json and generation_config.json (the model's), the
     tokenizer's files (the source folder's as they are, or the tokenizer a GGUF file holds, saved),
-    and the model at its form's `deploy_file`. Every file is made in a temporary folder beside it first;
-    a new folder is then renamed into place whole, an existing one gets each file renamed over its
-    own (a link is written through), so an interrupted run leaves no half-written file. Returns
-    the model's path."""
-    assert result.model is not None
-    staging = Path(tempfile.mkdtemp(prefix=".attnexport-", dir=folder.parent if not folder.exists() else folder))
-    os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's 0700: the folder a plain mkdir would make
-    try:
+    and the model at its form's `deploy_file`, as `files.write_folder` writes a folder (nothing
+    half-written). Returns the model's path."""
+    onnx_model = result.model
+    assert onnx_model is not None
+
+    def fill(staging: Path) -> None:
         source_dir = Path(source)
         kept = [f for f in _KEPT if source_dir.is_dir() and (source_dir / f).is_file()]
         for f in kept + layout.family.deploy_files(source):
@@ -356,21 +346,8 @@ def write_deployment(folder: Path, result: ModuleExportResult, model, source, to
             (staging / "generation_config.json").write_text(model.generation_config.to_json_string())
         model_file = staging / layout.cache_form.deploy_file
         model_file.parent.mkdir()
-        onnx.save_model(result.model, str(model_file))
-        if not folder.exists():
-            os.replace(staging, folder)
-        else:
-            for path in sorted(p for p in staging.rglob("*") if p.is_file()):
-                target = folder / path.relative_to(staging)
-                if not target.parent.exists():
-                    target.parent.mkdir()
-                if target.is_symlink():
-                    F.atomic_write(target, path.read_bytes())  # through the link, which stays
-                else:
-                    F.resolve_target(target)
-                    os.replace(path, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        onnx.save_model(onnx_model, str(model_file))
+    F.write_folder(folder, fill)
     return folder / layout.cache_form.deploy_file
 
 
@@ -400,15 +377,3 @@ def portable_tokenizer_config(folder: Path) -> None:
         changed = True
     if changed:
         path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
-
-
-def _umask() -> int:
-    """The process's umask, read from /proc (setting it to read it would race other threads)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except OSError:
-        pass
-    return 0o022
-

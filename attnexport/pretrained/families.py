@@ -48,6 +48,9 @@ class Family:
     # The ort flavour's fusions of an encoder's layers (`fusions.encoder`: the attention with the padding
     # mask, the skip layer norms, the bias GELU) beside those every family's steps get.
     fuses_encoder_layers: ClassVar[bool] = False
+    # How `export --hf` exports it (`attnexport.pretrained.export`'s exporters, by name): one step graph,
+    # or Whisper's graphs (`speech`).
+    exporter: ClassVar[str] = "step"
 
     @property
     def default_form(self) -> str:
@@ -78,11 +81,6 @@ class Family:
     def form(self, name: str) -> FM.CacheForm:
         """The cache form `name` of this family; a UsageError naming its forms otherwise."""
         return FM.form(name, self.forms)
-
-    def export(self, request, model, params_source):
-        """The export of a family whose model is more than one step graph (None: the one step graph
-        every other family's is, `attnexport.pretrained.export.export_hf`)."""
-        return None
 
     def generate(self, run, layout, prompts, new_tokens: int, watch: np.ndarray | None = None, dtype=np.float32):
         """Greedy decoding of `new_tokens` tokens after each prompt with the step graph of `layout`
@@ -198,10 +196,7 @@ class EncoderDecoder(Family):
     clients = ("optimum", "transformers.js")
     client_rows = "transcribing clients"
 
-    def export(self, request, model, params_source):
-        """Its own export: three graphs to a deployment folder."""
-        from attnexport.pretrained import speech
-        return speech.export_speech(request, model, params_source)
+    exporter = "speech"
 
 
 # The families, by the task their exports record.

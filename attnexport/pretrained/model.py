@@ -118,7 +118,7 @@ def _has_weights(folder: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _quiet_transformers():
+def quiet_transformers():
     """transformers' progress bars and warnings kept from the user while a model loads."""
     from transformers.utils import logging as tlog
     bars, verbosity = tlog.is_progress_bar_enabled(), tlog.get_verbosity()
@@ -163,14 +163,14 @@ def load(source: str | Path, seed: int = 0):
     if ctranslate2.is_folder(folder):
         return ctranslate2.load(folder)
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             config = transformers.AutoConfig.from_pretrained(str(source))
     except Exception as e:  # noqa: BLE001 - transformers' reason, in one line
         raise UsageError(f"--hf {source}: no transformers config there ({reason(e)[:200]})") from None
     family = families.of_config(config, source)
     build = getattr(transformers, family.auto_class)
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             if folder.is_dir() and not _has_weights(folder):
                 with torch.random.fork_rng(devices=[]):
                     torch.manual_seed(seed)
@@ -199,7 +199,7 @@ def _load_gguf(path: Path):
                          "'attnexport[real]'") from None
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             config = transformers.AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as e:  # noqa: BLE001 - transformers' reason, in one line
         raise UsageError(f"--hf {path}: transformers cannot read it as a GGUF model ({reason(e)[:200]})") from None
@@ -213,7 +213,7 @@ def _load_gguf(path: Path):
                 break
     family = families.of_config(config, path)
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             model, _ = _build(lambda attn: getattr(transformers, family.auto_class).from_config(
                 config, attn_implementation=attn, dtype=torch.float32), path)
             with contextlib.redirect_stderr(io.StringIO()):  # its own progress bar, outside transformers' switch
@@ -239,7 +239,7 @@ def tokenizer_of(source: str | Path):
     if path.is_dir() and not any((path / f).is_file() for f in _TOKENIZER_FILES):
         return None
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             return transformers.AutoTokenizer.from_pretrained(where, **extra)
     except Exception:  # noqa: BLE001 - no tokenizer there: prompts are drawn as token ids instead
         return None
@@ -340,7 +340,7 @@ def reference_generation(model, layout: Layout, prompts, new_tokens: int) -> Gen
     own = getattr(model, "generation_config", None)
     model.generation_config = GenerationConfig(pad_token_id=layout.pad_token)
     try:
-        with torch.no_grad(), _quiet_transformers():
+        with torch.no_grad(), quiet_transformers():
             out = model.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
                                  generation_config=config)
     finally:

@@ -13,9 +13,7 @@ import contextlib
 import copy
 import functools
 import json
-import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +55,10 @@ class Speech:
     @property
     def layers(self) -> int:
         return self.model.config.decoder_layers
+
+    @property
+    def tokens(self) -> W.Tokens:
+        return W.Tokens(tuple(self.start), self.end, tuple(self.suppress), tuple(self.suppress_first))
 
     @property
     def mels(self) -> int:
@@ -253,8 +255,7 @@ def export_speech(request, model, params_source: str) -> SpeechExport:
                          "static form is not built for speech models yet)")
     if r.precision != "fp32" or r.dtype != "fp32":
         raise UsageError("a Whisper model exports in fp32 (fp16, int8 and int4 are not built for speech models yet)")
-    from attnexport.pretrained.export import _deploy_target
-    deploy = _deploy_target(Path(r.deploy))
+    deploy = F.deploy_target(Path(r.deploy))
     speech = Speech.of(model, r.source)
     checked = Checked(speech)
     examples = _examples(speech, checked)
@@ -282,37 +283,25 @@ def export_speech(request, model, params_source: str) -> SpeechExport:
 
 def write_deployment(folder: Path, graphs: dict, speech: Speech) -> None:
     """config.json, generation_config.json, preprocessor_config.json, the tokenizer and `graphs`
-    ({file stem: ModelProto}) in onnx/, made in a temporary folder and renamed into place (see
-    `export.write_deployment`)."""
+    ({file stem: ModelProto}) in onnx/, as `files.write_folder` writes a folder (nothing half-written)."""
+    import onnx
     from transformers import WhisperFeatureExtractor
 
-    from attnexport.pretrained.export import _umask
     model = speech.model
-    staging = Path(tempfile.mkdtemp(prefix=".attnexport-", dir=folder.parent if not folder.exists() else folder))
-    os.chmod(staging, 0o777 & ~_umask())
-    try:
+
+    def fill(staging: Path) -> None:
         shutil.copyfile(speech.source / "tokenizer.json", staging / "tokenizer.json")
         (staging / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(speech), indent=2) + "\n")
         config = model.config.to_dict()
         config["use_cache"] = True
         (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        generation = model.generation_config.to_dict()
-        (staging / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
+        (staging / "generation_config.json").write_text(json.dumps(model.generation_config.to_dict(), indent=2,
+                                                                   sort_keys=True) + "\n")
         WhisperFeatureExtractor(feature_size=speech.mels).to_json_file(str(staging / "preprocessor_config.json"))
         (staging / GRAPH_DIR).mkdir()
-        import onnx
         for g, model_proto in graphs.items():
             onnx.save_model(model_proto, str(staging / GRAPH_DIR / f"{g}.onnx"))
-        if not folder.exists():
-            os.replace(staging, folder)
-        else:
-            for path in sorted(p for p in staging.rglob("*") if p.is_file()):
-                target = folder / path.relative_to(staging)
-                target.parent.mkdir(exist_ok=True)
-                F.resolve_target(target)
-                os.replace(path, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    F.write_folder(folder, fill)
 
 
 def tokenizer_config(speech: Speech) -> dict:

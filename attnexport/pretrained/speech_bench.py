@@ -143,7 +143,7 @@ def bench_speech(request: SpeechBenchRequest, said=lambda text: None) -> tuple[l
                 continue
             e50, e10, e90 = stats_of(enc)
             t50, t10, t90 = stats_of(whole)
-            agree, wer = _agreement(got, want, speech)
+            agree, wer = agreement(got, want, speech)
             rows.append(SpeechBenchRow(engine.engine, engine.flavor, engine.precision, e50, e10, e90, t50, t10, t90,
                                        (t50 - e50) / (len(got) + 1), len(got), t50 / (seconds * 1e3), r.threads,
                                        got == want, agree, wer))
@@ -156,7 +156,7 @@ def _text(speech: S.Speech, tokens: list[int]) -> str:
     return Tokenizer.from_file(str(speech.source / "tokenizer.json")).decode(tokens)
 
 
-def _agreement(got: list[int], want: list[int], speech: S.Speech) -> tuple[float, float]:
+def agreement(got: list[int], want: list[int], speech: S.Speech) -> tuple[float, float]:
     """(the share of `want`'s tokens `got` has at their places, the word error rate of `got`'s words
     against `want`'s: edits over `want`'s words)."""
     same = sum(a == b for a, b in zip(got, want, strict=False)) / max(len(want), 1)
@@ -203,8 +203,7 @@ def _attnexport(folder: Path, flavor: str, speech: S.Speech, new_tokens: int, th
     first, later = W.merged_steps(runner(decoder), speech.model.config)
 
     def transcribe(features):
-        return W.transcribe(run_encoder, first, later, features, speech.start, speech.end, speech.layers, new_tokens,
-                            speech.suppress, speech.suppress_first)[0]
+        return W.transcribe(run_encoder, first, later, features, speech.tokens, speech.layers, new_tokens)[0]
     return _Engine("attnexport", flavor, "fp32", lambda f: run_encoder({"input_features": f}), transcribe)
 
 
@@ -262,7 +261,11 @@ def _ctranslate2(source: Path, speech: S.Speech, new_tokens: int, threads: int, 
         return []
     engines = []
     for precision, compute in (("fp32", "float32"), ("int8", "int8")):
-        model = ctranslate2.models.Whisper(str(source), device="cpu", compute_type=compute, intra_threads=threads)
+        try:
+            model = ctranslate2.models.Whisper(str(source), device="cpu", compute_type=compute, intra_threads=threads)
+        except Exception as e:  # noqa: BLE001 - CTranslate2's own refusal of the folder, said in one line
+            info["skipped"][f"ctranslate2 {precision}"] = f"CTranslate2 cannot load the folder: {reason(e)[:200]}"
+            continue
 
         def encode(features, model=model):
             return model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(features)))

@@ -122,7 +122,7 @@ def reference_transcripts(speech: S.Speech, features: np.ndarray, new_tokens: in
     config's suppression), from the start tokens: each clip's tokens, without the end token."""
     model = speech.model
     language = {"language": "en", "task": "transcribe"} if CT.multilingual(model.config.vocab_size) else {}
-    with torch.no_grad(), hf._quiet_transformers():
+    with torch.no_grad(), hf.quiet_transformers():
         out = model.generate(torch.from_numpy(features), max_new_tokens=new_tokens, do_sample=False, num_beams=1,
                              **language)
     for row in out.tolist():  # its answers begin with the start tokens (the first of them left out, or not)
@@ -204,8 +204,7 @@ def _transcript_row(ctx: _Context, runtime: str, features, want, new_tokens: int
     s = ctx.speech
 
     def transcribe():
-        return W.transcribe(*ctx.steps(runtime), features, s.start, s.end, s.layers, new_tokens, s.suppress,
-                            s.suppress_first)
+        return W.transcribe(*ctx.steps(runtime), features, s.tokens, s.layers, new_tokens)
     ctx.executor.run(row, transcribe, functools.partial(_judge_tokens, row, want, runtime))
 
 

@@ -18,6 +18,8 @@ The log-mel features stay in the client (`attnexport.pretrained.audio`), as in W
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -183,20 +185,32 @@ def modules(model) -> dict[str, torch.nn.Module]:
 
 # --- transcription ---------------------------------------------------------------------------------
 
-def transcribe(run_encoder, run_decoder, run_with_past, features: np.ndarray, start: list[int], end: int,
-               layers: int, max_tokens: int, suppress=(), suppress_first=()) -> list[list[int]]:
+@dataclass(frozen=True)
+class Tokens:
+    """What a transcription loop needs of the tokenizer and the generation config: the start tokens,
+    the end token, the tokens never picked and those not picked first."""
+
+    start: tuple[int, ...]
+    end: int
+    suppress: tuple[int, ...] = ()
+    suppress_first: tuple[int, ...] = ()
+
+
+def transcribe(run_encoder, run_first, run_later, features: np.ndarray, tokens: Tokens, layers: int,
+               max_tokens: int) -> list[list[int]]:
     """Greedy transcription of a batch of features (B, mels, 3000), the loop a client writes: the
     encoder once, the first decoder step over the start tokens (its cross cache kept), then a token
-    a step with the self cache fed back, until every sequence has said `end` or `max_tokens`;
-    `suppress` tokens are never picked, `suppress_first` not as the first token (Whisper's
-    generation config). Each `run_*(feed) -> {output: array}` runs one graph on any runtime.
-    Returns each sequence's tokens after the start tokens, without the end token."""
+    a step with the self cache fed back, until every sequence has said the end token or
+    `max_tokens`; `tokens.suppress` are never picked, `tokens.suppress_first` not as the first token
+    (Whisper's generation config). Each `run_*(feed) -> {output: array}` runs one graph on any
+    runtime. Returns each sequence's tokens after the start tokens, without the end token."""
+    start, end, suppress, suppress_first = list(tokens.start), tokens.end, tokens.suppress, tokens.suppress_first
     batch = features.shape[0]
     states = run_encoder({"input_features": features})["last_hidden_state"]
     ids = np.tile(np.asarray(start, np.int64), (batch, 1))
-    out = run_decoder({"input_ids": ids, "encoder_hidden_states": states})
+    out = run_first({"input_ids": ids, "encoder_hidden_states": states})
     crosses = {n.replace("present", "past_key_values"): out[n] for n in cross_names(layers, "present")}
-    tokens: list[list[int]] = [[] for _ in range(batch)]
+    said: list[list[int]] = [[] for _ in range(batch)]
     done = np.zeros(batch, bool)
     for step in range(max_tokens):
         logits = np.array(out["logits"][:, -1], np.float64)
@@ -206,14 +220,14 @@ def transcribe(run_encoder, run_decoder, run_with_past, features: np.ndarray, st
         token = np.where(done, end, logits.argmax(-1))
         for b in range(batch):
             if not done[b] and token[b] != end:
-                tokens[b].append(int(token[b]))
+                said[b].append(int(token[b]))
         done |= token == end
         if done.all():
             break
         caches = {**crosses, **{n.replace("present", "past_key_values"): out[n] for n in self_names(layers, "present")}}
-        out = run_with_past({"input_ids": token[:, None].astype(np.int64),
-                             **{n: caches[n] for n in both_names(layers, "past_key_values")}})
-    return tokens
+        out = run_later({"input_ids": token[:, None].astype(np.int64),
+                         **{n: caches[n] for n in both_names(layers, "past_key_values")}})
+    return said
 
 
 # --- the merged decoder ----------------------------------------------------------------------------

@@ -1,0 +1,55 @@
+"""`bench --hf WHISPER` on a small random model written as a CTranslate2 folder: every engine here
+timed on the clip (encoder, a token, the whole transcription as a real-time factor), each with its
+transcript against transformers' fp32 one; engines that are not installed said, not hidden.
+
+The [hf] extra (transformers)."""
+
+import json
+import math
+
+import pytest
+
+pytest.importorskip("transformers", reason="the [hf] extra: pip install -e '.[dev,hf]'")
+
+from conftest import cli  # noqa: E402
+from test_pretrained_audio import wav  # noqa: E402
+
+from attnexport.pretrained import speech as S  # noqa: E402
+from attnexport.pretrained import speech_bench as SB  # noqa: E402
+
+
+def test_bench_times_each_engine_beside_its_transcript(whisper_folder, tmp_path):
+    clip = wav(tmp_path / "clip.wav", S.check_audio(2.0, seed=5))
+    r = cli("bench", "--hf", whisper_folder(), "--audio", clip, "--flavor", "attention", "--iters", "2", "--warmup",
+            "1", "--threads", "1", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output[r.output.index('{"rows"'):])  # after what Optimum's exporter logs
+    rows = {(row["engine"], row["precision"]): row for row in doc["rows"]}
+    assert {("transformers", "fp32"), ("attnexport", "fp32")} <= set(rows)
+    ours = rows[("attnexport", "fp32")]
+    assert ours["equal"] and ours["agreement"] == 1.0 and ours["word_error_rate"] == 0.0
+    for row in rows.values():
+        assert row["encoder_p10_ms"] <= row["encoder_ms"] <= row["encoder_p90_ms"]
+        assert row["transcription_ms"] > row["encoder_ms"] > 0 and math.isfinite(row["token_ms"])
+        assert row["real_time_factor"] == pytest.approx(row["transcription_ms"] / 2000.0)
+    assert ours["ratio_to_transformers"] == pytest.approx(rows[("transformers", "fp32")]["transcription_ms"]
+                                                          / ours["transcription_ms"])
+    for engine in ("optimum", "ctranslate2"):  # timed where installed, else said why
+        assert any(k[0] == engine for k in rows) or any(engine in k for k in doc["info"]["skipped"])
+
+
+def test_a_transcript_s_agreement_and_word_error_rate(whisper_folder):
+    from attnexport.pretrained import ctranslate2 as CT
+    model, _ = CT.load(whisper_folder())
+    speech = S.Speech.of(model, whisper_folder())
+    words = speech.text_tokens(" Ever tried, ever failed.")
+    assert SB.agreement(words, words, speech) == (1.0, 0.0)
+    changed = words[:-1] + [words[0]]
+    agree, wer = SB.agreement(changed, words, speech)
+    assert agree == pytest.approx((len(words) - 1) / len(words)) and wer == pytest.approx(1 / len(words))
+
+
+def test_bench_refuses_what_a_speech_model_does_not_take(whisper_folder):
+    r = cli("bench", "--hf", whisper_folder(), "--decode")
+    assert r.exit_code == 2 and "with a Whisper model takes --audio" in r.output
+    assert SB.is_speech(whisper_folder()) and not SB.is_speech(whisper_folder().parent)
