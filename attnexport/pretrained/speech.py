@@ -90,9 +90,9 @@ class Checked:
     """The three graphs of a model in torch twice, as exported (fp32) and in float64, and the feeds
     their checks run: each graph's feed computed by the fp32 graph before it. The float64 reference
     of the encoder's states and of the decoder's logits is transformers' own forward (its encoder;
-    the whole model over every token so far, teacher-forced), not the graphs' modules: a mistake in
-    how the graphs are written (a mask, a scale, a position) cannot be in both; the caches' keys and
-    values, which transformers keeps inside its cache object, are the modules' in float64."""
+    the whole model over every token so far, teacher-forced), and their budget its own fp32 error:
+    a mistake in how the graphs are written (a mask, a scale, a position) is in neither. The caches'
+    keys and values, which transformers keeps inside its cache object, are the modules' in float64."""
 
     def __init__(self, speech: Speech):
         self.speech = speech
@@ -120,20 +120,33 @@ class Checked:
         out = self._torch(self.fp32[graph], feed, torch.float32, contextlib.nullcontext())
         return {n: t.numpy() for n, t in zip(W.outputs(graph, self.speech.layers), out, strict=True)}
 
-    def run64(self, graph: str, feed: dict) -> dict:
-        """The graph's outputs in float64: its encoder states or logits transformers' own (see the class)."""
-        out = self._torch(self.fp64[graph], feed, torch.float64, HR.float64_everywhere())
-        found = {n: t.double().numpy() for n, t in zip(W.outputs(graph, self.speech.layers), out, strict=True)}
-        with torch.no_grad(), HR.float64_everywhere():
+    def transformers(self, graph: str, feed: dict, dtype) -> dict:
+        """The graph's encoder states or logits as transformers' own forward computes them (its
+        encoder; the whole model teacher-forced over every token so far), in `dtype`."""
+        model = self.model64 if dtype == torch.float64 else self.speech.model
+        mode = HR.float64_everywhere() if dtype == torch.float64 else contextlib.nullcontext()
+        with torch.no_grad(), mode:
             if graph == W.ENCODER:
-                states = self.model64.model.encoder(input_features=torch.from_numpy(feed["input_features"]).double())
-                found["last_hidden_state"] = states.last_hidden_state.numpy()
-            else:
-                ids, states = self.history(graph, feed)
-                logits = self.model64(encoder_outputs=(torch.from_numpy(states).double(),),
-                                      decoder_input_ids=torch.from_numpy(ids), use_cache=False).logits
-                found["logits"] = logits[:, -feed["input_ids"].shape[1]:].numpy()
-        return found
+                features = torch.from_numpy(feed["input_features"]).to(dtype)
+                return {"last_hidden_state": model.model.encoder(input_features=features).last_hidden_state.numpy()}
+            ids, states = self.history(graph, feed)
+            logits = model(encoder_outputs=(torch.from_numpy(states).to(dtype),),
+                           decoder_input_ids=torch.from_numpy(ids), use_cache=False).logits
+            return {"logits": logits[:, -feed["input_ids"].shape[1]:].numpy()}
+
+    def expected(self, graph: str, feed: dict) -> tuple[dict, dict]:
+        """(each output of the graph in float64, its budget). The encoder's states and the logits:
+        transformers' own forward in float64, within 4x the error of its own forward in fp32; the
+        caches' keys and values: the graph's modules in float64, within 4x their fp32 error. Never a
+        budget from the graphs' modules against transformers: a mistake in the modules would widen
+        the budget that is to catch it."""
+        ours32 = self.run(graph, feed)
+        out = self._torch(self.fp64[graph], feed, torch.float64, HR.float64_everywhere())
+        ours64 = {n: t.double().numpy() for n, t in zip(W.outputs(graph, self.speech.layers), out, strict=True)}
+        t64, t32 = self.transformers(graph, feed, torch.float64), self.transformers(graph, feed, torch.float32)
+        tolerances = {n: HR.budget(ours32[n], ours64[n]) for n in ours64}
+        tolerances.update({n: HR.budget(t32[n], t64[n]) for n in t64})
+        return {**ours64, **t64}, tolerances
 
     def history(self, graph: str, feed: dict) -> tuple[np.ndarray, np.ndarray]:
         """(every token up to the step's last, the encoder states) of a decoder step's feed: a first
@@ -158,12 +171,12 @@ class Checked:
 
     def comparisons(self, graph: str, got: dict) -> list:
         """`got`, the outputs of `graph` on its check feed, against float64: each declared output
-        within its budget (derived from torch's fp32 error on it)."""
+        within its budget (`expected`)."""
         feed, names = self.feeds[graph], W.outputs(graph, self.speech.layers)
-        want, low = self.run64(graph, feed), self.run(graph, feed)
+        want, tolerances = self.expected(graph, feed)
         out = []
         for n in names:
-            tol = HR.budget(low[n], want[n])
+            tol = tolerances[n]
             if n not in got:
                 out.append(failed(n, "output missing", tol))
             elif np.shape(got[n]) != want[n].shape:

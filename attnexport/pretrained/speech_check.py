@@ -23,7 +23,6 @@ from attnexport.pretrained import audio as AU
 from attnexport.pretrained import clients, families
 from attnexport.pretrained import ctranslate2 as CT
 from attnexport.pretrained import model as hf
-from attnexport.pretrained import reference as HR
 from attnexport.pretrained import speech as S
 from attnexport.pretrained import whisper as W
 from attnexport.reading import load_model
@@ -154,8 +153,8 @@ def _decode_row(ctx: _Context, runtime: str) -> None:
     ids = np.concatenate([feed["input_ids"], ctx.checked.feeds[W.DECODER_WITH_PAST]["input_ids"]], axis=1)
     first = len(ctx.speech.start)
     whole = {"input_ids": ids, "encoder_hidden_states": feed["encoder_hidden_states"]}
-    want = ctx.checked.run64(W.DECODER, whole)["logits"]
-    tol = HR.budget(ctx.checked.run(W.DECODER, whole)["logits"], want)
+    expected, tolerances = ctx.checked.expected(W.DECODER, whole)
+    want, tol = expected["logits"], tolerances["logits"]
     row = ctx.row(f"decode: {first} start tokens, then {ids.shape[1] - first} one at a time", runtime,
                   "transformers' decoder in float64 over the whole sequence", tol)
     if not ctx.able(row):
