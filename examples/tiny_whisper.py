@@ -73,43 +73,11 @@ def model(multilingual: bool = False, layers: int = 2, width: int = 64, heads: i
 
 
 def variables(built) -> dict[str, np.ndarray]:
-    """CTranslate2's WhisperSpec variables of a transformers Whisper (the inverse of
-    attnexport.pretrained.ctranslate2.whisper_state)."""
+    """CTranslate2's WhisperSpec variables of a transformers Whisper (`ctranslate2.whisper_variables`),
+    with the flags and sizes CTranslate2's converter writes beside them (activation 3: its GELU)."""
+    from attnexport.pretrained import ctranslate2
     state = {k: v.detach().float().numpy() for k, v in built.state_dict().items()}
-    config, out = built.config, {}
-
-    def norm(dst, src):
-        out[dst + "/gamma"], out[dst + "/beta"] = state[src + ".weight"], state[src + ".bias"]
-
-    def linear(dst, src):
-        out[dst + "/weight"], out[dst + "/bias"] = state[src + ".weight"], state[src + ".bias"]
-
-    def stacked(dst, src, names):
-        out[dst + "/weight"] = np.concatenate([state[f"{src}.{n}_proj.weight"] for n in names])
-        out[dst + "/bias"] = np.concatenate([state.get(f"{src}.{n}_proj.bias", np.zeros(config.d_model, np.float32))
-                                             for n in names])
-
-    for side, count in (("encoder", config.encoder_layers), ("decoder", config.decoder_layers)):
-        norm(f"{side}/layer_norm", f"model.{side}.layer_norm")
-        out[f"{side}/position_encodings/encodings"] = state[f"model.{side}.embed_positions.weight"]
-        out[f"{side}/num_heads"] = np.array(config.encoder_attention_heads, np.int16)
-        for i in range(count):
-            dst, src = f"{side}/layer_{i}", f"model.{side}.layers.{i}"
-            norm(f"{dst}/self_attention/layer_norm", f"{src}.self_attn_layer_norm")
-            stacked(f"{dst}/self_attention/linear_0", f"{src}.self_attn", ("q", "k", "v"))
-            linear(f"{dst}/self_attention/linear_1", f"{src}.self_attn.out_proj")
-            if side == "decoder":
-                norm(f"{dst}/attention/layer_norm", f"{src}.encoder_attn_layer_norm")
-                linear(f"{dst}/attention/linear_0", f"{src}.encoder_attn.q_proj")
-                stacked(f"{dst}/attention/linear_1", f"{src}.encoder_attn", ("k", "v"))
-                linear(f"{dst}/attention/linear_2", f"{src}.encoder_attn.out_proj")
-            norm(f"{dst}/ffn/layer_norm", f"{src}.final_layer_norm")
-            linear(f"{dst}/ffn/linear_0", f"{src}.fc1")
-            linear(f"{dst}/ffn/linear_1", f"{src}.fc2")
-    for conv in ("conv1", "conv2"):
-        linear(f"encoder/{conv}", f"model.encoder.{conv}")
-    out["decoder/embeddings/weight"] = state["model.decoder.embed_tokens.weight"]
-    # the flags and sizes CTranslate2's Whisper spec writes (activation 3: its GELU)
+    out = ctranslate2.whisper_variables(state, built.config)
     out.update({"decoder/scale_embeddings": np.array(0, np.int8), "decoder/pre_norm": np.array(1, np.int8),
                 "decoder/activation": np.array(3, np.int8), "decoder/alibi": np.array(0, np.int8),
                 "decoder/alignment_heads": np.array(1, np.int16), "decoder/alignment_layer": np.array(-1, np.int16),

@@ -37,73 +37,61 @@ set_hypothesis_home_dir(_HYPOTHESIS_HOME)
 atexit.register(shutil.rmtree, _HYPOTHESIS_HOME, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def tiny_lms():
-    """examples/tiny_lms.py as a module: the small random language models the [hf] tests save."""
+def _example(name: str):
+    """examples/`name`.py as a module."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("tiny_lms", ROOT / "examples" / "tiny_lms.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def tiny_lms():
+    """examples/tiny_lms.py as a module: the small random language models the [hf] tests save."""
+    return _example("tiny_lms")
+
+
+def _once_per_worker(tmp_path_factory, name: str, save):
+    """`folder(*args, **how)`: the folder `save(folder, *args, **how)` writes, made once per worker for
+    each set of arguments and shared by every test that asks for it."""
+    made: dict = {}
+
+    def folder(*args, **how) -> Path:
+        key = (args, tuple(sorted(how.items())))
+        if key not in made:
+            made[key] = tmp_path_factory.mktemp(str(args[0]) if args else name)  # an architecture names it
+            save(made[key], *args, **how)
+        return made[key]
+    return folder
 
 
 @pytest.fixture(scope="session")
 def tiny_lm(tiny_lms, tmp_path_factory):
     """`tiny_lm(arch, **sizes)`: the folder of tiny_lms' small `arch` model of those sizes, saved once
     per worker and shared by every test that reads it (a test that changes a model copies it first)."""
-    made: dict = {}
-
-    def folder(arch: str, **sizes) -> Path:
-        key = (arch, tuple(sorted(sizes.items())))
-        if key not in made:
-            made[key] = tmp_path_factory.mktemp(arch)
-            tiny_lms.save(arch, made[key], **sizes)
-        return made[key]
-    return folder
+    return _once_per_worker(tmp_path_factory, "lm", lambda out, arch, **sizes: tiny_lms.save(arch, out, **sizes))
 
 
 @pytest.fixture(scope="session")
 def tiny_encoder(tmp_path_factory):
     """`tiny_encoder(arch, **how)`: examples/tiny_encoders.py's small random sentence encoder (a
     config, a tokenizer and its sentence-transformers modules), saved once per worker and shared."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("tiny_encoders", ROOT / "examples" / "tiny_encoders.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    made: dict = {}
-
-    def folder(arch: str, **how) -> Path:
-        key = (arch, tuple(sorted(how.items())))
-        if key not in made:
-            made[key] = tmp_path_factory.mktemp(arch)
-            module.save(arch, made[key], **how)
-        return made[key]
-    return folder
+    module = _example("tiny_encoders")
+    return _once_per_worker(tmp_path_factory, "encoder", lambda out, arch, **how: module.save(arch, out, **how))
 
 
 @pytest.fixture(scope="session")
 def tiny_whisper():
     """examples/tiny_whisper.py as a module: small random Whispers written as CTranslate2 folders."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("tiny_whisper", ROOT / "examples" / "tiny_whisper.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _example("tiny_whisper")
 
 
 @pytest.fixture(scope="session")
 def whisper_folder(tiny_whisper, tmp_path_factory):
     """`whisper_folder(**how)`: the CTranslate2 folder of tiny_whisper's model (`how`: its `save`'s
     keywords), made once per worker and shared."""
-    made: dict = {}
-
-    def folder(**how) -> Path:
-        key = tuple(sorted(how.items()))
-        if key not in made:
-            made[key] = tmp_path_factory.mktemp("whisper")
-            tiny_whisper.save(made[key], **how)
-        return made[key]
-    return folder
+    return _once_per_worker(tmp_path_factory, "whisper", tiny_whisper.save)
 
 
 @pytest.fixture(scope="session")

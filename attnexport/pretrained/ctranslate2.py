@@ -216,44 +216,72 @@ def whisper_config(found: Bin, tokens: dict[str, int], config_class):
         tie_word_embeddings=True, begin_suppress_tokens=None, suppress_tokens=None)
 
 
-def whisper_state(found: Bin, config) -> dict[str, np.ndarray]:
-    """transformers' state dict (float32) from the CTranslate2 variables: a self-attention's
-    linear_0 is q, k and v stacked (k without a bias), a cross-attention's linear_0 q and linear_1 k
-    and v stacked, the last linear the output projection; a feed-forward's linear_0 and linear_1
-    fc1 and fc2; gamma and beta a layer norm's weight and bias."""
-    m, width = found.matrix, config.d_model
-    state: dict[str, np.ndarray] = {}
-
-    def norm(dst: str, src: str) -> None:
-        state[dst + ".weight"], state[dst + ".bias"] = m(src + "/gamma"), m(src + "/beta")
-
-    def linear(dst: str, src: str, rows: slice = slice(None), bias: bool = True) -> None:
-        state[dst + ".weight"] = m(src + "/weight")[rows]
-        if bias:
-            state[dst + ".bias"] = m(src + "/bias")[rows]
-
-    def stacked(dst: str, src: str, names: tuple[str, ...]) -> None:
-        for i, name in enumerate(names):
-            linear(f"{dst}.{name}_proj", src, slice(i * width, (i + 1) * width), bias=name != "k")
-
+def whisper_parts(config) -> list[tuple[str, str, str, tuple[str, ...]]]:
+    """How CTranslate2's Whisper variables and transformers' parameters correspond: (kind, the
+    CTranslate2 name, transformers' name, the projections stacked) each, where kind is `norm` (gamma
+    and beta: a layer norm's weight and bias), `linear` (weight and bias), `stacked` (the rows of
+    one CTranslate2 linear are several projections': a self-attention's linear_0 q, k and v, a
+    cross-attention's linear_1 k and v; k has no bias) or `table` (a matrix as it is: the position
+    encodings, the embeddings). The last linear of an attention is its output projection; a
+    feed-forward's linear_0 and linear_1 are fc1 and fc2."""
+    parts: list[tuple[str, str, str, tuple[str, ...]]] = []
     for side, count in (("encoder", config.encoder_layers), ("decoder", config.decoder_layers)):
         base = f"model.{side}"
-        norm(f"{base}.layer_norm", f"{side}/layer_norm")
-        state[f"{base}.embed_positions.weight"] = m(f"{side}/position_encodings/encodings")
+        parts += [("norm", f"{side}/layer_norm", f"{base}.layer_norm", ()),
+                  ("table", f"{side}/position_encodings/encodings", f"{base}.embed_positions.weight", ())]
         for i in range(count):
             src, dst = f"{side}/layer_{i}", f"{base}.layers.{i}"
-            norm(f"{dst}.self_attn_layer_norm", f"{src}/self_attention/layer_norm")
-            stacked(f"{dst}.self_attn", f"{src}/self_attention/linear_0", ("q", "k", "v"))
-            linear(f"{dst}.self_attn.out_proj", f"{src}/self_attention/linear_1")
+            parts += [("norm", f"{src}/self_attention/layer_norm", f"{dst}.self_attn_layer_norm", ()),
+                      ("stacked", f"{src}/self_attention/linear_0", f"{dst}.self_attn", ("q", "k", "v")),
+                      ("linear", f"{src}/self_attention/linear_1", f"{dst}.self_attn.out_proj", ())]
             if side == "decoder":
-                norm(f"{dst}.encoder_attn_layer_norm", f"{src}/attention/layer_norm")
-                linear(f"{dst}.encoder_attn.q_proj", f"{src}/attention/linear_0")
-                stacked(f"{dst}.encoder_attn", f"{src}/attention/linear_1", ("k", "v"))
-                linear(f"{dst}.encoder_attn.out_proj", f"{src}/attention/linear_2")
-            norm(f"{dst}.final_layer_norm", f"{src}/ffn/layer_norm")
-            linear(f"{dst}.fc1", f"{src}/ffn/linear_0")
-            linear(f"{dst}.fc2", f"{src}/ffn/linear_1")
-    for conv in ("conv1", "conv2"):
-        linear(f"model.encoder.{conv}", f"encoder/{conv}")
-    state["model.decoder.embed_tokens.weight"] = m("decoder/embeddings/weight")
+                parts += [("norm", f"{src}/attention/layer_norm", f"{dst}.encoder_attn_layer_norm", ()),
+                          ("linear", f"{src}/attention/linear_0", f"{dst}.encoder_attn.q_proj", ()),
+                          ("stacked", f"{src}/attention/linear_1", f"{dst}.encoder_attn", ("k", "v")),
+                          ("linear", f"{src}/attention/linear_2", f"{dst}.encoder_attn.out_proj", ())]
+            parts += [("norm", f"{src}/ffn/layer_norm", f"{dst}.final_layer_norm", ()),
+                      ("linear", f"{src}/ffn/linear_0", f"{dst}.fc1", ()),
+                      ("linear", f"{src}/ffn/linear_1", f"{dst}.fc2", ())]
+    parts += [("linear", f"encoder/{conv}", f"model.encoder.{conv}", ()) for conv in ("conv1", "conv2")]
+    parts.append(("table", "decoder/embeddings/weight", "model.decoder.embed_tokens.weight", ()))
+    return parts
+
+
+def whisper_state(found: Bin, config) -> dict[str, np.ndarray]:
+    """transformers' state dict (float32) from the CTranslate2 variables (`whisper_parts`)."""
+    m, width = found.matrix, config.d_model
+    state: dict[str, np.ndarray] = {}
+    for kind, src, dst, stacked in whisper_parts(config):
+        if kind == "norm":
+            state[dst + ".weight"], state[dst + ".bias"] = m(src + "/gamma"), m(src + "/beta")
+        elif kind == "table":
+            state[dst] = m(src)
+        elif kind == "linear":
+            state[dst + ".weight"], state[dst + ".bias"] = m(src + "/weight"), m(src + "/bias")
+        else:
+            for i, name in enumerate(stacked):
+                rows = slice(i * width, (i + 1) * width)
+                state[f"{dst}.{name}_proj.weight"] = m(src + "/weight")[rows]
+                if name != "k":
+                    state[f"{dst}.{name}_proj.bias"] = m(src + "/bias")[rows]
     return state
+
+
+def whisper_variables(state: dict[str, np.ndarray], config) -> dict[str, np.ndarray]:
+    """CTranslate2's variables (float32) of a transformers Whisper's state dict: `whisper_state`'s
+    inverse (a stacked k's bias zeros), with the heads' counts."""
+    out: dict[str, np.ndarray] = {}
+    for kind, src, dst, stacked in whisper_parts(config):
+        if kind == "norm":
+            out[src + "/gamma"], out[src + "/beta"] = state[dst + ".weight"], state[dst + ".bias"]
+        elif kind == "table":
+            out[src] = state[dst]
+        elif kind == "linear":
+            out[src + "/weight"], out[src + "/bias"] = state[dst + ".weight"], state[dst + ".bias"]
+        else:
+            out[src + "/weight"] = np.concatenate([state[f"{dst}.{n}_proj.weight"] for n in stacked])
+            out[src + "/bias"] = np.concatenate([state.get(f"{dst}.{n}_proj.bias", np.zeros(config.d_model, np.float32))
+                                                 for n in stacked])
+    out["encoder/num_heads"] = np.array(config.encoder_attention_heads, np.int16)
+    out["decoder/num_heads"] = np.array(config.decoder_attention_heads, np.int16)
+    return out
