@@ -292,7 +292,7 @@ _LONG_FILES = ("test_verify.py", "test_modules.py", "test_export.py", "test_sdpa
 # is named by the start of its tests' ids. (pytest-xdist's own `xdist_group` mark does not reach pytest
 # 9.2: it renames a test through an attribute 9.2 no longer reads, so its groups are split.)
 ONE_WORKER = {"browser": ("test_real_models.py::test_the_forms_users_ship_to_browsers",
-                          "test_real_models.py::test_int4_in_the_browser", "test_real_whisper.py::"),
+                          "test_real_models.py::test_int4_in_the_browser"),
               "js": ("test_js_runtimes.py::",)}
 
 

@@ -60,14 +60,3 @@ def test_what_a_speech_export_does_not_make_is_refused_before_anything_is_writte
     r = cli("export", "--hf", whisper_folder(), *[a.format(out=out) for a in args])
     assert r.exit_code == 2 and text in r.output and len(r.output.strip().splitlines()) == 1, r.output
     assert not out.exists() and list(tmp_path.iterdir()) == []
-
-
-def test_an_existing_folder_keeps_its_links_and_gets_the_files(whisper_folder, tmp_path):
-    out = tmp_path / "deploy"
-    out.mkdir()
-    (tmp_path / "elsewhere.json").write_text("{}")
-    (out / "config.json").symlink_to(tmp_path / "elsewhere.json")
-    assert cli("export", "--hf", whisper_folder(), "--deploy", out).exit_code == 0
-    assert (out / "config.json").is_symlink()  # written through the link, which stays
-    assert json.loads((tmp_path / "elsewhere.json").read_text())["architectures"] == ["WhisperForConditionalGeneration"]
-    assert (out / "onnx" / "encoder_model.onnx").is_file()
