@@ -178,7 +178,7 @@ def verify(models=(), *, progress: Callable | None = None, **passed):
     if a.audio and a.hf_path is None:
         raise UsageError("--audio gives a Whisper folder's clips: it goes with --hf")
     if a.budget is not None and a.hf_path is None:
-        raise UsageError("--budget is the accuracy budget of a quantized or fp16 language model: it goes with --hf")
+        raise UsageError("--budget is the accuracy budget of a quantized or fp16 model: it goes with --hf")
     if a.hf_path is not None:
         Budget, HFCheck, verify_hf = pretrained.accuracy.Budget, pretrained.check.HFCheck, pretrained.check.verify_hf
         if len(models) != 1 or a.module_spec is not None:
@@ -187,6 +187,8 @@ def verify(models=(), *, progress: Callable | None = None, **passed):
         if given(options) or a.variants or a.flavors or a.cases or a.input_specs or a.cache_specs or a.write_pos:
             raise UsageError("--hf takes no --variant, --flavor, --case, --input, --cache, --write-pos or variant "
                              "options: the model says what it is")
+        if pretrained.speech_check.is_deployment(models[0]):
+            Budget = pretrained.speech_cost.SpeechBudget
         return verify_hf(HFCheck(models[0], a.hf_path, **O.pick(
             a, HFCheck, clients=tuple(clients.parse(a.clients_text)), budget=Budget().with_overrides(a.budget))))
     if a.module_spec is not None:
@@ -251,14 +253,15 @@ def bench(variant=None, module_spec=None, hf_path=None, *, progress: Callable | 
         raise UsageError("--audio goes with --hf and a Whisper model")
     if a.hf_path is not None and pretrained.speech_bench.is_speech(a.hf_path):
         if given(options) or a.input_specs or a.batch or a.seq or a.kv_seq or a.cuda_graph or a.plot or a.decode or \
-                a.dtype != "fp32" or a.genai_python or a.genai_precisions_text or a.precisions_text or contexts or \
+                a.dtype != "fp32" or a.genai_python or a.genai_precisions_text or contexts or \
                 (a.runtimes and a.runtimes != ["ort-cpu"]):
-            raise UsageError("--hf with a Whisper model takes --audio, --flavor, --threads, --warmup, --iters and "
-                             "--json (fp32 on ort-cpu, beside transformers, Optimum and CTranslate2)")
+            raise UsageError("--hf with a Whisper model takes --audio, --flavor, --precision, --threads, --warmup, "
+                             "--iters and --json (on ort-cpu, beside transformers, Optimum and CTranslate2)")
         speech_bench = pretrained.speech_bench
         s_request = speech_bench.SpeechBenchRequest(a.hf_path, **O.pick(
             a, speech_bench.SpeechBenchRequest, flavors=tuple(a.flavors) or speech_bench.SpeechBenchRequest.flavors,
-            threads=a.threads or 0))
+            precisions=precisions(a.precisions_text, "--precision", speech_bench.PRECISIONS) if a.precisions_text
+            else speech_bench.SpeechBenchRequest.precisions, threads=a.threads or 0))
         s_rows, info = speech_bench.bench_speech(s_request, said=said)
         return BenchResult(s_rows, str(a.hf_path), "fp32", language_model=True, info={**info, "speech": True})
     if a.hf_path is not None and not a.decode:  # a sentence encoder's

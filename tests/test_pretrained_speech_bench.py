@@ -38,17 +38,6 @@ def test_bench_times_each_engine_beside_its_transcript(whisper_folder, tmp_path)
         assert any(k[0] == engine for k in rows) or any(engine in k for k in doc["info"]["skipped"])
 
 
-def test_a_transcript_s_agreement_and_word_error_rate(whisper_folder):
-    from attnexport.pretrained import ctranslate2 as CT
-    model, _ = CT.load(whisper_folder())
-    speech = S.Speech.of(model, whisper_folder())
-    words = speech.text_tokens(" Ever tried, ever failed.")
-    assert SB.agreement(words, words, speech) == (1.0, 0.0)
-    changed = words[:-1] + [words[0]]
-    agree, wer = SB.agreement(changed, words, speech)
-    assert agree == pytest.approx((len(words) - 1) / len(words)) and wer == pytest.approx(1 / len(words))
-
-
 def test_bench_refuses_what_a_speech_model_does_not_take(whisper_folder):
     r = cli("bench", "--hf", whisper_folder(), "--decode")
     assert r.exit_code == 2 and "with a Whisper model takes --audio" in r.output

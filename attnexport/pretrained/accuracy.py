@@ -84,33 +84,7 @@ class Budget:
 
     def with_overrides(self, text: str | None) -> Budget:
         """This budget with `--budget KEY=VALUE,...` applied (a value `none` drops that limit)."""
-        if not text:
-            return self
-        values = asdict(self)
-        for part in (p.strip() for p in text.split(",") if p.strip()):
-            key, _, value = part.partition("=")
-            key = key.strip().replace("-", "_")
-            if key not in values:
-                raise UsageError(f"--budget {part}: the limits are {', '.join(k.replace('_', '-') for k in values)}")
-            if value.strip().lower() == "none":
-                if key == "margin":
-                    raise UsageError(f"--budget {part}: margin is a number of logits, not a limit to drop")
-                values[key] = None
-                continue
-            try:
-                number = float(value)
-            except ValueError:
-                raise UsageError(f"--budget {part}: {value!r} is not a number") from None
-            if not math.isfinite(number) or number < 0:
-                raise UsageError(f"--budget {part}: the limit must be a finite number >= 0")
-            if key == "first_tokens":
-                if number != int(number):
-                    raise UsageError(f"--budget {part}: first-tokens counts prompts: a whole number")
-                number = int(number)
-            if key == "top1" and number > 1:
-                raise UsageError(f"--budget {part}: top1 is a share of positions, at most 1")
-            values[key] = number
-        return Budget(**values)
+        return overridden(self, text, counts=("first_tokens",), shares=("top1",), fixed=("margin",))
 
     def text(self) -> str:
         parts = []
@@ -124,6 +98,38 @@ class Budget:
             parts.append(f"first greedy token differing on at most {self.first_tokens} prompt(s) where fp32 leads by "
                          f">= {self.margin:g} logits")
         return ", ".join(parts) or "no limits"
+
+
+def overridden(budget, text: str | None, counts=(), shares=(), fixed=()):
+    """`budget` (a frozen dataclass of limits) with `--budget KEY=VALUE,...` applied: a value `none`
+    drops that limit (not one of `fixed`); `counts` are whole numbers, `shares` at most 1."""
+    if not text:
+        return budget
+    values = asdict(budget)
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        key, _, value = part.partition("=")
+        key = key.strip().replace("-", "_")
+        if key not in values:
+            raise UsageError(f"--budget {part}: the limits are {', '.join(k.replace('_', '-') for k in values)}")
+        if value.strip().lower() == "none":
+            if key in fixed:
+                raise UsageError(f"--budget {part}: {key} is not a limit to drop")
+            values[key] = None
+            continue
+        try:
+            number = float(value)
+        except ValueError:
+            raise UsageError(f"--budget {part}: {value!r} is not a number") from None
+        if not math.isfinite(number) or number < 0:
+            raise UsageError(f"--budget {part}: the limit must be a finite number >= 0")
+        if key in counts:
+            if number != int(number):
+                raise UsageError(f"--budget {part}: {key.replace('_', '-')} counts prompts: a whole number")
+            number = int(number)
+        if key in shares and number > 1:
+            raise UsageError(f"--budget {part}: {key.replace('_', '-')} is a share, at most 1")
+        values[key] = number
+    return type(budget)(**values)
 
 
 @dataclass

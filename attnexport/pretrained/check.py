@@ -163,7 +163,7 @@ def verify_hf(check: HFCheck) -> Report:
     reference = HR.Reference(hf_model, layout, dtype, check.rtol, check.atol)
     quantized = P.record_of(model)
     used, table = R.select(check.runtimes, check.skip_unavailable)
-    used, table = _able(model, used, table, check, quantized)
+    used, table = able_runtimes(model, used, table, check, quantized)
     executor = Executor(check.checking)
     ctx = _Context(check, model, layout, reference, tokenizer, dtype, flavor, used,
                    {rt: _prepared(rt, model) for rt in used if rt in R.ONNX_RUNTIMES}, executor,
@@ -195,7 +195,7 @@ def verify_hf(check: HFCheck) -> Report:
     return executor.report(runtimes, dtype, [flavor], [str(check.model_path)])
 
 
-def _able(model, used: list, table: list, check: HFCheck, quantized) -> tuple[list, list]:
+def able_runtimes(model, used: list, table: list, check: HFCheck, quantized) -> tuple[list, list]:
     """The runtimes that can run `model`'s ops: one named with --runtimes that cannot is a
     UsageError naming the ops it lacks; one taken by default is left out, the table saying why.
     torch runs the source model, which a quantized model's cost is measured against: not a runtime of it

@@ -996,12 +996,14 @@ def _outside(err: np.ndarray, margin: np.ndarray, w: np.ndarray, got: np.ndarray
 
 
 def float_activations(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of a quantized model with every MatMulNBits at accuracy level 0 (float activations):
-    it computes with exactly the weights the file holds, so it is checked against them in float64
-    with fp32's budget."""
+    """A copy of a quantized model with every MatMulNBits at accuracy level 0 (float activations; in
+    an If's branches too): it computes with exactly the weights the file holds, so it is checked
+    against them in float64 with fp32's budget."""
     twin = onnx.ModelProto()
     twin.CopyFrom(model)
-    for node in twin.graph.node:
+
+    from attnexport.runtimes.base import all_nodes
+    for node in all_nodes(twin.graph):
         if node.op_type == "MatMulNBits":
             _set_attr(node, "accuracy_level", 0)
     return twin

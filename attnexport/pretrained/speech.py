@@ -14,11 +14,12 @@ import copy
 import functools
 import json
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import torch
 
 from attnexport import files as F
@@ -30,8 +31,10 @@ from attnexport.errors import ExportError, UsageError, reason
 from attnexport.export import ModuleExport, ModuleExportResult, export_module
 from attnexport.pretrained import audio as AU
 from attnexport.pretrained import ctranslate2 as CT
+from attnexport.pretrained import precision as P
 from attnexport.pretrained import reference as HR
 from attnexport.pretrained import whisper as W
+from attnexport.pretrained.fusions import tied_head
 
 # The deployment folder's subfolder of graphs (Optimum's `subfolder`, transformers.js' place for them).
 GRAPH_DIR = "onnx"
@@ -72,9 +75,16 @@ class Speech:
         return cls(model, folder, CT.start_tokens(tokens, model.config.vocab_size), int(model.config.eos_token_id),
                    [int(t) for t in (g.suppress_tokens or [])], [int(t) for t in (g.begin_suppress_tokens or [])])
 
-    def text_tokens(self, text: str) -> list[int]:
+    @functools.cached_property
+    def tokenizer(self):
         from tokenizers import Tokenizer
-        return Tokenizer.from_file(str(self.source / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+        return Tokenizer.from_file(str(self.source / "tokenizer.json"))
+
+    def text_tokens(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens)
 
 
 def check_audio(seconds: float = 3.0, seed: int = 0) -> np.ndarray:
@@ -200,11 +210,11 @@ class Checked:
     def check_merged(self, decoder, first: ModuleExportResult) -> ModuleExportResult:
         """The merged decoder checked as the two it joins were: each branch fed as a client feeds it
         (the first step: empty pasts, use_cache_branch false; a later one: an empty
-        encoder_hidden_states, true, its cross presents empty), against float64; returns its result
-        (the first step's, with what was checked)."""
-        from dataclasses import replace
+        encoder_hidden_states, true, its cross presents empty), against float64 (a quantized decoder
+        with float activations, against the model with its weights); returns its result (the first
+        step's, with what was checked)."""
         layers, checked = self.speech.layers, []
-        session = R.prepare_onnx("ort-cpu", decoder)
+        session = R.prepare_onnx("ort-cpu", P.float_activations(decoder))  # a quantized one's weights
         for graph, use_cache in ((W.DECODER, False), (W.DECODER_WITH_PAST, True)):
             feed = W.merged_feed(self.feeds[graph], self.speech.model.config)
             got = session.run(feed)
@@ -266,8 +276,10 @@ def export_speech(request, model, params_source: str) -> SpeechExport:
     if r.form not in (None, "concat"):
         raise UsageError(f"--kv-cache {r.form}: a Whisper export's decoder takes its self cache concat (the "
                          "static form is not built for speech models yet)")
-    if r.precision != "fp32" or r.dtype != "fp32":
-        raise UsageError("a Whisper model exports in fp32 (fp16, int8 and int4 are not built for speech models yet)")
+    if r.dtype != "fp32" or r.precision not in ("fp32", *P.QUANTIZED):
+        raise UsageError(f"a Whisper model exports in fp32, int8 or int4 (--precision; fp16 is not built for speech "
+                         f"models yet), not {r.precision if r.dtype == 'fp32' else r.dtype}")
+    plan = (r.plan or P.TABLE[r.precision].plan) if r.precision in P.QUANTIZED else None
     deploy = F.deploy_target(Path(r.deploy))
     speech = Speech.of(model, r.source)
     checked = Checked(speech)
@@ -280,24 +292,76 @@ def export_speech(request, model, params_source: str) -> SpeechExport:
             flavor=flavor, opset=opset, dynamic=W.dynamic_axes(g, layers), output=None, input_names=W.inputs(g, layers),
             output_names=W.outputs(g, layers), name=f"whisper {g}", record={"params_source": params_source},
             cache=W.cache_pairs(layers) if g == W.DECODER_WITH_PAST else None,
-            check=functools.partial(checked.check, g))
+            rewrite=_tied_head if g != W.ENCODER else None, check=functools.partial(checked.check, g))
         results[g] = export_module(module, examples[g], request)
+    notes = []
+    if plan is not None:
+        checked, done = quantize_graphs(speech, results, plan)
+        notes.append(f"{r.precision}: " + "; ".join(f"{g} {d.summary()}" for g, d in done.items())
+                     + f" (block {plan.block}, accuracy level {plan.accuracy}); what it costs in transcripts: "
+                       "attnexport verify FOLDER --hf SOURCE --audio CLIP")
     decoder = W.merged(results[W.DECODER].model, results[W.DECODER_WITH_PAST].model, layers)
     written = {W.ENCODER: results[W.ENCODER], W.MERGED: checked.check_merged(decoder, results[W.DECODER])}
     write_deployment(deploy, {g: r.model for g, r in written.items()}, speech)
     for g, r in written.items():
         r.path = deploy / GRAPH_DIR / f"{g}.onnx"
         r.size = r.path.stat().st_size
+    notes.append(f"the decoder's two steps are one graph ({W.MERGED}.onnx: an If on {W.USE_CACHE}, their weights "
+                 "kept once), as transformers.js and Optimum load Whisper; the log-mel features are the client's "
+                 "(attnexport.pretrained.audio.log_mel computes them as transformers does)")
     return SpeechExport(deploy, written, [c for r in results.values() for c in r.checked] + written[W.MERGED].checked,
-                        [f"the decoder's two steps are one graph ({W.MERGED}.onnx: an If on {W.USE_CACHE}, their "
-                         "weights kept once), as transformers.js and Optimum load Whisper; the log-mel features are "
-                         "the client's (attnexport.pretrained.audio.log_mel computes them as transformers does)"])
+                        notes)
+
+
+def _tied_head(onnx_model):
+    tied_head.tied_head(onnx_model)
+    return onnx_model
+
+
+def file_model(model, graphs: dict):
+    """A copy of transformers' `model` computing with the weights the quantized `graphs` ({graph:
+    ModelProto}) hold: each Linear whose matrix a graph quantized gets its dequantized value (a
+    parameter of its own: the tied head's embedding keeps the float table, as the graph's Gather does)."""
+    held = copy.deepcopy(model)
+    modules = W.modules(held)
+    for g, onnx_model in graphs.items():
+        for name, value in P.dequantized_params(onnx_model).items():
+            path, attribute = name.rsplit(".", 1)
+            owner = modules[g].get_submodule(path)
+            if isinstance(owner, torch.nn.Linear) and attribute == "weight":
+                owner.weight = torch.nn.Parameter(torch.from_numpy(value), requires_grad=False)
+    return held
+
+
+def quantize_graphs(speech: Speech, results: dict, plan: P.Plan) -> tuple[Checked, dict]:
+    """The weight matrices of the three fp32 graphs (`results`: {graph: ModuleExportResult}, their
+    models changed in place) quantized by `plan` (`precision.quantize`: ONNX Runtime's blockwise
+    quantizer, MatMulNBits), each checked before writing: every matrix a quantization of the model's
+    (`precision.unfaithful`); each graph with float activations against the model with the file's
+    weights (`file_model`) in float64, within fp32's budget; each graph as written finite on the
+    checks' feeds. Returns (the checks of the file's weights, for the merged decoder; what was done
+    to each graph)."""
+    vocab, done = speech.model.config.vocab_size, {}
+    for g, r in results.items():
+        inits = {i.name: i for i in r.model.graph.initializer}
+        before = {s.weight: onnx.numpy_helper.to_array(inits[s.weight]) for s in P.sites(r.model, vocab)}
+        done[g] = P.quantize(r.model, plan, speech.layers, vocab)
+        bad = P.unfaithful(before, r.model)
+        if bad:
+            raise ExportError(f"whisper {g}: the quantized weights are not a quantization of the model's: {bad[0]}")
+    held = Checked(replace(speech, model=file_model(speech.model, {g: r.model for g, r in results.items()})))
+    for g, r in results.items():
+        r.checked = held.check(g, P.float_activations(r.model))
+        got = R.prepare_onnx("ort-cpu", r.model).run(held.feeds[g])
+        bad = [n for n in W.outputs(g, speech.layers) if not np.isfinite(got[n]).all()]
+        if bad:
+            raise ExportError(f"whisper {g}: the quantized export gives {bad[0]} not finite on the check's feed")
+    return held, done
 
 
 def write_deployment(folder: Path, graphs: dict, speech: Speech) -> None:
     """config.json, generation_config.json, preprocessor_config.json, the tokenizer and `graphs`
     ({file stem: ModelProto}) in onnx/, as `files.write_folder` writes a folder (nothing half-written)."""
-    import onnx
     from transformers import WhisperFeatureExtractor
 
     model = speech.model

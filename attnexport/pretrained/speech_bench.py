@@ -37,7 +37,11 @@ from attnexport.pretrained import export as hf_export
 from attnexport.pretrained import model as hf
 from attnexport.pretrained import speech as S
 from attnexport.pretrained import speech_check as SC
+from attnexport.pretrained import speech_cost as SCOST
 from attnexport.pretrained import whisper as W
+
+# What a Whisper export is timed in: fp32 in every flavour asked for, a quantized one in the first.
+PRECISIONS = ("fp32", "int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class SpeechBenchRequest:
     source: str | Path
     audio: str | Path | None = None  # a 16 kHz mono WAV (None: the check's synthetic clip)
     flavors: tuple = ("attention", "ort")
+    precisions: tuple = ("fp32", "int8")  # the attention flavour's quantized ones (PRECISIONS)
     threads: int = 0  # 0: every core
     iters: int = 10
     warmup: int = 2
@@ -115,20 +120,22 @@ def bench_speech(request: SpeechBenchRequest, said=lambda text: None) -> tuple[l
     want = SC.reference_transcripts(speech, features, new_tokens)[0]
     seconds = clip.size / AU.RATE
     info: dict = {"skipped": {}, "threads": r.threads, "audio_s": seconds, "transcript": want,
-                  "text": _text(speech, want), "layers": [model.config.encoder_layers, model.config.decoder_layers],
+                  "text": speech.decode(want), "layers": [model.config.encoder_layers, model.config.decoder_layers],
                   "width": model.config.d_model, "parameters": int(sum(p.numel() for p in model.parameters()))}
     rows = []
     with tempfile.TemporaryDirectory(prefix="attnexport-speech-bench-") as tmp:
         engines = [_transformers(speech, new_tokens)]
-        for flavor in r.flavors:
-            said(f"exporting attnexport {flavor}")
-            out = Path(tmp) / f"attnexport-{flavor}"
+        made = [(f, "fp32") for f in r.flavors if "fp32" in r.precisions]
+        made += [(r.flavors[0], p) for p in r.precisions if p != "fp32"]
+        for flavor, precision in made:
+            said(f"exporting attnexport {flavor} {precision}")
+            out = Path(tmp) / f"attnexport-{flavor}-{precision}"
             try:
-                hf_export.export(hf_export.HFExport(r.source, flavor=flavor, deploy=out))
+                hf_export.export(hf_export.HFExport(r.source, flavor=flavor, deploy=out, precision=precision))
             except Exception as x:  # noqa: BLE001 - a flavour that cannot express the model: said in the info
-                info["skipped"][f"attnexport {flavor}"] = f"export failed: {reason(x)[:200]}"
+                info["skipped"][f"attnexport {flavor} {precision}"] = f"export failed: {reason(x)[:200]}"
                 continue
-            engines.append(_attnexport(out, flavor, speech, new_tokens, r.threads))
+            engines.append(_attnexport(out, flavor, precision, speech, new_tokens, r.threads))
         if r.anchors:
             engines += _optimum(speech, Path(tmp), new_tokens, r.threads, info, said)
             engines += _ctranslate2(Path(r.source), speech, new_tokens, r.threads, info)
@@ -143,30 +150,12 @@ def bench_speech(request: SpeechBenchRequest, said=lambda text: None) -> tuple[l
                 continue
             e50, e10, e90 = stats_of(enc)
             t50, t10, t90 = stats_of(whole)
-            agree, wer = agreement(got, want, speech)
+            agree, wer = SCOST.agreement(got, want, speech.decode)
             rows.append(SpeechBenchRow(engine.engine, engine.flavor, engine.precision, e50, e10, e90, t50, t10, t90,
                                        (t50 - e50) / (len(got) + 1), len(got), t50 / (seconds * 1e3), r.threads,
                                        got == want, agree, wer))
     _ratios(rows)
     return rows, info
-
-
-def _text(speech: S.Speech, tokens: list[int]) -> str:
-    from tokenizers import Tokenizer
-    return Tokenizer.from_file(str(speech.source / "tokenizer.json")).decode(tokens)
-
-
-def agreement(got: list[int], want: list[int], speech: S.Speech) -> tuple[float, float]:
-    """(the share of `want`'s tokens `got` has at their places, the word error rate of `got`'s words
-    against `want`'s: edits over `want`'s words)."""
-    same = sum(a == b for a, b in zip(got, want, strict=False)) / max(len(want), 1)
-    a, b = _text(speech, got).split(), _text(speech, want).split()
-    d = list(range(len(a) + 1))
-    for j in range(1, len(b) + 1):
-        prev, d[0] = d[0], j
-        for i in range(1, len(a) + 1):
-            prev, d[i] = d[i], min(d[i] + 1, d[i - 1] + 1, prev + (a[i - 1] != b[j - 1]))
-    return same, d[len(a)] / max(len(b), 1)
 
 
 def _ratios(rows: list[SpeechBenchRow]) -> None:
@@ -191,7 +180,7 @@ def _transformers(speech: S.Speech, new_tokens: int) -> _Engine:
     return _Engine("transformers", "-", "fp32", encode, transcribe)
 
 
-def _attnexport(folder: Path, flavor: str, speech: S.Speech, new_tokens: int, threads: int) -> _Engine:
+def _attnexport(folder: Path, flavor: str, precision: str, speech: S.Speech, new_tokens: int, threads: int) -> _Engine:
     """The deployment folder on ONNX Runtime's CPU provider, transcribed by the loop of `whisper.transcribe`."""
     encoder = R.ort_session("ort-cpu", folder / S.GRAPH_DIR / f"{W.ENCODER}.onnx", threads=threads)[0]
     decoder = R.ort_session("ort-cpu", folder / S.GRAPH_DIR / f"{W.MERGED}.onnx", threads=threads)[0]
@@ -204,29 +193,23 @@ def _attnexport(folder: Path, flavor: str, speech: S.Speech, new_tokens: int, th
 
     def transcribe(features):
         return W.transcribe(run_encoder, first, later, features, speech.tokens, speech.layers, new_tokens)[0]
-    return _Engine("attnexport", flavor, "fp32", lambda f: run_encoder({"input_features": f}), transcribe)
+    return _Engine("attnexport", flavor, precision, lambda f: run_encoder({"input_features": f}), transcribe)
 
 
 def _optimum(speech: S.Speech, tmp: Path, new_tokens: int, threads: int, info: dict, said) -> list[_Engine]:
     """Optimum's export of the same weights (its automatic-speech-recognition task, with past),
     loaded by ORTModelForSpeechSeq2Seq and transcribed by its `generate`."""
     try:
-        from optimum.exporters.onnx import main_export
         from optimum.onnxruntime import ORTModelForSpeechSeq2Seq
     except Exception as e:  # noqa: BLE001 - not installed (or broken): said in the run's info
         info["skipped"]["optimum"] = f"optimum-onnx is not installed ({type(e).__name__}): pip install optimum-onnx"
         return []
     import onnxruntime as ort
     import torch
-    from transformers import WhisperFeatureExtractor
     said("exporting with optimum")
-    weights, out = tmp / "weights", tmp / "optimum"
+    out = tmp / "optimum"
     try:
-        speech.model.save_pretrained(str(weights))
-        WhisperFeatureExtractor(feature_size=speech.mels).save_pretrained(str(weights))
-        with contextlib.redirect_stdout(None), contextlib.redirect_stderr(None), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            main_export(str(weights), output=str(out), task="automatic-speech-recognition-with-past")
+        export_with_optimum(speech, tmp / "weights", out)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         model = ORTModelForSpeechSeq2Seq.from_pretrained(str(out), provider="CPUExecutionProvider",
@@ -246,6 +229,23 @@ def _optimum(speech: S.Speech, tmp: Path, new_tokens: int, threads: int, info: d
                                  **language)
         return clients.spoken(ids[0].tolist(), speech.end)
     return [_Engine("optimum", "-", "fp32", encode, transcribe)]
+
+
+def export_with_optimum(speech: S.Speech, weights: Path, out: Path) -> Path:
+    """Optimum's export of `speech`'s model (its automatic-speech-recognition task, with past) into
+    `out`: the model saved as transformers' folder in `weights` (with its feature extractor and
+    tokenizer), then Optimum's exporter (optimum-cli's) run on it, quietly. Returns `out`."""
+    import shutil
+
+    from optimum.exporters.onnx import main_export
+    from transformers import WhisperFeatureExtractor
+    speech.model.save_pretrained(str(weights))
+    WhisperFeatureExtractor(feature_size=speech.mels).save_pretrained(str(weights))
+    shutil.copyfile(speech.source / "tokenizer.json", weights / "tokenizer.json")
+    with contextlib.redirect_stdout(None), contextlib.redirect_stderr(None), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        main_export(str(weights), output=str(out), task="automatic-speech-recognition-with-past")
+    return out
 
 
 def _ctranslate2(source: Path, speech: S.Speech, new_tokens: int, threads: int, info: dict) -> list[_Engine]:

@@ -10,6 +10,8 @@ transcripts Optimum's ORTModelForSpeechSeq2Seq and transformers.js' pipeline mak
 from __future__ import annotations
 
 import functools
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +25,9 @@ from attnexport.pretrained import audio as AU
 from attnexport.pretrained import clients, families
 from attnexport.pretrained import ctranslate2 as CT
 from attnexport.pretrained import model as hf
+from attnexport.pretrained import precision as P
 from attnexport.pretrained import speech as S
+from attnexport.pretrained import speech_cost as SCOST
 from attnexport.pretrained import whisper as W
 from attnexport.reading import load_model
 from attnexport.record import ExportRecord
@@ -34,10 +38,20 @@ from attnexport.verify.module_check import changed_params
 EXACT = Tolerance(0.0, 0.0, "exact: token ids")
 
 
-def is_deployment(path) -> bool:
-    """Whether `path` is a Whisper deployment folder (its onnx/ holds the encoder and the merged decoder)."""
+def graph_files(path) -> dict[str, Path] | None:
+    """The encoder and merged decoder of a Whisper folder ({graph: file}): in its onnx/ (attnexport's
+    and transformers.js' layout) or at its top (Optimum's exporter writes them there); None if neither."""
     folder = Path(path)
-    return folder.is_dir() and all((folder / S.GRAPH_DIR / f"{g}.onnx").is_file() for g in (W.ENCODER, W.MERGED))
+    for where in (folder / S.GRAPH_DIR, folder):
+        files = {g: where / f"{g}.onnx" for g in (W.ENCODER, W.MERGED)}
+        if folder.is_dir() and all(f.is_file() for f in files.values()):
+            return files
+    return None
+
+
+def is_deployment(path) -> bool:
+    """Whether `path` is a Whisper deployment folder (`graph_files`)."""
+    return graph_files(path) is not None
 
 
 @dataclass
@@ -49,11 +63,12 @@ class _Context:
     prepared: dict
     executor: Executor
     flavor: str
+    precision: str = "fp32"
 
     def row(self, case: str, runtime: str, kind: str, tol: Tolerance | None = None) -> Row:
         flavor = self.flavor if runtime in R.ONNX_RUNTIMES else "-"
         return Row(case=case, variant=f"concat ({families.EncoderDecoder.task})", flavor=flavor, runtime=runtime,
-                   dtype="fp32", model=self.folder.name, tolerance=tol, expected_kind=kind)
+                   dtype=self.precision, model=self.folder.name, tolerance=tol, expected_kind=kind)
 
     def steps(self, runtime: str):
         """(encoder, first decoder step, later step) on `runtime`, each `feed -> {output: array}`."""
@@ -76,7 +91,14 @@ def verify_speech(check) -> Report:
         raise UsageError("a Whisper folder's outputs are judged by budgets derived from torch's fp32 error: "
                          "--rtol/--atol do not apply")
     folder = Path(check.model_path)
-    graphs = {g: load_model(folder / S.GRAPH_DIR / f"{g}.onnx") for g in (W.ENCODER, W.MERGED)}
+    files = graph_files(folder)
+    assert files is not None  # verify_hf dispatched here because it is one
+    graphs = {g: load_model(f) for g, f in files.items()}
+    # Another tool's export (Optimum's) carries no record of attnexport's: judged by its outputs alone.
+    foreign = ExportRecord.of(graphs[W.ENCODER]).params is None
+    if check.clients and files[W.ENCODER].parent == folder:
+        raise UsageError(f"--clients load a deployment folder whose graphs are in {S.GRAPH_DIR}/ (as transformers.js "
+                         f"reads them); {folder.name} holds them at its top")
     model, _ = hf.load(check.source, 0)
     family = families.of_model(model)
     if not isinstance(family, families.EncoderDecoder):
@@ -91,13 +113,18 @@ def verify_speech(check) -> Report:
     wanted = clients.of_family(check.clients, family) if check.clients else []
     checked = S.Checked(speech)
     used, table = R.select(check.runtimes, check.skip_unavailable)
+    quantized = P.record_of(graphs[W.MERGED])
+    from attnexport.pretrained.check import able_runtimes
+    for graph in graphs.values():
+        used, table = able_runtimes(graph, used, table, check, quantized)
     executor = Executor(check.checking)
     prepared = {rt: {g: R.prepare_onnx(rt, m) for g, m in graphs.items()} for rt in used if rt in R.ONNX_RUNTIMES}
-    flavor = ExportRecord.of(graphs[W.ENCODER]).flavor
-    ctx = _Context(folder, speech, checked, graphs, prepared, executor, flavor)
+    flavor = "foreign" if foreign else ExportRecord.of(graphs[W.ENCODER]).flavor
+    precision = f"int{quantized['plan']['bits']}" if quantized is not None else "fp32"
+    ctx = _Context(folder, speech, checked, graphs, prepared, executor, flavor, precision)
     changed = [n for g, m, module in ((W.ENCODER, graphs[W.ENCODER], checked.fp32[W.ENCODER]),
                                       (W.MERGED, graphs[W.MERGED], checked.fp32[W.DECODER]))
-               for n in changed_params(module, ExportRecord.of(m).parsed("params", {}), "fp32")]
+               for n in changed_params(module, ExportRecord.of(m).parsed("params", {}), "fp32")] if not foreign else []
     if changed:
         row = ctx.row("parameters", "-", "the model's record")
         row.error = f"the folder's parameters differ from {check.source}'s: {', '.join(changed[:3])}"
@@ -105,15 +132,20 @@ def verify_speech(check) -> Report:
     else:
         features = np.stack([AU.log_mel(c, speech.mels) for c in clips])
         want = reference_transcripts(speech, features, check.new_tokens)
+        if quantized is not None:
+            reference = SCOST.reference_logits(speech, features, want)
         for rt in used:
+            if quantized is not None:
+                _cost_row(ctx, rt, features, want, reference, check)
+                continue
             _graph_rows(ctx, rt)
             _decode_row(ctx, rt)
             _transcript_row(ctx, rt, features, want, check.new_tokens, len(clips))
         for client in wanted:
-            _client_row(ctx, client, clips, want, check.new_tokens)
+            _client_row(ctx, client, clips, want, check.new_tokens, quantized is None)
     runtimes = R.described(table) + [{"name": c, "available": ok, "reason": why, "used": ok}
                                      for c in wanted for ok, why in [clients.status(c)]]
-    return executor.report(runtimes, "fp32", [flavor], [str(folder)])
+    return executor.report(runtimes, ctx.precision, [flavor], [str(folder)])
 
 
 def reference_transcripts(speech: S.Speech, features: np.ndarray, new_tokens: int) -> list[list[int]]:
@@ -142,8 +174,24 @@ def _graph_rows(ctx: _Context, runtime: str) -> None:
             ctx.executor.record(row)
             continue
         step = ctx.steps(runtime)[W.GRAPHS.index(graph)]
-        ctx.executor.run(row, functools.partial(step, feeds[graph]),
-                         functools.partial(ctx.checked.comparisons, graph))
+        ctx.executor.run(row, functools.partial(step, feeds[graph]), functools.partial(_judge_graph, ctx, row, graph))
+
+
+def _judge_graph(ctx: _Context, row: Row, graph: str, got: dict) -> list[Comparison]:
+    """The graph's outputs against float64 (`Checked.comparisons`); the first output over its budget
+    as the data flows (a layer's caches before the next layer's, the logits last) named as the row's
+    error: where another tool's graph first departs from the model."""
+    comparisons = ctx.checked.comparisons(graph, got)
+    bad = sorted((c for c in comparisons if not c), key=lambda c: _layer_of(c.name))
+    if bad:
+        row.error = f"the first output that departs from the model in float64: {bad[0]}"
+    return comparisons
+
+
+def _layer_of(output: str) -> float:
+    """The decoder layer an output comes from (present.I....), the logits after every layer."""
+    found = re.search(r"\.(\d+)\.", output)
+    return int(found.group(1)) if found else math.inf
 
 
 def _decode_row(ctx: _Context, runtime: str) -> None:
@@ -160,36 +208,26 @@ def _decode_row(ctx: _Context, runtime: str) -> None:
     if not ctx.able(row):
         ctx.executor.record(row)
         return
-    layers = ctx.speech.layers
 
     def stepped():
         _, run_first, run_later = ctx.steps(runtime)
-        out = run_first({"input_ids": ids[:, :first], "encoder_hidden_states": feed["encoder_hidden_states"]})
-        crosses = {n.replace("present", "past_key_values"): out[n] for n in W.cross_names(layers, "present")}
-        logits = [np.asarray(out["logits"])]
-        for t in range(first, ids.shape[1]):
-            caches = {**crosses, **{n.replace("present", "past_key_values"): out[n]
-                                    for n in W.self_names(layers, "present")}}
-            pasts = {n: caches[n] for n in W.both_names(layers, "past_key_values")}
-            out = run_later({"input_ids": ids[:, t:t + 1], **pasts})
-            logits.append(np.asarray(out["logits"]))
-        return np.concatenate(logits, axis=1)
+        return W.stepped(run_first, run_later, ids, feed["encoder_hidden_states"], first, ctx.speech.layers)
     ctx.executor.run(row, stepped, lambda got: [compare("logits", got, want, tol)])
 
 
-def _judge_tokens(row: Row, want: list, who: str, got: list) -> list[Comparison]:
+def _judge_tokens(row: Row, want: list, who: str, got: list, by: str = "transformers") -> list[Comparison]:
     """Each clip's tokens against transformers': the row's detail, the first departure as its error,
     one exact comparison of the tokens (padded with -1 to the longer)."""
     width = max([len(t) for t in want + got] + [1])
     pad = [t + [-1] * (width - len(t)) for t in want]
     mine = [t + [-1] * (width - len(t)) for t in got]
-    row.detail = {"tokens": got, "transformers_tokens": want}
+    row.detail = {"tokens": got, f"{by}_tokens": want}
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         if a != b:
             step = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
             said = a[step] if step < len(a) else "the end"
             wanted = b[step] if step < len(b) else "the end"
-            row.error = f"clip {i}, token {step}: transformers said {wanted}, {who} {said}"
+            row.error = f"clip {i}, token {step}: {by} said {wanted}, {who} {said}"
             break
     return [compare("tokens", np.array(mine), np.array(pad), EXACT)]
 
@@ -207,13 +245,41 @@ def _transcript_row(ctx: _Context, runtime: str, features, want, new_tokens: int
     ctx.executor.run(row, transcribe, functools.partial(_judge_tokens, row, want, runtime))
 
 
-def _client_row(ctx: _Context, client: str, clips, want, new_tokens: int) -> None:
+def _client_row(ctx: _Context, client: str, clips, want, new_tokens: int, exact: bool = True) -> None:
+    """The client's transcripts from the folder: token for token transformers' (fp32), or (a
+    quantized folder, `exact` false) those of the folder's graphs on ONNX Runtime's CPU provider:
+    the client loads and runs the file as attnexport's loop does."""
+    mine = None
+    if not exact:
+        ctx.prepared.setdefault("ort-cpu", {g: R.prepare_onnx("ort-cpu", m) for g, m in ctx.graphs.items()})
+        features = np.stack([AU.log_mel(c, ctx.speech.mels) for c in clips])
+        mine = W.transcribe(*ctx.steps("ort-cpu"), features, ctx.speech.tokens, ctx.speech.layers, new_tokens)
     row = ctx.row(f"client: transcribe {len(clips)} clip(s) from the folder", client,
-                  "transformers' generate in fp32", EXACT)
+                  "transformers' generate in fp32" if exact else "the folder's graphs on ort-cpu", EXACT)
     row.flavor = "-"
     ok, why = clients.status(client)
     if not ok:
         row.error = f"{client} is not available: {why}"
     ctx.executor.run(row, functools.partial(clients.transcribe, client, ctx.folder, clips, new_tokens,
                                             R.cpu_threads()),
-                     lambda done: _judge_tokens(row, want, client, done.tokens))
+                     lambda done: _judge_tokens(row, want if exact else mine, client, done.tokens,
+                                                "transformers" if exact else "ort-cpu"))
+
+
+def _cost_row(ctx: _Context, runtime: str, features, want, reference, check) -> None:
+    """A quantized folder's cost in transcripts on `runtime` (`speech_cost`) against the budget."""
+    budget = check.budget
+    row = ctx.row(f"accuracy: {len(want)} clip(s), teacher-forced KL and top-1, greedy transcripts' tokens and WER",
+                  runtime, "transformers in fp32 (its logits along its greedy transcripts)")
+    if not ctx.able(row):
+        ctx.executor.record(row)
+        return
+
+    def judge(cost):
+        row.detail = {"accuracy": cost.to_dict(), "budget": {**vars(budget), "text": budget.text()},
+                      "summary": cost.text(), "transformers_tokens": want}
+        if cost.failures:
+            row.error = f"over the accuracy budget: {'; '.join(cost.failures)} ({cost.text()})"
+        return cost.comparisons(budget)
+    ctx.executor.run(row, lambda: SCOST.measure(ctx.steps(runtime), ctx.speech, features, want, reference,
+                                                check.new_tokens, budget), judge)

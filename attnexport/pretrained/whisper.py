@@ -230,6 +230,19 @@ def transcribe(run_encoder, run_first, run_later, features: np.ndarray, tokens: 
     return said
 
 
+def stepped(run_first, run_later, ids: np.ndarray, states: np.ndarray, first: int, layers: int) -> np.ndarray:
+    """The logits (B, T, V) of `ids` (B, T) fed as a client feeds them: the first step over
+    ids[:, :first] (its cross cache kept), then a token a step through the self cache."""
+    out = run_first({"input_ids": ids[:, :first], "encoder_hidden_states": states})
+    crosses = {n.replace("present", "past_key_values"): out[n] for n in cross_names(layers, "present")}
+    logits = [np.asarray(out["logits"])]
+    for t in range(first, ids.shape[1]):
+        caches = {**crosses, **{n.replace("present", "past_key_values"): out[n] for n in self_names(layers, "present")}}
+        out = run_later({"input_ids": ids[:, t:t + 1], **{n: caches[n] for n in both_names(layers, "past_key_values")}})
+        logits.append(np.asarray(out["logits"]))
+    return np.concatenate(logits, axis=1)
+
+
 # --- the merged decoder ----------------------------------------------------------------------------
 
 MERGED = "decoder_model_merged"

@@ -31,6 +31,7 @@ from attnexport.runtimes.base import (  # noqa: F401 - the package's interface, 
     Prepared,
     Runtime,
     Status,
+    all_nodes,
     cpu_nodes,
     cpu_threads,
     has_fp16,
@@ -129,7 +130,7 @@ def reference_ops() -> list:
 
 def missing_ops(name: str, model: onnx.ModelProto) -> list[str]:
     """The ops of `model` that the ONNX runtime `name` has no kernel for ("domain.op_type", with
-    what of it is missing): its adapter's own list where it keeps one (onnx's reference evaluator
+    what of it is missing; subgraphs' too): its adapter's own list where it keeps one (onnx's reference evaluator
     knows the standard ops and the com.microsoft ones attnexport gives it, not MatMulNBits), and what
     its registry line says its kernels do not take: MatMulNBits widths (WebGPU's: 2 and 4 bits), an
     attention's padding mask (an encoder's ort flavour: `fusions.encoder`; WebGPU's take none)."""
@@ -137,12 +138,13 @@ def missing_ops(name: str, model: onnx.ModelProto) -> list[str]:
     if hasattr(adapter, "missing_ops"):
         return adapter.missing_ops(model)
     runtime = REGISTRY[name]
-    bits = sorted({a.i for n in model.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+    nodes = list(all_nodes(model.graph))
+    bits = sorted({a.i for n in nodes if n.op_type == "MatMulNBits" for a in n.attribute
                    if a.name == "bits" and a.i not in runtime.nbits})
     missing = [f"com.microsoft.MatMulNBits of {b} bits (it takes {' and '.join(map(str, runtime.nbits))})"
                for b in bits]
     # the mask's place among each operator's inputs
-    masked = {op for n in model.graph.node if n.domain == "com.microsoft"
+    masked = {op for n in nodes if n.domain == "com.microsoft"
               for op, at in (("Attention", 3), ("MultiHeadAttention", 4))
               if n.op_type == op and len(n.input) > at and n.input[at]}
     if not runtime.padding_mask:

@@ -197,3 +197,12 @@ def has_fp16(model: onnx.ModelProto) -> bool:
     g = model.graph
     return any(vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16 for vi in [*g.input, *g.output]) or \
         any(i.data_type == onnx.TensorProto.FLOAT16 for i in g.initializer)
+
+
+def all_nodes(graph):
+    """Every node of `graph` and of the subgraphs its nodes hold (an If's branches), in order."""
+    for node in graph.node:
+        yield node
+        for a in node.attribute:
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                yield from all_nodes(g)

@@ -246,5 +246,5 @@ def missing_ops(model: onnx.ModelProto) -> list[str]:
     """The contrib ops of `model` the reference evaluator has no implementation of: it knows the
     standard ops and the com.microsoft ones attnexport gives it (`reference_ops`)."""
     known = {(getattr(op, "op_domain", ""), op.__name__) for op in reference_ops()}
-    return sorted({f"{n.domain}.{n.op_type}" for n in model.graph.node
+    return sorted({f"{n.domain}.{n.op_type}" for n in R.all_nodes(model.graph)
                    if n.domain not in ("", "ai.onnx") and (n.domain, n.op_type) not in known})

@@ -1,0 +1,190 @@
+"""What a quantized Whisper export costs in transcripts, measured against the model in fp32 and
+judged against a budget.
+
+Two measurements a clip, each on the runtime under test running the folder's graphs as a client
+does (the encoder once, the first decoder step over the start tokens, then a token a step through
+the self cache):
+
+- **teacher-forced distributions**: the fp32 model's transcript (transformers' greedy `generate`)
+  fed a token at a time; at every position, from the last start token to the end token, the
+  file's next-token distribution against transformers' fp32 forward over the same tokens:
+  KL(fp32 || file) in nats (mean, 99th percentile, max) and the share of positions whose most
+  likely token is the same (top-1);
+- **greedy transcripts**: the file's own transcript against the fp32 one: the share of the fp32
+  transcript's tokens it has at their places (token agreement), where it first departs, and the
+  word error rate of its words against the fp32 transcript's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from attnexport.compare import Comparison
+from attnexport.pretrained import accuracy as A
+from attnexport.pretrained import whisper as W
+
+
+@dataclass(frozen=True)
+class SpeechBudget:
+    """What a quantized Whisper export may cost against the model in fp32 (a limit of None is not
+    checked). The defaults are in docs/whisper.md with the measurements behind them.
+
+    Attributes:
+        kl_mean: the mean KL(fp32 || file) per teacher-forced position, in nats.
+        top1: the least share of teacher-forced positions whose most likely token is fp32's.
+        agreement: the least share of the fp32 transcripts' tokens the file's greedy transcripts
+            have at their places (all clips together).
+        wer: the largest word error rate of the file's transcripts against fp32's (all clips together).
+    """
+
+    kl_mean: float | None = 0.05
+    top1: float | None = 0.9
+    agreement: float | None = 0.8
+    wer: float | None = 0.1
+
+    def with_overrides(self, text: str | None) -> SpeechBudget:
+        """This budget with `--budget KEY=VALUE,...` applied (a value `none` drops that limit)."""
+        return A.overridden(self, text, shares=("top1", "agreement"))
+
+    def text(self) -> str:
+        parts = []
+        if self.kl_mean is not None:
+            parts.append(f"mean KL <= {self.kl_mean:g}")
+        if self.top1 is not None:
+            parts.append(f"top-1 >= {self.top1:.0%}")
+        if self.agreement is not None:
+            parts.append(f"transcript tokens >= {self.agreement:.0%} as fp32's")
+        if self.wer is not None:
+            parts.append(f"WER <= {self.wer:.0%}")
+        return ", ".join(parts) or "no limits"
+
+
+@dataclass
+class SpeechCost:
+    """One runtime's cost on the clips (the module docstring); `failures` names each limit of the
+    budget it exceeds."""
+
+    kl_mean: float
+    kl_p99: float
+    kl_max: float
+    top1: float
+    positions: int
+    agreement: float
+    wer: float
+    first_difference: list  # per clip: the first token that departs from fp32's transcript, or None
+    tokens: list
+    failures: list = field(default_factory=list)
+
+    def judge(self, budget: SpeechBudget) -> SpeechCost:
+        """Fills `failures` with each limit of `budget` this cost exceeds (a NaN exceeds every one)."""
+        out = []
+        if budget.kl_mean is not None and not self.kl_mean <= budget.kl_mean:
+            out.append(f"mean KL {self.kl_mean:.3g} > {budget.kl_mean:g}")
+        if budget.top1 is not None and not self.top1 >= budget.top1:
+            out.append(f"top-1 {self.top1:.1%} < {budget.top1:.0%}")
+        if budget.agreement is not None and not self.agreement >= budget.agreement:
+            out.append(f"transcript tokens {self.agreement:.1%} as fp32's < {budget.agreement:.0%}")
+        if budget.wer is not None and not self.wer <= budget.wer:
+            out.append(f"WER {self.wer:.1%} > {budget.wer:.0%}")
+        self.failures = out
+        return self
+
+    def comparisons(self, budget: SpeechBudget) -> list[Comparison]:
+        """Each measurement against its limit as a Comparison (max_abs: the value; atol: the limit;
+        a limit of None compares nothing and passes)."""
+        rows = [("mean KL vs fp32 (nats)", self.kl_mean, budget.kl_mean, self.positions),
+                ("top-1 disagreement vs fp32", 1 - self.top1, None if budget.top1 is None else 1 - budget.top1,
+                 self.positions),
+                ("transcript tokens unlike fp32's", 1 - self.agreement,
+                 None if budget.agreement is None else 1 - budget.agreement, len(self.tokens)),
+                ("word error rate vs fp32", self.wer, budget.wer, len(self.tokens))]
+        out = []
+        for name, value, limit, compared in rows:
+            ok = limit is None or bool(value <= limit)
+            out.append(Comparison(name, ok, float(value), math.nan, 0, 0, 0.0, math.inf if limit is None else
+                                  float(limit), float(value), math.inf, compared=compared,
+                                  basis="the speech accuracy budget" + (" (no limit)" if limit is None else "")))
+        return out
+
+    def text(self) -> str:
+        firsts = ", ".join("-" if f is None else str(f) for f in self.first_difference)
+        return (f"mean KL {self.kl_mean:.3g} (p99 {self.kl_p99:.3g}, max {self.kl_max:.3g}), top-1 {self.top1:.1%} of "
+                f"{self.positions} positions, transcript tokens {self.agreement:.1%} as fp32's (first departure per "
+                f"clip: {firsts}), WER {self.wer:.1%}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def teacher_forced(steps, features: np.ndarray, ids: list[int], first: int, layers: int) -> np.ndarray:
+    """The logits (T - first + 1, V) a client's loop over `steps` ((encoder, first step, later step),
+    each `feed -> {output: array}`) gives for one clip (`features` (1, mels, frames)) fed `ids`
+    teacher-forced: the first step over ids[:first], then ids[first:-1] a token a step; row i
+    predicts ids[first + i]."""
+    run_encoder, run_first, run_later = steps
+    states = run_encoder({"input_features": features})["last_hidden_state"]
+    return W.stepped(run_first, run_later, np.asarray(ids, np.int64)[None, :-1], states, first, layers)[0, first - 1:]
+
+
+def agreement(got: list[int], want: list[int], text) -> tuple[float, float]:
+    """(the share of `want`'s tokens `got` has at their places, the word error rate of `got`'s words
+    against `want`'s: edits over `want`'s words; `text(tokens) -> str` decodes)."""
+    same = sum(a == b for a, b in zip(got, want, strict=False)) / max(len(want), 1)
+    return same, word_errors(text(got).split(), text(want).split()) / max(len(text(want).split()), 1)
+
+
+def word_errors(got: list[str], want: list[str]) -> int:
+    """The edit distance (substitutions, insertions, deletions) between two word lists."""
+    d = list(range(len(got) + 1))
+    for j in range(1, len(want) + 1):
+        prev, d[0] = d[0], j
+        for i in range(1, len(got) + 1):
+            prev, d[i] = d[i], min(d[i] + 1, d[i - 1] + 1, prev + (got[i - 1] != want[j - 1]))
+    return d[len(got)]
+
+
+def first_departure(got: list[int], want: list[int]) -> int | None:
+    """The first place `got` departs from `want` (a token, or one ending sooner or later), or None."""
+    if got == want:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
+
+
+def measure(steps, speech, features: np.ndarray, want: list[list[int]], reference: list[np.ndarray],
+            new_tokens: int, budget: SpeechBudget) -> SpeechCost:
+    """The cost of the graphs `steps` runs (`teacher_forced`'s) on each clip's `features` against
+    the fp32 transcripts `want` and transformers' fp32 logits along them (`reference`: a clip's
+    (len(want) + 1, V), `reference_logits`), judged against `budget`."""
+    first, layers = len(speech.start), speech.layers
+    kl, top1 = [], []
+    for i, tokens in enumerate(want):
+        got = teacher_forced(steps, features[i:i + 1], [*speech.start, *tokens, speech.end], first, layers)
+        kl.append(A.kl_per_position(reference[i], got))
+        top1.append(reference[i].argmax(-1) == got.argmax(-1))
+    said = W.transcribe(*steps, features, speech.tokens, layers, new_tokens)
+    same = sum(sum(a == b for a, b in zip(g, w, strict=False)) for g, w in zip(said, want, strict=True))
+    words = [(speech.decode(g).split(), speech.decode(w).split()) for g, w in zip(said, want, strict=True)]
+    errors = sum(word_errors(g, w) for g, w in words)
+    k = np.concatenate(kl)
+    return SpeechCost(float(k.mean()), float(np.percentile(k, 99)), float(k.max()), float(np.concatenate(top1).mean()),
+                      int(k.size), same / max(sum(len(w) for w in want), 1),
+                      errors / max(sum(len(w) for _, w in words), 1),
+                      [first_departure(g, w) for g, w in zip(said, want, strict=True)], said).judge(budget)
+
+
+def reference_logits(speech, features: np.ndarray, want: list[list[int]]) -> list[np.ndarray]:
+    """transformers' fp32 forward over each clip's start tokens and fp32 transcript, teacher-forced:
+    a clip's logits from its last start token on ((len(want) + 1, V), the last predicting the end)."""
+    import torch
+
+    from attnexport.pretrained import model as hf
+    first, out = len(speech.start), []
+    for i, tokens in enumerate(want):
+        ids = torch.tensor([[*speech.start, *tokens]], dtype=torch.int64)
+        with torch.no_grad(), hf.quiet_transformers():
+            logits = speech.model(input_features=torch.from_numpy(features[i:i + 1]), decoder_input_ids=ids).logits
+        out.append(logits[0, first - 1:].numpy().astype(np.float64))
+    return out

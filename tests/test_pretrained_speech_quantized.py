@@ -1,0 +1,111 @@
+"""A quantized Whisper export (`export --hf WHISPER --deploy FOLDER --precision int8|int4`) of a small
+random model written as a CTranslate2 folder: its matrices as MatMulNBits in every graph (the tied
+head too, the embedding still gathering the float table), each graph checked before writing against
+the model with the file's weights, and verify judging what the folder costs in transcripts against
+the speech budget (teacher-forced KL and top-1, the greedy transcripts' tokens and word error rate).
+
+The [hf] extra (transformers)."""
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers", reason="the [hf] extra: pip install -e '.[dev,hf]'")
+
+import onnx  # noqa: E402
+from conftest import cli  # noqa: E402
+
+from attnexport.errors import UsageError  # noqa: E402
+from attnexport.pretrained import precision as P  # noqa: E402
+from attnexport.pretrained import speech_cost as SCOST  # noqa: E402
+from attnexport.runtimes.base import all_nodes  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def int8_folder(whisper_folder, tmp_path_factory):
+    out = tmp_path_factory.mktemp("int8") / "whisper"
+    r = cli("export", "--hf", whisper_folder(), "--deploy", out, "--precision", "int8", "--json")
+    assert r.exit_code == 0, r.output
+    return out, json.loads(r.output[r.output.index("{"):])
+
+
+def test_int8_holds_every_matrix_as_matmulnbits_and_checks_each_graph_with_its_weights(int8_folder):
+    folder, doc = int8_folder
+    decoder = onnx.load(folder / "onnx" / "decoder_model_merged.onnx")
+    ops = [n.op_type for n in all_nodes(decoder.graph)]
+    # 2 layers of self q, k, v, out, cross q, out, fc1, fc2 a branch, the cross k, v in the first: and the head
+    assert ops.count("MatMulNBits") == 2 * (2 * 8 + 1) + 2 * 2 and "MatMul" not in ops
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    heads = [n for n in all_nodes(decoder.graph) if n.op_type == "MatMulNBits" and
+             [a.i for a in n.attribute if a.name == "N"] == [vocab]]
+    assert len(heads) == 2 and len({n.input[1] for n in heads}) == 1  # one matrix for both branches
+    assert any(n.op_type == "Gather" for n in all_nodes(decoder.graph))  # the embedding gathers the float table
+    assert P.record_of(decoder)["plan"]["bits"] == 8
+    assert ops.count("MatMulNBits") and "int8:" in " ".join(doc["notes"])
+    assert all(c["worst"]["max_abs"] <= c["worst"]["atol"] for c in doc["checked"]) and len(doc["checked"]) == 5
+
+
+def test_verify_judges_an_int8_folder_by_the_speech_budget(int8_folder, whisper_folder):
+    folder, _ = int8_folder
+    r = cli("verify", folder, "--hf", whisper_folder(), "--new-tokens", "10", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    by = {row["runtime"]: row for row in doc["results"]}
+    assert doc["dtype"] == "int8" and set(by) == {"ort-cpu"}  # torch and onnx-ref: not runtimes of it
+    skipped = {t["name"]: t["reason"] for t in doc["runtimes"] if not t["used"]}
+    assert "source model" in skipped["torch"] and "MatMulNBits" in skipped["onnx-ref"]
+    cost = by["ort-cpu"]["detail"]["accuracy"]
+    assert [o["name"] for o in by["ort-cpu"]["outputs"]] == ["mean KL vs fp32 (nats)", "top-1 disagreement vs fp32",
+                                                           "transcript tokens unlike fp32's", "word error rate vs fp32"]
+    said = by["ort-cpu"]["detail"]["transformers_tokens"][0]
+    assert 0 < cost["kl_mean"] < 0.05 and cost["positions"] == len(said) + 1
+    # a limit the folder cannot meet fails, naming the measure
+    r = cli("verify", folder, "--hf", whisper_folder(), "--runtimes", "ort-cpu", "--new-tokens", "10",
+            "--budget", "kl-mean=0")
+    assert r.exit_code == 1 and "mean KL" in r.output and "> 0" in r.output
+    r = cli("verify", folder, "--hf", whisper_folder(), "--runtimes", "onnx-ref")
+    assert r.exit_code == 2 and "MatMulNBits" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_int4_keeps_the_head_at_8_bits_and_its_cost_is_measured(whisper_folder, tmp_path):
+    out = tmp_path / "int4"
+    assert cli("export", "--hf", whisper_folder(), "--deploy", out, "--precision", "int4").exit_code == 0
+    decoder = onnx.load(out / "onnx" / "decoder_model_merged.onnx")
+    bits = {a.i for n in all_nodes(decoder.graph) if n.op_type == "MatMulNBits" for a in n.attribute
+            if a.name == "bits"}
+    assert bits == {4, 8}
+    r = cli("verify", out, "--hf", whisper_folder(), "--runtimes", "ort-cpu", "--new-tokens", "10",
+            "--budget", "kl-mean=none,top1=none,agreement=none,wer=none", "--json")
+    row = json.loads(r.output)["results"][0]
+    assert r.exit_code == 0 and np.isfinite(row["detail"]["accuracy"]["kl_mean"])
+
+
+def test_a_speech_budget_takes_its_own_limits():
+    b = SCOST.SpeechBudget().with_overrides("wer=0.2, top1=none")
+    assert b.wer == 0.2 and b.top1 is None and b.kl_mean == SCOST.SpeechBudget().kl_mean
+    with pytest.raises(UsageError, match="kl-mean, top1, agreement, wer"):
+        SCOST.SpeechBudget().with_overrides("perplexity=0.1")
+    with pytest.raises(UsageError, match="at most 1"):
+        SCOST.SpeechBudget().with_overrides("agreement=2")
+
+
+def test_agreement_word_errors_and_the_first_departure():
+    words = {1: " Ever", 2: " tried,", 3: " ever", 4: " failed."}
+
+    def text(tokens):
+        return "".join(words[t] for t in tokens)
+    assert SCOST.agreement([1, 2, 3, 4], [1, 2, 3, 4], text) == (1.0, 0.0)
+    assert SCOST.agreement([1, 2, 4, 4], [1, 2, 3, 4], text) == (0.75, 0.25)
+    assert SCOST.word_errors(["a", "b"], ["a", "c", "b"]) == 1  # one word left out
+    assert SCOST.first_departure([1, 2], [1, 2]) is None
+    assert SCOST.first_departure([1, 3], [1, 2]) == 1 and SCOST.first_departure([1], [1, 2]) == 1
+
+
+def test_a_cost_over_its_budget_names_each_limit_and_nan_passes_none():
+    cost = SCOST.SpeechCost(0.2, 0.5, 0.9, 0.8, 20, 0.5, 0.3, [3], [[1, 2]])
+    cost.judge(SCOST.SpeechBudget())
+    assert len(cost.failures) == 4 and "mean KL 0.2 > 0.05" in cost.failures[0]
+    nan = SCOST.SpeechCost(float("nan"), 0, 0, float("nan"), 20, float("nan"), float("nan"), [None], [[1]])
+    assert len(nan.judge(SCOST.SpeechBudget()).failures) == 4
+    assert not any(c.passed for c in nan.comparisons(SCOST.SpeechBudget()))
