@@ -260,7 +260,7 @@ def bench(variant=None, module_spec=None, hf_path=None, *, progress: Callable | 
         speech_bench = pretrained.speech_bench
         s_request = speech_bench.SpeechBenchRequest(a.hf_path, **O.pick(
             a, speech_bench.SpeechBenchRequest, flavors=tuple(a.flavors) or speech_bench.SpeechBenchRequest.flavors,
-            precisions=precisions(a.precisions_text, "--precision", speech_bench.PRECISIONS) if a.precisions_text
+            precisions=precisions(a.precisions_text, "--precision", pretrained.speech.PRECISIONS) if a.precisions_text
             else speech_bench.SpeechBenchRequest.precisions, threads=a.threads or 0))
         s_rows, info = speech_bench.bench_speech(s_request, said=said)
         return BenchResult(s_rows, str(a.hf_path), "fp32", language_model=True, info={**info, "speech": True})

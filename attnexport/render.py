@@ -158,7 +158,8 @@ def verify(report, details: bool = False, out: Console | None = None) -> None:
     for kind, names in kinds.items():
         shown = ", ".join(list(names)[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
         click.echo(f"cases, expected from {kind}: {shown}")
-    bases = sorted({r.tolerance.basis for r in report.rows if r.tolerance is not None})
+    bases = sorted({r.tolerance.basis for r in report.rows
+                    if r.tolerance is not None and not r.tolerance.basis.startswith("exact")})
     if report.dtype == "fp16" and bases:
         click.echo(f"fp16 tolerances: derived per case ({len(bases)} {'basis' if len(bases) == 1 else 'bases'}; "
                    "see --details or --json), "

@@ -1,8 +1,9 @@
-"""A quantized Whisper export (`export --hf WHISPER --deploy FOLDER --precision int8|int4`) of a small
+"""A quantized or half Whisper export (`export --hf WHISPER --deploy FOLDER --precision int8|int4|fp16`) of a small
 random model written as a CTranslate2 folder: its matrices as MatMulNBits in every graph (the tied
 head too, the embedding still gathering the float table), each graph checked before writing against
-the model with the file's weights, and verify judging what the folder costs in transcripts against
-the speech budget (teacher-forced KL and top-1, the greedy transcripts' tokens and word error rate).
+the model with the file's weights (fp16: every float in half, checked within fp16's budget), and
+verify judging what the folder costs in transcripts against the speech budget (teacher-forced KL and
+top-1, the greedy transcripts' tokens and word error rate).
 
 The [hf] extra (transformers)."""
 
@@ -109,3 +110,24 @@ def test_a_cost_over_its_budget_names_each_limit_and_nan_passes_none():
     nan = SCOST.SpeechCost(float("nan"), 0, 0, float("nan"), 20, float("nan"), float("nan"), [None], [[1]])
     assert len(nan.judge(SCOST.SpeechBudget()).failures) == 4
     assert not any(c.passed for c in nan.comparisons(SCOST.SpeechBudget()))
+
+
+def test_fp16_is_every_float_in_half_checked_in_fp16_s_budget_and_judged_by_the_speech_budget(whisper_folder,
+                                                                                             tmp_path):
+    out = tmp_path / "fp16"
+    r = cli("export", "--hf", whisper_folder(), "--deploy", out, "--precision", "fp16", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output[r.output.index("{"):])
+    assert all("fp16" in c["worst"]["basis"] or "policy" in c["worst"]["basis"] for c in doc["checked"])
+    for graph in ("encoder_model", "decoder_model_merged"):
+        model = onnx.load(out / "onnx" / f"{graph}.onnx")
+        floats = [i.type.tensor_type.elem_type for i in model.graph.input if i.name not in ("input_ids",
+                                                                                            "use_cache_branch")]
+        assert set(floats) == {onnx.TensorProto.FLOAT16}
+        assert {i.data_type for i in model.graph.initializer} <= {onnx.TensorProto.FLOAT16, onnx.TensorProto.INT64}
+    r = cli("verify", out, "--hf", whisper_folder(), "--new-tokens", "10", "--json")
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.output)
+    assert report["dtype"] == "fp16" and {row["runtime"] for row in report["results"]} == {"ort-cpu", "onnx-ref"}
+    assert "fp16 folder's cost" in next(t["reason"] for t in report["runtimes"] if t["name"] == "torch")
+    assert all(row["case"].startswith("accuracy") for row in report["results"])

@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 import torch
 
+from attnexport import dtypes as D
 from attnexport import files as F
 from attnexport import flavors as FL
 from attnexport import modules as M
@@ -36,6 +37,8 @@ from attnexport.pretrained import reference as HR
 from attnexport.pretrained import whisper as W
 from attnexport.pretrained.fusions import tied_head
 
+# What a Whisper export is made in (`--precision`): q4f16, int4's weights in a half graph, is not built for it.
+PRECISIONS = ("fp32", "fp16", "int8", "int4")
 # The deployment folder's subfolder of graphs (Optimum's `subfolder`, transformers.js' place for them).
 GRAPH_DIR = "onnx"
 # A sentence the checks feed the decoder (after the start tokens), tokenized by the model's tokenizer.
@@ -97,16 +100,19 @@ def check_audio(seconds: float = 3.0, seed: int = 0) -> np.ndarray:
 
 
 class Checked:
-    """The three graphs of a model in torch twice, as exported (fp32) and in float64, and the feeds
-    their checks run: each graph's feed computed by the fp32 graph before it. The float64 reference
-    of the encoder's states and of the decoder's logits is transformers' own forward (its encoder;
-    the whole model over every token so far, teacher-forced), and their budget its own fp32 error:
-    a mistake in how the graphs are written (a mask, a scale, a position) is in neither. The caches'
-    keys and values, which transformers keeps inside its cache object, are the modules' in float64."""
+    """The three graphs of a model in torch as exported (in `dtype`, fp32 or fp16), in fp32 and in
+    float64, and the feeds their checks run: each graph's feed computed by the fp32 graph before it
+    (given to a half graph in half). The float64 reference of the encoder's states and of the
+    decoder's logits is transformers' own forward (its encoder; the whole model over every token so
+    far, teacher-forced), and their budget its own error in `dtype`: a mistake in how the graphs are
+    written (a mask, a scale, a position) is in neither. The caches' keys and values, which
+    transformers keeps inside its cache object, are the modules' in float64."""
 
-    def __init__(self, speech: Speech):
-        self.speech = speech
+    def __init__(self, speech: Speech, dtype: str = "fp32"):
+        self.speech, self.dtype = speech, dtype
         self.fp32 = W.modules(speech.model)
+        self.model_dtype = speech.model if dtype == "fp32" else copy.deepcopy(speech.model).to(D.torch_dtype(dtype))
+        self.exported = self.fp32 if dtype == "fp32" else W.modules(self.model_dtype)
         self.model64 = copy.deepcopy(speech.model).double()
         self.fp64 = W.modules(self.model64)
         layers = speech.layers
@@ -127,35 +133,44 @@ class Checked:
             return M.outputs_of(module(*args))
 
     def run(self, graph: str, feed: dict) -> dict:
+        """The graph's outputs in torch in fp32."""
         out = self._torch(self.fp32[graph], feed, torch.float32, contextlib.nullcontext())
         return {n: t.numpy() for n, t in zip(W.outputs(graph, self.speech.layers), out, strict=True)}
+
+    def run_exported(self, graph: str, feed: dict) -> dict:
+        """The graph's outputs in torch in the export's dtype (as float32 arrays)."""
+        out = self._torch(self.exported[graph], feed, D.torch_dtype(self.dtype), contextlib.nullcontext())
+        return {n: t.float().numpy() for n, t in zip(W.outputs(graph, self.speech.layers), out, strict=True)}
 
     def transformers(self, graph: str, feed: dict, dtype) -> dict:
         """The graph's encoder states or logits as transformers' own forward computes them (its
         encoder; the whole model teacher-forced over every token so far), in `dtype`."""
-        model = self.model64 if dtype == torch.float64 else self.speech.model
+        model = self.model64 if dtype == torch.float64 else self.model_dtype if dtype != torch.float32 else \
+            self.speech.model
         mode = HR.float64_everywhere() if dtype == torch.float64 else contextlib.nullcontext()
         with torch.no_grad(), mode:
             if graph == W.ENCODER:
                 features = torch.from_numpy(feed["input_features"]).to(dtype)
-                return {"last_hidden_state": model.model.encoder(input_features=features).last_hidden_state.numpy()}
+                return {"last_hidden_state": model.model.encoder(input_features=features).last_hidden_state.float()
+                        .numpy()}
             ids, states = self.history(graph, feed)
             logits = model(encoder_outputs=(torch.from_numpy(states).to(dtype),),
                            decoder_input_ids=torch.from_numpy(ids), use_cache=False).logits
-            return {"logits": logits[:, -feed["input_ids"].shape[1]:].numpy()}
+            return {"logits": logits[:, -feed["input_ids"].shape[1]:].float().numpy()}
 
     def expected(self, graph: str, feed: dict) -> tuple[dict, dict]:
         """(each output of the graph in float64, its budget). The encoder's states and the logits:
-        transformers' own forward in float64, within 4x the error of its own forward in fp32; the
-        caches' keys and values: the graph's modules in float64, within 4x their fp32 error. Never a
-        budget from the graphs' modules against transformers: a mistake in the modules would widen
-        the budget that is to catch it."""
-        ours32 = self.run(graph, feed)
+        transformers' own forward in float64, within 4x the error of its own forward in the export's
+        dtype; the caches' keys and values: the graph's modules in float64, within 4x their error in
+        that dtype. Never a budget from the graphs' modules against transformers: a mistake in the
+        modules would widen the budget that is to catch it."""
+        ours = self.run_exported(graph, feed)
         out = self._torch(self.fp64[graph], feed, torch.float64, HR.float64_everywhere())
         ours64 = {n: t.double().numpy() for n, t in zip(W.outputs(graph, self.speech.layers), out, strict=True)}
-        t64, t32 = self.transformers(graph, feed, torch.float64), self.transformers(graph, feed, torch.float32)
-        tolerances = {n: HR.budget(ours32[n], ours64[n]) for n in ours64}
-        tolerances.update({n: HR.budget(t32[n], t64[n]) for n in t64})
+        t64 = self.transformers(graph, feed, torch.float64)
+        t_dtype = self.transformers(graph, feed, D.torch_dtype(self.dtype))
+        tolerances = {n: HR.budget(ours[n], ours64[n], self.dtype) for n in ours64}
+        tolerances.update({n: HR.budget(t_dtype[n], t64[n], self.dtype) for n in t64})
         return {**ours64, **t64}, tolerances
 
     def history(self, graph: str, feed: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -174,7 +189,7 @@ class Checked:
         """The graph on ONNX Runtime's CPU provider against float64, every declared output within its
         derived budget; an ExportError naming the first that is not."""
         try:
-            got = R.prepare_onnx("ort-cpu", onnx_model).run(self.feeds[graph])
+            got = W.typed(R.prepare_onnx("ort-cpu", onnx_model).run, onnx_model)(self.feeds[graph])
         except Exception as e:  # noqa: BLE001 - ONNX Runtime's reason, in one line
             raise ExportError(f"whisper {graph}: the export does not run on ONNX Runtime ({reason(e)[:300]})") from None
         return self.compared(graph, got, graph)
@@ -214,10 +229,11 @@ class Checked:
         with float activations, against the model with its weights); returns its result (the first
         step's, with what was checked)."""
         layers, checked = self.speech.layers, []
-        session = R.prepare_onnx("ort-cpu", P.float_activations(decoder))  # a quantized one's weights
+        twin = P.float_activations(decoder)  # a quantized one's weights
+        run = W.typed(R.prepare_onnx("ort-cpu", twin).run, twin)
         for graph, use_cache in ((W.DECODER, False), (W.DECODER_WITH_PAST, True)):
             feed = W.merged_feed(self.feeds[graph], self.speech.model.config)
-            got = session.run(feed)
+            got = run(feed)
             if use_cache:  # its cross presents empty: the clients keep the first step's
                 batch, heads = feed["input_ids"].shape[0], self.speech.model.config.decoder_attention_heads
                 empty = (batch, heads, 0, self.speech.model.config.d_model // heads)
@@ -276,21 +292,23 @@ def export_speech(request, model, params_source: str) -> SpeechExport:
     if r.form not in (None, "concat"):
         raise UsageError(f"--kv-cache {r.form}: a Whisper export's decoder takes its self cache concat (the "
                          "static form is not built for speech models yet)")
-    if r.dtype != "fp32" or r.precision not in ("fp32", *P.QUANTIZED):
-        raise UsageError(f"a Whisper model exports in fp32, int8 or int4 (--precision; fp16 is not built for speech "
-                         f"models yet), not {r.precision if r.dtype == 'fp32' else r.dtype}")
+    dtype = "fp16" if r.precision == "fp16" else r.dtype
+    if dtype not in ("fp32", "fp16") or r.precision not in PRECISIONS or r.precision != "fp32" != r.dtype:
+        raise UsageError(f"a Whisper model exports in fp32, fp16, int8 or int4 (--precision), not "
+                         f"{r.precision if r.dtype == 'fp32' else r.dtype}")
     plan = (r.plan or P.TABLE[r.precision].plan) if r.precision in P.QUANTIZED else None
     deploy = F.deploy_target(Path(r.deploy))
     speech = Speech.of(model, r.source)
-    checked = Checked(speech)
+    checked = Checked(speech, dtype)
     examples = _examples(speech, checked)
     flavor = r.flavor or FL.DEFAULT
     opset = FL.opset_for(flavor, r.opset, [])
     layers, results = speech.layers, {}
     for g, module in checked.fp32.items():
         request = ModuleExport(
-            flavor=flavor, opset=opset, dynamic=W.dynamic_axes(g, layers), output=None, input_names=W.inputs(g, layers),
-            output_names=W.outputs(g, layers), name=f"whisper {g}", record={"params_source": params_source},
+            flavor=flavor, opset=opset, dtype=dtype, dynamic=W.dynamic_axes(g, layers), output=None,
+            input_names=W.inputs(g, layers), output_names=W.outputs(g, layers), name=f"whisper {g}",
+            record={"params_source": params_source},
             cache=W.cache_pairs(layers) if g == W.DECODER_WITH_PAST else None,
             rewrite=_tied_head if g != W.ENCODER else None, check=functools.partial(checked.check, g))
         results[g] = export_module(module, examples[g], request)

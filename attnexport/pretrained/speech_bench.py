@@ -40,16 +40,14 @@ from attnexport.pretrained import speech_check as SC
 from attnexport.pretrained import speech_cost as SCOST
 from attnexport.pretrained import whisper as W
 
-# What a Whisper export is timed in: fp32 in every flavour asked for, a quantized one in the first.
-PRECISIONS = ("fp32", "int8", "int4")
-
 
 @dataclass(frozen=True)
 class SpeechBenchRequest:
     source: str | Path
     audio: str | Path | None = None  # a 16 kHz mono WAV (None: the check's synthetic clip)
     flavors: tuple = ("attention", "ort")
-    precisions: tuple = ("fp32", "int8")  # the attention flavour's quantized ones (PRECISIONS)
+    # speech.PRECISIONS: fp32 in every flavour, each other in the first flavour only
+    precisions: tuple = ("fp32", "int8")
     threads: int = 0  # 0: every core
     iters: int = 10
     warmup: int = 2
@@ -188,8 +186,8 @@ def _attnexport(folder: Path, flavor: str, precision: str, speech: S.Speech, new
     def runner(session):
         names = [o.name for o in session.get_outputs()]
         return lambda feed: dict(zip(names, session.run(None, feed), strict=True))
-    run_encoder = runner(encoder)
-    first, later = W.merged_steps(runner(decoder), speech.model.config)
+    run_encoder = W.typed(runner(encoder), encoder)
+    first, later = W.merged_steps(W.typed(runner(decoder), decoder), speech.model.config)
 
     def transcribe(features):
         return W.transcribe(run_encoder, first, later, features, speech.tokens, speech.layers, new_tokens)[0]

@@ -74,8 +74,9 @@ class _Context:
         """(encoder, first decoder step, later step) on `runtime`, each `feed -> {output: array}`."""
         if R.runs_module(runtime):
             return tuple(functools.partial(self.checked.run, g) for g in W.GRAPHS)
-        first, later = W.merged_steps(self.prepared[runtime][W.MERGED].run, self.speech.model.config)
-        return self.prepared[runtime][W.ENCODER].run, first, later
+        graphs = self.prepared[runtime]
+        first, later = W.merged_steps(W.typed(graphs[W.MERGED].run, self.graphs[W.MERGED]), self.speech.model.config)
+        return W.typed(graphs[W.ENCODER].run, self.graphs[W.ENCODER]), first, later
 
     def able(self, row: Row) -> bool:
         if not R.runs_module(row.runtime) and row.runtime not in self.prepared:
@@ -114,17 +115,23 @@ def verify_speech(check) -> Report:
     checked = S.Checked(speech)
     used, table = R.select(check.runtimes, check.skip_unavailable)
     quantized = P.record_of(graphs[W.MERGED])
+    dtype = ExportRecord.of(graphs[W.ENCODER]).dtype or "fp32"
     from attnexport.pretrained.check import able_runtimes
     for graph in graphs.values():
         used, table = able_runtimes(graph, used, table, check, quantized)
+    lossy = quantized is not None or dtype != "fp32"  # judged by the speech budget
+    if dtype != "fp32" and "torch" in used:
+        used.remove("torch")
+        table = [{**t, "used": False, "reason": f"torch runs the source model, which this {dtype} folder's cost is "
+                  "measured against"} if t["name"] == "torch" else t for t in table]
     executor = Executor(check.checking)
     prepared = {rt: {g: R.prepare_onnx(rt, m) for g, m in graphs.items()} for rt in used if rt in R.ONNX_RUNTIMES}
     flavor = "foreign" if foreign else ExportRecord.of(graphs[W.ENCODER]).flavor
-    precision = f"int{quantized['plan']['bits']}" if quantized is not None else "fp32"
+    precision = f"int{quantized['plan']['bits']}" if quantized is not None else dtype
     ctx = _Context(folder, speech, checked, graphs, prepared, executor, flavor, precision)
     changed = [n for g, m, module in ((W.ENCODER, graphs[W.ENCODER], checked.fp32[W.ENCODER]),
                                       (W.MERGED, graphs[W.MERGED], checked.fp32[W.DECODER]))
-               for n in changed_params(module, ExportRecord.of(m).parsed("params", {}), "fp32")] if not foreign else []
+               for n in changed_params(module, ExportRecord.of(m).parsed("params", {}), dtype)] if not foreign else []
     if changed:
         row = ctx.row("parameters", "-", "the model's record")
         row.error = f"the folder's parameters differ from {check.source}'s: {', '.join(changed[:3])}"
@@ -132,17 +139,17 @@ def verify_speech(check) -> Report:
     else:
         features = np.stack([AU.log_mel(c, speech.mels) for c in clips])
         want = reference_transcripts(speech, features, check.new_tokens)
-        if quantized is not None:
+        if lossy:
             reference = SCOST.reference_logits(speech, features, want)
         for rt in used:
-            if quantized is not None:
+            if lossy:
                 _cost_row(ctx, rt, features, want, reference, check)
                 continue
             _graph_rows(ctx, rt)
             _decode_row(ctx, rt)
             _transcript_row(ctx, rt, features, want, check.new_tokens, len(clips))
         for client in wanted:
-            _client_row(ctx, client, clips, want, check.new_tokens, quantized is None)
+            _client_row(ctx, client, clips, want, check.new_tokens, not lossy)
     runtimes = R.described(table) + [{"name": c, "available": ok, "reason": why, "used": ok}
                                      for c in wanted for ok, why in [clients.status(c)]]
     return executor.report(runtimes, ctx.precision, [flavor], [str(folder)])

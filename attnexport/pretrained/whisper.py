@@ -269,6 +269,23 @@ def merged_feed(feed: dict, config) -> dict:
     return full
 
 
+def typed(run, model):
+    """`run(feed)` with each float input given in the type `model` declares for it (a ModelProto, or
+    an ONNX Runtime session): a half graph takes float16 features, states and caches, which the
+    loops here make in float32."""
+    import onnx
+    if isinstance(model, onnx.ModelProto):
+        types = {i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) for i in model.graph.input}
+    else:
+        types = {i.name: np.dtype(np.float16 if i.type == "tensor(float16)" else np.float32) for i in model.get_inputs()
+                 if i.type in ("tensor(float16)", "tensor(float)")}
+
+    def cast(feed: dict) -> dict:
+        return run({k: v.astype(types[k]) if k in types and np.issubdtype(np.asarray(v).dtype, np.floating) and
+                    np.asarray(v).dtype != types[k] else v for k, v in feed.items()})
+    return cast
+
+
 def merged_steps(run_merged, config):
     """(first step, later step) over the merged decoder `run_merged(feed) -> {output: array}`,
     each taking and returning what its own graph does (`merged_feed`; a later step's cross presents,
