@@ -854,7 +854,7 @@ def _module_trace(module, example_inputs: tuple, r: ModuleExport) -> _ModuleTrac
             if n in cache and t.dim() < 2:
                 raise UsageError(f"--cache {n}: a cache has a positions axis, {n} has {t.dim()} axis")
             if n in cache and not any(a % t.dim() != 0 for a in given):
-                batch = {0: "batch"} if r.dynamic is None or 0 in given else {}
+                batch = {0: given.get(0, "batch")} if r.dynamic is None or 0 in given else {}
                 # A static cache's buffers keep their positions; a growing cache's are `past_len`.
                 asked[n] = batch if r.write_pos is not None else {**batch, t.dim() - 2: "past_len"}
         if r.write_pos is not None and r.write_pos not in (r.dynamic or {}):

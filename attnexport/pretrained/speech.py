@@ -106,25 +106,42 @@ class Checked:
     decoder's logits is transformers' own forward (its encoder; the whole model over every token so
     far, teacher-forced), and their budget its own error in `dtype`: a mistake in how the graphs are
     written (a mask, a scale, a position) is in neither. The caches' keys and values, which
-    transformers keeps inside its cache object, are the modules' in float64."""
+    transformers keeps inside its cache object, are the modules' in float64. `max_seq`: the
+    decoder's self cache static, buffers of that many positions (its later step's check feeds one
+    token: ONNX Runtime's GroupQueryAttention takes a block over written positions at batch 1 only)."""
 
-    def __init__(self, speech: Speech, dtype: str = "fp32"):
-        self.speech, self.dtype = speech, dtype
-        self.fp32 = W.modules(speech.model)
+    def __init__(self, speech: Speech, dtype: str = "fp32", max_seq: int | None = None):
+        self.speech, self.dtype, self.max_seq = speech, dtype, max_seq
+        static = max_seq is not None
+        self.fp32 = W.modules(speech.model, static)
         self.model_dtype = speech.model if dtype == "fp32" else copy.deepcopy(speech.model).to(D.torch_dtype(dtype))
-        self.exported = self.fp32 if dtype == "fp32" else W.modules(self.model_dtype)
+        self.exported = self.fp32 if dtype == "fp32" else W.modules(self.model_dtype, static)
         self.model64 = copy.deepcopy(speech.model).double()
-        self.fp64 = W.modules(self.model64)
+        self.fp64 = W.modules(self.model64, static)
         layers = speech.layers
         clips = (check_audio(3.0, 0), check_audio(1.5, 1))
         features = np.stack([AU.log_mel(clip, speech.mels) for clip in clips])
         ids = np.tile(np.asarray(speech.start + speech.text_tokens(CHECK_TEXT), np.int64), (2, 1))
         self.feeds = {W.ENCODER: {"input_features": features}}
         states = self.run(W.ENCODER, self.feeds[W.ENCODER])["last_hidden_state"]
-        self.feeds[W.DECODER] = {"input_ids": ids[:, :-2], "encoder_hidden_states": states}
+        later = 1 if static else 2
+        self.feeds[W.DECODER] = self.first_feed(ids[:, :-later], states)
         first = self.run(W.DECODER, self.feeds[W.DECODER])
         caches = {n.replace("present", "past_key_values"): first[n] for n in W.both_names(layers, "present")}
-        self.feeds[W.DECODER_WITH_PAST] = {"input_ids": ids[:, -2:], **caches}
+        written = {W.WRITE_POS: np.full(2, ids.shape[1] - later, np.int64)} if static else {}
+        self.feeds[W.DECODER_WITH_PAST] = {"input_ids": ids[:, -later:], **written, **caches}
+
+    def first_feed(self, ids: np.ndarray, states: np.ndarray) -> dict:
+        """The first step's feed of `ids` over the encoder's `states`: a static cache's empty
+        buffers written from 0."""
+        feed = {"input_ids": ids, "encoder_hidden_states": states}
+        if self.max_seq is None:
+            return feed
+        config = self.speech.model.config
+        heads = config.decoder_attention_heads
+        empty = np.zeros((ids.shape[0], heads, self.max_seq, config.d_model // heads), np.float32)
+        return {**feed, W.WRITE_POS: np.zeros(ids.shape[0], np.int64),
+                **{n: empty for n in W.self_names(self.speech.layers, "past_key_values")}}
 
     def _torch(self, module, feed: dict, dtype, mode) -> list:
         args = [torch.from_numpy(np.ascontiguousarray(v)) for v in feed.values()]
@@ -180,7 +197,8 @@ class Checked:
         if graph == W.DECODER:
             return feed["input_ids"], feed["encoder_hidden_states"]
         first = self.feeds[W.DECODER]
-        past = feed[W.self_names(self.speech.layers, "past_key_values")[0]].shape[2]
+        past = int(feed[W.WRITE_POS][0]) if W.WRITE_POS in feed else \
+            feed[W.self_names(self.speech.layers, "past_key_values")[0]].shape[2]
         if past != first["input_ids"].shape[1]:
             raise ValueError(f"a step with past of {past} positions is not one the check's first step wrote")
         return np.concatenate([first["input_ids"], feed["input_ids"]], axis=1), first["encoder_hidden_states"]
@@ -247,8 +265,14 @@ class Checked:
 
 
 def _examples(speech: Speech, checked: Checked) -> dict:
-    """Each graph's trace example: the checks' feeds (batch 2, so that the batch axis stays symbolic)."""
-    return {g: tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in checked.feeds[g].values()) for g in W.GRAPHS}
+    """Each graph's trace example: the checks' feeds (batch 2, so that the batch axis stays symbolic;
+    a static later step's, which checks one token, traced with two, so that its block stays symbolic)."""
+    feeds = dict(checked.feeds)
+    later = feeds[W.DECODER_WITH_PAST]
+    if W.WRITE_POS in later and later["input_ids"].shape[1] == 1:
+        feeds[W.DECODER_WITH_PAST] = {**later, "input_ids": np.tile(later["input_ids"], (1, 2)),
+                                      W.WRITE_POS: later[W.WRITE_POS] - 1}
+    return {g: tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in feeds[g].values()) for g in W.GRAPHS}
 
 
 @dataclass
@@ -289,9 +313,13 @@ def export_speech(request, model, params_source: str) -> SpeechExport:
     if r.deploy is None:
         raise UsageError("a Whisper model is three graphs (encoder, decoder, decoder with past): write them with "
                          "--deploy FOLDER")
-    if r.form not in (None, "concat"):
-        raise UsageError(f"--kv-cache {r.form}: a Whisper export's decoder takes its self cache concat (the "
-                         "static form is not built for speech models yet)")
+    if r.form not in (None, "concat", "static"):
+        raise UsageError(f"--kv-cache {r.form}: a Whisper export's decoder takes its self cache concat (the default) "
+                         "or static (--kv-cache static --max-seq N)")
+    static = r.form == "static"
+    positions = model.config.max_target_positions
+    if static and not r.max_seq <= positions:
+        raise UsageError(f"--max-seq {r.max_seq}: Whisper's decoder holds {positions} positions: at most {positions}")
     dtype = "fp16" if r.precision == "fp16" else r.dtype
     if dtype not in ("fp32", "fp16") or r.precision not in PRECISIONS or r.precision != "fp32" != r.dtype:
         raise UsageError(f"a Whisper model exports in fp32, fp16, int8 or int4 (--precision), not "
@@ -299,17 +327,21 @@ def export_speech(request, model, params_source: str) -> SpeechExport:
     plan = (r.plan or P.TABLE[r.precision].plan) if r.precision in P.QUANTIZED else None
     deploy = F.deploy_target(Path(r.deploy))
     speech = Speech.of(model, r.source)
-    checked = Checked(speech, dtype)
+    if static and len(speech.start) + len(speech.text_tokens(CHECK_TEXT)) > r.max_seq:
+        raise UsageError(f"--max-seq {r.max_seq}: the export's checks write "
+                         f"{len(speech.start) + len(speech.text_tokens(CHECK_TEXT))} positions: give more")
+    checked = Checked(speech, dtype, r.max_seq if static else None)
     examples = _examples(speech, checked)
     flavor = r.flavor or FL.DEFAULT
-    opset = FL.opset_for(flavor, r.opset, [])
+    opset = FL.opset_for(flavor, r.opset, ["--kv-cache static"] if static else [])
     layers, results = speech.layers, {}
     for g, module in checked.fp32.items():
+        cached = g == W.DECODER_WITH_PAST or static and g == W.DECODER
         request = ModuleExport(
-            flavor=flavor, opset=opset, dtype=dtype, dynamic=W.dynamic_axes(g, layers), output=None,
-            input_names=W.inputs(g, layers), output_names=W.outputs(g, layers), name=f"whisper {g}",
-            record={"params_source": params_source},
-            cache=W.cache_pairs(layers) if g == W.DECODER_WITH_PAST else None,
+            flavor=flavor, opset=opset, dtype=dtype, dynamic=W.dynamic_axes(g, layers, static), output=None,
+            input_names=W.inputs(g, layers, static), output_names=W.outputs(g, layers), name=f"whisper {g}",
+            record={"params_source": params_source}, cache=W.cache_pairs(layers) if cached else None,
+            write_pos=W.WRITE_POS if static and g != W.ENCODER else None,
             rewrite=_tied_head if g != W.ENCODER else None, check=functools.partial(checked.check, g))
         results[g] = export_module(module, examples[g], request)
     notes = []
@@ -319,16 +351,20 @@ def export_speech(request, model, params_source: str) -> SpeechExport:
                      + f" (block {plan.block}, accuracy level {plan.accuracy}); what it costs in transcripts: "
                        "attnexport verify FOLDER --hf SOURCE --audio CLIP")
     decoder = W.merged(results[W.DECODER].model, results[W.DECODER_WITH_PAST].model, layers)
-    written = {W.ENCODER: results[W.ENCODER], W.MERGED: checked.check_merged(decoder, results[W.DECODER])}
+    written = {W.ENCODER: results[W.ENCODER],
+               W.MERGED_STATIC if static else W.MERGED: checked.check_merged(decoder, results[W.DECODER])}
     write_deployment(deploy, {g: r.model for g, r in written.items()}, speech)
-    for g, r in written.items():
-        r.path = deploy / GRAPH_DIR / f"{g}.onnx"
-        r.size = r.path.stat().st_size
+    for g, done in written.items():
+        done.path = deploy / GRAPH_DIR / f"{g}.onnx"
+        done.size = done.path.stat().st_size
     notes.append(f"the decoder's two steps are one graph ({W.MERGED}.onnx: an If on {W.USE_CACHE}, their weights "
                  "kept once), as transformers.js and Optimum load Whisper; the log-mel features are the client's "
-                 "(attnexport.pretrained.audio.log_mel computes them as transformers does)")
-    return SpeechExport(deploy, written, [c for r in results.values() for c in r.checked] + written[W.MERGED].checked,
-                        notes)
+                 "(attnexport.pretrained.audio.log_mel computes them as transformers does)" if not static else
+                 f"the decoder's two steps are one graph ({W.MERGED_STATIC}.onnx), its self cache buffers of "
+                 f"{r.max_seq} positions written at {W.WRITE_POS} (attnexport's own inputs: Optimum and "
+                 "transformers.js load the concat form, the default)")
+    merged = written[W.MERGED_STATIC if static else W.MERGED]
+    return SpeechExport(deploy, written, [c for x in results.values() for c in x.checked] + merged.checked, notes)
 
 
 def _tied_head(onnx_model):

@@ -43,9 +43,10 @@ def graph_files(path) -> dict[str, Path] | None:
     and transformers.js' layout) or at its top (Optimum's exporter writes them there); None if neither."""
     folder = Path(path)
     for where in (folder / S.GRAPH_DIR, folder):
-        files = {g: where / f"{g}.onnx" for g in (W.ENCODER, W.MERGED)}
-        if folder.is_dir() and all(f.is_file() for f in files.values()):
-            return files
+        for merged in (W.MERGED, W.MERGED_STATIC):  # the concat self cache, or attnexport's static one
+            files = {W.ENCODER: where / f"{W.ENCODER}.onnx", W.MERGED: where / f"{merged}.onnx"}
+            if folder.is_dir() and all(f.is_file() for f in files.values()):
+                return files
     return None
 
 
@@ -70,13 +71,20 @@ class _Context:
         return Row(case=case, variant=f"concat ({families.EncoderDecoder.task})", flavor=flavor, runtime=runtime,
                    dtype=self.precision, model=self.folder.name, tolerance=tol, expected_kind=kind)
 
-    def steps(self, runtime: str):
-        """(encoder, first decoder step, later step) on `runtime`, each `feed -> {output: array}`."""
+    def steps(self, runtime: str, raw: bool = False):
+        """(encoder, first decoder step, later step) on `runtime`, each `feed -> {output: array}`: as
+        the concat form's graphs take and return them (a static cache's through `whisper.static_steps`),
+        or (`raw`) as the folder's own do."""
+        config = self.speech.model.config
         if R.runs_module(runtime):
-            return tuple(functools.partial(self.checked.run, g) for g in W.GRAPHS)
-        graphs = self.prepared[runtime]
-        first, later = W.merged_steps(W.typed(graphs[W.MERGED].run, self.graphs[W.MERGED]), self.speech.model.config)
-        return W.typed(graphs[W.ENCODER].run, self.graphs[W.ENCODER]), first, later
+            encoder, first, later = (functools.partial(self.checked.run, g) for g in W.GRAPHS)
+        else:
+            graphs = self.prepared[runtime]
+            encoder = W.typed(graphs[W.ENCODER].run, self.graphs[W.ENCODER])
+            first, later = W.merged_steps(W.typed(graphs[W.MERGED].run, self.graphs[W.MERGED]), config)
+        if self.checked.max_seq is not None and not raw:
+            first, later = W.static_steps(first, later, config, self.checked.max_seq)
+        return encoder, first, later
 
     def able(self, row: Row) -> bool:
         if not R.runs_module(row.runtime) and row.runtime not in self.prepared:
@@ -100,6 +108,13 @@ def verify_speech(check) -> Report:
     if check.clients and files[W.ENCODER].parent == folder:
         raise UsageError(f"--clients load a deployment folder whose graphs are in {S.GRAPH_DIR}/ (as transformers.js "
                          f"reads them); {folder.name} holds them at its top")
+    buffers = {i.name: i for i in graphs[W.MERGED].graph.input}
+    max_seq = None
+    if W.WRITE_POS in buffers:  # the static self cache: its buffers' positions
+        max_seq = buffers[W.self_names(1, "past_key_values")[0]].type.tensor_type.shape.dim[2].dim_value
+        if check.clients:
+            raise UsageError(f"--clients: {files[W.MERGED].name}'s inputs (write_pos, fixed buffers) are attnexport's "
+                             "own, which Optimum and transformers.js do not feed; export the concat form for them")
     model, _ = hf.load(check.source, 0)
     family = families.of_model(model)
     if not isinstance(family, families.EncoderDecoder):
@@ -107,12 +122,13 @@ def verify_speech(check) -> Report:
                          "it was exported from")
     speech = S.Speech.of(model, check.source)
     clips = [AU.read_wav(p) for p in check.audio] if check.audio else [S.check_audio(3.0, 0)]
-    room = model.config.max_target_positions - len(speech.start)
+    positions = max_seq or model.config.max_target_positions
+    room = positions - len(speech.start)
     if check.new_tokens > room:
-        raise UsageError(f"--new-tokens {check.new_tokens}: the decoder holds {model.config.max_target_positions} "
-                         f"positions, {len(speech.start)} of them the start tokens: at most {room}")
+        raise UsageError(f"--new-tokens {check.new_tokens}: the decoder holds {positions} positions, "
+                         f"{len(speech.start)} of them the start tokens: at most {room}")
     wanted = clients.of_family(check.clients, family) if check.clients else []
-    checked = S.Checked(speech)
+    checked = S.Checked(speech, "fp32", max_seq)
     used, table = R.select(check.runtimes, check.skip_unavailable)
     quantized = P.record_of(graphs[W.MERGED])
     dtype = ExportRecord.of(graphs[W.ENCODER]).dtype or "fp32"
@@ -180,7 +196,7 @@ def _graph_rows(ctx: _Context, runtime: str) -> None:
         if not ctx.able(row):
             ctx.executor.record(row)
             continue
-        step = ctx.steps(runtime)[W.GRAPHS.index(graph)]
+        step = ctx.steps(runtime, raw=True)[W.GRAPHS.index(graph)]
         ctx.executor.run(row, functools.partial(step, feeds[graph]), functools.partial(_judge_graph, ctx, row, graph))
 
 
@@ -207,7 +223,7 @@ def _decode_row(ctx: _Context, runtime: str) -> None:
     feed = ctx.checked.feeds[W.DECODER]
     ids = np.concatenate([feed["input_ids"], ctx.checked.feeds[W.DECODER_WITH_PAST]["input_ids"]], axis=1)
     first = len(ctx.speech.start)
-    whole = {"input_ids": ids, "encoder_hidden_states": feed["encoder_hidden_states"]}
+    whole = ctx.checked.first_feed(ids, feed["encoder_hidden_states"])
     expected, tolerances = ctx.checked.expected(W.DECODER, whole)
     want, tol = expected["logits"], tolerances["logits"]
     row = ctx.row(f"decode: {first} start tokens, then {ids.shape[1] - first} one at a time", runtime,

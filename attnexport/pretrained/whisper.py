@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from attnexport.models.core import attend
+from attnexport.models.core import attend, attend_static
 from attnexport.semantics import Core
 
 ENCODER, DECODER, DECODER_WITH_PAST = "encoder_model", "decoder_model", "decoder_with_past_model"
@@ -44,9 +44,18 @@ def both_names(layers: int, prefix: str) -> list[str]:
             for kv in ("key", "value")]
 
 
-def inputs(graph: str, layers: int) -> list[str]:
-    return {ENCODER: ["input_features"], DECODER: ["input_ids", "encoder_hidden_states"],
-            DECODER_WITH_PAST: ["input_ids", *both_names(layers, "past_key_values")]}[graph]
+# The static self cache's write position: (batch,) int64, each sequence's first new position.
+WRITE_POS = "write_pos"
+
+
+def inputs(graph: str, layers: int, static: bool = False) -> list[str]:
+    """A graph's inputs; `static`: the self cache as fixed buffers written at write_pos, which the
+    first step takes too (a client allocates them once)."""
+    written = [WRITE_POS] if static else []
+    return {ENCODER: ["input_features"],
+            DECODER: ["input_ids", "encoder_hidden_states", *written,
+                      *(self_names(layers, "past_key_values") if static else [])],
+            DECODER_WITH_PAST: ["input_ids", *written, *both_names(layers, "past_key_values")]}[graph]
 
 
 def outputs(graph: str, layers: int) -> list[str]:
@@ -54,21 +63,28 @@ def outputs(graph: str, layers: int) -> list[str]:
             DECODER_WITH_PAST: ["logits", *self_names(layers, "present")]}[graph]
 
 
-def dynamic_axes(graph: str, layers: int) -> dict:
-    """Each input's symbolic axes, Optimum's names (the encoder's frames are fixed: 30 s)."""
+def dynamic_axes(graph: str, layers: int, static: bool = False) -> dict:
+    """Each input's symbolic axes, Optimum's names (the encoder's frames are fixed: 30 s; a static
+    self cache's positions are its buffers')."""
     if graph == ENCODER:
         return {"input_features": {0: "batch_size"}}
     axes = {"input_ids": {0: "batch_size", 1: "decoder_sequence_length"}}
+    if static:
+        axes[WRITE_POS] = {0: "batch_size"}
+        axes.update({n: {0: "batch_size"} for n in self_names(layers, "past_key_values")})
     if graph == DECODER:
         return {**axes, "encoder_hidden_states": {0: "batch_size", 1: "encoder_sequence_length"}}
     for name in both_names(layers, "past_key_values"):
-        side = "past_decoder_sequence_length" if ".decoder." in name else "encoder_sequence_length_out"
-        axes[name] = {0: "batch_size", 2: side}
+        if ".decoder." in name:
+            if not static:
+                axes[name] = {0: "batch_size", 2: "past_decoder_sequence_length"}
+        else:
+            axes[name] = {0: "batch_size", 2: "encoder_sequence_length_out"}
     return axes
 
 
 def cache_pairs(layers: int) -> dict[str, str]:
-    """{self past: the present that returns it with the step appended}."""
+    """{self past: the present that returns it with the step appended (static: written in)}."""
     return dict(zip(self_names(layers, "past_key_values"), self_names(layers, "present"), strict=True))
 
 
@@ -98,6 +114,15 @@ def self_attention(attn, x, causal: bool, past=None):
     if a.present_key is not None and a.present_value is not None:  # the past's positions, then the block's
         k, v = a.present_key, a.present_value
     return attn.out_proj(_merged(a.output)), k, v
+
+
+def self_attention_static(attn, x, buffers, write_pos):
+    """A causal self-attention over fixed buffers (key, value) (B, H, max_seq, d): the block's keys
+    and values written at write_pos, attention over each sequence's written prefix (attnexport's
+    static core). Returns (output, the key buffer, the value buffer)."""
+    q, k, v = (_heads(p(x), attn.num_heads) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+    out, key, value = attend_static(q, k, v, buffers, write_pos, _core(attn, True))
+    return attn.out_proj(_merged(out)), key, value
 
 
 def cross_kv(attn, states) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,15 +163,22 @@ class _DecoderStep(torch.nn.Module):
         super().__init__()
         self.decoder, self.proj_out = model.model.decoder, model.proj_out
 
-    def step(self, input_ids, past_len, pasts, crosses):
-        """logits, each layer's self keys and values, each layer's cross keys and values."""
+    def step(self, input_ids, past_len, pasts, crosses, write_pos=None):
+        """logits, each layer's self keys and values, each layer's cross keys and values. With
+        `write_pos` (B,), `pasts` are static buffers, written at each sequence's write_pos."""
         d = self.decoder
-        positions = d.embed_positions.weight[past_len:past_len + input_ids.shape[1]]
+        if write_pos is None:
+            positions = d.embed_positions.weight[past_len:past_len + input_ids.shape[1]]
+        else:  # each sequence's own positions, (B, T, width)
+            positions = d.embed_positions.weight[write_pos.reshape(-1, 1) + torch.arange(input_ids.shape[1])]
         x = d.embed_tokens(input_ids) + positions
         written, kept = [], []
         for i, layer in enumerate(d.layers):
-            out, k, v = self_attention(layer.self_attn, layer.self_attn_layer_norm(x), True,
-                                       pasts[i] if pasts is not None else None)
+            if write_pos is not None:
+                out, k, v = self_attention_static(layer.self_attn, layer.self_attn_layer_norm(x), pasts[i], write_pos)
+            else:
+                out, k, v = self_attention(layer.self_attn, layer.self_attn_layer_norm(x), True,
+                                           pasts[i] if pasts is not None else None)
             x = x + out
             ck, cv = crosses[i]
             x = x + cross_attention(layer.encoder_attn, layer.encoder_attn_layer_norm(x), ck, cv)
@@ -177,10 +209,34 @@ class DecoderWithPast(_DecoderStep):
         return (logits, *[t for k, v in written for t in (k, v)])
 
 
-def modules(model) -> dict[str, torch.nn.Module]:
-    """The three graphs' torch modules over `model` (a WhisperForConditionalGeneration)."""
-    return {ENCODER: Encoder(model).eval(), DECODER: Decoder(model).eval(),
-            DECODER_WITH_PAST: DecoderWithPast(model).eval()}
+class StaticDecoder(_DecoderStep):
+    """The first step over a static self cache: input_ids, encoder_hidden_states, write_pos and
+    each layer's self key and value buffers -> logits, each layer's buffers written and its cross
+    key and value (Optimum's order)."""
+
+    def forward(self, input_ids, encoder_hidden_states, write_pos, *buffers):
+        crosses = [cross_kv(layer.encoder_attn, encoder_hidden_states) for layer in self.decoder.layers]
+        pasts = [(buffers[2 * i], buffers[2 * i + 1]) for i in range(len(self.decoder.layers))]
+        logits, written, kept = self.step(input_ids, 0, pasts, crosses, write_pos)
+        return (logits, *[t for (k, v), (ck, cv) in zip(written, kept, strict=True) for t in (k, v, ck, cv)])
+
+
+class StaticDecoderWithPast(_DecoderStep):
+    """A later step over a static self cache: input_ids, write_pos and each layer's self buffers
+    and cross cache -> logits, each layer's buffers written."""
+
+    def forward(self, input_ids, write_pos, *caches):
+        pasts = [(caches[4 * i], caches[4 * i + 1]) for i in range(len(self.decoder.layers))]
+        crosses = [(caches[4 * i + 2], caches[4 * i + 3]) for i in range(len(self.decoder.layers))]
+        logits, written, _ = self.step(input_ids, 0, pasts, crosses, write_pos)
+        return (logits, *[t for k, v in written for t in (k, v)])
+
+
+def modules(model, static: bool = False) -> dict[str, torch.nn.Module]:
+    """The three graphs' torch modules over `model` (a WhisperForConditionalGeneration); `static`:
+    the decoder's over a static self cache."""
+    first, later = (StaticDecoder, StaticDecoderWithPast) if static else (Decoder, DecoderWithPast)
+    return {ENCODER: Encoder(model).eval(), DECODER: first(model).eval(), DECODER_WITH_PAST: later(model).eval()}
 
 
 # --- transcription ---------------------------------------------------------------------------------
@@ -246,11 +302,15 @@ def stepped(run_first, run_later, ids: np.ndarray, states: np.ndarray, first: in
 # --- the merged decoder ----------------------------------------------------------------------------
 
 MERGED = "decoder_model_merged"
+# The merged decoder over a static self cache: its inputs are attnexport's own (write_pos, fixed
+# buffers), which Optimum and transformers.js do not feed: the file's name says so.
+MERGED_STATIC = "decoder_model_merged_static"
 USE_CACHE = "use_cache_branch"
 
 
-def merged_inputs(layers: int) -> list[str]:
-    return ["input_ids", "encoder_hidden_states", *both_names(layers, "past_key_values"), USE_CACHE]
+def merged_inputs(layers: int, static: bool = False) -> list[str]:
+    return ["input_ids", "encoder_hidden_states", *([WRITE_POS] if static else []),
+            *both_names(layers, "past_key_values"), USE_CACHE]
 
 
 def merged_feed(feed: dict, config) -> dict:
@@ -264,9 +324,47 @@ def merged_feed(feed: dict, config) -> dict:
     empty_states = np.zeros((batch, 0, config.d_model), np.float32)
     empty_cache = np.zeros((batch, heads, 0, config.d_model // heads), np.float32)
     full = {"input_ids": feed["input_ids"], "encoder_hidden_states": feed.get("encoder_hidden_states", empty_states),
+            **({WRITE_POS: feed[WRITE_POS]} if WRITE_POS in feed else {}),
             **{n: feed.get(n, empty_cache) for n in both_names(layers, "past_key_values")},
             USE_CACHE: np.array([use_cache])}
     return full
+
+
+def static_steps(run_first, run_later, config, max_seq: int):
+    """(first step, later step) over a static self cache's graphs, each taking and returning what
+    the concat form's do (`transcribe`, `stepped`): the pasts a caller holds put into buffers of
+    `max_seq` positions (zeros past them) with write_pos their length, the buffers the step wrote
+    cut back to the positions written. The caller's loops run unchanged; a client of the static
+    form keeps the buffers and binds them (docs/whisper.md)."""
+    layers, heads = config.decoder_layers, config.decoder_attention_heads
+    names = self_names(layers, "past_key_values")
+
+    def buffers(batch: int, dtype, pasts: dict) -> dict:
+        out = {}
+        for n in names:
+            b = np.zeros((batch, heads, max_seq, config.d_model // heads), dtype)
+            if n in pasts:
+                b[:, :, :pasts[n].shape[2]] = pasts[n]
+            out[n] = b
+        return out
+
+    def cut(out: dict, written: int) -> dict:
+        return {n: (v[:, :, :written] if n in presents else v) for n, v in out.items()}
+    presents = set(self_names(layers, "present"))
+
+    def first(feed):  # the inputs in the graph's order (a torch module takes them so)
+        batch, t = feed["input_ids"].shape
+        dtype = feed["encoder_hidden_states"].dtype
+        return cut(run_first({"input_ids": feed["input_ids"], "encoder_hidden_states": feed["encoder_hidden_states"],
+                              WRITE_POS: np.zeros(batch, np.int64), **buffers(batch, dtype, {})}), t)
+
+    def later(feed):
+        batch, t = feed["input_ids"].shape
+        past = feed[names[0]].shape[2]
+        filled = {**feed, **buffers(batch, feed[names[0]].dtype, {n: feed[n] for n in names})}
+        return cut(run_later({"input_ids": feed["input_ids"], WRITE_POS: np.full(batch, past, np.int64),
+                              **{n: filled[n] for n in both_names(layers, "past_key_values")}}), past + t)
+    return first, later
 
 
 def typed(run, model):
@@ -317,7 +415,8 @@ def merged(first, later, layers: int):
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in g.graph.node
                for a in n.attribute):
             raise ValueError("a decoder graph with subgraphs of its own cannot be merged")
-    outer = set(merged_inputs(layers))
+    static = WRITE_POS in {i.name for i in first.graph.input}
+    outer = set(merged_inputs(layers, static))
     kept: dict[str, str] = {}  # digest -> initializer name in the merged graph
     initializers = []
 
@@ -368,14 +467,14 @@ def merged(first, later, layers: int):
     then_branch = body(later.graph, "with_past/", names, passed)
     else_branch = body(first.graph, "first/", names)
     by_name = {i.name: i for i in list(first.graph.input) + list(later.graph.input)}
-    inputs = [by_name[n] for n in merged_inputs(layers)[:-1]]
+    inputs = [by_name[n] for n in merged_inputs(layers, static)[:-1]]
     inputs.append(helper.make_tensor_value_info(USE_CACHE, onnx.TensorProto.BOOL, [1]))
     by_output = {o.name: o for o in first.graph.output}
     out_infos = []
     for n in names:
         info = onnx.ValueInfoProto()
         info.CopyFrom(by_output[n])
-        if n != "logits":  # the self cache's positions differ between the branches
+        if n != "logits" and not static:  # the concat self cache's positions differ between the branches
             dims = info.type.tensor_type.shape.dim
             if ".decoder." in n:
                 dims[2].Clear()
