@@ -354,9 +354,9 @@ def export_speech(request, model, params_source: str) -> SpeechExport:
     written = {W.ENCODER: results[W.ENCODER],
                W.MERGED_STATIC if static else W.MERGED: checked.check_merged(decoder, results[W.DECODER])}
     write_deployment(deploy, {g: r.model for g, r in written.items()}, speech)
-    for g, done in written.items():
-        done.path = deploy / GRAPH_DIR / f"{g}.onnx"
-        done.size = done.path.stat().st_size
+    for g, result in written.items():
+        result.path = deploy / GRAPH_DIR / f"{g}.onnx"
+        result.size = result.path.stat().st_size
     notes.append(f"the decoder's two steps are one graph ({W.MERGED}.onnx: an If on {W.USE_CACHE}, their weights "
                  "kept once), as transformers.js and Optimum load Whisper; the log-mel features are the client's "
                  "(attnexport.pretrained.audio.log_mel computes them as transformers does)" if not static else

@@ -272,11 +272,12 @@ def _client_row(ctx: _Context, client: str, clips, want, new_tokens: int, exact:
     """The client's transcripts from the folder: token for token transformers' (fp32), or (a
     quantized folder, `exact` false) those of the folder's graphs on ONNX Runtime's CPU provider:
     the client loads and runs the file as attnexport's loop does."""
-    mine = None
+    mine: list = []
     if not exact:
         ctx.prepared.setdefault("ort-cpu", {g: R.prepare_onnx("ort-cpu", m) for g, m in ctx.graphs.items()})
         features = np.stack([AU.log_mel(c, ctx.speech.mels) for c in clips])
-        mine = W.transcribe(*ctx.steps("ort-cpu"), features, ctx.speech.tokens, ctx.speech.layers, new_tokens)
+        encoder, first, later = ctx.steps("ort-cpu")
+        mine = W.transcribe(encoder, first, later, features, ctx.speech.tokens, ctx.speech.layers, new_tokens)
     row = ctx.row(f"client: transcribe {len(clips)} clip(s) from the folder", client,
                   "transformers' generate in fp32" if exact else "the folder's graphs on ort-cpu", EXACT)
     row.flavor = "-"

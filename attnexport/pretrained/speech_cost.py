@@ -164,7 +164,8 @@ def measure(steps, speech, features: np.ndarray, want: list[list[int]], referenc
         got = teacher_forced(steps, features[i:i + 1], [*speech.start, *tokens, speech.end], first, layers)
         kl.append(A.kl_per_position(reference[i], got))
         top1.append(reference[i].argmax(-1) == got.argmax(-1))
-    said = W.transcribe(*steps, features, speech.tokens, layers, new_tokens)
+    run_encoder, run_first, run_later = steps
+    said = W.transcribe(run_encoder, run_first, run_later, features, speech.tokens, layers, new_tokens)
     same = sum(sum(a == b for a, b in zip(g, w, strict=False)) for g, w in zip(said, want, strict=True))
     words = [(speech.decode(g).split(), speech.decode(w).split()) for g, w in zip(said, want, strict=True)]
     errors = sum(word_errors(g, w) for g, w in words)
