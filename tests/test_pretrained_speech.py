@@ -52,7 +52,7 @@ def test_the_merged_decoder_keeps_each_weight_once(whisper_deployed, whisper_fol
 @pytest.mark.parametrize("args,text", [
     ((), "write them with --deploy FOLDER"),
     (("--deploy", "{out}", "--precision", "q4f16"), "exports in fp32, fp16, int8 or int4"),
-    (("--deploy", "{out}", "--kv-cache", "static", "--max-seq", "64"), "--kv-cache static"),
+    (("--deploy", "{out}", "--max-seq", "64"), "give it with --kv-cache static"),
 ])
 def test_what_a_speech_export_does_not_make_is_refused_before_anything_is_written(whisper_folder, tmp_path, args,
                                                                                   text):

@@ -436,7 +436,7 @@ def test_verify_hf_leaves_torch_on_a_gpu_out_and_refuses_it_when_named():
     from onnx import TensorProto, helper
 
     from attnexport.errors import UsageError
-    from attnexport.pretrained import check as hf_check
+    from attnexport.pretrained import precision
 
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
@@ -444,10 +444,9 @@ def test_verify_hf_leaves_torch_on_a_gpu_out_and_refuses_it_when_named():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     table = [{"name": n, "available": True, "reason": "", "used": True} for n in ("torch", "torch-cuda", "ort-cpu")]
     used = ["torch", "torch-cuda", "ort-cpu"]
-    kept, out = hf_check.able_runtimes(model, used, table, hf_check.HFCheck("m.onnx", "src"), None)
+    kept, out = precision.able_runtimes(model, used, table, None, None)
     assert kept == ["torch", "ort-cpu"]
     left = next(r for r in out if r["name"] == "torch-cuda")
     assert not left["used"] and "reference" in left["reason"] and "ort-cuda" in left["reason"]
     with pytest.raises(UsageError, match="torch-cuda"):
-        hf_check.able_runtimes(model, used, table,
-                               hf_check.HFCheck("m.onnx", "src", runtimes=["torch-cuda", "ort-cpu"]), None)
+        precision.able_runtimes(model, used, table, ["torch-cuda", "ort-cpu"], None)

@@ -163,11 +163,11 @@ def verify_hf(check: HFCheck) -> Report:
     reference = HR.Reference(hf_model, layout, dtype, check.rtol, check.atol)
     quantized = P.record_of(model)
     used, table = R.select(check.runtimes, check.skip_unavailable)
-    used, table = able_runtimes(model, used, table, check, quantized)
+    used, table = P.able_runtimes(model, used, table, check.runtimes, quantized)
     executor = Executor(check.checking)
     ctx = _Context(check, model, layout, reference, tokenizer, dtype, flavor, used,
                    {rt: _prepared(rt, model) for rt in used if rt in R.ONNX_RUNTIMES}, executor,
-                   precision=_precision_name(model, quantized))
+                   precision=P.precision_name(model, quantized))
     record = meta.parsed("params", {})
     changed = changed_params(reference.step, record, dtype)
     damaged = W.read(model, record)[1] if record else []  # the file's own initializers against the record
@@ -195,40 +195,6 @@ def verify_hf(check: HFCheck) -> Report:
     return executor.report(runtimes, dtype, [flavor], [str(check.model_path)])
 
 
-def able_runtimes(model, used: list, table: list, check: HFCheck, quantized) -> tuple[list, list]:
-    """The runtimes that can run `model`'s ops: one named with --runtimes that cannot is a
-    UsageError naming the ops it lacks; one taken by default is left out, the table saying why.
-    torch runs the source model, which a quantized model's cost is measured against: not a runtime of it
-    (an fp16 model's torch row is the model in torch's fp16)."""
-    kind = _precision_name(model, quantized)
-    keep, out = [], []
-    for row in table:
-        name = row["name"]
-        missing = R.missing_ops(name, model) if name in used else []
-        why = None
-        if missing:
-            why = f"{name} cannot run this {kind} model: it has no {', '.join(missing)}"
-            if check.runtimes is not None:
-                can = [r for r in R.ONNX_RUNTIMES if not R.missing_ops(r, model)]
-                raise UsageError(f"{why} (runtimes that can: {', '.join(can)})")
-        elif R.runs_module(name) and R.REGISTRY[name].device != "cpu" and name in used:
-            why = (f"{name}: the model in torch is this check's reference, run on the CPU beside its float64 "
-                   "copy; the export's own rows on the GPU are ort-cuda's")
-            if check.runtimes is not None and name in check.runtimes:
-                raise UsageError(why)
-        elif R.runs_module(name) and quantized is not None and name in used:
-            why = "torch runs the source model, which this quantized model's cost is measured against"
-        if why is not None:
-            out.append({**row, "used": False, "reason": why})
-            continue
-        out.append(row)
-        if name in used:
-            keep.append(name)
-    if not keep:
-        raise UsageError(f"no runtime selected can run this {kind} model")
-    return keep, out
-
-
 def _prepared(runtime: str, model) -> R.Prepared:
     """The model ready on `runtime`; a runtime that cannot even load it is a UsageError in one line."""
     try:
@@ -237,12 +203,6 @@ def _prepared(runtime: str, model) -> R.Prepared:
         raise
     except Exception as e:  # noqa: BLE001 - the runtime's own reason, in one line
         raise UsageError(f"{runtime} cannot load the model: {reason(e)[:300]}") from None
-
-
-def _precision_name(model, quantized) -> str:
-    if quantized is not None:
-        return f"int{quantized['plan']['bits']}"
-    return ExportRecord.of(model).dtype
 
 
 def _weights_rows(ctx: _Context, quantized: dict) -> None:

@@ -45,8 +45,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from attnexport import runtimes as R
 from attnexport.errors import UsageError
 from attnexport.record import ExportRecord, as_json
+from attnexport.runtimes.base import all_nodes
 
 BLOCKS = (16, 32, 64, 128)
 # MatMulNBits's accuracy_level: 0 computes with float activations; 4 quantizes each block of the
@@ -1002,8 +1004,51 @@ def float_activations(model: onnx.ModelProto) -> onnx.ModelProto:
     twin = onnx.ModelProto()
     twin.CopyFrom(model)
 
-    from attnexport.runtimes.base import all_nodes
     for node in all_nodes(twin.graph):
         if node.op_type == "MatMulNBits":
             _set_attr(node, "accuracy_level", 0)
     return twin
+
+
+# --- which runtimes run a model of a precision ---------------------------------------------------
+
+def precision_name(model, quantized) -> str:
+    """A model's precision as reports name it: int4/int8 (`quantized`: its record), else its dtype."""
+    if quantized is not None:
+        return f"int{quantized['plan']['bits']}"
+    return ExportRecord.of(model).dtype
+
+
+def able_runtimes(model, used: list, table: list, requested: list | None, quantized) -> tuple[list, list]:
+    """The runtimes that can run `model`'s ops (`used`, `table`: `runtimes.select`'s; `requested`: the
+    runtimes named with --runtimes, or None): one named that cannot is a
+    UsageError naming the ops it lacks; one taken by default is left out, the table saying why.
+    torch runs the source model, which a quantized model's cost is measured against: not a runtime of it
+    (an fp16 model's torch row is the model in torch's fp16)."""
+    kind = precision_name(model, quantized)
+    keep, out = [], []
+    for row in table:
+        name = row["name"]
+        missing = R.missing_ops(name, model) if name in used else []
+        why = None
+        if missing:
+            why = f"{name} cannot run this {kind} model: it has no {', '.join(missing)}"
+            if requested is not None:
+                can = [r for r in R.ONNX_RUNTIMES if not R.missing_ops(r, model)]
+                raise UsageError(f"{why} (runtimes that can: {', '.join(can)})")
+        elif R.runs_module(name) and R.REGISTRY[name].device != "cpu" and name in used:
+            why = (f"{name}: the model in torch is this check's reference, run on the CPU beside its float64 "
+                   "copy; the export's own rows on the GPU are ort-cuda's")
+            if requested is not None and name in requested:
+                raise UsageError(why)
+        elif R.runs_module(name) and quantized is not None and name in used:
+            why = "torch runs the source model, which this quantized model's cost is measured against"
+        if why is not None:
+            out.append({**row, "used": False, "reason": why})
+            continue
+        out.append(row)
+        if name in used:
+            keep.append(name)
+    if not keep:
+        raise UsageError(f"no runtime selected can run this {kind} model")
+    return keep, out

@@ -132,9 +132,8 @@ def verify_speech(check) -> Report:
     used, table = R.select(check.runtimes, check.skip_unavailable)
     quantized = P.record_of(graphs[W.MERGED])
     dtype = ExportRecord.of(graphs[W.ENCODER]).dtype or "fp32"
-    from attnexport.pretrained.check import able_runtimes
     for graph in graphs.values():
-        used, table = able_runtimes(graph, used, table, check, quantized)
+        used, table = P.able_runtimes(graph, used, table, check.runtimes, quantized)
     lossy = quantized is not None or dtype != "fp32"  # judged by the speech budget
     if dtype != "fp32" and "torch" in used:
         used.remove("torch")

@@ -24,6 +24,7 @@ import numpy as np
 
 from attnexport.compare import Comparison
 from attnexport.pretrained import accuracy as A
+from attnexport.pretrained import model as hf
 from attnexport.pretrained import whisper as W
 
 
@@ -180,8 +181,6 @@ def reference_logits(speech, features: np.ndarray, want: list[list[int]]) -> lis
     """transformers' fp32 forward over each clip's start tokens and fp32 transcript, teacher-forced:
     a clip's logits from its last start token on ((len(want) + 1, V), the last predicting the end)."""
     import torch
-
-    from attnexport.pretrained import model as hf
     first, out = len(speech.start), []
     for i, tokens in enumerate(want):
         ids = torch.tensor([[*speech.start, *tokens]], dtype=torch.int64)
