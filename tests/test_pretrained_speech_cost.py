@@ -1,15 +1,16 @@
-"""A quantized or half Whisper export (`export --hf WHISPER --deploy FOLDER --precision int8|int4|fp16`) of a small
-random model written as a CTranslate2 folder: its matrices as MatMulNBits in every graph (the tied
-head too, the embedding still gathering the float table), each graph checked before writing against
-the model with the file's weights (fp16: every float in half, checked within fp16's budget), and
-verify judging what the folder costs in transcripts against the speech budget (teacher-forced KL and
-top-1, the greedy transcripts' tokens and word error rate).
+"""A quantized or half Whisper export (`export --hf WHISPER --deploy FOLDER --precision int8|fp16`) of a
+small random model written as a CTranslate2 folder: its matrices as MatMulNBits in every graph (the
+tied head too, the embedding still gathering the float table), each graph checked before writing
+against the model with the file's weights (fp16: every float in half, checked within fp16's
+budget), and verify judging what the folder costs in transcripts against the speech budget
+(teacher-forced KL and top-1, the greedy transcripts' tokens and word error rate). int4 is int8's
+path with another plan (its 8-bit head the language models' rule), measured on tiny.en in
+docs/whisper.md.
 
 The [hf] extra (transformers)."""
 
 import json
 
-import numpy as np
 import pytest
 
 pytest.importorskip("transformers", reason="the [hf] extra: pip install -e '.[dev,hf]'")
@@ -69,19 +70,6 @@ def test_verify_judges_an_int8_folder_by_the_speech_budget(int8_folder, whisper_
     assert r.exit_code == 2 and "MatMulNBits" in r.output and len(r.output.strip().splitlines()) == 1
 
 
-def test_int4_keeps_the_head_at_8_bits_and_its_cost_is_measured(whisper_folder, tmp_path):
-    out = tmp_path / "int4"
-    assert cli("export", "--hf", whisper_folder(), "--deploy", out, "--precision", "int4").exit_code == 0
-    decoder = onnx.load(out / "onnx" / "decoder_model_merged.onnx")
-    bits = {a.i for n in all_nodes(decoder.graph) if n.op_type == "MatMulNBits" for a in n.attribute
-            if a.name == "bits"}
-    assert bits == {4, 8}
-    r = cli("verify", out, "--hf", whisper_folder(), "--runtimes", "ort-cpu", "--new-tokens", "10",
-            "--budget", "kl-mean=none,top1=none,agreement=none,wer=none", "--json")
-    row = json.loads(r.output)["results"][0]
-    assert r.exit_code == 0 and np.isfinite(row["detail"]["accuracy"]["kl_mean"])
-
-
 def test_a_speech_budget_takes_its_own_limits():
     b = SCOST.SpeechBudget().with_overrides("wer=0.2, top1=none")
     assert b.wer == 0.2 and b.top1 is None and b.kl_mean == SCOST.SpeechBudget().kl_mean
@@ -125,9 +113,10 @@ def test_fp16_is_every_float_in_half_checked_in_fp16_s_budget_and_judged_by_the_
                                                                                             "use_cache_branch")]
         assert set(floats) == {onnx.TensorProto.FLOAT16}
         assert {i.data_type for i in model.graph.initializer} <= {onnx.TensorProto.FLOAT16, onnx.TensorProto.INT64}
-    r = cli("verify", out, "--hf", whisper_folder(), "--new-tokens", "10", "--json")
+    r = cli("verify", out, "--hf", whisper_folder(), "--runtimes", "torch,ort-cpu", "--skip-unavailable",
+            "--new-tokens", "10", "--json")
     assert r.exit_code == 0, r.output
     report = json.loads(r.output)
-    assert report["dtype"] == "fp16" and {row["runtime"] for row in report["results"]} == {"ort-cpu", "onnx-ref"}
+    assert report["dtype"] == "fp16" and {row["runtime"] for row in report["results"]} == {"ort-cpu"}
     assert "fp16 folder's cost" in next(t["reason"] for t in report["runtimes"] if t["name"] == "torch")
     assert all(row["case"].startswith("accuracy") for row in report["results"])
