@@ -247,7 +247,9 @@ class Checked:
         with float activations, against the model with its weights); returns its result (the first
         step's, with what was checked)."""
         layers, checked = self.speech.layers, []
-        twin = P.float_activations(decoder)  # a quantized one's weights
+        # a quantized one with float activations: its weights against the model with them (an fp32
+        # or fp16 decoder is checked as it is, not copied)
+        twin = P.float_activations(decoder) if P.record_of(decoder) is not None else decoder
         run = W.typed(R.prepare_onnx("ort-cpu", twin).run, twin)
         for graph, use_cache in ((W.DECODER, False), (W.DECODER_WITH_PAST, True)):
             feed = W.merged_feed(self.feeds[graph], self.speech.model.config)
@@ -321,7 +323,8 @@ def export_speech(request, model, params_source: str) -> SpeechExport:
     if static and not r.max_seq <= positions:
         raise UsageError(f"--max-seq {r.max_seq}: Whisper's decoder holds {positions} positions: at most {positions}")
     dtype = "fp16" if r.precision == "fp16" else r.dtype
-    if dtype not in ("fp32", "fp16") or r.precision not in PRECISIONS or r.precision != "fp32" != r.dtype:
+    both = r.precision != "fp32" and r.dtype != "fp32"  # --precision and --dtype together
+    if dtype not in ("fp32", "fp16") or r.precision not in PRECISIONS or both:
         raise UsageError(f"a Whisper model exports in fp32, fp16, int8 or int4 (--precision), not "
                          f"{r.precision if r.dtype == 'fp32' else r.dtype}")
     plan = (r.plan or P.TABLE[r.precision].plan) if r.precision in P.QUANTIZED else None
