@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from attnexport.errors import ProviderUnavailableError, UsageError, reason
+from attnexport.pretrained import ctranslate2
 from attnexport.pretrained.embeddings import pooling_of
 from attnexport.runtimes import js
 
@@ -111,11 +112,11 @@ def _optimum(folder: Path, prompts: list, new_tokens: int, threads: int | None) 
     if threads:
         options.intra_op_num_threads = threads
     use_cache = bool(json.loads((Path(folder) / "config.json").read_text()).get("use_cache", True))
-    model = ORTModelForCausalLM.from_pretrained(str(folder), subfolder="onnx", file_name="model.onnx",
+    model = ORTModelForCausalLM.from_pretrained(_local(folder), subfolder="onnx", file_name="model.onnx",
                                                 provider="CPUExecutionProvider", session_options=options,
                                                 use_cache=use_cache)
     texts = all(isinstance(p, str) or _is_chat(p) for p in prompts)
-    tokenizer = AutoTokenizer.from_pretrained(str(folder)) if texts else None
+    tokenizer = AutoTokenizer.from_pretrained(_local(folder)) if texts else None
     started = time.perf_counter()
     encoded, tokens = greedy_each(model, tokenizer, prompts, new_tokens)
     return ClientRun("optimum", encoded, tokens, (time.perf_counter() - started) * 1e3)
@@ -150,12 +151,20 @@ def greedy_each(model, tokenizer, prompts: list, new_tokens: int) -> tuple[list,
 def _transformers_js(folder: Path, prompts: list, new_tokens: int, threads: int | None) -> ClientRun:
     texts = all(isinstance(p, str) for p in prompts)
     chats = all(_is_chat(p) for p in prompts)
-    request = {"folder": str(Path(folder).resolve()), "prompts": list(prompts) if texts else None,
+    request = {"folder": _local(folder), "prompts": list(prompts) if texts else None,
                "chats": list(prompts) if chats else None,
                "ids": None if texts or chats else [[int(t) for t in p] for p in prompts], "new_tokens": new_tokens,
                "threads": threads or 0}
     answer = _node("generate.mjs", request)
     return ClientRun("transformers.js", answer["prompt_ids"], answer["tokens"], float(answer["ms"]))
+
+
+def _local(folder) -> str:
+    """A deployment folder as the clients are given it: its absolute path. A relative one that reads
+    as a model id ("whisper-onnx") is looked up by transformers' loaders as one first, and Optimum then
+    takes its files from the subfolder alone (measured: the Whisper folder's generation config missed,
+    so Optimum generated without the model's suppression and <|notimestamps|>)."""
+    return str(Path(folder).resolve())
 
 
 def _is_chat(prompt) -> bool:
@@ -202,7 +211,7 @@ def embed(client: str, folder: Path, texts: list[str], threads: int | None = Non
     started = time.perf_counter()
     if client == "sentence-transformers":
         from sentence_transformers import SentenceTransformer
-        model = SentenceTransformer(str(folder), backend="onnx", device="cpu",
+        model = SentenceTransformer(_local(folder), backend="onnx", device="cpu",
                                     model_kwargs={"provider": "CPUExecutionProvider"})
         started = time.perf_counter()
         got = model.encode(texts, batch_size=len(texts), convert_to_numpy=True)
@@ -223,9 +232,9 @@ def _optimum_embeddings(folder: Path, texts: list[str], pooling: str, normalize:
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
-    model = ORTModelForFeatureExtraction.from_pretrained(str(folder), subfolder="onnx", file_name="model.onnx",
+    model = ORTModelForFeatureExtraction.from_pretrained(_local(folder), subfolder="onnx", file_name="model.onnx",
                                                          provider="CPUExecutionProvider", session_options=options)
-    encoded = AutoTokenizer.from_pretrained(str(folder))(texts, padding=True, truncation=True, return_tensors="pt")
+    encoded = AutoTokenizer.from_pretrained(_local(folder))(texts, padding=True, truncation=True, return_tensors="pt")
     states = model(**encoded).last_hidden_state.detach().double().numpy()
     mask = encoded["attention_mask"].numpy()[..., None].astype(np.float64)
     if pooling == "cls":
@@ -240,7 +249,7 @@ def _optimum_embeddings(folder: Path, texts: list[str], pooling: str, normalize:
 def _transformers_js_embeddings(folder: Path, texts: list[str], pooling: str, normalize: bool, threads) -> np.ndarray:
     if pooling not in ("mean", "cls"):
         raise RuntimeError(f"transformers.js' feature-extraction pipeline has no {pooling} pooling")
-    answer = _node("embed.mjs", {"folder": str(Path(folder).resolve()), "texts": list(texts), "pooling": pooling,
+    answer = _node("embed.mjs", {"folder": _local(folder), "texts": list(texts), "pooling": pooling,
                                  "normalize": normalize, "threads": threads or 0})
     return np.asarray(answer["embeddings"], np.float64)
 
@@ -255,7 +264,7 @@ def transcribe(client: str, folder: Path, clips: list, new_tokens: int, threads:
         raise ProviderUnavailableError(f"client {client} is not available: {why}")
     if client == "optimum":
         return _optimum_transcripts(folder, clips, new_tokens, threads)
-    answer = _node("transcribe.mjs", {"folder": str(Path(folder).resolve()),
+    answer = _node("transcribe.mjs", {"folder": _local(folder),
                                       "clips": [np.asarray(c).tolist() for c in clips], "max_new_tokens": new_tokens,
                                       "threads": threads or 0})
     return ClientRun("transformers.js", [], answer["tokens"], float(answer["ms"]))
@@ -263,26 +272,33 @@ def transcribe(client: str, folder: Path, clips: list, new_tokens: int, threads:
 
 def _optimum_transcripts(folder: Path, clips: list, new_tokens: int, threads) -> ClientRun:
     import onnxruntime as ort
-    import torch
     from optimum.onnxruntime import ORTModelForSpeechSeq2Seq
     from transformers import AutoFeatureExtractor
 
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
-    model = ORTModelForSpeechSeq2Seq.from_pretrained(str(folder), subfolder="onnx", use_cache=True, use_merged=True,
+    model = ORTModelForSpeechSeq2Seq.from_pretrained(_local(folder), subfolder="onnx", use_cache=True, use_merged=True,
                                                      provider="CPUExecutionProvider", session_options=options)
-    extractor = AutoFeatureExtractor.from_pretrained(str(folder))
-    config = model.generation_config
-    language = {"language": "en", "task": "transcribe"} if getattr(config, "is_multilingual", False) else {}
+    extractor = AutoFeatureExtractor.from_pretrained(_local(folder))
     started = time.perf_counter()
     tokens = []
     for clip in clips:
         features = extractor(np.asarray(clip), sampling_rate=16000, return_tensors="pt").input_features
-        with torch.no_grad():
-            out = model.generate(features, max_new_tokens=new_tokens, do_sample=False, num_beams=1, **language)
-        tokens.append(spoken(out[0].tolist(), config.eos_token_id))
+        tokens.append(optimum_whisper_generate(model, features, new_tokens))
     return ClientRun("optimum", [], tokens, (time.perf_counter() - started) * 1e3)
+
+
+def optimum_whisper_generate(model, features, new_tokens: int) -> list[int]:
+    """Up to `new_tokens` text tokens from Optimum's ORTModelForSpeechSeq2Seq `model` (English, no
+    timestamps, greedy), without the end token: its `generate` is transformers' Whisper generation,
+    driven by the generation config it read (a deployment folder's copy beside the graphs)."""
+    import torch
+    config = model.generation_config
+    language = {"language": "en", "task": "transcribe"} if ctranslate2.multilingual(model.config.vocab_size) else {}
+    with torch.no_grad():
+        out = model.generate(features, max_new_tokens=new_tokens, do_sample=False, num_beams=1, **language)
+    return spoken(out[0].tolist(), config.eos_token_id)
 
 
 def spoken(ids: list, end: int) -> list[int]:

@@ -418,7 +418,7 @@ def quantize_graphs(speech: Speech, results: dict, plan: P.Plan) -> tuple[Checke
 
 def write_deployment(folder: Path, graphs: dict, speech: Speech) -> None:
     """config.json, generation_config.json, preprocessor_config.json, the tokenizer and `graphs`
-    ({file stem: ModelProto}) in onnx/, as `files.write_folder` writes a folder (nothing half-written)."""
+    ({file stem: ModelProto}) in onnx/ with a copy of generation_config.json, as `files.write_folder` writes a folder (nothing half-written)."""
     from transformers import WhisperFeatureExtractor
 
     model = speech.model
@@ -429,10 +429,14 @@ def write_deployment(folder: Path, graphs: dict, speech: Speech) -> None:
         config = model.config.to_dict()
         config["use_cache"] = True
         (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        (staging / "generation_config.json").write_text(json.dumps(model.generation_config.to_dict(), indent=2,
-                                                                   sort_keys=True) + "\n")
+        generation = json.dumps(model.generation_config.to_dict(), indent=2, sort_keys=True) + "\n"
+        (staging / "generation_config.json").write_text(generation)
         WhisperFeatureExtractor(feature_size=speech.mels).to_json_file(str(staging / "preprocessor_config.json"))
         (staging / GRAPH_DIR).mkdir()
+        # Optimum's ORTModelForSpeechSeq2Seq reads the generation config from the graphs' folder (its
+        # `subfolder`), transformers.js from the top: without this copy Optimum generates with none of the
+        # model's suppression and no <|notimestamps|> start token.
+        (staging / GRAPH_DIR / "generation_config.json").write_text(generation)
         for g, model_proto in graphs.items():
             onnx.save_model(model_proto, str(staging / GRAPH_DIR / f"{g}.onnx"))
     F.write_folder(folder, fill)

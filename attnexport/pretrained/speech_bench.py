@@ -216,16 +216,12 @@ def _optimum(speech: S.Speech, tmp: Path, new_tokens: int, threads: int, info: d
         info["skipped"]["optimum"] = f"Optimum's export failed: {reason(e)[:200]}"
         return []
     model.generation_config = speech.model.generation_config
-    language = {"language": "en", "task": "transcribe"} if CT.multilingual(speech.model.config.vocab_size) else {}
 
     def encode(features):
         return model.encoder(input_features=torch.from_numpy(features), attention_mask=None)
 
     def transcribe(features):
-        with torch.no_grad():
-            ids = model.generate(torch.from_numpy(features), max_new_tokens=new_tokens, do_sample=False, num_beams=1,
-                                 **language)
-        return clients.spoken(ids[0].tolist(), speech.end)
+        return clients.optimum_whisper_generate(model, torch.from_numpy(features), new_tokens)
     return [_Engine("optimum", "-", "fp32", encode, transcribe)]
 
 
