@@ -151,7 +151,7 @@ def export(variant=None, module_spec=None, hf_path=None, **passed):
         if module_only:
             raise UsageError(f"{_MODULE_ONLY} go with --module")
         return export_mod.export(export_mod.ExportRequest(**O.pick(a, export_mod.ExportRequest,
-                                                                   options=given(options))))
+                                                                   options=given(options), seed=a.seed or 0)))
     if isinstance(a.output_names, str):
         a.output_names = a.output_names.split(",")
     request = export_mod.ModuleExport(**O.pick(a, export_mod.ModuleExport, dynamic=dynamic_axes(a.dynamic_specs),
@@ -299,7 +299,7 @@ def bench(variant=None, module_spec=None, hf_path=None, *, progress: Callable | 
         weights = module_weights(options)
         if a.decode or given(options) or a.kv_seq:
             raise UsageError("--module takes --batch and --seq (no --decode, --kv-seq or variant options)")
-        loaded, example, names = modules.load_with_inputs(a.module_spec, a.input_specs, a.seed, weights)
+        loaded, example, names = modules.load_with_inputs(a.module_spec, a.input_specs, a.seed or 0, weights)
         a.variant = bench_mod.module_variant(a.module_spec, loaded, example, names)
     elif a.input_specs:
         raise UsageError("--input goes with --module")
@@ -308,7 +308,8 @@ def bench(variant=None, module_spec=None, hf_path=None, *, progress: Callable | 
         values = int_list("--" + name.replace("_", "-"), text)
         if values:
             opts[name] = values
-    request = bench_mod.BenchRequest(**O.pick(a, bench_mod.BenchRequest, options=opts, flavors=list(a.flavors) or None))
+    request = bench_mod.BenchRequest(**O.pick(a, bench_mod.BenchRequest, options=opts, flavors=list(a.flavors) or None,
+                                                 seed=a.seed or 0))
     chart = str(F.resolve_target(a.plot)) if a.plot else None  # refused before the benchmark runs, not after
     for w in bench_mod.warnings_for(a.runtimes, a.dtype, a.cuda_graph):
         said(f"note: {w}")

@@ -113,8 +113,9 @@ EXPORT = (
     click.Option(["--opset"], type=int, default=None,
                  help="Opset (primitives/ort: 17-18, default 18; attention: 23-24, default 23, 24 for sdpa --nonpad)."),
     click.Option(["--dtype"], type=DTYPE, default="fp32", show_default=True, help="The model's float type."),
-    click.Option(["--seed"], type=SEED, default=0, show_default=True,
-                 help="Seed of the parameters (of a --module class's too: torch's generator is seeded first)."),
+    click.Option(["--seed"], type=SEED, default=None,
+                 help="Seed of the parameters (default 0; of a --module class's too: torch's generator is seeded "
+                      "first; with --hf, a folder with a config and no weights is exported only when it is given)."),
     click.Option(["-o", "--output"], type=click.Path(), default=None,
                  help="Output file (default: models/<variant>.onnx)."),
     click.Option(["--deploy"], type=click.Path(), default=None, metavar="FOLDER",
@@ -261,7 +262,9 @@ BENCH = (
                  help="CPU threads for torch and ONNX Runtime (default: all)."),
     click.Option(["--repeat"], type=click.IntRange(min=1), default=5, show_default=True,
                  help="Rounds the timed runs are split into; each ratio is reported with its spread over them."),
-    click.Option(["--seed"], type=SEED, default=0, show_default=True, help="Seed of parameters and inputs."),
+    click.Option(["--seed"], type=SEED, default=None,
+                 help="Seed of parameters and inputs (default 0; with --hf, a folder with a config and no weights "
+                      "is timed only when it is given)."),
     click.Option(["--json", "as_json"], is_flag=True, help="Print the rows as a JSON list and nothing else."),
     click.Option(["--plot"], type=click.Path(dir_okay=False), default=None, help="Write a latency chart (PNG)."),
 )

@@ -1,7 +1,7 @@
-"""Small sentence encoders from transformers' configs (random weights, nothing downloaded), saved as
-a sentence-transformers folder holding a config, a WordPiece tokenizer whose vocabulary is the
-words of attnexport's check sentences, and the pooling modules: `attnexport export --hf FOLDER`
-draws the weights from its --seed. What the suite exports.
+"""Small sentence encoders from transformers' configs (random weights drawn from a seed, nothing
+downloaded), saved as a sentence-transformers folder holding a config, the weights
+(model.safetensors), a WordPiece tokenizer whose vocabulary is the words of attnexport's check
+sentences, and the pooling modules, as a trained encoder's folder is. What the suite exports.
 
     python examples/tiny_encoders.py bert tiny-bert                     # 2 layers, hidden 64, mean, normalised
     python examples/tiny_encoders.py roberta tiny-roberta --pooling cls --no-normalize
@@ -35,13 +35,17 @@ def words() -> list[str]:
     return sorted(found)
 
 
-def save(arch: str, folder, pooling: str = "mean", normalize: bool = True, **sizes) -> None:
-    """The encoder's config, its tokenizer, and sentence-transformers' modules.json with the
-    pooling (and a Normalize module where `normalize`)."""
-    from transformers import BertTokenizerFast
+def save(arch: str, folder, pooling: str = "mean", normalize: bool = True, seed: int = 0, **sizes) -> None:
+    """The encoder's config and weights (drawn with torch seeded with `seed`), its tokenizer, and
+    sentence-transformers' modules.json with the pooling (and a Normalize module where `normalize`)."""
+    import torch
+    from transformers import AutoModel, BertTokenizerFast
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    config(arch, **sizes).save_pretrained(str(folder))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModel.from_config(config(arch, **sizes), dtype=torch.float32)
+    model.save_pretrained(str(folder))
     vocab = folder / "vocab.txt"
     vocab.write_text("\n".join([*SPECIAL, *words()]) + "\n")
     BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True).save_pretrained(str(folder))

@@ -1,6 +1,6 @@
-"""Small causal language models from transformers' configs (random weights, nothing downloaded),
-saved as `save_pretrained` folders holding a config only: `attnexport export --hf FOLDER` draws
-the weights from its --seed. What the suite and the benchmarks export.
+"""Small causal language models from transformers' configs (random weights drawn from a seed,
+nothing downloaded), saved as `save_pretrained` folders (config.json and model.safetensors), as a
+trained model's folder is. What the suite and the benchmarks export.
 
     python examples/tiny_lms.py llama tiny-llama            # 2 layers, hidden 64
     python examples/tiny_lms.py llama bench-llama --layers 4 --hidden 512 --heads 8 --kv-heads 2 --vocab 32000
@@ -35,8 +35,19 @@ def config(arch: str, layers: int = 2, hidden: int = 64, heads: int = 4, kv_head
                max_position_embeddings=positions, architectures=[name], **ids, **extra)
 
 
-def save(arch: str, folder, **sizes) -> None:
-    config(arch, **sizes).save_pretrained(str(folder))
+def save(arch: str, folder, seed: int = 0, **sizes) -> None:
+    """The `arch` model's folder: its config and its weights, drawn with torch seeded with `seed`."""
+    save_config(config(arch, **sizes), folder, seed)
+
+
+def save_config(c, folder, seed: int = 0) -> None:
+    """The folder of a model of config `c`, its weights drawn with torch seeded with `seed`."""
+    import torch
+    import transformers as T
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = T.AutoModelForCausalLM.from_config(c, dtype=torch.float32)
+    model.save_pretrained(str(folder))
 
 
 if __name__ == "__main__":
@@ -44,9 +55,10 @@ if __name__ == "__main__":
     parser.add_argument("arch", choices=ARCHITECTURES)
     parser.add_argument("folder")
     for flag, default in (("layers", 2), ("hidden", 64), ("heads", 4), ("kv-heads", 2), ("vocab", 1000),
-                          ("window", 4)):
+                          ("window", 4), ("seed", 0)):
         parser.add_argument(f"--{flag}", type=int, default=default)
     a = parser.parse_args()
-    save(a.arch, a.folder, layers=a.layers, hidden=a.hidden, heads=a.heads, kv_heads=a.kv_heads, vocab=a.vocab,
-         window=a.window)
-    print(f"wrote {a.folder}/config.json ({a.arch}, {a.layers} layers, hidden {a.hidden}, vocab {a.vocab})")
+    save(a.arch, a.folder, seed=a.seed, layers=a.layers, hidden=a.hidden, heads=a.heads, kv_heads=a.kv_heads,
+         vocab=a.vocab, window=a.window)
+    print(f"wrote {a.folder}/config.json and model.safetensors ({a.arch}, {a.layers} layers, hidden {a.hidden}, "
+          f"vocab {a.vocab}, weights drawn from seed {a.seed})")

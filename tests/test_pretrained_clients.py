@@ -7,6 +7,7 @@ not installed (CI installs them for the real-model tests: optimum-onnx, sentence
 transformers.js among attnexport's pinned npm packages)."""
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import cli
@@ -155,6 +156,52 @@ def test_an_embedding_client_whose_pooling_differs_fails_its_row(encoder_deploye
     assert not row["passed"] and "over the embedding budget" in row["error"]
 
 
+def test_an_encoder_folder_states_one_longest_input_and_every_client_cuts_a_long_text_there(tiny_encoder, tmp_path):
+    """A source whose files disagree (tokenizer.json: truncation at 16 and fixed padding to 32;
+    tokenizer_config.json: 512; sentence-transformers: 24, the model's own): the deployment folder says
+    24 in each file a client reads, with no fixed padding, and a text longer than that embeds in the
+    plain tokenizers + ONNX Runtime loop and in each client as sentence-transformers embeds it from
+    the source (its first 24 tokens). transformers.js cuts after adding [CLS] and [SEP], so its last
+    token is a word's, not [SEP] (docs/encoders.md): it is held to a looser cosine."""
+    import shutil
+    import sys
+
+    import numpy as np
+    pytest.importorskip("sentence_transformers", reason="sentence-transformers: pip install 'sentence-transformers<6'")
+    from sentence_transformers import SentenceTransformer
+
+    from attnexport.pretrained import embeddings
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "probes"))
+    from encoder_long_text import plain_loop
+    source = tmp_path / "source"
+    shutil.copytree(tiny_encoder("bert"), source)
+    tokenizer = json.loads((source / "tokenizer.json").read_text())
+    tokenizer["truncation"] = {"direction": "Right", "max_length": 16, "strategy": "LongestFirst", "stride": 0}
+    tokenizer["padding"] = {"strategy": {"Fixed": 32}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
+                            "pad_type_id": 0, "pad_token": "[PAD]"}
+    (source / "tokenizer.json").write_text(json.dumps(tokenizer))
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    (source / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 512}))
+    (source / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 24, "do_lower_case": False}))
+    out = tmp_path / "bert-onnx"
+    assert cli("export", "--hf", source, "--deploy", out).exit_code == 0
+    written = json.loads((out / "tokenizer.json").read_text())
+    assert written["truncation"]["max_length"] == 24 and written["padding"] is None
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == 24
+    assert json.loads((out / "sentence_bert_config.json").read_text())["max_seq_length"] == 24
+    texts = [" ".join(embeddings.sentences()[:6]), embeddings.sentences()[0]]
+    want = SentenceTransformer(str(source), device="cpu").encode(texts, convert_to_numpy=True).astype(np.float64)
+    got, kept = plain_loop(out, texts)
+    assert kept[0] == 24 and kept[1] < 24
+    got = {"plain loop": got} | {c: clients.embed(c, out, texts).embeddings for c in clients.EMBEDDERS
+                                 if clients.status(c)[0]}
+    for who, e in got.items():
+        e = np.asarray(e, np.float64)
+        cosine = (e * want).sum(-1) / np.linalg.norm(e, axis=-1) / np.linalg.norm(want, axis=-1)
+        assert cosine[1] > 1 - 1e-6, (who, cosine)
+        assert cosine[0] > (0.95 if who == "transformers.js" else 1 - 1e-6), (who, cosine)
+
+
 # Each turn: its role's word (t3 the user's, t4 the assistant's), its words, t8; then t6, the reply's turn.
 CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}t3{% else %}t4{% endif %} {{ m['content'] }} t8 "
                  "{% endfor %}{% if add_generation_prompt %}t6{% endif %}")
@@ -199,3 +246,24 @@ def test_a_folder_written_under_transformers_5_with_a_chat_template_is_read_by_e
         done = clients.generate(client, out, [chat], 6)
         assert done.prompt_ids == [list(want_ids)], client
         assert done.tokens == [want], client
+
+
+def test_a_client_that_cannot_run_here_is_a_broken_setup_not_a_mismatch(deployed, tmp_path):
+    """transformers.js without its npm packages (and installing them turned off): exit 2 in one line,
+    as a runtime that cannot run is, nothing compared; skipped with the reason under --skip-unavailable."""
+    source, out = deployed
+    env = {"ATTNEXPORT_JS_HOME": str(tmp_path / "no-packages"), "ATTNEXPORT_JS_INSTALL": "0"}
+    r = cli("verify", str(out), "--hf", str(source), "--runtimes", "ort-cpu", "--clients", "transformers.js",
+            "--new-tokens", "4", env=env)
+    assert r.exit_code == 2, r.output
+    assert r.output.strip().splitlines() == [
+        "error: client transformers.js is not available: the npm packages are not installed in "
+        f"{tmp_path}/no-packages: run `attnexport runtimes --install` (use --skip-unavailable to skip it)"]
+    r = cli("verify", str(out), "--hf", str(source), "--runtimes", "ort-cpu", "--clients", "transformers.js",
+            "--new-tokens", "4", "--skip-unavailable", "--json", env=env)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    row = next(row for row in doc["results"] if row["runtime"] == "transformers.js")
+    assert row["skipped"].startswith("transformers.js is not available: the npm packages are not installed")
+    assert {"name": "transformers.js", "available": False, "used": False} == {
+        k: v for k, v in next(t for t in doc["runtimes"] if t["name"] == "transformers.js").items() if k != "reason"}

@@ -80,11 +80,7 @@ def _sentences(folder, texts):
 
 def _torch_embeddings(folder, feed, pooling="mean", normalize=True):
     """What sentence-transformers computes, written out here from the model's token states."""
-    model = transformers.AutoModel.from_pretrained(str(folder)) if (folder / "model.safetensors").exists() else None
-    assert model is None  # the folders hold a config only: the export's weights are drawn from its seed
-    torch.manual_seed(0)
-    config = transformers.AutoConfig.from_pretrained(str(folder))
-    model = transformers.AutoModel.from_config(config).eval()
+    model = transformers.AutoModel.from_pretrained(str(folder)).eval()  # the folder's weights (random, seed 0)
     with torch.no_grad():
         states = model(**{k: torch.from_numpy(v) for k, v in feed.items()}).last_hidden_state.double().numpy()
     mask = feed["attention_mask"][..., None].astype(np.float64)
@@ -156,9 +152,18 @@ def test_verify_judges_an_encoder_on_every_runtime_and_catches_a_changed_weight(
     embedded = [r for r in report.rows if r.case.startswith("embeddings:")]
     assert {r.runtime for r in embedded} == {"torch", "onnx-ref", "ort-cpu"}
     assert all(r.detail["embeddings"]["top5_agreement"] == 1.0 for r in embedded)
-    # The same file against another seed's weights: named, not passed.
-    other = verify_hf(HFCheck(out, folder, runtimes=["ort-cpu"], seed=1))
+    # The same file against a folder one of whose weights changed: named, not passed.
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+    changed = tmp_path / "changed"
+    shutil.copytree(folder, changed)
+    weights = load_file(changed / "model.safetensors")
+    name = next(k for k in weights if k.endswith("layer.1.intermediate.dense.weight"))
+    save_file({**weights, name: weights[name] * 1.01}, changed / "model.safetensors", metadata={"format": "pt"})
+    other = verify_hf(HFCheck(out, changed, runtimes=["ort-cpu"]))
     assert not other.ok and "parameters differ" in other.failures[0].error
+    assert "intermediate.dense.weight" in other.failures[0].error
 
 
 def test_the_command_line_exports_and_verifies_an_encoder(tiny_encoder, tmp_path):
@@ -186,7 +191,8 @@ def test_refusals_are_one_line_and_write_nothing(tiny_encoder, tiny_lm, tmp_path
     shutil.copytree(folder, short)
     config = json.loads((short / "config.json").read_text())
     (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 12}))
-    assert run("export", "--hf", short, "-o", tmp_path / "c.onnx").exit_code == 0  # its own checks fit
+    (short / "model.safetensors").unlink()  # its weights hold 128 positions: drawn for 12 from a seed instead
+    assert run("export", "--hf", short, "-o", tmp_path / "c.onnx", "--seed", "0").exit_code == 0  # its checks fit
     r = run("verify", tmp_path / "c.onnx", "--hf", short, "--runtimes", "ort-cpu")
     assert r.exit_code == 2 and "the model's positions take 12" in r.output
     pooled = tmp_path / "pooled"

@@ -29,7 +29,7 @@ def folders(tmp_path_factory, tiny_lms, tiny_lm):
     tied = tmp_path_factory.mktemp("tied")
     config = tiny_lms.config("llama")
     config.tie_word_embeddings = True
-    config.save_pretrained(tied)
+    tiny_lms.save_config(config, tied)
     made["tied"] = tied
     return made
 
@@ -232,3 +232,32 @@ def test_the_request_of_export_hf_is_the_libraries_own_from_the_command_lines_op
                          ({"block_size": 7}, {"precision": "int4"})):
         with pytest.raises(UsageError):
             hf_export.request("/x/tiny-llama", plan, **fields)
+
+
+def test_a_folder_with_a_config_and_no_weights_is_refused_unless_a_seed_is_given(tiny_lms, tiny_encoder, tmp_path):
+    """A config alone would be a randomly initialised model: export, verify and bench refuse it in one
+    line, nothing written; with --seed N its weights are drawn from N, the note says so, and verify
+    finds N in the file's record (another seed: the parameters differ)."""
+    import shutil
+    lm, encoder = tmp_path / "lm-config", tmp_path / "encoder-config"
+    tiny_lms.config("llama").save_pretrained(lm)
+    shutil.copytree(tiny_encoder("bert"), encoder)
+    (encoder / "model.safetensors").unlink()
+    for source in (lm, encoder):
+        for args in (["export", "--hf", source, "-o", tmp_path / "x.onnx"], ["bench", "--hf", source]):
+            r = run(*args)
+            assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+            assert r.output.strip().splitlines() == [
+                f"error: --hf {source}: a config and no weights (model.safetensors or pytorch_model.bin): the model "
+                "made from it would be randomly initialised; give --seed N to make one on purpose (its weights "
+                "drawn from N)"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["encoder-config", "lm-config"]
+    path = tmp_path / "lm.onnx"
+    r = run("export", "--hf", lm, "--kv-cache", "--seed", "3", "-o", path, "--json")
+    assert r.exit_code == 0, r.output
+    assert any(n.startswith("the weights are random: lm-config has a config and no weights, so they were drawn "
+                            "from --seed 3") for n in _json(r)["notes"])
+    r = run("verify", path, "--hf", lm, "--runtimes", "ort-cpu", "--new-tokens", "4", "--json")
+    assert r.exit_code == 0, r.output
+    r = run("verify", path, "--hf", lm, "--runtimes", "ort-cpu", "--new-tokens", "4", "--seed", "4", "--json")
+    assert r.exit_code == 1 and "the model's parameters differ" in _json(r)["results"][0]["error"]

@@ -20,7 +20,9 @@ from attnexport.pretrained import whisper as W  # noqa: E402
 
 def test_the_export_writes_the_folder_whisper_s_clients_load(whisper_deployed):
     folder, doc = whisper_deployed
-    assert sorted(p.name for p in (folder / "onnx").iterdir()) == ["decoder_model_merged.onnx", "encoder_model.onnx"]
+    assert sorted(p.name for p in (folder / "onnx").iterdir()) == ["decoder_model_merged.onnx", "encoder_model.onnx",
+                                                                    "generation_config.json"]  # Optimum reads it there
+    assert (folder / "onnx" / "generation_config.json").read_text() == (folder / "generation_config.json").read_text()
     for f in ("config.json", "generation_config.json", "preprocessor_config.json", "tokenizer.json",
               "tokenizer_config.json"):
         assert (folder / f).is_file(), f

@@ -16,6 +16,7 @@ from conftest import cli  # noqa: E402
 from test_pretrained_audio import wav  # noqa: E402
 
 from attnexport import runtimes as R  # noqa: E402
+from attnexport.pretrained import ctranslate2 as CT  # noqa: E402
 from attnexport.pretrained import speech as S  # noqa: E402
 from attnexport.pretrained import whisper as W  # noqa: E402
 
@@ -93,3 +94,27 @@ def test_the_multilingual_start_and_int8_variables_verify(whisper_folder, tmp_pa
     assert r.exit_code == 0, r.output
     generation = json.loads((out / "generation_config.json").read_text())
     assert generation["is_multilingual"] and generation["decoder_start_token_id"] == 50258
+
+
+def test_a_config_only_whisper_is_refused_unless_a_seed_is_given_and_verifies_with_the_recorded_one(whisper_folder,
+                                                                                                     tmp_path):
+    """transformers' Whisper folder with a config (and its generation config, tokenizer) and no weights:
+    refused without --seed; exported with --seed 3, whose export records the seed, so its verify
+    draws the same weights (it once drew seed 0 whatever the export's) and passes; --seed 4 differs."""
+    import shutil
+    source = tmp_path / "whisper-config"
+    model = CT.load(whisper_folder())[0]
+    model.config.save_pretrained(source)
+    model.generation_config.save_pretrained(source)
+    shutil.copyfile(whisper_folder() / "tokenizer.json", source / "tokenizer.json")
+    r = cli("export", "--hf", source, "--deploy", tmp_path / "d")
+    assert r.exit_code == 2 and "a config and no weights" in r.output and len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "d").exists()
+    r = cli("export", "--hf", source, "--deploy", tmp_path / "d", "--seed", "3", "--json")
+    assert r.exit_code == 0, r.output
+    assert any(n.startswith("the weights are random") for n in json.loads(r.output[r.output.index("{"):])["notes"])
+    r = cli("verify", tmp_path / "d", "--hf", source, "--runtimes", "ort-cpu", "--new-tokens", "4", "--json")
+    assert r.exit_code == 0, r.output
+    r = cli("verify", tmp_path / "d", "--hf", source, "--runtimes", "ort-cpu", "--new-tokens", "4", "--seed", "4",
+            "--json")
+    assert r.exit_code == 1 and "parameters differ" in json.loads(r.output)["results"][0]["error"]

@@ -11,7 +11,7 @@ pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip 
 
 
 def _timm_problem() -> str:
-    """Why timm cannot be imported here ("" when it can): it is the [hf] extra, and it needs a
+    """Why timm cannot be imported here ("" when it can): it is the [blocks] extra, and it needs a
     torchvision built for the installed torch (PyPI's, a CUDA build, does not load beside the
     CPU-only torch wheel: "operator torchvision::nms does not exist")."""
     try:

@@ -56,7 +56,7 @@ class HFBenchRequest:
     threads: int = 0  # 0: every core, as the command line takes it
     iters: int = 30
     warmup: int = 5
-    seed: int = 0
+    seed: int | None = None  # a config-only folder's weights (None: such a folder is refused)
     prefill: bool = True
     # The Python that runs onnxruntime-genai's model builder (it may need another transformers
     # than Optimum does); None: this one.

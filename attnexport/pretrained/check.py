@@ -108,7 +108,7 @@ class _Context:
                 # --max-seq is the static buffers' (an encoder's max_seq is its position table's, not asked for)
                 max_seq = self.layout.max_seq if self.layout.cache_form.writes_in_place else 0
                 request = hf_export.HFExport(self.check.source, self.layout.form, max_seq, self.flavor,
-                                             dtype=self.dtype, seed=self.check.seed or 0)
+                                             dtype=self.dtype, seed=self.check.seed)
                 self.known_good = hf_export.export_hf(request)[0].model
             return locate(self.onnx_model, self.known_good, feed, runtime, self.dtype)
         except Exception as e:  # noqa: BLE001 - localization is a diagnosis; its failure is reported
@@ -147,9 +147,10 @@ def verify_hf(check: HFCheck) -> Report:
     layout = hf.Layout.of(model)
     if check.clients:
         check = HFCheck(**{**vars(check), "clients": tuple(clients.of_family(check.clients, layout.family))})
+    client_table = clients.select(check.clients, check.skip_unavailable)
     meta = ExportRecord.of(model)
     dtype, flavor = meta.dtype, meta.flavor
-    seed = check.seed if check.seed is not None else meta.number("seed", 0)
+    seed = check.seed if check.seed is not None else meta.number("seed")  # a config-only source's weights
     check = HFCheck(**{**vars(check), "seed": seed})
     hf_model, _ = hf.load(check.source, seed)
     source_family = families.of_model(hf_model)
@@ -190,9 +191,7 @@ def verify_hf(check: HFCheck) -> Report:
         if not changed and not damaged:
             if check.clients:
                 _ROWS[layout.family.client_rows](ctx, prompts, folder)
-    runtimes = R.described(table) + [{"name": c, "available": ok, "reason": why, "used": ok}
-                                     for c in check.clients for ok, why in [clients.status(c)]]
-    return executor.report(runtimes, dtype, [flavor], [str(check.model_path)])
+    return executor.report(R.described(table) + client_table, dtype, [flavor], [str(check.model_path)])
 
 
 def _prepared(runtime: str, model) -> R.Prepared:
@@ -438,9 +437,7 @@ def _embedding_client_rows(ctx: _Context, prompts, folder) -> None:
         row = ctx.row(f"client: embed {len(texts)} sentences from the folder", client,
                       "transformers' embeddings of the same sentences")
         row.flavor = "-"
-        ok, why = clients.status(client)
-        if not ok:
-            row.error = f"{client} is not available: {why}"
+        row.skipped = clients.skipped(client)
         ctx.executor.run(row, functools.partial(clients.embed, client, folder, texts, R.cpu_threads()),
                          functools.partial(_judge_embeddings, row, want, budget, precision,
                                            lambda done: done.embeddings))
@@ -494,12 +491,10 @@ def _client_rows(ctx: _Context, prompts, folder) -> None:
         row = ctx.row(f"client: generate {n} tokens from the folder, {len(prompts)} prompts, one at a time", client,
                       "transformers' generate(do_sample=False), one prompt at a time", exact)
         row.flavor = "-"
-        ok, why = clients.status(client)
+        row.skipped = clients.skipped(client)
         cannot = ctx.layout.cache_form.cannot
-        if client in cannot:
+        if client in cannot and not row.skipped:
             row.error = f"{client} cannot run the {ctx.layout.form} form: {cannot[client]}"
-        elif not ok:
-            row.error = f"{client} is not available: {why}"
         ctx.executor.run(row, functools.partial(clients.generate, client, folder, given, n, R.cpu_threads()),
                          functools.partial(judge, row, client))
 

@@ -66,6 +66,25 @@ def of_family(names, family) -> list[str]:
     return wanted
 
 
+def select(names, skip_unavailable: bool = False) -> list[dict]:
+    """Each client of `names` with its status ({name, available, reason, used}), as verify reports
+    its runtimes: one that cannot run here is a ProviderUnavailableError (exit 2, a broken setup, not
+    a mismatch) unless `skip_unavailable`, when its row is skipped with the reason."""
+    table = []
+    for name in names:
+        ok, why = status(name)
+        if not ok and not skip_unavailable:
+            raise ProviderUnavailableError(f"client {name} is not available: {why} (use --skip-unavailable to skip it)")
+        table.append({"name": name, "available": ok, "reason": why, "used": ok})
+    return table
+
+
+def skipped(client: str) -> str:
+    """Why a client's row is skipped ("" when the client is available)."""
+    ok, why = status(client)
+    return "" if ok else f"{client} is not available: {why}"
+
+
 def status(client: str) -> tuple[bool, str]:
     """(available, what it is or why not)."""
     from importlib.metadata import version
@@ -86,8 +105,9 @@ def status(client: str) -> tuple[bool, str]:
     node, why = js.find_node()
     if node is None:
         return False, why
-    if not js.installed():
-        return False, f"the npm packages are not installed in {js.home()}: run `attnexport runtimes --install`"
+    ok, missing = js.packages()  # installed on first use, as the runtimes' are
+    if not ok:
+        return False, missing
     return True, f"transformers.js (@huggingface/transformers {js.pins()['@huggingface/transformers']}), Node {why}"
 
 
@@ -175,6 +195,7 @@ def _is_chat(prompt) -> bool:
 def _node(script: str, request: dict) -> dict:
     """The answer of one of attnexport's transformers.js scripts (js/`script`) to `request`."""
     node, _ = js.find_node()
+    js.install()  # the pinned npm packages, once (nothing to do when they are there)
     with tempfile.TemporaryDirectory(prefix="attnexport-client-") as tmp:
         path = Path(tmp) / "request.json"
         path.write_text(json.dumps(request))

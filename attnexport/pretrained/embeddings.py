@@ -188,3 +188,34 @@ def pooling_of(source) -> tuple[str, bool]:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UsageError(f"--hf {source}: its sentence-transformers files are damaged ({e})") from None
     return pooling, "Normalize" in kinds
+
+
+def max_length(source, positions: int) -> int:
+    """The longest input a sentence encoder at `source` takes, as its own files say: its
+    sentence-transformers `max_seq_length` (what its model card's users get), else its tokenizer's
+    `model_max_length`, else the `positions` its position table holds (never more than those)."""
+    folder = Path(str(source))
+    for name, key in (("sentence_bert_config.json", "max_seq_length"), ("tokenizer_config.json", "model_max_length")):
+        path = folder / name
+        if folder.is_dir() and path.is_file():
+            value = json.loads(path.read_text()).get(key)
+            if isinstance(value, int | float) and 0 < value < 10**6:  # transformers' "no limit" is 1e30
+                return min(int(value), positions)
+    return positions
+
+
+def state_max_length(folder: Path, length: int) -> None:
+    """`length` written into each of the deployment folder's files that a client reads its longest
+    input from, and tokenizer.json's fixed padding taken out (each client pads a batch to its longest)."""
+    tokenizer = folder / "tokenizer.json"
+    if tokenizer.is_file():
+        data = json.loads(tokenizer.read_text())
+        data["truncation"] = {"direction": "Right", "max_length": length, "strategy": "LongestFirst", "stride": 0}
+        data["padding"] = None
+        tokenizer.write_text(json.dumps(data, ensure_ascii=False) + "\n")
+    for name, key in (("tokenizer_config.json", "model_max_length"), ("sentence_bert_config.json", "max_seq_length")):
+        path = folder / name
+        if path.is_file():
+            config = json.loads(path.read_text())
+            config[key] = length
+            path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")

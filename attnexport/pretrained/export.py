@@ -45,7 +45,8 @@ class HFExport:
         form: the cache form: `none`, `concat`, `static` (None: the family's default: none for a
             causal language model, embed for a sentence encoder).
         max_seq: the static buffers' positions.
-        flavor, opset, dtype, seed: the module export's settings (seed: a config-only folder's weights).
+        flavor, opset, dtype: the module export's settings.
+        seed: a config-only folder's weights are drawn from it (None: such a folder is refused).
         output: the .onnx file to write; None with no deploy: in memory only.
         deploy: a folder to write as a deployment loads it (config.json, generation_config.json,
             the tokenizer's files, the model in onnx/), instead of `output`.
@@ -63,7 +64,7 @@ class HFExport:
     opset: int | None = None
     dtype: str = "fp32"
     output: str | Path | None = None
-    seed: int = 0
+    seed: int | None = None
     deploy: str | Path | None = None
     rtol: float | None = None
     atol: float | None = None
@@ -193,6 +194,8 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
                               f"{', '.join(tested)})") from None
         raise
     result.notes.append(_checked_note(result.checked))
+    if params_source == "seed":
+        result.notes.append(hf.random_note(r.source, r.seed))
     if plan is not None:
         result.notes.append(f"{r.precision}: {quantized['done'].summary()} (block {plan.block}, accuracy level "
                             f"{plan.accuracy}); what it costs in answers: attnexport verify MODEL --hf SOURCE")
@@ -338,6 +341,7 @@ def write_deployment(folder: Path, result: ModuleExportResult, model, source, to
             with contextlib.redirect_stdout(None):
                 tokenizer.save_pretrained(str(staging))
         portable_tokenizer_config(staging)
+        layout.family.finish_folder(staging, source, layout)
         config = model.config.to_dict()
         config.pop("quantization_config", None)
         config["use_cache"] = layout.cache_form.caches

@@ -66,6 +66,10 @@ class Family:
         relative to it)."""
         return []
 
+    def finish_folder(self, folder: Path, source, layout) -> None:
+        """What this family's deployment folder (being written in `folder`, its files copied from
+        `source`) needs changed so that every client reads it alike."""
+
     def accepts(self, config) -> bool:
         return any(a.endswith(self.architectures) for a in getattr(config, "architectures", None) or [])
 
@@ -174,6 +178,13 @@ class Encoder(Family):
                 if module.get("path") and where.is_dir():
                     found += sorted(str(p.relative_to(folder)) for p in where.rglob("*") if p.is_file())
         return found
+
+    def finish_folder(self, folder: Path, source, layout) -> None:
+        """One longest input in every file a client reads (`embeddings.max_length`: the model's own),
+        and no fixed padding: tokenizer.json's truncation (a plain tokenizers loop, transformers.js'
+        tokenizer), tokenizer_config.json's model_max_length (transformers' and Optimum's tokenizer,
+        transformers.js' pipeline) and sentence_bert_config.json's max_seq_length (sentence-transformers)."""
+        EM.state_max_length(folder, EM.max_length(source, layout.max_seq))
 
     def generate(self, run, layout, prompts, new_tokens, watch=None, dtype=np.float32):
         raise UsageError(f"a {self.what} generates no tokens")

@@ -144,13 +144,13 @@ def _build(make, source) -> tuple:
     return make("eager"), "eager"
 
 
-def load(source: str | Path, seed: int = 0):
+def load(source: str | Path, seed: int | None = None):
     """(model, where its parameters came from) for a causal language model: `source` is a folder
-    saved with `save_pretrained` (weights read from it, or drawn from `seed` when it has a config
-    only), a GGUF file (its tensors dequantized to float32, as transformers reads them) or a model
-    id transformers' `from_pretrained` resolves. The model is in float32, eval mode, with the
-    sdpa attention where its architecture has one, else eager (routed through attnexport's core
-    at export either way)."""
+    saved with `save_pretrained` (weights read from it; a config alone is refused unless `seed` is
+    given, when its weights are drawn from it: a random model is never made unasked), a GGUF file
+    (its tensors dequantized to float32, as transformers reads them) or a model id transformers'
+    `from_pretrained` resolves. The model is in float32, eval mode, with the sdpa attention where
+    its architecture has one, else eager (routed through attnexport's core at export either way)."""
     try:
         import transformers
     except ImportError:
@@ -169,6 +169,10 @@ def load(source: str | Path, seed: int = 0):
         raise UsageError(f"--hf {source}: no transformers config there ({reason(e)[:200]})") from None
     family = families.of_config(config, source)
     build = getattr(transformers, family.auto_class)
+    if folder.is_dir() and not _has_weights(folder) and seed is None:
+        raise UsageError(f"--hf {source}: a config and no weights ({' or '.join(_WEIGHT_FILES[::2])}): the model "
+                         "made from it would be randomly initialised; give --seed N to make one on purpose (its "
+                         "weights drawn from N)")
     try:
         with quiet_transformers():
             if folder.is_dir() and not _has_weights(folder):
@@ -176,6 +180,8 @@ def load(source: str | Path, seed: int = 0):
                     torch.manual_seed(seed)
                     model, _ = _build(lambda attn: build.from_config(
                         config, attn_implementation=attn, dtype=torch.float32), source)
+                if (folder / "generation_config.json").is_file():  # from_config reads only the model's config
+                    model.generation_config = transformers.GenerationConfig.from_pretrained(str(folder))
                 source_of_params = "seed"
             else:
                 model, _ = _build(lambda attn: build.from_pretrained(
@@ -184,6 +190,12 @@ def load(source: str | Path, seed: int = 0):
     except Exception as e:  # noqa: BLE001 - transformers' reason, in one line
         raise UsageError(f"--hf {source}: transformers cannot build the model ({reason(e)[:300]})") from None
     return model.eval(), source_of_params
+
+
+def random_note(source, seed) -> str:
+    """What an export of a folder with a config and no weights says of them."""
+    return (f"the weights are random: {Path(str(source)).name} has a config and no weights, so they were drawn "
+            f"from --seed {seed} (verify finds the seed in the file's record)")
 
 
 def _load_gguf(path: Path):

@@ -32,6 +32,7 @@ from attnexport.errors import ExportError, UsageError, reason
 from attnexport.export import ModuleExport, ModuleExportResult, export_module
 from attnexport.pretrained import audio as AU
 from attnexport.pretrained import ctranslate2 as CT
+from attnexport.pretrained import model as HM
 from attnexport.pretrained import precision as P
 from attnexport.pretrained import reference as HR
 from attnexport.pretrained import whisper as W
@@ -343,11 +344,12 @@ def export_speech(request, model, params_source: str) -> SpeechExport:
         request = ModuleExport(
             flavor=flavor, opset=opset, dtype=dtype, dynamic=W.dynamic_axes(g, layers, static), output=None,
             input_names=W.inputs(g, layers, static), output_names=W.outputs(g, layers), name=f"whisper {g}",
-            record={"params_source": params_source}, cache=W.cache_pairs(layers) if cached else None,
+            seed=r.seed if params_source == "seed" else None, record={"params_source": params_source},
+            cache=W.cache_pairs(layers) if cached else None,
             write_pos=W.WRITE_POS if static and g != W.ENCODER else None,
             rewrite=_tied_head if g != W.ENCODER else None, check=functools.partial(checked.check, g))
         results[g] = export_module(module, examples[g], request)
-    notes = []
+    notes = [HM.random_note(r.source, r.seed)] if params_source == "seed" else []
     if plan is not None:
         checked, done = quantize_graphs(speech, results, plan)
         notes.append(f"{r.precision}: " + "; ".join(f"{g} {d.summary()}" for g, d in done.items())
@@ -418,7 +420,8 @@ def quantize_graphs(speech: Speech, results: dict, plan: P.Plan) -> tuple[Checke
 
 def write_deployment(folder: Path, graphs: dict, speech: Speech) -> None:
     """config.json, generation_config.json, preprocessor_config.json, the tokenizer and `graphs`
-    ({file stem: ModelProto}) in onnx/ with a copy of generation_config.json, as `files.write_folder` writes a folder (nothing half-written)."""
+    ({file stem: ModelProto}) in onnx/ with a copy of generation_config.json, as `files.write_folder`
+    writes a folder (nothing half-written)."""
     from transformers import WhisperFeatureExtractor
 
     model = speech.model

@@ -115,7 +115,8 @@ def verify_speech(check) -> Report:
         if check.clients:
             raise UsageError(f"--clients: {files[W.MERGED].name}'s inputs (write_pos, fixed buffers) are attnexport's "
                              "own, which Optimum and transformers.js do not feed; export the concat form for them")
-    model, _ = hf.load(check.source, 0)
+    recorded = ExportRecord.of(graphs[W.ENCODER]).number("seed")  # a config-only source's weights' seed
+    model, _ = hf.load(check.source, check.seed if check.seed is not None else recorded)
     family = families.of_model(model)
     if not isinstance(family, families.EncoderDecoder):
         raise UsageError(f"{folder.name} is a Whisper export; --hf {check.source} is a {family.what}: give the model "
@@ -128,6 +129,7 @@ def verify_speech(check) -> Report:
         raise UsageError(f"--new-tokens {check.new_tokens}: the decoder holds {positions} positions, "
                          f"{len(speech.start)} of them the start tokens: at most {room}")
     wanted = clients.of_family(check.clients, family) if check.clients else []
+    client_table = clients.select(wanted, check.skip_unavailable)
     checked = S.Checked(speech, "fp32", max_seq)
     used, table = R.select(check.runtimes, check.skip_unavailable)
     quantized = P.record_of(graphs[W.MERGED])
@@ -165,9 +167,7 @@ def verify_speech(check) -> Report:
             _transcript_row(ctx, rt, features, want, check.new_tokens, len(clips))
         for client in wanted:
             _client_row(ctx, client, clips, want, check.new_tokens, not lossy)
-    runtimes = R.described(table) + [{"name": c, "available": ok, "reason": why, "used": ok}
-                                     for c in wanted for ok, why in [clients.status(c)]]
-    return executor.report(runtimes, ctx.precision, [flavor], [str(folder)])
+    return executor.report(R.described(table) + client_table, ctx.precision, [flavor], [str(folder)])
 
 
 def reference_transcripts(speech: S.Speech, features: np.ndarray, new_tokens: int) -> list[list[int]]:
@@ -272,7 +272,7 @@ def _client_row(ctx: _Context, client: str, clips, want, new_tokens: int, exact:
     quantized folder, `exact` false) those of the folder's graphs on ONNX Runtime's CPU provider:
     the client loads and runs the file as attnexport's loop does."""
     mine: list = []
-    if not exact:
+    if not exact and not clients.skipped(client):
         ctx.prepared.setdefault("ort-cpu", {g: R.prepare_onnx("ort-cpu", m) for g, m in ctx.graphs.items()})
         features = np.stack([AU.log_mel(c, ctx.speech.mels) for c in clips])
         encoder, first, later = ctx.steps("ort-cpu")
@@ -280,9 +280,7 @@ def _client_row(ctx: _Context, client: str, clips, want, new_tokens: int, exact:
     row = ctx.row(f"client: transcribe {len(clips)} clip(s) from the folder", client,
                   "transformers' generate in fp32" if exact else "the folder's graphs on ort-cpu", EXACT)
     row.flavor = "-"
-    ok, why = clients.status(client)
-    if not ok:
-        row.error = f"{client} is not available: {why}"
+    row.skipped = clients.skipped(client)
     ctx.executor.run(row, functools.partial(clients.transcribe, client, ctx.folder, clips, new_tokens,
                                             R.cpu_threads()),
                      lambda done: _judge_tokens(row, want if exact else mine, client, done.tokens,

@@ -113,6 +113,18 @@ def _may_install() -> bool:
     return os.environ.get("ATTNEXPORT_JS_INSTALL", "1").strip().lower() not in ("0", "no", "off", "false")
 
 
+def packages() -> tuple[bool, str]:
+    """(whether the pinned npm packages are installed or can be on first use, why not): installing
+    needs npm, and is off with ATTNEXPORT_JS_INSTALL=0."""
+    if installed():
+        return True, ""
+    if not _may_install():
+        return False, f"the npm packages are not installed in {home()}: run `attnexport runtimes --install`"
+    if shutil.which("npm") is None:
+        return False, "no npm on the PATH to install onnxruntime-node/-web (it comes with Node.js)"
+    return True, ""
+
+
 def status(name: str) -> R.Status:
     node, why = find_node()
     if node is None:
@@ -122,12 +134,9 @@ def status(name: str) -> R.Status:
         browser, version = find_chromium()
         if browser is None:
             return R.Status(name, False, version)
-    if not installed():
-        if not _may_install():
-            return R.Status(name, False, f"the npm packages are not installed in {home()}: run "
-                                         "`attnexport runtimes --install`")
-        if shutil.which("npm") is None:
-            return R.Status(name, False, "no npm on the PATH to install onnxruntime-node/-web (it comes with Node.js)")
+    ok, missing = packages()
+    if not ok:
+        return R.Status(name, False, missing)
     pinned = pins()
     if name == "ort-node":
         return R.Status(name, True, f"onnxruntime-node {pinned['onnxruntime-node']}, Node {why}")
