@@ -309,6 +309,8 @@ def speech_bench(rows, info: dict, path: str) -> None:
                    f"{row.encoder_p10_ms:.1f}, p90 {row.encoder_p90_ms:.1f}), {row.token_ms:.2f} ms a token, "
                    f"transcription {row.transcription_ms:.1f} ms (p10 {row.transcription_p10_ms:.1f}, p90 "
                    f"{row.transcription_p90_ms:.1f}), real-time factor {row.real_time_factor:.3f}{ratios}; {said}")
+    if info.get("features"):
+        click.echo(f"note: features: {info['features']}")
     _skipped(info)
 
 

@@ -170,12 +170,20 @@ def test_refusals_are_one_line(folders, tmp_path):
              (["export", "--hf", folders["llama"], "--rtol", "-1"], 2, "finite number >= 0"),
              (["export", "--hf", tmp_path / "bad.gguf"], 2, "GGUF"),
              (["export", "--hf", folders["gemma2"], "--kv-cache", "--flavor", "ort"], 1, "softcap"),
-             (["verify", tmp_path / "x.onnx", "--clients", "optimum"], 2, "goes with --hf")]
+             (["verify", tmp_path / "x.onnx", "--clients", "optimum"], 2, "goes with --hf"),
+             # an empty folder named "empty" (transformers once guessed the model type mpt from its name)
+             (["export", "--hf", tmp_path / "empty", "-o", tmp_path / "x.onnx"], 2,
+              "a folder without a config.json (a save_pretrained folder, a CTranslate2 Whisper folder"),
+             # a name that is no path: read from the local cache only, no network wait
+             (["export", "--hf", "no-such-model-id", "-o", tmp_path / "x.onnx"], 2,
+              "no such file or folder, and no model of that id in the Hugging Face cache (nothing is downloaded "
+              "unless asked: HF_HUB_OFFLINE=0)")]
+    (tmp_path / "empty").mkdir()
     for args, code, said in cases:
-        r = run(*args)
+        r = run(*args, env={"HF_HUB_OFFLINE": None})
         assert r.exit_code == code and said in r.output and "Traceback" not in r.output, (args, r.output)
         assert len(r.output.strip().splitlines()) == 1, r.output
-    assert not (tmp_path / "d").exists()
+    assert not (tmp_path / "d").exists() and not (tmp_path / "x.onnx").exists()
 
 
 def test_a_budget_of_nothing_stops_the_export_before_anything_is_written(folders, tmp_path):

@@ -36,6 +36,19 @@ def test_bench_times_each_engine_beside_its_transcript(whisper_folder, tmp_path)
                                                           / ours["transcription_ms"])
     for engine in ("optimum", "ctranslate2"):  # timed where installed, else said why
         assert any(k[0] == engine for k in rows) or any(engine in k for k in doc["info"]["skipped"])
+    # Each engine is fed the features its users feed it, and compared with transformers' own transcript
+    # from transformers' own features (its WhisperFeatureExtractor, not attnexport's log-mel).
+    assert doc["info"]["features"].startswith("transformers' WhisperFeatureExtractor (transformers, Optimum, "
+                                              "CTranslate2); attnexport's audio.log_mel (attnexport)")
+    from attnexport.pretrained import audio as AU
+    from attnexport.pretrained import ctranslate2 as CT
+    from attnexport.pretrained import speech_check as SC
+    speech = S.Speech.of(CT.load(whisper_folder())[0], whisper_folder())
+    features = SB.transformers_features(AU.read_wav(clip), speech.mels)
+    import transformers
+    extractor = transformers.WhisperFeatureExtractor(feature_size=speech.mels)
+    assert (features == extractor(AU.read_wav(clip), sampling_rate=16000, return_tensors="np").input_features).all()
+    assert doc["info"]["transcript"] == SC.reference_transcripts(speech, features, 64 - len(speech.start))[0]
 
 
 def test_bench_refuses_what_a_speech_model_does_not_take(whisper_folder):

@@ -56,6 +56,18 @@ def test_audio_of_the_wrong_kind_is_refused_in_one_line(whisper_deployed, whispe
               "sampled at 8000 Hz")
     _one_line(cli("verify", folder, "--hf", whisper_folder(), "--audio", tmp_path / "absent.wav"), "no such file")
     _one_line(cli("verify", "model.onnx", "--audio", wav(tmp_path / "ok.wav", second)), "goes with --hf")
+    _one_line(cli("verify", folder, "--hf", whisper_folder(), "--audio", wav(tmp_path / "e.wav", second[:0])),
+              "e.wav: holds no samples")
+    cut = tmp_path / "cut.wav"
+    cut.write_bytes(wav(tmp_path / "whole.wav", second).read_bytes()[:20000])  # a copy that stopped half way
+    _one_line(cli("verify", folder, "--hf", whisper_folder(), "--audio", cut), "cut.wav: truncated: its data chunk")
+    import shutil
+    half = tmp_path / "half"
+    shutil.copytree(folder, half)
+    (half / "onnx" / "encoder_model.onnx").unlink()
+    _one_line(cli("verify", half, "--hf", whisper_folder(), "--audio", wav(tmp_path / "ok.wav", second)),
+              "a Whisper folder holds onnx/encoder_model.onnx and onnx/decoder_model_merged.onnx (export --hf "
+              "--deploy); it lacks encoder_model.onnx")
 
 
 def test_verify_names_parameters_that_differ_from_the_source(whisper_deployed, tiny_whisper, tmp_path):

@@ -120,3 +120,73 @@ def test_fp16_is_every_float_in_half_checked_in_fp16_s_budget_and_judged_by_the_
     assert report["dtype"] == "fp16" and {row["runtime"] for row in report["results"]} == {"ort-cpu"}
     assert "fp16 folder's cost" in next(t["reason"] for t in report["runtimes"] if t["name"] == "torch")
     assert all(row["case"].startswith("accuracy") for row in report["results"])
+
+
+def _fake_whisper(next_token):
+    """(steps, speech) of a Whisper stand-in: vocabulary 8, start tokens 5 6, end token 7, one layer;
+    its decoder's logits after k text tokens, the last `last`, are `next_token(k, last)` (a list of 8).
+    The self cache carries the count of tokens seen in its third axis; `later.ids` the tokens so far."""
+    import types
+
+    import numpy as np
+
+    from attnexport.pretrained import whisper as W
+    start = (5, 6)
+
+    def logits_after(ids):
+        k = len(ids) - len(start)
+        return np.array(next_token(k, ids[-1] if k else None), np.float64)
+
+    def first(feed):
+        ids = feed["input_ids"][0].tolist()
+        rows = [logits_after(ids[:t + 1]) if t + 1 >= len(start) else np.zeros(8) for t in range(len(ids))]
+        seen = np.zeros((1, 1, len(ids), 1), np.float32)
+        return {"logits": np.array(rows)[None], "present.0.decoder.key": seen, "present.0.decoder.value": seen,
+                "present.0.encoder.key": np.zeros((1, 1, 1, 1), np.float32),
+                "present.0.encoder.value": np.zeros((1, 1, 1, 1), np.float32), "_ids": ids}
+
+    def later(feed):
+        seen = feed["past_key_values.0.decoder.key"].shape[2]
+        token = int(feed["input_ids"][0, 0])
+        said = later.ids[:seen] + [token]
+        later.ids = said
+        grown = np.zeros((1, 1, seen + 1, 1), np.float32)
+        return {"logits": logits_after(said)[None, None], "present.0.decoder.key": grown,
+                "present.0.decoder.value": grown}
+
+    def run_first(feed):
+        out = first(feed)
+        later.ids = out.pop("_ids")
+        return out
+    later.ids = []
+    steps = (lambda feed: {"last_hidden_state": np.zeros((1, 1, 1), np.float32)}, run_first, later)
+    speech = types.SimpleNamespace(tokens=W.Tokens(start, 7, (), ()), layers=1, end=7, start=list(start))
+    return steps, speech
+
+
+def test_a_departure_at_a_near_tie_of_fp32_is_taken_its_way_and_any_other_counts():
+    """Hand-worked: fp32 says 1 2 3; the file says 1 4 3 (at its second token it prefers 4, logit 1.0
+    to 2's 0.9; after fp32's 1 2 it says 3 then the end). Where fp32's 2 leads the next by 0.3 logits
+    (below the margin of 1) the departure is a near tie: the clip is transcribed again from 1 2 and
+    judged 1 2 3, the tie at token 1 reported; where fp32 leads by 2, the file's 1 4 3 is judged."""
+    import numpy as np
+
+    def file(k, last):
+        table = {0: {1: 1.0}, 1: {4: 1.0, 2: 0.9}, 2: {3: 1.0}, 3: {7: 1.0}}
+        row = [-5.0] * 8
+        for token, value in table[min(k, 3)].items():
+            row[token] = value
+        return row
+    steps, speech = _fake_whisper(file)
+    own = [1, 4, 3]
+    reference = np.full((4, 8), -5.0)  # fp32's logits along 1 2 3 and its end
+    for t, token in enumerate([1, 2, 3, 7]):
+        reference[t, token] = 1.0
+    reference[1, 4] = 0.7  # fp32's 2 leads 4 by 0.3
+    assert SCOST.lead(reference[1], 2, set()) == pytest.approx(0.3)
+    assert SCOST.lead(reference[1], 2, {4}) == pytest.approx(6.0)  # 4 banned: the next allowed is at -5
+    features = np.zeros((1, 1, 1), np.float32)
+    assert SCOST.untied(steps, speech, features, own, [1, 2, 3], reference, 10, 1.0) == ([1, 2, 3], [1])
+    reference[1, 4] = -1.0  # fp32 decided (a lead of 2): the file's own transcript is judged
+    assert SCOST.untied(steps, speech, features, own, [1, 2, 3], reference, 10, 1.0) == ([1, 4, 3], [])
+    assert SCOST.untied(steps, speech, features, [1, 2, 3], [1, 2, 3], reference, 10, 1.0) == ([1, 2, 3], [])

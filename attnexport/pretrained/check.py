@@ -136,6 +136,7 @@ def verify_hf(check: HFCheck) -> Report:
     check_tolerance_values(check.rtol, check.atol)
     if speech_check.is_deployment(check.model_path):
         return speech_check.verify_speech(check)
+    speech_check.refuse_incomplete(check.model_path)
     if check.audio:
         raise UsageError("--audio goes with a Whisper deployment folder as MODEL (export --hf --deploy)")
     path, folder = model_file(check.model_path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -113,6 +114,12 @@ class Layout:
 
 # --- loading ------------------------------------------------------------------------------------
 
+def downloads_allowed() -> bool:
+    """Whether a model id may be looked up on the Hugging Face Hub: only when the user asks for it
+    (HF_HUB_OFFLINE=0); else it is read from the local cache alone, with no network wait."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("0", "false", "no", "off")
+
+
 def _has_weights(folder: Path) -> bool:
     return any((folder / f).is_file() for f in _WEIGHT_FILES)
 
@@ -162,10 +169,17 @@ def load(source: str | Path, seed: int | None = None):
         raise UsageError(f"--hf {source}: no such folder")
     if ctranslate2.is_folder(folder):
         return ctranslate2.load(folder)
+    if folder.is_dir() and not (folder / "config.json").is_file():
+        raise UsageError(f"--hf {source}: a folder without a config.json (a save_pretrained folder, a CTranslate2 "
+                         "Whisper folder with its model.bin, or a GGUF file)")
+    local = not folder.exists() and not downloads_allowed()
     try:
         with quiet_transformers():
-            config = transformers.AutoConfig.from_pretrained(str(source))
+            config = transformers.AutoConfig.from_pretrained(str(source), local_files_only=local)
     except Exception as e:  # noqa: BLE001 - transformers' reason, in one line
+        if local:
+            raise UsageError(f"--hf {source}: no such file or folder, and no model of that id in the Hugging Face "
+                             "cache (nothing is downloaded unless asked: HF_HUB_OFFLINE=0)") from None
         raise UsageError(f"--hf {source}: no transformers config there ({reason(e)[:200]})") from None
     family = families.of_config(config, source)
     build = getattr(transformers, family.auto_class)
@@ -185,7 +199,7 @@ def load(source: str | Path, seed: int | None = None):
                 source_of_params = "seed"
             else:
                 model, _ = _build(lambda attn: build.from_pretrained(
-                    str(source), attn_implementation=attn, dtype=torch.float32), source)
+                    str(source), attn_implementation=attn, dtype=torch.float32, local_files_only=local), source)
                 source_of_params = "given: " + (folder.name or str(source))
     except Exception as e:  # noqa: BLE001 - transformers' reason, in one line
         raise UsageError(f"--hf {source}: transformers cannot build the model ({reason(e)[:300]})") from None
@@ -248,6 +262,8 @@ def tokenizer_of(source: str | Path):
     import transformers
     path = Path(source)
     where, extra = (str(path.parent), {"gguf_file": path.name}) if path.is_file() else (str(source), {})
+    if not path.exists() and not downloads_allowed():
+        extra["local_files_only"] = True
     if path.is_dir() and not any((path / f).is_file() for f in _TOKENIZER_FILES):
         return None
     try:

@@ -5,8 +5,11 @@ length), beside transformers eager in the same run and the engines its users wou
 Optimum's export of the same weights on ONNX Runtime, and CTranslate2 (what faster-whisper runs; the
 same model.bin, where the source is a CTranslate2 folder) in float32 and int8.
 
-Every engine reads the same weights on the same threads and transcribes from the same log-mel
-features (computed once, outside the times). Each time is the median of `iters` runs after `warmup`
+Every engine reads the same weights on the same threads and transcribes from the log-mel
+features its users feed it (computed once, outside the times): transformers' WhisperFeatureExtractor
+for transformers, Optimum and CTranslate2 (what their pipelines compute), attnexport's NumPy one
+(`audio.log_mel`, within 3e-5 of it) for attnexport's folder; the transcript each is compared
+with is transformers' own, from its own features. Each time is the median of `iters` runs after `warmup`
 untimed ones (with the 10th and 90th percentiles). A decoder token's time is (the transcription's
 time - the encoder's) / the tokens decoded (the end token counted), the same for every engine. Beside
 each, its transcript against transformers' fp32 greedy one: equal token for token, or the share of
@@ -85,6 +88,14 @@ class _Engine:
     precision: str
     encode: Callable[[np.ndarray], object]  # features (1, mels, 3000) -> its encoder's output
     transcribe: Callable[[np.ndarray], list[int]]  # features -> the text tokens
+    features: str = "transformers"  # whose log-mel its users feed it: transformers' extractor, or attnexport's
+
+
+def transformers_features(clip: np.ndarray, mels: int) -> np.ndarray:
+    """(1, mels, 3000): transformers' WhisperFeatureExtractor on the clip, as its pipeline computes them."""
+    from transformers import WhisperFeatureExtractor
+    extractor = WhisperFeatureExtractor(feature_size=mels)
+    return np.asarray(extractor(clip, sampling_rate=AU.RATE, return_tensors="np").input_features, np.float32)
 
 
 def is_speech(source) -> bool:
@@ -114,10 +125,14 @@ def bench_speech(request: SpeechBenchRequest, said=lambda text: None) -> tuple[l
     room = model.config.max_target_positions - len(speech.start)
     new_tokens = min(r.new_tokens, room)
     torch.set_num_threads(r.threads)
-    features = AU.log_mel(clip, speech.mels)[None]
-    want = SC.reference_transcripts(speech, features, new_tokens)[0]
+    features = {"transformers": transformers_features(clip, speech.mels),
+                "attnexport": AU.log_mel(clip, speech.mels)[None]}
+    want = SC.reference_transcripts(speech, features["transformers"], new_tokens)[0]
     seconds = clip.size / AU.RATE
     info: dict = {"skipped": {}, "threads": r.threads, "audio_s": seconds, "transcript": want,
+                  "features": "transformers' WhisperFeatureExtractor (transformers, Optimum, CTranslate2); "
+                              "attnexport's audio.log_mel (attnexport), max abs apart "
+                              f"{float(np.abs(features['transformers'] - features['attnexport']).max()):.2g}",
                   "text": speech.decode(want), "layers": [model.config.encoder_layers, model.config.decoder_layers],
                   "width": model.config.d_model, "parameters": int(sum(p.numel() for p in model.parameters()))}
     rows = []
@@ -139,10 +154,11 @@ def bench_speech(request: SpeechBenchRequest, said=lambda text: None) -> tuple[l
             engines += _ctranslate2(Path(r.source), speech, new_tokens, r.threads, info)
         for engine in engines:
             said(f"timing {engine.engine} {engine.flavor} {engine.precision}")
+            fed = features[engine.features]
             try:
-                got = engine.transcribe(features)
-                enc = R.time_calls(functools.partial(engine.encode, features), r.warmup, r.iters)
-                whole = R.time_calls(functools.partial(engine.transcribe, features), r.warmup, r.iters)
+                got = engine.transcribe(fed)
+                enc = R.time_calls(functools.partial(engine.encode, fed), r.warmup, r.iters)
+                whole = R.time_calls(functools.partial(engine.transcribe, fed), r.warmup, r.iters)
             except Exception as x:  # noqa: BLE001 - an engine failing: said in the info, the others go on
                 info["skipped"][f"{engine.engine} {engine.precision}"] = reason(x)[:200]
                 continue
@@ -191,7 +207,8 @@ def _attnexport(folder: Path, flavor: str, precision: str, speech: S.Speech, new
 
     def transcribe(features):
         return W.transcribe(run_encoder, first, later, features, speech.tokens, speech.layers, new_tokens)[0]
-    return _Engine("attnexport", flavor, precision, lambda f: run_encoder({"input_features": f}), transcribe)
+    return _Engine("attnexport", flavor, precision, lambda f: run_encoder({"input_features": f}), transcribe,
+                   features="attnexport")
 
 
 def _optimum(speech: S.Speech, tmp: Path, new_tokens: int, threads: int, info: dict, said) -> list[_Engine]:

@@ -12,7 +12,12 @@ the self cache):
   likely token is the same (top-1);
 - **greedy transcripts**: the file's own transcript against the fp32 one: the share of the fp32
   transcript's tokens it has at their places (token agreement), where it first departs, and the
-  word error rate of its words against the fp32 transcript's.
+  word error rate of its words against the fp32 transcript's. A departure where fp32 itself is
+  undecided (its token ahead of the next by less than the budget's `margin` in logits, among the
+  tokens generation allows there: a near tie, which any rounding may turn) is reported, not
+  counted, as the language models' first-token rule does: the clip is transcribed again with fp32's
+  tokens up to and including the tie, and judged from there (the file's own greedy transcripts'
+  agreement and WER are reported beside, unjudged).
 """
 
 from __future__ import annotations
@@ -45,10 +50,11 @@ class SpeechBudget:
     top1: float | None = 0.9
     agreement: float | None = 0.8
     wer: float | None = 0.1
+    margin: float = 1.0  # fp32's lead, in logits, below which a departure is a near tie (not a limit)
 
     def with_overrides(self, text: str | None) -> SpeechBudget:
         """This budget with `--budget KEY=VALUE,...` applied (a value `none` drops that limit)."""
-        return A.overridden(self, text, shares=("top1", "agreement"))
+        return A.overridden(self, text, shares=("top1", "agreement"), fixed=("margin",))
 
     def text(self) -> str:
         parts = []
@@ -76,7 +82,10 @@ class SpeechCost:
     agreement: float
     wer: float
     first_difference: list  # per clip: the first token that departs from fp32's transcript, or None
-    tokens: list
+    tokens: list  # the file's own greedy transcripts
+    near_ties: list = field(default_factory=list)  # per clip: the positions taken fp32's way (near ties)
+    greedy_agreement: float = math.nan  # agreement and WER of the file's own greedy transcripts (unjudged)
+    greedy_wer: float = math.nan
     failures: list = field(default_factory=list)
 
     def judge(self, budget: SpeechBudget) -> SpeechCost:
@@ -112,9 +121,13 @@ class SpeechCost:
 
     def text(self) -> str:
         firsts = ", ".join("-" if f is None else str(f) for f in self.first_difference)
+        ties = sum(len(t) for t in self.near_ties)
+        where = ", ".join(f"clip {i} token {t}" for i, ts in enumerate(self.near_ties) for t in ts)
+        tied = (f"; {ties} near tie(s) taken fp32's way ({where}): its own greedy transcripts "
+                f"{self.greedy_agreement:.1%} as fp32's, WER {self.greedy_wer:.1%}") if ties else ""
         return (f"mean KL {self.kl_mean:.3g} (p99 {self.kl_p99:.3g}, max {self.kl_max:.3g}), top-1 {self.top1:.1%} of "
                 f"{self.positions} positions, transcript tokens {self.agreement:.1%} as fp32's (first departure per "
-                f"clip: {firsts}), WER {self.wer:.1%}")
+                f"clip: {firsts}), WER {self.wer:.1%}{tied}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -133,8 +146,7 @@ def teacher_forced(steps, features: np.ndarray, ids: list[int], first: int, laye
 def agreement(got: list[int], want: list[int], text) -> tuple[float, float]:
     """(the share of `want`'s tokens `got` has at their places, the word error rate of `got`'s words
     against `want`'s: edits over `want`'s words; `text(tokens) -> str` decodes)."""
-    same = sum(a == b for a, b in zip(got, want, strict=False)) / max(len(want), 1)
-    return same, word_errors(text(got).split(), text(want).split()) / max(len(text(want).split()), 1)
+    return transcripts_against([got], [want], text)
 
 
 def word_errors(got: list[str], want: list[str]) -> int:
@@ -167,14 +179,62 @@ def measure(steps, speech, features: np.ndarray, want: list[list[int]], referenc
         top1.append(reference[i].argmax(-1) == got.argmax(-1))
     run_encoder, run_first, run_later = steps
     said = W.transcribe(run_encoder, run_first, run_later, features, speech.tokens, layers, new_tokens)
-    same = sum(sum(a == b for a, b in zip(g, w, strict=False)) for g, w in zip(said, want, strict=True))
-    words = [(speech.decode(g).split(), speech.decode(w).split()) for g, w in zip(said, want, strict=True)]
-    errors = sum(word_errors(g, w) for g, w in words)
+    judged, ties = [], []
+    for i, (own, fp32) in enumerate(zip(said, want, strict=True)):
+        taken, at = untied(steps, speech, features[i:i + 1], own, fp32, reference[i], new_tokens, budget.margin)
+        judged.append(taken)
+        ties.append(at)
     k = np.concatenate(kl)
     return SpeechCost(float(k.mean()), float(np.percentile(k, 99)), float(k.max()), float(np.concatenate(top1).mean()),
-                      int(k.size), same / max(sum(len(w) for w in want), 1),
-                      errors / max(sum(len(w) for _, w in words), 1),
-                      [first_departure(g, w) for g, w in zip(said, want, strict=True)], said).judge(budget)
+                      int(k.size), *transcripts_against(judged, want, speech.decode),
+                      [first_departure(g, w) for g, w in zip(said, want, strict=True)], said, ties,
+                      *transcripts_against(said, want, speech.decode)).judge(budget)
+
+
+def transcripts_against(got: list[list[int]], want: list[list[int]], text) -> tuple[float, float]:
+    """(the share of `want`'s tokens `got` has at their places, the word error rate of `got`'s words
+    against `want`'s), all clips together; `text(tokens) -> str` decodes."""
+    same = sum(sum(a == b for a, b in zip(g, w, strict=False)) for g, w in zip(got, want, strict=True))
+    words = [(text(g).split(), text(w).split()) for g, w in zip(got, want, strict=True)]
+    errors = sum(word_errors(g, w) for g, w in words)
+    return same / max(sum(len(w) for w in want), 1), errors / max(sum(len(w) for _, w in words), 1)
+
+
+def lead(logits: np.ndarray, token: int, banned) -> float:
+    """How far `token`'s logit is ahead of the best other token's among those not `banned`."""
+    allowed = np.array(logits, np.float64)
+    allowed[list(banned)] = -np.inf
+    chosen = allowed[token]
+    allowed[token] = -np.inf
+    return float(chosen - allowed.max())
+
+
+def untied(steps, speech, features: np.ndarray, own: list[int], want: list[int], reference: np.ndarray,
+           new_tokens: int, margin: float) -> tuple[list[int], list[int]]:
+    """(the clip's transcript judged, the near ties taken fp32's way): `own` (the file's greedy
+    transcript) where it departs from fp32's `want` only where fp32 leads by `margin` logits or
+    more (`reference`: fp32's teacher-forced logits along `want`, row t predicting its token t, the
+    last the end); at each departure where fp32 leads by less, the clip transcribed again from
+    fp32's tokens up to and including that one."""
+    tokens = speech.tokens
+    got, ties = list(own), []
+    while True:
+        at = first_departure(got, want)
+        if at is None:
+            return got, ties
+        wanted = want[at] if at < len(want) else speech.end
+        banned = set(tokens.suppress) | (set(tokens.suppress_first) if at == 0 else set())
+        if lead(reference[at], wanted, banned) >= margin:
+            return got, ties
+        ties.append(at)
+        prefix = list(want[:at + 1])
+        if at >= len(want) or len(prefix) >= new_tokens:  # fp32 ended there, or the budget is spent
+            return list(want[:new_tokens]), ties
+        forced = W.Tokens((*tokens.start, *prefix), tokens.end, tokens.suppress, ())
+        run_encoder, run_first, run_later = steps
+        rest = W.transcribe(run_encoder, run_first, run_later, features, forced, speech.layers,
+                            new_tokens - len(prefix))[0]
+        got = prefix + rest
 
 
 def reference_logits(speech, features: np.ndarray, want: list[list[int]]) -> list[np.ndarray]:

@@ -21,6 +21,17 @@ SENTENCES = (
     "The weather today is cloudy with a chance of rain in the afternoon.",
     "She sells sea shells by the sea shore, and the shells she sells are surely sea shells.",
     "Our meeting starts at ten o'clock on Monday morning in the second floor conference room.",
+    # Numbers, said as a reader says them (Whisper writes some as digits, some as words).
+    "The invoice came to 4,582 dollars and 37 cents, due on March 12, 2027, account 90210.",
+    "Take 2 tablets every 8 hours, no more than 6 in 24 hours, and call 555 0134 if the fever stays above 39 degrees.",
+    # Long clips (about 20 to 28 seconds): the decoder's later positions and the self cache's reach.
+    "When the committee met again in the autumn, it found that the new library had drawn more readers than any "
+    "year before it, that the children's room was full every afternoon, and that the old reading room, which "
+    "many had thought too quiet to last, now held a waiting list of students who came for its long tables and "
+    "its silence.",
+    "In 1969 the first crew landed on the moon, in 1971 a fourth crew drove a rover for 27 kilometres, and by "
+    "1972 twelve people had walked there; the missions cost about 25 billion dollars, and brought back 382 "
+    "kilograms of rock and dust.",
 )
 RATE = 16000
 
