@@ -69,8 +69,8 @@ def read_wav(path: str | Path) -> np.ndarray:
         raise UsageError(f"{path}: {channels} channels; Whisper takes mono audio (ffmpeg -i IN -ac 1 OUT.wav)")
     width = bits // 8
     if (tag, bits) not in {(_PCM, 8), (_PCM, 16), (_PCM, 24), (_PCM, 32), (_FLOAT, 32), (_FLOAT, 64)}:
-        kind = {_PCM: "integer PCM", _FLOAT: "float"}.get(tag, f"format {tag}")
-        raise UsageError(f"{path}: {bits}-bit {kind} samples; this reads integer PCM of 8, 16, 24 or 32 bits and "
+        named = {_PCM: "integer PCM", _FLOAT: "float"}.get(tag, f"format {tag}")
+        raise UsageError(f"{path}: {bits}-bit {named} samples; this reads integer PCM of 8, 16, 24 or 32 bits and "
                          "32- or 64-bit float")
     body = body[:len(body) - len(body) % width]
     if not body:

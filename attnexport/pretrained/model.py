@@ -261,7 +261,8 @@ def tokenizer_of(source: str | Path):
     vocabulary, or the model id's), or None when there is none (a config-only folder)."""
     import transformers
     path = Path(source)
-    where, extra = (str(path.parent), {"gguf_file": path.name}) if path.is_file() else (str(source), {})
+    where = str(path.parent) if path.is_file() else str(source)
+    extra: dict = {"gguf_file": path.name} if path.is_file() else {}
     if not path.exists() and not downloads_allowed():
         extra["local_files_only"] = True
     if path.is_dir() and not any((path / f).is_file() for f in _TOKENIZER_FILES):

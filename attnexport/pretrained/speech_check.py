@@ -313,7 +313,8 @@ def _client_row(ctx: _Context, client: str, clips, want, new_tokens: int, exact:
         ctx.prepared.setdefault("ort-cpu", {g: R.prepare_onnx("ort-cpu", m) for g, m in ctx.graphs.items()})
         features = np.stack([AU.log_mel(c, ctx.speech.mels) for c in clips])
         steps = ctx.steps("ort-cpu")
-        mine = W.transcribe(*steps, features, ctx.speech.tokens, ctx.speech.layers, new_tokens)
+        encoder, first_step, later = steps
+        mine = W.transcribe(encoder, first_step, later, features, ctx.speech.tokens, ctx.speech.layers, new_tokens)
         s, first = ctx.speech, len(ctx.speech.start)
         for i, tokens in enumerate(mine):
             logits = SCOST.teacher_forced(steps, features[i:i + 1], [*s.start, *tokens, s.end], first, s.layers)

@@ -217,7 +217,7 @@ def untied(steps, speech, features: np.ndarray, own: list[int], want: list[int],
     last the end); at each departure where fp32 leads by less, the clip transcribed again from
     fp32's tokens up to and including that one."""
     tokens = speech.tokens
-    got, ties = list(own), []
+    got, ties = list(own), []  # type: list[int], list[int]
     while True:
         at = first_departure(got, want)
         if at is None:
