@@ -445,6 +445,30 @@ def write_deployment(folder: Path, graphs: dict, speech: Speech) -> None:
     F.write_folder(folder, fill)
 
 
+def save_transformers(source, out) -> Path:
+    """The Whisper model at `source` (a CTranslate2 folder, or transformers') written as transformers'
+    own folder at `out` (nothing half-written): config.json, generation_config.json and
+    model.safetensors (`save_pretrained`), tokenizer.json with its tokenizer_config.json, and the
+    feature extractor's preprocessor_config.json: what transformers' `from_pretrained`, Optimum's
+    exporter and `export --hf` read. Returns `out`."""
+    model, _ = HM.load(source)
+    return write_transformers(Speech.of(model, source), out)
+
+
+def write_transformers(speech: Speech, out) -> Path:
+    """`save_transformers` of a model already loaded (`speech`)."""
+    from transformers import WhisperFeatureExtractor
+    folder = F.deploy_target(Path(out), "the folder")
+
+    def fill(staging: Path) -> None:
+        speech.model.save_pretrained(str(staging))
+        shutil.copyfile(speech.source / "tokenizer.json", staging / "tokenizer.json")
+        (staging / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(speech), indent=2) + "\n")
+        WhisperFeatureExtractor(feature_size=speech.mels).to_json_file(str(staging / "preprocessor_config.json"))
+    F.write_folder(folder, fill)
+    return folder
+
+
 def tokenizer_config(speech: Speech) -> dict:
     """The tokenizer_config.json Whisper's clients read beside tokenizer.json."""
     return {"tokenizer_class": "WhisperTokenizer", "model_max_length": speech.model.config.max_target_positions,

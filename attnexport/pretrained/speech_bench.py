@@ -246,13 +246,8 @@ def export_with_optimum(speech: S.Speech, weights: Path, out: Path) -> Path:
     """Optimum's export of `speech`'s model (its automatic-speech-recognition task, with past) into
     `out`: the model saved as transformers' folder in `weights` (with its feature extractor and
     tokenizer), then Optimum's exporter (optimum-cli's) run on it, quietly. Returns `out`."""
-    import shutil
-
     from optimum.exporters.onnx import main_export
-    from transformers import WhisperFeatureExtractor
-    speech.model.save_pretrained(str(weights))
-    WhisperFeatureExtractor(feature_size=speech.mels).save_pretrained(str(weights))
-    shutil.copyfile(speech.source / "tokenizer.json", weights / "tokenizer.json")
+    S.write_transformers(speech, weights)
     with contextlib.redirect_stdout(None), contextlib.redirect_stderr(None), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         main_export(str(weights), output=str(out), task="automatic-speech-recognition-with-past")
