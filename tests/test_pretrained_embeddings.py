@@ -228,3 +228,67 @@ def test_a_quantized_encoder_reports_what_each_layer_costs_alone_and_keep_takes_
         bits=4, keep=P.parse_keep(costs[0]["group"]))))
     held = {e["group"] for e in P.record_of(onnx.load(kept))["matrices"] if not e["bits"]}  # left float
     assert held == {costs[0]["group"]}
+
+
+def _corpus_of(scores: np.ndarray) -> np.ndarray:
+    """Embeddings whose query-document cosines are `scores` (queries, documents), worked by hand: each
+    query a unit axis of its own, each document its column of scores plus what makes it unit length
+    on one more axis; a last axis left empty (room to turn a sentence away from every other)."""
+    q, d = scores.shape
+    extra = np.sqrt(1 - (scores ** 2).sum(axis=0))
+    docs = np.concatenate([scores, extra[None, :], np.zeros((1, d))], axis=0).T  # (d, q + 2)
+    return np.concatenate([np.eye(q, q + 2), docs])
+
+
+def test_the_measures_are_the_hand_worked_ones():
+    """Query 0's float64 top 5 are documents 0-4 (scores 0.50 ... 0.30, document 5 at 0.25; the other
+    queries rank their documents 0.20 ... 0.05 apart). Where the file scores document 5 at 0.35 (ranked
+    fourth, in place of document 4), 4 of its top 5 are the float64 ones: agreement (7 + 0.8) / 8 =
+    0.975, its first still the first (top-1 1.0), the largest score change 0.10. A document turned by
+    60 degrees from itself (onto the empty axis), three times as long, has cosine 0.5."""
+    queries, documents = len(E.QUERIES), len(E.CORPUS)
+    assert queries == 8 and documents >= 7
+    scores = np.tile(np.linspace(0.20, 0.05, documents), (queries, 1))
+    scores[0, :6] = [0.50, 0.45, 0.40, 0.35, 0.30, 0.25]
+    want = _corpus_of(scores)
+    assert np.allclose(E.unit(want[:queries]) @ E.unit(want[queries:]).T, scores)
+    moved = scores.copy()
+    moved[0, 5] = 0.35
+    cost = E.measure(_corpus_of(moved), want, E.BUDGETS["fp32"])
+    assert cost.agreement == pytest.approx(0.975) and cost.top1 == 1.0
+    assert cost.score_error == pytest.approx(0.10)
+    a, b = want[queries + 5], _corpus_of(moved)[queries + 5]  # document 5 itself moved: its cosine by hand
+    moved_cosine = float(a @ b)  # both unit length
+    assert cost.cosines[queries + 5] == pytest.approx(moved_cosine) and moved_cosine < 0.999
+    assert cost.failures(E.BUDGETS["fp32"]) == [f"sentence {queries + 5}'s cosine {moved_cosine:.7f} < 0.99999",
+                                                "top-5 agreement 0.975 < 1"]
+    # the same swap within the tie: min(2 x the largest score change, int4's 2 sqrt(2 (1 - 0.98)) = 0.4) = 0.2
+    assert E.BUDGETS["int4"].tie == pytest.approx(0.4)
+    assert E.measure(_corpus_of(moved), want, E.BUDGETS["int4"]).agreement == 1.0
+    turned = want.copy()
+    last = queries + documents - 1  # the lowest-scoring document: no ranking moves
+    turned[last] = 3.0 * (0.5 * want[last] + np.sqrt(0.75) * np.eye(queries + 2)[-1])
+    cost = E.measure(turned, want, E.BUDGETS["fp32"])
+    assert cost.cosines[last] == pytest.approx(0.5, abs=1e-12) and np.allclose(np.delete(cost.cosines, last), 1.0)
+    assert cost.failures(E.BUDGETS["fp32"]) == [f"sentence {last}'s cosine 0.5000000 < 0.99999"]
+    assert cost.agreement == 1.0
+
+
+def test_each_precision_is_judged_by_its_own_embedding_budget():
+    assert E.budget_for("fp32") == E.EmbeddingBudget(0.99999, 1.0)
+    assert E.budget_for("fp16") == E.EmbeddingBudget(0.999, 0.95)
+    assert E.budget_for("int8") == E.EmbeddingBudget(0.99, 0.9)
+    assert E.budget_for("int4") == E.budget_for("q4f16") == E.EmbeddingBudget(0.98, 0.85)
+    with pytest.raises(ValueError, match="no embedding budget for precision 'int2'"):
+        E.budget_for("int2")
+
+
+def test_pooling_is_sentence_transformers_own_by_hand():
+    """Two tokens (1, 3) and (3, 5) and a padded third (100, 100): mean (2, 4), cls (1, 3), max (3, 5);
+    normalised, mean is (2, 4) / sqrt(20)."""
+    states = np.array([[[1.0, 3.0], [3.0, 5.0], [100.0, 100.0]]])
+    mask = np.array([[1, 1, 0]])
+    assert E.pooled(states, mask, "mean", False).tolist() == [[2.0, 4.0]]
+    assert E.pooled(states, mask, "cls", False).tolist() == [[1.0, 3.0]]
+    assert E.pooled(states, mask, "max", False).tolist() == [[3.0, 5.0]]
+    assert np.allclose(E.pooled(states, mask, "mean", True), [[2 / np.sqrt(20), 4 / np.sqrt(20)]])

@@ -190,3 +190,45 @@ def test_a_departure_at_a_near_tie_of_fp32_is_taken_its_way_and_any_other_counts
     reference[1, 4] = -1.0  # fp32 decided (a lead of 2): the file's own transcript is judged
     assert SCOST.untied(steps, speech, features, own, [1, 2, 3], reference, 10, 1.0) == ([1, 4, 3], [])
     assert SCOST.untied(steps, speech, features, [1, 2, 3], [1, 2, 3], reference, 10, 1.0) == ([1, 2, 3], [])
+
+
+def test_the_speech_cost_is_the_hand_worked_one():
+    """One clip, fp32 says "a b c" (tokens 1 2 3, then the end, 7): at each position fp32 gives its
+    token probability 3/4 and token 0 the rest (logits ln 3 and 0, every other -1e4). The file gives
+    its token 2/3 and token 0 1/3 at positions 0, 2 and 3: KL = 3/4 ln(9/8) + 1/4 ln(3/4) = 0.0164168
+    each; at position 1 it prefers 4 (logits 1, 0.5 for 2, 0 for 0): KL = 3/4 ln(0.75 / q2) +
+    1/4 ln(0.25 / q0) with q = softmax(1, 0.5, 0) = 0.742935, and its top-1 is not fp32's (3 of 4).
+    Greedy, it says "a d c": 2 of 3 tokens at their places, one word substituted in three (WER 1/3),
+    departing at token 1, where fp32 leads by ln 3 = 1.0986 logits: counted at the margin of 1, a near
+    tie (taken fp32's way, judged "a b c") at a margin of 2."""
+    import math
+
+    import numpy as np
+
+    def file(k, last):
+        rows = {0: {1: math.log(2), 0: 0.0}, 1: {4: 1.0, 2: 0.5, 0: 0.0}, 2: {3: math.log(2), 0: 0.0},
+                3: {7: math.log(2), 0: 0.0}}
+        row = [-1e4] * 8
+        for token, value in rows[min(k, 3)].items():
+            row[token] = value
+        return row
+    steps, speech = _fake_whisper(file)
+    speech.decode = lambda tokens: " ".join("-abcd"[t] for t in tokens)
+    reference = np.full((4, 8), -1e4)
+    for t, token in enumerate([1, 2, 3, 7]):
+        reference[t, token], reference[t, 0] = math.log(3), 0.0
+    features = np.zeros((1, 1, 1), np.float32)
+    decided = 3 / 4 * math.log(0.75 / (2 / 3)) + 1 / 4 * math.log(0.25 / (1 / 3))
+    z = math.e + math.exp(0.5) + 1
+    departed = 3 / 4 * math.log(0.75 / (math.exp(0.5) / z)) + 1 / 4 * math.log(0.25 / (1 / z))
+    assert decided == pytest.approx(0.0164168, abs=1e-7) and departed == pytest.approx(0.742935, abs=1e-6)
+    cost = SCOST.measure(steps, speech, features, [[1, 2, 3]], [reference], 10, SCOST.SpeechBudget())
+    assert cost.kl_mean == pytest.approx((3 * decided + departed) / 4) and cost.kl_max == pytest.approx(departed)
+    assert cost.top1 == 0.75 and cost.positions == 4
+    assert cost.tokens == [[1, 4, 3]] and cost.first_difference == [1] and cost.near_ties == [[]]
+    assert cost.agreement == pytest.approx(2 / 3) and cost.wer == pytest.approx(1 / 3)
+    assert cost.failures == ["mean KL 0.198 > 0.05", "top-1 75.0% < 90%", "transcript tokens 66.7% as fp32's < 80%",
+                             "WER 33.3% > 10%"]
+    tied = SCOST.measure(steps, speech, features, [[1, 2, 3]], [reference], 10, SCOST.SpeechBudget(margin=2.0))
+    assert tied.near_ties == [[1]] and tied.agreement == 1.0 and tied.wer == 0.0
+    assert tied.greedy_agreement == pytest.approx(2 / 3) and tied.greedy_wer == pytest.approx(1 / 3)

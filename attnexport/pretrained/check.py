@@ -413,7 +413,7 @@ def _embedding_rows(ctx: _Context, prompts=None) -> None:
     feeds = [_encoded(ctx, batch) for batch in batches]
     want = np.concatenate([ctx.reference.run64(f)["sentence_embedding"] for f in feeds])
     precision = ctx.precision
-    budget = E.BUDGETS.get(precision, E.BUDGETS["int4"])
+    budget = E.budget_for(precision)
     label = f"embeddings: {len(texts)} sentences, cosine and top-{E.TOP_K} retrieval of {len(E.QUERIES)} queries"
 
     for rt in ctx.used:
@@ -433,7 +433,7 @@ def _embedding_client_rows(ctx: _Context, prompts, folder) -> None:
     want = np.concatenate([ctx.reference.run(_encoded(ctx, texts[i:i + EMBED_BATCH]))["sentence_embedding"]
                            for i in range(0, len(texts), EMBED_BATCH)])
     precision = ctx.precision
-    budget = E.BUDGETS.get(precision, E.BUDGETS["int4"])
+    budget = E.budget_for(precision)
     for client in ctx.check.clients:
         row = ctx.row(f"client: embed {len(texts)} sentences from the folder", client,
                       "transformers' embeddings of the same sentences")

@@ -22,7 +22,7 @@ import numpy as np
 
 from attnexport.errors import ProviderUnavailableError, UsageError, reason
 from attnexport.pretrained import ctranslate2
-from attnexport.pretrained.embeddings import pooling_of
+from attnexport.pretrained.embeddings import pooled, pooling_of
 from attnexport.runtimes import js
 
 CLIENTS = ("optimum", "transformers.js")  # a causal language model's (and a speech model's)
@@ -256,15 +256,8 @@ def _optimum_embeddings(folder: Path, texts: list[str], pooling: str, normalize:
     model = ORTModelForFeatureExtraction.from_pretrained(_local(folder), subfolder="onnx", file_name="model.onnx",
                                                          provider="CPUExecutionProvider", session_options=options)
     encoded = AutoTokenizer.from_pretrained(_local(folder))(texts, padding=True, truncation=True, return_tensors="pt")
-    states = model(**encoded).last_hidden_state.detach().double().numpy()
-    mask = encoded["attention_mask"].numpy()[..., None].astype(np.float64)
-    if pooling == "cls":
-        pooled = states[:, 0]
-    elif pooling == "max":
-        pooled = np.where(mask > 0, states, -1e9).max(axis=1)
-    else:
-        pooled = (states * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
-    return pooled / np.linalg.norm(pooled, axis=-1, keepdims=True) if normalize else pooled
+    states = model(**encoded).last_hidden_state.detach().numpy()
+    return pooled(states, encoded["attention_mask"].numpy(), pooling, normalize)
 
 
 def _transformers_js_embeddings(folder: Path, texts: list[str], pooling: str, normalize: bool, threads) -> np.ndarray:

@@ -132,7 +132,7 @@ def bench_embeddings(request: EmbedBenchRequest, said=lambda text: None) -> tupl
                     continue
                 engines.append(_onnx_engine("attnexport", flavor, precision, path, r.threads))
         if r.anchors:
-            engines += _anchor_engines(weights, Path(tmp), r, info, said)
+            engines += _anchor_engines(weights, Path(tmp), r, info, said, layout.pooling, layout.normalize)
         accuracy = {(e.engine, e.flavor, e.precision): _accuracy(e, feeds, want) for e in engines}
         for batch, seq in r.shapes:
             said(f"batch {batch} x {seq} tokens")
@@ -156,7 +156,7 @@ def _accuracy(engine: _Engine, feeds: list[dict], want: np.ndarray) -> dict:
         got = np.concatenate([engine.run({n: f[n] for n in engine.inputs}) for f in feeds])
     except Exception as x:  # noqa: BLE001 - an engine failing to embed: said beside its times
         return {"error": reason(x)}
-    budget = E.BUDGETS.get(engine.precision, E.BUDGETS["int4"])
+    budget = E.budget_for(engine.precision)
     cost = E.measure(got, want, budget)
     return {**cost.to_dict(), "budget": budget.text(), "within": not cost.failures(budget)}
 
@@ -196,9 +196,11 @@ def _save_weights(model, tokenizer, source, folder: Path, family: families.Famil
         shutil.copyfile(Path(source) / f, folder / f)
 
 
-def _onnx_engine(engine: str, flavor: str, precision: str, path: Path, threads: int) -> _Engine:
+def _onnx_engine(engine: str, flavor: str, precision: str, path: Path, threads: int, pooling: str = "mean",
+                 normalize: bool = True) -> _Engine:
     """An ONNX file on ONNX Runtime's CPU provider: its sentence_embedding output, or (an export
-    without one) its token states mean-pooled and normalised as sentence-transformers does."""
+    without one, Optimum's) its token states pooled and normalised as the model's sentence-transformers
+    files say (`pooling`, `normalize`), as its users pool them."""
     session = R.ort_session("ort-cpu", path, threads=threads)[0]
     inputs = tuple(i.name for i in session.get_inputs())
     outputs = [o.name for o in session.get_outputs()]
@@ -206,16 +208,16 @@ def _onnx_engine(engine: str, flavor: str, precision: str, path: Path, threads: 
     def run(feed):
         if "sentence_embedding" in outputs:
             return session.run(["sentence_embedding"], feed)[0]
-        states = session.run([outputs[0]], feed)[0].astype(np.float64)
-        mask = feed["attention_mask"][..., None].astype(np.float64)
-        pooled = (states * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)
-        return pooled / np.linalg.norm(pooled, axis=-1, keepdims=True)
+        states = session.run([outputs[0]], feed)[0]
+        return E.pooled(states, feed["attention_mask"], pooling, normalize)
     return _Engine(engine, flavor, precision, run, inputs)
 
 
-def _anchor_engines(weights: Path, tmp: Path, r: EmbedBenchRequest, info: dict, said) -> list[_Engine]:
+def _anchor_engines(weights: Path, tmp: Path, r: EmbedBenchRequest, info: dict, said, pooling: str,
+                    normalize: bool) -> list[_Engine]:
     """Optimum's feature-extraction export of the same weights; it through ONNX Runtime's transformer
-    optimizer (opt_level 99, its highest); and that one in ONNX Runtime's dynamic int8."""
+    optimizer (opt_level 99, its highest); and that one in ONNX Runtime's dynamic int8: each one's
+    token states pooled as the model's own files say."""
     try:
         from optimum.exporters.onnx import main_export
     except Exception as e:  # noqa: BLE001 - not installed (or broken): said in the run's info
@@ -239,9 +241,10 @@ def _anchor_engines(weights: Path, tmp: Path, r: EmbedBenchRequest, info: dict, 
     except Exception as e:  # noqa: BLE001 - Optimum's or the optimizer's own failure, said in one line
         info["skipped"]["optimum"] = f"Optimum's export, the optimizer or the quantizer failed: {reason(e)[:200]}"
         return []
-    return [_onnx_engine("optimum", "-", "fp32", out / "model.onnx", r.threads),
-            _onnx_engine("optimum+optimizer", "-", "fp32", out / "model-optimized.onnx", r.threads),
-            _onnx_engine("optimum+optimizer+int8", "-", "int8", out / "model-int8.onnx", r.threads)]
+    files = (("optimum", "fp32", "model.onnx"), ("optimum+optimizer", "fp32", "model-optimized.onnx"),
+             ("optimum+optimizer+int8", "int8", "model-int8.onnx"))
+    return [_onnx_engine(engine, "-", precision, out / file, r.threads, pooling, normalize)
+            for engine, precision, file in files]
 
 
 def accuracy_text(a: dict | None) -> str:

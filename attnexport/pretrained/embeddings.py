@@ -91,6 +91,17 @@ class EmbeddingBudget:
 # and fastembed's users accept them.
 BUDGETS = {"fp32": EmbeddingBudget(0.99999, 1.0), "fp16": EmbeddingBudget(0.999, 0.95),
            "int8": EmbeddingBudget(0.99, 0.9), "int4": EmbeddingBudget(0.98, 0.85)}
+# A precision judged by another's budget: q4f16 holds int4's weights.
+_JUDGED_AS = {"q4f16": "int4"}
+
+
+def budget_for(precision: str) -> EmbeddingBudget:
+    """The embedding budget a file of `precision` (its dtype, or int8/int4/q4f16 when quantized) is
+    judged by; a precision with none is a ValueError (never a silent fallback)."""
+    name = _JUDGED_AS.get(precision, precision)
+    if name not in BUDGETS:
+        raise ValueError(f"no embedding budget for precision {precision!r} (budgets: {', '.join(BUDGETS)})")
+    return BUDGETS[name]
 
 
 @dataclass
@@ -162,6 +173,24 @@ def measure(got: np.ndarray, want: np.ndarray, budget: EmbeddingBudget) -> Embed
 
 
 POOLINGS = ("mean", "cls", "max")
+
+
+def pooled(states: np.ndarray, mask: np.ndarray, pooling: str, normalize: bool) -> np.ndarray:
+    """Token states (B, T, D) pooled over the attention mask (B, T) as sentence-transformers pools
+    them (`mean`: the tokens' mean; `cls`: the first token's; `max`: each feature's largest over the
+    tokens), then made unit length where `normalize`: what a client of a folder that returns only the
+    token states computes (float64)."""
+    states = np.asarray(states, np.float64)
+    m = np.asarray(mask)[..., None].astype(np.float64)
+    if pooling == "cls":
+        out = states[:, 0]
+    elif pooling == "max":
+        out = np.where(m > 0, states, -np.inf).max(axis=1)
+    elif pooling == "mean":
+        out = (states * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
+    else:
+        raise ValueError(f"no {pooling!r} pooling ({', '.join(POOLINGS)})")
+    return unit(out) if normalize else out
 
 
 def pooling_of(source) -> tuple[str, bool]:

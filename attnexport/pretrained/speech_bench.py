@@ -79,6 +79,7 @@ class SpeechBenchRow:
     ratio_to_transformers: float | None = None  # transformers' transcription time over this one (> 1: faster)
     ratio_to_ctranslate2: float | None = None  # CTranslate2's at this precision over this one
     note: str = ""
+    transcript: list = dataclasses.field(default_factory=list)  # the text tokens it said
 
 
 @dataclass
@@ -89,6 +90,7 @@ class _Engine:
     encode: Callable[[np.ndarray], object]  # features (1, mels, 3000) -> its encoder's output
     transcribe: Callable[[np.ndarray], list[int]]  # features -> the text tokens
     features: str = "transformers"  # whose log-mel its users feed it: transformers' extractor, or attnexport's
+    loaded: str = ""  # what it loaded, in its own words (its row's note)
 
 
 def transformers_features(clip: np.ndarray, mels: int) -> np.ndarray:
@@ -167,7 +169,7 @@ def bench_speech(request: SpeechBenchRequest, said=lambda text: None) -> tuple[l
             agree, wer = SCOST.agreement(got, want, speech.decode)
             rows.append(SpeechBenchRow(engine.engine, engine.flavor, engine.precision, e50, e10, e90, t50, t10, t90,
                                        (t50 - e50) / (len(got) + 1), len(got), t50 / (seconds * 1e3), r.threads,
-                                       got == want, agree, wer))
+                                       got == want, agree, wer, note=engine.loaded, transcript=got))
     _ratios(rows)
     return rows, info
 
@@ -266,6 +268,7 @@ def _ctranslate2(source: Path, speech: S.Speech, new_tokens: int, threads: int, 
         info["skipped"]["ctranslate2"] = "ctranslate2 is not installed: pip install ctranslate2"
         return []
     engines = []
+    positions = speech.model.config.max_target_positions
     for precision, compute in (("fp32", "float32"), ("int8", "int8")):
         try:
             model = ctranslate2.models.Whisper(str(source), device="cpu", compute_type=compute, intra_threads=threads)
@@ -278,10 +281,22 @@ def _ctranslate2(source: Path, speech: S.Speech, new_tokens: int, threads: int, 
 
         def transcribe(features, model=model):
             out = model.generate(ctranslate2.StorageView.from_array(np.ascontiguousarray(features)), [speech.start],
-                                 beam_size=1, max_length=len(speech.start) + new_tokens)
-            return clients.spoken(out[0].sequences_ids[0], speech.end)
-        engines.append(_Engine("ctranslate2", "-", precision, encode, transcribe))
+                                 beam_size=1, max_length=ctranslate2_length(new_tokens, len(speech.start), positions))
+            return clients.spoken(out[0].sequences_ids[0], speech.end)[:new_tokens]
+        capped = f"; decodes at most {positions // 2} tokens (its cap), {new_tokens} asked" \
+            if 2 * new_tokens > positions else ""
+        loaded = f"CTranslate2 {ctranslate2.__version__}, compute_type {model.compute_type}{capped}"
+        engines.append(_Engine("ctranslate2", "-", precision, encode, transcribe, loaded=loaded))
     return engines
+
+
+def ctranslate2_length(new_tokens: int, start: int, positions: int) -> int:
+    """CTranslate2's Whisper `max_length` that lets it decode `new_tokens` text tokens after `start`
+    start tokens: it decodes at most min(max_length / 2, max_length - start) of them (OpenAI's
+    reference caps a window at half the decoder's positions, and CTranslate2 keeps that cap), so
+    max_length is twice the tokens, or the start plus them where that is more, within the decoder's
+    `positions` (then CTranslate2 says at most positions / 2: 224 for Whisper's 448)."""
+    return min(positions, max(2 * new_tokens, start + new_tokens))
 
 
 def to_json(rows: list[SpeechBenchRow]) -> list[dict]:
