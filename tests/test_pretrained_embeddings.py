@@ -244,7 +244,8 @@ def test_the_measures_are_the_hand_worked_ones():
     """Query 0's float64 top 5 are documents 0-4 (scores 0.50 ... 0.30, document 5 at 0.25; the other
     queries rank their documents 0.20 ... 0.05 apart). Where the file scores document 5 at 0.35 (ranked
     fourth, in place of document 4), 4 of its top 5 are the float64 ones: agreement (7 + 0.8) / 8 =
-    0.975, its first still the first (top-1 1.0), the largest score change 0.10. A document turned by
+    0.975, its first still the first (top-1 1.0), the largest score change 0.10; every score of query 0
+    raised by 0.10, its ranking kept, retrieves the same documents (agreement 1). A document turned by
     60 degrees from itself (onto the empty axis), three times as long, has cosine 0.5."""
     queries, documents = len(E.QUERIES), len(E.CORPUS)
     assert queries == 8 and documents >= 7
@@ -265,6 +266,9 @@ def test_the_measures_are_the_hand_worked_ones():
     # the same swap within the tie: min(2 x the largest score change, int4's 2 sqrt(2 (1 - 0.98)) = 0.4) = 0.2
     assert E.BUDGETS["int4"].tie == pytest.approx(0.4)
     assert E.measure(_corpus_of(moved), want, E.BUDGETS["int4"]).agreement == 1.0
+    raised = scores.copy()
+    raised[0] += 0.10  # every score of query 0 higher, its ranking the same: the same documents retrieved
+    assert E.measure(_corpus_of(raised), want, E.BUDGETS["fp32"]).agreement == 1.0
     turned = want.copy()
     last = queries + documents - 1  # the lowest-scoring document: no ranking moves
     turned[last] = 3.0 * (0.5 * want[last] + np.sqrt(0.75) * np.eye(queries + 2)[-1])

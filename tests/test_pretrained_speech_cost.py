@@ -86,6 +86,8 @@ def test_agreement_word_errors_and_the_first_departure():
         return "".join(words[t] for t in tokens)
     assert SCOST.agreement([1, 2, 3, 4], [1, 2, 3, 4], text) == (1.0, 0.0)
     assert SCOST.agreement([1, 2, 4, 4], [1, 2, 3, 4], text) == (0.75, 0.25)
+    assert SCOST.agreement([1, 2, 3, 4, 4], [1, 2, 3, 4], text) == (1.0, 0.25)  # a word said twice: 1 edit in fp32's 4
+    assert SCOST.agreement([1, 2], [1, 2, 3, 4], text) == (0.5, 0.5)  # two words left out
     assert SCOST.word_errors(["a", "b"], ["a", "c", "b"]) == 1  # one word left out
     assert SCOST.first_departure([1, 2], [1, 2]) is None
     assert SCOST.first_departure([1, 3], [1, 2]) == 1 and SCOST.first_departure([1], [1, 2]) == 1
