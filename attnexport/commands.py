@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from attnexport import bench as bench_mod
@@ -25,9 +26,7 @@ from attnexport import verify as verify_mod
 from attnexport.compare import check_tolerance_values
 from attnexport.errors import UsageError
 from attnexport.pretrained import clients
-from attnexport.pretrained.precision import PRECISIONS
 
-GENAI_PRECISIONS = ("fp32", "int4")  # onnxruntime-genai model builder's -p values bench --hf times
 _MODULE_ONLY = "--input, --dynamic, --nan-rows, --allow-unfused, --cache, --write-pos and --output-names"
 
 
@@ -59,17 +58,6 @@ def int_list(flag: str, text: str | None) -> list[int] | None:
     if not values or min(values) < 1:
         raise UsageError(f"{flag} takes positive integers, got {text!r}")
     return values
-
-
-def precisions(text: str | None, flag: str, valid) -> tuple:
-    """`--precision a,b` as a tuple, each checked; None: fp32 alone."""
-    if text is None:
-        return ("fp32",)
-    names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
-    bad = [n for n in names if n not in valid]
-    if bad or not names:
-        raise UsageError(f"{flag} takes {', '.join(valid)} separated by commas, got {text!r}")
-    return names
 
 
 def cache_pairs(specs) -> dict:
@@ -180,17 +168,16 @@ def verify(models=(), *, progress: Callable | None = None, **passed):
     if a.budget is not None and a.hf_path is None:
         raise UsageError("--budget is the accuracy budget of a quantized or fp16 model: it goes with --hf")
     if a.hf_path is not None:
-        Budget, HFCheck, verify_hf = pretrained.accuracy.Budget, pretrained.check.HFCheck, pretrained.check.verify_hf
+        checking = pretrained.check
         if len(models) != 1 or a.module_spec is not None:
-            raise UsageError("--hf compares one MODEL with the language model it was exported from: give one MODEL "
+            raise UsageError("--hf compares one MODEL with the whole model it was exported from: give one MODEL "
                              "(and no --module)")
         if given(options) or a.variants or a.flavors or a.cases or a.input_specs or a.cache_specs or a.write_pos:
             raise UsageError("--hf takes no --variant, --flavor, --case, --input, --cache, --write-pos or variant "
                              "options: the model says what it is")
-        if pretrained.speech_check.is_deployment(models[0]):
-            Budget = pretrained.speech_cost.SpeechBudget
-        return verify_hf(HFCheck(models[0], a.hf_path, **O.pick(
-            a, HFCheck, clients=tuple(clients.parse(a.clients_text)), budget=Budget().with_overrides(a.budget))))
+        family = pretrained.registry.of_export(models[0])
+        return checking.verify_hf(checking.HFCheck(models[0], a.hf_path, **O.pick(
+            a, checking.HFCheck, clients=tuple(clients.parse(a.clients_text)), budget=family.budget(a.budget))))
     if a.module_spec is not None:
         if len(models) != 1:
             raise UsageError("--module compares one MODEL with the module it was exported from: give one MODEL")
@@ -218,29 +205,31 @@ def verify(models=(), *, progress: Callable | None = None, **passed):
 
 @dataclass
 class BenchResult:
-    """What `bench` measured: `rows` (bench.BenchRow, or hf_bench's rows with `info` for a
-    language model), titled `title`; `plot`, the chart written, if one was asked for."""
+    """What `bench` measured: `rows` (bench.BenchRow, or a whole model's family's rows with `info`),
+    titled `title`; `plot`, the chart written, if one was asked for."""
 
     rows: list
     title: str
     dtype: str
-    language_model: bool = False
+    family: Any = None  # a whole model's (`registry.Family`): it says its rows
     info: dict[str, Any] = field(default_factory=dict)
     plot: str | None = None
 
     def to_json(self):
-        """`bench --json`: the rows as a list; a language model's as {"rows": [...], "info": {...}}."""
-        if self.language_model:
-            module = pretrained.speech_bench if self.info.get("speech") else \
-                pretrained.embedding_bench if self.info.get("embeddings") else pretrained.bench
-            return {"rows": module.to_json(self.rows), "info": self.info}
+        """`bench --json`: the rows as a list; a whole model's as {"rows": [...], "info": {...}}."""
+        if self.family is not None:
+            return self.family.bench_json(self.rows, self.info)
         return bench_mod.to_json(self.rows)
+
+    def lines(self) -> list[str]:
+        """What a whole model's bench prints (a variant's and a module's are `render.bench_table`'s)."""
+        return self.family.bench_lines(self.rows, self.info, self.title)
 
 
 def bench(variant=None, module_spec=None, hf_path=None, *, progress: Callable | None = None,
           said: Callable[[str], None] | None = None, **passed) -> BenchResult:
     """`attnexport bench`: a variant or a user's module timed on every runtime and flavour beside
-    torch eager, or a language model's engines side by side (`hf_path`, with `decode`). The sizes
+    torch eager, or a whole model's engines side by side (`hf_path`: its family's bench). The sizes
     are the command line's texts (`seq="512,2048"`); `said(text)` is told what is about to be
     timed and what the run should know (a note), before it runs."""
     a, options = O.read(O.BENCH, {"variant": variant, "module_spec": module_spec, "hf_path": hf_path, **passed})
@@ -250,48 +239,12 @@ def bench(variant=None, module_spec=None, hf_path=None, *, progress: Callable | 
         raise UsageError("--genai-python, --precision and --genai-precision go with --hf")
     contexts = int_list("--context", a.context)
     if a.audio is not None and a.hf_path is None:
-        raise UsageError("--audio goes with --hf and a Whisper model")
-    if a.hf_path is not None and pretrained.speech_bench.is_speech(a.hf_path):
-        if given(options) or a.input_specs or a.batch or a.seq or a.kv_seq or a.cuda_graph or a.plot or a.decode or \
-                a.dtype != "fp32" or a.genai_python or a.genai_precisions_text or contexts or \
-                (a.runtimes and a.runtimes != ["ort-cpu"]):
-            raise UsageError("--hf with a Whisper model takes --audio, --flavor, --precision, --threads, --warmup, "
-                             "--iters and --json (on ort-cpu, beside transformers, Optimum and CTranslate2)")
-        speech_bench = pretrained.speech_bench
-        s_request = speech_bench.SpeechBenchRequest(a.hf_path, **O.pick(
-            a, speech_bench.SpeechBenchRequest, flavors=tuple(a.flavors) or speech_bench.SpeechBenchRequest.flavors,
-            precisions=precisions(a.precisions_text, "--precision", pretrained.speech.PRECISIONS) if a.precisions_text
-            else speech_bench.SpeechBenchRequest.precisions, threads=a.threads or 0))
-        s_rows, info = speech_bench.bench_speech(s_request, said=said)
-        return BenchResult(s_rows, str(a.hf_path), "fp32", language_model=True, info={**info, "speech": True})
-    if a.hf_path is not None and not a.decode:  # a sentence encoder's
-        if given(options) or a.input_specs or a.kv_seq or a.cuda_graph or a.plot or a.dtype != "fp32" or \
-                a.genai_python or a.genai_precisions_text or contexts or (a.runtimes and a.runtimes != ["ort-cpu"]):
-            raise UsageError("--hf without --decode times a sentence encoder: it takes --batch, --seq, --flavor, "
-                             "--precision, --threads, --warmup, --iters, --seed and --json (on ort-cpu, beside "
-                             "transformers and Optimum); a causal language model takes --decode")
-        embed_bench = pretrained.embedding_bench
-        e_request = embed_bench.EmbedBenchRequest(a.hf_path, **O.pick(
-            a, embed_bench.EmbedBenchRequest, shapes=embed_bench.shapes(int_list("--batch", a.batch),
-                                                                        int_list("--seq", a.seq)),
-            flavors=tuple(a.flavors) or embed_bench.EmbedBenchRequest.flavors, threads=a.threads or 0,
-            precisions=precisions(a.precisions_text, "--precision", PRECISIONS) if a.precisions_text
-            else embed_bench.EmbedBenchRequest.precisions))
-        e_rows, info = embed_bench.bench_embeddings(e_request, said=said)
-        return BenchResult(e_rows, str(a.hf_path), "fp32", language_model=True, info={**info, "embeddings": True})
+        raise UsageError("--audio goes with --hf and a model that hears it")
     if a.hf_path is not None:
-        if given(options) or a.input_specs or a.batch or a.seq or a.kv_seq or a.cuda_graph or \
-                a.plot or a.dtype != "fp32" or (a.runtimes and a.runtimes != ["ort-cpu"]):
-            raise UsageError("--hf takes --decode with --context, --flavor, --threads, --warmup, --iters, --seed and "
-                             "--json (fp32 on ort-cpu, beside transformers and Optimum)")
-        hf_bench = pretrained.bench
-        lm_request = hf_bench.HFBenchRequest(a.hf_path, **O.pick(
-            a, hf_bench.HFBenchRequest, contexts=tuple(contexts or hf_bench.CONTEXTS),
-            flavors=tuple(a.flavors) or hf_bench.HFBenchRequest.flavors, threads=a.threads or 0,
-            precisions=precisions(a.precisions_text, "--precision", PRECISIONS),
-            genai_precisions=precisions(a.genai_precisions_text, "--genai-precision", GENAI_PRECISIONS)))
-        lm_rows, info = hf_bench.bench_hf(lm_request, said=lambda text: said(f"timing {text}"))
-        return BenchResult(lm_rows, str(a.hf_path), "fp32", language_model=True, info=info)
+        told = SimpleNamespace(**vars(a), options=options, contexts=contexts, batches=int_list("--batch", a.batch),
+                               seqs=int_list("--seq", a.seq))
+        family, rows, info = pretrained.bench.run(a.hf_path, told, said)
+        return BenchResult(rows, str(a.hf_path), "fp32", family=family, info=info)
     if contexts and not a.decode:
         raise UsageError("--context goes with --decode")
     title = a.module_spec or a.variant

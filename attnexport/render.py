@@ -13,7 +13,6 @@ from rich.table import Table
 
 from attnexport import bench as bench_mod
 from attnexport import files as F
-from attnexport import pretrained
 from attnexport import signature as SG
 from attnexport.compare import FP32_FACTOR
 
@@ -230,13 +229,9 @@ def bench_table(rows, variant, dtype) -> None:
 
 def bench(result) -> None:
     """`attnexport bench`'s result (`commands.BenchResult`) as text."""
-    if result.language_model:
-        if result.info.get("speech"):
-            speech_bench(result.rows, result.info, result.title)
-        elif result.info.get("embeddings"):
-            encoder_bench(result.rows, result.info, result.title)
-        else:
-            language_model_bench(result.rows, result.info, result.title)
+    if result.family is not None:  # a whole model's: its family says its rows
+        for line in result.lines():
+            click.echo(line)
         return
     rows = result.rows
     bench_table(rows, result.title, result.dtype)
@@ -251,70 +246,3 @@ def bench(result) -> None:
                        f"{r.tokens_per_s:,.0f} tokens/s{bandwidth}")
     if result.plot:
         click.echo(f"plot: {result.plot}")
-
-
-def language_model_bench(rows, info: dict, path: str) -> None:
-    """`bench --hf`: each engine, precision, form and flavour at each context, its time beside its
-    answers' agreement."""
-    hf_bench = pretrained.bench
-    click.echo(f"{path}: {info['layers']} layers, {info['parameters']:,} parameters, fp32, {info['threads']} "
-               f"thread(s); memory read bandwidth {info['bandwidth_gbs']:.1f} GB/s")
-    for row in rows:
-        if row.median_ms != row.median_ms:  # NaN: the export failed
-            click.echo(f"{row.engine} {row.precision} {row.form} {row.flavor}: {row.note}")
-            continue
-        ratio = f", {row.ratio_to_transformers:.2f}x transformers" if row.ratio_to_transformers else ""
-        band = f", {row.bandwidth_fraction:.2f} of the memory bandwidth" if row.bandwidth_fraction is not None else ""
-        agree = hf_bench.agreement_text(row.agreement)
-        click.echo(f"{row.phase:7s} {row.context:>5d}  {row.engine} {row.precision} {row.form} {row.flavor} "
-                   f"({row.mode}): "
-                   f"{row.median_ms:.3f} ms (p10 {row.p10_ms:.3f}, p90 {row.p90_ms:.3f}), "
-                   f"{row.tokens_per_s:,.0f} tokens/s{ratio}{band}" + (f"; {agree}" if agree else "")
-                   + (f"; {row.note}" if row.note else ""))
-    _skipped(info)
-
-
-def encoder_bench(rows, info: dict, path: str) -> None:
-    """`bench --hf ENCODER`: each engine, precision and flavour at each shape, its time beside its
-    embeddings' accuracy."""
-    embed_bench = pretrained.embedding_bench
-    click.echo(f"{path}: {info['layers']} layers, {info['parameters']:,} parameters, {info['pooling']} pooling"
-               f"{', normalised' if info['normalize'] else ''}, {info['threads']} thread(s)")
-    for row in rows:
-        if row.median_ms != row.median_ms:  # NaN: the export failed
-            click.echo(f"{row.engine} {row.precision} {row.flavor}: {row.note}")
-            continue
-        ratios = "".join(f", {v:.2f}x {k}" for k, v in (("transformers", row.ratio_to_transformers),
-                                                         ("the anchor", row.ratio_to_anchor)) if v)
-        accuracy = embed_bench.accuracy_text(row.accuracy)
-        click.echo(f"{row.batch:>3d} x {row.seq:<4d} {row.engine} {row.precision} {row.flavor}: {row.median_ms:.2f} ms "
-                   f"(p10 {row.p10_ms:.2f}, p90 {row.p90_ms:.2f}), {row.sentences_per_s:,.1f} sentences/s{ratios}"
-                   + (f"; {accuracy}" if accuracy else ""))
-    _skipped(info)
-
-
-def speech_bench(rows, info: dict, path: str) -> None:
-    """`bench --hf WHISPER`: each engine's encoder, decoder token and whole transcription, beside its
-    transcript's agreement with transformers' fp32 one."""
-    layers = "+".join(map(str, info["layers"]))
-    click.echo(f"{path}: {layers} layers, width {info['width']}, {info['parameters']:,} parameters, "
-               f"{info['threads']} thread(s); {info['audio_s']:.1f} s of audio, transformers says {info['text']!r} "
-               f"({len(info['transcript'])} tokens)")
-    for row in rows:
-        ratios = "".join(f", {v:.2f}x {k}" for k, v in (("transformers", row.ratio_to_transformers),
-                                                         ("CTranslate2", row.ratio_to_ctranslate2)) if v)
-        said = "the same transcript" if row.equal else \
-            f"transcript: {row.agreement:.0%} of its tokens agree, WER {row.word_error_rate:.2f}"
-        click.echo(f"{row.engine} {row.precision} {row.flavor}: encoder {row.encoder_ms:.1f} ms (p10 "
-                   f"{row.encoder_p10_ms:.1f}, p90 {row.encoder_p90_ms:.1f}), {row.token_ms:.2f} ms a token, "
-                   f"transcription {row.transcription_ms:.1f} ms (p10 {row.transcription_p10_ms:.1f}, p90 "
-                   f"{row.transcription_p90_ms:.1f}), real-time factor {row.real_time_factor:.3f}{ratios}; {said}")
-    if info.get("features"):
-        click.echo(f"note: features: {info['features']}")
-    _skipped(info)
-
-
-def _skipped(info: dict) -> None:
-    """The engines a whole model's bench could not time, and why."""
-    for engine, why in info["skipped"].items():
-        click.echo(f"note: {engine} not timed: {why}")

@@ -30,10 +30,12 @@ import onnx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attnexport.bench import stats_of  # noqa: E402
-from attnexport.pretrained import accuracy as A  # noqa: E402
+from attnexport.pretrained import cost as COST  # noqa: E402
 from attnexport.pretrained import model as hf  # noqa: E402
 from attnexport.pretrained import reference as HR  # noqa: E402
-from attnexport.pretrained.bench import cache_bytes, file_weight_bytes  # noqa: E402
+from attnexport.pretrained.causal import accuracy as A  # noqa: E402
+from attnexport.pretrained.causal import generation as G  # noqa: E402
+from attnexport.pretrained.causal.bench import cache_bytes, file_weight_bytes  # noqa: E402
 
 NEW_TOKENS = 48
 # The random model: a Llama of SmolLM2's head size and grouping, small enough that onnxruntime-genai's
@@ -50,7 +52,7 @@ def make_random(folder: Path, word_tokenizer: bool) -> str:
     import torch
     import transformers
 
-    from attnexport.pretrained.bench import word_tokenizer
+    from attnexport.pretrained.causal.bench import word_tokenizer
     config = transformers.LlamaConfig(**RANDOM)
     model = transformers.LlamaForCausalLM(config)
     rng = np.random.default_rng(1234)
@@ -116,7 +118,7 @@ def _np_type(t: str):
 
 class Buffered:
     """A step graph whose cache lives in device buffers written in place (attnexport's static form,
-    onnxruntime-genai's shared buffer): `run(feed)` in `hf.stepped_logits`/`hf.generate`'s terms,
+    onnxruntime-genai's shared buffer): `run(feed)` in `G.stepped_logits`/`G.generate`'s terms,
     the cache never leaving the device (the feed's cache entries are ignored, the returned ones
     are placeholders); one-token steps replay a CUDA graph when `graph`."""
 
@@ -330,7 +332,7 @@ def torch_cost(model, base: A.Baseline, dtype) -> dict:
             differ = np.flatnonzero(tokens != want)
             firsts.append(int(differ[0]) if differ.size else None)
     model.to(device="cpu", dtype=torch.float32)
-    kl = A.kl_per_position(base.eval32, got)
+    kl = COST.kl_per_position(base.eval32, got)
     return {"kl_mean": float(kl.mean()), "top1": float((base.eval32.argmax(-1) == got.argmax(-1)).mean()),
             "perplexity": A.perplexity(held, base.held_ids[0]),
             "perplexity_fp32": A.perplexity(base.held32, base.held_ids[0]), "first_difference": firsts}
@@ -367,7 +369,7 @@ def run(args) -> dict:
         if key not in bases:
             t0 = time.time()
             reference = HR.Reference(model, layout, "fp32")
-            prompts = HR.prompts(tokenizer, layout, (5, 9, 2), seed=4)
+            prompts = G.prompts(tokenizer, layout, (5, 9, 2), seed=4)
             bases[key] = A.baseline(reference, tokenizer, prompts, NEW_TOKENS)
             print(f"baseline ({key}): {time.time() - t0:.1f} s", flush=True)
         return bases[key]
@@ -408,8 +410,8 @@ def run(args) -> dict:
             cost = A.measure(engine.run, layout, base, budget, dtype).to_dict()
             entry["accuracy"] = cost
             # Replay parity: the teacher-forced logits through the replayed graph and through plain runs.
-            replay = hf.stepped_logits(engine.run, layout, base.eval_ids, A.PREFILL, 1, dtype)
-            plain = hf.stepped_logits(lambda f: {"logits": engine.call(f, replay=False).numpy(),
+            replay = G.stepped_logits(engine.run, layout, base.eval_ids, A.PREFILL, 1, dtype)
+            plain = G.stepped_logits(lambda f: {"logits": engine.call(f, replay=False).numpy(),
                                                  **{p: None for p in engine.presents.values()}},
                                       layout, base.eval_ids, A.PREFILL, 1, dtype)
             entry["replay_vs_plain_max_abs"] = float(np.abs(replay - plain).max())

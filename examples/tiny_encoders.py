@@ -30,7 +30,7 @@ def config(arch: str, layers: int = 2, hidden: int = 64, heads: int = 4, vocab: 
 
 def words() -> list[str]:
     """The lower-cased words and marks of the sentences attnexport's checks embed."""
-    from attnexport.pretrained import embeddings
+    from attnexport.pretrained.encoders import measures as embeddings
     found = {w for text in embeddings.sentences() for w in re.findall(r"\w+|[^\w\s]", text.lower())}
     return sorted(found)
 

@@ -39,7 +39,7 @@ def tokenizer_json(multilingual: bool) -> str:
     tokens carry it), filler tokens to the special ones, the special tokens as added tokens."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from attnexport.pretrained import speech
+    from attnexport.pretrained.whisper import export as speech
     words = sorted(set(re.findall(r"\w+|[^\w\s]", speech.CHECK_TEXT)))
     special = special_tokens(multilingual)
     vocab = {f"<|filler{i}|>": i for i in range(min(special.values()))}
@@ -75,7 +75,7 @@ def model(multilingual: bool = False, layers: int = 2, width: int = 64, heads: i
 def variables(built) -> dict[str, np.ndarray]:
     """CTranslate2's WhisperSpec variables of a transformers Whisper (`ctranslate2.whisper_variables`),
     with the flags and sizes CTranslate2's converter writes beside them (activation 3: its GELU)."""
-    from attnexport.pretrained import ctranslate2
+    from attnexport.pretrained.whisper import ctranslate2 as ctranslate2
     state = {k: v.detach().float().numpy() for k, v in built.state_dict().items()}
     out = ctranslate2.whisper_variables(state, built.config)
     out.update({"decoder/scale_embeddings": np.array(0, np.int8), "decoder/pre_norm": np.array(1, np.int8),

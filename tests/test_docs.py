@@ -160,10 +160,10 @@ def test_the_counts_the_pages_name_are_the_codes():
 
     from attnexport import flavors as FL
     from attnexport import variants as V
-    from attnexport.pretrained import families
+    from attnexport.pretrained.causal import CausalLM
     assert _said("README.md", r"to ONNX in (\w+) flavours") == len(FL.FLAVORS)
     assert _said("docs/language-models.md", r"small configs of the (\w+) architectures") == \
-        len(families.DecoderOnly.tested)
+        len(CausalLM.tested)
     decoding = [v for v in V.VARIANTS.values() if any(o.name == "kv_cache" for o in v.options)]
     assert _said("docs/caches.md", r"`bench --decode` takes all (\w+) variants") == len(decoding)
     tree = ast.parse((ROOT / "benchmarks" / "real_modules.py").read_text())

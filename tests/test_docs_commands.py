@@ -91,8 +91,8 @@ def stand_ins(tiny_lm, tiny_encoder, whisper_folder):
 
 @pytest.mark.parametrize("page,heading", BLOCKS, ids=[f"{p}:{h.strip('#. ')[:30]}" for p, h in BLOCKS])
 def test_each_whole_model_block_runs_as_written(page, heading, stand_ins):
-    if not all(clients.status(c)[0] for c in clients.KNOWN):
-        missing = [clients.status(c)[1] for c in clients.KNOWN if not clients.status(c)[0]]
+    if not all(clients.status(c)[0] for c in clients.known()):
+        missing = [clients.status(c)[1] for c in clients.known() if not clients.status(c)[0]]
         pytest.skip("every client: " + "; ".join(missing))
     text, commands = script(page, heading)
     assert commands >= 2, text

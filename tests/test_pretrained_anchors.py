@@ -12,12 +12,12 @@ import pytest
 pytest.importorskip("transformers", reason="the [hf] extra: pip install -e '.[dev,hf]'")
 pytest.importorskip("optimum.exporters.onnx", reason="optimum-onnx: pip install optimum-onnx")
 
-from test_pretrained_audio import wav  # noqa: E402
+from test_pretrained_whisper_audio import wav  # noqa: E402
 
-from attnexport.pretrained import embedding_bench as EB  # noqa: E402
-from attnexport.pretrained import speech as S  # noqa: E402
-from attnexport.pretrained import speech_bench as SB  # noqa: E402
-from attnexport.pretrained import speech_cost as SCOST  # noqa: E402
+from attnexport.pretrained.encoders import bench as EB  # noqa: E402
+from attnexport.pretrained.whisper import bench as SB  # noqa: E402
+from attnexport.pretrained.whisper import cost as SCOST  # noqa: E402
+from attnexport.pretrained.whisper import export as S  # noqa: E402
 
 
 @pytest.mark.parametrize("pooling,normalize", [("cls", False), ("max", True)])

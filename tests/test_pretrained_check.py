@@ -15,6 +15,7 @@ from conftest import cli as run  # noqa: E402
 
 from attnexport.pretrained import fusions as hf_fusions
 from attnexport.pretrained import model as hf  # noqa: E402
+from attnexport.pretrained.causal import generation as G  # noqa: E402
 from attnexport.pretrained.check import NEW_TOKENS  # noqa: E402
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "phi3", "gpt2")
@@ -140,7 +141,7 @@ def test_the_documented_static_loop_generates_what_transformers_generates(folder
     model, _ = hf.load(folders["llama"])
     layout = hf.Layout.of(onnx.load(path))
     prompts = [np.array(p) for p in scope["prompts"]]
-    want = hf.reference_generation(model, layout, prompts, len(scope["generated"]))
+    want = G.reference_generation(model, layout, prompts, len(scope["generated"]))
     assert np.array_equal(np.stack(scope["generated"], axis=1), want.tokens)
 
 
@@ -166,7 +167,7 @@ def test_a_decode_steps_least_bytes_count_the_embedding_table_once_when_the_head
     """One row of an untied input table; the whole matrix when the head is the same matrix."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from attnexport.pretrained.bench import step_bytes
+    from attnexport.pretrained.causal.bench import step_bytes
     config = LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
     model = LlamaForCausalLM(config)

@@ -14,19 +14,23 @@ from conftest import cli
 
 from attnexport.errors import UsageError
 from attnexport.pretrained import clients
+from attnexport.pretrained.causal import CausalLM
+from attnexport.pretrained.causal import clients as causal_clients
+from attnexport.pretrained.causal import generation as G
+from attnexport.pretrained.encoders import SentenceEncoder
+from attnexport.pretrained.encoders import clients as encoder_clients
 
 
 def test_clients_are_named_or_refused():
-    from attnexport.pretrained import families
     assert clients.parse("all") == ["all"]
     assert clients.parse("transformers.js, optimum") == ["transformers.js", "optimum"]
     assert clients.parse(None) == []
     with pytest.raises(UsageError, match="unknown onnxruntime-genai"):
         clients.parse("optimum,onnxruntime-genai")
-    assert clients.of_family(["all"], families.DecoderOnly()) == list(clients.CLIENTS)
-    assert clients.of_family(["all"], families.Encoder()) == list(clients.EMBEDDERS)
+    assert clients.of_family(["all"], CausalLM()) == list(CausalLM.clients)
+    assert clients.of_family(["all"], SentenceEncoder()) == list(SentenceEncoder.clients)
     with pytest.raises(UsageError, match="sentence-transformers: a causal language model's clients are"):
-        clients.of_family(["sentence-transformers"], families.DecoderOnly())
+        clients.of_family(["sentence-transformers"], CausalLM())
 
 
 def _available(client):
@@ -44,7 +48,7 @@ def deployed(tmp_path_factory, tiny_lm):
     return source, out
 
 
-@pytest.mark.parametrize("client", clients.CLIENTS)
+@pytest.mark.parametrize("client", CausalLM.clients)
 def test_each_client_generates_transformers_tokens_from_the_folder(client, deployed):
     _available(client)
     source, out = deployed
@@ -56,7 +60,7 @@ def test_each_client_generates_transformers_tokens_from_the_folder(client, deplo
     assert rows[0]["detail"]["tokens"] == rows[0]["detail"]["transformers_tokens"]
 
 
-@pytest.mark.parametrize("client", clients.CLIENTS)
+@pytest.mark.parametrize("client", CausalLM.clients)
 def test_a_folder_a_client_cannot_run_fails_its_row(client, deployed, tmp_path):
     """The folder's config names a model type no client knows: each fails to load it, and its row
     says so."""
@@ -85,7 +89,7 @@ def test_optimum_runs_the_form_without_a_cache_and_transformers_js_is_said_not_t
     assert cli("export", "--hf", str(source), "--deploy", str(out)).exit_code == 0
     r = cli("verify", str(out), "--hf", str(source), "--runtimes", "ort-cpu", "--clients",
             "all", "--new-tokens", "6", "--skip-unavailable", "--json")  # Optimum where it is installed
-    rows = {row["runtime"]: row for row in json.loads(r.output)["results"] if row["runtime"] in clients.CLIENTS}
+    rows = {row["runtime"]: row for row in json.loads(r.output)["results"] if row["runtime"] in CausalLM.clients}
     if clients.status("transformers.js")[0]:
         assert "feeds only the new token" in rows["transformers.js"]["error"]
         assert not rows["transformers.js"]["passed"]
@@ -113,11 +117,11 @@ def test_the_optimum_clients_loop_gives_the_models_own_new_tokens(tiny_lm):
     from attnexport.pretrained import model as hf
     model, _ = hf.load(tiny_lm("llama"))
     layout = hf.layout_of(model, "concat")
-    prompts = [p.tolist() for p in hf.prompts_for(layout, (1, 6, 3), seed=5)]
-    encoded, tokens = clients.greedy_each(model, None, prompts, 5)
+    prompts = [p.tolist() for p in G.prompts_for(layout, (1, 6, 3), seed=5)]
+    encoded, tokens = causal_clients.greedy_each(model, None, prompts, 5)
     assert encoded == prompts
     for prompt, got in zip(prompts, tokens, strict=True):
-        assert got == hf.reference_generation(model, layout, [prompt], 5).tokens[0].tolist()
+        assert got == G.reference_generation(model, layout, [prompt], 5).tokens[0].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +135,7 @@ def encoder_deployed(tmp_path_factory, tiny_encoder):
     return source, out
 
 
-@pytest.mark.parametrize("client", clients.EMBEDDERS)
+@pytest.mark.parametrize("client", SentenceEncoder.clients)
 def test_each_embedding_client_embeds_as_transformers_from_the_folder(client, encoder_deployed):
     _available(client)
     source, out = encoder_deployed
@@ -174,7 +178,7 @@ def test_an_encoder_folder_states_one_longest_input_and_every_client_cuts_a_long
     pytest.importorskip("sentence_transformers", reason="sentence-transformers: pip install 'sentence-transformers<6'")
     from sentence_transformers import SentenceTransformer
 
-    from attnexport.pretrained import embeddings
+    from attnexport.pretrained.encoders import measures as embeddings
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "probes"))
     from encoder_long_text import plain_loop
     source = tmp_path / "source"
@@ -197,7 +201,7 @@ def test_an_encoder_folder_states_one_longest_input_and_every_client_cuts_a_long
     want = SentenceTransformer(str(source), device="cpu").encode(texts, convert_to_numpy=True).astype(np.float64)
     got, kept = plain_loop(out, texts)
     assert kept[0] == 24 and kept[1] < 24
-    got = {"plain loop": got} | {c: clients.embed(c, out, texts).embeddings for c in clients.EMBEDDERS
+    got = {"plain loop": got} | {c: encoder_clients.embed(c, out, texts).embeddings for c in SentenceEncoder.clients
                                  if clients.status(c)[0]}
     for who, e in got.items():
         e = np.asarray(e, np.float64)
@@ -222,8 +226,8 @@ def test_a_folder_written_under_transformers_5_with_a_chat_template_is_read_by_e
     import numpy as np
     import transformers
 
-    from attnexport.pretrained import bench as hf_bench
     from attnexport.pretrained import model as hf
+    from attnexport.pretrained.causal import bench as hf_bench
     source = tmp_path / "llama"
     shutil.copytree(tiny_lm("llama"), source)
     hf_bench.word_tokenizer(source, 1000)
@@ -243,11 +247,11 @@ def test_a_folder_written_under_transformers_5_with_a_chat_template_is_read_by_e
     assert want_ids == [3, 5, 37, 48, 8, 4, 7, 8, 3, 9, 3, 8, 6]  # the template's, word for word (t1, t2 are special)
     model, _ = hf.load(source)
     layout = hf.layout_of(model, "concat")
-    want = hf.reference_generation(model, layout, [np.array(want_ids)], 6).tokens[0].tolist()
-    for client in clients.CLIENTS:
+    want = G.reference_generation(model, layout, [np.array(want_ids)], 6).tokens[0].tolist()
+    for client in CausalLM.clients:
         if not clients.status(client)[0]:
             continue
-        done = clients.generate(client, out, [chat], 6)
+        done = causal_clients.generate(client, out, [chat], 6)
         assert done.prompt_ids == [list(want_ids)], client
         assert done.tokens == [want], client
 

@@ -252,7 +252,8 @@ def test_a_folder_with_a_config_and_no_weights_is_refused_unless_a_seed_is_given
     shutil.copytree(tiny_encoder("bert"), encoder)
     (encoder / "model.safetensors").unlink()
     for source in (lm, encoder):
-        for args in (["export", "--hf", source, "-o", tmp_path / "x.onnx"], ["bench", "--hf", source]):
+        bench = ["bench", "--hf", source, *(["--decode"] if source == lm else [])]
+        for args in (["export", "--hf", source, "-o", tmp_path / "x.onnx"], bench):
             r = run(*args)
             assert r.exit_code == 2 and "Traceback" not in r.output, r.output
             assert r.output.strip().splitlines() == [

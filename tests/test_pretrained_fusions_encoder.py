@@ -17,8 +17,9 @@ pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip 
 from conftest import cli as run  # noqa: E402
 
 from attnexport import runtimes as R  # noqa: E402
-from attnexport.pretrained import embeddings as E  # noqa: E402
 from attnexport.pretrained import export as hf_export  # noqa: E402
+from attnexport.pretrained.encoders import SentenceEncoder  # noqa: E402
+from attnexport.pretrained.encoders import measures as E  # noqa: E402
 from attnexport.pretrained.fusions import encoder  # noqa: E402
 
 
@@ -121,8 +122,7 @@ def test_a_layer_that_differs_from_the_form_is_left_alone(tiny_encoder, tmp_path
     """On the graph the fusion reads (the ort flavour's general attention, the family's own fusions
     off): every layer rewritten; a layer whose queries go through transposes that do not cancel, or
     a bias read off another input than attention_mask, left as it was (nothing guessed)."""
-    from attnexport.pretrained import families
-    monkeypatch.setattr(families.Encoder, "fuses_encoder_layers", False)
+    monkeypatch.setattr(SentenceEncoder, "fuses_encoder_layers", False)
     plain = _export(tiny_encoder("bert"), tmp_path / "general.onnx")
     assert [n.op_type for n in plain.graph.node].count("MultiHeadAttention") == 2
     copy = onnx.ModelProto()

@@ -1,7 +1,7 @@
 """Quantized weight matrices (`attnexport.pretrained.precision`): grids a matrix already holds found and carried
 bit for bit, ONNX Runtime's quantizer for the rest, MatMulNBits's layout read back, the record and
 its fingerprints, the per-layer plan and its refusals. On handmade one-MatMul graphs run by ONNX
-Runtime; whole models are in test_pretrained_accuracy.py and test_real_models.py."""
+Runtime; whole models are in test_pretrained_causal_accuracy.py and test_real_models.py."""
 
 import json
 

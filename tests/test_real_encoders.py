@@ -24,7 +24,8 @@ import onnxruntime as ort  # noqa: E402
 from conftest import cli, shared_path  # noqa: E402
 
 from attnexport import runtimes as R  # noqa: E402
-from attnexport.pretrained import embeddings as E  # noqa: E402
+from attnexport.pretrained.encoders import SentenceEncoder  # noqa: E402
+from attnexport.pretrained.encoders import measures as E  # noqa: E402
 
 ZIP = Path(next(iter(importlib.util.find_spec("all_minilm_l6_v2").submodule_search_locations))) / "model.zip"
 # Each query's answer among the corpus's sentences: what the trained model retrieves first.
@@ -86,14 +87,14 @@ def test_its_deployment_folder_embeds_in_every_client_as_transformers_does(folde
     """sentence-transformers (backend onnx), Optimum's ORTModelForFeatureExtraction and
     transformers.js' feature-extraction pipeline, each with its own tokenizer and pooling."""
     from attnexport.pretrained import clients
-    missing = [f"{c} ({clients.status(c)[1]})" for c in clients.EMBEDDERS if not clients.status(c)[0]]
+    missing = [f"{c} ({clients.status(c)[1]})" for c in SentenceEncoder.clients if not clients.status(c)[0]]
     if missing:
         pytest.skip(f"not installed: {', '.join(missing)}")
     out = tmp_path / "minilm-onnx"
     assert cli("export", "--hf", folder, "--deploy", out).exit_code == 0
     result = cli("verify", out, "--hf", folder, "--runtimes", "ort-cpu", "--clients", "all", "--json")
     assert result.exit_code == 0, result.output
-    rows = {r["runtime"]: r for r in json.loads(result.output)["results"] if r["runtime"] in clients.EMBEDDERS}
-    assert sorted(rows) == sorted(clients.EMBEDDERS)
+    rows = {r["runtime"]: r for r in json.loads(result.output)["results"] if r["runtime"] in SentenceEncoder.clients}
+    assert sorted(rows) == sorted(SentenceEncoder.clients)
     for r in rows.values():
         assert r["detail"]["embeddings"]["cosine_min"] > 0.99999 and r["detail"]["embeddings"]["top1_agreement"] == 1

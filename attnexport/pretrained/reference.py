@@ -27,7 +27,6 @@ import torch
 from attnexport import dtypes as D
 from attnexport import modules as M
 from attnexport.compare import Comparison, Tolerance, compare, derived_tolerance, failed, tolerance
-from attnexport.pretrained import forms
 from attnexport.pretrained import model as hf
 
 # Where the budget comes from, said in every report.
@@ -43,17 +42,6 @@ PASSAGE = (
     "ferries, and in the last years pleasure yachts that came only in summer. The children drew "
     "charts of the traffic and found that storms had grown rarer in spring but stronger in autumn."
 )
-
-# The prompts of generation parity when the model has a tokenizer (greedy answers a reader can
-# check: a fact, code, a physical constant, a story, a list).
-PROMPTS = (
-    "The capital of France is",
-    "def fibonacci(n):\n",
-    "Water boils at a temperature of",
-    "Once upon a time, in a small village by the sea,",
-    "The three primary colors are",
-)
-
 
 class _Float64(torch.overrides.TorchFunctionMode):
     """float32 asked for by name (`.float()`, `.to(torch.float32)`, `dtype=torch.float32`) becomes
@@ -210,24 +198,6 @@ class Reference:
         float64. Its presents' whole shapes are their buffers'."""
         return self.layout.cache_form.window(self.layout, feed, valid)
 
-    def logits64(self, sequences: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """transformers' own forward in float64 over whole (left-padded) sequences: (B, T, V) logits."""
-        positions = forms.positions_of(mask)
-        with torch.no_grad(), float64_everywhere():
-            out = self.model64(input_ids=torch.from_numpy(sequences), attention_mask=torch.from_numpy(mask),
-                               position_ids=torch.from_numpy(positions), use_cache=False)
-        return out.logits.double().numpy()
-
-
-def generation_logits64(reference: Reference, prompts, tokens: np.ndarray) -> list[np.ndarray]:
-    """Each step's logits (B, V) of a greedy generation of `tokens` (B, N) after `prompts`, from
-    the model in float64 over the prompts (left-padded) and the tokens, teacher-forced."""
-    ids, mask, _ = forms.left_padded(prompts, reference.layout.pad_token)
-    width, steps = ids.shape[1], tokens.shape[1]
-    sequences = np.concatenate([ids, tokens[:, :-1]], axis=1)
-    mask = np.concatenate([mask, np.ones((len(prompts), steps - 1), np.int64)], axis=1)
-    logits = reference.logits64(sequences, mask)
-    return [logits[:, width - 1 + i] for i in range(steps)]
 
 
 # --- what the checks feed ------------------------------------------------------------------------
@@ -243,14 +213,6 @@ def token_rows(tokenizer, vocab: int, batch: int, length: int, seed: int) -> np.
         text = np.concatenate([text, text])
     starts = rng.integers(0, len(text) - length, batch)
     return np.stack([text[s:s + length] for s in starts])
-
-
-def prompts(tokenizer, layout: hf.Layout, lengths, seed: int = 0) -> list[np.ndarray]:
-    """Generation parity's prompts: PROMPTS tokenized where the model has a tokenizer, else seeded
-    token ids of `lengths`."""
-    if tokenizer is None:
-        return hf.prompts_for(layout, lengths, seed)
-    return [np.asarray(tokenizer(p)["input_ids"], np.int64) for p in PROMPTS]
 
 
 def prefilled_feed(reference: Reference, ids: np.ndarray, past: int, padded: int = 0) -> dict:

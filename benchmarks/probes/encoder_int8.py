@@ -25,8 +25,8 @@ import onnx
 import onnxruntime as ort
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from attnexport.pretrained import embeddings as EM
 from attnexport.pretrained import model as hf
+from attnexport.pretrained.encoders import measures as EM
 
 
 def session(path: Path) -> ort.InferenceSession:

@@ -41,7 +41,10 @@ def main() -> None:
     a = parser.parse_args()
     from sentence_transformers import SentenceTransformer
 
-    from attnexport.pretrained import clients, embeddings
+    from attnexport.pretrained import clients
+    from attnexport.pretrained.encoders import SentenceEncoder
+    from attnexport.pretrained.encoders import clients as encoder_clients
+    from attnexport.pretrained.encoders import measures as embeddings
     sentences = embeddings.sentences()
     long_text = " ".join(sentences * 2)
     texts = [long_text, *sentences[:4]]
@@ -49,9 +52,9 @@ def main() -> None:
     want = SentenceTransformer(a.source, device="cpu").encode(texts, convert_to_numpy=True)
     folder = Path(a.folder)
     got = {"plain ONNX Runtime loop": plain_loop(folder, texts)[0]}
-    for client in clients.EMBEDDERS:
+    for client in SentenceEncoder.clients:
         if clients.status(client)[0]:
-            got[client] = clients.embed(client, folder, texts).embeddings
+            got[client] = encoder_clients.embed(client, folder, texts).embeddings
     limits = {f: json.loads((folder / f).read_text()).get(k) for f, k in (
         ("tokenizer_config.json", "model_max_length"), ("sentence_bert_config.json", "max_seq_length"))
         if (folder / f).is_file()}

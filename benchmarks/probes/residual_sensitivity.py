@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnexport.pretrained import accuracy as A
 from attnexport.pretrained import model as hf
 from attnexport.pretrained import precision as P
+from attnexport.pretrained.causal import accuracy as A
 
 
 def main() -> None:

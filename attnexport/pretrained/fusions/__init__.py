@@ -24,7 +24,7 @@ attention), and on two threads those small ops cost as much as a sixth of the st
 Every rewrite keeps the function: the export is checked against the model in float64 after it
 (`attnexport.pretrained.export.check_before_writing`), and a pattern that is not there is left alone.
 
-An encoder's layers (a family that says so: `families.Family.fuses_encoder_layers`) get what ONNX
+An encoder's layers (a family that says so: `registry.Family.fuses_encoder_layers`) get what ONNX
 Runtime's transformer optimizer makes of a BERT layer: each attention with its projections and the
 padding mask as it comes (`encoder`), each layer norm after a residual add one
 com.microsoft.SkipLayerNormalization with the bias before it, each exact GELU after a bias add one

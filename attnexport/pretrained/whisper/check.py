@@ -10,7 +10,6 @@ transcripts Optimum's ORTModelForSpeechSeq2Seq and transformers.js' pipeline mak
 from __future__ import annotations
 
 import functools
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -22,14 +21,16 @@ import torch
 from attnexport import runtimes as R
 from attnexport.compare import Comparison, Tolerance, check_tolerance_values, compare
 from attnexport.errors import UsageError
-from attnexport.pretrained import audio as AU
-from attnexport.pretrained import clients, families
-from attnexport.pretrained import ctranslate2 as CT
+from attnexport.pretrained import clients, registry
 from attnexport.pretrained import model as hf
 from attnexport.pretrained import precision as P
-from attnexport.pretrained import speech as S
-from attnexport.pretrained import speech_cost as SCOST
-from attnexport.pretrained import whisper as W
+from attnexport.pretrained.whisper import Whisper
+from attnexport.pretrained.whisper import audio as AU
+from attnexport.pretrained.whisper import clients as WC
+from attnexport.pretrained.whisper import cost as SCOST
+from attnexport.pretrained.whisper import ctranslate2 as CT
+from attnexport.pretrained.whisper import export as S
+from attnexport.pretrained.whisper import graphs as W
 from attnexport.reading import load_model
 from attnexport.record import ExportRecord
 from attnexport.report import Report, Row
@@ -51,40 +52,15 @@ def graph_files(path) -> dict[str, Path] | None:
     return None
 
 
-def missing_graphs(path) -> list[str]:
-    """The graph files a Whisper folder lacks (its config names Whisper, or it holds one of its
-    graphs, in onnx/ or at its top, and not both): what verify names instead of taking it for
-    another kind of folder; [] for any other path."""
-    folder = Path(path)
-    if not folder.is_dir() or graph_files(folder) is not None:
-        return []
+def missing_graphs(folder: Path) -> list[str]:
+    """The graph files a Whisper folder lacks (in onnx/ or at its top): the encoder, and the merged
+    decoder (its static form's where the folder holds that one)."""
     wanted = [f"{W.ENCODER}.onnx", f"{W.MERGED}.onnx"]
     present = [f for f in wanted + [f"{W.MERGED_STATIC}.onnx"] for where in (folder / S.GRAPH_DIR, folder)
                if (where / f).is_file()]
-    try:
-        config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
-    except ValueError:
-        config = {}
-    names = tuple(families.EncoderDecoder.architectures)
-    whisper = any(str(a).endswith(names) for a in config.get("architectures") or [])
-    if not whisper and not present:
-        return []
     if f"{W.MERGED_STATIC}.onnx" in present:
         wanted[1] = f"{W.MERGED_STATIC}.onnx"
     return [f for f in wanted if f not in present]
-
-
-def refuse_incomplete(path) -> None:
-    """A one-line UsageError naming the graphs a Whisper folder lacks (`missing_graphs`), if any."""
-    missing = missing_graphs(path)
-    if missing:
-        raise UsageError(f"{path}: a Whisper folder holds {S.GRAPH_DIR}/{W.ENCODER}.onnx and {S.GRAPH_DIR}/"
-                         f"{W.MERGED}.onnx (export --hf --deploy); it lacks {' and '.join(missing)}")
-
-
-def is_deployment(path) -> bool:
-    """Whether `path` is a Whisper deployment folder (`graph_files`)."""
-    return graph_files(path) is not None
 
 
 @dataclass
@@ -100,7 +76,7 @@ class _Context:
 
     def row(self, case: str, runtime: str, kind: str, tol: Tolerance | None = None) -> Row:
         flavor = self.flavor if runtime in R.ONNX_RUNTIMES else "-"
-        return Row(case=case, variant=f"concat ({families.EncoderDecoder.task})", flavor=flavor, runtime=runtime,
+        return Row(case=case, variant=f"concat ({Whisper.task})", flavor=flavor, runtime=runtime,
                    dtype=self.precision, model=self.folder.name, tolerance=tol, expected_kind=kind)
 
     def steps(self, runtime: str, raw: bool = False):
@@ -133,7 +109,9 @@ def verify_speech(check) -> Report:
                          "--rtol/--atol do not apply")
     folder = Path(check.model_path)
     files = graph_files(folder)
-    assert files is not None  # verify_hf dispatched here because it is one
+    if files is None:
+        raise UsageError(f"{folder}: a Whisper folder holds {S.GRAPH_DIR}/{W.ENCODER}.onnx and {S.GRAPH_DIR}/"
+                         f"{W.MERGED}.onnx (export --hf --deploy); it lacks {' and '.join(missing_graphs(folder))}")
     graphs = {g: load_model(f) for g, f in files.items()}
     # Another tool's export (Optimum's) carries no record of attnexport's: judged by its outputs alone.
     foreign = ExportRecord.of(graphs[W.ENCODER]).params is None
@@ -149,8 +127,8 @@ def verify_speech(check) -> Report:
                              "own, which Optimum and transformers.js do not feed; export the concat form for them")
     recorded = ExportRecord.of(graphs[W.ENCODER]).number("seed")  # a config-only source's weights' seed
     model, _ = hf.load(check.source, check.seed if check.seed is not None else recorded)
-    family = families.of_model(model)
-    if not isinstance(family, families.EncoderDecoder):
+    family = registry.of_model(model)
+    if family.task != Whisper.task:
         raise UsageError(f"{folder.name} is a Whisper export; --hf {check.source} is a {family.what}: give the model "
                          "it was exported from")
     speech = S.Speech.of(model, check.source)
@@ -214,7 +192,7 @@ def reference_transcripts(speech: S.Speech, features: np.ndarray, new_tokens: in
         special = [t for t in row[:len(speech.start)] if t >= speech.end]
         if any(t not in speech.start for t in special):
             raise RuntimeError(f"transformers' generate started with {row[:len(speech.start)]}, not {speech.start}")
-    return [clients.spoken(row, speech.end) for row in out.tolist()]
+    return [WC.spoken(row, speech.end) for row in out.tolist()]
 
 
 def _graph_rows(ctx: _Context, runtime: str) -> None:
@@ -338,7 +316,7 @@ def _client_row(ctx: _Context, client: str, clips, want, new_tokens: int, exact:
             row.detail = {"tokens": done.tokens, "ort-cpu_tokens": mine, "near_ties": ties}
             return comparisons
         return _judge_tokens(row, want, client, got, "transformers")
-    ctx.executor.run(row, functools.partial(clients.transcribe, client, ctx.folder, clips, new_tokens,
+    ctx.executor.run(row, functools.partial(WC.transcribe, client, ctx.folder, clips, new_tokens,
                                             R.cpu_threads()), judge)
 
 

@@ -33,15 +33,16 @@ import numpy as np
 from attnexport import runtimes as R
 from attnexport.bench import stats_of
 from attnexport.errors import reason
-from attnexport.pretrained import audio as AU
-from attnexport.pretrained import clients
-from attnexport.pretrained import ctranslate2 as CT
+from attnexport.pretrained import bench as B
 from attnexport.pretrained import export as hf_export
 from attnexport.pretrained import model as hf
-from attnexport.pretrained import speech as S
-from attnexport.pretrained import speech_check as SC
-from attnexport.pretrained import speech_cost as SCOST
-from attnexport.pretrained import whisper as W
+from attnexport.pretrained.whisper import audio as AU
+from attnexport.pretrained.whisper import check as SC
+from attnexport.pretrained.whisper import clients as WC
+from attnexport.pretrained.whisper import cost as SCOST
+from attnexport.pretrained.whisper import ctranslate2 as CT
+from attnexport.pretrained.whisper import export as S
+from attnexport.pretrained.whisper import graphs as W
 
 
 @dataclass(frozen=True)
@@ -240,7 +241,7 @@ def _optimum(speech: S.Speech, tmp: Path, new_tokens: int, threads: int, info: d
         return model.encoder(input_features=torch.from_numpy(features), attention_mask=None)
 
     def transcribe(features):
-        return clients.optimum_whisper_generate(model, torch.from_numpy(features), new_tokens)
+        return WC.optimum_whisper_generate(model, torch.from_numpy(features), new_tokens)
     return [_Engine("optimum", "-", "fp32", encode, transcribe)]
 
 
@@ -282,7 +283,7 @@ def _ctranslate2(source: Path, speech: S.Speech, new_tokens: int, threads: int, 
         def transcribe(features, model=model):
             out = model.generate(ctranslate2.StorageView.from_array(np.ascontiguousarray(features)), [speech.start],
                                  beam_size=1, max_length=ctranslate2_length(new_tokens, len(speech.start), positions))
-            return clients.spoken(out[0].sequences_ids[0], speech.end)[:new_tokens]
+            return WC.spoken(out[0].sequences_ids[0], speech.end)[:new_tokens]
         capped = f"; decodes at most {positions // 2} tokens (its cap), {new_tokens} asked" \
             if 2 * new_tokens > positions else ""
         loaded = f"CTranslate2 {ctranslate2.__version__}, compute_type {model.compute_type}{capped}"
@@ -301,3 +302,34 @@ def ctranslate2_length(new_tokens: int, start: int, positions: int) -> int:
 
 def to_json(rows: list[SpeechBenchRow]) -> list[dict]:
     return [asdict(row) for row in rows]
+
+
+def from_options(source, v, said) -> tuple[list[SpeechBenchRow], dict]:
+    """`bench --hf` of a Whisper model from the command line's values `v` (`--audio` beside every
+    family's)."""
+    B.refuse_others(v, v.options, ("--audio",), "a Whisper model (beside transformers, Optimum and CTranslate2)")
+    request = B.request_of(SpeechBenchRequest, v, source=source, flavors=tuple(v.flavors) or SpeechBenchRequest.flavors,
+                           precisions=B.precisions(v.precisions_text, "--precision", S.PRECISIONS)
+                           if v.precisions_text else SpeechBenchRequest.precisions, threads=v.threads or 0)
+    return bench_speech(request, said=said)
+
+
+def lines(rows: list[SpeechBenchRow], info: dict, path: str) -> list[str]:
+    """What bench prints: each engine's encoder, decoder token and whole transcription, beside its
+    transcript's agreement with transformers' fp32 one."""
+    layers = "+".join(map(str, info["layers"]))
+    out = [f"{path}: {layers} layers, width {info['width']}, {info['parameters']:,} parameters, "
+           f"{info['threads']} thread(s); {info['audio_s']:.1f} s of audio, transformers says {info['text']!r} "
+           f"({len(info['transcript'])} tokens)"]
+    for row in rows:
+        ratios = "".join(f", {v:.2f}x {k}" for k, v in (("transformers", row.ratio_to_transformers),
+                                                         ("CTranslate2", row.ratio_to_ctranslate2)) if v)
+        said = "the same transcript" if row.equal else \
+            f"transcript: {row.agreement:.0%} of its tokens agree, WER {row.word_error_rate:.2f}"
+        out.append(f"{row.engine} {row.precision} {row.flavor}: encoder {row.encoder_ms:.1f} ms (p10 "
+                   f"{row.encoder_p10_ms:.1f}, p90 {row.encoder_p90_ms:.1f}), {row.token_ms:.2f} ms a token, "
+                   f"transcription {row.transcription_ms:.1f} ms (p10 {row.transcription_p10_ms:.1f}, p90 "
+                   f"{row.transcription_p90_ms:.1f}), real-time factor {row.real_time_factor:.3f}{ratios}; {said}")
+    if info.get("features"):
+        out.append(f"note: features: {info['features']}")
+    return out + B.skipped_lines(info)

@@ -12,8 +12,8 @@ import pytest
 transformers = pytest.importorskip("transformers", reason="the [hf] extra: pip install -e '.[dev,hf]'")
 
 from attnexport.errors import UsageError  # noqa: E402
-from attnexport.pretrained import audio as AU  # noqa: E402
-from attnexport.pretrained import speech as S  # noqa: E402
+from attnexport.pretrained.whisper import audio as AU  # noqa: E402
+from attnexport.pretrained.whisper import export as S  # noqa: E402
 
 
 def wav(path: Path, samples: np.ndarray, rate: int = 16000, channels: int = 1, width: int = 2) -> Path:

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from attnexport.errors import UsageError
-from attnexport.pretrained import embedding_bench as EB
+from attnexport.pretrained.encoders import bench as EB
 
 transformers = pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
 

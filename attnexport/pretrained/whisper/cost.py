@@ -28,9 +28,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from attnexport.compare import Comparison
-from attnexport.pretrained import accuracy as A
+from attnexport.pretrained import cost as B
 from attnexport.pretrained import model as hf
-from attnexport.pretrained import whisper as W
+from attnexport.pretrained.whisper import graphs as W
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class SpeechBudget:
 
     def with_overrides(self, text: str | None) -> SpeechBudget:
         """This budget with `--budget KEY=VALUE,...` applied (a value `none` drops that limit)."""
-        return A.overridden(self, text, shares=("top1", "agreement"), fixed=("margin",))
+        return B.overridden(self, text, shares=("top1", "agreement"), fixed=("margin",))
 
     def text(self) -> str:
         parts = []
@@ -175,7 +175,7 @@ def measure(steps, speech, features: np.ndarray, want: list[list[int]], referenc
     kl, top1 = [], []
     for i, tokens in enumerate(want):
         got = teacher_forced(steps, features[i:i + 1], [*speech.start, *tokens, speech.end], first, layers)
-        kl.append(A.kl_per_position(reference[i], got))
+        kl.append(B.kl_per_position(reference[i], got))
         top1.append(reference[i].argmax(-1) == got.argmax(-1))
     run_encoder, run_first, run_later = steps
     said = W.transcribe(run_encoder, run_first, run_later, features, speech.tokens, layers, new_tokens)

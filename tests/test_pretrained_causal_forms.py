@@ -1,6 +1,6 @@
-"""The cache forms (`attnexport.pretrained.forms`): each form's feeds agree with its own inputs,
-axes and signature, and a fourth form is one class and one line in the table, exported and
-verified as the three are. The `[hf]` extra, on a small random config."""
+"""A language model's cache forms (`attnexport.pretrained.causal.forms`): each form's feeds agree
+with its own inputs, axes and signature, and a fourth form is one class and one line in the table,
+exported and verified as the three are. The `[hf]` extra, on a small random config."""
 
 import numpy as np
 import onnx
@@ -9,12 +9,14 @@ import pytest
 pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
 
 from attnexport.pretrained import export as hf_export  # noqa: E402
-from attnexport.pretrained import families, forms  # noqa: E402
+from attnexport.pretrained import forms  # noqa: E402
 from attnexport.pretrained import model as hf  # noqa: E402
+from attnexport.pretrained.causal import CausalLM  # noqa: E402
+from attnexport.pretrained.causal import forms as CF  # noqa: E402
 from attnexport.pretrained.check import HFCheck, verify_hf  # noqa: E402
 
 
-@pytest.mark.parametrize("name", families.DecoderOnly.forms)
+@pytest.mark.parametrize("name", CausalLM.forms)
 def test_every_feed_a_form_makes_is_its_inputs_and_its_axes_name_only_them(name):
     layout = hf.Layout(name, layers=2, kv_heads=1, head_dim=4, vocab=11, max_seq=16)
     form = layout.cache_form
@@ -33,12 +35,12 @@ def test_every_feed_a_form_makes_is_its_inputs_and_its_axes_name_only_them(name)
     assert layout.outputs == ["logits", *layout.cache_pairs.values()]
 
 
-def test_a_form_is_refused_by_name_with_the_forms_there_are():
+def test_a_form_is_refused_by_name_with_the_family_s_forms():
     with pytest.raises(Exception, match="one of none, concat, static, got 'ring'"):
-        forms.form("ring")
+        CausalLM().form("ring")
 
 
-class PastNamed(forms.ConcatCache):
+class PastNamed(CF.ConcatCache):
     """The concat step with its caches named as older exports named them: past.{i}.key in,
     present.{i}.key out."""
 
@@ -52,7 +54,7 @@ class PastNamed(forms.ConcatCache):
 def fourth_form(monkeypatch):
     """A fourth form: its class above and one line in the table (and the family's list of forms)."""
     monkeypatch.setitem(forms.FORMS, PastNamed.name, PastNamed())
-    monkeypatch.setattr(families.DecoderOnly, "forms", (*families.DecoderOnly.forms, PastNamed.name))
+    monkeypatch.setattr(CausalLM, "forms", (*CausalLM.forms, PastNamed.name))
 
 
 def test_a_fourth_form_is_a_class_and_a_line_and_exports_and_verifies(fourth_form, tiny_lm, tmp_path):

@@ -22,17 +22,16 @@ budget every fp32 export is checked against); the float64 one is `hf_reference`'
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from attnexport.compare import Comparison
-from attnexport.errors import UsageError
-from attnexport.pretrained import embeddings as E
+from attnexport.pretrained import cost as B
+from attnexport.pretrained import emulate
 from attnexport.pretrained import model as hf
-from attnexport.pretrained import precision as P
+from attnexport.pretrained.causal import generation as G
 
 # A passage the model reads teacher-forced (KL, top-1), and one held out for perplexity. Without a
 # tokenizer both are seeded token ids of the same lengths.
@@ -84,7 +83,7 @@ class Budget:
 
     def with_overrides(self, text: str | None) -> Budget:
         """This budget with `--budget KEY=VALUE,...` applied (a value `none` drops that limit)."""
-        return overridden(self, text, counts=("first_tokens",), shares=("top1",), fixed=("margin",))
+        return B.overridden(self, text, counts=("first_tokens",), shares=("top1",), fixed=("margin",))
 
     def text(self) -> str:
         parts = []
@@ -98,38 +97,6 @@ class Budget:
             parts.append(f"first greedy token differing on at most {self.first_tokens} prompt(s) where fp32 leads by "
                          f">= {self.margin:g} logits")
         return ", ".join(parts) or "no limits"
-
-
-def overridden(budget, text: str | None, counts=(), shares=(), fixed=()):
-    """`budget` (a frozen dataclass of limits) with `--budget KEY=VALUE,...` applied: a value `none`
-    drops that limit (not one of `fixed`); `counts` are whole numbers, `shares` at most 1."""
-    if not text:
-        return budget
-    values = asdict(budget)
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        key, _, value = part.partition("=")
-        key = key.strip().replace("-", "_")
-        if key not in values:
-            raise UsageError(f"--budget {part}: the limits are {', '.join(k.replace('_', '-') for k in values)}")
-        if value.strip().lower() == "none":
-            if key in fixed:
-                raise UsageError(f"--budget {part}: {key} is not a limit to drop")
-            values[key] = None
-            continue
-        try:
-            number = float(value)
-        except ValueError:
-            raise UsageError(f"--budget {part}: {value!r} is not a number") from None
-        if not math.isfinite(number) or number < 0:
-            raise UsageError(f"--budget {part}: the limit must be a finite number >= 0")
-        if key in counts:
-            if number != int(number):
-                raise UsageError(f"--budget {part}: {key.replace('_', '-')} counts prompts: a whole number")
-            number = int(number)
-        if key in shares and number > 1:
-            raise UsageError(f"--budget {part}: {key.replace('_', '-')} is a share, at most 1")
-        values[key] = number
-    return type(budget)(**values)
 
 
 @dataclass
@@ -206,24 +173,9 @@ class Cost:
                 "first_tokens_differing": self.first_tokens_differing}
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = np.asarray(logits, np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-
-
-def kl_per_position(reference: np.ndarray, got: np.ndarray) -> np.ndarray:
-    """KL(reference || got) of the next-token distributions at each position (..., V) -> (...), nats.
-    A distribution that is not finite counts as infinitely far."""
-    p, q = log_softmax(reference), log_softmax(got)
-    with np.errstate(all="ignore"):
-        kl = (np.exp(p) * (p - q)).sum(axis=-1)
-    return np.where(np.isfinite(kl), np.maximum(kl, 0.0), np.inf)
-
-
 def perplexity(logits: np.ndarray, ids: np.ndarray) -> float:
     """exp of the mean negative log-likelihood of ids[1:] under logits[:-1] ((T, V), (T,))."""
-    lp = log_softmax(logits[:-1])
+    lp = B.log_softmax(logits[:-1])
     nll = -lp[np.arange(len(ids) - 1), ids[1:]]
     return float(np.exp(nll.mean())) if np.isfinite(nll).all() else math.inf
 
@@ -264,8 +216,8 @@ def baseline(reference, tokenizer, prompts, new_tokens: int) -> Baseline:
     with torch.no_grad():
         fp32 = [model(input_ids=torch.from_numpy(ids), use_cache=False).logits[0].double().numpy()
                 for ids in (eval_ids, held_ids)]
-    fp64 = [reference.logits64(ids, np.ones_like(ids))[0] for ids in (eval_ids, held_ids)]
-    want = hf.reference_generation(model, layout, prompts, new_tokens)
+    fp64 = [G.logits64(reference, ids, np.ones_like(ids))[0] for ids in (eval_ids, held_ids)]
+    want = G.reference_generation(model, layout, prompts, new_tokens)
     return Baseline(eval_ids, held_ids, fp32[0], fp64[0], fp32[1], fp64[1], list(prompts), want.tokens,
                     leads(want.logits[0]))
 
@@ -283,15 +235,15 @@ def measure(run, layout: hf.Layout, base: Baseline, budget: Budget, dtype=np.flo
     greedy tokens from the prompts in one batch, or one prompt at a time (a graph whose runtime
     drives a sequence alone: onnxruntime-genai's shared-buffer step)."""
     new_tokens = base.tokens.shape[1]
-    got_eval = hf.stepped_logits(run, layout, base.eval_ids, PREFILL, 1, dtype)[0]
-    got_held = hf.stepped_logits(run, layout, base.held_ids, PREFILL, 1, dtype)[0]
-    kl = kl_per_position(base.eval32, got_eval)
-    kl64 = kl_per_position(base.eval64, got_eval)
+    got_eval = G.stepped_logits(run, layout, base.eval_ids, PREFILL, 1, dtype)[0]
+    got_held = G.stepped_logits(run, layout, base.held_ids, PREFILL, 1, dtype)[0]
+    kl = B.kl_per_position(base.eval32, got_eval)
+    kl64 = B.kl_per_position(base.eval64, got_eval)
     top1 = float((base.eval32.argmax(-1) == got_eval.argmax(-1)).mean())
     if one_at_a_time:
-        tokens = np.concatenate([hf.generate(run, layout, [p], new_tokens, dtype=dtype).tokens for p in base.prompts])
+        tokens = np.concatenate([G.generate(run, layout, [p], new_tokens, dtype=dtype).tokens for p in base.prompts])
     else:
-        tokens = hf.generate(run, layout, base.prompts, new_tokens, dtype=dtype).tokens
+        tokens = G.generate(run, layout, base.prompts, new_tokens, dtype=dtype).tokens
     firsts = []
     for got, want in zip(tokens, base.tokens, strict=True):
         differ = np.flatnonzero(got != want)
@@ -308,91 +260,6 @@ def measure(run, layout: hf.Layout, base: Baseline, budget: Budget, dtype=np.flo
 
 # --- which layers cost most ---------------------------------------------------------------------------
 
-def _module_name(param: str) -> str:
-    """A recorded parameter's module in transformers' model: the export's wrapper adds `model.`."""
-    name = param[len("model."):] if param.startswith("model.") else param
-    return name.rsplit(".", 1)[0]
-
-
-def _int8_blocks(block: int):
-    """A forward pre-hook that rounds a Linear's input as MatMulNBits's accuracy level 4 does: each
-    block of `block` values of the last axis to int8 steps of its largest magnitude over 127."""
-    import torch
-
-    def hook(module, args):
-        x = args[0]
-        k = x.shape[-1]
-        if k % block:
-            return None
-        b = x.reshape(*x.shape[:-1], k // block, block)
-        scale = b.abs().amax(dim=-1, keepdim=True) / 127
-        q = torch.where(scale > 0, torch.round(b / torch.where(scale > 0, scale, 1)), 0) * scale
-        return (q.reshape(x.shape),) + tuple(args[1:])
-    return hook
-
-
-def _substitute(model, onnx_model, groups: set | None) -> tuple[list, list]:
-    """Sets the weights of `model`'s Linear layers held in the quantized matrices of `groups` (all
-    when None) to the values the file computes with. Returns (the (module, weight) pairs replaced,
-    the matrices' records)."""
-    import torch
-
-    record = P.record_of(onnx_model)
-    if record is None:
-        return [], []
-    entries = [e for e in record["matrices"] if e["bits"] and (groups is None or e["group"] in groups)]
-    values = P.dequantized_params(onnx_model, {**record, "matrices": entries})
-    modules = dict(model.named_modules())
-    saved = []
-    for name, value in values.items():
-        owner = modules.get(_module_name(name))
-        if owner is None or not isinstance(owner, torch.nn.Linear):
-            continue  # the input embedding of a tied head: the file gathers the float table
-        saved.append((owner, owner.weight))
-        owner.weight = torch.nn.Parameter(torch.from_numpy(value).to(owner.weight.dtype), requires_grad=False)
-    return saved, entries
-
-
-@contextlib.contextmanager
-def as_file_holds(model, onnx_model, groups: set | None = None, activations: bool = True):
-    """Within the block `model` (transformers', fp32) computes with the weights the quantized
-    `onnx_model` holds, for the matrices of `groups` (all when None), and rounds those matrices'
-    inputs to int8 where the file's MatMulNBits do (accuracy level 4) if `activations`; restored
-    after. A tied head gets its own copy (the embedding keeps reading the float table, as the
-    file's Gather does)."""
-    import torch
-    saved, entries = _substitute(model, onnx_model, groups)
-    modules = dict(model.named_modules())
-    hooks = []
-    try:
-        if activations:
-            for e in entries:
-                if e["accuracy"] == 4:
-                    for name in dict.fromkeys(_module_name(p) for p in e["params"]):
-                        owner = modules.get(name)
-                        if isinstance(owner, torch.nn.Linear):
-                            hooks.append(owner.register_forward_pre_hook(_int8_blocks(e["block"])))
-        yield model
-    finally:
-        for h in hooks:
-            h.remove()
-        for owner, weight in saved:
-            owner.weight = weight
-
-
-def _each_group_alone(model, onnx_model):
-    """Each group of the file's quantized matrices (`layer:I`, `head`), yielded while `model`
-    computes with that group alone as the file holds it (`as_file_holds`), under no_grad."""
-    import torch
-
-    record = P.record_of(onnx_model)
-    if record is None:
-        return
-    for group in dict.fromkeys(e["group"] for e in record["matrices"] if e["bits"]):
-        with as_file_holds(model, onnx_model, {group}), torch.no_grad():
-            yield group
-
-
 def layer_costs(reference, onnx_model, base: Baseline, top: int | None = None) -> list[dict]:
     """Each group of quantized matrices (`layer:I`, `head`) made as the file holds it, alone, in the
     fp32 model: the mean KL that alone costs over EVAL_TEXT, most costly first."""
@@ -401,33 +268,10 @@ def layer_costs(reference, onnx_model, base: Baseline, top: int | None = None) -
     model = reference.model
     ids = torch.from_numpy(base.eval_ids)
     out = []
-    for group in _each_group_alone(model, onnx_model):
+    for group in emulate.each_group_alone(model, onnx_model):
         logits = model(input_ids=ids, use_cache=False).logits[0].double().numpy()
-        kl = kl_per_position(base.eval32, logits)
+        kl = B.kl_per_position(base.eval32, logits)
         out.append({"group": group, "kl_mean": float(kl.mean()),
                     "top1": float((base.eval32.argmax(-1) == logits.argmax(-1)).mean())})
     out.sort(key=lambda d: -d["kl_mean"])
     return out[:top] if top else out
-
-
-def layer_costs_embeddings(reference, onnx_model, feeds: list[dict], want: np.ndarray, budget) -> list[dict]:
-    """An encoder's `layer_costs`: each group of quantized matrices made as the file holds it, alone,
-    in the fp32 model, and what that alone costs the embeddings of `feeds` (`embeddings.sentences()`)
-    against the float64 model's `want`: 1 - the lowest cosine, and top-k agreement; most costly first."""
-    out = []
-    for group in _each_group_alone(reference.model, onnx_model):
-        got = np.concatenate([np.asarray(reference.run(f)["sentence_embedding"]) for f in feeds])
-        cost = E.measure(got, want, budget)
-        out.append({"group": group, "cost": float(1 - cost.cosines.min()), "cosine_min": float(cost.cosines.min()),
-                    f"top{E.TOP_K}_agreement": cost.agreement})
-    out.sort(key=lambda d: -d["cost"])
-    return out
-
-
-def file_model(model, onnx_model):
-    """A copy of transformers' `model` computing with the weights the quantized `onnx_model` holds
-    (float activations): the model the file's weights make, which its graph is checked against."""
-    import copy
-    held = copy.deepcopy(model)
-    _substitute(held, onnx_model, None)
-    return held

@@ -15,7 +15,7 @@ pytest.importorskip("transformers", reason="the [hf] extra: pip install -e '.[de
 
 from conftest import cli  # noqa: E402
 
-from attnexport.pretrained import whisper as W  # noqa: E402
+from attnexport.pretrained.whisper import graphs as W  # noqa: E402
 from attnexport.runtimes.base import all_nodes  # noqa: E402
 
 OPS = {"attention": {"TensorScatter", "Attention"}, "ort": {"GroupQueryAttention"}}

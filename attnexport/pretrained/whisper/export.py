@@ -30,13 +30,13 @@ from attnexport import runtimes as R
 from attnexport.compare import compare, failed
 from attnexport.errors import ExportError, UsageError, reason
 from attnexport.export import ModuleExport, ModuleExportResult, export_module
-from attnexport.pretrained import audio as AU
-from attnexport.pretrained import ctranslate2 as CT
 from attnexport.pretrained import model as HM
 from attnexport.pretrained import precision as P
 from attnexport.pretrained import reference as HR
-from attnexport.pretrained import whisper as W
 from attnexport.pretrained.fusions import tied_head
+from attnexport.pretrained.whisper import audio as AU
+from attnexport.pretrained.whisper import ctranslate2 as CT
+from attnexport.pretrained.whisper import graphs as W
 
 # What a Whisper export is made in (`--precision`): q4f16, int4's weights in a half graph, is not built for it.
 PRECISIONS = ("fp32", "fp16", "int8", "int4")

@@ -12,10 +12,10 @@ import pytest
 pytest.importorskip("transformers", reason="the [hf] extra: pip install -e '.[dev,hf]'")
 
 from conftest import cli  # noqa: E402
-from test_pretrained_audio import wav  # noqa: E402
+from test_pretrained_whisper_audio import wav  # noqa: E402
 
-from attnexport.pretrained import speech as S  # noqa: E402
-from attnexport.pretrained import speech_bench as SB  # noqa: E402
+from attnexport.pretrained.whisper import bench as SB  # noqa: E402
+from attnexport.pretrained.whisper import export as S  # noqa: E402
 
 
 def test_bench_times_each_engine_beside_its_transcript(whisper_folder, tmp_path):
@@ -40,9 +40,9 @@ def test_bench_times_each_engine_beside_its_transcript(whisper_folder, tmp_path)
     # from transformers' own features (its WhisperFeatureExtractor, not attnexport's log-mel).
     assert doc["info"]["features"].startswith("transformers' WhisperFeatureExtractor (transformers, Optimum, "
                                               "CTranslate2); attnexport's audio.log_mel (attnexport)")
-    from attnexport.pretrained import audio as AU
-    from attnexport.pretrained import ctranslate2 as CT
-    from attnexport.pretrained import speech_check as SC
+    from attnexport.pretrained.whisper import audio as AU
+    from attnexport.pretrained.whisper import check as SC
+    from attnexport.pretrained.whisper import ctranslate2 as CT
     speech = S.Speech.of(CT.load(whisper_folder())[0], whisper_folder())
     features = SB.transformers_features(AU.read_wav(clip), speech.mels)
     import transformers
@@ -53,5 +53,5 @@ def test_bench_times_each_engine_beside_its_transcript(whisper_folder, tmp_path)
 
 def test_bench_refuses_what_a_speech_model_does_not_take(whisper_folder):
     r = cli("bench", "--hf", whisper_folder(), "--decode")
-    assert r.exit_code == 2 and "with a Whisper model takes --audio" in r.output
+    assert r.exit_code == 2 and "--decode: bench --hf of a Whisper model" in r.output and "takes --audio" in r.output
     assert SB.is_speech(whisper_folder()) and not SB.is_speech(whisper_folder().parent)

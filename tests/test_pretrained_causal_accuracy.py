@@ -15,22 +15,24 @@ from conftest import cli as run
 from attnexport import runtimes as R
 from attnexport import signature as SG
 from attnexport.errors import UsageError
-from attnexport.pretrained import accuracy as A
+from attnexport.pretrained import cost as COST
 from attnexport.pretrained import model as hf
 from attnexport.pretrained import precision as P
 from attnexport.pretrained import reference as HR
+from attnexport.pretrained.causal import accuracy as A
+from attnexport.pretrained.causal import generation as G
 
 
 def test_kl_is_zero_for_the_same_distribution_and_infinite_for_nan():
     rng = np.random.default_rng(0)
     logits = rng.standard_normal((5, 11))
-    assert np.abs(A.kl_per_position(logits, logits + 3.0)).max() < 1e-12  # a shift is the same distribution
+    assert np.abs(COST.kl_per_position(logits, logits + 3.0)).max() < 1e-12  # a shift is the same distribution
     other = logits.copy()
     other[2] *= 3
-    kl = A.kl_per_position(logits, other)
+    kl = COST.kl_per_position(logits, other)
     assert kl[2] > 0.01 and np.abs(np.delete(kl, 2)).max() < 1e-12
     other[4, 0] = np.nan
-    assert math.isinf(A.kl_per_position(logits, other)[4])
+    assert math.isinf(COST.kl_per_position(logits, other)[4])
 
 
 def test_perplexity_of_a_uniform_and_of_a_certain_model():
@@ -107,7 +109,7 @@ def _bigram_baseline():
 
 
 def test_kl_is_in_nats_and_from_the_reference_to_the_model():
-    kl = A.kl_per_position(np.log(P_REF), np.log(P_GOT))
+    kl = COST.kl_per_position(np.log(P_REF), np.log(P_GOT))
     assert kl[1] == pytest.approx(KL_ROW1, rel=1e-12) and kl[1] == pytest.approx(0.860545, abs=1e-6)
     assert kl[0] == pytest.approx(0, abs=1e-15) and kl[2] == pytest.approx(0, abs=1e-15)
 
@@ -289,7 +291,7 @@ def test_the_budget_catches_a_broken_quantization(gridded, int4, tmp_path, how):
     layout = hf.Layout.of(model)
     source, _ = hf.load(gridded)
     reference = HR.Reference(source, layout)
-    prompts = HR.prompts(None, layout, (5, 9, 2), seed=4)
+    prompts = G.prompts(None, layout, (5, 9, 2), seed=4)
     base = A.baseline(reference, None, prompts, 8)
     good = A.measure(_session_run(onnx.load(int4)), layout, base, A.Budget())
     bad = A.measure(_session_run(model), layout, base, A.Budget())
@@ -360,7 +362,7 @@ def test_a_carried_grid_on_the_deployment_runtimes(gridded, tmp_path):
 
 
 def test_bench_puts_each_precision_beside_its_accuracy(gridded):
-    from attnexport.pretrained import bench as hf_bench
+    from attnexport.pretrained.causal import bench as hf_bench
     request = hf_bench.HFBenchRequest(gridded, contexts=(16,), forms=("static",), flavors=("ort",), iters=2,
                                       warmup=1, prefill=False, precisions=("fp32", "int4", "q4f16"),
                                       genai_precisions=())
@@ -384,7 +386,7 @@ def test_greedy_tokens_one_prompt_at_a_time_are_compared_as_in_a_batch(gridded, 
     layout = hf.Layout.of(model)
     assert SG.of(model).caches == layout.signature.caches  # the quantizer keeps the step's signature
     source, _ = hf.load(gridded)
-    base = A.baseline(HR.Reference(source, layout), None, HR.prompts(None, layout, (5, 9, 2), seed=4), 8)
+    base = A.baseline(HR.Reference(source, layout), None, G.prompts(None, layout, (5, 9, 2), seed=4), 8)
     run_ = _session_run(model)
     batched = A.measure(run_, layout, base, A.Budget())
     alone = A.measure(run_, layout, base, A.Budget(), one_at_a_time=True)

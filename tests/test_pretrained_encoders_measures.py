@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from attnexport.pretrained import embeddings as E
+from attnexport.pretrained.encoders import measures as E
 
 
 def _embeddings(seed=0, n=None):
@@ -22,7 +22,7 @@ def test_the_same_embeddings_cost_nothing():
     want = _embeddings()
     cost = E.measure(want * 3.0, want, E.BUDGETS["fp32"])  # a scale is no change to a cosine
     assert np.allclose(cost.cosines, 1.0, rtol=0, atol=1e-12) and cost.agreement == 1.0 and cost.top1 == 1.0
-    assert cost.failures(E.BUDGETS["fp32"]) == []
+    assert cost.judge(E.BUDGETS["fp32"]).failures == []
 
 
 def test_a_turned_sentence_fails_the_cosine_and_names_it():
@@ -30,7 +30,7 @@ def test_a_turned_sentence_fails_the_cosine_and_names_it():
     got = want.copy()
     got[11] = _embeddings(seed=1)[11]
     cost = E.measure(got, want, E.BUDGETS["fp32"])
-    failures = cost.failures(E.BUDGETS["fp32"])
+    failures = cost.judge(E.BUDGETS["fp32"]).failures
     assert cost.cosines.argmin() == 11 and any("sentence 11" in f for f in failures)
 
 
@@ -38,7 +38,7 @@ def test_a_nan_never_passes():
     got = _embeddings()
     got[0, 0] = np.nan
     cost = E.measure(got, _embeddings(), E.BUDGETS["int4"])
-    assert cost.failures(E.BUDGETS["int4"]) and cost.agreement == 0.0
+    assert cost.judge(E.BUDGETS["int4"]).failures and cost.agreement == 0.0
 
 
 def test_a_tie_within_the_exports_own_error_agrees_and_a_real_swap_does_not():
@@ -53,7 +53,7 @@ def test_a_tie_within_the_exports_own_error_agrees_and_a_real_swap_does_not():
     assert E.measure(got, want, E.BUDGETS["fp32"]).agreement == 1.0  # a nudge far below any real difference
     got[0] = E.unit(want[outside]) * np.linalg.norm(want[0])  # the query now is document k+1
     cost = E.measure(got, want, E.BUDGETS["fp32"])
-    assert cost.agreement < 1.0 and cost.failures(E.BUDGETS["fp32"])
+    assert cost.agreement < 1.0 and cost.judge(E.BUDGETS["fp32"]).failures
 
 
 # --- the encoder family, on small random encoders ----------------------------------------------------
@@ -68,8 +68,9 @@ from conftest import cli as run  # noqa: E402
 from attnexport import signature as SG  # noqa: E402
 from attnexport.errors import UsageError  # noqa: E402
 from attnexport.pretrained import export as hf_export  # noqa: E402
-from attnexport.pretrained import families  # noqa: E402
 from attnexport.pretrained import model as hf  # noqa: E402
+from attnexport.pretrained import registry  # noqa: E402
+from attnexport.pretrained.causal import generation as G  # noqa: E402
 from attnexport.pretrained.check import HFCheck, verify_hf  # noqa: E402
 
 
@@ -104,8 +105,9 @@ def test_the_embed_form_feeds_its_inputs_and_compares_tokens_not_padding():
     assert hf.Layout("embed", 2, 4, 4, 50, 16, task="feature-extraction").inputs == ["input_ids", "attention_mask"]
     with pytest.raises(UsageError, match="positions take 16"):
         form.check_room(layout, 17, "embedding")
-    with pytest.raises(UsageError, match="generates no tokens"):
-        form.decoding(layout, [np.array([3])], 1, np.float32)
+    assert not hasattr(form, "decoding")  # a form of its family's own: no language model's steps
+    with pytest.raises(UsageError, match="a sentence encoder generates no tokens"):
+        G.generate(lambda feed: feed, layout, [np.array([3])], 1)
 
 
 @pytest.mark.parametrize("flavor", ["attention", "primitives", "ort"])
@@ -114,7 +116,7 @@ def test_a_bert_encoder_exports_with_a_dynamic_batch_and_sequence_and_embeds_as_
     folder = tiny_encoder("bert")
     out = tmp_path / "bert.onnx"
     result, layout = hf_export.export_hf(hf_export.HFExport(folder, flavor=flavor, output=out))
-    assert layout.family is families.FAMILIES["feature-extraction"] and layout.form == "embed"
+    assert layout.family is registry.of_task("feature-extraction") and layout.form == "embed"
     model = onnx.load(out)
     assert [i.name for i in model.graph.input] == ["input_ids", "attention_mask", "token_type_ids"]
     assert [o.name for o in model.graph.output] == ["last_hidden_state", "sentence_embedding"]
@@ -204,7 +206,7 @@ def test_refusals_are_one_line_and_write_nothing(tiny_encoder, tiny_lm, tmp_path
     r = run("verify", tmp_path / "c.onnx", "--hf", tiny_lm("llama"), "--runtimes", "ort-cpu")
     assert r.exit_code == 2 and "is a sentence encoder's export" in r.output and "causal language model" in r.output
     with pytest.raises(UsageError, match="not a causal language model"):
-        families.of_config(transformers.T5Config(architectures=["T5Model"]), "t5")
+        registry.of_config(transformers.T5Config(architectures=["T5Model"]), "t5")
     assert hf.Layout.of(onnx.load(tmp_path / "c.onnx")).max_seq == 12
 
 
@@ -261,7 +263,7 @@ def test_the_measures_are_the_hand_worked_ones():
     a, b = want[queries + 5], _corpus_of(moved)[queries + 5]  # document 5 itself moved: its cosine by hand
     moved_cosine = float(a @ b)  # both unit length
     assert cost.cosines[queries + 5] == pytest.approx(moved_cosine) and moved_cosine < 0.999
-    assert cost.failures(E.BUDGETS["fp32"]) == [f"sentence {queries + 5}'s cosine {moved_cosine:.7f} < 0.99999",
+    assert cost.judge(E.BUDGETS["fp32"]).failures == [f"sentence {queries + 5}'s cosine {moved_cosine:.7f} < 0.99999",
                                                 "top-5 agreement 0.975 < 1"]
     # the same swap within the tie: min(2 x the largest score change, int4's 2 sqrt(2 (1 - 0.98)) = 0.4) = 0.2
     assert E.BUDGETS["int4"].tie == pytest.approx(0.4)
@@ -274,7 +276,7 @@ def test_the_measures_are_the_hand_worked_ones():
     turned[last] = 3.0 * (0.5 * want[last] + np.sqrt(0.75) * np.eye(queries + 2)[-1])
     cost = E.measure(turned, want, E.BUDGETS["fp32"])
     assert cost.cosines[last] == pytest.approx(0.5, abs=1e-12) and np.allclose(np.delete(cost.cosines, last), 1.0)
-    assert cost.failures(E.BUDGETS["fp32"]) == [f"sentence {last}'s cosine 0.5000000 < 0.99999"]
+    assert cost.judge(E.BUDGETS["fp32"]).failures == [f"sentence {last}'s cosine 0.5000000 < 0.99999"]
     assert cost.agreement == 1.0
 
 

@@ -13,9 +13,9 @@ import torch  # noqa: E402
 from conftest import cli  # noqa: E402
 
 from attnexport.errors import UsageError  # noqa: E402
-from attnexport.pretrained import audio as AU  # noqa: E402
-from attnexport.pretrained import ctranslate2 as CT  # noqa: E402
-from attnexport.pretrained import speech as S  # noqa: E402
+from attnexport.pretrained.whisper import audio as AU  # noqa: E402
+from attnexport.pretrained.whisper import ctranslate2 as CT  # noqa: E402
+from attnexport.pretrained.whisper import export as S  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype,atol", [("float32", 0.0), ("float16", 1e-3), ("int8", 0.02)])

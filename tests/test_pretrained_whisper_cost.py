@@ -20,7 +20,7 @@ from conftest import cli  # noqa: E402
 
 from attnexport.errors import UsageError  # noqa: E402
 from attnexport.pretrained import precision as P  # noqa: E402
-from attnexport.pretrained import speech_cost as SCOST  # noqa: E402
+from attnexport.pretrained.whisper import cost as SCOST  # noqa: E402
 from attnexport.runtimes.base import all_nodes  # noqa: E402
 
 
@@ -132,7 +132,7 @@ def _fake_whisper(next_token):
 
     import numpy as np
 
-    from attnexport.pretrained import whisper as W
+    from attnexport.pretrained.whisper import graphs as W
     start = (5, 6)
 
     def logits_after(ids):

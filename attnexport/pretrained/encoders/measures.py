@@ -12,12 +12,13 @@ than its budget allows has its swaps counted. The budget is one table, by precis
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from attnexport.errors import UsageError
+from attnexport.pretrained import cost as B
 
 # Sentences from attnexport's documentation: the corpus retrieval ranks.
 CORPUS = (
@@ -80,6 +81,10 @@ class EmbeddingBudget:
     def text(self) -> str:
         return f"cosine >= {self.cosine:g}, top-{TOP_K} agreement >= {self.retrieval:g}"
 
+    def with_overrides(self, text: str | None) -> EmbeddingBudget:
+        """This budget with `--budget cosine=...,retrieval=...` applied."""
+        return B.overridden(self, text, shares=("cosine", "retrieval"), fixed=("cosine", "retrieval"))
+
     @property
     def tie(self) -> float:
         """The largest score change the cosine budget allows: unit vectors at cosine c lie
@@ -93,6 +98,21 @@ BUDGETS = {"fp32": EmbeddingBudget(0.99999, 1.0), "fp16": EmbeddingBudget(0.999,
            "int8": EmbeddingBudget(0.99, 0.9), "int4": EmbeddingBudget(0.98, 0.85)}
 # A precision judged by another's budget: q4f16 holds int4's weights.
 _JUDGED_AS = {"q4f16": "int4"}
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """`verify --budget` of an encoder: its limits (`cosine`, `retrieval`) applied to the budget of
+    the file's precision, which verify knows once it has read the file; a key that is not one of
+    them refused when given."""
+
+    text: str | None = None
+
+    def __post_init__(self):
+        BUDGETS["fp32"].with_overrides(self.text)  # a key that is no limit of an encoder's: refused now
+
+    def for_precision(self, precision: str) -> EmbeddingBudget:
+        return budget_for(precision).with_overrides(self.text)
 
 
 def budget_for(precision: str) -> EmbeddingBudget:
@@ -113,7 +133,10 @@ class EmbeddingCost:
     top1: float  # the share of queries whose first document is the float64 ranking's first
     score_error: float  # the largest difference of a query-document score from the float64 one
 
-    def failures(self, budget: EmbeddingBudget) -> list[str]:
+    failures: list = field(default_factory=list)  # each limit of the budget it was judged by that it exceeds
+
+    def judge(self, budget: EmbeddingBudget) -> EmbeddingCost:
+        """Fills `failures` with each limit of `budget` this cost exceeds (a NaN exceeds every one)."""
         out = []
         if not np.isfinite(self.cosines).all():
             out.append("an embedding is not finite")
@@ -121,7 +144,8 @@ class EmbeddingCost:
             out.append(f"sentence {int(self.cosines.argmin())}'s cosine {self.cosines.min():.7f} < {budget.cosine:g}")
         if not self.agreement >= budget.retrieval:
             out.append(f"top-{TOP_K} agreement {self.agreement:.3f} < {budget.retrieval:g}")
-        return out
+        self.failures = out
+        return self
 
     def to_dict(self) -> dict:
         return {"sentences": int(self.cosines.size), "cosine_min": float(self.cosines.min()),

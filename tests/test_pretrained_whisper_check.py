@@ -13,12 +13,12 @@ import pytest
 pytest.importorskip("transformers", reason="the [hf] extra: pip install -e '.[dev,hf]'")
 
 from conftest import cli  # noqa: E402
-from test_pretrained_audio import wav  # noqa: E402
+from test_pretrained_whisper_audio import wav  # noqa: E402
 
 from attnexport import runtimes as R  # noqa: E402
-from attnexport.pretrained import ctranslate2 as CT  # noqa: E402
-from attnexport.pretrained import speech as S  # noqa: E402
-from attnexport.pretrained import whisper as W  # noqa: E402
+from attnexport.pretrained.whisper import ctranslate2 as CT  # noqa: E402
+from attnexport.pretrained.whisper import export as S  # noqa: E402
+from attnexport.pretrained.whisper import graphs as W  # noqa: E402
 
 
 def _one_line(r, text: str) -> None:

@@ -14,8 +14,8 @@ pytest.importorskip("transformers", reason="the [hf] extra: pip install -e '.[de
 import onnx  # noqa: E402
 from conftest import cli  # noqa: E402
 
-from attnexport.pretrained import ctranslate2 as CT  # noqa: E402
-from attnexport.pretrained import whisper as W  # noqa: E402
+from attnexport.pretrained.whisper import ctranslate2 as CT  # noqa: E402
+from attnexport.pretrained.whisper import graphs as W  # noqa: E402
 
 
 def test_the_export_writes_the_folder_whisper_s_clients_load(whisper_deployed):

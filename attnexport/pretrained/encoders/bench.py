@@ -30,11 +30,13 @@ import numpy as np
 from attnexport import runtimes as R
 from attnexport.bench import stats_of
 from attnexport.errors import UsageError, reason
-from attnexport.pretrained import embeddings as E
+from attnexport.pretrained import bench as B
 from attnexport.pretrained import export as hf_export
-from attnexport.pretrained import families
 from attnexport.pretrained import model as hf
+from attnexport.pretrained import precision as P
 from attnexport.pretrained import reference as HR
+from attnexport.pretrained import registry
+from attnexport.pretrained.encoders import measures as E
 
 SHAPES = ((1, 16), (32, 128), (8, 512))
 EMBED_BATCH = 8  # the accuracy's sentences, embedded this many at a time
@@ -92,9 +94,6 @@ def bench_embeddings(request: EmbedBenchRequest, said=lambda text: None) -> tupl
         raise UsageError("--batch and --seq values are >= 1")
     model, _ = hf.load(r.source, r.seed)
     layout = hf.layout_of(model, None, 0, r.source)
-    if not layout.family.embeds:
-        raise UsageError(f"bench --hf {r.source} without --decode times a sentence encoder; it is a "
-                         f"{layout.family.what}: give --decode")
     tokenizer = hf.tokenizer_of(r.source)
     hf.check_tokenizer(layout, tokenizer, r.source)
     longest = max(s for _, s in r.shapes)
@@ -157,8 +156,8 @@ def _accuracy(engine: _Engine, feeds: list[dict], want: np.ndarray) -> dict:
     except Exception as x:  # noqa: BLE001 - an engine failing to embed: said beside its times
         return {"error": reason(x)}
     budget = E.budget_for(engine.precision)
-    cost = E.measure(got, want, budget)
-    return {**cost.to_dict(), "budget": budget.text(), "within": not cost.failures(budget)}
+    cost = E.measure(got, want, budget).judge(budget)
+    return {**cost.to_dict(), "budget": budget.text(), "within": not cost.failures}
 
 
 def shapes(batches: list[int], seqs: list[int]) -> tuple:
@@ -186,7 +185,7 @@ def _ratios(rows: list[EmbedBenchRow]) -> None:
         row.ratio_to_anchor = anchor / row.median_ms if anchor and row.median_ms == row.median_ms else None
 
 
-def _save_weights(model, tokenizer, source, folder: Path, family: families.Family) -> None:
+def _save_weights(model, tokenizer, source, folder: Path, family: registry.Family) -> None:
     """The model's weights, its tokenizer and its sentence-transformers files in one folder: what
     every engine reads."""
     model.save_pretrained(str(folder))
@@ -260,3 +259,32 @@ def accuracy_text(a: dict | None) -> str:
 
 def to_json(rows: list[EmbedBenchRow]) -> list[dict]:
     return [asdict(row) for row in rows]
+
+
+def from_options(source, v, said) -> tuple[list[EmbedBenchRow], dict]:
+    """`bench --hf` of a sentence encoder from the command line's values `v` (`--batch` and `--seq`
+    beside every family's)."""
+    B.refuse_others(v, v.options, ("--batch", "--seq"), "a sentence encoder (beside transformers and Optimum)")
+    request = B.request_of(EmbedBenchRequest, v, source=source, shapes=shapes(v.batches or [], v.seqs or []),
+                           flavors=tuple(v.flavors) or EmbedBenchRequest.flavors, threads=v.threads or 0,
+                           precisions=B.precisions(v.precisions_text, "--precision", P.PRECISIONS)
+                           if v.precisions_text else EmbedBenchRequest.precisions)
+    return bench_embeddings(request, said=said)
+
+
+def lines(rows: list[EmbedBenchRow], info: dict, path: str) -> list[str]:
+    """What bench prints: each engine, precision and flavour at each shape, its time beside its
+    embeddings' accuracy."""
+    out = [f"{path}: {info['layers']} layers, {info['parameters']:,} parameters, {info['pooling']} pooling"
+           f"{', normalised' if info['normalize'] else ''}, {info['threads']} thread(s)"]
+    for row in rows:
+        if row.median_ms != row.median_ms:  # NaN: the export failed
+            out.append(f"{row.engine} {row.precision} {row.flavor}: {row.note}")
+            continue
+        ratios = "".join(f", {v:.2f}x {k}" for k, v in (("transformers", row.ratio_to_transformers),
+                                                         ("the anchor", row.ratio_to_anchor)) if v)
+        accuracy = accuracy_text(row.accuracy)
+        out.append(f"{row.batch:>3d} x {row.seq:<4d} {row.engine} {row.precision} {row.flavor}: {row.median_ms:.2f} ms "
+                   f"(p10 {row.p10_ms:.2f}, p90 {row.p90_ms:.2f}), {row.sentences_per_s:,.1f} sentences/s{ratios}"
+                   + (f"; {accuracy}" if accuracy else ""))
+    return out + B.skipped_lines(info)

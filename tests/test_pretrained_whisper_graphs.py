@@ -15,11 +15,11 @@ import torch  # noqa: E402
 
 from attnexport import modules as M  # noqa: E402
 from attnexport import runtimes as R  # noqa: E402
-from attnexport.pretrained import audio as AU  # noqa: E402
-from attnexport.pretrained import ctranslate2 as CT  # noqa: E402
-from attnexport.pretrained import speech as S  # noqa: E402
-from attnexport.pretrained import speech_check as SC  # noqa: E402
-from attnexport.pretrained import whisper as W  # noqa: E402
+from attnexport.pretrained.whisper import audio as AU  # noqa: E402
+from attnexport.pretrained.whisper import check as SC  # noqa: E402
+from attnexport.pretrained.whisper import ctranslate2 as CT  # noqa: E402
+from attnexport.pretrained.whisper import export as S  # noqa: E402
+from attnexport.pretrained.whisper import graphs as W  # noqa: E402
 
 
 def _runners(model):

@@ -19,9 +19,10 @@ pytest.importorskip("optimum.exporters.onnx", reason="optimum-onnx: pip install 
 import onnx  # noqa: E402
 from conftest import cli  # noqa: E402
 
-from attnexport.pretrained import ctranslate2 as CT  # noqa: E402
-from attnexport.pretrained import speech as S  # noqa: E402
-from attnexport.pretrained import speech_bench as SB  # noqa: E402
+from attnexport.pretrained.whisper import Whisper  # noqa: E402
+from attnexport.pretrained.whisper import bench as SB  # noqa: E402
+from attnexport.pretrained.whisper import ctranslate2 as CT  # noqa: E402
+from attnexport.pretrained.whisper import export as S  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +100,7 @@ def test_each_client_s_transcript_reaches_the_last_position_of_the_budget(whispe
     assert loaded.generation_config.no_timestamps_token_id == model.no_timestamps_token_id
     assert list(loaded.generation_config.suppress_tokens) == list(model.suppress_tokens) and model.suppress_tokens
     assert list(loaded.generation_config.begin_suppress_tokens) == list(model.begin_suppress_tokens)
-    wanted = [c for c in clients.CLIENTS if clients.status(c)[0]]
+    wanted = [c for c in Whisper.clients if clients.status(c)[0]]
     r = cli("verify", "whisper-onnx", "--hf", whisper_folder(), "--runtimes", "ort-cpu", "--new-tokens", "6",
             "--clients", ",".join(wanted), "--json")
     assert r.exit_code == 0, r.output

@@ -1,0 +1,104 @@
+"""transformers' model computing as a quantized file does: each Linear's weight the value the
+file's matrix holds, and its input rounded to int8 where the file's MatMulNBits round it (accuracy
+level 4); the model made so (`file_model`), which a quantized graph is checked against, and each of
+its groups of matrices alone (`each_group_alone`), from which what each layer costs is measured."""
+
+from __future__ import annotations
+
+import contextlib
+
+from attnexport.pretrained import precision as P
+
+
+def _module_name(param: str) -> str:
+    """A recorded parameter's module in transformers' model: the export's wrapper adds `model.`."""
+    name = param[len("model."):] if param.startswith("model.") else param
+    return name.rsplit(".", 1)[0]
+
+
+def _int8_blocks(block: int):
+    """A forward pre-hook that rounds a Linear's input as MatMulNBits's accuracy level 4 does: each
+    block of `block` values of the last axis to int8 steps of its largest magnitude over 127."""
+    import torch
+
+    def hook(module, args):
+        x = args[0]
+        k = x.shape[-1]
+        if k % block:
+            return None
+        b = x.reshape(*x.shape[:-1], k // block, block)
+        scale = b.abs().amax(dim=-1, keepdim=True) / 127
+        q = torch.where(scale > 0, torch.round(b / torch.where(scale > 0, scale, 1)), 0) * scale
+        return (q.reshape(x.shape),) + tuple(args[1:])
+    return hook
+
+
+def _substitute(model, onnx_model, groups: set | None) -> tuple[list, list]:
+    """Sets the weights of `model`'s Linear layers held in the quantized matrices of `groups` (all
+    when None) to the values the file computes with. Returns (the (module, weight) pairs replaced,
+    the matrices' records)."""
+    import torch
+
+    record = P.record_of(onnx_model)
+    if record is None:
+        return [], []
+    entries = [e for e in record["matrices"] if e["bits"] and (groups is None or e["group"] in groups)]
+    values = P.dequantized_params(onnx_model, {**record, "matrices": entries})
+    modules = dict(model.named_modules())
+    saved = []
+    for name, value in values.items():
+        owner = modules.get(_module_name(name))
+        if owner is None or not isinstance(owner, torch.nn.Linear):
+            continue  # the input embedding of a tied head: the file gathers the float table
+        saved.append((owner, owner.weight))
+        owner.weight = torch.nn.Parameter(torch.from_numpy(value).to(owner.weight.dtype), requires_grad=False)
+    return saved, entries
+
+
+@contextlib.contextmanager
+def as_file_holds(model, onnx_model, groups: set | None = None, activations: bool = True):
+    """Within the block `model` (transformers', fp32) computes with the weights the quantized
+    `onnx_model` holds, for the matrices of `groups` (all when None), and rounds those matrices'
+    inputs to int8 where the file's MatMulNBits do (accuracy level 4) if `activations`; restored
+    after. A tied head gets its own copy (the embedding keeps reading the float table, as the
+    file's Gather does)."""
+    import torch
+    saved, entries = _substitute(model, onnx_model, groups)
+    modules = dict(model.named_modules())
+    hooks = []
+    try:
+        if activations:
+            for e in entries:
+                if e["accuracy"] == 4:
+                    for name in dict.fromkeys(_module_name(p) for p in e["params"]):
+                        owner = modules.get(name)
+                        if isinstance(owner, torch.nn.Linear):
+                            hooks.append(owner.register_forward_pre_hook(_int8_blocks(e["block"])))
+        yield model
+    finally:
+        for h in hooks:
+            h.remove()
+        for owner, weight in saved:
+            owner.weight = weight
+
+
+def each_group_alone(model, onnx_model):
+    """Each group of the file's quantized matrices (`layer:I`, `head`), yielded while `model`
+    computes with that group alone as the file holds it (`as_file_holds`), under no_grad."""
+    import torch
+
+    record = P.record_of(onnx_model)
+    if record is None:
+        return
+    for group in dict.fromkeys(e["group"] for e in record["matrices"] if e["bits"]):
+        with as_file_holds(model, onnx_model, {group}), torch.no_grad():
+            yield group
+
+
+def file_model(model, onnx_model):
+    """A copy of transformers' `model` computing with the weights the quantized `onnx_model` holds
+    (float activations): the model the file's weights make, which its graph is checked against."""
+    import copy
+    held = copy.deepcopy(model)
+    _substitute(held, onnx_model, None)
+    return held

@@ -1,0 +1,209 @@
+"""The registry of families (`attnexport.pretrained.registry`): which configs each family takes and
+what the others are told, a source and an export recognized by what they say of themselves (never
+their files' names), a second decoder-only family as one class and one registration, exported and
+verified as the first is, and a throwaway family in a package of its own, registered by one line,
+exported and verified through the core. The `[hf]` extra, on small random configs."""
+
+import json
+import sys
+import textwrap
+
+import onnx
+import pytest
+
+pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
+
+from conftest import cli  # noqa: E402
+
+from attnexport.errors import UsageError  # noqa: E402
+from attnexport.pretrained import export as hf_export  # noqa: E402
+from attnexport.pretrained import model as hf  # noqa: E402
+from attnexport.pretrained import registry  # noqa: E402
+from attnexport.pretrained.causal import CausalLM  # noqa: E402
+from attnexport.pretrained.check import HFCheck, verify_hf  # noqa: E402
+
+
+class _Config:
+    def __init__(self, *architectures, model_type="x"):
+        self.architectures, self.model_type = list(architectures), model_type
+
+
+def test_a_config_goes_to_the_family_of_its_architecture_and_any_other_is_told_what_each_takes():
+    assert registry.of_config(_Config("LlamaForCausalLM"), "src").task == "causal-lm"
+    assert registry.of_config(_Config("GPT2LMHeadModel"), "src").task == "causal-lm"
+    assert registry.of_config(_Config("BertModel"), "src").task == "feature-extraction"
+    assert registry.of_config(_Config("WhisperForConditionalGeneration"), "src").task == "automatic-speech-recognition"
+    with pytest.raises(UsageError, match=r"--hf src: not a causal language model \(task causal-lm: architectures "
+                                         r"ending in ForCausalLM or LMHeadModel, .*\) or not a sentence encoder "
+                                         r"\(task feature-extraction: .*; its config lists T5Model\)"):
+        registry.of_config(_Config("T5Model"), "src")
+    with pytest.raises(UsageError, match=r"its config lists none \(t5\)"):
+        registry.of_config(_Config(model_type="t5"), "src")
+
+
+def test_a_task_no_family_records_is_refused():
+    with pytest.raises(UsageError, match="task 'translation' is not one attnexport exports"):
+        registry.of_task("translation")
+
+
+def test_a_source_and_an_export_are_recognized_by_what_they_say_not_by_their_file_names(tiny_lm, tiny_encoder,
+                                                                                        whisper_folder, tmp_path):
+    """A source by its config (or a folder a family reads itself); an export by its config and its
+    records: a folder named as Whisper's graphs are, with a T5 config, is no Whisper export."""
+    assert registry.of_source(tiny_lm("llama")).task == "causal-lm"
+    assert registry.of_source(tiny_encoder("bert")).task == "feature-extraction"
+    assert registry.of_source(whisper_folder()).task == "automatic-speech-recognition"  # a CTranslate2 folder
+    path = tmp_path / "lm.onnx"
+    hf_export.export_hf(hf_export.HFExport(tiny_lm("llama"), output=path))
+    assert registry.of_export(path).task == "causal-lm"
+    t5 = tmp_path / "t5-folder"
+    (t5 / "onnx").mkdir(parents=True)
+    (t5 / "config.json").write_text(json.dumps({"architectures": ["T5ForConditionalGeneration"]}))
+    for name in ("encoder_model.onnx", "decoder_model_merged.onnx"):
+        (t5 / "onnx" / name).write_bytes(b"")
+    assert not registry.of_task("automatic-speech-recognition").exported(t5)
+
+
+class HeadOnly(CausalLM):
+    """GPT-2's kin (a language-model head on a decoder), exported without the static form."""
+
+    task = "lm-head"
+    what = "language model with an LM head"
+    architectures = ("LMHeadModel",)
+    forms = ("none", "concat")
+    tested = ("gpt2",)
+
+
+@pytest.fixture
+def second_family(monkeypatch):
+    """A second decoder-only family: its class above and one registration (first, so that it takes
+    GPT-2 before the causal-lm family does)."""
+    registry.families()
+    monkeypatch.setattr(registry, "FAMILIES", {HeadOnly.task: HeadOnly(), **registry.FAMILIES})
+
+
+def test_a_second_decoder_only_family_is_a_class_and_a_line_and_exports_and_verifies(second_family, tiny_lm,
+                                                                                     tmp_path):
+    path = tmp_path / "gpt2.onnx"
+    _, layout = hf_export.export_hf(hf_export.HFExport(tiny_lm("gpt2"), form="concat", output=path))
+    model = onnx.load(path)
+    recorded = json.loads({p.key: p.value for p in model.metadata_props}["attnexport.signature"])["model"]
+    assert recorded["task"] == "lm-head" and layout.family.task == "lm-head"
+    assert hf.Layout.of(model).family is registry.FAMILIES["lm-head"]
+    report = verify_hf(HFCheck(path, tiny_lm("gpt2"), runtimes=["torch", "ort-cpu"]))
+    assert report.ok, [(r.case, r.runtime, r.error) for r in report.failures]
+    assert all(r.variant == "concat (lm-head)" for r in report.rows)
+    with pytest.raises(UsageError, match="--kv-cache for --hf is one of none, concat, got 'static'"):
+        hf_export.export_hf(hf_export.HFExport(tiny_lm("gpt2"), form="static", max_seq=16, output=tmp_path / "s.onnx"))
+    # The first family still takes what is its own.
+    _, llama = hf_export.export_hf(hf_export.HFExport(tiny_lm("llama"), output=tmp_path / "llama.onnx"))
+    assert llama.family.task == "causal-lm"
+    assert not (tmp_path / "s.onnx").exists()
+
+
+# A family that nothing in attnexport knows: GPT-2's kin judged by its logits alone, its own package
+# (a form of its own too), found by one line in PACKAGES. What it writes is its own: its class and its form.
+THROWAWAY = {
+    "__init__.py": '''
+        """A throwaway family: a language model's head judged by its logits at every shape."""
+        import importlib
+
+        from attnexport.pretrained import forms as FM
+        from attnexport.pretrained import registry
+
+
+        class Throwaway(registry.Family):
+            task = "throwaway-logits"
+            what = "throwaway logits model"
+            architectures = ("GPT2LMHeadModel",)
+            auto_class = "AutoModelForCausalLM"
+            forms = ("throwaway",)
+            tested = ("gpt2",)
+
+
+        registry.register(Throwaway())
+        FM.register(importlib.import_module(f"{__name__}.form").Whole())
+        ''',
+    "form.py": '''
+        """Its one form: the logits of a whole sequence, no cache."""
+        import numpy as np
+        import torch
+
+        from attnexport.pretrained import forms as FM
+
+
+        class Step(torch.nn.Module):
+            def __init__(self, model):
+                super().__init__()
+                self.model = model
+
+            def forward(self, input_ids, attention_mask):
+                return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+
+        class Whole(FM.CacheForm):
+            name = "throwaway"
+            kv_cache = False
+            export_checks = (("batch 2, 6 tokens", 2, 6, 0, 0), ("batch 1, 1 token", 1, 1, 0, 0))
+            verify_checks = (("batch 3, 4 tokens", 3, 4, 0, 0),)
+            trace_shape = (5, 0)
+
+            def inputs(self, layout):
+                return ["input_ids", "attention_mask"]
+
+            def outputs(self, layout):
+                return ["logits"]
+
+            def dynamic_axes(self, layout):
+                return {n: {0: "batch", 1: "sequence"} for n in self.inputs(layout)}
+
+            def wrapper(self, model, layout):
+                return Step(model)
+
+            def example_feed(self, layout, batch, block, past, seed, padded):
+                ids = np.random.default_rng(seed).integers(3, layout.vocab, (batch, block), dtype=np.int64)
+                return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+
+            def prefilled_feed(self, run, layout, ids, past, padded, dtype):
+                return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+
+            def valid_positions(self, layout, feed):
+                return {"logits": np.ones((*feed["input_ids"].shape, 1), bool)}
+        ''',
+}
+
+
+@pytest.fixture
+def throwaway_family(tmp_path, monkeypatch):
+    """The throwaway family's package written in a temporary folder made importable as a package of
+    attnexport.pretrained, and its one line in PACKAGES (first: it takes GPT-2)."""
+    import attnexport.pretrained as package
+    root = tmp_path / "families"
+    (root / "throwaway").mkdir(parents=True)
+    for name, text in THROWAWAY.items():
+        (root / "throwaway" / name).write_text(textwrap.dedent(text))
+    monkeypatch.setattr(package, "__path__", [*package.__path__, str(root)])
+    monkeypatch.setattr(registry, "PACKAGES", ("throwaway", *registry.PACKAGES))
+    monkeypatch.setattr(registry, "FAMILIES", {})
+    yield
+    for name in [m for m in sys.modules if m.startswith("attnexport.pretrained.throwaway")]:
+        del sys.modules[name]
+    registry.FAMILIES.clear()
+
+
+def test_a_throwaway_family_in_a_package_of_its_own_exports_and_verifies_through_the_core(throwaway_family, tiny_lm,
+                                                                                          tmp_path):
+    r = cli("export", "--hf", tiny_lm("gpt2"), "-o", tmp_path / "t.onnx", "--json")
+    assert r.exit_code == 0, r.output
+    model = onnx.load(tmp_path / "t.onnx")
+    assert [i.name for i in model.graph.input] == ["input_ids", "attention_mask"]
+    assert hf.Layout.of(model).task == "throwaway-logits" and registry.of_export(tmp_path / "t.onnx").task == \
+        "throwaway-logits"
+    r = cli("verify", tmp_path / "t.onnx", "--hf", tiny_lm("gpt2"), "--runtimes", "ort-cpu,onnx-ref", "--json")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)["results"]
+    assert {row["runtime"] for row in rows} == {"ort-cpu", "onnx-ref"} and all(row["passed"] for row in rows)
+    assert all(row["variant"] == "throwaway (throwaway-logits)" for row in rows)
+    assert all(o["compared"] > 0 for row in rows for o in row["outputs"])
+    r = cli("verify", tmp_path / "t.onnx", "--hf", tiny_lm("gpt2"), "--budget", "kl-mean=1")
+    assert r.exit_code == 2 and "judged by no accuracy budget" in r.output
