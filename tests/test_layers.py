@@ -91,9 +91,10 @@ TESTED_ELSEWHERE = {
     "request": "verify/: test_verify.py", "run": "verify/: test_verify.py", "execute": "verify/: test_verify.py",
     "golden_plan": "verify/: test_verify.py", "model_plan": "verify/: test_verify.py, test_trust.py",
     "decode_checks": "verify/: test_decode.py", "module_check": "verify/: test_modules.py",
-    "pretrained/model": "the step graphs and the generation loop: test_pretrained_check.py (export and verify "
-                        "of every architecture and form), test_pretrained_reference.py",
-    "pretrained/bench": "bench --hf: test_pretrained_check.py",
+    "pretrained/model": "loading and the step graph's layout: every family's export and verify tests "
+                        "(test_pretrained_causal_check.py, test_pretrained_registry.py), test_pretrained_reference.py",
+    "pretrained/bench": "bench --hf, run by each family: test_pretrained_causal_bench.py, "
+                        "test_pretrained_encoders_bench.py, test_pretrained_whisper_bench.py",
     "fusions/graph": "what the ort flavour's rewrites share: each rewrite's tests (test_pretrained_fusions_*.py)",
     "render": "what the commands print: test_cli.py, test_bench.py and test_verify.py read it",
 }

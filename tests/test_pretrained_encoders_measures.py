@@ -70,7 +70,6 @@ from attnexport.errors import UsageError  # noqa: E402
 from attnexport.pretrained import export as hf_export  # noqa: E402
 from attnexport.pretrained import model as hf  # noqa: E402
 from attnexport.pretrained import registry  # noqa: E402
-from attnexport.pretrained.causal import generation as G  # noqa: E402
 from attnexport.pretrained.check import HFCheck, verify_hf  # noqa: E402
 
 
@@ -90,24 +89,6 @@ def _torch_embeddings(folder, feed, pooling="mean", normalize=True):
     return pooled / np.linalg.norm(pooled, axis=-1, keepdims=True) if normalize else pooled
 
 
-def test_the_embed_form_feeds_its_inputs_and_compares_tokens_not_padding():
-    layout = hf.Layout("embed", layers=2, kv_heads=4, head_dim=4, vocab=50, max_seq=16, task="feature-extraction",
-                       token_types=2, pooling="mean", normalize=True)
-    form = layout.cache_form
-    feed = hf.example_feed(layout, batch=3, block=6, padded=2)
-    assert list(feed) == layout.inputs == ["input_ids", "attention_mask", "token_type_ids"]
-    assert set(form.dynamic_axes(layout)) == set(layout.inputs) and layout.signature.caches == ()
-    assert feed["attention_mask"][0].tolist() == [1, 1, 1, 1, 0, 0]  # right padding, as tokenizers pad
-    assert (feed["input_ids"][0, -2:] == layout.pad_token).all()
-    valid = form.valid_positions(layout, feed)
-    assert valid["last_hidden_state"][0, :, 0].tolist() == [True] * 4 + [False] * 2
-    assert valid["sentence_embedding"].all()
-    assert hf.Layout("embed", 2, 4, 4, 50, 16, task="feature-extraction").inputs == ["input_ids", "attention_mask"]
-    with pytest.raises(UsageError, match="positions take 16"):
-        form.check_room(layout, 17, "embedding")
-    assert not hasattr(form, "decoding")  # a form of its family's own: no language model's steps
-    with pytest.raises(UsageError, match="a sentence encoder generates no tokens"):
-        G.generate(lambda feed: feed, layout, [np.array([3])], 1)
 
 
 @pytest.mark.parametrize("flavor", ["attention", "primitives", "ort"])
@@ -143,39 +124,8 @@ def test_the_pooling_and_normalisation_are_the_folders_own(tiny_encoder, tmp_pat
     assert np.abs(got - _torch_embeddings(folder, feed, pooling, normalize)).max() < 1e-4
 
 
-def test_verify_judges_an_encoder_on_every_runtime_and_catches_a_changed_weight(tiny_encoder, tmp_path):
-    folder = tiny_encoder("bert")
-    out = tmp_path / "bert.onnx"
-    hf_export.export_hf(hf_export.HFExport(folder, output=out))
-    report = verify_hf(HFCheck(out, folder, runtimes=["torch", "onnx-ref", "ort-cpu"]))
-    assert report.ok, [(r.case, r.runtime, r.error) for r in report.failures]
-    cases = {r.case for r in report.rows}
-    assert any(c.startswith("embeddings:") for c in cases) and any("right-padded" in c for c in cases)
-    embedded = [r for r in report.rows if r.case.startswith("embeddings:")]
-    assert {r.runtime for r in embedded} == {"torch", "onnx-ref", "ort-cpu"}
-    assert all(r.detail["embeddings"]["top5_agreement"] == 1.0 for r in embedded)
-    # The same file against a folder one of whose weights changed: named, not passed.
-    import shutil
-
-    from safetensors.numpy import load_file, save_file
-    changed = tmp_path / "changed"
-    shutil.copytree(folder, changed)
-    weights = load_file(changed / "model.safetensors")
-    name = next(k for k in weights if k.endswith("layer.1.intermediate.dense.weight"))
-    save_file({**weights, name: weights[name] * 1.01}, changed / "model.safetensors", metadata={"format": "pt"})
-    other = verify_hf(HFCheck(out, changed, runtimes=["ort-cpu"]))
-    assert not other.ok and "parameters differ" in other.failures[0].error
-    assert "intermediate.dense.weight" in other.failures[0].error
 
 
-def test_the_command_line_exports_and_verifies_an_encoder(tiny_encoder, tmp_path):
-    folder = tiny_encoder("bert")
-    r = run("export", "--hf", folder, "-o", tmp_path / "m.onnx")
-    assert r.exit_code == 0, r.output
-    assert "bert (embed)" in r.output and "last_hidden_state max abs" in r.output
-    r = run("verify", tmp_path / "m.onnx", "--hf", folder, "--runtimes", "ort-cpu")
-    assert r.exit_code == 0, r.output
-    assert "embeddings on ort-cpu: 1 - cosine max" in r.output and "top-5 agreement 1.000" in r.output
 
 
 def test_refusals_are_one_line_and_write_nothing(tiny_encoder, tiny_lm, tmp_path):

@@ -14,7 +14,6 @@ from attnexport.errors import ExportError
 from attnexport.pretrained import forms
 from attnexport.pretrained import model as hf
 from attnexport.pretrained import reference as HR
-from attnexport.pretrained.causal import generation as G
 
 # --- the positions a check compares, written out -----------------------------------------------------
 
@@ -174,29 +173,8 @@ def test_a_step_after_caches_the_model_wrote_gives_the_whole_sequences_logits(ll
     assert np.abs(step - whole).max() < 1e-4 * max(1.0, np.abs(whole).max())  # the prefix written in fp32
 
 
-def test_text_prompts_and_windows_come_from_the_tokenizer():
-    class Words:  # a tokenizer's call: one id a word
-        def __call__(self, text):
-            return {"input_ids": [len(w) for w in text.split()]}
-    rows = HR.token_rows(Words(), 1000, 3, 5, seed=0)
-    assert rows.shape == (3, 5) and set(rows.ravel()) <= {len(w) for w in HR.PASSAGE.split()}
-    layout = hf.Layout("none", 1, 1, 4, 1000)
-    assert [p.tolist() for p in G.prompts(Words(), layout, (5, 9))] == [[len(w) for w in p.split()]
-                                                                         for p in G.PROMPTS]
-    drawn = G.prompts(None, layout, (5, 9))
-    assert [len(p) for p in drawn] == [5, 9]
 
 
-def test_generation_logits_in_float64_line_up_with_transformers_steps(llama):
-    _, model = llama
-    layout = hf.layout_of(model, "concat")
-    reference = HR.Reference(model, layout)
-    prompts = G.prompts_for(layout, (4, 7), seed=0)
-    want = G.reference_generation(model, layout, prompts, 6)
-    logits64 = G.generation_logits64(reference, prompts, want.tokens)
-    assert len(logits64) == 6
-    for w, e in zip(want.logits, logits64, strict=True):  # off by a position, they would differ by O(1)
-        assert np.abs(w - e).max() < 1e-4
 
 
 def test_the_check_before_writing_fails_a_damaged_export_and_passes_the_export(llama):
