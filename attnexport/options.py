@@ -120,8 +120,8 @@ EXPORT = (
                  help="Output file (default: models/<variant>.onnx)."),
     click.Option(["--deploy"], type=click.Path(), default=None, metavar="FOLDER",
                  help="With --hf, instead of -o: write the folder a deployment loads (config.json, "
-                      "generation_config.json, the tokenizer's files, onnx/model.onnx), as Optimum's "
-                      "ORTModelForCausalLM and transformers.js read it."),
+                      "generation_config.json, the tokenizer's files, the graphs in onnx/), as Optimum and "
+                      "transformers.js read it."),
     click.Option(["--rtol"], type=float, default=None,
                  help="With --hf or --module: the relative tolerance of the check before writing (default: the "
                       "policy's, or for --hf derived from torch's own error against the model in float64)."),
@@ -196,7 +196,7 @@ VERIFY = (
                  help="With --hf: the tokens generated for the parity check."),
     click.Option(["--clients", "clients_text"], default=None, metavar="optimum,transformers.js,...|all",
                  help="With --hf and a deployment folder as MODEL (export --hf --deploy): also run it with these "
-                      "clients and compare: a language model's generate (Optimum's ORTModelForCausalLM, "
+                      "clients and compare: a language model's generate (Optimum's ORTModel, "
                       "transformers.js in Node), an encoder's embed (sentence-transformers, Optimum, "
                       "transformers.js)."),
     click.Option(["--audio"], multiple=True, type=click.Path(dir_okay=False), metavar="FILE.wav",

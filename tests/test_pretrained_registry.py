@@ -207,3 +207,37 @@ def test_a_throwaway_family_in_a_package_of_its_own_exports_and_verifies_through
     assert all(o["compared"] > 0 for row in rows for o in row["outputs"])
     r = cli("verify", tmp_path / "t.onnx", "--hf", tiny_lm("gpt2"), "--budget", "kl-mean=1")
     assert r.exit_code == 2 and "judged by no accuracy budget" in r.output
+
+
+def test_no_family_is_named_outside_its_package_and_the_registry():
+    """No module outside a family's package (and the registry's list of them) imports a family's
+    package or holds a family's task or architecture in its code (docstrings and comments may say
+    them: what they hold is not looked up)."""
+    import ast
+    from pathlib import Path
+
+    import attnexport
+    package = Path(attnexport.__file__).parent
+    registry.families()
+    names = {f.task for f in registry.FAMILIES.values()} | {a for f in registry.FAMILIES.values() for a in
+                                                              f.architectures}
+    homes = {package / "pretrained" / p for p in registry.PACKAGES}
+    found = []
+    for path in package.rglob("*.py"):
+        if any(home in path.parents for home in homes) or path == package / "pretrained" / "registry.py":
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.value) for n in ast.walk(tree)
+                      if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                hit = [n for n in names if n in node.value]
+                if hit:
+                    found.append(f"{path.relative_to(package)}:{node.lineno} says {hit[0]!r}")
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                for m in modules:
+                    if any(m == f"attnexport.pretrained.{p}" or m.startswith(f"attnexport.pretrained.{p}.")
+                           for p in registry.PACKAGES):
+                        found.append(f"{path.relative_to(package)}:{node.lineno} imports {m}")
+    assert found == []
