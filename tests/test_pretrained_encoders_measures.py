@@ -20,40 +20,40 @@ def _embeddings(seed=0, n=None):
 
 def test_the_same_embeddings_cost_nothing():
     want = _embeddings()
-    cost = E.measure(want * 3.0, want, E.BUDGETS["fp32"])  # a scale is no change to a cosine
+    cost = E.measure(want * 3.0, want, RT.BUDGETS["fp32"])  # a scale is no change to a cosine
     assert np.allclose(cost.cosines, 1.0, rtol=0, atol=1e-12) and cost.agreement == 1.0 and cost.top1 == 1.0
-    assert cost.judge(E.BUDGETS["fp32"]).failures == []
+    assert cost.judge(RT.BUDGETS["fp32"]).failures == []
 
 
 def test_a_turned_sentence_fails_the_cosine_and_names_it():
     want = _embeddings()
     got = want.copy()
     got[11] = _embeddings(seed=1)[11]
-    cost = E.measure(got, want, E.BUDGETS["fp32"])
-    failures = cost.judge(E.BUDGETS["fp32"]).failures
+    cost = E.measure(got, want, RT.BUDGETS["fp32"])
+    failures = cost.judge(RT.BUDGETS["fp32"]).failures
     assert cost.cosines.argmin() == 11 and any("sentence 11" in f for f in failures)
 
 
 def test_a_nan_never_passes():
     got = _embeddings()
     got[0, 0] = np.nan
-    cost = E.measure(got, _embeddings(), E.BUDGETS["int4"])
-    assert cost.judge(E.BUDGETS["int4"]).failures and cost.agreement == 0.0
+    cost = E.measure(got, _embeddings(), RT.BUDGETS["int4"])
+    assert cost.judge(RT.BUDGETS["int4"]).failures and cost.agreement == 0.0
 
 
 def test_a_tie_within_the_exports_own_error_agrees_and_a_real_swap_does_not():
     queries = len(E.QUERIES)
     want = _embeddings()
-    scores = E.unit(want[:queries]) @ E.unit(want[queries:]).T
+    scores = RT.unit(want[:queries]) @ RT.unit(want[queries:]).T
     ranked = np.argsort(-scores[0])
-    inside, outside = queries + ranked[E.TOP_K - 1], queries + ranked[E.TOP_K]
+    inside, outside = queries + ranked[RT.TOP_K - 1], queries + ranked[RT.TOP_K]
     # Swap the k-th and the (k+1)-th documents' embeddings for query 0 only by moving the query.
     got = want.copy()
-    got[0] = want[0] + 1e-9 * (E.unit(want[outside]) - E.unit(want[inside]))
-    assert E.measure(got, want, E.BUDGETS["fp32"]).agreement == 1.0  # a nudge far below any real difference
-    got[0] = E.unit(want[outside]) * np.linalg.norm(want[0])  # the query now is document k+1
-    cost = E.measure(got, want, E.BUDGETS["fp32"])
-    assert cost.agreement < 1.0 and cost.judge(E.BUDGETS["fp32"]).failures
+    got[0] = want[0] + 1e-9 * (RT.unit(want[outside]) - RT.unit(want[inside]))
+    assert E.measure(got, want, RT.BUDGETS["fp32"]).agreement == 1.0  # a nudge far below any real difference
+    got[0] = RT.unit(want[outside]) * np.linalg.norm(want[0])  # the query now is document k+1
+    cost = E.measure(got, want, RT.BUDGETS["fp32"])
+    assert cost.agreement < 1.0 and cost.judge(RT.BUDGETS["fp32"]).failures
 
 
 # --- the encoder family, on small random encoders ----------------------------------------------------
@@ -70,6 +70,7 @@ from attnexport.errors import UsageError  # noqa: E402
 from attnexport.pretrained import export as hf_export  # noqa: E402
 from attnexport.pretrained import model as hf  # noqa: E402
 from attnexport.pretrained import registry  # noqa: E402
+from attnexport.pretrained import retrieval as RT  # noqa: E402
 from attnexport.pretrained.check import HFCheck, verify_hf  # noqa: E402
 
 
@@ -204,39 +205,39 @@ def test_the_measures_are_the_hand_worked_ones():
     scores = np.tile(np.linspace(0.20, 0.05, documents), (queries, 1))
     scores[0, :6] = [0.50, 0.45, 0.40, 0.35, 0.30, 0.25]
     want = _corpus_of(scores)
-    assert np.allclose(E.unit(want[:queries]) @ E.unit(want[queries:]).T, scores)
+    assert np.allclose(RT.unit(want[:queries]) @ RT.unit(want[queries:]).T, scores)
     moved = scores.copy()
     moved[0, 5] = 0.35
-    cost = E.measure(_corpus_of(moved), want, E.BUDGETS["fp32"])
+    cost = E.measure(_corpus_of(moved), want, RT.BUDGETS["fp32"])
     assert cost.agreement == pytest.approx(0.975) and cost.top1 == 1.0
     assert cost.score_error == pytest.approx(0.10)
     a, b = want[queries + 5], _corpus_of(moved)[queries + 5]  # document 5 itself moved: its cosine by hand
     moved_cosine = float(a @ b)  # both unit length
     assert cost.cosines[queries + 5] == pytest.approx(moved_cosine) and moved_cosine < 0.999
-    assert cost.judge(E.BUDGETS["fp32"]).failures == [f"sentence {queries + 5}'s cosine {moved_cosine:.7f} < 0.99999",
+    assert cost.judge(RT.BUDGETS["fp32"]).failures == [f"sentence {queries + 5}'s cosine {moved_cosine:.7f} < 0.99999",
                                                 "top-5 agreement 0.975 < 1"]
     # the same swap within the tie: min(2 x the largest score change, int4's 2 sqrt(2 (1 - 0.98)) = 0.4) = 0.2
-    assert E.BUDGETS["int4"].tie == pytest.approx(0.4)
-    assert E.measure(_corpus_of(moved), want, E.BUDGETS["int4"]).agreement == 1.0
+    assert RT.BUDGETS["int4"].tie == pytest.approx(0.4)
+    assert E.measure(_corpus_of(moved), want, RT.BUDGETS["int4"]).agreement == 1.0
     raised = scores.copy()
     raised[0] += 0.10  # every score of query 0 higher, its ranking the same: the same documents retrieved
-    assert E.measure(_corpus_of(raised), want, E.BUDGETS["fp32"]).agreement == 1.0
+    assert E.measure(_corpus_of(raised), want, RT.BUDGETS["fp32"]).agreement == 1.0
     turned = want.copy()
     last = queries + documents - 1  # the lowest-scoring document: no ranking moves
     turned[last] = 3.0 * (0.5 * want[last] + np.sqrt(0.75) * np.eye(queries + 2)[-1])
-    cost = E.measure(turned, want, E.BUDGETS["fp32"])
+    cost = E.measure(turned, want, RT.BUDGETS["fp32"])
     assert cost.cosines[last] == pytest.approx(0.5, abs=1e-12) and np.allclose(np.delete(cost.cosines, last), 1.0)
-    assert cost.judge(E.BUDGETS["fp32"]).failures == [f"sentence {last}'s cosine 0.5000000 < 0.99999"]
+    assert cost.judge(RT.BUDGETS["fp32"]).failures == [f"sentence {last}'s cosine 0.5000000 < 0.99999"]
     assert cost.agreement == 1.0
 
 
 def test_each_precision_is_judged_by_its_own_embedding_budget():
-    assert E.budget_for("fp32") == E.EmbeddingBudget(0.99999, 1.0)
-    assert E.budget_for("fp16") == E.EmbeddingBudget(0.999, 0.95)
-    assert E.budget_for("int8") == E.EmbeddingBudget(0.99, 0.9)
-    assert E.budget_for("int4") == E.budget_for("q4f16") == E.EmbeddingBudget(0.98, 0.85)
+    assert RT.budget_for("fp32") == RT.EmbeddingBudget(0.99999, 1.0)
+    assert RT.budget_for("fp16") == RT.EmbeddingBudget(0.999, 0.95)
+    assert RT.budget_for("int8") == RT.EmbeddingBudget(0.99, 0.9)
+    assert RT.budget_for("int4") == RT.budget_for("q4f16") == RT.EmbeddingBudget(0.98, 0.85)
     with pytest.raises(ValueError, match="no embedding budget for precision 'int2'"):
-        E.budget_for("int2")
+        RT.budget_for("int2")
 
 
 def test_pooling_is_sentence_transformers_own_by_hand():

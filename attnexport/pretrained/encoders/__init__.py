@@ -16,6 +16,7 @@ from pathlib import Path
 from attnexport.errors import UsageError
 from attnexport.pretrained import forms as FM
 from attnexport.pretrained import registry
+from attnexport.pretrained import retrieval as RT
 from attnexport.pretrained.encoders import measures as E
 
 
@@ -75,7 +76,7 @@ class SentenceEncoder(registry.Family):
     def budget(self, text):
         """An encoder's budget is its file's precision's (`measures.budget_for`), with `--budget
         cosine=...,retrieval=...` applied to it."""
-        return E.Overrides(text)
+        return RT.Overrides(text)
 
     def verify_needs(self, layout, inputs, new_tokens, tokenizer):
         return self.module("check").needs(layout, inputs, new_tokens, tokenizer)

@@ -36,6 +36,7 @@ from attnexport.pretrained import model as hf
 from attnexport.pretrained import precision as P
 from attnexport.pretrained import reference as HR
 from attnexport.pretrained import registry
+from attnexport.pretrained import retrieval as RT
 from attnexport.pretrained.encoders import measures as E
 
 SHAPES = ((1, 16), (32, 128), (8, 512))
@@ -155,7 +156,7 @@ def _accuracy(engine: _Engine, feeds: list[dict], want: np.ndarray) -> dict:
         got = np.concatenate([engine.run({n: f[n] for n in engine.inputs}) for f in feeds])
     except Exception as x:  # noqa: BLE001 - an engine failing to embed: said beside its times
         return {"error": reason(x)}
-    budget = E.budget_for(engine.precision)
+    budget = RT.budget_for(engine.precision)
     cost = E.measure(got, want, budget).judge(budget)
     return {**cost.to_dict(), "budget": budget.text(), "within": not cost.failures}
 
@@ -253,7 +254,7 @@ def accuracy_text(a: dict | None) -> str:
     if "error" in a:
         return f"no embeddings: {a['error']}"
     verdict = "within" if a["within"] else "OVER"
-    return (f"1 - cosine max {1 - a['cosine_min']:.2g}, top-{E.TOP_K} {a[f'top{E.TOP_K}_agreement']:.2f} "
+    return (f"1 - cosine max {1 - a['cosine_min']:.2g}, top-{RT.TOP_K} {a[f'top{RT.TOP_K}_agreement']:.2f} "
             f"({verdict} {a['budget']})")
 
 

@@ -15,6 +15,7 @@ from attnexport.compare import Comparison
 from attnexport.pretrained import check as C
 from attnexport.pretrained import emulate
 from attnexport.pretrained import precision as P
+from attnexport.pretrained import retrieval as RT
 from attnexport.pretrained.encoders import clients as CL
 from attnexport.pretrained.encoders import measures as E
 from attnexport.report import Row
@@ -43,7 +44,7 @@ def embedding_rows(ctx: C.Context) -> None:
     want = np.concatenate([ctx.reference.run64(f)["sentence_embedding"] for f in feeds])
     precision = ctx.precision
     budget = ctx.check.budget.for_precision(precision)
-    label = f"embeddings: {len(texts)} sentences, cosine and top-{E.TOP_K} retrieval of {len(E.QUERIES)} queries"
+    label = f"embeddings: {len(texts)} sentences, cosine and top-{RT.TOP_K} retrieval of {len(E.QUERIES)} queries"
 
     for rt in ctx.used:
         row = ctx.row(label, rt, "the model's embeddings in float64")
@@ -64,7 +65,7 @@ def layer_costs(reference, onnx_model, feeds: list[dict], want: np.ndarray, budg
         got = np.concatenate([np.asarray(reference.run(f)["sentence_embedding"]) for f in feeds])
         cost = E.measure(got, want, budget)
         out.append({"group": group, "cost": float(1 - cost.cosines.min()), "cosine_min": float(cost.cosines.min()),
-                    f"top{E.TOP_K}_agreement": cost.agreement})
+                    f"top{RT.TOP_K}_agreement": cost.agreement})
     out.sort(key=lambda d: -d["cost"])
     return out
 
