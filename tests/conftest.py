@@ -82,6 +82,14 @@ def tiny_encoder(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_vision(tmp_path_factory):
+    """`tiny_vision(arch, **how)`: examples/tiny_vision.py's small random vision transformer (a config,
+    its weights and its image processor), saved once per worker and shared."""
+    module = _example("tiny_vision")
+    return _once_per_worker(tmp_path_factory, "vision", lambda out, arch, **how: module.save(arch, out, **how))
+
+
+@pytest.fixture(scope="session")
 def tiny_whisper():
     """examples/tiny_whisper.py as a module: small random Whispers written as CTranslate2 folders."""
     return _example("tiny_whisper")

@@ -1,4 +1,4 @@
-"""`bench --hf ENCODER` (`attnexport.pretrained.embedding_bench`): a small random BERT encoder's engines
+"""`bench --hf ENCODER` (`attnexport.pretrained.encoders.bench`, on `attnexport.pretrained.bench`'s skeleton): a small random BERT encoder's engines
 timed at batch x sequence shapes beside transformers, each with its embeddings' accuracy; Optimum's
 export, optimized and in dynamic int8, beside them where optimum-onnx is installed; the refusals.
 Timings are printed, never asserted."""
@@ -39,7 +39,7 @@ def test_every_engine_is_timed_beside_transformers_with_its_accuracy(bert):
     assert {(r.batch, r.seq) for r in rows} == {(1, 8), (3, 16)}
     for r in rows:
         assert r.median_ms > 0 and r.p10_ms <= r.median_ms <= r.p90_ms and r.ratio_to_transformers > 0
-        assert r.sentences_per_s == pytest.approx(r.batch * 1e3 / r.median_ms)
+        assert r.per_s == pytest.approx(r.batch * 1e3 / r.median_ms)
         assert r.accuracy["within"] and r.accuracy["sentences"] == 40, r.accuracy
     assert info["layers"] == 2 and info["pooling"] == "mean" and info["normalize"]
 
@@ -51,6 +51,7 @@ def test_the_command_line_prints_each_time_beside_its_accuracy_and_the_anchors_w
     doc = json.loads(r.output[r.output.index("{"):])
     engines = {row["engine"] for row in doc["rows"]}
     assert {"transformers", "attnexport"} <= engines
+    assert all(row["sentences_per_s"] > 0 and "per_s" not in row and "unit" not in row for row in doc["rows"])
     if importlib.util.find_spec("optimum") is not None and "optimum" not in doc["info"]["skipped"]:
         assert {"optimum", "optimum+optimizer", "optimum+optimizer+int8"} <= engines
         anchor = next(row for row in doc["rows"] if row["engine"] == "attnexport")

@@ -25,11 +25,12 @@ from attnexport import weights as W
 from attnexport.compare import Comparison, Tolerance, check_tolerance_values
 from attnexport.errors import AttnExportError, UsageError, reason
 from attnexport.localize import Localization, locate
-from attnexport.pretrained import clients, forms, registry
+from attnexport.pretrained import clients, emulate, forms, registry
 from attnexport.pretrained import export as hf_export
 from attnexport.pretrained import model as hf
 from attnexport.pretrained import precision as P
 from attnexport.pretrained import reference as HR
+from attnexport.pretrained import retrieval as RT
 from attnexport.reading import load_model
 from attnexport.record import ExportRecord
 from attnexport.report import Report, Row
@@ -301,6 +302,36 @@ def layer_cost_row(ctx: Context, what: str, costs: list[dict], key: str, measure
                        for c in costs[:3]]
     row.passed = bool(costs)
     ctx.executor.record(row)
+
+
+def embedding_judge(row: Row, cost, budget, precision: str, output: str) -> list[Comparison]:
+    """An embedding family's row judged (`cost`: `retrieval.EmbeddingCost`, judged by `budget`): its
+    detail, its error where over the budget, and its one comparison (1 - the lowest cosine of the
+    embeddings, its graph's `output`)."""
+    cost.judge(budget)
+    row.detail = {"embeddings": cost.to_dict(), "budget": {**vars(budget), "text": budget.text()},
+                  "summary": cost.text(), "measure": "embeddings"}
+    if cost.failures:
+        row.error = f"over the embedding budget: {'; '.join(cost.failures)} ({cost.text()})"
+    distance = float(1 - cost.cosines.min()) if np.isfinite(cost.cosines).all() else math.inf
+    return [Comparison(f"{output}: 1 - cosine", not cost.failures, distance, math.nan, 0, 0, 0.0,
+                       1 - budget.cosine, distance, math.inf, compared=int(cost.cosines.size),
+                       basis=f"the {precision} embedding budget: {budget.text()}")]
+
+
+def embedding_layer_costs(ctx: Context, feeds: list[dict], output: str, want: np.ndarray, budget, measure) -> None:
+    """An embedding family's informational row of a quantized file: each group of its matrices made
+    as the file holds it, alone, in the fp32 model (`emulate.each_group_alone`), and what that alone
+    costs the embeddings (`output` of `feeds`) against the float64 model's `want` (`measure`): 1 -
+    the lowest cosine, and top-k agreement; most costly first."""
+    out = []
+    for group in emulate.each_group_alone(ctx.reference.model, ctx.onnx_model):
+        got = np.concatenate([np.asarray(ctx.reference.run(f)[output]) for f in feeds])
+        cost = measure(got, want, budget)
+        out.append({"group": group, "cost": float(1 - cost.cosines.min()), "cosine_min": float(cost.cosines.min()),
+                    f"top{RT.TOP_K}_agreement": cost.agreement})
+    out.sort(key=lambda d: -d["cost"])
+    layer_cost_row(ctx, "embeddings", out, "cost", "1 - lowest cosine", len(want), "the model's embeddings in float64")
 
 
 def shape_rows(ctx: Context) -> None:

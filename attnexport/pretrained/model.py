@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -34,9 +34,10 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenize
 
 @dataclass(frozen=True)
 class Layout:
-    """A language model's step graph, as apps (and verify and bench) drive it: the cache form,
-    the layers, the cache's heads and head size, the buffers' positions (static), the vocabulary.
-    An export records it in its step signature (`signature.StepSignature.model`)."""
+    """A whole model's step graph, as apps (and verify and bench) drive it: the form, the layers,
+    the cache's heads and head size, the buffers' positions (static), the vocabulary, and what its
+    family records beside (`extra`, its own fields by name). An export records it in its step
+    signature (`signature.StepSignature.model`)."""
 
     form: str
     layers: int
@@ -50,6 +51,8 @@ class Layout:
     token_types: int = 0
     pooling: str = ""
     normalize: bool = False
+    # A family's own sizes beyond these (an image's size and channels), recorded only where it has any.
+    extra: dict = field(default_factory=dict)
 
     @property
     def cache_form(self) -> forms.CacheForm:
@@ -77,8 +80,11 @@ class Layout:
         return self.cache_form.outputs(self)
 
     def sizes(self) -> dict:
-        """The fields the step signature records (`model`)."""
-        return dict(vars(self))
+        """The fields the step signature records (`model`); `extra` only where the family has any."""
+        fields = dict(vars(self))
+        if not fields["extra"]:
+            del fields["extra"]
+        return fields
 
     @classmethod
     def of(cls, model) -> Layout:
@@ -307,8 +313,8 @@ def layout_of(model, form: str | None, max_seq: int = 0, source=None) -> Layout:
     form = form or family.default_form
     family.form(form)
     fields = {"max_seq": max_seq, **family.layout_fields(model, source)}
-    return Layout(form, config.num_hidden_layers, kv_heads, head_dim, config.vocab_size, pad_token=int(pad),
-                  task=family.task, **fields)
+    return Layout(form, config.num_hidden_layers, kv_heads, head_dim, int(getattr(config, "vocab_size", 0) or 0),
+                  pad_token=int(pad), task=family.task, **fields)
 
 
 # --- the step graphs ------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from attnexport.errors import UsageError
 from attnexport.pretrained import forms as FM
 
 # The family packages, in the order a config is offered to them (the first that takes it has it).
-PACKAGES = ("causal", "encoders", "whisper")
+PACKAGES = ("causal", "encoders", "whisper", "vision")
 # The task of exports made before a step signature recorded one: the first family's, the one there was.
 FIRST_TASK = "causal-lm"
 
@@ -186,9 +186,9 @@ class Family:
         return [str(row) for row in rows]
 
     def bench_json(self, rows, info: dict) -> dict:
-        """`bench --json` of this family's rows."""
+        """`bench --json` of this family's rows (each its `to_dict()` where it has one: `bench.Row`)."""
         from dataclasses import asdict
-        return {"rows": [asdict(row) for row in rows], "info": info}
+        return {"rows": [row.to_dict() if hasattr(row, "to_dict") else asdict(row) for row in rows], "info": info}
 
 
 def lazy(package: str):

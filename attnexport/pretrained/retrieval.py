@@ -95,7 +95,8 @@ class EmbeddingCost:
         if not np.isfinite(self.cosines).all():
             out.append("an embedding is not finite")
         elif self.cosines.min() < budget.cosine:
-            out.append(f"{self.item} {int(self.cosines.argmin())}'s cosine {self.cosines.min():.7f} < {budget.cosine:g}")
+            worst = int(self.cosines.argmin())
+            out.append(f"{self.item} {worst}'s cosine {self.cosines.min():.7f} < {budget.cosine:g}")
         if not self.agreement >= budget.retrieval:
             out.append(f"top-{TOP_K} agreement {self.agreement:.3f} < {budget.retrieval:g}")
         self.failures = out

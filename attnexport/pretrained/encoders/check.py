@@ -6,14 +6,12 @@ precision, what each layer of a quantized file costs, and the clients embedding 
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 
 from attnexport import runtimes as R
 from attnexport.compare import Comparison
 from attnexport.pretrained import check as C
-from attnexport.pretrained import emulate
 from attnexport.pretrained import precision as P
 from attnexport.pretrained import retrieval as RT
 from attnexport.pretrained.encoders import clients as CL
@@ -51,23 +49,7 @@ def embedding_rows(ctx: C.Context) -> None:
         ctx.run(row, lambda run: np.concatenate([np.asarray(run(f)["sentence_embedding"]) for f in feeds]),
                 functools.partial(_judge_embeddings, row, want, budget, precision, lambda got: got))
     if P.record_of(ctx.onnx_model) is not None:
-        C.layer_cost_row(ctx, "embeddings", layer_costs(ctx.reference, ctx.onnx_model, feeds, want, budget),
-                         "cost", "1 - lowest cosine", len(want), "the model's embeddings in float64")
-
-
-def layer_costs(reference, onnx_model, feeds: list[dict], want: np.ndarray, budget) -> list[dict]:
-    """Each group of quantized matrices made as the file holds it, alone, in the fp32 model
-    (`emulate.each_group_alone`), and what that alone costs the embeddings of `feeds`
-    (`measures.sentences()`) against the float64 model's `want`: 1 - the lowest cosine, and top-k
-    agreement; most costly first."""
-    out = []
-    for group in emulate.each_group_alone(reference.model, onnx_model):
-        got = np.concatenate([np.asarray(reference.run(f)["sentence_embedding"]) for f in feeds])
-        cost = E.measure(got, want, budget)
-        out.append({"group": group, "cost": float(1 - cost.cosines.min()), "cosine_min": float(cost.cosines.min()),
-                    f"top{RT.TOP_K}_agreement": cost.agreement})
-    out.sort(key=lambda d: -d["cost"])
-    return out
+        C.embedding_layer_costs(ctx, feeds, "sentence_embedding", want, budget, E.measure)
 
 
 def client_rows(ctx: C.Context) -> None:
@@ -89,14 +71,5 @@ def client_rows(ctx: C.Context) -> None:
 
 
 def _judge_embeddings(row: Row, want: np.ndarray, budget, precision: str, take, got) -> list[Comparison]:
-    """`got`'s embeddings (`take(got)`) against `want` within `budget`: the row's detail, its error
-    where over the budget, and its one comparison (1 - the lowest cosine)."""
-    cost = E.measure(take(got), want, budget).judge(budget)
-    row.detail = {"embeddings": cost.to_dict(), "budget": {**vars(budget), "text": budget.text()},
-                  "summary": cost.text(), "measure": "embeddings"}
-    if cost.failures:
-        row.error = f"over the embedding budget: {'; '.join(cost.failures)} ({cost.text()})"
-    distance = float(1 - cost.cosines.min()) if np.isfinite(cost.cosines).all() else math.inf
-    return [Comparison("sentence_embedding: 1 - cosine", not cost.failures, distance, math.nan, 0, 0, 0.0,
-                       1 - budget.cosine, distance, math.inf, compared=int(cost.cosines.size),
-                       basis=f"the {precision} embedding budget: {budget.text()}")]
+    """`got`'s embeddings (`take(got)`) against `want` within `budget` (`check.embedding_judge`)."""
+    return C.embedding_judge(row, E.measure(take(got), want, budget), budget, precision, "sentence_embedding")
