@@ -706,6 +706,8 @@ class ModuleExport:
             weight matrices quantized, `attnexport.pretrained.precision`, which needs the parameters' record).
         optimized_by_rewrite: `rewrite` runs onnxscript's optimizer itself, so torch.onnx's pass
             is skipped (it took about half of SmolLM2's export, for nothing the fusions keep).
+        float32_inputs: the inputs (by `input_names`) kept in float32 whatever the dtype: the
+            module casts them itself (a vision transformer's pixel values, as clients make them).
     """
 
     flavor: str = FL.DEFAULT
@@ -729,6 +731,7 @@ class ModuleExport:
     rtol: float | None = None
     atol: float | None = None
     optimized_by_rewrite: bool = False
+    float32_inputs: tuple = ()
     finalize: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None
 
 
@@ -840,7 +843,8 @@ def _module_trace(module, example_inputs: tuple, r: ModuleExport) -> _ModuleTrac
     against what forward takes and returns (one run of it, routed through the core: its target,
     `target.of_module`)."""
     tdtype = D.torch_dtype(r.dtype)
-    args = tuple(t.to(tdtype) if t.is_floating_point() else t for t in example_inputs)
+    kept = {i for i, n in enumerate(r.input_names or []) if n in r.float32_inputs}
+    args = tuple(t.to(tdtype) if t.is_floating_point() and i not in kept else t for i, t in enumerate(example_inputs))
     module = copy.deepcopy(module).to(tdtype).eval()  # the caller's module keeps its dtype and mode
     target = T.of_module(module, args, r.name, r.input_names, r.output_names, r.cache, r.write_pos)
     names, cache = list(target.inputs), target.signature.pairs

@@ -1,7 +1,7 @@
-"""`bench --hf ENCODER` (`attnexport.pretrained.encoders.bench`, on `attnexport.pretrained.bench`'s skeleton): a small random BERT encoder's engines
-timed at batch x sequence shapes beside transformers, each with its embeddings' accuracy; Optimum's
-export, optimized and in dynamic int8, beside them where optimum-onnx is installed; the refusals.
-Timings are printed, never asserted."""
+"""`bench --hf ENCODER` (`attnexport.pretrained.encoders.bench`, on `attnexport.pretrained.bench`'s
+skeleton): a small random BERT encoder's engines timed at batch x sequence shapes beside transformers,
+each with its embeddings' accuracy; Optimum's export, optimized and in dynamic int8, beside them where
+optimum-onnx is installed; the refusals. Timings are printed, never asserted."""
 
 import importlib.util
 import json

@@ -1,10 +1,12 @@
 """The vision transformers' family (`attnexport.pretrained.vision`): ViT and DINOv2 configs taken, the
 layout from the model and its image processor (the processor's crop, not the position table's size),
-no cache form, a config-only folder refused without --seed. The [hf] extra, on small random configs."""
+no cache form, a config-only folder refused without --seed, the processor's pixel values. The [hf]
+extra, on small random configs."""
 
 import json
 import shutil
 
+import numpy as np
 import pytest
 
 pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
@@ -14,6 +16,7 @@ from conftest import cli  # noqa: E402
 from attnexport.pretrained import model as hf  # noqa: E402
 from attnexport.pretrained import registry  # noqa: E402
 from attnexport.pretrained.vision import VisionTransformer  # noqa: E402
+from attnexport.pretrained.vision import images as I  # noqa: E402
 
 
 @pytest.mark.parametrize("arch", ["vit", "dinov2"])
@@ -57,3 +60,13 @@ def test_a_config_only_folder_is_refused_unless_a_seed_is_given(tiny_vision, tmp
     assert r.exit_code == 0 and "the weights are random" in r.output, r.output
     r = cli("verify", tmp_path / "m.onnx", "--hf", config_only, "--runtimes", "ort-cpu")
     assert r.exit_code == 0, r.output  # its verify draws the weights with the seed the export recorded
+
+
+def test_the_processor_makes_the_model_s_pixel_values(tiny_vision):
+    process = I.processor(tiny_vision("vit"))
+    values = I.pixel_values(process, I.image_set())
+    assert values.shape == (I.QUERIES + I.CORPUS, 3, 32, 32) and values.dtype == np.float32
+    # ViT's processor: resized to 32 x 32, rescaled and normalised by 0.5, as the check's feed is
+    square = I.image_set((32, 32))[0]
+    by_hand = (square.transpose(2, 0, 1) / 255.0 - 0.5) / 0.5
+    assert np.abs(I.pixel_values(process, [square])[0] - by_hand).max() < 1e-6

@@ -51,7 +51,8 @@ def test_the_command_line_prints_each_time_beside_its_accuracy_and_the_anchors_w
 
 def test_refusals_are_one_line(tiny_vision):
     folder = tiny_vision("vit")
-    for args, said in ((("--seq", "8"), "--seq: bench --hf of a vision transformer (beside transformers and Optimum) takes --batch"),
+    for args, said in ((("--seq", "8"), "--seq: bench --hf of a vision transformer (beside transformers and Optimum) "
+                                        "takes --batch"),
                        (("--decode",), "--decode: bench --hf of a vision transformer"),
                        (("--batch", "0"), "--batch takes positive integers")):
         r = cli("bench", "--hf", folder, *args)

@@ -69,3 +69,17 @@ def test_budget_takes_an_embedder_s_limits_and_refuses_a_language_model_s(tiny_v
     assert r.exit_code == 2 and "cosine" in r.output and len(r.output.strip().splitlines()) == 1
     r = cli("verify", out, "--hf", folder, "--runtimes", "ort-cpu", "--budget", "cosine=0.9999999")
     assert r.exit_code == 1 and "over the embedding budget" in r.output
+
+
+def test_the_deployment_runtimes_embed_as_the_model_does(tiny_vision, tmp_path):
+    """Node and WASM (where installed: CI's [hf] step has them) on DINOv2, in fp32 and in half."""
+    folder = tiny_vision("dinov2")
+    for precision in ("fp32", "fp16"):
+        out = tmp_path / f"{precision}.onnx"
+        hf_export.export_hf(hf_export.HFExport(folder, precision=precision, output=out))
+        report = verify_hf(HFCheck(out, folder, runtimes=["ort-node", "ort-wasm"], skip_unavailable=True))
+        assert report.ok, [(r.case, r.runtime, r.error) for r in report.failures]
+        embedded = [r for r in report.rows if r.case.startswith("embeddings:")]
+        if not embedded:
+            pytest.skip("neither ort-node nor ort-wasm is installed: attnexport runtimes --install")
+        assert all(r.detail["embeddings"]["top5_agreement"] == 1.0 for r in embedded)

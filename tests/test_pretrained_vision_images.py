@@ -1,6 +1,6 @@
 """What a vision transformer is judged on (`attnexport.pretrained.vision.images`): the project's drawn
-images (the same on every machine: integers), the size a processor makes, the check's feeds in the
-export's dtype, the embedding measure by image. The [hf] extra for the processor's tests."""
+images (the same on every machine: integers), the size a processor makes, the check's feeds in
+float32, the embedding measure by image."""
 
 import json
 
@@ -49,13 +49,12 @@ def test_the_size_is_the_processor_s_crop_else_its_resize_else_the_config_s(tmp_
         I.input_size(tmp_path, _Config())
 
 
-def test_a_check_s_feed_is_the_model_s_size_in_the_export_s_dtype():
+def test_a_check_s_feed_is_the_model_s_size_in_float32():
     layout = hf.Layout("image", 2, 2, 16, 0, task="image-feature-extraction",
                        extra={"height": 24, "width": 16, "channels": 3, "patch_size": 8})
     feed = I.check_feed(layout, 3, seed=1)
     assert feed["pixel_values"].shape == (3, 3, 24, 16) and feed["pixel_values"].dtype == np.float32
     assert -1 <= feed["pixel_values"].min() and feed["pixel_values"].max() <= 1  # normalised by 0.5
-    assert I.check_feed(layout, 2, seed=1, dtype=np.float16)["pixel_values"].dtype == np.float16
 
 
 def test_the_measure_names_the_image_that_departs():
@@ -66,14 +65,3 @@ def test_the_measure_names_the_image_that_departs():
     got[7] = want[8]
     cost = I.measure(got, want, budget).judge(budget)
     assert cost.failures and cost.failures[0].startswith("image 7's cosine")
-
-
-def test_the_processor_makes_the_model_s_pixel_values(tiny_vision):
-    pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
-    process = I.processor(tiny_vision("vit"))
-    values = I.pixel_values(process, I.image_set())
-    assert values.shape == (I.QUERIES + I.CORPUS, 3, 32, 32) and values.dtype == np.float32
-    # ViT's processor: resized to 32 x 32, rescaled and normalised by 0.5, as the check's feed is
-    square = I.image_set((32, 32))[0]
-    by_hand = (square.transpose(2, 0, 1) / 255.0 - 0.5) / 0.5
-    assert np.abs(I.pixel_values(process, [square])[0] - by_hand).max() < 1e-6

@@ -116,8 +116,9 @@ def local(folder) -> str:
     return str(Path(folder).resolve())
 
 
-def node(script: str, request: dict) -> dict:
-    """The answer of one of attnexport's transformers.js scripts (js/`script`) to `request`."""
+def node(script: Path, request: dict) -> dict:
+    """The answer of a family's transformers.js script (`script`, a file of its package, run by Node
+    with the pinned npm packages) to `request`."""
     binary, _ = js.find_node()
     js.install()  # the pinned npm packages, once (nothing to do when they are there)
     with tempfile.TemporaryDirectory(prefix="attnexport-client-") as tmp:
@@ -125,7 +126,7 @@ def node(script: str, request: dict) -> dict:
         path.write_text(json.dumps(request))
         env = {**os.environ, "ATTNEXPORT_JS_HOME": str(js.home())}
         try:
-            done = subprocess.run([str(binary), str(js.PACKAGE / script), str(path)], capture_output=True,
+            done = subprocess.run([str(binary), str(script), str(path)], capture_output=True,
                                   text=True, env=env, timeout=SECONDS)
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"transformers.js took more than {SECONDS} s") from None

@@ -174,7 +174,7 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
         check=check, finalize=quantize if plan is not None else None,
         rewrite=lambda onnx_model: _rewritten(onnx_model, model, layout, flavor, dtype, name,
                                               quantized=plan is not None),
-        optimized_by_rewrite=FL.FLAVORS[flavor].fuses_language_models)
+        optimized_by_rewrite=FL.FLAVORS[flavor].fuses_language_models, float32_inputs=form.float32_inputs(layout))
     try:
         result = export_module(wrapper, example, module_request)
     except ExportError as e:

@@ -69,6 +69,11 @@ class CacheForm:
         """The symbolic axes of each input of the step graph."""
         raise NotImplementedError
 
+    def float32_inputs(self, layout) -> tuple[str, ...]:
+        """The float inputs the graph takes in float32 whatever its dtype (its wrapper casts them): a
+        client's preprocessing gives float32 (none by default: a cache's inputs are the graph's dtype)."""
+        return ()
+
     def signature(self, layout) -> SG.StepSignature:
         """The caches and write position of this form's step (the graph fills in the rest)."""
         pairs = layout.cache_pairs.items()

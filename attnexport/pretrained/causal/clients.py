@@ -13,6 +13,9 @@ from attnexport.errors import ProviderUnavailableError
 from attnexport.pretrained import clients as CL
 from attnexport.pretrained.clients import ClientRun
 
+# The transformers.js script this family's Node client runs (beside this module).
+SCRIPT = Path(__file__).with_name("generate.mjs")
+
 
 def generate(client: str, folder: Path, prompts: list, new_tokens: int, threads: int | None = None) -> ClientRun:
     """Greedy generation of `new_tokens` tokens after each prompt (texts, encoded by the client's
@@ -78,7 +81,7 @@ def _transformers_js(folder: Path, prompts: list, new_tokens: int, threads: int 
                "chats": list(prompts) if chats else None,
                "ids": None if texts or chats else [[int(t) for t in p] for p in prompts], "new_tokens": new_tokens,
                "threads": threads or 0}
-    answer = CL.node("generate.mjs", request)
+    answer = CL.node(SCRIPT, request)
     return ClientRun("transformers.js", answer["prompt_ids"], answer["tokens"], float(answer["ms"]))
 
 

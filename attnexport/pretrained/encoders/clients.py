@@ -15,6 +15,9 @@ from attnexport.errors import ProviderUnavailableError
 from attnexport.pretrained import clients as CL
 from attnexport.pretrained.encoders.measures import pooled, pooling_of
 
+# The transformers.js script this family's Node client runs (beside this module).
+SCRIPT = Path(__file__).with_name("embed.mjs")
+
 
 @dataclass
 class ClientEmbedding:
@@ -66,6 +69,6 @@ def _optimum_embeddings(folder: Path, texts: list[str], pooling: str, normalize:
 def _transformers_js_embeddings(folder: Path, texts: list[str], pooling: str, normalize: bool, threads) -> np.ndarray:
     if pooling not in ("mean", "cls"):
         raise RuntimeError(f"transformers.js' feature-extraction pipeline has no {pooling} pooling")
-    answer = CL.node("embed.mjs", {"folder": CL.local(folder), "texts": list(texts), "pooling": pooling,
+    answer = CL.node(SCRIPT, {"folder": CL.local(folder), "texts": list(texts), "pooling": pooling,
                                  "normalize": normalize, "threads": threads or 0})
     return np.asarray(answer["embeddings"], np.float64)

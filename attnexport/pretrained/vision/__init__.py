@@ -51,7 +51,7 @@ class VisionTransformer(registry.Family):
         return ["preprocessor_config.json"]
 
     def check_feed(self, reference, tokenizer, batch, block, past, padded, seed) -> dict:
-        return self.module("images").check_feed(reference.layout, batch, seed, reference.numpy_dtype)
+        return self.module("images").check_feed(reference.layout, batch, seed)
 
     def budget(self, text):
         """The file's precision's embedding budget (`retrieval.budget_for`), with `--budget

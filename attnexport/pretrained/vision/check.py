@@ -21,7 +21,7 @@ OUTPUT = "pooler_output"
 
 
 def _feeds(ctx: C.Context, images: list[np.ndarray]) -> list[dict]:
-    values = I.pixel_values(I.processor(ctx.check.source), images, ctx.reference.numpy_dtype)
+    values = I.pixel_values(I.processor(ctx.check.source), images)
     return [{"pixel_values": values[i:i + BATCH]} for i in range(0, len(values), BATCH)]
 
 
@@ -53,5 +53,9 @@ def client_rows(ctx: C.Context) -> None:
                       "transformers' embeddings of the same images")
         C.unavailable_client(row, client)
         ctx.executor.run(row, functools.partial(CL.embed, client, C.deployment(ctx), images, R.cpu_threads()),
-                         lambda done, row=row: C.embedding_judge(row, I.measure(done.embeddings, want, budget),
-                                                                 budget, ctx.precision, OUTPUT))
+                         functools.partial(_judge, row, want, budget, ctx.precision))
+
+
+def _judge(row, want: np.ndarray, budget, precision: str, done: CL.ClientEmbedding) -> list:
+    """A client's embeddings against transformers' `want` within `budget` (`check.embedding_judge`)."""
+    return C.embedding_judge(row, I.measure(done.embeddings, want, budget), budget, precision, OUTPUT)

@@ -14,6 +14,9 @@ import numpy as np
 from attnexport.errors import ProviderUnavailableError
 from attnexport.pretrained import clients as CL
 
+# The transformers.js script this family's Node client runs (beside this module).
+SCRIPT = Path(__file__).with_name("embed_image.mjs")
+
 
 @dataclass
 class ClientEmbedding:
@@ -34,7 +37,7 @@ def embed(client: str, folder: Path, images: list[np.ndarray], threads: int | No
     if client == "optimum":
         got = _optimum(folder, images, threads)
     else:
-        answer = CL.node("embed_image.mjs", {"folder": CL.local(folder), "threads": threads or 0,
+        answer = CL.node(SCRIPT, {"folder": CL.local(folder), "threads": threads or 0,
                                              "images": [{"height": int(i.shape[0]), "width": int(i.shape[1]),
                                                          "data": i.reshape(-1).tolist()} for i in images]})
         got = np.asarray(answer["embeddings"], np.float64)

@@ -19,7 +19,8 @@ class ImageStep(torch.nn.Module):
     one size (height, width). Where the model's position table was made for another size, the model
     interpolates it on every call (DINOv2 always, bicubic; ViT when asked): here it is interpolated
     once, by the model's own code, and the graph holds the table at this size (a buffer, in the
-    model's dtype)."""
+    model's dtype). Pixel values in and the states out are float32 in every dtype (a half graph casts
+    at its edges), as every client's processor makes and reads them."""
 
     def __init__(self, model, height: int, width: int):
         super().__init__()
@@ -30,7 +31,7 @@ class ImageStep(torch.nn.Module):
         table = getattr(embeddings, "position_embeddings", None)
         patch = int(model.config.patch_size)
         patches = (height // patch) * (width // patch)
-        if isinstance(table, torch.nn.Parameter) and table.shape[1] - 1 != patches:
+        if embeddings is not None and isinstance(table, torch.nn.Parameter) and table.shape[1] - 1 != patches:
             if "interpolate_pos_encoding" in inspect.signature(model.forward).parameters:
                 self.kwargs["interpolate_pos_encoding"] = True
             shaped = torch.zeros(1, patches + 1, table.shape[-1], dtype=table.dtype)
@@ -38,13 +39,15 @@ class ImageStep(torch.nn.Module):
                 self.positions = embeddings.interpolate_pos_encoding(shaped, height, width).detach()
 
     def forward(self, pixel_values):
+        # float32 in and out whatever the model's dtype: the pixel values its processor makes
+        pixel_values = pixel_values.to(next(self.model.parameters()).dtype)
         if self.positions is None:
             out = self.model(pixel_values=pixel_values, **self.kwargs)
         else:
             embeddings = self.model.embeddings
             with _returning(embeddings, "interpolate_pos_encoding", self.positions):
                 out = self.model(pixel_values=pixel_values, **self.kwargs)
-        return out.last_hidden_state, out.pooler_output
+        return out.last_hidden_state.float(), out.pooler_output.float()
 
 
 @contextlib.contextmanager
@@ -75,6 +78,10 @@ class Image(FM.CacheForm):
 
     def dynamic_axes(self, layout):
         return {"pixel_values": {0: "batch"}}
+
+    def float32_inputs(self, layout):
+        """The pixel values as the model's image processor makes them, in every dtype."""
+        return ("pixel_values",)
 
     def wrapper(self, model, layout):
         return ImageStep(model, layout.extra["height"], layout.extra["width"])

@@ -77,17 +77,17 @@ def processor(source):
     return AutoImageProcessor.from_pretrained(str(folder), use_fast=False)
 
 
-def pixel_values(process, images: list[np.ndarray], dtype=np.float32) -> np.ndarray:
-    """The images as the model takes them ((N, C, size, size) of the export's `dtype`), made by `process`."""
-    return np.asarray(process(images=images, return_tensors="np")["pixel_values"], np.float32).astype(dtype)
+def pixel_values(process, images: list[np.ndarray]) -> np.ndarray:
+    """The images as the model takes them (float32 (N, C, height, width)), made by `process`."""
+    return np.asarray(process(images=images, return_tensors="np")["pixel_values"], np.float32)
 
 
-def check_feed(layout, batch: int, seed: int, dtype=np.float32) -> dict:
+def check_feed(layout, batch: int, seed: int) -> dict:
     """A checked step's feed: `batch` of the set's images at the model's own size, normalised as
-    ViT's processor does (by 0.5: the feed of a step's check needs no folder), in the export's `dtype`."""
+    ViT's processor does (by 0.5: the feed of a step's check needs no folder), float32 in every dtype."""
     images = [drawn(seed * 31 + i, layout.extra["height"], layout.extra["width"]) for i in range(batch)]
     values = (np.stack(images).transpose(0, 3, 1, 2).astype(np.float32) / 255.0 - 0.5) / 0.5
-    return {"pixel_values": values.astype(dtype)}
+    return {"pixel_values": values}
 
 
 def measure(got: np.ndarray, want: np.ndarray, budget: RT.EmbeddingBudget) -> RT.EmbeddingCost:

@@ -14,6 +14,9 @@ from attnexport.pretrained import clients as CL
 from attnexport.pretrained.clients import ClientRun
 from attnexport.pretrained.whisper import ctranslate2
 
+# The transformers.js script this family's Node client runs (beside this module).
+SCRIPT = Path(__file__).with_name("transcribe.mjs")
+
 
 def transcribe(client: str, folder: Path, clips: list, new_tokens: int, threads: int | None = None) -> ClientRun:
     """Greedy transcripts of `clips` (16 kHz float samples) by `client` from a Whisper deployment
@@ -25,7 +28,7 @@ def transcribe(client: str, folder: Path, clips: list, new_tokens: int, threads:
         raise ProviderUnavailableError(f"client {client} is not available: {why}")
     if client == "optimum":
         return _optimum_transcripts(folder, clips, new_tokens, threads)
-    answer = CL.node("transcribe.mjs", {"folder": CL.local(folder),
+    answer = CL.node(SCRIPT, {"folder": CL.local(folder),
                                       "clips": [np.asarray(c).tolist() for c in clips], "max_new_tokens": new_tokens,
                                       "threads": threads or 0})
     return ClientRun("transformers.js", [], answer["tokens"], float(answer["ms"]))

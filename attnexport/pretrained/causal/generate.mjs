@@ -1,6 +1,6 @@
 // Greedy generation with transformers.js (@huggingface/transformers in Node) from a deployment folder
 // that attnexport wrote (export --hf --deploy): the client's own tokenizer, model loading and
-// generation loop, nothing of attnexport's. Called by attnexport/pretrained/clients.py:
+// generation loop, nothing of attnexport's. Called by attnexport/pretrained/causal/clients.py:
 //
 //   node generate.mjs REQUEST.json   (REQUEST: {folder, prompts: [text] | null, ids: [[id]] | null,
 //                                      chats: [[{role, content}]] | null, new_tokens, threads})

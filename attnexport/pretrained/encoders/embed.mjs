@@ -1,7 +1,7 @@
 // Sentence embeddings with transformers.js (@huggingface/transformers in Node) from a deployment
 // folder of a sentence encoder that attnexport wrote (export --hf --deploy): the client's own
 // tokenizer, model loading and feature-extraction pipeline (its pooling and normalisation), nothing
-// of attnexport's. Called by attnexport/pretrained/clients.py:
+// of attnexport's. Called by attnexport/pretrained/encoders/clients.py:
 //
 //   node embed.mjs REQUEST.json   (REQUEST: {folder, texts: [text], pooling: mean|cls, normalize, threads})
 //

@@ -2,7 +2,7 @@
 // folder of a Whisper model that attnexport wrote (export --hf --deploy): the client's own
 // automatic-speech-recognition pipeline (its processor computes the log-mel features, its model
 // loads encoder_model.onnx and decoder_model_merged.onnx and generates greedily), nothing of
-// attnexport's. Called by attnexport/pretrained/clients.py:
+// attnexport's. Called by attnexport/pretrained/whisper/clients.py:
 //
 //   node transcribe.mjs REQUEST.json   (REQUEST: {folder, clips: [[float]] at 16 kHz, max_new_tokens, threads})
 //
