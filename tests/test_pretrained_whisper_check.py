@@ -16,6 +16,7 @@ from conftest import cli  # noqa: E402
 from test_pretrained_whisper_audio import wav  # noqa: E402
 
 from attnexport import runtimes as R  # noqa: E402
+from attnexport.pretrained.encdec import graphs as G  # noqa: E402
 from attnexport.pretrained.whisper import ctranslate2 as CT  # noqa: E402
 from attnexport.pretrained.whisper import export as S  # noqa: E402
 from attnexport.pretrained.whisper import graphs as W  # noqa: E402
@@ -87,12 +88,12 @@ def test_the_decode_property_fails_a_decoder_that_forgets_its_past(whisper_deplo
     """A step with past that drops its self cache but the first position: the transcripts may agree by
     chance, the decode property cannot."""
     folder, _ = whisper_deployed
-    real = W.merged_steps
+    real = G.merged_steps
 
-    def forgetful(run_merged, config):
-        first, later = real(run_merged, config)
+    def forgetful(run_merged, spec):
+        first, later = real(run_merged, spec)
         return first, lambda feed: later({n: (v[:, :, :1] if ".decoder." in n else v) for n, v in feed.items()})
-    monkeypatch.setattr(W, "merged_steps", forgetful)
+    monkeypatch.setattr(G, "merged_steps", forgetful)
     r = cli("verify", folder, "--hf", whisper_folder(), "--runtimes", "ort-cpu", "--json")
     rows = {row["case"].split(":")[0]: row for row in json.loads(r.output)["results"]}
     assert r.exit_code == 1 and not rows["decode"]["passed"] and rows["encoder_model"]["passed"]

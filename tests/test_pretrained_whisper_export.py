@@ -14,6 +14,7 @@ pytest.importorskip("transformers", reason="the [hf] extra: pip install -e '.[de
 import onnx  # noqa: E402
 from conftest import cli  # noqa: E402
 
+from attnexport.pretrained.encdec import graphs as G  # noqa: E402
 from attnexport.pretrained.whisper import ctranslate2 as CT  # noqa: E402
 from attnexport.pretrained.whisper import graphs as W  # noqa: E402
 
@@ -29,7 +30,7 @@ def test_the_export_writes_the_folder_whisper_s_clients_load(whisper_deployed):
     assert json.loads((folder / "preprocessor_config.json").read_text())["feature_size"] == 80
     decoder = onnx.load(folder / "onnx" / "decoder_model_merged.onnx")
     layers = 2
-    assert [i.name for i in decoder.graph.input] == W.merged_inputs(layers)
+    assert [i.name for i in decoder.graph.input] == G.merged_inputs(G.Spec(layers, 1, 1, 1))
     assert [o.name for o in decoder.graph.output] == W.outputs(W.DECODER, layers)
     assert [n.op_type for n in decoder.graph.node] == ["If"]
     encoder = onnx.load(folder / "onnx" / "encoder_model.onnx")

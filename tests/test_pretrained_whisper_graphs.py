@@ -15,6 +15,8 @@ import torch  # noqa: E402
 
 from attnexport import modules as M  # noqa: E402
 from attnexport import runtimes as R  # noqa: E402
+from attnexport.pretrained.encdec import export as ED  # noqa: E402
+from attnexport.pretrained.encdec import graphs as G  # noqa: E402
 from attnexport.pretrained.whisper import audio as AU  # noqa: E402
 from attnexport.pretrained.whisper import check as SC  # noqa: E402
 from attnexport.pretrained.whisper import ctranslate2 as CT  # noqa: E402
@@ -23,12 +25,12 @@ from attnexport.pretrained.whisper import graphs as W  # noqa: E402
 
 
 def _runners(model):
-    modules, layers = W.modules(model), model.config.decoder_layers
+    modules, layers, spec = W.modules(model), model.config.decoder_layers, W.spec(model.config)
 
     def runner(graph):
         def run(feed):
             with torch.no_grad(), M.export_semantics():
-                out = M.outputs_of(modules[graph](*[torch.from_numpy(feed[n]) for n in W.inputs(graph, layers)]))
+                out = M.outputs_of(modules[graph](*[torch.from_numpy(feed[n]) for n in G.inputs(graph, spec)]))
             return dict(zip(W.outputs(graph, layers), [t.numpy() for t in out], strict=True))
         return run
     return [runner(g) for g in W.GRAPHS]
@@ -64,10 +66,10 @@ def test_the_merged_decoder_runs_each_step_as_its_own_graph(whisper_deployed, wh
     folder, _ = whisper_deployed
     model, _ = CT.load(whisper_folder())
     speech = S.Speech.of(model, whisper_folder())
-    checked = S.Checked(speech)
+    checked = ED.Checked(speech)
     merged = R.prepare_onnx("ort-cpu", onnx.load(folder / "onnx" / "decoder_model_merged.onnx"))
-    first, later = W.merged_steps(merged.run, model.config)
+    first, later = G.merged_steps(merged.run, speech.spec)
     for graph, step in ((W.DECODER, first), (W.DECODER_WITH_PAST, later)):
         assert all(checked.comparisons(graph, step(checked.feeds[graph])))
-    full = merged.run(W.merged_feed(checked.feeds[W.DECODER_WITH_PAST], model.config))
+    full = merged.run(G.merged_feed(checked.feeds[W.DECODER_WITH_PAST], speech.spec))
     assert full["present.0.encoder.key"].shape[2] == 0  # the later step's cross presents: empty

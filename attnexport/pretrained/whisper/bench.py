@@ -36,10 +36,11 @@ from attnexport.errors import reason
 from attnexport.pretrained import bench as B
 from attnexport.pretrained import export as hf_export
 from attnexport.pretrained import model as hf
+from attnexport.pretrained.encdec import cost as COST
+from attnexport.pretrained.encdec import graphs as G
 from attnexport.pretrained.whisper import audio as AU
 from attnexport.pretrained.whisper import check as SC
 from attnexport.pretrained.whisper import clients as WC
-from attnexport.pretrained.whisper import cost as SCOST
 from attnexport.pretrained.whisper import ctranslate2 as CT
 from attnexport.pretrained.whisper import export as S
 from attnexport.pretrained.whisper import graphs as W
@@ -167,7 +168,7 @@ def bench_speech(request: SpeechBenchRequest, said=lambda text: None) -> tuple[l
                 continue
             e50, e10, e90 = stats_of(enc)
             t50, t10, t90 = stats_of(whole)
-            agree, wer = SCOST.agreement(got, want, speech.decode)
+            agree, wer = COST.agreement(got, want, speech.decode)
             rows.append(SpeechBenchRow(engine.engine, engine.flavor, engine.precision, e50, e10, e90, t50, t10, t90,
                                        (t50 - e50) / (len(got) + 1), len(got), t50 / (seconds * 1e3), r.threads,
                                        got == want, agree, wer, note=engine.loaded, transcript=got))
@@ -206,7 +207,7 @@ def _attnexport(folder: Path, flavor: str, precision: str, speech: S.Speech, new
         names = [o.name for o in session.get_outputs()]
         return lambda feed: dict(zip(names, session.run(None, feed), strict=True))
     run_encoder = W.typed(runner(encoder), encoder)
-    first, later = W.merged_steps(W.typed(runner(decoder), decoder), speech.model.config)
+    first, later = G.merged_steps(W.typed(runner(decoder), decoder), speech.spec)
 
     def transcribe(features):
         return W.transcribe(run_encoder, first, later, features, speech.tokens, speech.layers, new_tokens)[0]
