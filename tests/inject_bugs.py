@@ -55,7 +55,7 @@ BUGS = [
      [("attnexport/compare.py", "FP32_FACTOR = 4.0", "FP32_FACTOR = 400.0")], False,
      ["tests/test_pretrained_reference.py", "tests/test_compare.py"]),
     ("a whole model's padding compared",
-     [(PRE + "forms.py", '    mask = np.asarray(feed["attention_mask"]).astype(bool)  # (B, past + T)',
+     [(PRE + "causal/forms.py", '    mask = np.asarray(feed["attention_mask"]).astype(bool)  # (B, past + T)',
        '    mask = np.ones_like(np.asarray(feed["attention_mask"]), bool)  # (B, past + T)')], False,
      ["tests/test_pretrained_reference.py"]),
     ("a whole model's float64 reference rounded to float32 inside (the casts kept)",
@@ -68,22 +68,22 @@ BUGS = [
      ["tests/test_oracles.py", "tests/test_models.py", "tests/test_golden.py"]),
     # --- the whole-model and quantization code (2026-11-28); the [hf] tests need transformers ---------
     ("KL measured from the model to fp32 (the other direction)",
-     [(PRE + "accuracy.py", "    kl = kl_per_position(base.eval32, got_eval)",
-       "    kl = kl_per_position(got_eval, base.eval32)")], False,
+     [(PRE + "causal/accuracy.py", "    kl = B.kl_per_position(base.eval32, got_eval)",
+       "    kl = B.kl_per_position(got_eval, base.eval32)")], False,
      ["tests/test_pretrained_causal_accuracy.py", "-k", "hand or nats"]),
     ("KL in bits, not nats",
-     [(PRE + "accuracy.py", "        kl = (np.exp(p) * (p - q)).sum(axis=-1)",
+     [(PRE + "cost.py", "        kl = (np.exp(p) * (p - q)).sum(axis=-1)",
        "        kl = (np.exp(p) * (p - q)).sum(axis=-1) / np.log(2)")], False,
      ["tests/test_pretrained_causal_accuracy.py", "-k", "hand or nats"]),
     ("top-1 of the whole text, not per position",
-     [(PRE + "accuracy.py", "    top1 = float((base.eval32.argmax(-1) == got_eval.argmax(-1)).mean())",
+     [(PRE + "causal/accuracy.py", "    top1 = float((base.eval32.argmax(-1) == got_eval.argmax(-1)).mean())",
        "    top1 = float(base.eval32.argmax() == got_eval.argmax())")], False,
      ["tests/test_pretrained_causal_accuracy.py", "-k", "hand"]),
     ("a first token decided only where fp32 leads by more than the margin",
-     [(PRE + "accuracy.py", "return sum(f == 0 and m >= self.margin", "return sum(f == 0 and m > self.margin")],
+     [(PRE + "causal/accuracy.py", "return sum(f == 0 and m >= self.margin", "return sum(f == 0 and m > self.margin")],
      False, ["tests/test_pretrained_causal_accuracy.py", "-k", "margin"]),
     ("fp32's lead measured to its least likely token, not its second",
-     [(PRE + "accuracy.py", "ranked[:, -1] - ranked[:, -2]", "ranked[:, -1] - ranked[:, 0]")], False,
+     [(PRE + "causal/accuracy.py", "ranked[:, -1] - ranked[:, -2]", "ranked[:, -1] - ranked[:, 0]")], False,
      ["tests/test_pretrained_causal_accuracy.py", "-k", "margin or hand"]),
     ("a run's own failure forgiven where its baseline holds",
      [("attnexport/verify/executor.py", '            row.passed = row.passed and row.baseline["passed"]',
@@ -96,10 +96,10 @@ BUGS = [
        "r.rtol, r.atol,\n                        None)")], False,
      ["tests/test_pretrained_causal_accuracy.py", "-k", "quantized_factor"]),
     ("the logits compared at the block's first positions (left padding read as tokens)",
-     [(PRE + "forms.py", '"logits": mask[:, -block:, None]', '"logits": mask[:, :block, None]')], False,
+     [(PRE + "causal/forms.py", '"logits": mask[:, -block:, None]', '"logits": mask[:, :block, None]')], False,
      ["tests/test_pretrained_reference.py", "-k", "positions"]),
     ("a static buffer's window ending at the write position (the block's own rows not compared)",
-     [(PRE + "forms.py", 'ends = np.asarray(feed["write_pos"]).reshape(-1) + block',
+     [(PRE + "causal/forms.py", 'ends = np.asarray(feed["write_pos"]).reshape(-1) + block',
        'ends = np.asarray(feed["write_pos"]).reshape(-1)')], False,
      ["tests/test_pretrained_reference.py", "-k", "write_position"]),
     ("the check before writing judges the logits only",
@@ -122,29 +122,30 @@ BUGS = [
        "if first is not None and first == node.op_identifier():")], False,
      ["tests/test_export.py", "-k", "shortcut"]),
     ("the Optimum client keeps the prompt's last token as a new one",
-     [(PRE + "clients.py", "tokens.append(out[0, len(ids):].tolist())",
+     [(PRE + "causal/clients.py", "tokens.append(out[0, len(ids):].tolist())",
        "tokens.append(out[0, len(ids) - 1:-1].tolist())")], False, ["tests/test_pretrained_clients.py", "-k", "loop"]),
     ("the static form's write position not advanced after a generated token",
-     [(PRE + "forms.py", "        self.write_pos = self.write_pos + 1",
+     [(PRE + "causal/forms.py", "        self.write_pos = self.write_pos + 1",
        "        self.write_pos = self.write_pos")], False,
      ["tests/test_pretrained_check.py", "-k", "static and llama"]),
     ("a family exports a form it does not declare",
-     [(PRE + "families.py", "        return FM.form(name, self.forms)", "        return FM.form(name)")], False,
-     ["tests/test_pretrained_families.py"]),
+     [(PRE + "registry.py", "        return FM.form(name, self.forms)", "        return FM.form(name)")], False,
+     ["tests/test_pretrained_registry.py", "-k", "own_forms"]),
     # --- the sentence encoders (2026-11-28) ----------------------------------------------------------
     ("an embedding's cosine without the norms",
-     [(PRE + "embeddings.py", "    return v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-300)",
+     [(PRE + "retrieval.py", "    return v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-300)",
        "    return v")], False,
      ["tests/test_pretrained_encoders_measures.py", "-k", "cost_nothing or turned"]),
     ("retrieval ties as wide as the export's error, uncapped",
-     [(PRE + "embeddings.py", "    tie = min(2 * error, budget.tie)", "    tie = 2 * error")], False,
+     [(PRE + "retrieval.py", "    tie = min(2 * error, budget.tie)", "    tie = 2 * error")], False,
      ["tests/test_pretrained_encoders_measures.py", "-k", "tie"]),
     ("an encoder's padding compared",
-     [(PRE + "forms.py", '        return {"last_hidden_state": mask[:, :, None],',
+     [(PRE + "encoders/form.py", '        return {"last_hidden_state": mask[:, :, None],',
        '        return {"last_hidden_state": np.ones_like(mask)[:, :, None],')], False,
      ["tests/test_pretrained_encoders_measures.py", "-k", "embed_form"]),
     ("mean pooling over the padding too",
-     [(PRE + "forms.py", "            pooled = (states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)",
+     [(PRE + "encoders/form.py",
+       "            pooled = (states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)",
        "            pooled = states.mean(dim=1)")], False,
      ["tests/test_pretrained_encoders_measures.py", "-k", "dynamic_batch"]),
     # --- the encoders' ort flavour and per-layer cost (2026-11-29) -------------------------------------
@@ -156,36 +157,37 @@ BUGS = [
        "        s = s + 0 * np.where(key_padding_mask[:, None, None, :] == 0,")], False,
      ["tests/test_pretrained_fusions_encoder.py", "-k", "half"]),
     ("an encoder's per-layer costs with every layer quantized at once",
-     [(PRE + "accuracy.py", "        with as_file_holds(reference.model, onnx_model, {group}), torch.no_grad():",
-       "        with as_file_holds(reference.model, onnx_model, None), torch.no_grad():")], False,
+     [(PRE + "emulate.py", "        with as_file_holds(model, onnx_model, {group}), torch.no_grad():",
+       "        with as_file_holds(model, onnx_model, None), torch.no_grad():")], False,
      ["tests/test_pretrained_encoders_measures.py", "-k", "each_layer"]),
     ("Whisper's decoder self-attention not causal",
-     [(PRE + "whisper.py", "self_attention(layer.self_attn, layer.self_attn_layer_norm(x), True,",
+     [(PRE + "whisper/graphs.py", "self_attention(layer.self_attn, layer.self_attn_layer_norm(x), True,",
        "self_attention(layer.self_attn, layer.self_attn_layer_norm(x), False,")], False,
      ["tests/test_pretrained_whisper_export.py", "-k", "writes_the_folder"]),
     ("Whisper's positions not offset by the past",
-     [(PRE + "whisper.py", "        positions = d.embed_positions.weight[past_len:past_len + input_ids.shape[1]]",
+     [(PRE + "whisper/graphs.py",
+       "        positions = d.embed_positions.weight[past_len:past_len + input_ids.shape[1]]",
        "        positions = d.embed_positions.weight[:input_ids.shape[1]]")], False,
      ["tests/test_pretrained_whisper_export.py", "-k", "writes_the_folder"]),
     ("the log-mel window symmetric, not periodic",
-     [(PRE + "audio.py", "np.arange(N_FFT) / N_FFT)", "np.arange(N_FFT) / (N_FFT - 1))")],
+     [(PRE + "whisper/audio.py", "np.arange(N_FFT) / N_FFT)", "np.arange(N_FFT) / (N_FFT - 1))")],
      False, ["tests/test_pretrained_whisper_audio.py", "-k", "log_mel"]),
     ("the merged decoder's branches swapped",
-     [(PRE + "whisper.py", "then_branch=then_branch,\n                            else_branch=else_branch)",
+     [(PRE + "encdec/graphs.py", "then_branch=then_branch,\n                            else_branch=else_branch)",
        "then_branch=else_branch,\n                            else_branch=then_branch)")],
      False, ["tests/test_pretrained_whisper_export.py", "-k", "writes_the_folder"]),
     ("a quantized Whisper's KL measured against itself",
-     [(PRE + "speech_cost.py", "kl.append(A.kl_per_position(reference[i], got))",
-       "kl.append(A.kl_per_position(got, got))")], False,
+     [(PRE + "encdec/cost.py", "kl.append(B.kl_per_position(reference[i], got))",
+       "kl.append(B.kl_per_position(got, got))")], False,
      ["tests/test_pretrained_whisper_cost.py", "-k", "speech_budget and verify"]),
     ("a quantized Whisper's word errors not counted",
-     [(PRE + "speech_cost.py", "    return d[len(got)]", "    return 0")], False,
+     [(PRE + "encdec/cost.py", "    return d[len(got)]", "    return 0")], False,
      ["tests/test_pretrained_whisper_cost.py", "-k", "word_errors"]),
     ("Whisper's tied head left float",
-     [(PRE + "speech.py", "rewrite=_tied_head if g != W.ENCODER else None", "rewrite=None")], False,
+     [(PRE + "encdec/export.py", "rewrite=_tied_head if g != G.ENCODER else None", "rewrite=None")], False,
      ["tests/test_pretrained_whisper_cost.py", "-k", "matmulnbits"]),
     ("Whisper's static positions not offset by write_pos",
-     [(PRE + "whisper.py", "weight[write_pos.reshape(-1, 1) + torch.arange(input_ids.shape[1])]",
+     [(PRE + "whisper/graphs.py", "weight[write_pos.reshape(-1, 1) + torch.arange(input_ids.shape[1])]",
        "weight[torch.arange(input_ids.shape[1])].expand(input_ids.shape[0], -1, -1)")],
      False, ["tests/test_pretrained_whisper_static.py", "-k", "written_in_place"]),
     ("the merged decoder checked with int8 activations",
@@ -193,45 +195,45 @@ BUGS = [
      ["tests/test_pretrained_whisper_cost.py", "-k", "matmulnbits"]),
     # --- issue 77: the encoders', Whisper's and the reference evaluator's measures (2026-12-02) ------------
     ("an embedding's cosine taken without making the file's embedding unit length",
-     [(PRE + "embeddings.py", "    g, w = unit(got), unit(want)",
+     [(PRE + "retrieval.py", "    g, w = unit(got), unit(want)",
        "    g, w = np.asarray(got, np.float64), unit(want)")],
      False, ["tests/test_pretrained_encoders_measures.py", "-k", "hand_worked"]),
     ("retrieval's k-th score read from the file's own ranking",
-     [(PRE + "embeddings.py", "        kth = np.sort(scores_want[q])[::-1][TOP_K - 1]",
+     [(PRE + "retrieval.py", "        kth = np.sort(scores_want[q])[::-1][TOP_K - 1]",
        "        kth = np.sort(scores_got[q])[::-1][TOP_K - 1]")], False,
      ["tests/test_pretrained_encoders_measures.py", "-k", "hand_worked"]),
     ("q4f16 judged by fp16's embedding budget",
-     [(PRE + "embeddings.py", '_JUDGED_AS = {"q4f16": "int4"}', '_JUDGED_AS = {"q4f16": "fp16"}')], False,
+     [(PRE + "retrieval.py", '_JUDGED_AS = {"q4f16": "int4"}', '_JUDGED_AS = {"q4f16": "fp16"}')], False,
      ["tests/test_pretrained_encoders_measures.py", "-k", "own_embedding_budget"]),
     ("mean pooling over the padding too",
-     [(PRE + "embeddings.py", "        out = (states * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)",
+     [(PRE + "encoders/measures.py", "        out = (states * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)",
        "        out = states.mean(axis=1)")], False,
      ["tests/test_pretrained_encoders_measures.py", "-k", "by_hand"]),
     ("Whisper's teacher-forced KL measured from the file to fp32",
-     [(PRE + "speech_cost.py", "kl.append(A.kl_per_position(reference[i], got))",
-       "kl.append(A.kl_per_position(got, reference[i]))")], False,
+     [(PRE + "encdec/cost.py", "kl.append(B.kl_per_position(reference[i], got))",
+       "kl.append(B.kl_per_position(got, reference[i]))")], False,
      ["tests/test_pretrained_whisper_cost.py", "-k", "hand_worked"]),
     ("Whisper's WER over the file's words, not fp32's",
-     [(PRE + "speech_cost.py", "errors / max(sum(len(w) for _, w in words), 1)",
+     [(PRE + "encdec/cost.py", "errors / max(sum(len(w) for _, w in words), 1)",
        "errors / max(sum(len(g) for g, _ in words), 1)")], False,
      ["tests/test_pretrained_whisper_cost.py", "-k", "hand_worked or word_errors"]),
     ("a near tie judged by fp32's lead over its least likely token",
-     [(PRE + "speech_cost.py", "    return float(chosen - allowed.max())",
+     [(PRE + "encdec/cost.py", "    return float(chosen - allowed.max())",
        "    return float(chosen - allowed[np.isfinite(allowed)].min())")], False,
      ["tests/test_pretrained_whisper_cost.py", "-k", "near_tie or hand_worked"]),
     ("a near tie's clip judged as the file said it, not taken fp32's way",
-     [(PRE + "speech_cost.py", "        judged.append(taken)", "        judged.append(own)")], False,
+     [(PRE + "encdec/cost.py", "        judged.append(taken)", "        judged.append(own)")], False,
      ["tests/test_pretrained_whisper_cost.py", "-k", "hand_worked"]),
     ("CTranslate2 asked for the start and the budget as its max_length (it decodes half)",
-     [(PRE + "speech_bench.py", "    return min(positions, max(2 * new_tokens, start + new_tokens))",
+     [(PRE + "whisper/bench.py", "    return min(positions, max(2 * new_tokens, start + new_tokens))",
        "    return min(positions, start + new_tokens)")], False,
      ["tests/test_pretrained_anchors.py", "-k", "whisper_anchors"]),
     ("CTranslate2's int8 row loaded in float32",
-     [(PRE + "speech_bench.py", '(("fp32", "float32"), ("int8", "int8"))',
+     [(PRE + "whisper/bench.py", '(("fp32", "float32"), ("int8", "int8"))',
        '(("fp32", "float32"), ("int8", "float32"))')],
      False, ["tests/test_pretrained_anchors.py", "-k", "whisper_anchors"]),
     ("an encoder anchor's token states mean-pooled whatever the model says",
-     [(PRE + "embedding_bench.py", "        return E.pooled(states, feed[\"attention_mask\"], pooling, normalize)",
+     [(PRE + "encoders/bench.py", "        return E.pooled(states, feed[\"attention_mask\"], pooling, normalize)",
        "        return E.pooled(states, feed[\"attention_mask\"], \"mean\", True)")], False,
      ["tests/test_pretrained_anchors.py", "-k", "states_alone"]),
     ("the reference's SkipLayerNormalization without its beta",
@@ -248,44 +250,70 @@ BUGS = [
      [("attnexport/runtimes/reference.py", "zip((query, key, value), np.split(bias, 3), strict=True)",
        "zip((query, value, key), np.split(bias, 3), strict=True)")], False, ["tests/test_reference_contrib_ops.py"]),
     ("a truncated WAV read as what it holds",
-     [(PRE + "audio.py", "            if start + size > len(data):", "            if False:")], False,
+     [(PRE + "whisper/audio.py", "            if start + size > len(data):", "            if False:")], False,
      ["tests/test_pretrained_whisper_audio.py"]),
     ("Optimum's Whisper client given the folder as it was named (relative)",
      [(PRE + "clients.py", "    return str(Path(folder).resolve())", "    return str(folder)"),
-      (PRE + "speech.py", "        (staging / GRAPH_DIR / \"generation_config.json\").write_text(generation)\n", "")],
+      (PRE + "encdec/export.py",
+       "        (staging / GRAPH_DIR / \"generation_config.json\").write_text(generation)\n", "")],
      False, ["tests/test_pretrained_whisper_foreign.py", "-k", "last_position"]),
 ]
-src = pathlib.Path(__file__).resolve().parent.parent
-py = sys.executable
-results = []
-only = sys.argv[1:]
-for name, edits, rewrite, tests in BUGS:
-    if only and not any(o in name for o in only):
-        continue
-    dst = pathlib.Path(tempfile.mkdtemp(prefix="attnexport-inject-")) / "checkout"
-    def ignore(folder, names):
-        skip = {".git", ".venv", ".ci-venv", "__pycache__"} | ({"models"} if pathlib.Path(folder) == src else set())
-        return [n for n in names if n in skip]
-    shutil.copytree(src, dst, ignore=ignore)
-    for f, old, new in edits:
-        p = dst / f
-        text = p.read_text()
-        assert old in text, (name, f, old)
-        p.write_text(text.replace(old, new))
-    env = dict(os.environ, PYTHONPATH=str(dst))
-    if rewrite:
-        subprocess.run([py, "-m", "attnexport", "golden", "--write", "--dir", "golden"], cwd=dst, env=env, check=True,
-                       capture_output=True)
-    r = subprocess.run([py, "-m", "pytest", "-q", "-n", "2", "-p", "no:logging", *tests], cwd=dst, env=env,
-                       capture_output=True, text=True)
-    failed = [line.split(" - ")[0].replace("FAILED ", "") for line in r.stdout.splitlines()
-              if line.startswith("FAILED")]
-    last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-300:]
-    results.append((name, r.returncode, failed, last))
-    print(f"{name}: rc={r.returncode} {last}", flush=True)
-    for f in failed[:4]:
-        print("   caught by", f, flush=True)
-    shutil.rmtree(dst.parent, ignore_errors=True)
-missed = [name for name, rc, _, _ in results if rc == 0]
-print("every bug was caught" if not missed else f"NOT caught: {', '.join(missed)}")
-sys.exit(1 if missed else 0)
+SRC = pathlib.Path(__file__).resolve().parent.parent
+# pytest's exit codes that mean a bug went uncaught: 0, every selected test passed; 4, a named test file or
+# option not found; 5, no test selected (a `-k` that matches nothing catches nothing).
+NOT_CAUGHT = (0, 4, 5)
+
+
+def stale(bugs=BUGS) -> list[str]:
+    """The entries that no longer apply to the checkout: an edit whose file or text is gone, a test
+    file that does not exist."""
+    out = []
+    for name, edits, _, tests in bugs:
+        for f, old, _ in edits:
+            path = SRC / f
+            if not path.exists() or old not in path.read_text():
+                out.append(f"{name}: {f} no longer holds {old.strip()[:60]!r}")
+        out += [f"{name}: no test file {t}" for t in tests if t.startswith("tests/") and not (SRC / t).exists()]
+    return out
+
+
+def main(only: list[str]) -> int:
+    py = sys.executable
+    results = []
+    gone = stale()
+    if gone:
+        print("\n".join(gone))
+        return 2
+    for name, edits, rewrite, tests in BUGS:
+        if only and not any(o in name for o in only):
+            continue
+        dst = pathlib.Path(tempfile.mkdtemp(prefix="attnexport-inject-")) / "checkout"
+
+        def ignore(folder, names):
+            skip = {".git", ".venv", ".ci-venv", "__pycache__"} | ({"models"} if pathlib.Path(folder) == SRC else set())
+            return [n for n in names if n in skip]
+        shutil.copytree(SRC, dst, ignore=ignore)
+        for f, old, new in edits:
+            p = dst / f
+            p.write_text(p.read_text().replace(old, new))
+        env = dict(os.environ, PYTHONPATH=str(dst))
+        if rewrite:
+            subprocess.run([py, "-m", "attnexport", "golden", "--write", "--dir", "golden"], cwd=dst, env=env,
+                           check=True, capture_output=True)
+        r = subprocess.run([py, "-m", "pytest", "-q", "-n", "2", "-p", "no:logging", *tests], cwd=dst, env=env,
+                           capture_output=True, text=True)
+        failed = [line.split(" - ")[0].replace("FAILED ", "") for line in r.stdout.splitlines()
+                  if line.startswith("FAILED")]
+        last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-300:]
+        results.append((name, r.returncode, failed, last))
+        print(f"{name}: rc={r.returncode} {last}", flush=True)
+        for f in failed[:4]:
+            print("   caught by", f, flush=True)
+        shutil.rmtree(dst.parent, ignore_errors=True)
+    missed = [name for name, rc, _, _ in results if rc in NOT_CAUGHT]
+    print("every bug was caught" if not missed else f"NOT caught: {', '.join(missed)}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -64,7 +64,7 @@ def test_an_export_and_its_verify_from_python_are_the_command_lines(tmp_path):
 def test_bench_from_python_returns_the_rows_the_command_prints_as_json():
     result = commands.bench("mha", heads=2, dim=16, batch="1", seq="4,8", runtimes=["torch", "ort-cpu"],
                             flavors=["attention"], warmup=0, iters=2, repeat=1)
-    assert not result.language_model and result.title == "mha" and result.plot is None
+    assert result.family is None and result.title == "mha" and result.plot is None
     shapes = {(r.runtime, r.shape_label) for r in result.rows}
     assert len(shapes) == 4 and {rt for rt, _ in shapes} == {"torch", "ort-cpu"}
     rows = result.to_json()

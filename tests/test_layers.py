@@ -3,6 +3,7 @@ private names (a name with a leading underscore is its own module's business).""
 
 import ast
 import functools
+import sys
 from pathlib import Path
 
 import attnexport
@@ -93,6 +94,11 @@ TESTED_ELSEWHERE = {
     "decode_checks": "verify/: test_decode.py", "module_check": "verify/: test_modules.py",
     "pretrained/model": "loading and the step graph's layout: every family's export and verify tests "
                         "(test_pretrained_causal_check.py, test_pretrained_registry.py), test_pretrained_reference.py",
+    "encdec/export": "the encoder-decoder core's export, the family's graphs through it: "
+                     "test_pretrained_whisper_export.py, test_pretrained_whisper_static.py, "
+                     "test_pretrained_whisper_cost.py",
+    "encdec/check": "the encoder-decoder core's verify rows, run by its family: test_pretrained_whisper_check.py, "
+                    "test_pretrained_whisper_foreign.py",
     "pretrained/bench": "bench --hf, run by each family: test_pretrained_causal_bench.py, "
                         "test_pretrained_encoders_bench.py, test_pretrained_whisper_bench.py",
     "fusions/graph": "what the ort flavour's rewrites share: each rewrite's tests (test_pretrained_fusions_*.py)",
@@ -235,3 +241,15 @@ def test_the_benchmarks_use_only_the_public_names_the_package_has():
             if name.startswith("_") or name not in _top_level_names(module):
                 bad.append(f"{path.relative_to(PACKAGE.parent)}: {module}.{name}")
     assert bad == []
+
+
+def test_the_injected_bugs_still_apply_to_the_code():
+    """tests/inject_bugs.py's every bug is an edit of text the checkout still holds, checked by test
+    files that exist: a module moved or a line rewritten without its entry fails here, not when the
+    check is next run by hand."""
+    sys.path.insert(0, str(PACKAGE.parent / "tests"))
+    try:
+        import inject_bugs
+    finally:
+        sys.path.pop(0)
+    assert inject_bugs.stale() == []

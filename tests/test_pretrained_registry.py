@@ -41,6 +41,20 @@ def test_a_config_goes_to_the_family_of_its_architecture_and_any_other_is_told_w
         registry.of_config(_Config(model_type="t5"), "src")
 
 
+def test_a_family_gives_its_own_forms_and_refuses_another_familys():
+    """A form belongs to its family: a language model is never exported in an encoder's embed form
+    nor an encoder in a language model's static form, whatever the forms' table holds."""
+    families = dict(registry.families())
+    lm, encoder = families["causal-lm"], families["feature-extraction"]
+    assert {lm.form(n).name for n in lm.forms} == set(lm.forms)
+    for family in families.values():
+        others = {n for f in families.values() if f is not family for n in f.forms} - set(family.forms)
+        for name in others:
+            with pytest.raises(UsageError):
+                family.form(name)
+    assert "embed" in encoder.forms and "embed" not in lm.forms
+
+
 def test_a_task_no_family_records_is_refused():
     with pytest.raises(UsageError, match="task 'translation' is not one attnexport exports"):
         registry.of_task("translation")

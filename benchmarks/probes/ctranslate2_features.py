@@ -21,11 +21,11 @@ def main() -> None:
     import ctranslate2
 
     from attnexport.pretrained import model as hf
+    from attnexport.pretrained.encdec import cost as COST
     from attnexport.pretrained.whisper import audio as AU
     from attnexport.pretrained.whisper import bench as SB
     from attnexport.pretrained.whisper import check as SC
     from attnexport.pretrained.whisper import clients as whisper_clients
-    from attnexport.pretrained.whisper import cost as SCOST
     from attnexport.pretrained.whisper import export as S
     source, clips = sys.argv[1], sys.argv[2:]
     model, _ = hf.load(source)
@@ -43,7 +43,7 @@ def main() -> None:
             for who, features in fed.items():
                 out = engine.generate(ctranslate2.StorageView.from_array(np.ascontiguousarray(features)),
                                       [speech.start], beam_size=1, max_length=len(speech.start) + 200)
-                agree, wer = SCOST.agreement(whisper_clients.spoken(out[0].sequences_ids[0], speech.end), want,
+                agree, wer = COST.agreement(whisper_clients.spoken(out[0].sequences_ids[0], speech.end), want,
                                              speech.decode)
                 line.append(f"{precision} fed {who}: {agree:.0%} of the tokens, WER {wer:.2f}")
         print("; ".join(line))

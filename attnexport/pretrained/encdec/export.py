@@ -134,7 +134,7 @@ class Checked:
         self.feeds = {G.ENCODER: inputs}
         states = self.run(G.ENCODER, self.feeds[G.ENCODER])["last_hidden_state"]
         later = 1 if static else 2
-        mask = G._mask_of(inputs)
+        mask = G.mask_of(inputs)
         self.feeds[G.DECODER] = self.first_feed(ids[:, :-later], states, mask)
         first = self.run(G.DECODER, self.feeds[G.DECODER])
         caches = {n.replace("present", "past_key_values"): first[n] for n in G.both_names(layers, "present")}

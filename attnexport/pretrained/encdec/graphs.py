@@ -117,7 +117,7 @@ class Tokens:
     suppress_first: tuple[int, ...] = ()
 
 
-def _mask_of(encoder_feed: dict) -> dict:
+def mask_of(encoder_feed: dict) -> dict:
     """The decoder's encoder_attention_mask of an encoder feed that holds a padding mask, else none."""
     return {ENCODER_MASK: encoder_feed["attention_mask"]} if "attention_mask" in encoder_feed else {}
 
@@ -132,7 +132,7 @@ def greedy(run_encoder, run_first, run_later, encoder_feed: dict, tokens: Tokens
     tokens after the start tokens, without the end token."""
     start, end, suppress, suppress_first = list(tokens.start), tokens.end, tokens.suppress, tokens.suppress_first
     batch = next(iter(encoder_feed.values())).shape[0]
-    mask = _mask_of(encoder_feed)
+    mask = mask_of(encoder_feed)
     states = run_encoder(encoder_feed)["last_hidden_state"]
     ids = np.tile(np.asarray(start, np.int64), (batch, 1))
     out = run_first({"input_ids": ids, "encoder_hidden_states": states, **mask})
@@ -332,10 +332,10 @@ def merged(first, later, spec: Spec, name: str = "whisper_decoder_merged"):
             return name if not name or name in outer else names.get(name, prefix + name)
 
         nodes = []
-        for n in graph.node:
+        for k, n in enumerate(graph.node):
             copy = onnx.NodeProto()
             copy.CopyFrom(n)
-            copy.name = prefix + n.name
+            copy.name = prefix + (n.name or f"{n.op_type}_{k}")  # an unnamed node named, so that none meet
             copy.input[:] = [rename(i) for i in n.input]
             copy.output[:] = [rename(o) for o in n.output]
             nodes.append(copy)
