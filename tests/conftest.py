@@ -90,6 +90,14 @@ def tiny_vision(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_seq2seq(tmp_path_factory):
+    """`tiny_seq2seq(arch, **how)`: examples/tiny_seq2seq.py's small random text encoder-decoder (T5 or
+    Marian: a config, its weights, its generation config and a tokenizer), saved once per worker and shared."""
+    module = _example("tiny_seq2seq")
+    return _once_per_worker(tmp_path_factory, "seq2seq", lambda out, arch, **how: module.save(arch, out, **how))
+
+
+@pytest.fixture(scope="session")
 def tiny_whisper():
     """examples/tiny_whisper.py as a module: small random Whispers written as CTranslate2 folders."""
     return _example("tiny_whisper")
@@ -125,7 +133,7 @@ def _work_in_a_temporary_folder(tmp_path_factory, monkeypatch):
 
 # What the suite may leave in the checkout: git's own folder, virtual environments and the
 # interpreter's bytecode caches. Anything else it adds, changes or removes fails the run.
-_OWN = {".git", ".venv", ".ci-venv", "__pycache__", ".pytest_cache"}
+_OWN = {".git", ".venv", ".ci-venv", ".floors-venv", "__pycache__", ".pytest_cache"}  # the tools' and CI's own
 
 
 def checkout_state(root: Path = ROOT) -> dict:
