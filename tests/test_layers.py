@@ -97,6 +97,8 @@ TESTED_ELSEWHERE = {
     "encdec/export": "the encoder-decoder core's export, the family's graphs through it: "
                      "test_pretrained_whisper_export.py, test_pretrained_whisper_static.py, "
                      "test_pretrained_whisper_cost.py",
+    "encdec/layers": "an encoder-decoder's attentions over its modules' parameters, in each family's graphs "
+                     "against transformers: test_pretrained_whisper_graphs.py, test_pretrained_seq2seq_graphs.py",
     "encdec/check": "the encoder-decoder core's verify rows, run by its family: test_pretrained_whisper_check.py, "
                     "test_pretrained_whisper_foreign.py",
     "pretrained/bench": "bench --hf, run by each family: test_pretrained_causal_bench.py, "

@@ -7,7 +7,7 @@ from conftest import ort_as_written as _run
 from onnx import TensorProto, helper, numpy_helper
 
 from attnexport.compare import compare, tolerance
-from attnexport.pretrained.fusions.tied_head import tied_head
+from attnexport.pretrained.fusions.tied_head import folded_head, tied_head
 
 D = 8
 RNG = np.random.default_rng(43)
@@ -48,4 +48,33 @@ def test_a_matrix_only_the_embedding_reads_is_left_as_it_is():
     model, _ = _tied(read_by_head=False)
     before = model.SerializeToString()
     tied_head(model)
+    assert model.SerializeToString() == before
+
+
+def test_a_head_reading_a_folded_copy_of_the_table_keeps_the_copy_alone():
+    """The exporter folded the head's Transpose into a (D, V) constant of its own (T5's scaled head):
+    the graph keeps that one and the embedding gathers its columns."""
+    model, w = _tied()
+    turn = next(n for n in model.graph.node if n.op_type == "Transpose")
+    model.graph.node.remove(turn)
+    model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(w.T), "W.T"))
+    folded_head(model)
+    onnx.checker.check_model(model)
+    assert [(i.name, tuple(i.dims)) for i in model.graph.initializer] == [("W.T", (D, 11))]
+    ids = RNG.integers(0, 11, (2, 3)).astype(np.int64)
+    got = _run(model, {"ids": ids})
+    hidden = w.astype(np.float64)[ids]
+    for name, want in {"hidden": hidden, "logits": hidden @ w.astype(np.float64).T}.items():
+        assert compare(name, got[name], want, tolerance("fp32")), name
+
+
+def test_a_head_whose_matrix_is_not_the_tables_transpose_is_left_as_it_is():
+    model, w = _tied()
+    turn = next(n for n in model.graph.node if n.op_type == "Transpose")
+    model.graph.node.remove(turn)
+    other = w.T.copy()
+    other[0, 0] += 1.0
+    model.graph.initializer.append(numpy_helper.from_array(other, "W.T"))
+    before = model.SerializeToString()
+    folded_head(model)
     assert model.SerializeToString() == before

@@ -17,6 +17,7 @@ from conftest import cli  # noqa: E402
 
 from attnexport.errors import UsageError  # noqa: E402
 from attnexport.pretrained import export as hf_export  # noqa: E402
+from attnexport.pretrained import forms as FM  # noqa: E402
 from attnexport.pretrained import model as hf  # noqa: E402
 from attnexport.pretrained import registry  # noqa: E402
 from attnexport.pretrained.causal import CausalLM  # noqa: E402
@@ -199,6 +200,7 @@ def throwaway_family(tmp_path, monkeypatch):
     monkeypatch.setattr(package, "__path__", [*package.__path__, str(root)])
     monkeypatch.setattr(registry, "PACKAGES", ("throwaway", *registry.PACKAGES))
     monkeypatch.setattr(registry, "FAMILIES", {})
+    monkeypatch.setattr(FM, "FORMS", dict(FM.FORMS))  # its forms gone with it
     yield
     for name in [m for m in sys.modules if m.startswith("attnexport.pretrained.throwaway")]:
         del sys.modules[name]

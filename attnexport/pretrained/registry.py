@@ -24,7 +24,7 @@ from attnexport.errors import UsageError
 from attnexport.pretrained import forms as FM
 
 # The family packages, in the order a config is offered to them (the first that takes it has it).
-PACKAGES = ("causal", "encoders", "whisper", "vision")
+PACKAGES = ("causal", "encoders", "whisper", "vision", "seq2seq")
 # The task of exports made before a step signature recorded one: the first family's, the one there was.
 FIRST_TASK = "causal-lm"
 
@@ -216,10 +216,16 @@ def register(family: Family) -> Family:
 
 
 def families() -> dict[str, Family]:
-    """Every family, each package of PACKAGES imported once (its Family registered)."""
+    """Every family, each package of PACKAGES imported once (its Family registered), in the order of
+    PACKAGES whatever order they were imported in; a family registered from elsewhere (a user's, a
+    test's) before them, in the order registered, so that it takes a config before the built-in ones."""
     for name in PACKAGES:
         importlib.import_module(f"{__package__}.{name}")
-    return FAMILIES
+    rank = {f"{__package__}.{name}": i for i, name in enumerate(PACKAGES)}
+
+    def place(family: Family) -> int:
+        return next((i for module, i in rank.items() if type(family).__module__.startswith(module)), -1)
+    return dict(sorted(FAMILIES.items(), key=lambda item: place(item[1])))
 
 
 def of_config(config, source) -> Family:

@@ -222,7 +222,7 @@ def untied(steps, m, feed: dict, own: list[int], want: list[int], reference: np.
         prefix = list(want[:at + 1])
         if at >= len(want) or len(prefix) >= new_tokens:  # fp32 ended there, or the budget is spent
             return list(want[:new_tokens]), ties
-        forced = G.Tokens((*tokens.start, *prefix), tokens.end, tokens.suppress, ())
+        forced = G.Tokens((*tokens.start, *prefix), tokens.end, tokens.suppress, (), tokens.forced_end)
         rest = G.greedy(steps[0], steps[1], steps[2], feed, forced, m.layers, new_tokens - len(prefix))[0]
         got = prefix + rest
 

@@ -109,12 +109,14 @@ def cache_pairs(layers: int) -> dict[str, str]:
 @dataclass(frozen=True)
 class Tokens:
     """What a greedy loop needs of the tokenizer and the generation config: the start tokens, the
-    end token, the tokens never picked and those not picked first."""
+    end token, the tokens never picked and those not picked first, and whether the end token is
+    forced at the budget's last position (a generation config's `forced_eos_token_id`)."""
 
     start: tuple[int, ...]
     end: int
     suppress: tuple[int, ...] = ()
     suppress_first: tuple[int, ...] = ()
+    forced_end: bool = False
 
 
 def mask_of(encoder_feed: dict) -> dict:
@@ -127,9 +129,10 @@ def greedy(run_encoder, run_first, run_later, encoder_feed: dict, tokens: Tokens
     """Greedy decoding of a batch (`encoder_feed`: the encoder's inputs), the loop a client writes:
     the encoder once, the first decoder step over the start tokens (its cross cache kept), then a
     token a step with the self cache fed back, until every sequence has said the end token or
-    `max_tokens`; `tokens.suppress` are never picked, `tokens.suppress_first` not as the first token.
-    Each `run_*(feed) -> {output: array}` runs one graph on any runtime. Returns each sequence's
-    tokens after the start tokens, without the end token."""
+    `max_tokens`; `tokens.suppress` are never picked, `tokens.suppress_first` not as the first token,
+    and with `tokens.forced_end` the last token of the budget is the end token (as transformers'
+    generate forces it). Each `run_*(feed) -> {output: array}` runs one graph on any runtime. Returns
+    each sequence's tokens after the start tokens, without the end token."""
     start, end, suppress, suppress_first = list(tokens.start), tokens.end, tokens.suppress, tokens.suppress_first
     batch = next(iter(encoder_feed.values())).shape[0]
     mask = mask_of(encoder_feed)
@@ -144,7 +147,7 @@ def greedy(run_encoder, run_first, run_later, encoder_feed: dict, tokens: Tokens
         logits[:, list(suppress)] = -np.inf
         if step == 0:
             logits[:, list(suppress_first)] = -np.inf
-        token = np.where(done, end, logits.argmax(-1))
+        token = np.where(done | (tokens.forced_end and step == max_tokens - 1), end, logits.argmax(-1))
         for b in range(batch):
             if not done[b] and token[b] != end:
                 said[b].append(int(token[b]))
@@ -343,10 +346,10 @@ def merged(first, later, spec: Spec, name: str = "whisper_decoder_merged"):
         produced = {o.name: rename(o.name) for o in graph.output}
         produced.update({o: prefix + o for o in outputs if o not in produced})
         return helper.make_graph(nodes, prefix.rstrip("/"), [], [
-            helper.make_tensor_value_info(produced[o], elem_type, None) for o in outputs])
+            helper.make_tensor_value_info(produced[o], types[o], None) for o in outputs])
 
     names = outputs(DECODER, layers)
-    elem_type = first.graph.output[0].type.tensor_type.elem_type
+    types = {o.name: o.type.tensor_type.elem_type for o in first.graph.output}  # each output's own element type
     # A later step's cross presents: empty, (batch, heads, 0, head size). The clients keep the cross cache
     # the first step returned (Optimum binds none, transformers.js reads its own); passing the pasts
     # through would copy them every step (ONNX Runtime copies an If's outputs: 1.8 ms of a 9 ms token).

@@ -37,18 +37,54 @@ def tied_head(model: onnx.ModelProto) -> None:
             for i, x in enumerate(node.input):
                 if x == turn.output[0]:
                     node.input[i] = flipped
-        rank = rank_of(model, gather.input[1])
-        if rank is None:
-            raise ExportError(f"the rank of {gather.input[1]} is not known")
-        out = gather.output[0]
-        columns = f"{out}_columns"
-        gather.input[0], gather.output[0] = flipped, columns
-        kept = [a for a in gather.attribute if a.name != "axis"]
-        del gather.attribute[:]
-        gather.attribute.extend([*kept, helper.make_attribute("axis", 1)])
-        order = list(model.graph.node)
-        order.remove(turn)
-        order.insert(order.index(gather) + 1, helper.make_node(
-            "Transpose", [columns], [out], f"{gather.name}_model_axis_last", perm=[*range(1, rank + 1), 0]))
-        del model.graph.node[:]
-        model.graph.node.extend(order)
+        _gather_columns(model, gather, flipped, turn)
+
+
+def folded_head(model: onnx.ModelProto) -> None:
+    """The same, where the exporter folded the head's Transpose into a constant of its own: an
+    embedding's table (V, D) gathered on axis 0 and a MatMul reading an initializer that holds its
+    transpose (D, V) exactly (T5's head, scaled before it reads the table) keep the (D, V) one, which
+    the embedding gathers the columns of."""
+    inits = {i.name: i for i in model.graph.initializer}
+    readers: dict = {}
+    for node in model.graph.node:
+        for name in node.input:
+            if name in inits:
+                readers.setdefault(name, []).append(node)
+    heads: dict = {}  # (D, V) initializers a MatMul reads, by their transpose's bytes
+    for name, nodes in readers.items():
+        if len(inits[name].dims) == 2 and all(n.op_type == "MatMul" and n.input[1] == name for n in nodes):
+            w = numpy_helper.to_array(inits[name]).T
+            heads.setdefault((w.shape, w.dtype.str, w.tobytes()), []).append(name)
+    for name, nodes in readers.items():
+        if [n.op_type for n in nodes] != ["Gather"] or len(inits[name].dims) != 2:
+            continue
+        gather = nodes[0]
+        table = numpy_helper.to_array(inits[name])
+        twins = heads.get((table.shape, table.dtype.str, table.tobytes()), [])
+        if attr(gather, "axis", 0) != 0 or gather.input[0] != name or not twins:
+            continue
+        model.graph.initializer.remove(inits[name])
+        _gather_columns(model, gather, twins[0])
+
+
+def _gather_columns(model: onnx.ModelProto, gather, flipped: str, dropped=None) -> None:
+    """`gather` (axis 0 of a (V, D) table) made to gather the columns of `flipped`, the (D, V)
+    matrix the head reads, with the model axis put last after it (`dropped`: a node that no longer
+    has a use, the Transpose the head read)."""
+    rank = rank_of(model, gather.input[1])
+    if rank is None:
+        raise ExportError(f"the rank of {gather.input[1]} is not known")
+    out = gather.output[0]
+    columns = f"{out}_columns"
+    gather.input[0], gather.output[0] = flipped, columns
+    kept = [a for a in gather.attribute if a.name != "axis"]
+    del gather.attribute[:]
+    gather.attribute.extend([*kept, helper.make_attribute("axis", 1)])
+    order = list(model.graph.node)
+    if dropped is not None:
+        order.remove(dropped)
+    order.insert(order.index(gather) + 1, helper.make_node(
+        "Transpose", [columns], [out], f"{gather.name}_model_axis_last", perm=[*range(1, rank + 1), 0]))
+    del model.graph.node[:]
+    model.graph.node.extend(order)

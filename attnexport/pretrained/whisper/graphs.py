@@ -18,7 +18,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from attnexport.models.core import attend, attend_static
 from attnexport.pretrained.encdec import graphs as G
 from attnexport.pretrained.encdec.graphs import (
     DECODER,
@@ -36,7 +35,7 @@ from attnexport.pretrained.encdec.graphs import (
     self_names,
     typed,
 )
-from attnexport.semantics import Core
+from attnexport.pretrained.encdec.layers import cross_attention, cross_kv, self_attention, self_attention_static
 
 __all__ = ["DECODER", "DECODER_WITH_PAST", "ENCODER", "GRAPHS", "MERGED", "MERGED_STATIC", "USE_CACHE", "WRITE_POS",
            "Tokens", "both_names", "cross_names", "outputs", "self_names", "typed", "spec", "modules", "transcribe"]
@@ -50,52 +49,6 @@ def spec(config) -> G.Spec:
 
 
 # --- the torch graphs ----------------------------------------------------------------------------
-
-def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """(B, T, H * d) -> (B, H, T, d)."""
-    b, t, _ = x.shape
-    return x.reshape(b, t, heads, -1).transpose(1, 2)
-
-
-def _merged(x: torch.Tensor) -> torch.Tensor:
-    """(B, H, T, d) -> (B, T, H * d)."""
-    b, h, t, d = x.shape
-    return x.transpose(1, 2).reshape(b, t, h * d)
-
-
-def _core(attn, causal: bool) -> Core:
-    return Core(attn.head_dim ** -0.5, causal)
-
-
-def self_attention(attn, x, causal: bool, past=None):
-    """A self-attention (transformers' WhisperAttention's parameters) through the core: returns
-    (output, the keys, the values), the past's positions first where there is one."""
-    q, k, v = (_heads(p(x), attn.num_heads) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-    a = attend(q, k, v, cache=past, core=_core(attn, causal))
-    if a.present_key is not None and a.present_value is not None:  # the past's positions, then the block's
-        k, v = a.present_key, a.present_value
-    return attn.out_proj(_merged(a.output)), k, v
-
-
-def self_attention_static(attn, x, buffers, write_pos):
-    """A causal self-attention over fixed buffers (key, value) (B, H, max_seq, d): the block's keys
-    and values written at write_pos, attention over each sequence's written prefix (attnexport's
-    static core). Returns (output, the key buffer, the value buffer)."""
-    q, k, v = (_heads(p(x), attn.num_heads) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-    out, key, value = attend_static(q, k, v, buffers, write_pos, _core(attn, True))
-    return attn.out_proj(_merged(out)), key, value
-
-
-def cross_kv(attn, states) -> tuple[torch.Tensor, torch.Tensor]:
-    """A cross-attention's keys and values of the encoder's output (B, H, S, d): what the first step
-    computes once."""
-    return _heads(attn.k_proj(states), attn.num_heads), _heads(attn.v_proj(states), attn.num_heads)
-
-
-def cross_attention(attn, x, key, value):
-    q = _heads(attn.q_proj(x), attn.num_heads)
-    return attn.out_proj(_merged(attend(q, key, value, core=_core(attn, False)).output))
-
 
 def _feed_forward(layer, x):
     return layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(x))))
