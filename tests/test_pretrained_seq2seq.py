@@ -23,6 +23,8 @@ def test_the_family_takes_its_architectures_and_knows_its_folders(arch, tiny_seq
     assert isinstance(family, Text2Text) and family.task == "text2text-generation"
     model, source = hf.load(folder, None)
     assert source == f"given: {folder.name}" and registry.of_model(model) is family
+    if arch == "t5":
+        return  # one export shows the folder (test_pretrained_seq2seq_check.py exports T5's)
     out = tmp_path / "deployed"
     r = cli("export", "--hf", folder, "--deploy", out)
     assert r.exit_code == 0, r.output
