@@ -161,7 +161,7 @@ def test_refusals_are_one_line_and_exit_2(folders, tmp_path):
         assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output, (args, r.output)
     (tmp_path / "enc").mkdir()
     import transformers
-    transformers.T5Config(architectures=["T5ForConditionalGeneration"]).save_pretrained(tmp_path / "enc")
+    transformers.BartConfig(architectures=["BartForConditionalGeneration"]).save_pretrained(tmp_path / "enc")
     r = run("export", "--hf", tmp_path / "enc")
     assert r.exit_code == 2 and "not a causal language model" in r.output
 

@@ -77,6 +77,7 @@ def test_a_source_and_an_export_are_recognized_by_what_they_say_not_by_their_fil
     for name in ("encoder_model.onnx", "decoder_model_merged.onnx"):
         (t5 / "onnx" / name).write_bytes(b"")
     assert not registry.of_task("automatic-speech-recognition").exported(t5)
+    assert registry.of_export(t5).task == "text2text-generation"  # the text encoder-decoders' own
 
 
 class HeadOnly(CausalLM):
