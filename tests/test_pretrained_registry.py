@@ -56,6 +56,22 @@ def test_a_family_gives_its_own_forms_and_refuses_another_familys():
     assert "embed" in encoder.forms and "embed" not in lm.forms
 
 
+@pytest.mark.parametrize("task, own, other", [
+    ("causal-lm", "kl-mean=0.1", "cosine=0.5"),
+    ("feature-extraction", "cosine=0.5", "kl-mean=1e-8"),
+    ("image-feature-extraction", "retrieval=0.8", "kl-mean=1e-8"),
+    ("automatic-speech-recognition", "wer=0.2", "cosine=0.5"),
+    ("text2text-generation", "agreement=0.5", "cosine=0.5"),
+])
+def test_budget_is_parsed_by_the_family_s_own_budget(task, own, other):
+    """`verify --budget` goes to the family's budget: its own limits taken, another family's refused in
+    one line (an encoder's once took the language models' and judged by a fixed table)."""
+    family = registry.of_task(task)
+    assert family.budget(own) is not None
+    with pytest.raises(UsageError):
+        family.budget(other)
+
+
 def test_a_task_no_family_records_is_refused():
     with pytest.raises(UsageError, match="task 'translation' is not one attnexport exports"):
         registry.of_task("translation")
