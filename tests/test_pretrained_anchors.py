@@ -14,9 +14,9 @@ pytest.importorskip("optimum.exporters.onnx", reason="optimum-onnx: pip install 
 
 from test_pretrained_whisper_audio import wav  # noqa: E402
 
+from attnexport.pretrained.encdec import cost as COST  # noqa: E402
 from attnexport.pretrained.encoders import bench as EB  # noqa: E402
 from attnexport.pretrained.whisper import bench as SB  # noqa: E402
-from attnexport.pretrained.whisper import cost as SCOST  # noqa: E402
 from attnexport.pretrained.whisper import export as S  # noqa: E402
 
 
@@ -64,7 +64,7 @@ def test_the_whisper_anchors_load_their_precision_and_transcribe_as_transformers
     assert by[("ctranslate2", "fp32")].note.endswith("compute_type float32")
     assert by[("ctranslate2", "int8")].note.endswith("compute_type int8_float32")
     for row in rows:  # agreement and WER against transformers' transcript, as the row says
-        agreement, wer = SCOST.agreement(row.transcript, want, lambda tokens: " ".join(map(str, tokens)))
+        agreement, wer = COST.agreement(row.transcript, want, lambda tokens: " ".join(map(str, tokens)))
         assert row.agreement == pytest.approx(agreement) and row.equal == (row.transcript == want)
 
 

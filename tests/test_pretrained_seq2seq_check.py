@@ -38,7 +38,7 @@ def deployed(tiny_seq2seq, tmp_path_factory):
 
 @pytest.mark.parametrize("arch", ["t5", "marian"])
 def test_verify_generates_what_transformers_generates_on_every_runtime(arch, deployed, tiny_seq2seq):
-    report = verify_hf(HFCheck(deployed(arch), tiny_seq2seq(arch), runtimes=RUNTIMES, new_tokens=24))
+    report = verify_hf(HFCheck(deployed(arch), tiny_seq2seq(arch), runtimes=RUNTIMES, new_tokens=16))
     assert report.ok, [(r.case, r.runtime, r.error) for r in report.failures]
     cases = {r.case.split(":")[0] for r in report.rows}
     assert {"encoder_model", "decoder_model_merged", "decode", "outputs"} <= cases

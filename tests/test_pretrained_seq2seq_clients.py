@@ -38,7 +38,7 @@ def test_each_client_generates_what_transformers_generates_from_the_folder(clien
     _available(client)
     source, folder = deployed[arch]
     r = cli("verify", str(folder), "--hf", str(source), "--runtimes", "ort-cpu", "--clients", client,
-            "--new-tokens", "20", "--json")
+            "--new-tokens", "12", "--json")
     assert r.exit_code == 0, r.output
     (row,) = [x for x in json.loads(r.output)["results"] if x["case"].startswith("client")]
     assert row["passed"] and row["runtime"] == client
