@@ -273,11 +273,6 @@ BUGS = [
      [(PRE + "encdec/graphs.py", "(tokens.forced_end and step == max_tokens - 1)",
        "(False and step == max_tokens - 1)")],
      False, ["tests/test_pretrained_seq2seq_check.py", "-k", "every_runtime and marian"]),
-    ("a quantized tied head's file model left float",
-     [(PRE + "encdec/export.py",
-       "readers = [mod for mod in modules[g].modules() if isinstance(mod, torch.nn.Linear) and mod.weight is param]",
-       "readers = [m for m in [modules[g].get_submodule(name.rsplit('.', 1)[0])] if isinstance(m, torch.nn.Linear)]")],
-     False, ["tests/test_pretrained_seq2seq_check.py", "-k", "int8"]),
 ]
 SRC = pathlib.Path(__file__).resolve().parent.parent
 # pytest's exit codes that mean a bug went uncaught: 0, every selected test passed; 4, a named test file or

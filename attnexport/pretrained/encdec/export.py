@@ -397,12 +397,10 @@ def file_model(m: Model, graphs: dict):
     modules = m.modules(held)
     for g, onnx_model in graphs.items():
         for name, value in P.dequantized_params(onnx_model).items():
-            param = modules[g].get_parameter(name)
-            # The Linears that compute with it: its own, or a head tied to an embedding table (T5's lm_head
-            # is the table torch names the parameter after, the graph quantizing the head's reading of it).
-            readers = [mod for mod in modules[g].modules() if isinstance(mod, torch.nn.Linear) and mod.weight is param]
-            for linear in readers:
-                linear.weight = torch.nn.Parameter(torch.from_numpy(value), requires_grad=False)
+            path, attribute = name.rsplit(".", 1)
+            owner = modules[g].get_submodule(path)
+            if isinstance(owner, torch.nn.Linear) and attribute == "weight":
+                owner.weight = torch.nn.Parameter(torch.from_numpy(value), requires_grad=False)
     return held
 
 
