@@ -10,6 +10,7 @@ The package's modules are imported when first read from it (most import torch an
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 from attnexport.pretrained import registry
@@ -43,7 +44,9 @@ class Text2Text(registry.Family):
         return self.module("check").verify(check)
 
     def budget(self, text):
-        return self.module("check").GenerationBudget().with_overrides(text)
+        """The encoder-decoder core's budget (`encdec.cost.AnswerBudget`), said of generated outputs in
+        verify's rows, with `--budget` applied."""
+        return importlib.import_module("attnexport.pretrained.encdec.cost").AnswerBudget().with_overrides(text)
 
     def bench(self, source, told, said):
         return self.module("bench").from_options(source, told, said)

@@ -9,30 +9,15 @@ ORTModelForSeq2SeqLM, transformers.js' text2text-generation pipeline).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from attnexport.errors import UsageError
 from attnexport.pretrained import model as hf
 from attnexport.pretrained import registry
 from attnexport.pretrained.encdec import check as EC
-from attnexport.pretrained.encdec import cost as COST
 from attnexport.pretrained.seq2seq import Text2Text
 from attnexport.pretrained.seq2seq import clients as SC
 from attnexport.pretrained.seq2seq import texts as T
-
-
-@dataclass(frozen=True)
-class GenerationBudget(COST.AnswerBudget):
-    """The generation accuracy budget (`encdec.cost.AnswerBudget`'s limits: mean KL, top-1, the
-    outputs' token agreement and WER), said of generated outputs."""
-
-    def with_overrides(self, text: str | None) -> GenerationBudget:
-        return super().with_overrides(text)  # type: ignore[return-value]
-
-    def text(self, answer: str = "output") -> str:
-        return super().text(answer)
 
 
 class _Verify(EC.Verify):
