@@ -31,6 +31,7 @@ from attnexport import flavors as FL
 from attnexport import modules as M
 from attnexport import runtimes as R
 from attnexport import target as T
+from attnexport import usage as U
 from attnexport import variants as V
 from attnexport import weights as W
 from attnexport.compare import compare, past_ends_zeroed, tolerance
@@ -586,8 +587,9 @@ def stamp(model, meta: ExportRecord, what: str) -> None:
     model.ir_version = onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
     replace(meta, version=__version__, torch_version=torch.__version__.split("+")[0]).write(model)
     try:
-        onnx.checker.check_model(model, full_check=True)
-        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+        checked = W.skeleton(model)  # what the checks read, without a copy of the weights
+        onnx.checker.check_model(checked, full_check=True)
+        onnx.shape_inference.infer_shapes(checked, check_type=True, strict_mode=True, data_prop=True)
     except Exception as e:  # noqa: BLE001 - any failure of onnx's checks is the export's error, said in one line
         raise ExportError(f"the exported {what} model fails onnx checks: {first_line(e)}") from None
 
@@ -646,6 +648,7 @@ class ModuleExportResult:
     model: onnx.ModelProto | None = field(default=None, repr=False)
     outputs: list = field(default_factory=list)  # the model's output names
     recognized: list = field(default_factory=list)  # attention found in the traced program (recognize.Found)
+    resources: dict | None = None  # a whole model's: wall time and resident memory, phase by phase (usage.Meter)
 
     def summary(self) -> str:
         line = (f"{self.path}: {self.module}, flavor {self.flavor}, opset {self.opset}, {self.dtype}, attention op "
@@ -657,7 +660,8 @@ class ModuleExportResult:
         return {"path": str(self.path), "module": self.module, "flavor": self.flavor, "opset": self.opset,
                 "dtype": self.dtype, "attention_op": self.attention_op, "routed": self.routed,
                 "dynamic": self.dynamic, "checked": self.checked, "outputs": self.outputs, "size": self.size,
-                "notes": self.notes, "recognized": [vars(f) for f in self.recognized]}
+                "notes": self.notes, "recognized": [vars(f) for f in self.recognized],
+                **({"resources": self.resources} if self.resources is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -708,6 +712,10 @@ class ModuleExport:
             is skipped (it took about half of SmolLM2's export, for nothing the fusions keep).
         float32_inputs: the inputs (by `input_names`) kept in float32 whatever the dtype: the
             module casts them itself (a vision transformer's pixel values, as clients make them).
+        external_data: write the weights into one file beside the graph (`files.data_file`:
+            `model.onnx` -> `model.onnx_data`) before the check, which then loads the graph from
+            there (`check` is given its path): the weights are held once, on disk, and a model
+            above protobuf's 2 GB limit can be written at all. Needs `output` and `check`.
     """
 
     flavor: str = FL.DEFAULT
@@ -726,13 +734,14 @@ class ModuleExport:
     record: dict | None = None
     model_sizes: dict | None = None
     write_pos: str | None = None
-    check: Callable[[onnx.ModelProto], list] | None = None
+    check: Callable[[Any], list] | None = None  # given the ModelProto, or with external_data the staged graph's path
     rewrite: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None
     rtol: float | None = None
     atol: float | None = None
     optimized_by_rewrite: bool = False
     float32_inputs: tuple = ()
     finalize: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None
+    external_data: bool = False
 
 
 @dataclass
@@ -793,7 +802,8 @@ def export_module(module, example_inputs, request: ModuleExport | None = None, *
                          "for a fully masked row by its own definition")
     if r.output is not None:
         F.resolve_target(Path(r.output))
-    t = _module_trace(module, tuple(example_inputs), r)
+    with U.phase("copy"):
+        t = _module_trace(module, tuple(example_inputs), r)
     traced, found, model = _trace_to_onnx(t, opset)
     missed = [f for f in found if f.reason]
     # Calls routed: the core's nodes in the traced program (tracing may run forward more than once).
@@ -811,14 +821,33 @@ def export_module(module, example_inputs, request: ModuleExport | None = None, *
     meta = replace(meta, **(r.record or {}))
     params = {k: v.detach().float().numpy() for k, v in t.module.state_dict().items()}
     if r.rewrite is not None:
-        model = r.rewrite(model)
+        with U.phase("rewrite"):
+            model = r.rewrite(model)
     caches = tuple(replace(c, axis=cache_axes[c.past]) for c in t.target.signature.caches)
-    model, op_name = finish(model, Finishing(r.flavor, opset, r.dtype, r.name, bool(calls)), params, meta,
-                            StepSignature(caches=caches, write_pos=write, model=r.model_sizes))
+    with U.phase("finish"):
+        model, op_name = finish(model, Finishing(r.flavor, opset, r.dtype, r.name, bool(calls)), params, meta,
+                                StepSignature(caches=caches, write_pos=write, model=r.model_sizes))
     if r.finalize is not None:
-        model = r.finalize(model)
-    checked = r.check(model) if r.check is not None else \
-        _check_other_sizes(t, model, kept, set() if write else {kept[n][a] for n, a in cache_axes.items()}, write)
+        with U.phase("quantize"):
+            model = r.finalize(model)
+    staged = None
+    if r.external_data:
+        if r.output is None or r.check is None:
+            raise ValueError("external_data needs an output and a check")
+        with U.phase("write"):
+            staged = F.stage_external(model, Path(r.output))
+            # The graph read back as a new message: protobuf frees the one that held the weights
+            # only when it goes (clearing its fields keeps their memory in its arena).
+            model = onnx.load(str(staged.graph), load_external_data=False)
+    try:
+        with U.phase("check"):
+            checked = r.check(str(staged.graph) if staged else model) if r.check is not None else \
+                _check_other_sizes(t, model, kept, set() if write else {kept[n][a] for n, a in cache_axes.items()},
+                                   write)
+    except BaseException:
+        if staged is not None:
+            staged.discard()
+        raise
     version = torch.__version__.split("+")[0]
     semantics = ["fully masked query rows give NaN, as in torch (--nan-rows)"] if r.nan_rows else \
         [M.SEMANTICS_NOTE.format(version=version) + " (--nan-rows keeps torch's)"] if torch_nan else []
@@ -829,12 +858,18 @@ def export_module(module, example_inputs, request: ModuleExport | None = None, *
     static = [f"{n} axis {a}" for n, axes in t.dims[1].items() for a in axes if a not in kept.get(n, {})]
     if static:
         notes.append(f"fixed by the model (not symbolic): {', '.join(static)}")
-    data = model.SerializeToString(deterministic=True)
-    path = None
-    if r.output is not None:
-        path = Path(r.output)
-        F.atomic_write(path, data)
-    return ModuleExportResult(path, r.name, r.flavor, opset, r.dtype, op_name, len(calls), kept, checked, len(data),
+    with U.phase("write"):
+        path = None
+        if staged is not None:
+            path, size = staged.commit(), staged.size
+        else:
+            data = model.SerializeToString(deterministic=True)
+            size = len(data)
+            if r.output is not None:
+                path = Path(r.output)
+                F.atomic_write(path, data)
+            del data
+    return ModuleExportResult(path, r.name, r.flavor, opset, r.dtype, op_name, len(calls), kept, checked, size,
                               notes, model, [o.name for o in model.graph.output], found)
 
 
@@ -845,7 +880,7 @@ def _module_trace(module, example_inputs: tuple, r: ModuleExport) -> _ModuleTrac
     tdtype = D.torch_dtype(r.dtype)
     kept = {i for i, n in enumerate(r.input_names or []) if n in r.float32_inputs}
     args = tuple(t.to(tdtype) if t.is_floating_point() and i not in kept else t for i, t in enumerate(example_inputs))
-    module = copy.deepcopy(module).to(tdtype).eval()  # the caller's module keeps its dtype and mode
+    module = _in_dtype(module, tdtype)
     target = T.of_module(module, args, r.name, r.input_names, r.output_names, r.cache, r.write_pos)
     names, cache = list(target.inputs), target.signature.pairs
     asked = r.dynamic
@@ -956,6 +991,15 @@ def static_probes(args, names, kept, cache: dict, write, seed: int) -> list:
     return out
 
 
+def _in_dtype(module, tdtype):
+    """The module in `tdtype` and eval mode, the caller's left as it was: itself where it is so
+    already (a whole model is not held twice), else a copy."""
+    floats = [t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()]
+    if not any(m.training for m in module.modules()) and all(t.dtype == tdtype for t in floats):
+        return module
+    return copy.deepcopy(module).to(tdtype).eval()
+
+
 def _trace_to_onnx(t: _ModuleTrace, opset: int):
     """torch.export's program of the module, its attention routed through the core (what was not
     recognized stops a fused flavour unless allowed), and the ONNX model of it: (program, found, model)."""
@@ -966,7 +1010,7 @@ def _trace_to_onnx(t: _ModuleTrace, opset: int):
 
     r = t.request
     with M.routed(), (torch_dead_rows() if r.nan_rows else contextlib.nullcontext()):
-        with export_errors(r.name), _quiet(), torch_sped_up():
+        with export_errors(r.name), _quiet(), torch_sped_up(), U.phase("trace"):
             traced = torch.export.export(t.module, t.args, dynamic_shapes=_by_signature(t.module, t.dims[0]))
         found = recognize.route(traced)
         missed = [f for f in found if f.reason]
@@ -975,9 +1019,11 @@ def _trace_to_onnx(t: _ModuleTrace, opset: int):
             raise ExportError(f"{r.name}: attention at {f.where} was not recognized ({f.reason}); the {r.flavor} "
                               "flavor would compute it with MatMul+Softmax outside its fused op. --allow-unfused "
                               "exports it so (--flavor primitives computes all attention that way)")
-        program = to_onnx(traced, t.args, flavor=r.flavor, opset=opset, input_names=t.names,
-                          output_names=t.out_names, what=r.name, optimize=not r.optimized_by_rewrite)
-    return traced, found, program.model_proto
+        with U.phase("to onnx"):
+            program = to_onnx(traced, t.args, flavor=r.flavor, opset=opset, input_names=t.names,
+                              output_names=t.out_names, what=r.name, optimize=not r.optimized_by_rewrite)
+            proto = program.model_proto
+    return traced, found, proto
 
 
 def _by_signature(module, shapes: tuple) -> tuple:

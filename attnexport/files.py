@@ -177,6 +177,99 @@ def write_folder(folder: Path, fill) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+# External data: a whole model's weights in one file beside its graph, named after it
+# (`model.onnx` -> `model.onnx_data`, the name Optimum and transformers.js read). Each tensor of
+# EXTERNAL_MIN bytes or more starts at a multiple of EXTERNAL_ALIGN, so that ONNX Runtime maps it
+# in place rather than reading a copy (the allocation granularity: the page here, 64 KiB on Windows).
+EXTERNAL_MIN = 1024
+EXTERNAL_ALIGN = 1 << 16
+
+
+def data_file(graph: str | Path) -> Path:
+    """The external data file of the graph at `graph`: beside it, its name + `_data`."""
+    graph = Path(graph)
+    return graph.with_name(graph.name + "_data")
+
+
+class Staged:
+    """A graph and its external data written to a temporary folder beside their targets (see
+    `stage_external`): `graph` is what a check loads; `commit()` renames both into place (the data
+    first, so the graph in place never names data that is not there yet), `discard()` removes them."""
+
+    def __init__(self, folder: Path, target: Path, size: int):
+        self.folder, self.target, self.size = folder, target, size
+        self.graph = folder / target.name
+        self.data = data_file(self.graph)
+
+    def commit(self) -> Path:
+        try:
+            for staged, target in ((self.data, data_file(self.target)), (self.graph, self.target)):
+                real = resolve_target(target)  # through a link, which stays; never over a device or a FIFO
+                if real.exists():
+                    os.chmod(staged, stat.S_IMODE(real.stat().st_mode))
+                os.replace(staged, real)
+            _sync_folder(self.target.parent)
+        except OSError as e:
+            raise UsageError(f"cannot write {self.target}: {e.strerror or e}") from None
+        finally:
+            self.discard()
+        return self.target
+
+    def discard(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def stage_external(model, target: str | Path) -> Staged:
+    """Writes `model` as a graph and its external data (`data_file`) into a new temporary folder
+    beside `target`, each floating or integer tensor of EXTERNAL_MIN bytes or more moved out of the
+    model in memory as it is written (the model then names the data file: its weights are held
+    once, on disk), both flushed to the disk. Nothing is left when the write fails (a full disk):
+    the folder is removed and the error is a UsageError."""
+    import onnx
+
+    target = resolve_target(target)
+    resolve_target(data_file(target))
+    folder = Path(tempfile.mkdtemp(prefix=".attnexport-", dir=target.parent))
+    os.chmod(folder, 0o700)
+    staged = Staged(folder, target, 0)
+    location = data_file(target).name
+    try:
+        fd = os.open(staged.data, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        with os.fdopen(fd, "wb") as f:
+            for init in model.graph.initializer:
+                if init.data_location == onnx.TensorProto.EXTERNAL or not init.HasField("raw_data"):
+                    continue
+                data = init.raw_data
+                if len(data) < EXTERNAL_MIN:
+                    continue
+                f.write(b"\0" * (-f.tell() % EXTERNAL_ALIGN))
+                offset = f.tell()
+                f.write(data)
+                init.ClearField("raw_data")
+                init.data_location = onnx.TensorProto.EXTERNAL
+                del init.external_data[:]
+                for key, value in (("location", location), ("offset", str(offset)), ("length", str(len(data)))):
+                    entry = init.external_data.add()
+                    entry.key, entry.value = key, value
+                del data
+            f.flush()
+            os.fsync(f.fileno())
+            size = f.tell()
+        graph = model.SerializeToString(deterministic=True)
+        fd = os.open(staged.graph, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        with os.fdopen(fd, "wb") as f:
+            f.write(graph)
+            f.flush()
+            os.fsync(f.fileno())
+        staged.size = size + len(graph)
+    except BaseException as e:
+        staged.discard()
+        if isinstance(e, OSError):
+            raise UsageError(f"cannot write {target}: {e.strerror or e}") from None
+        raise
+    return staged
+
+
 def umask() -> int:
     """The process's umask, read from /proc (setting it to read it would race other threads)."""
     try:

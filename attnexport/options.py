@@ -118,6 +118,9 @@ EXPORT = (
                       "first; with --hf, a folder with a config and no weights is exported only when it is given)."),
     click.Option(["-o", "--output"], type=click.Path(), default=None,
                  help="Output file (default: models/<variant>.onnx)."),
+    click.Option(["--external-data/--one-file", "external_data"], default=None,
+                 help="With --hf: the weights in one file beside the graph (model.onnx -> model.onnx_data), or all in "
+                      "the .onnx (default: beside it from 1 GiB of weights; a file above 2 GB cannot be one file)."),
     click.Option(["--deploy"], type=click.Path(), default=None, metavar="FOLDER",
                  help="With --hf, instead of -o: write the folder a deployment loads (config.json, "
                       "generation_config.json, the tokenizer's files, the graphs in onnx/), as Optimum and "

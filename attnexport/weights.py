@@ -72,21 +72,26 @@ def record(model: onnx.ModelProto, params: dict[str, np.ndarray], np_dtype) -> d
     into one MatMul) is recorded with those columns (`columns: [start, stop]`) and the hash of the
     block. A parameter the exporter did not keep as one initializer (folded into another constant)
     is recorded with layout "folded" and the hash of its own value: it is fingerprinted, but
-    `read` cannot check it in the file.
+    `read` cannot check it in the file. The initializers are read one at a time (a whole model's
+    are not held twice).
     """
-    inits = [(i.name, numpy_helper.to_array(i)) for i in model.graph.initializer]
+    inits = list(model.graph.initializer)
     # Initializers by their type, shape and bytes: each parameter is looked up once, not compared
     # with every initializer of its shape (a model of thirty like layers has thirty of each).
     index: dict = {}
-    for iname, arr in inits:
-        index.setdefault(_key(arr), []).append((iname, arr))
+    for init in inits:
+        index.setdefault(_key(numpy_helper.to_array(init)), []).append(init)
 
     def lookup(a: np.ndarray):
-        return next(((iname, arr) for iname, arr in index.get(_key(a), ()) if np.array_equal(arr, a)), None)
+        for init in index.get(_key(a), ()):
+            arr = numpy_helper.to_array(init)
+            if np.array_equal(arr, a):
+                return init.name, arr
+        return None
 
     entries = {}
     for name in sorted(params):
-        p = np.asarray(params[name]).astype(np_dtype)
+        p = np.asarray(params[name]).astype(np_dtype, copy=False)
         hit = lookup(p)
         found = (hit[0], "as-is", hit[1]) if hit else None
         if found is None and p.ndim == 2:
@@ -107,6 +112,49 @@ def record(model: onnx.ModelProto, params: dict[str, np.ndarray], np_dtype) -> d
     return entries
 
 
+# Initializers of this many bytes and more are left out of `skeleton` (graph inputs there).
+SKELETON_BYTES = 1 << 16
+
+
+def skeleton(model: onnx.ModelProto, threshold: int = SKELETON_BYTES) -> onnx.ModelProto:
+    """The model with each floating-point initializer of `threshold` bytes or more made a graph
+    input of its type and shape, nothing of its data copied: what onnx's checker and shape
+    inference read of a whole model without holding its weights twice (the small and integer
+    initializers, which shape computations read, stay)."""
+    graph = model.graph
+    big = {i.name for i in graph.initializer if i.data_type in _FLOAT_TYPES and _nbytes(i) >= threshold}
+    out = onnx.ModelProto()
+    for f, value in model.ListFields():
+        if f.name != "graph":
+            _copy_field(out, f, value)
+    for f, value in graph.ListFields():
+        if f.name != "initializer":
+            _copy_field(out.graph, f, value)
+    out.graph.initializer.extend(i for i in graph.initializer if i.name not in big)
+    out.graph.input.extend(onnx.helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
+                           for i in graph.initializer if i.name in big)
+    return out
+
+
+def _copy_field(message, f, value) -> None:
+    repeated = f.is_repeated if hasattr(f, "is_repeated") else f.label == f.LABEL_REPEATED  # protobuf < 6: label
+    if repeated:
+        getattr(message, f.name).extend(value)
+    elif f.message_type is not None:
+        getattr(message, f.name).CopyFrom(value)
+    else:
+        setattr(message, f.name, value)
+
+
+_FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+                onnx.TensorProto.DOUBLE)
+
+
+def _nbytes(init: onnx.TensorProto) -> int:
+    n = int(np.prod(init.dims, dtype=np.int64)) if init.dims else 1
+    return n * onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
+
+
 def _key(a: np.ndarray) -> tuple:
     return a.dtype.str, a.shape, hash(np.ascontiguousarray(a).tobytes())
 
@@ -115,8 +163,11 @@ def _columns_of(inits, block: np.ndarray):
     """(initializer name, first column, its array) of a 2-D initializer holding `block` as a run of
     its columns, or None."""
     rows, width = block.shape
-    for iname, arr in inits:
-        if arr.ndim != 2 or arr.dtype != block.dtype or arr.shape[0] != rows or arr.shape[1] <= width:
+    for init in inits:
+        if len(init.dims) != 2 or init.dims[0] != rows or init.dims[1] <= width:
+            continue
+        iname, arr = init.name, numpy_helper.to_array(init)
+        if arr.dtype != block.dtype:
             continue
         for start in np.flatnonzero((arr == block[:, :1]).all(axis=0)):
             if start + width <= arr.shape[1] and np.array_equal(arr[:, start:start + width], block):

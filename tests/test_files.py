@@ -185,3 +185,67 @@ def test_the_checkout_check_sees_added_changed_and_removed_files(tmp_path):
     after = checkout_state(tmp_path)
     assert sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p)) == \
         ["a.txt", "b.txt", "models/new.onnx"]
+
+
+def _weights_model(n=3, size=5000):
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+    inits = [numpy_helper.from_array(np.full(size, i + 0.5, np.float32), f"w{i}") for i in range(n)]
+    inits.append(numpy_helper.from_array(np.zeros(2, np.float32), "small"))
+    nodes = [helper.make_node("Add", ["x", f"w{i}"], [f"y{i}"]) for i in range(n)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [size])],
+                              [helper.make_tensor_value_info(f"y{i}", onnx.TensorProto.FLOAT, [size])
+                               for i in range(n)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+
+
+def test_a_graph_staged_with_external_data_is_committed_beside_its_data_each_tensor_aligned(tmp_path):
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    target = tmp_path / "m.onnx"
+    old = os.umask(0o027)
+    try:
+        staged = F.stage_external(_weights_model(), target)
+    finally:
+        os.umask(old)
+    assert not target.exists() and staged.graph.is_file() and staged.data.is_file()
+    session = ort.InferenceSession(str(staged.graph), providers=["CPUExecutionProvider"])  # the check loads this
+    assert session.run(["y2"], {"x": np.zeros(5000, np.float32)})[0][0] == 2.5
+    del session
+    assert staged.commit() == target
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx_data"]
+    assert all(p.stat().st_mode & 0o027 == 0 for p in tmp_path.iterdir())
+    model = onnx.load(target, load_external_data=False)
+    offsets = [int({e.key: e.value for e in i.external_data}["offset"]) for i in model.graph.initializer
+               if i.data_location == onnx.TensorProto.EXTERNAL]
+    assert len(offsets) == 3 and all(o % F.EXTERNAL_ALIGN == 0 for o in offsets)
+    loaded = onnx.load(target)  # the small tensor stayed in the graph
+    assert [float(onnx.numpy_helper.to_array(i)[0]) for i in loaded.graph.initializer] == [0.5, 1.5, 2.5, 0.0]
+
+
+def test_a_full_disk_while_the_data_is_written_leaves_nothing(tmp_path, monkeypatch):
+    import errno
+    real = os.fsync
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(UsageError, match="No space left"):
+        F.stage_external(_weights_model(), tmp_path / "m.onnx")
+    monkeypatch.setattr(os, "fsync", real)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_data_file_that_is_a_link_is_written_through_and_a_fifo_is_refused_before_anything(tmp_path):
+    elsewhere = tmp_path / "store"
+    elsewhere.mkdir()
+    (elsewhere / "real_data").write_bytes(b"old")
+    (tmp_path / "m.onnx_data").symlink_to(elsewhere / "real_data")
+    F.stage_external(_weights_model(), tmp_path / "m.onnx").commit()
+    assert (tmp_path / "m.onnx_data").is_symlink() and (elsewhere / "real_data").stat().st_size > 15000
+    os.mkfifo(tmp_path / "p.onnx_data")
+    with pytest.raises(UsageError, match="FIFO"):
+        F.stage_external(_weights_model(), tmp_path / "p.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx_data", "p.onnx_data", "store"]

@@ -270,3 +270,56 @@ def test_a_folder_with_a_config_and_no_weights_is_refused_unless_a_seed_is_given
     assert r.exit_code == 0, r.output
     r = run("verify", path, "--hf", lm, "--runtimes", "ort-cpu", "--new-tokens", "4", "--seed", "4", "--json")
     assert r.exit_code == 1 and "the model's parameters differ" in _json(r)["results"][0]["error"]
+
+
+def test_external_data_puts_the_weights_beside_the_graph_and_verify_reads_them(folders, tmp_path):
+    """`--external-data` (the default from EXTERNAL_FROM bytes): the graph names `m.onnx_data` for
+    every tensor of its weights, each at an offset ONNX Runtime maps in place; the check before
+    writing loaded the staged pair; verify reads the pair; nothing else is left in the folder. The
+    export's JSON carries its wall time and peak memory, phase by phase, and its notes say both."""
+    path = tmp_path / "m.onnx"
+    r = run("export", "--hf", folders["llama"], "--kv-cache", "--external-data", "-o", path, "--json")
+    assert r.exit_code == 0, r.output
+    doc = _json(r)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx_data"]
+    data = tmp_path / "m.onnx_data"
+    assert doc["size"] == path.stat().st_size + data.stat().st_size
+    assert any("m.onnx_data beside the graph" in n for n in doc["notes"])
+    model = onnx.load(path, load_external_data=False)
+    external = [i for i in model.graph.initializer if i.data_location == onnx.TensorProto.EXTERNAL]
+    assert external and all(len(i.raw_data) < 1024 for i in model.graph.initializer if i not in external)
+    for init in external:
+        info = {e.key: e.value for e in init.external_data}
+        assert info["location"] == "m.onnx_data" and int(info["offset"]) % (1 << 16) == 0
+    phases = [p["name"] for p in doc["resources"]["phases"]]
+    assert {"load", "trace", "to onnx", "write", "check"} <= set(phases)
+    assert doc["resources"]["peak_bytes"] >= max(p["peak_bytes"] for p in doc["resources"]["phases"]) > 0
+    assert any(n.startswith("took ") and "peak resident memory" in n for n in doc["notes"])
+    v = run("verify", path, "--hf", folders["llama"], "--runtimes", "ort-cpu", "--json")
+    assert v.exit_code == 0, v.output
+
+
+def test_external_data_in_a_deployment_folder_and_nothing_left_when_the_check_fails(folders, tmp_path):
+    out = tmp_path / "deploy"
+    r = run("export", "--hf", folders["llama"], "--kv-cache", "--external-data", "--deploy", out)
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in (out / "onnx").iterdir()) == ["model.onnx", "model.onnx_data"]
+    session = ort.InferenceSession(str(out / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert session.get_outputs()[0].name == "logits"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deploy"]  # no staging left
+    path = tmp_path / "lm.onnx"
+    r = run("export", "--hf", folders["llama"], "--kv-cache", "--external-data", "--rtol", "0", "--atol", "0",
+            "-o", path)
+    assert r.exit_code == 1 and "differs from the model in float64" in r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deploy"]
+
+
+def test_one_file_above_protobufs_limit_is_refused_before_the_export(folders, tmp_path, monkeypatch):
+    monkeypatch.setattr(hf_export, "PROTOBUF_LIMIT", 1000)
+    r = run("export", "--hf", folders["llama"], "--kv-cache", "--one-file", "-o", tmp_path / "m.onnx")
+    assert r.exit_code == 2 and "--one-file" in r.output and "--external-data" in r.output
+    assert len(r.output.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
+    monkeypatch.setattr(hf_export, "EXTERNAL_FROM", 1000)  # the default from that size: beside the graph
+    r = run("export", "--hf", folders["llama"], "--kv-cache", "-o", tmp_path / "m.onnx")
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "m.onnx_data").is_file()

@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import nudged_output
 
+from attnexport import modules as M
 from attnexport.compare import FP32_FACTOR, TOLERANCES
 from attnexport.errors import ExportError
 from attnexport.pretrained import forms
@@ -210,3 +211,34 @@ def test_the_check_before_writing_judges_every_output(llama):
     for name in layout.outputs:
         with pytest.raises(ExportError, match=rf"differs from the model in float64 at .*: {re.escape(name)}: FAIL"):
             hf_export.check_before_writing(nudged_output(result.model, name), reference, None, "llama")
+
+
+def test_the_float64_run_casts_one_layer_at_a_time_and_gives_what_a_float64_copy_gives(llama):
+    """No float64 copy of the model: each module is float64 only while its forward runs (counted
+    from inside a layer's forward), its float32 storage is put back as it was, and the outputs are
+    those of the model copied whole into float64 (within float64's rounding, never bitwise)."""
+    import copy
+    _, model = llama
+    layout = hf.layout_of(model, "concat")
+    reference = HR.Reference(model, layout)
+    feed = hf.example_feed(layout, batch=2, block=3, past=2)
+    storage = {n: p.data_ptr() for n, p in model.named_parameters()}
+    seen = []
+
+    def count(module, args, out):  # runs before the hook that puts the projection back
+        seen.append(sum(p.dtype == torch.float64 for p in model.parameters()))
+    handle = model.model.layers[1].mlp.up_proj.register_forward_hook(count)
+    try:
+        got = reference.run64(feed)
+    finally:
+        handle.remove()
+    assert seen == [1]  # the projection running, alone in float64
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert {n: p.data_ptr() for n, p in model.named_parameters()} == storage
+    whole = copy.deepcopy(model).double()
+    step = hf.step_module(whole, layout)
+    args = [torch.from_numpy(v).double() if v.dtype.kind == "f" else torch.from_numpy(v) for v in feed.values()]
+    with torch.no_grad(), M.export_semantics(), HR.float64_everywhere():
+        want = M.outputs_of(step(*args))
+    for name, w in zip(layout.outputs, want, strict=True):
+        np.testing.assert_allclose(got[name], w.numpy(), rtol=1e-12, atol=1e-12)

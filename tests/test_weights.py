@@ -54,3 +54,24 @@ def test_validate_names_what_does_not_fit():
     with pytest.raises(UsageError):
         W.validate(v, o, {k: x for k, x in good.items() if k != "q_proj.bias"})
     assert W.sha256_of(good["q_proj.weight"]) == W.sha256_of(good["q_proj.weight"].copy())
+
+
+def test_the_skeleton_of_a_model_holds_no_weight_yet_passes_onnx_checks_as_the_model_does():
+    import onnx
+    from onnx import helper, numpy_helper
+    w = numpy_helper.from_array(np.ones((256, 256), np.float32), "w")
+    shape = numpy_helper.from_array(np.array([1, -1], np.int64), "shape")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Reshape", ["y", "shape"], ["z"])], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["b", 256])],
+        [helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [1, None])], [w, shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    before = model.SerializeToString()
+    skeleton = W.skeleton(model)
+    assert model.SerializeToString() == before  # the model itself untouched
+    assert [i.name for i in skeleton.graph.initializer] == ["shape"]  # an integer one stays: shapes read it
+    assert [i.name for i in skeleton.graph.input] == ["x", "w"] and skeleton.ByteSize() < 4096
+    onnx.checker.check_model(skeleton, full_check=True)
+    inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=True, strict_mode=True, data_prop=True)
+    assert inferred.graph.output[0].type.tensor_type.shape.dim[0].dim_value == 1
+    assert W.skeleton(model, threshold=1 << 30).graph.initializer[0].name == "w"  # below it: kept

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,9 @@ import torch
 from attnexport import dtypes as D
 from attnexport import files as F
 from attnexport import flavors as FL
+from attnexport import reading
 from attnexport import runtimes as R
+from attnexport import usage as U
 from attnexport.compare import QUANTIZED_FACTOR
 from attnexport.errors import ExportError, UsageError, reason
 from attnexport.export import ModuleExport, ModuleExportResult, export_module
@@ -54,6 +58,9 @@ class HFExport:
         precision: fp32, fp16 (the model exported in half), int8 or int4 (its weight matrices as
             MatMulNBits, `attnexport.pretrained.precision`).
         plan: how int8/int4 quantize (default: the precision's in `precision.TABLE`).
+        external_data: the weights in one file beside the graph (`files.data_file`), written before
+            the check, which loads them from there; False: all in the .onnx; None: beside it when
+            the graph's weights reach EXTERNAL_FROM (a file above protobuf's 2 GB limit cannot be one).
     """
 
     source: str | Path
@@ -69,7 +76,13 @@ class HFExport:
     atol: float | None = None
     precision: str = "fp32"
     plan: P.Plan | None = None
+    external_data: bool | None = None
 
+
+# From this many bytes of weights in the graph's float type, a whole model's weights go beside its graph.
+EXTERNAL_FROM = 1 << 30
+# What protobuf can hold in one message: a graph with more weights inside it cannot be written.
+PROTOBUF_LIMIT = (1 << 31) - 1
 
 # The options of a quantization plan as `export --hf` names them (`precision.plan_for`'s keywords).
 PLAN_OPTIONS = ("block_size", "accuracy_level", "keep", "symmetric", "requantize", "minimums")
@@ -108,8 +121,14 @@ def export(request: HFExport) -> Any:
     """`export --hf`: the model at `request.source` exported as its family does (`Family.export`:
     one step graph, `export_hf`, or a family's graphs); returns the result (`summary()`, `to_dict()`)."""
     _check_request(request)
-    model, params_source = hf.load(request.source, request.seed)
-    return registry.of_model(model).export(request, model, params_source)
+    with U.metered() as meter:
+        with U.phase("load"):
+            model, params_source = hf.load(request.source, request.seed)
+        result = registry.of_model(model).export(request, model, params_source)
+    if hasattr(result, "resources"):
+        result.resources = meter.to_dict()
+        result.notes.append(meter.line())
+    return result
 
 
 def _check_request(r: HFExport) -> None:
@@ -159,14 +178,23 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
         return onnx_model
 
     def check(onnx_model):
+        if not isinstance(onnx_model, onnx.ModelProto) and plan is not None:  # staged with external data
+            onnx_model = reading.load_model(onnx_model)
         if plan is None:  # the float64 copy made here, once the trace no longer needs the memory
-            return check_before_writing(onnx_model, HR.Reference(model, layout, dtype, r.rtol, r.atol), tokenizer,
-                                        name)
+            with U.phase("reference"):
+                reference = HR.Reference(model, layout, dtype, r.rtol, r.atol)
+            return check_before_writing(onnx_model, reference, tokenizer, name)
         return check_quantized(onnx_model, model, layout, quantized["before"], tokenizer, name, r)
 
+    external = external_data(r, model, dtype)
+    output = None if deploy else r.output
+    scratch = None
+    if external and deploy is not None:  # the graph and its data staged here, then moved into the folder
+        scratch = Path(tempfile.mkdtemp(prefix=".attnexport-", dir=deploy if deploy.exists() else deploy.parent))
+        output = scratch / Path(layout.cache_form.deploy_file).name
     module_request = ModuleExport(
         flavor=flavor, opset=opset, dtype=dtype, dynamic=form.dynamic_axes(layout),
-        output=None if deploy else r.output, input_names=list(feed), name=name,
+        output=output, input_names=list(feed), name=name, external_data=external,
         seed=r.seed if params_source == "seed" else None, output_names=layout.outputs,
         cache=layout.cache_pairs or None,
         record={"params_source": params_source}, model_sizes=layout.sizes(),
@@ -178,11 +206,20 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
     try:
         result = export_module(wrapper, example, module_request)
     except ExportError as e:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
         tested = layout.family.tested
         if model.config.model_type not in tested:
             raise ExportError(f"{e} (model type {model.config.model_type!r} is not one attnexport tests: "
                               f"{', '.join(tested)})") from None
         raise
+    except BaseException:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    if external:
+        result.notes.append(f"the weights are in {F.data_file(str(result.path or output)).name} beside the graph "
+                            "(external data: keep the two files together)")
     result.notes.append(_checked_note(result.checked))
     if params_source == "seed":
         result.notes.append(hf.random_note(r.source, r.seed))
@@ -191,8 +228,23 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
                             f"{plan.accuracy}); what it costs in answers: attnexport verify MODEL --hf SOURCE")
     result.notes.extend(form.notes(result.attention_op, dtype))
     if deploy is not None:
-        result.path = write_deployment(deploy, result, model, r.source, tokenizer, layout)
+        try:
+            result.path = write_deployment(deploy, result, model, r.source, tokenizer, layout)
+        finally:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
     return result, layout
+
+
+def external_data(r: HFExport, model, dtype: str) -> bool:
+    """Whether the export writes its weights beside the graph: as asked, else from EXTERNAL_FROM
+    bytes of weights in the graph's float type (a quantized graph's counted as float: its
+    embedding stays so); asking for one file above protobuf's limit is a UsageError."""
+    size = sum(p.numel() for p in model.parameters()) * D.NUMPY[dtype]().itemsize
+    if r.external_data is False and size > PROTOBUF_LIMIT and r.precision not in P.QUANTIZED:
+        raise UsageError(f"--one-file: the model's weights are {F.human_size(size)} in {dtype}, above the 2 GB "
+                         "protobuf holds in one .onnx file: export with --external-data (the default at this size)")
+    return r.external_data if r.external_data is not None else size >= EXTERNAL_FROM
 
 
 def _float_matrices(onnx_model, module, vocab: int | None) -> dict:
@@ -269,12 +321,14 @@ def _rewritten(onnx_model, model, layout: hf.Layout, flavor: str, dtype: str, na
 
 
 def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: str) -> list:
-    """The step graph on ONNX Runtime's CPU provider at each of its form's export_checks shapes against the model in
+    """The step graph (a ModelProto, or the path of one staged with its external data) on ONNX
+    Runtime's CPU provider at each of its form's export_checks shapes against the model in
     float64, each output within its budget; an ExportError (nothing written) naming the first
     output that is not. Returns, a shape each: its label and each output's worst error and budget."""
 
     layout = reference.layout
-    session = R.prepare_onnx("ort-cpu", onnx_model)
+    with U.phase("check session"):
+        session = R.prepare_onnx("ort-cpu", onnx_model, prepack=False)
     checked = []
     for label, batch, block, past, padded in layout.cache_form.export_checks:
         feed = layout.family.check_feed(reference, tokenizer, batch, block, past, padded, seed=1)
@@ -339,7 +393,11 @@ def write_deployment(folder: Path, result: ModuleExportResult, model, source, to
             (staging / "generation_config.json").write_text(model.generation_config.to_json_string())
         model_file = staging / layout.cache_form.deploy_file
         model_file.parent.mkdir()
-        onnx.save_model(onnx_model, str(model_file))
+        if result.path is not None:  # written with its external data already (`export_hf`): moved in
+            os.replace(F.data_file(result.path), F.data_file(model_file))
+            os.replace(result.path, model_file)
+        else:
+            onnx.save_model(onnx_model, str(model_file))
     F.write_folder(folder, fill)
     return folder / layout.cache_form.deploy_file
 

@@ -320,8 +320,9 @@ def layout_of(model, form: str | None, max_seq: int = 0, source=None) -> Layout:
 # --- the step graphs ------------------------------------------------------------------------------
 
 def step_module(model, layout: Layout):
-    """The wrapper that makes `model` the step graph of `layout`."""
-    return layout.cache_form.wrapper(model, layout)
+    """The wrapper that makes `model` the step graph of `layout`, in eval mode (as the model is: an
+    export then traces the model itself, not a copy)."""
+    return layout.cache_form.wrapper(model, layout).eval()
 
 
 def example_feed(layout: Layout, batch: int = 2, block: int = 5, past: int = 3, seed: int = 0,

@@ -70,6 +70,49 @@ def float64_everywhere():
         torch.set_default_dtype(before)
 
 
+@contextlib.contextmanager
+def layers_in_float64(model):
+    """Within the block `model` computes in float64 with no float64 copy of it: each module that
+    holds parameters or floating buffers of its own is cast to float64 as its forward starts and
+    back as it ends (float32 to float64 and back is exact), so at any time one layer's weights are
+    held twice (as float64) beside the model, not the whole model. Run it inside
+    `float64_everywhere`. A weight read outside its module's forward stays float32: where it meets
+    float64 activations an elementwise op promotes it exactly, a matrix product refuses it (loud,
+    never a silent float32 computation)."""
+    own = [m for m in model.modules()
+           if any(t is not None and t.is_floating_point() for t in (*m._parameters.values(), *m._buffers.values()))]
+    # What each module held before its forward, put back as it was after it (the float32 storage
+    # itself, never a conversion back: within float64_everywhere `.float()` gives float64).
+    kept: dict = {}
+
+    def up(module, *_):
+        if module in kept:  # called again within its own forward
+            return
+        params = {n: t.data for n, t in module._parameters.items() if t is not None and t.dtype == torch.float32}
+        buffers = {n: b for n, b in module._buffers.items() if b is not None and b.dtype == torch.float32}
+        kept[module] = params, buffers
+        for n, data in params.items():
+            module._parameters[n].data = data.double()
+        for n, b in buffers.items():
+            module._buffers[n] = b.double()
+
+    def down(module, *_):
+        params, buffers = kept.pop(module, ({}, {}))
+        for n, data in params.items():
+            module._parameters[n].data = data
+        for n, b in buffers.items():
+            module._buffers[n] = b
+
+    handles = [h for m in own for h in (m.register_forward_pre_hook(up), m.register_forward_hook(down))]
+    try:
+        yield model
+    finally:
+        for h in handles:
+            h.remove()
+        for m in own:  # a forward that raised left its module in float64
+            down(m)
+
+
 def valid_positions(layout: hf.Layout, feed: dict) -> dict:
     """{output: boolean array broadcastable to it}: the positions a check compares (padding never;
     a static buffer up to each sequence's write_pos + the block): the form's
@@ -141,8 +184,9 @@ def budget(torch_out: np.ndarray, fp64: np.ndarray, dtype: str = "fp32", rtol: f
 
 class Reference:
     """A language model's step graph of `layout` in torch twice: as exported (in the export's
-    dtype, its attention through attnexport's core) and in float64 everywhere (a copy of its
-    parameters in float64).
+    dtype, its attention through attnexport's core) and in float64 everywhere (the same model, its
+    layers cast to float64 one at a time as they run: `layers_in_float64`; `model64` is the model,
+    to be called within `in_float64()`).
 
     Args:
         model: transformers' model, in float32 (kept as it is).
@@ -160,9 +204,15 @@ class Reference:
         self.torch_dtype = D.torch_dtype(dtype)
         low = model if self.torch_dtype == torch.float32 else copy.deepcopy(model).to(self.torch_dtype)
         self.step = hf.step_module(low, layout)
-        self.model64 = copy.deepcopy(model).double()
-        self.step64 = hf.step_module(self.model64, layout)
+        self.model64 = model
+        self.step64 = hf.step_module(model, layout)
         self.numpy_dtype = D.NUMPY[dtype]
+
+    @contextlib.contextmanager
+    def in_float64(self):
+        """The block computes `model64` in float64 throughout (`float64_everywhere`, `layers_in_float64`)."""
+        with float64_everywhere(), layers_in_float64(self.model64):
+            yield
 
     def run(self, feed: dict) -> dict:
         """The step in torch as the export computes it (arrays of the export's dtype by output name)."""
@@ -170,7 +220,7 @@ class Reference:
 
     def run64(self, feed: dict) -> dict:
         """The step in float64 (float64 arrays by output name)."""
-        return self._run(self.step64, feed, torch.float64, float64_everywhere())
+        return self._run(self.step64, feed, torch.float64, self.in_float64())
 
     def _run(self, step, feed: dict, dtype, mode) -> dict:
         args = [torch.from_numpy(np.ascontiguousarray(v)) for v in feed.values()]

@@ -80,7 +80,7 @@ CPU_FP16_DISABLED_OPTIMIZERS = ("NchwcTransformer",)
 
 
 def ort_session(name: str, model, threads: int | None = None, optimize: bool = True,
-                tf32: bool = False, cuda_graph: bool = False, spinning: bool = False):
+                tf32: bool = False, cuda_graph: bool = False, spinning: bool = False, prepack: bool = True):
     """An ONNX Runtime session on `name`'s provider, and where each node was placed.
 
     The one place sessions are made (verify, bench, bench --hf, localization), of a ModelProto or
@@ -89,7 +89,8 @@ def ort_session(name: str, model, threads: int | None = None, optimize: bool = T
     language model's decode loop timed alone, as apps run it), every node's provider is recorded,
     a float16 graph on the CPU skips the pass that crashes on it, and a CUDA session that fell
     back to the CPU is an error, never a silent success. TF32 stays off unless asked for (fp32
-    parity).
+    parity). `prepack=False` keeps the weights as they are given, not also in the CPU kernels'
+    packed layouts (a second copy of every matrix: a check that runs a few times needs none).
 
     Returns:
         (session, {provider: ["op_type:node name", ...]}, the shape computations among the
@@ -109,6 +110,8 @@ def ort_session(name: str, model, threads: int | None = None, optimize: bool = T
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    if not prepack:
+        so.add_session_config_entry("session.disable_prepacking", "1")
     workdir = None
     disabled = []
     provider = R.REGISTRY[name].provider
@@ -148,9 +151,9 @@ def ort_session(name: str, model, threads: int | None = None, optimize: bool = T
     return session, placement, shapes
 
 
-def prepare(name: str, model: onnx.ModelProto, optimize: bool = True, threads: int | None = None) -> R.Prepared:
-    """A session of `model` on `name` (ort-cpu or ort-cuda), run by output name."""
-    session, placement, shapes = ort_session(name, model, threads=threads, optimize=optimize)
+def prepare(name: str, model, optimize: bool = True, threads: int | None = None, prepack: bool = True) -> R.Prepared:
+    """A session of `model` (a ModelProto or a file's path) on `name` (ort-cpu or ort-cuda), run by output name."""
+    session, placement, shapes = ort_session(name, model, threads=threads, optimize=optimize, prepack=prepack)
     names = [o.name for o in session.get_outputs()]
 
     def run(feed: dict) -> dict:

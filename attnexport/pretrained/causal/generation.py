@@ -121,7 +121,7 @@ def reference_generation(model, layout: hf.Layout, prompts, new_tokens: int) -> 
 def logits64(reference: HR.Reference, sequences: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """transformers' own forward in float64 over whole (left-padded) sequences: (B, T, V) logits."""
     positions = positions_of(mask)
-    with torch.no_grad(), HR.float64_everywhere():
+    with torch.no_grad(), reference.in_float64():
         out = reference.model64(input_ids=torch.from_numpy(sequences), attention_mask=torch.from_numpy(mask),
                                 position_ids=torch.from_numpy(positions), use_cache=False)
     return out.logits.double().numpy()

@@ -1,0 +1,166 @@
+"""What a command costs the machine: its wall time and its resident memory, the peak and the share of
+each phase of its work (a whole model's export: load, trace, rewrite, check, write).
+
+The resident set is read from /proc/self/statm by a thread every 20 ms while a meter runs, and the
+kernel's own high-water mark (`ru_maxrss`, which nothing misses) is read at the end: the peak a
+meter reports is the larger of the two that fall inside it (the kernel's mark counts only when it was
+set while the meter ran, that is, when it is above what the process held before). Elsewhere than on
+Linux the sampler reads nothing and only the kernel's mark is reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_STATM = Path("/proc/self/statm")
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_INTERVAL = 0.02
+
+
+def resident() -> int:
+    """This process's resident memory now, in bytes (0 where /proc is not there)."""
+    try:
+        return int(_STATM.read_text().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def high_water() -> int:
+    """The kernel's high-water mark of this process's resident memory, in bytes."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def available() -> int | None:
+    """The memory the machine can still give (MemAvailable), in bytes; None where it does not say."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+@dataclass
+class Phase:
+    """One phase of a metered run: its name, wall seconds, the resident memory when it started,
+    its peak and when it ended (bytes)."""
+
+    name: str
+    seconds: float = 0.0
+    start: int = 0
+    peak: int = 0
+    end: int = 0
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "seconds": round(self.seconds, 3), "start_bytes": self.start,
+                "peak_bytes": self.peak, "end_bytes": self.end}
+
+
+@dataclass
+class Meter:
+    """A run's wall time and resident memory, phase by phase (`phase(name)`), sampled by a thread.
+    Use as a context manager; `to_dict()` is what a command's JSON carries."""
+
+    phases: list[Phase] = field(default_factory=list)
+    seconds: float = 0.0
+    start: int = 0
+    peak: int = 0
+    _open: list[Phase] = field(default_factory=list)
+    _t0: float = 0.0
+    _water0: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> Meter:
+        self._t0 = time.perf_counter()
+        self._water0 = high_water()
+        self.start = self.peak = resident()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._sample, name="attnexport-meter", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._seen(resident())
+        water = high_water()
+        if water > self._water0:  # the kernel's mark rose while the meter ran: nothing is higher
+            self.peak = max(self.peak, water)
+        self.seconds = time.perf_counter() - self._t0
+
+    def _sample(self) -> None:
+        while not self._stop.wait(_INTERVAL):
+            self._seen(resident())
+
+    def _seen(self, rss: int) -> None:
+        self.peak = max(self.peak, rss)
+        for p in list(self._open):
+            p.peak = max(p.peak, rss)
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        """Meters the block as the phase `name` (a phase within another is listed after it, and
+        counts in the outer one's peak too)."""
+        p = Phase(name, start=resident())
+        p.peak = p.start
+        self.phases.append(p)
+        self._open.append(p)
+        t0 = time.perf_counter()
+        try:
+            yield p
+        finally:
+            p.seconds = time.perf_counter() - t0
+            p.end = resident()
+            self._seen(p.end)
+            self._open.remove(p)
+
+    def to_dict(self) -> dict:
+        return {"seconds": round(self.seconds, 3), "start_bytes": self.start, "peak_bytes": self.peak,
+                "phases": [p.to_dict() for p in self.phases]}
+
+    def line(self) -> str:
+        """One line for a command's notes: wall time, peak resident memory, the phase that set it."""
+        top = max(self.phases, key=lambda p: p.peak, default=None)
+        where = f", highest in {top.name}" if top is not None and top.peak >= self.peak * 0.98 else ""
+        return f"took {self.seconds:.1f} s, peak resident memory {gib(self.peak)}{where}"
+
+
+# The meter of the run in progress, where one runs: `phase` reports into it from anywhere below.
+_ACTIVE: list[Meter] = []
+
+
+@contextlib.contextmanager
+def metered():
+    """A Meter for the block, the one `phase` reports into (the outermost one, where they nest)."""
+    if _ACTIVE:
+        yield _ACTIVE[0]
+        return
+    with Meter() as m:
+        _ACTIVE.append(m)
+        try:
+            yield m
+        finally:
+            _ACTIVE.remove(m)
+
+
+@contextlib.contextmanager
+def phase(name: str):
+    """The block as a phase of the meter that runs (nothing where none does)."""
+    if not _ACTIVE:
+        yield None
+        return
+    with _ACTIVE[0].phase(name) as p:
+        yield p
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"

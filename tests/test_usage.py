@@ -1,0 +1,36 @@
+"""usage: a command's wall time and resident memory, phase by phase, as export reports them."""
+
+import numpy as np
+
+from attnexport import usage as U
+
+
+def test_a_phase_that_holds_memory_shows_it_and_the_meter_reports_its_peak():
+    with U.metered() as meter:
+        with U.phase("small"):
+            pass
+        with U.phase("big"):
+            held = np.ones(64 << 20, np.uint8)  # 64 MiB, touched
+            with U.phase("inner"):
+                pass
+            del held
+    small, big, inner = meter.phases
+    assert [p.name for p in meter.phases] == ["small", "big", "inner"]
+    assert big.peak - big.start >= 48 << 20  # sampled or the kernel's mark, never less than what was touched
+    assert meter.peak >= big.peak >= inner.peak > 0 and meter.seconds >= big.seconds >= 0
+    doc = meter.to_dict()
+    assert [p["name"] for p in doc["phases"]] == ["small", "big", "inner"] and doc["peak_bytes"] == meter.peak
+    assert meter.line().startswith("took ") and "GiB" in meter.line()
+
+
+def test_a_phase_outside_a_meter_does_nothing_and_meters_nest_into_the_outer_one():
+    with U.phase("alone") as p:
+        assert p is None
+    with U.metered() as outer, U.metered() as inner, U.phase("x"):
+        assert inner is outer
+    assert [p.name for p in outer.phases] == ["x"]
+
+
+def test_what_the_machine_has_is_read():
+    assert U.resident() > 0 and U.high_water() >= U.resident() // 2
+    assert U.available() is None or U.available() > 0
