@@ -118,6 +118,8 @@ EXPORT = (
                       "first; with --hf, a folder with a config and no weights is exported only when it is given)."),
     click.Option(["-o", "--output"], type=click.Path(), default=None,
                  help="Output file (default: models/<variant>.onnx)."),
+    click.Option(["--memory-check/--no-memory-check"], default=True, show_default=True,
+                 help="With --hf: refuse, before loading it, a model the machine has not the memory to export."),
     click.Option(["--external-data/--one-file", "external_data"], default=None,
                  help="With --hf: the weights in one file beside the graph (model.onnx -> model.onnx_data), or all in "
                       "the .onnx (default: beside it from 1 GiB of weights; a file above 2 GB cannot be one file)."),
@@ -175,6 +177,8 @@ VERIFY = (
     click.Option(["--rtol"], type=float, default=None, help="Override the relative tolerance (finite, >= 0)."),
     click.Option(["--atol"], type=float, default=None, help="Override the absolute tolerance (finite, >= 0)."),
     click.Option(["--skip-unavailable"], is_flag=True, help="Skip requested runtimes that cannot run here."),
+    click.Option(["--memory-check/--no-memory-check"], default=True, show_default=True,
+                 help="With --hf: refuse, before loading it, a model the machine has not the memory to verify."),
     click.Option(["--strict-placement"], is_flag=True, help="Fail when ort-cuda runs a compute node on the CPU."),
     click.Option(["--seed"], type=SEED, default=None,
                  help="Parameters' seed of a MODEL without metadata, or of a --module class (default 0)."),

@@ -16,8 +16,10 @@ from attnexport.export import attention_op_of
 _ELEM = {v: k for k, v in onnx.TensorProto.DataType.items()}
 
 
-def load_model(path: str | Path) -> onnx.ModelProto:
-    """Loads an ONNX model; a missing, empty, truncated or non-ONNX file is a UsageError."""
+def load_model(path: str | Path, external_data: bool = True) -> onnx.ModelProto:
+    """Loads an ONNX model; a missing, empty, truncated or non-ONNX file is a UsageError.
+    `external_data=False` leaves weights held beside the model there (the graph names them; a
+    reader loads them one at a time, `numpy_helper.to_array(tensor, folder)`)."""
     path = Path(path)
     if not path.exists():
         raise UsageError(f"no such file: {path}")
@@ -32,7 +34,8 @@ def load_model(path: str | Path) -> onnx.ModelProto:
         raise UsageError(f"{path} is not an ONNX model ({type(e).__name__})") from None
     if not model.graph.node or not model.opset_import:
         raise UsageError(f"{path} is not an ONNX model (no graph)")
-    if any(external_data_helper.uses_external_data(t) for t in model.graph.initializer):
+    beside = any(external_data_helper.uses_external_data(t) for t in model.graph.initializer)
+    if external_data and beside:
         # Weights beside the model (`model.onnx.data`, torch.onnx's default for large ones) are
         # found next to the model file, from any working directory.
         try:
@@ -41,7 +44,8 @@ def load_model(path: str | Path) -> onnx.ModelProto:
             raise UsageError(f"{path}: its external data cannot be read: {getattr(e, 'strerror', None) or e}") \
                 from None
     try:
-        onnx.checker.check_model(model, full_check=False)
+        # Left beside it, its external data is found from the file's folder, not the working one.
+        onnx.checker.check_model(str(path) if beside and not external_data else model, full_check=False)
     except onnx.checker.ValidationError as e:
         raise UsageError(f"{path} is not a valid ONNX model: {first_line(e)}") from None
     return model

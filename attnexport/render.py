@@ -186,6 +186,8 @@ def verify(report, details: bool = False, out: Console | None = None) -> None:
             click.echo(f"  where: {r.localization.describe()}")
     if report.saved_baseline:
         click.echo(f"baseline saved: {report.saved_baseline}")
+    if report.resources_line:
+        click.echo(f"verify {report.resources_line}")
     s = report.summary()
     verdict = "all passed" if report.ok else f"{s['failed']} failed"
     click.echo(f"verify: {s['passed']} passed, {s['failed']} failed, {s['not_applicable']} not applicable "

@@ -108,6 +108,8 @@ class Report:
     models: list[str]
     baseline: str | None = None
     saved_baseline: str | None = None
+    resources: dict | None = None  # a whole model's verify: wall time and resident memory (usage.Meter)
+    resources_line: str = ""
 
     @property
     def failures(self) -> list[Row]:
@@ -133,7 +135,8 @@ class Report:
         return {"attnexport": __version__, "dtype": self.dtype, "flavors": self.flavors, "models": self.models,
                 "baseline": self.baseline, "saved_baseline": self.saved_baseline,
                 "versions": versions(), "device": device(), "runtimes": self.runtimes,
-                "summary": self.summary(), "results": [r.to_dict() for r in self.rows]}
+                "summary": self.summary(), "results": [r.to_dict() for r in self.rows],
+                **({"resources": self.resources} if self.resources is not None else {})}
 
 
 def versions() -> dict:

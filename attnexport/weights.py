@@ -175,10 +175,12 @@ def _columns_of(inits, block: np.ndarray):
     return None
 
 
-def read(model: onnx.ModelProto, entries: dict[str, dict]) -> tuple[dict[str, np.ndarray], list[str]]:
+def read(model: onnx.ModelProto, entries: dict[str, dict],
+         base_dir: str = "") -> tuple[dict[str, np.ndarray], list[str]]:
     """The model's own parameters (float32, in the module's layout) and the names whose hash changed.
 
-    A parameter whose initializer is gone counts as changed.
+    A parameter whose initializer is gone counts as changed. An initializer held as external data
+    is read from beside the model (`base_dir`, the model file's folder), one at a time.
     """
     inits = {i.name: i for i in model.graph.initializer}
     params, changed = {}, []
@@ -189,7 +191,7 @@ def read(model: onnx.ModelProto, entries: dict[str, dict]) -> tuple[dict[str, np
         if init is None:
             changed.append(name)
             continue
-        arr = numpy_helper.to_array(init)
+        arr = numpy_helper.to_array(init, base_dir)
         if "columns" in e:
             arr = np.ascontiguousarray(arr[:, e["columns"][0]:e["columns"][1]])
         if sha256_of(arr) != e["sha256"]:

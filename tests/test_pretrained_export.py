@@ -272,7 +272,7 @@ def test_a_folder_with_a_config_and_no_weights_is_refused_unless_a_seed_is_given
     assert r.exit_code == 1 and "the model's parameters differ" in _json(r)["results"][0]["error"]
 
 
-def test_external_data_puts_the_weights_beside_the_graph_and_verify_reads_them(folders, tmp_path):
+def test_external_data_puts_the_weights_beside_the_graph_and_verify_reads_them(folders, tmp_path, monkeypatch):
     """`--external-data` (the default from EXTERNAL_FROM bytes): the graph names `m.onnx_data` for
     every tensor of its weights, each at an offset ONNX Runtime maps in place; the check before
     writing loaded the staged pair; verify reads the pair; nothing else is left in the folder. The
@@ -297,6 +297,11 @@ def test_external_data_puts_the_weights_beside_the_graph_and_verify_reads_them(f
     assert any(n.startswith("took ") and "peak resident memory" in n for n in doc["notes"])
     v = run("verify", path, "--hf", folders["llama"], "--runtimes", "ort-cpu", "--json")
     assert v.exit_code == 0, v.output
+    assert _json(v)["resources"]["peak_bytes"] > 0
+    from attnexport import usage as U
+    monkeypatch.setattr(U, "available", lambda: 1 << 20)  # a machine with 1 MiB to give: refused first
+    v = run("verify", path, "--hf", folders["llama"], "--runtimes", "ort-cpu")
+    assert v.exit_code == 2 and "verify needs about" in v.output and len(v.output.strip().splitlines()) == 1
 
 
 def test_external_data_in_a_deployment_folder_and_nothing_left_when_the_check_fails(folders, tmp_path):
@@ -323,3 +328,15 @@ def test_one_file_above_protobufs_limit_is_refused_before_the_export(folders, tm
     r = run("export", "--hf", folders["llama"], "--kv-cache", "-o", tmp_path / "m.onnx")
     assert r.exit_code == 0, r.output
     assert (tmp_path / "m.onnx_data").is_file()
+
+
+def test_a_model_the_machine_cannot_hold_is_refused_before_it_loads(folders, tmp_path, monkeypatch):
+    from attnexport import usage as U
+    count = hf.parameter_count(folders["llama"])
+    assert count == sum(p.numel() for p in hf.load(folders["llama"])[0].parameters())
+    monkeypatch.setattr(U, "available", lambda: 1 << 20)  # a machine with 1 MiB to give
+    monkeypatch.setattr(hf, "load", lambda *a, **k: pytest.fail("loaded"))
+    r = run("export", "--hf", folders["llama"], "--kv-cache", "-o", tmp_path / "m.onnx")
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "parameters" in r.output and "needs about" in r.output and "1.0 MiB available" in r.output
+    assert not list(tmp_path.iterdir())

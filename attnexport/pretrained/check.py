@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from attnexport import files as F
 from attnexport import runtimes as R
+from attnexport import usage as U
 from attnexport import weights as W
 from attnexport.compare import Comparison, Tolerance, check_tolerance_values
 from attnexport.errors import AttnExportError, UsageError, reason
@@ -53,6 +55,7 @@ class HFCheck(Checking):
     clients: tuple = ()  # with a deployment folder: the clients that load it (attnexport.pretrained.clients)
     budget: Any = None  # the family's budget of a lossy export (`Family.budget`; None: its default)
     audio: tuple = ()  # a family that hears: the clips (16 kHz mono WAV files) its answers are checked on
+    memory_check: bool = True  # refuse, before it loads, a model the machine has not the memory to verify
 
 
 def with_fields(check: HFCheck, **fields) -> HFCheck:
@@ -118,7 +121,10 @@ class Context:
                 request = hf_export.HFExport(self.check.source, self.layout.form, max_seq, self.flavor,
                                              dtype=self.dtype, seed=self.check.seed)
                 self.known_good = hf_export.export_hf(request)[0].model
-            return locate(self.onnx_model, self.known_good, feed, runtime, self.dtype)
+            model = self.onnx_model
+            if F.data_file(self.check.model_path).is_file():  # read without its external data
+                model = load_model(self.check.model_path)
+            return locate(model, self.known_good, feed, runtime, self.dtype)
         except Exception as e:  # noqa: BLE001 - localization is a diagnosis; its failure is reported
             return Localization(note=f"localization failed: {reason(e)}")
 
@@ -131,7 +137,12 @@ def verify_hf(check: HFCheck) -> Report:
         raise UsageError(f"--audio: a {family.what}'s verify takes no audio")
     if check.budget is None:  # the family's default (the command line gives one parsed by the family)
         check = with_fields(check, budget=family.budget(None))
-    return family.verify(check)
+    if check.memory_check:
+        hf.check_fits(check.source, "verify")
+    with U.metered() as meter:
+        report = family.verify(check)
+    report.resources, report.resources_line = meter.to_dict(), meter.line()
+    return report
 
 
 def model_file(path: str | Path) -> tuple[Path, Path | None]:
@@ -166,7 +177,11 @@ def verify_step(check: HFCheck) -> Report:
         raise UsageError(f"--clients load a deployment folder (export --hf --deploy FOLDER); {check.model_path} "
                          "is not in one")
     check = with_fields(check, model_path=path)
-    model = load_model(check.model_path)
+    # A model with external data is read without it first: ONNX Runtime's Python sessions map the
+    # weights from the file and the fingerprints read them one at a time, so a model of any size
+    # is not held twice (a quantized one, whose matrices are all read, or a runtime given the model
+    # in memory, loads it whole below).
+    model = load_model(check.model_path, external_data=False)
     layout = hf.Layout.of(model)
     family = layout.family
     if check.clients:
@@ -189,14 +204,19 @@ def verify_step(check: HFCheck) -> Report:
     reference = HR.Reference(hf_model, layout, dtype, check.rtol, check.atol)
     quantized = P.record_of(model)
     used, table = R.select(check.runtimes, check.skip_unavailable)
+    external = F.data_file(path).is_file()
+    if external and (quantized is not None or any(R.REGISTRY[rt].adapter != "ort" for rt in used
+                                                  if rt in R.ONNX_RUNTIMES)):
+        model = load_model(check.model_path)
     used, table = P.able_runtimes(model, used, table, check.runtimes, quantized)
     executor = Executor(check.checking)
     ctx = Context(check, model, layout, reference, tokenizer, dtype, flavor, used,
-                  {rt: _prepared(rt, model) for rt in used if rt in R.ONNX_RUNTIMES}, executor,
+                  {rt: _prepared(rt, model, path) for rt in used if rt in R.ONNX_RUNTIMES}, executor,
                   precision=P.precision_name(model, quantized), prompts=inputs, folder=folder)
     record = meta.parsed("params", {})
     changed = changed_params(reference.step, record, dtype)
-    damaged = W.read(model, record)[1] if record else []  # the file's own initializers against the record
+    # The file's own initializers against the record:
+    damaged = W.read(model, record, str(Path(path).resolve().parent))[1] if record else []
     damaged += P.damaged(model, quantized)
     with np.errstate(all="ignore"):
         if changed or damaged:
@@ -213,8 +233,10 @@ def verify_step(check: HFCheck) -> Report:
     return executor.report(R.described(table) + client_table, dtype, [flavor], [str(check.model_path)])
 
 
-def _prepared(runtime: str, model) -> R.Prepared:
+def _prepared(runtime: str, model, path: Path | None = None) -> R.Prepared:
     """The model ready on `runtime`; a runtime that cannot even load it is a UsageError in one line."""
+    if path is not None and F.data_file(path).is_file() and R.REGISTRY[runtime].adapter == "ort":
+        model = str(path)  # its weights mapped from beside it, not copied from the model in memory
     try:
         return R.prepare_onnx(runtime, model)
     except AttnExportError:

@@ -61,6 +61,8 @@ class HFExport:
         external_data: the weights in one file beside the graph (`files.data_file`), written before
             the check, which loads them from there; False: all in the .onnx; None: beside it when
             the graph's weights reach EXTERNAL_FROM (a file above protobuf's 2 GB limit cannot be one).
+        memory_check: refuse, before it loads, a model the machine has not the memory to export
+            (`model.check_fits`).
     """
 
     source: str | Path
@@ -77,6 +79,7 @@ class HFExport:
     precision: str = "fp32"
     plan: P.Plan | None = None
     external_data: bool | None = None
+    memory_check: bool = True
 
 
 # From this many bytes of weights in the graph's float type, a whole model's weights go beside its graph.
@@ -121,6 +124,8 @@ def export(request: HFExport) -> Any:
     """`export --hf`: the model at `request.source` exported as its family does (`Family.export`:
     one step graph, `export_hf`, or a family's graphs); returns the result (`summary()`, `to_dict()`)."""
     _check_request(request)
+    if request.memory_check:
+        hf.check_fits(request.source, "export in one file" if request.external_data is False else "export")
     with U.metered() as meter:
         with U.phase("load"):
             model, params_source = hf.load(request.source, request.seed)

@@ -275,6 +275,57 @@ def _load_gguf(path: Path):
     return model.eval(), "given: " + path.name
 
 
+# What an export and a verify hold at their peak, measured (docs/scale.md): about FACTOR times the
+# model's weights in float32 above the process's own BASE (torch and the runtimes, loaded).
+MEMORY_BASE = 512 << 20
+MEMORY_FACTORS = {"export": 3.5, "export in one file": 6.0, "verify": 3.0}
+
+
+def parameter_count(source: str | Path) -> int | None:
+    """The parameters of the model at `source` as its files' headers give them, nothing loaded: a
+    folder's safetensors (sharded too) or a GGUF file's tensors; None where the files do not say
+    (a pytorch_model.bin, a model id, a folder a family reads itself)."""
+    import json
+    import struct
+    path = Path(str(source))
+    try:
+        if path.is_file() and path.suffix.lower() == ".gguf":
+            import gguf
+            return sum(int(t.n_elements) for t in gguf.GGUFReader(str(path)).tensors)
+        files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
+        if not files:
+            return None
+        total = 0
+        for f in files:
+            with f.open("rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                header = json.loads(fh.read(n))
+            for name, t in header.items():
+                if name != "__metadata__":
+                    count = 1
+                    for d in t["shape"]:
+                        count *= int(d)
+                    total += count
+        return total
+    except Exception:  # noqa: BLE001 - a header it cannot read: no estimate, the load says what is wrong
+        return None
+
+
+def check_fits(source: str | Path, work: str) -> None:
+    """Refuses, before anything loads, a model whose `work` (a MEMORY_FACTORS key) would need more
+    memory than the machine has available: one line with what it needs and what there is."""
+    from attnexport import usage as U
+    from attnexport.files import human_size
+    count, have = parameter_count(source), U.available()
+    if count is None or have is None:
+        return
+    need = MEMORY_BASE + MEMORY_FACTORS[work] * 4 * count
+    if need > have:
+        raise UsageError(f"--hf {source}: {count / 1e9:.2f}B parameters ({human_size(4 * count)} in float32); "
+                         f"{work.split()[0]} needs about {human_size(int(need))} of memory and this machine has "
+                         f"{human_size(have)} available (--no-memory-check tries anyway)")
+
+
 def tokenizer_of(source: str | Path):
     """The tokenizer beside the model at `source` (its folder's tokenizer files, a GGUF file's own
     vocabulary, or the model id's), or None when there is none (a config-only folder)."""
