@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 
 from attnexport import cases as cases_mod
-from attnexport import commands, jsonout, memo, options, render
+from attnexport import commands, jsonout, memo, options, render, usage
 from attnexport import files as F
 from attnexport import golden as golden_mod
 from attnexport import runtimes as R
@@ -224,6 +224,8 @@ def export(as_json, **given):
     attnexport export --hf ./tiny-llama --kv-cache static --max-seq 512 --flavor ort -o llama.onnx;
     attnexport export --hf SmolLM2-135M-Instruct.Q4_1.gguf --kv-cache --deploy smollm2-onnx
     """
+    if sys.stderr.isatty():  # a whole model's export tells each phase as it ends
+        usage.tell_phases(lambda p: click.echo(usage.phase_line(p), err=True))
     result = commands.export(**given)
     click.echo(jsonout.dumps(result.to_dict()) if as_json else result.summary())
 

@@ -15,6 +15,7 @@ import os
 import resource
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,6 +73,7 @@ class Meter:
     seconds: float = 0.0
     start: int = 0
     peak: int = 0
+    progress: Callable[[Phase], None] | None = None  # told of each phase as it ends (a terminal's lines)
     _open: list[Phase] = field(default_factory=list)
     _t0: float = 0.0
     _water0: int = 0
@@ -122,6 +124,8 @@ class Meter:
             p.end = resident()
             self._seen(p.end)
             self._open.remove(p)
+            if self.progress is not None:
+                self.progress(p)
 
     def to_dict(self) -> dict:
         return {"seconds": round(self.seconds, 3), "start_bytes": self.start, "peak_bytes": self.peak,
@@ -138,13 +142,26 @@ class Meter:
 _ACTIVE: list[Meter] = []
 
 
+# Where phases are told as they end when a command runs on a terminal (`tell_phases`).
+_PROGRESS: list[Callable[[Phase], None]] = []
+
+
+def tell_phases(progress: Callable[[Phase], None] | None) -> None:
+    """Each phase of the metered runs that follow is told to `progress` as it ends (None: not)."""
+    _PROGRESS[:] = [progress] if progress is not None else []
+
+
+def phase_line(p: Phase) -> str:
+    return f"  {p.name}: {p.seconds:.1f} s, resident {gib(p.end)} (peak {gib(p.peak)})"
+
+
 @contextlib.contextmanager
 def metered():
     """A Meter for the block, the one `phase` reports into (the outermost one, where they nest)."""
     if _ACTIVE:
         yield _ACTIVE[0]
         return
-    with Meter() as m:
+    with Meter(progress=_PROGRESS[0] if _PROGRESS else None) as m:
         _ACTIVE.append(m)
         try:
             yield m

@@ -34,3 +34,18 @@ def test_a_phase_outside_a_meter_does_nothing_and_meters_nest_into_the_outer_one
 def test_what_the_machine_has_is_read():
     assert U.resident() > 0 and U.high_water() >= U.resident() // 2
     assert U.available() is None or U.available() > 0
+
+
+def test_each_phase_is_told_as_it_ends_where_asked():
+    told = []
+    U.tell_phases(told.append)
+    try:
+        with U.metered(), U.phase("trace"), U.phase("inner"):
+            pass
+    finally:
+        U.tell_phases(None)
+    assert [p.name for p in told] == ["inner", "trace"]
+    assert U.phase_line(told[1]).startswith("  trace: ") and "peak" in U.phase_line(told[1])
+    with U.metered() as meter, U.phase("quiet"):
+        pass
+    assert meter.progress is None
