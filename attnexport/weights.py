@@ -122,7 +122,7 @@ def skeleton(model: onnx.ModelProto, threshold: int = SKELETON_BYTES) -> onnx.Mo
     inference read of a whole model without holding its weights twice (the small and integer
     initializers, which shape computations read, stay)."""
     graph = model.graph
-    big = {i.name for i in graph.initializer if i.data_type in _FLOAT_TYPES and _nbytes(i) >= threshold}
+    big = {i.name for i in graph.initializer if i.data_type in _FLOAT_TYPES and nbytes(i) >= threshold}
     out = onnx.ModelProto()
     for f, value in model.ListFields():
         if f.name != "graph":
@@ -150,7 +150,8 @@ _FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorPro
                 onnx.TensorProto.DOUBLE)
 
 
-def _nbytes(init: onnx.TensorProto) -> int:
+def nbytes(init: onnx.TensorProto) -> int:
+    """The bytes of an initializer's values, from its type and shape (its data may be held elsewhere)."""
     n = int(np.prod(init.dims, dtype=np.int64)) if init.dims else 1
     return n * onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
 

@@ -298,7 +298,14 @@ def test_external_data_puts_the_weights_beside_the_graph_and_verify_reads_them(f
     v = run("verify", path, "--hf", folders["llama"], "--runtimes", "ort-cpu", "--json")
     assert v.exit_code == 0, v.output
     assert _json(v)["resources"]["peak_bytes"] > 0
+    from attnexport import runtimes as R
     from attnexport import usage as U
+    from attnexport.runtimes import js
+    if R.status("ort-node").available:  # a model above what the JavaScript runtimes are given: one line
+        monkeypatch.setattr(js, "JS_LIMIT", 1000)
+        v = run("verify", path, "--hf", folders["llama"], "--runtimes", "ort-node")
+        assert v.exit_code == 2 and "ort-node cannot load a model of" in v.output and "ort-cpu" in v.output
+        assert len(v.output.strip().splitlines()) == 1, v.output
     monkeypatch.setattr(U, "available", lambda: 1 << 20)  # a machine with 1 MiB to give: refused first
     v = run("verify", path, "--hf", folders["llama"], "--runtimes", "ort-cpu")
     assert v.exit_code == 2 and "verify needs about" in v.output and len(v.output.strip().splitlines()) == 1

@@ -36,7 +36,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from attnexport.errors import ProviderUnavailableError
+from attnexport import files as F
+from attnexport import weights as W
+from attnexport.errors import ProviderUnavailableError, UsageError
 from attnexport.runtimes import base as R
 
 PACKAGE = Path(__file__).parent / "js"
@@ -320,8 +322,19 @@ def _array(t: dict, binary: bytearray) -> np.ndarray:
     return a
 
 
+# What the JavaScript runtimes are given in one message at most (protobuf's limit, WebAssembly's 2 GB).
+JS_LIMIT = (1 << 31) - 1
+
+
 def prepare(name: str, model: onnx.ModelProto, optimize: bool = True, threads: int | None = None) -> R.Prepared:
-    """`model` on `name` (ort-node, ort-wasm or ort-webgpu), run by output name."""
+    """`model` on `name` (ort-node, ort-wasm or ort-webgpu), run by output name; a model above
+    what the runtime is given in one message (JS_LIMIT) is a UsageError in one line."""
+    size = sum(W.nbytes(i) for i in model.graph.initializer)
+    if size > JS_LIMIT:
+        held = "WebAssembly's memory and ONNX Runtime Web's model buffer hold" if name != "ort-node" else \
+            "attnexport gives onnxruntime-node the model as one protobuf message, which holds"
+        raise UsageError(f"runtime {name} cannot load a model of {F.human_size(size)} of weights: {held} 2 GB at "
+                         "most; verify it on ort-cpu or ort-cuda")
     b = bridge()
     request = {"op": "load", "runtime": name, "optimize": optimize, "threads": threads or R.cpu_threads() or 0}
     if name == "ort-node" and R.has_fp16(model):
