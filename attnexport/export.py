@@ -785,8 +785,6 @@ def export_module(module, example_inputs, request: ModuleExport | None = None, *
     tensors for `forward`. Takes a ModuleExport, or its fields as keywords (`flavor="ort"`)."""
     import torch
 
-    recognize = _tracing().recognize
-
     if request is not None and fields:
         raise TypeError("give a ModuleExport or its fields, not both")
     r = request or ModuleExport(**fields)
@@ -802,9 +800,32 @@ def export_module(module, example_inputs, request: ModuleExport | None = None, *
                          "for a fully masked row by its own definition")
     if r.output is not None:
         F.resolve_target(Path(r.output))
+    staged = None
+    if r.external_data:
+        if r.output is None or r.check is None:
+            raise ValueError("external_data needs an output and a check")
+        staged = F.new_staging(r.output)
+    try:
+        with W.external_base(staged.folder if staged is not None else ""):
+            return _export_module(module, example_inputs, r, opset, torch_nan, staged)
+    except BaseException:
+        if staged is not None:
+            staged.discard()
+        raise
+
+
+def _export_module(module, example_inputs, r: ModuleExport, opset: int, torch_nan: bool,
+                   staged: F.Staged | None) -> ModuleExportResult:
+    """`export_module`'s work, with the request checked: with external data, staged in `staged`
+    (the trace's weights written there straight from the module's tensors where nothing after
+    the trace rewrites them in memory: no quantization, no fusion by onnxscript's optimizer)."""
+    import torch
+
+    recognize = _tracing().recognize
+    direct = staged is not None and r.finalize is None and not r.optimized_by_rewrite
     with U.phase("copy"):
         t = _module_trace(module, tuple(example_inputs), r)
-    traced, found, model = _trace_to_onnx(t, opset)
+    traced, found, model = _trace_to_onnx(t, opset, staged.folder if direct and staged is not None else None)
     missed = [f for f in found if f.reason]
     # Calls routed: the core's nodes in the traced program (tracing may run forward more than once).
     calls = recognize.routed_calls(traced)
@@ -830,24 +851,18 @@ def export_module(module, example_inputs, request: ModuleExport | None = None, *
     if r.finalize is not None:
         with U.phase("quantize"):
             model = r.finalize(model)
-    staged = None
-    if r.external_data:
-        if r.output is None or r.check is None:
-            raise ValueError("external_data needs an output and a check")
+    # The module's parameters are not held here past this point (a caller may let them go: a whole
+    # model's check does once the float64 reference has run).
+    del params, traced
+    if staged is not None:
         with U.phase("write"):
-            staged = F.stage_external(model, Path(r.output))
+            F.stage_external(model, staged.target, staged)
             # The graph read back as a new message: protobuf frees the one that held the weights
             # only when it goes (clearing its fields keeps their memory in its arena).
             model = onnx.load(str(staged.graph), load_external_data=False)
-    try:
-        with U.phase("check"):
-            checked = r.check(str(staged.graph) if staged else model) if r.check is not None else \
-                _check_other_sizes(t, model, kept, set() if write else {kept[n][a] for n, a in cache_axes.items()},
-                                   write)
-    except BaseException:
-        if staged is not None:
-            staged.discard()
-        raise
+    with U.phase("check"):
+        checked = r.check(str(staged.graph) if staged else model) if r.check is not None else \
+            _check_other_sizes(t, model, kept, set() if write else {kept[n][a] for n, a in cache_axes.items()}, write)
     version = torch.__version__.split("+")[0]
     semantics = ["fully masked query rows give NaN, as in torch (--nan-rows)"] if r.nan_rows else \
         [M.SEMANTICS_NOTE.format(version=version) + " (--nan-rows keeps torch's)"] if torch_nan else []
@@ -1000,9 +1015,11 @@ def _in_dtype(module, tdtype):
     return copy.deepcopy(module).to(tdtype).eval()
 
 
-def _trace_to_onnx(t: _ModuleTrace, opset: int):
+def _trace_to_onnx(t: _ModuleTrace, opset: int, scratch: Path | None = None):
     """torch.export's program of the module, its attention routed through the core (what was not
-    recognized stops a fused flavour unless allowed), and the ONNX model of it: (program, found, model)."""
+    recognized stops a fused flavour unless allowed), and the ONNX model of it: (program, found,
+    model); with `scratch` (a staging folder), its weights written there (`files.SCRATCH`) straight
+    from the module's tensors, the model naming them as external data (no copy of them in memory)."""
     import torch
 
     tracing = _tracing()
@@ -1022,6 +1039,8 @@ def _trace_to_onnx(t: _ModuleTrace, opset: int):
         with U.phase("to onnx"):
             program = to_onnx(traced, t.args, flavor=r.flavor, opset=opset, input_names=t.names,
                               output_names=t.out_names, what=r.name, optimize=not r.optimized_by_rewrite)
+            if scratch is not None:
+                W.unload(program.model, scratch, F.SCRATCH, F.EXTERNAL_MIN, F.EXTERNAL_ALIGN)
             proto = program.model_proto
     return traced, found, proto
 

@@ -219,28 +219,49 @@ class Staged:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def stage_external(model, target: str | Path) -> Staged:
-    """Writes `model` as a graph and its external data (`data_file`) into a new temporary folder
-    beside `target`, each floating or integer tensor of EXTERNAL_MIN bytes or more moved out of the
-    model in memory as it is written (the model then names the data file: its weights are held
-    once, on disk), both flushed to the disk. Nothing is left when the write fails (a full disk):
-    the folder is removed and the error is a UsageError."""
-    import onnx
-
+def new_staging(target: str | Path) -> Staged:
+    """A new temporary folder beside `target` for it and its external data (`stage_external`), both
+    targets checked first (UsageError where they cannot be written)."""
     target = resolve_target(target)
     resolve_target(data_file(target))
     folder = Path(tempfile.mkdtemp(prefix=".attnexport-", dir=target.parent))
-    os.chmod(folder, 0o700)
-    staged = Staged(folder, target, 0)
+    return Staged(folder, target, 0)
+
+
+# A staging folder's scratch file: the weights a trace wrote straight from the module's tensors, which
+# the model in memory names until it is staged (`stage_external` copies them into the data file).
+SCRATCH = "traced.weights"
+
+
+def stage_external(model, target: str | Path, staged: Staged | None = None) -> Staged:
+    """Writes `model` as a graph and its external data (`data_file`) into a new temporary folder
+    beside `target` (or `staged`'s), each tensor of EXTERNAL_MIN bytes or more moved out of the
+    model in memory as it is written (the model then names the data file: its weights are held
+    once, on disk); a tensor the model already holds outside it (in the staging folder's SCRATCH
+    file, or another file of that folder) is copied over one at a time. Both files are flushed to
+    the disk. Nothing is left when the write fails (a full disk): the folder is removed and the
+    error is a UsageError."""
+    import onnx
+    from onnx import external_data_helper
+
+    staged = staged or new_staging(target)
+    target = staged.target
     location = data_file(target).name
     try:
         fd = os.open(staged.data, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
         with os.fdopen(fd, "wb") as f:
             for init in model.graph.initializer:
-                if init.data_location == onnx.TensorProto.EXTERNAL or not init.HasField("raw_data"):
+                if init.data_location == onnx.TensorProto.EXTERNAL:
+                    held = onnx.TensorProto()
+                    held.CopyFrom(init)  # without data: read here, the model's own stays a reference
+                    external_data_helper.load_external_data_for_tensor(held, str(staged.folder))
+                    data = held.raw_data
+                    del held
+                elif init.HasField("raw_data"):
+                    data = init.raw_data
+                else:
                     continue
-                data = init.raw_data
-                if len(data) < EXTERNAL_MIN:
+                if len(data) < EXTERNAL_MIN and init.data_location != onnx.TensorProto.EXTERNAL:
                     continue
                 f.write(b"\0" * (-f.tell() % EXTERNAL_ALIGN))
                 offset = f.tell()
@@ -255,6 +276,8 @@ def stage_external(model, target: str | Path) -> Staged:
             f.flush()
             os.fsync(f.fileno())
             size = f.tell()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staged.folder / SCRATCH)
         graph = model.SerializeToString(deterministic=True)
         fd = os.open(staged.graph, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
         with os.fdopen(fd, "wb") as f:

@@ -9,8 +9,11 @@ any number is compared, and the parameters it runs the reference with are the mo
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -30,6 +33,40 @@ def sha256_of(arr: np.ndarray) -> str:
     h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
     h.update(a.tobytes())
     return h.hexdigest()
+
+
+# Where the model being exported keeps the weights it names as external data (a staging folder), for
+# the passes that read their values (`values`); set by `external_base` while an export runs.
+_BASE: contextvars.ContextVar[str] = contextvars.ContextVar("attnexport_external_base", default="")
+
+
+@contextlib.contextmanager
+def external_base(folder: str | Path):
+    """Within the block, `values` reads an initializer held as external data from `folder`."""
+    token = _BASE.set(str(folder))
+    try:
+        yield
+    finally:
+        _BASE.reset(token)
+
+
+def values(init: onnx.TensorProto) -> np.ndarray:
+    """An initializer's values, read from its external data where it is held there (one tensor,
+    the initializer itself left a reference: `numpy_helper.to_array` would load it into it)."""
+    if init.data_location != onnx.TensorProto.EXTERNAL:
+        return numpy_helper.to_array(init)
+    held = onnx.TensorProto()
+    held.CopyFrom(init)
+    return numpy_helper.to_array(held, _BASE.get())
+
+
+def unload(model, folder: Path, name: str, threshold: int, alignment: int) -> None:
+    """The weights of `model` (an onnx_ir model, whose tensors are still the module's own) written
+    to `folder/name` one at a time, each of `threshold` bytes or more then named there (external
+    data): its ONNX message is built without a copy of them."""
+    import onnx_ir as ir
+    ir.external_data.unload_from_model(model, folder, name, size_threshold_bytes=threshold, alignment=alignment,
+                                       align_threshold=0, max_workers=1, max_in_flight_bytes=1 << 28)
 
 
 def total_sha256(entries: dict[str, dict]) -> str:
@@ -80,11 +117,11 @@ def record(model: onnx.ModelProto, params: dict[str, np.ndarray], np_dtype) -> d
     # with every initializer of its shape (a model of thirty like layers has thirty of each).
     index: dict = {}
     for init in inits:
-        index.setdefault(_key(numpy_helper.to_array(init)), []).append(init)
+        index.setdefault(_key(values(init)), []).append(init)
 
     def lookup(a: np.ndarray):
         for init in index.get(_key(a), ()):
-            arr = numpy_helper.to_array(init)
+            arr = values(init)
             if np.array_equal(arr, a):
                 return init.name, arr
         return None
@@ -120,9 +157,11 @@ def skeleton(model: onnx.ModelProto, threshold: int = SKELETON_BYTES) -> onnx.Mo
     """The model with each floating-point initializer of `threshold` bytes or more made a graph
     input of its type and shape, nothing of its data copied: what onnx's checker and shape
     inference read of a whole model without holding its weights twice (the small and integer
-    initializers, which shape computations read, stay)."""
+    initializers, which shape computations read, stay; one held as external data goes too: the
+    checker would look for its file from the working folder)."""
     graph = model.graph
-    big = {i.name for i in graph.initializer if i.data_type in _FLOAT_TYPES and nbytes(i) >= threshold}
+    big = {i.name for i in graph.initializer if (i.data_type in _FLOAT_TYPES and nbytes(i) >= threshold)
+           or i.data_location == onnx.TensorProto.EXTERNAL}
     out = onnx.ModelProto()
     for f, value in model.ListFields():
         if f.name != "graph":
@@ -167,7 +206,7 @@ def _columns_of(inits, block: np.ndarray):
     for init in inits:
         if len(init.dims) != 2 or init.dims[0] != rows or init.dims[1] <= width:
             continue
-        iname, arr = init.name, numpy_helper.to_array(init)
+        iname, arr = init.name, values(init)
         if arr.dtype != block.dtype:
             continue
         for start in np.flatnonzero((arr == block[:, :1]).all(axis=0)):

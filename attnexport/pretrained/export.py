@@ -6,11 +6,12 @@ what Optimum's ORTModelForCausalLM and transformers.js read)."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,9 @@ class HFExport:
             the graph's weights reach EXTERNAL_FROM (a file above protobuf's 2 GB limit cannot be one).
         memory_check: refuse, before it loads, a model the machine has not the memory to export
             (`model.check_fits`).
+        frees_model: the model is the export's own (`export` loads it): its weights are let go
+            once the check before writing has run it (in torch and in float64), before ONNX
+            Runtime runs the graph, so the two are never held together.
     """
 
     source: str | Path
@@ -80,6 +84,7 @@ class HFExport:
     plan: P.Plan | None = None
     external_data: bool | None = None
     memory_check: bool = True
+    frees_model: bool = False
 
 
 # From this many bytes of weights in the graph's float type, a whole model's weights go beside its graph.
@@ -129,7 +134,7 @@ def export(request: HFExport) -> Any:
     with U.metered() as meter:
         with U.phase("load"):
             model, params_source = hf.load(request.source, request.seed)
-        result = registry.of_model(model).export(request, model, params_source)
+        result = registry.of_model(model).export(replace(request, frees_model=True), model, params_source)
     if hasattr(result, "resources"):
         result.resources = meter.to_dict()
         result.notes.append(meter.line())
@@ -186,9 +191,9 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
         if not isinstance(onnx_model, onnx.ModelProto) and plan is not None:  # staged with external data
             onnx_model = reading.load_model(onnx_model)
         if plan is None:  # the float64 copy made here, once the trace no longer needs the memory
-            with U.phase("reference"):
-                reference = HR.Reference(model, layout, dtype, r.rtol, r.atol)
-            return check_before_writing(onnx_model, reference, tokenizer, name)
+            reference = HR.Reference(model, layout, dtype, r.rtol, r.atol)
+            return check_before_writing(onnx_model, reference, tokenizer, name,
+                                        release=(lambda: release_weights(model)) if r.frees_model else None)
         return check_quantized(onnx_model, model, layout, quantized["before"], tokenizer, name, r)
 
     external = external_data(r, model, dtype)
@@ -325,19 +330,36 @@ def _rewritten(onnx_model, model, layout: hf.Layout, flavor: str, dtype: str, na
     return onnx_model
 
 
-def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: str) -> list:
+def release_weights(model) -> None:
+    """Lets go of every parameter of `model` (each left an empty tensor: running it again fails
+    loudly), so that its memory goes back before ONNX Runtime maps the graph's own copy."""
+    for module in model.modules():
+        for p in module._parameters.values():
+            if p is not None:
+                p.data = torch.empty(0, dtype=p.dtype)
+    gc.collect()
+
+
+def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: str, release=None) -> list:
     """The step graph (a ModelProto, or the path of one staged with its external data) on ONNX
     Runtime's CPU provider at each of its form's export_checks shapes against the model in
     float64, each output within its budget; an ExportError (nothing written) naming the first
-    output that is not. Returns, a shape each: its label and each output's worst error and budget."""
+    output that is not. Returns, a shape each: its label and each output's worst error and budget.
+    Every shape runs in torch first; then `release()` (where given) lets the model's weights go,
+    and ONNX Runtime runs the graph."""
 
     layout = reference.layout
+    cases = []  # every shape's feed and float64 outputs first: the model in torch is then done with
+    with U.phase("reference"):
+        for label, batch, block, past, padded in layout.cache_form.export_checks:
+            feed = layout.family.check_feed(reference, tokenizer, batch, block, past, padded, seed=1)
+            cases.append((label, feed, reference.expect(feed)))
+    if release is not None:
+        release()
     with U.phase("check session"):
         session = R.prepare_onnx("ort-cpu", onnx_model, prepack=False)
     checked = []
-    for label, batch, block, past, padded in layout.cache_form.export_checks:
-        feed = layout.family.check_feed(reference, tokenizer, batch, block, past, padded, seed=1)
-        expected = reference.expect(feed)
+    for label, feed, expected in cases:
         try:
             got = session.run(feed)
         except Exception as e:  # noqa: BLE001 - ONNX Runtime's reason, in one line

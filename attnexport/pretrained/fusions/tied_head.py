@@ -6,6 +6,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from attnexport import weights as W
 from attnexport.errors import ExportError
 from attnexport.pretrained.fusions.graph import attr, rank_of
 
@@ -31,7 +32,7 @@ def tied_head(model: onnx.ModelProto) -> None:
             continue
         flipped = f"{name}.transposed"
         model.graph.initializer.append(numpy_helper.from_array(
-            np.ascontiguousarray(numpy_helper.to_array(inits[name]).T), flipped))
+            np.ascontiguousarray(W.values(inits[name]).T), flipped))
         model.graph.initializer.remove(inits[name])
         for node in model.graph.node:  # the head's MatMul: the (D, V) matrix itself
             for i, x in enumerate(node.input):
@@ -54,13 +55,13 @@ def folded_head(model: onnx.ModelProto) -> None:
     heads: dict = {}  # (D, V) initializers a MatMul reads, by their transpose's bytes
     for name, nodes in readers.items():
         if len(inits[name].dims) == 2 and all(n.op_type == "MatMul" and n.input[1] == name for n in nodes):
-            w = numpy_helper.to_array(inits[name]).T
+            w = W.values(inits[name]).T
             heads.setdefault((w.shape, w.dtype.str, w.tobytes()), []).append(name)
     for name, nodes in readers.items():
         if [n.op_type for n in nodes] != ["Gather"] or len(inits[name].dims) != 2:
             continue
         gather = nodes[0]
-        table = numpy_helper.to_array(inits[name])
+        table = W.values(inits[name])
         twins = heads.get((table.shape, table.dtype.str, table.tobytes()), [])
         if attr(gather, "axis", 0) != 0 or gather.input[0] != name or not twins:
             continue
