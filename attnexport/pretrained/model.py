@@ -18,7 +18,9 @@ from pathlib import Path
 
 import torch
 
+from attnexport import files as F
 from attnexport import signature as SG
+from attnexport import usage as U
 from attnexport.errors import UsageError, reason
 from attnexport.pretrained import forms, registry
 from attnexport.record import ExportRecord
@@ -314,16 +316,14 @@ def parameter_count(source: str | Path) -> int | None:
 def check_fits(source: str | Path, work: str) -> None:
     """Refuses, before anything loads, a model whose `work` (a MEMORY_FACTORS key) would need more
     memory than the machine has available: one line with what it needs and what there is."""
-    from attnexport import usage as U
-    from attnexport.files import human_size
     count, have = parameter_count(source), U.available()
     if count is None or have is None:
         return
     need = MEMORY_BASE + MEMORY_FACTORS[work] * 4 * count
     if need > have:
-        raise UsageError(f"--hf {source}: {count / 1e9:.2f}B parameters ({human_size(4 * count)} in float32); "
-                         f"{work.split()[0]} needs about {human_size(int(need))} of memory and this machine has "
-                         f"{human_size(have)} available (--no-memory-check tries anyway)")
+        raise UsageError(f"--hf {source}: {count / 1e9:.2f}B parameters ({F.human_size(4 * count)} in float32); "
+                         f"{work.split()[0]} needs about {F.human_size(int(need))} of memory and this machine has "
+                         f"{F.human_size(have)} available (--no-memory-check tries anyway)")
 
 
 def tokenizer_of(source: str | Path):
