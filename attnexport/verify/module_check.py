@@ -260,10 +260,11 @@ def _model_inputs(model, model_path, meta, input_specs) -> list[dict]:
 def changed_params(module, entries, dtype) -> list[str]:
     """The parameters whose sha256 differs from the model's record (stored as the model holds
     them: a transposed layout is hashed transposed)."""
-    state = {k: v.detach().float().numpy().astype(D.NUMPY[dtype]) for k, v in module.state_dict().items()}
+    state = module.state_dict()
     changed = []
-    for name, entry in sorted(entries.items()):
-        p = state.get(name)
+    for name, entry in sorted(entries.items()):  # one parameter at a time: a whole model is not copied
+        t = state.get(name)
+        p = None if t is None else t.detach().float().numpy().astype(D.NUMPY[dtype], copy=False)
         if p is None or W.sha256_of(p.T if entry["layout"] == "transposed" else p) != entry["sha256"]:
             changed.append(name)
     return changed
