@@ -130,7 +130,8 @@ def export(request: HFExport) -> Any:
     one step graph, `export_hf`, or a family's graphs); returns the result (`summary()`, `to_dict()`)."""
     _check_request(request)
     if request.memory_check:
-        hf.check_fits(request.source, "export in one file" if request.external_data is False else "export")
+        hf.check_fits(request.source, "export quantized" if request.precision in P.QUANTIZED else
+                      "export in one file" if request.external_data is False else "export")
     with U.metered() as meter:
         with U.phase("load"):
             model, params_source = hf.load(request.source, request.seed)
