@@ -138,3 +138,22 @@ def test_a_folder_written_under_transformers_5_with_a_chat_template_is_read_by_e
         done = causal_clients.generate(client, out, [chat], 6)
         assert done.prompt_ids == [list(want_ids)], client
         assert done.tokens == [want], client
+
+
+def test_each_client_reads_a_folder_whose_weights_are_beside_the_graph(tiny_lm, tmp_path):
+    """`export --deploy --external-data` (a model of a billion parameters gets it by default):
+    onnx/model.onnx and onnx/model.onnx_data, which Optimum (through ONNX Runtime) and transformers.js
+    (`use_external_data_format`) load, generating transformers' tokens."""
+    pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
+    for client in CausalLM.clients:
+        _available(client)
+    source, out = tiny_lm("llama"), tmp_path / "llama-onnx"
+    r = cli("export", "--hf", str(source), "--kv-cache", "--external-data", "--deploy", str(out))
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in (out / "onnx").iterdir()) == ["model.onnx", "model.onnx_data"]
+    r = cli("verify", str(out), "--hf", str(source), "--runtimes", "ort-cpu", "--clients",
+            ",".join(CausalLM.clients), "--new-tokens", "6", "--json")
+    assert r.exit_code == 0, r.output
+    rows = [row for row in json.loads(r.output)["results"] if row["runtime"] in CausalLM.clients]
+    assert len(rows) == len(CausalLM.clients) and all(row["passed"] for row in rows)
+    assert all(row["detail"]["tokens"] == row["detail"]["transformers_tokens"] for row in rows)

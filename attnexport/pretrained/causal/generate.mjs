@@ -28,6 +28,8 @@ async function main() {
   const name = path.basename(folder);
   const model = await AutoModelForCausalLM.from_pretrained(name, {
     dtype: 'fp32', device: 'cpu', ...(req.threads ? { session_options: { intraOpNumThreads: req.threads } } : {}),
+    // The weights beside the graph (export --external-data: onnx/model.onnx_data), where they are.
+    use_external_data_format: fs.existsSync(path.join(folder, 'onnx', 'model.onnx_data')),
   });
   const tokenizer = req.prompts || req.chats ? await AutoTokenizer.from_pretrained(name) : null;
   const promptIds = [];

@@ -25,6 +25,8 @@ async function main() {
   env.useBrowserCache = false;
   const extractor = await pipeline('image-feature-extraction', path.basename(folder), {
     dtype: 'fp32', device: 'cpu', ...(req.threads ? { session_options: { intraOpNumThreads: req.threads } } : {}),
+    // The weights beside the graph (export --external-data: onnx/model.onnx_data), where they are.
+    use_external_data_format: fs.existsSync(path.join(folder, 'onnx', 'model.onnx_data')),
   });
   const started = performance.now();
   const embeddings = [];
