@@ -43,7 +43,8 @@ def test_a_runtime_is_its_registry_line_and_its_adapter(mha, monkeypatch):
     from attnexport.runtimes import ort
     adapter = types.ModuleType("attnexport.runtimes.other")
     adapter.status = lambda name: R.Status(name, True, "another adapter")
-    adapter.prepare = lambda name, model, optimize=True, threads=None: ort.prepare("ort-cpu", model, optimize, threads)
+    adapter.prepare = lambda name, model, optimize=True, threads=None, prepack=True: ort.prepare(
+        "ort-cpu", model, optimize, threads, prepack)
     monkeypatch.setitem(sys.modules, "attnexport.runtimes.other", adapter)
     monkeypatch.setitem(R.REGISTRY, "cuda-lookalike", R.Runtime("cuda-lookalike", "onnx", "cpu", "other",
                                                                 default=False, timed=True))

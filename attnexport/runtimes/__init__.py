@@ -107,14 +107,13 @@ def prepare_onnx(name: str, model: onnx.ModelProto, optimize: bool = True, threa
     (the runtime's graph optimizations off), for localization; `threads`: the CPU threads of its
     pool (default `cpu_threads()`; the browser's WASM backend takes them at its first session);
     `prepack=False`: ONNX Runtime's Python sessions hold no packed copy of the weights (a check
-    before writing, run a few times: see `ort.ort_session`); a ModelProto, or on ort-cpu and
-    ort-cuda also a file's path (its external data read from beside it)."""
+    before writing, run a few times: see `ort.ort_session`; the other adapters hold none they
+    could leave out); a ModelProto, or on ort-cpu and ort-cuda also a file's path (its external
+    data read from beside it)."""
     require(name)
     if REGISTRY[name].runs != "onnx":
         raise ValueError(f"{name} runs the PyTorch module, not an ONNX model")
-    if REGISTRY[name].adapter == "ort":
-        return _adapter(name).prepare(name, model, optimize=optimize, threads=threads, prepack=prepack)
-    return _adapter(name).prepare(name, model, optimize=optimize, threads=threads)
+    return _adapter(name).prepare(name, model, optimize=optimize, threads=threads, prepack=prepack)
 
 
 def prepare_torch(name: str, target, dtype: str) -> Prepared:

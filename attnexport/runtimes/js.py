@@ -326,7 +326,8 @@ def _array(t: dict, binary: bytearray) -> np.ndarray:
 JS_LIMIT = (1 << 31) - 1
 
 
-def prepare(name: str, model: onnx.ModelProto, optimize: bool = True, threads: int | None = None) -> R.Prepared:
+def prepare(name: str, model: onnx.ModelProto, optimize: bool = True, threads: int | None = None,
+            prepack: bool = True) -> R.Prepared:
     """`model` on `name` (ort-node, ort-wasm or ort-webgpu), run by output name; a model above
     what the runtime is given in one message (JS_LIMIT) is a UsageError in one line."""
     size = sum(W.nbytes(i) for i in model.graph.initializer)

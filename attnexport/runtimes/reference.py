@@ -229,7 +229,8 @@ def status(name: str) -> R.Status:
     return R.Status(name, True, "onnx.reference.ReferenceEvaluator")
 
 
-def prepare(name: str, model: onnx.ModelProto, optimize: bool = True, threads: int | None = None) -> R.Prepared:
+def prepare(name: str, model: onnx.ModelProto, optimize: bool = True, threads: int | None = None,
+            prepack: bool = True) -> R.Prepared:
     """The reference evaluator on `model`, run by output name (it has no graph optimizations or
     threads to set)."""
     from onnx.reference import ReferenceEvaluator
