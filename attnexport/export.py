@@ -15,7 +15,7 @@ import json
 import logging
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -842,7 +842,7 @@ def _export_module(module, example_inputs, r: ModuleExport, opset: int, torch_na
                         seed=str(r.seed) if r.seed is not None else None,
                         params_source=("given: " + Path(r.weights_file).name) if r.weights_file else "seed")
     meta = replace(meta, **(r.record or {}))
-    params = {k: v.detach().float().numpy() for k, v in t.module.state_dict().items()}
+    params = _ParamArrays(t.module.state_dict())
     if r.rewrite is not None:
         with U.phase("rewrite"):
             model = r.rewrite(model)
@@ -888,6 +888,26 @@ def _export_module(module, example_inputs, r: ModuleExport, opset: int, torch_na
             del data
     return ModuleExportResult(path, r.name, r.flavor, opset, r.dtype, op_name, len(calls), kept, checked, size,
                               notes, model, [o.name for o in model.graph.output], found)
+
+
+class _ParamArrays(Mapping):
+    """A module's parameters as NumPy arrays, each made when it is read (`weights.record` reads one
+    at a time): a view of the tensor where NumPy has its dtype, a float32 copy of it else (bfloat16),
+    so no copy of the whole model is held beside it."""
+
+    def __init__(self, tensors: dict):
+        self._tensors = tensors
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        import torch
+        t = self._tensors[name].detach()
+        return (t if t.dtype in (torch.float32, torch.float16, torch.float64) else t.float()).numpy()
+
+    def __iter__(self):
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
 
 
 def _module_trace(module, example_inputs: tuple, r: ModuleExport) -> _ModuleTrace:

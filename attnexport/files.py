@@ -14,6 +14,7 @@ Every file attnexport writes (models, golden cases, baselines, plots) goes throu
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import shutil
@@ -242,7 +243,6 @@ def stage_external(model, target: str | Path, staged: Staged | None = None) -> S
     the disk. Nothing is left when the write fails (a full disk): the folder is removed and the
     error is a UsageError."""
     import onnx
-    from onnx import external_data_helper
 
     staged = staged or new_staging(target)
     target = staged.target
@@ -252,24 +252,24 @@ def stage_external(model, target: str | Path, staged: Staged | None = None) -> S
         with os.fdopen(fd, "wb") as f:
             for init in model.graph.initializer:
                 if init.data_location == onnx.TensorProto.EXTERNAL:
-                    held = onnx.TensorProto()
-                    held.CopyFrom(init)  # without data: read here, the model's own stays a reference
-                    external_data_helper.load_external_data_for_tensor(held, str(staged.folder))
-                    data = held.raw_data
-                    del held
+                    data = None  # copied by the kernel from the file that holds it, never read in here
                 elif init.HasField("raw_data"):
                     data = init.raw_data
+                    if len(data) < EXTERNAL_MIN:
+                        continue
                 else:
-                    continue
-                if len(data) < EXTERNAL_MIN and init.data_location != onnx.TensorProto.EXTERNAL:
                     continue
                 f.write(b"\0" * (-f.tell() % EXTERNAL_ALIGN))
                 offset = f.tell()
-                f.write(data)
+                if data is None:
+                    length = _copy_external(init, staged.folder, f)
+                else:
+                    f.write(data)
+                    length = len(data)
                 init.ClearField("raw_data")
                 init.data_location = onnx.TensorProto.EXTERNAL
                 del init.external_data[:]
-                for key, value in (("location", location), ("offset", str(offset)), ("length", str(len(data)))):
+                for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
                     entry = init.external_data.add()
                     entry.key, entry.value = key, value
                 del data
@@ -291,6 +291,34 @@ def stage_external(model, target: str | Path, staged: Staged | None = None) -> S
             raise UsageError(f"cannot write {target}: {e.strerror or e}") from None
         raise
     return staged
+
+
+def _copy_external(init, folder: Path, f) -> int:
+    """Appends the bytes of `init` (held as external data in a file of `folder`) to `f`, copied by
+    the kernel a range at a time (`os.copy_file_range`: nothing of a whole model's weights passes
+    through the process; read and written in chunks where the filesystem does not serve it);
+    returns how many."""
+    info = {e.key: e.value for e in init.external_data}
+    offset = int(info.get("offset", 0))
+    with open(folder / info["location"], "rb") as src:
+        length = int(info["length"]) if "length" in info else os.fstat(src.fileno()).st_size - offset
+        f.flush()
+        out, left = f.tell(), length
+        with contextlib.suppress(OSError):  # EXDEV, ENOSYS, EINVAL: the chunks below do the rest
+            while left > 0:
+                n = os.copy_file_range(src.fileno(), f.fileno(), min(left, 1 << 30), offset, out)
+                if n == 0:
+                    break
+                offset, out, left = offset + n, out + n, left - n
+        f.seek(out)
+        src.seek(offset)
+        while left > 0:
+            chunk = src.read(min(left, 1 << 24))
+            if not chunk:
+                raise OSError(errno.EIO, f"{init.name}: its external data ends {left} bytes early")
+            f.write(chunk)
+            left -= len(chunk)
+    return length
 
 
 def umask() -> int:

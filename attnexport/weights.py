@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import hashlib
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,11 +28,17 @@ LAYOUTS = ("as-is", "transposed")
 
 
 def sha256_of(arr: np.ndarray) -> str:
-    """sha256 of an array's dtype, shape and bytes (C order, little-endian)."""
-    a = np.ascontiguousarray(arr)
-    a = a.astype(a.dtype.newbyteorder("<"), copy=False)
-    h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
-    h.update(_bytes_of(a))
+    """sha256 of an array's dtype, shape and bytes (C order, little-endian); one that is not
+    contiguous (a transposed view) is hashed a block of rows at a time, never copied whole."""
+    a = np.asarray(arr)
+    h = hashlib.sha256(f"{_dtype_str(a.dtype)}{a.shape}".encode())
+    if a.flags.c_contiguous or a.ndim == 0:
+        h.update(_bytes_of(np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<"), copy=False)))
+    else:
+        rows = max(1, CHUNK_BYTES // max(1, a[:1].nbytes))
+        for start in range(0, a.shape[0], rows):
+            block = np.ascontiguousarray(a[start:start + rows])
+            h.update(_bytes_of(block.astype(block.dtype.newbyteorder("<"), copy=False)))
     return h.hexdigest()
 
 
@@ -65,6 +72,39 @@ def values(init: onnx.TensorProto) -> np.ndarray:
     held = onnx.TensorProto()
     held.CopyFrom(init)
     return numpy_helper.to_array(held, _BASE.get())
+
+
+def transposed_external(init: onnx.TensorProto, name: str, alignment: int = 1 << 16) -> onnx.TensorProto | None:
+    """The transpose (C, R) of a 2-D initializer (R, C) held as external data in the staging folder
+    (`external_base`), written to the end of the same file (at a multiple of `alignment`) a block
+    of its rows at a time and named there as the tensor `name`: neither matrix is held in memory
+    whole. None where `init` is not held so."""
+    info = {e.key: e.value for e in init.external_data}
+    if init.data_location != onnx.TensorProto.EXTERNAL or "location" not in info or len(init.dims) != 2 \
+            or not _BASE.get():
+        return None
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type)).newbyteorder("<")
+    rows, cols = (int(d) for d in init.dims)
+    path = Path(_BASE.get()) / info["location"]
+    step = max(1, CHUNK_BYTES // max(1, cols * dtype.itemsize))
+    with open(path, "rb") as src, open(path, "r+b") as dst:
+        start = dst.seek(0, 2)
+        start += -start % alignment
+        dst.truncate(start + rows * cols * dtype.itemsize)
+        src.seek(int(info.get("offset", 0)))
+        for first in range(0, rows, step):
+            n = min(step, rows - first)
+            block = np.frombuffer(src.read(n * cols * dtype.itemsize), dtype=dtype).reshape(n, cols)
+            turned = np.ascontiguousarray(block.T)  # (cols, n): columns first..first+n of each output row
+            for c in range(cols):
+                os.pwrite(dst.fileno(), turned[c].data, start + (c * rows + first) * dtype.itemsize)
+    out = onnx.TensorProto(name=name, data_type=init.data_type, dims=[cols, rows],
+                           data_location=onnx.TensorProto.EXTERNAL)
+    for key, value in (("location", info["location"]), ("offset", str(start)),
+                       ("length", str(rows * cols * dtype.itemsize))):
+        entry = out.external_data.add()
+        entry.key, entry.value = key, value
+    return out
 
 
 def unload(model, folder: Path, name: str, threshold: int, alignment: int) -> None:
@@ -116,44 +156,79 @@ def record(model: onnx.ModelProto, params: dict[str, np.ndarray], np_dtype) -> d
     into one MatMul) is recorded with those columns (`columns: [start, stop]`) and the hash of the
     block. A parameter the exporter did not keep as one initializer (folded into another constant)
     is recorded with layout "folded" and the hash of its own value: it is fingerprinted, but
-    `read` cannot check it in the file. The initializers are read one at a time (a whole model's
-    are not held twice).
+    `read` cannot check it in the file. Each initializer is hashed once, in chunks (one held as
+    external data read from its file, never mapped whole), and each parameter in place (a
+    transposed one a block of rows at a time), on a thread per core (hashlib lets go of the
+    interpreter's lock): no weight of a whole model is held twice.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     inits = list(model.graph.initializer)
-    # Initializers by their type, shape and bytes: each parameter is looked up once, not compared
-    # with every initializer of its shape (a model of thirty like layers has thirty of each).
-    index: dict = {}
-    for init in inits:
-        index.setdefault(_key(values(init)), []).append(init)
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+        # Initializers by their sha256 (of type, shape and bytes, `sha256_of`): a parameter is looked
+        # up by its own, not compared with every initializer of its shape (a model of thirty like
+        # layers has thirty of each).
+        index: dict[str, str] = {}
+        base = _BASE.get()  # a context variable: the pool's threads have contexts of their own
+        for init, digest in zip(inits, pool.map(lambda i: _sha256_of_initializer(i, base), inits), strict=True):
+            index.setdefault(digest, init.name)
+        shapes = {(_dtype_str(onnx.helper.tensor_dtype_to_np_dtype(i.data_type)), tuple(int(d) for d in i.dims))
+                  for i in inits}
 
-    def lookup(a: np.ndarray):
-        for init in index.get(_key(a), ()):
-            arr = values(init)
-            if np.array_equal(arr, a):
-                return init.name, arr
-        return None
+        def find(name: str):
+            p = np.asarray(params[name]).astype(np_dtype, copy=False)
+            for layout, a in (("as-is", p), ("transposed", p.T if p.ndim == 2 else None)):
+                if a is not None and (_dtype_str(a.dtype), a.shape) in shapes:
+                    digest = sha256_of(a)
+                    if digest in index:
+                        return name, (index[digest], layout, digest)
+            return name, None
 
+        found = dict(pool.map(find, sorted(params)))
     entries = {}
     for name in sorted(params):
+        if found[name] is not None:
+            iname, layout, digest = found[name]
+            entries[name] = {"initializer": iname, "layout": layout, "sha256": digest}
+            continue
         p = np.asarray(params[name]).astype(np_dtype, copy=False)
-        hit = lookup(p)
-        found = (hit[0], "as-is", hit[1]) if hit else None
-        if found is None and p.ndim == 2:
-            hit = lookup(np.ascontiguousarray(p.T))
-            found = (hit[0], "transposed", hit[1]) if hit else None
-        if found is None and p.ndim == 2:
-            block = _columns_of(inits, p.T)
-            if block is not None:
-                iname, start, arr = block
-                entries[name] = {"initializer": iname, "layout": "transposed", "columns": [start, start + p.shape[0]],
-                                 "sha256": sha256_of(arr[:, start:start + p.shape[0]])}
-                continue
-        if found is None:
-            entries[name] = {"initializer": None, "layout": "folded", "sha256": sha256_of(p)}
+        block = _columns_of(inits, p.T) if p.ndim == 2 else None
+        if block is not None:
+            iname, start, arr = block
+            entries[name] = {"initializer": iname, "layout": "transposed", "columns": [start, start + p.shape[0]],
+                             "sha256": sha256_of(arr[:, start:start + p.shape[0]])}
         else:
-            iname, layout, arr = found
-            entries[name] = {"initializer": iname, "layout": layout, "sha256": sha256_of(arr)}
+            entries[name] = {"initializer": None, "layout": "folded", "sha256": sha256_of(p)}
     return entries
+
+
+# What is read of an initializer's file at a time (and of a transposed array, in rows) to hash it.
+CHUNK_BYTES = 1 << 24
+
+
+def _sha256_of_initializer(init: onnx.TensorProto, base: str) -> str:
+    """`sha256_of` an initializer's values: read from its external file (in the folder `base`)
+    CHUNK_BYTES at a time (a whole model's weights are not mapped into the resident set), else
+    from the message."""
+    info = {e.key: e.value for e in init.external_data}
+    if init.data_location != onnx.TensorProto.EXTERNAL or "location" not in info:
+        return sha256_of(values(init))
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type))
+    sha = hashlib.sha256(f"{_dtype_str(dtype)}{tuple(int(d) for d in init.dims)}".encode())
+    left = nbytes(init)
+    with open(Path(base) / info["location"], "rb") as f:
+        f.seek(int(info.get("offset", 0)))
+        while left > 0:
+            chunk = f.read(min(left, CHUNK_BYTES))
+            if not chunk:
+                raise ValueError(f"{init.name}: its external data ends {left} bytes early")
+            sha.update(chunk)
+            left -= len(chunk)
+    return sha.hexdigest()
+
+
+def _dtype_str(dtype) -> str:
+    return np.dtype(dtype).newbyteorder("<").str
 
 
 # Initializers of this many bytes and more are left out of `skeleton` (graph inputs there).
@@ -200,10 +275,6 @@ def nbytes(init: onnx.TensorProto) -> int:
     """The bytes of an initializer's values, from its type and shape (its data may be held elsewhere)."""
     n = int(np.prod(init.dims, dtype=np.int64)) if init.dims else 1
     return n * onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
-
-
-def _key(a: np.ndarray) -> tuple:
-    return a.dtype.str, a.shape, hashlib.blake2b(_bytes_of(np.ascontiguousarray(a)), digest_size=16).digest()
 
 
 def _bytes_of(a: np.ndarray):

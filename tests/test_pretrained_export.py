@@ -311,6 +311,29 @@ def test_external_data_puts_the_weights_beside_the_graph_and_verify_reads_them(f
     assert v.exit_code == 2 and "verify needs about" in v.output and len(v.output.strip().splitlines()) == 1
 
 
+def test_a_tied_head_with_external_data_is_turned_on_disk_and_the_file_holds_only_live_weights(folders, tmp_path):
+    """A tied vocabulary matrix kept as the head reads it is written transposed beside the traced
+    weights (`weights.transposed_external`), never in memory whole; the data file the export
+    commits holds each live tensor once (the table as traced is not copied over), and the pair
+    passes its check before writing and verify."""
+    path = tmp_path / "m.onnx"
+    r = run("export", "--hf", folders["tied"], "--kv-cache", "--seed", "2", "--external-data", "-o", path, "--json")
+    assert r.exit_code == 0, r.output
+    model = onnx.load(path, load_external_data=False)
+    external = [i for i in model.graph.initializer if i.data_location == onnx.TensorProto.EXTERNAL]
+    (head,) = [i for i in external if i.name.endswith(".transposed")]
+    assert [int(d) for d in head.dims][::-1] == [hf.load(folders["tied"], 2)[0].config.vocab_size,
+                                               hf.load(folders["tied"], 2)[0].config.hidden_size]
+    spans = sorted((int(info["offset"]), int(info["offset"]) + int(info["length"]))
+                   for info in ({e.key: e.value for e in i.external_data} for i in external))
+    assert spans[-1][1] == (tmp_path / "m.onnx_data").stat().st_size
+    # between one tensor and the next, no more than the alignment's padding
+    assert spans[0][0] == 0 and all(0 <= b[0] - a[1] < 1 << 16 for a, b in zip(spans, spans[1:], strict=False))
+    v = run("verify", path, "--hf", folders["tied"], "--seed", "2", "--runtimes", "ort-cpu", "--new-tokens", "4",
+            "--json")
+    assert v.exit_code == 0, v.output
+
+
 def test_external_data_in_a_deployment_folder_and_nothing_left_when_the_check_fails(folders, tmp_path):
     out = tmp_path / "deploy"
     r = run("export", "--hf", folders["llama"], "--kv-cache", "--external-data", "--deploy", out)

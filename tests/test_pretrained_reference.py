@@ -242,3 +242,33 @@ def test_the_float64_run_casts_one_layer_at_a_time_and_gives_what_a_float64_copy
         want = M.outputs_of(step(*args))
     for name, w in zip(layout.outputs, want, strict=True):
         np.testing.assert_allclose(got[name], w.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_a_large_matrix_computes_in_float64_a_block_of_rows_at_a_time(llama, monkeypatch):
+    """Above BLOCK_BYTES (lowered here to a few rows) a Linear and an Embedding are never cast:
+    each computes in float64 from blocks of its float32 rows, and the outputs are still those of the
+    model copied whole into float64."""
+    import copy
+    _, model = llama
+    monkeypatch.setattr(HR, "BLOCK_BYTES", 4 * 8 * model.config.hidden_size)
+    layout = hf.layout_of(model, "concat")
+    feed = hf.example_feed(layout, batch=2, block=3, past=2)
+    seen = []
+
+    def count(module, args, out):
+        seen.append((out.dtype, sum(p.dtype == torch.float64 for p in model.parameters())))
+    handles = [model.lm_head.register_forward_hook(count), model.model.embed_tokens.register_forward_hook(count)]
+    try:
+        got = HR.Reference(model, layout).run64(feed)
+    finally:
+        for h in handles:
+            h.remove()
+    assert seen and all(dtype == torch.float64 and held == 0 for dtype, held in seen)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert "forward" not in vars(model.lm_head)
+    step = hf.step_module(copy.deepcopy(model).double(), layout)
+    args = [torch.from_numpy(v).double() if v.dtype.kind == "f" else torch.from_numpy(v) for v in feed.values()]
+    with torch.no_grad(), M.export_semantics(), HR.float64_everywhere():
+        want = M.outputs_of(step(*args))
+    for name, w in zip(layout.outputs, want, strict=True):
+        np.testing.assert_allclose(got[name], w.numpy(), rtol=1e-12, atol=1e-12)

@@ -79,8 +79,11 @@ def layers_in_float64(model):
     `float64_everywhere`. A weight read outside its module's forward stays float32: where it meets
     float64 activations an elementwise op promotes it exactly, a matrix product refuses it (loud,
     never a silent float32 computation)."""
-    own = [m for m in model.modules()
-           if any(t is not None and t.is_floating_point() for t in (*m._parameters.values(), *m._buffers.values()))]
+    # A large matrix (a vocabulary's embedding and head, an MLP's projections) is not cast whole: its
+    # module computes in float64 a block of its rows at a time (`_blockwise`).
+    blockwise = {m: f for m in model.modules() if (f := _blockwise(m)) is not None}
+    own = [m for m in model.modules() if m not in blockwise and
+           any(t is not None and t.is_floating_point() for t in (*m._parameters.values(), *m._buffers.values()))]
     # What each module held before its forward, put back as it was after it (the float32 storage
     # itself, never a conversion back: within float64_everywhere `.float()` gives float64).
     kept: dict = {}
@@ -104,6 +107,8 @@ def layers_in_float64(model):
             module._buffers[n] = b
 
     handles = [h for m in own for h in (m.register_forward_pre_hook(up), m.register_forward_hook(down))]
+    for m, forward in blockwise.items():
+        m.forward = forward  # the instance's own, over its class's until the block ends
     try:
         yield model
     finally:
@@ -111,6 +116,39 @@ def layers_in_float64(model):
             h.remove()
         for m in own:  # a forward that raised left its module in float64
             down(m)
+        for m in blockwise:
+            del m.forward
+
+
+# The float64 rows `_blockwise` casts at a time: a matrix this large or larger is never cast whole.
+BLOCK_BYTES = 1 << 25
+
+
+def _blockwise(module):
+    """For a plain Linear or Embedding whose float32 weight would take BLOCK_BYTES or more in
+    float64, a forward that computes what the module computes in float64 without a float64 copy
+    of its weight: a Linear's output a block of output features at a time (each from those rows
+    of its weight cast), an Embedding's rows gathered in float32 and then cast (exact). None for
+    any other module."""
+    w = module._parameters.get("weight")
+    if w is None or w.dtype != torch.float32 or w.ndim != 2 or w.numel() * 8 < BLOCK_BYTES:
+        return None
+    if type(module) is torch.nn.Embedding and module.max_norm is None:
+        def gather(ids):
+            return torch.nn.functional.embedding(ids, module.weight, module.padding_idx).double()
+        return gather
+    if type(module) is torch.nn.Linear:
+        rows = max(1, BLOCK_BYTES // (w.shape[1] * 8))
+
+        def linear(x):
+            weight, bias = module.weight, module.bias
+            x = x.double()
+            out = x.new_empty((*x.shape[:-1], weight.shape[0]))
+            for first in range(0, weight.shape[0], rows):
+                out[..., first:first + rows] = x @ weight[first:first + rows].double().T
+            return out + bias.double() if bias is not None else out
+        return linear
+    return None
 
 
 def valid_positions(layout: hf.Layout, feed: dict) -> dict:

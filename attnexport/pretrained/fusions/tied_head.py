@@ -31,8 +31,9 @@ def tied_head(model: onnx.ModelProto) -> None:
         if attr(gather, "axis", 0) != 0 or gather.input[0] != name or attr(turn, "perm") != [1, 0]:
             continue
         flipped = f"{name}.transposed"
-        model.graph.initializer.append(numpy_helper.from_array(
-            np.ascontiguousarray(W.values(inits[name]).T), flipped))
+        model.graph.initializer.append(  # written beside the traced weights where they are on disk
+            W.transposed_external(inits[name], flipped)
+            or numpy_helper.from_array(np.ascontiguousarray(W.values(inits[name]).T), flipped))
         model.graph.initializer.remove(inits[name])
         for node in model.graph.node:  # the head's MatMul: the (D, V) matrix itself
             for i, x in enumerate(node.input):
