@@ -513,7 +513,7 @@ class Finishing:
     flavor_asked: str | None = None
 
 
-def finish(model, how: Finishing, params: dict, meta: ExportRecord, signature: StepSignature = PLAIN):
+def finish(model, how: Finishing, params: Mapping, meta: ExportRecord, signature: StepSignature = PLAIN):
     """What every export ends with, a variant's and a user's module's alike: the conversion to
     `opset`, the record of where each parameter is held (`attnexport.params`, with the sha256 of
     its bytes), the step's signature (`signature`'s caches and write position, the graph's

@@ -13,6 +13,7 @@ import contextlib
 import contextvars
 import hashlib
 import os
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -149,7 +150,7 @@ def validate(variant: schema.Variant, options: dict, params: dict) -> dict[str, 
     return out
 
 
-def record(model: onnx.ModelProto, params: dict[str, np.ndarray], np_dtype) -> dict[str, dict]:
+def record(model: onnx.ModelProto, params: Mapping[str, np.ndarray], np_dtype) -> dict[str, dict]:
     """Finds every parameter among the model's initializers; returns its metadata entry.
 
     A parameter held transposed as a block of columns of a wider initializer (projections packed
