@@ -191,7 +191,8 @@ def verify_step(check: HFCheck) -> Report:
     dtype, flavor = meta.dtype, meta.flavor
     seed = check.seed if check.seed is not None else meta.number("seed")  # a config-only source's weights
     check = with_fields(check, seed=seed)
-    hf_model, _ = hf.load(check.source, seed)
+    with U.phase("load"):
+        hf_model, _ = hf.load(check.source, seed)
     source_family = registry.of_model(hf_model)
     if source_family is not family:
         raise UsageError(f"{path.name} is a {family.what}'s export; --hf {check.source} is a "
@@ -210,24 +211,29 @@ def verify_step(check: HFCheck) -> Report:
         model = load_model(check.model_path)
     used, table = P.able_runtimes(model, used, table, check.runtimes, quantized)
     executor = Executor(check.checking)
-    ctx = Context(check, model, layout, reference, tokenizer, dtype, flavor, used,
-                  {rt: _prepared(rt, model, path) for rt in used if rt in R.ONNX_RUNTIMES}, executor,
+    with U.phase("sessions"):
+        prepared = {rt: _prepared(rt, model, path) for rt in used if rt in R.ONNX_RUNTIMES}
+    ctx = Context(check, model, layout, reference, tokenizer, dtype, flavor, used, prepared, executor,
                   precision=P.precision_name(model, quantized), prompts=inputs, folder=folder)
     record = meta.parsed("params", {})
-    changed = changed_params(reference.step, record, dtype)
-    # The file's own initializers against the record:
-    damaged = W.read(model, record, str(Path(path).resolve().parent), keep=False)[1] if record else []
-    damaged += P.damaged(model, quantized)
-    with np.errstate(all="ignore"):
+    with U.phase("fingerprints"):
+        changed = changed_params(reference.step, record, dtype)
+        # The file's own initializers against the record:
+        damaged = W.read(model, record, str(Path(path).resolve().parent), keep=False)[1] if record else []
+        damaged += P.damaged(model, quantized)
+    with np.errstate(all="ignore"), U.phase("rows"):
         if changed or damaged:
             parameters_row(ctx, changed, damaged)
         elif quantized is not None:  # its answers are judged by the accuracy budget, its weights by their source
             weights_row(ctx, quantized)
             family.answer_rows(ctx, lossy=True)
         else:  # half precision: each step within fp16's budget, its answers by the accuracy budget
-            shape_rows(ctx)
-            family.float_rows(ctx)
-            family.answer_rows(ctx, lossy=dtype != "fp32")
+            with U.phase("steps"):
+                shape_rows(ctx)
+            with U.phase("float rows"):
+                family.float_rows(ctx)
+            with U.phase("answers"):
+                family.answer_rows(ctx, lossy=dtype != "fp32")
         if not changed and not damaged and check.clients:
             family.client_rows(ctx)
     return executor.report(R.described(table) + client_table, dtype, [flavor], [str(check.model_path)])
