@@ -820,11 +820,12 @@ def _export_module(module, example_inputs, r: ModuleExport, opset: int, torch_na
                    staged: F.Staged | None) -> ModuleExportResult:
     """`export_module`'s work, with the request checked: with external data, staged in `staged`
     (the trace's weights written there straight from the module's tensors where nothing after
-    the trace rewrites them in memory: no quantization, no fusion by onnxscript's optimizer)."""
+    the trace rewrites them in memory (no fusion by onnxscript's optimizer): the passes that read
+    them, the quantizer too, read one at a time from there, `weights.values`)."""
     import torch
 
     recognize = _tracing().recognize
-    direct = staged is not None and r.finalize is None and not r.optimized_by_rewrite
+    direct = staged is not None and not r.optimized_by_rewrite
     with U.phase("copy"):
         t = _module_trace(module, tuple(example_inputs), r)
     traced, found, model = _trace_to_onnx(t, opset, staged.folder if direct and staged is not None else None)

@@ -334,6 +334,25 @@ def test_a_tied_head_with_external_data_is_turned_on_disk_and_the_file_holds_onl
     assert v.exit_code == 0, v.output
 
 
+def test_int4_with_external_data_quantizes_a_matrix_at_a_time_from_the_traced_weights(folders, tmp_path):
+    """`--precision int4 --external-data`: the quantizer reads each float matrix from the trace's
+    staged weights (none of them in memory as protobuf), the data file holds what the graph reads
+    (the MatMulNBits blocks, the float table its Gather reads), and verify's accuracy rows pass."""
+    path = tmp_path / "m.onnx"
+    r = run("export", "--hf", folders["llama"], "--kv-cache", "--precision", "int4", "--external-data", "-o", path,
+            "--json")
+    assert r.exit_code == 0, r.output
+    model = onnx.load(path, load_external_data=False)
+    assert sum(n.op_type == "MatMulNBits" for n in model.graph.node) >= 7
+    read = {i for n in model.graph.node for i in n.input}
+    assert all(i.name in read for i in model.graph.initializer)  # no float matrix left behind
+    size = sum(int({e.key: e.value for e in i.external_data}["length"]) for i in model.graph.initializer
+               if i.data_location == onnx.TensorProto.EXTERNAL)
+    assert size > 0 and (tmp_path / "m.onnx_data").stat().st_size < size + len(model.graph.initializer) * (1 << 16)
+    v = run("verify", path, "--hf", folders["llama"], "--runtimes", "ort-cpu", "--new-tokens", "4", "--json")
+    assert v.exit_code == 0, v.output
+
+
 def test_external_data_in_a_deployment_folder_and_nothing_left_when_the_check_fails(folders, tmp_path):
     out = tmp_path / "deploy"
     r = run("export", "--hf", folders["llama"], "--kv-cache", "--external-data", "--deploy", out)

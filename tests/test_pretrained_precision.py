@@ -260,6 +260,20 @@ def test_ort_quantizer_rounds_within_a_step_and_its_output_matches_its_weights(b
     x = np.random.default_rng(2).standard_normal((1, 3, K)).astype(np.float32)
     want = x.astype(np.float64) @ held
     assert np.abs(run(model, x) - want).max() < 1e-4 * np.abs(want).max()
+    # What ONNX Runtime's MatMulNBitsQuantizer writes for the same matrix, tensor for tensor: the
+    # kernel is its, run here a matrix at a time.
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    theirs = MatMulNBitsQuantizer(one_matmul(w), bits=bits, block_size=B, is_symmetric=symmetric,
+                                  op_types_to_quantize=("MatMul",))
+    theirs.process()
+    ours = {i.name: numpy_helper.to_array(i).reshape(-1) for i in model.graph.initializer}
+    compared = [init.name for init in theirs.model.model.graph.initializer if init.name in ours]
+    assert {f"w_Q{bits}", "w_scales"} <= set(compared) and ("w_zero_points" in compared) == (not symmetric)
+    for init in theirs.model.model.graph.initializer:
+        if init.name in ours:
+            assert np.array_equal(numpy_helper.to_array(init).reshape(-1), ours[init.name]), init.name
+    assert {n.name for n in theirs.model.model.graph.node if n.op_type == "MatMulNBits"} == \
+        {n.name for n in model.graph.node if n.op_type == "MatMulNBits"}
 
 
 def test_pack_and_unpack_are_inverse():

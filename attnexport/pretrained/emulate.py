@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
+
 from attnexport.pretrained import precision as P
 
 
@@ -102,3 +104,41 @@ def file_model(model, onnx_model):
     held = copy.deepcopy(model)
     _substitute(held, onnx_model, None)
     return held
+
+
+@contextlib.contextmanager
+def decoding_from_file(model, onnx_model):
+    """Within the block each Linear of `model` held in one of the quantized `onnx_model`'s matrices
+    computes with the values the file holds, decoded from the file's blocks each time its forward
+    runs (in the input's float type: float64 within the float64 reference, exactly the file's
+    values): `file_model` without its copy of the model or of the decoded weights, one matrix
+    decoded at a time, so a whole model is checked against its file in about the memory of the
+    model. The model's own weights are left as they are; the forwards are put back after."""
+    import torch
+
+    record = P.record_of(onnx_model)
+    inits = {i.name: i for i in onnx_model.graph.initializer}
+    modules = dict(model.named_modules())
+    patched = []
+
+    def decoding(owner, entry: dict, columns):
+        def forward(x):
+            w = P.matrix(onnx_model, entry, inits)  # (K, N) float32: the module's (in, out)
+            block = torch.from_numpy(w if columns is None else np.ascontiguousarray(w[:, columns[0]:columns[1]]))
+            out = x @ block.to(x.dtype)
+            return out + owner.bias.to(x.dtype) if owner.bias is not None else out
+        return forward
+
+    try:
+        for e in record["matrices"] if record else []:
+            if not e["bits"]:
+                continue
+            for name, columns in e["params"].items():
+                owner = modules.get(_module_name(name))
+                if isinstance(owner, torch.nn.Linear) and "forward" not in vars(owner):
+                    owner.forward = decoding(owner, e, columns)
+                    patched.append(owner)
+        yield model
+    finally:
+        for owner in patched:
+            del owner.forward

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from attnexport import flavors as FL
 from attnexport import reading
 from attnexport import runtimes as R
 from attnexport import usage as U
+from attnexport import weights as W
 from attnexport.compare import QUANTIZED_FACTOR
 from attnexport.errors import ExportError, UsageError, reason
 from attnexport.export import ModuleExport, ModuleExportResult, export_module
@@ -33,6 +35,7 @@ from attnexport.pretrained import model as hf
 from attnexport.pretrained import precision as P
 from attnexport.pretrained import reference as HR
 from attnexport.pretrained.fusions import rotary, tied_head
+from attnexport.record import ExportRecord
 
 # A source folder's files a deployment keeps as they are: the tokenizer and the generation config.
 _KEPT = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
@@ -179,10 +182,9 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
     quantized: dict = {}
 
     def quantize(onnx_model):
-        before = {s.weight: onnx.numpy_helper.to_array(i) for s in P.sites(onnx_model, layout.vocab)
-                  for i in onnx_model.graph.initializer if i.name == s.weight}
-        if dtype != "fp32":  # the matrices the half graph rounds: a grid is carried from these
-            before.update(_float_matrices(onnx_model, wrapper, layout.vocab))
+        # The float matrices the quantized ones stand for (in half, those the graph rounds: a grid is
+        # carried from these), each read from the module when it is needed.
+        before = SourceMatrices(onnx_model, wrapper, layout.vocab)
         quantized["before"] = before
         quantized["done"] = P.quantize(onnx_model, plan, layout.layers, layout.vocab,
                                        weights=before if dtype != "fp32" else None)
@@ -258,24 +260,48 @@ def external_data(r: HFExport, model, dtype: str) -> bool:
     return r.external_data if r.external_data is not None else size >= EXTERNAL_FROM
 
 
-def _float_matrices(onnx_model, module, vocab: int | None) -> dict:
-    """{weight initializer: (K, N) float32} of every matrix a graph exported in half holds, put
+class SourceMatrices(Mapping):
+    """{weight initializer: (K, N) float32} of every matrix of a graph about to be quantized: put
     together from `module`'s float32 parameters as the export's record places them (a parameter's
-    columns, transposed); a matrix the record does not fill whole is left out."""
-    state = {k: v.detach().float().numpy() for k, v in module.state_dict().items()}
-    out = {}
-    for s in P.sites(onnx_model, vocab):
-        w = np.full((s.k, s.n), np.nan, np.float32)
+    columns, transposed) each time one is read, so that no copy of a whole model's matrices is
+    held; a matrix the record does not fill whole from transposed parameters is copied from the
+    graph when this is made (before the quantizer replaces it)."""
+
+    def __init__(self, onnx_model, module, vocab: int | None):
+        self._state = dict(module.state_dict())
+        layouts = {k: e.get("layout") for k, e in ExportRecord.of(onnx_model).parsed("params", {}).items()}
+        inits = {i.name: i for i in onnx_model.graph.initializer}
+        self._sites: dict = {}
+        self._copied: dict = {}
+        for s in P.sites(onnx_model, vocab):
+            covered = np.zeros(s.n, bool)
+            for name, columns in s.params.items():
+                start, stop = columns if columns is not None else (0, s.n)
+                p = self._state.get(name)
+                if p is not None and layouts.get(name) == "transposed" and tuple(p.shape) == (stop - start, s.k):
+                    covered[start:stop] = True
+            if covered.all():
+                self._sites[s.weight] = s
+            else:
+                self._copied[s.weight] = np.array(W.values(inits[s.weight]), dtype=np.float32)
+
+    def __getitem__(self, weight: str) -> np.ndarray:
+        if weight in self._copied:
+            return self._copied[weight]
+        s = self._sites[weight]
+        w = np.empty((s.k, s.n), np.float32)
         for name, columns in s.params.items():
-            p = state.get(name)
-            if p is None or p.ndim != 2:
-                continue
             start, stop = columns if columns is not None else (0, s.n)
-            if p.shape == (stop - start, s.k):
-                w[:, start:stop] = p.T
-        if np.isfinite(w).all():
-            out[s.weight] = w
-    return out
+            p = self._state.get(name)
+            if p is not None and tuple(p.shape) == (stop - start, s.k):
+                w[:, start:stop] = p.detach().float().numpy().T
+        return w
+
+    def __iter__(self):
+        return iter([*self._sites, *self._copied])
+
+    def __len__(self) -> int:
+        return len(self._sites) + len(self._copied)
 
 
 def _precision(r: HFExport) -> tuple[str, P.Plan | None]:
@@ -302,13 +328,16 @@ def check_quantized(onnx_model, model, layout: hf.Layout, before: dict, tokenize
     if bad:
         raise ExportError(f"{name}: the quantized weights are not a quantization of the model's: {bad[0]}"
                           + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
-    held = HR.Reference(emulate.file_model(model, onnx_model), layout, P.TABLE[r.precision].activations, r.rtol, r.atol,
-                        QUANTIZED_FACTOR)
-    checked = check_before_writing(P.float_activations(onnx_model), held, tokenizer, name)
-    session = R.prepare_onnx("ort-cpu", onnx_model)
-    for label, batch, block, past, padded in layout.cache_form.export_checks:
-        first = layout.outputs[0]  # logits, or an encoder's token states
-        feed = layout.family.check_feed(held, tokenizer, batch, block, past, padded, seed=1)
+    # The model computing with the file's weights, each matrix decoded as its layer runs (no copy of
+    # the model): what the graph with float activations is checked against.
+    with emulate.decoding_from_file(model, onnx_model):
+        held = HR.Reference(model, layout, P.TABLE[r.precision].activations, r.rtol, r.atol, QUANTIZED_FACTOR)
+        checked = check_before_writing(P.float_activations(onnx_model), held, tokenizer, name)
+        feeds = [(label, layout.family.check_feed(held, tokenizer, batch, block, past, padded, seed=1))
+                 for label, batch, block, past, padded in layout.cache_form.export_checks]
+    session = R.prepare_onnx("ort-cpu", onnx_model, prepack=False)  # run a few times: no packed copy
+    first = layout.outputs[0]  # logits, or an encoder's token states
+    for label, feed in feeds:
         got = np.asarray(session.run(feed)[first])
         if not np.isfinite(got).all():
             raise ExportError(f"{name}: the quantized export gives {first} that are not finite at {label}")

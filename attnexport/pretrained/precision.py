@@ -3,7 +3,8 @@
 in the model's metadata, and read back as the float matrices the file computes with.
 
 attnexport never rounds a weight itself. A matrix goes through ONNX Runtime's own blockwise
-quantizer (`onnxruntime.quantization.matmul_nbits_quantizer`, round to nearest), unless it already
+quantizer (the kernel `onnxruntime.quantization.matmul_nbits_quantizer` calls, round to nearest,
+run here a matrix at a time), unless it already
 holds a block grid of the bits asked for (a GGUF file's Q4_0, Q4_1 and Q8_0 blocks, which
 transformers dequantizes to float32 when it reads the file): then the grid is carried into
 MatMulNBits as it is (a Q4_1 block's float minimum folded, below, or bit for bit). Quantizing a
@@ -46,6 +47,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from attnexport import runtimes as R
+from attnexport import weights as W
 from attnexport.errors import UsageError
 from attnexport.record import ExportRecord, as_json
 from attnexport.runtimes.base import all_nodes
@@ -384,7 +386,7 @@ def quantize(model: onnx.ModelProto, plan: Plan, layers: int, vocab: int | None 
             done.entries.append(_entry(s, 0, -1, "kept", plan.block))
             continue
         w = weights[s.weight] if weights and s.weight in weights else \
-            numpy_helper.to_array(inits[s.weight]).astype(np.float32)
+            W.values(inits[s.weight]).astype(np.float32)
         grid = grid_of(w, rule.bits, plan.block) if plan.carry else None
         if grid is not None:
             exact.append((s, grid))
@@ -449,7 +451,7 @@ def _flatten(model: onnx.ModelProto) -> None:
         for name in node.input[2:4]:
             init = inits.get(name)
             if init is not None and len(init.dims) > 1:
-                init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).reshape(-1), init.name))
+                init.CopyFrom(numpy_helper.from_array(W.values(init).reshape(-1), init.name))
 
 
 def _entry(s: Site, bits: int, accuracy: int, how: str, block: int) -> dict:
@@ -650,7 +652,7 @@ def _embedding_from_head(model: onnx.ModelProto, entry: dict) -> bool:
             sum(entry["weight"] in n.input for n in model.graph.node) != 1:
         return False
     d, v, block = entry["k"], entry["n"], int(_attr(head, "block_size"))
-    table = numpy_helper.to_array(inits[entry["weight"]])
+    table = W.values(inits[entry["weight"]])
     held = matrix(model, entry, inits)
     # A half graph's table is the fp16 rounding of the grid, which is what the gather gives in fp16.
     if held is None or table.shape != (d, v) or not np.array_equal(held.astype(table.dtype), table):
@@ -716,32 +718,47 @@ def _ensure_domain(model) -> None:
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
 
 
-def _quantizer():
-    """ONNX Runtime's MatMulNBitsQuantizer, imported without the logging setup its module makes
-    (`logging.basicConfig` at INFO, after which every library's INFO messages reach the user)."""
-    import logging
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    try:
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
-    logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)
-    return MatMulNBitsQuantizer
-
-
 def _ort_quantize(model: onnx.ModelProto, group: list[Site], bits: int, plan: Plan) -> None:
-    """ONNX Runtime's blockwise quantizer (round to nearest) on the MatMuls of `group` only."""
-    MatMulNBitsQuantizer = _quantizer()  # noqa: N806 - the class, as ONNX Runtime names it
-    chosen = {s.node for s in group}
-    others = [n.name for n in model.graph.node if n.name not in chosen]
-    q = MatMulNBitsQuantizer(model, bits=bits, block_size=plan.block, is_symmetric=plan.symmetric,
-                             accuracy_level=None, nodes_to_exclude=others, op_types_to_quantize=("MatMul",))
-    q.process()
-    out = q.model.model
-    if out is not model:
-        model.CopyFrom(out)
+    """ONNX Runtime's blockwise quantization (round to nearest) of each matrix of `group`: the
+    kernel its MatMulNBitsQuantizer calls (`quantize_matmul_4bits`, `_8bits`), with the same
+    layout and names, run a matrix at a time on the matrix read from wherever the graph holds it
+    (`weights.values`: its external data too), never on a copy of the whole model. Each MatMul is
+    replaced in place by MatMulNBits `{node}_Q{bits}`; the float matrices are dropped later."""
+    from onnxruntime.capi import _pybind_state as ort_c
+
+    kernel = {4: ort_c.quantize_matmul_4bits, 8: ort_c.quantize_matmul_8bits}[bits]
+    inits = {i.name: i for i in model.graph.initializer}
+    chosen = {s.node: s for s in group}
+    per_byte = 8 // bits
+    nodes, added = [], []
+    for node in model.graph.node:
+        s = chosen.get(node.name)
+        if s is None:
+            nodes.append(node)
+            continue
+        held = W.values(inits[s.weight])
+        real = np.float16 if held.dtype == np.float16 else np.float32
+        k, n = held.shape
+        blocks = -(-k // plan.block)
+        w = np.ascontiguousarray(held, dtype=real)
+        if blocks * plan.block != k:  # the last block padded with zeros, as the quantizer pads it
+            w = np.pad(w, ((0, blocks * plan.block - k), (0, 0)))
+        packed = np.zeros((n, blocks, -(-plan.block // per_byte)), np.uint8)
+        zeros = np.zeros((n, -(-blocks // per_byte)), np.uint8)
+        scales = np.zeros((n, blocks), real)
+        kernel(packed, w, scales, zeros, plan.block, n, k, plan.symmetric)
+        del held, w
+        made = [numpy_helper.from_array(packed, f"{s.weight}_Q{bits}"),
+                numpy_helper.from_array(scales, f"{s.weight}_scales")]
+        if not plan.symmetric:
+            made.append(numpy_helper.from_array(zeros, f"{s.weight}_zero_points"))
+        added += made
+        nodes.append(helper.make_node("MatMulNBits", [node.input[0], *(t.name for t in made)], [node.output[0]],
+                                      name=f"{node.name}_Q{bits}", domain="com.microsoft", K=k, N=n, bits=bits,
+                                      block_size=plan.block))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.graph.initializer.extend(added)
     _ensure_domain(model)
 
 
@@ -777,12 +794,12 @@ def matrix(model: onnx.ModelProto, entry: dict, inits: dict | None = None) -> np
     rows = int(_attr(node, "K", k))  # K, or K + K/block for a folded grid
     blocks = -(-rows // block)
     try:
-        q = unpack(numpy_helper.to_array(inits[node.input[1]]), bits, blocks * block, n, block)[:rows]
-        scale = numpy_helper.to_array(inits[node.input[2]]).astype(np.float32).reshape(n, blocks).T
+        q = unpack(W.values(inits[node.input[1]]), bits, blocks * block, n, block)[:rows]
+        scale = W.values(inits[node.input[2]]).astype(np.float32).reshape(n, blocks).T
         if len(node.input) > 3 and node.input[3] and inits[node.input[3]].data_type != onnx.TensorProto.UINT8:
-            zero = numpy_helper.to_array(inits[node.input[3]]).astype(np.float32).reshape(n, blocks).T
+            zero = W.values(inits[node.input[3]]).astype(np.float32).reshape(n, blocks).T
         elif len(node.input) > 3 and node.input[3]:
-            zero = unpack_zeros(numpy_helper.to_array(inits[node.input[3]]), bits, n, blocks).T.astype(np.float32)
+            zero = unpack_zeros(W.values(inits[node.input[3]]), bits, n, blocks).T.astype(np.float32)
         else:
             zero = np.full((blocks, n), 2 ** (bits - 1), np.float32)
     except KeyError:
@@ -792,7 +809,7 @@ def matrix(model: onnx.ModelProto, entry: dict, inits: dict | None = None) -> np
         w = w[:k] + np.repeat(w[k:k + k // block], block, axis=0)
     minimums = inits.get(f"{entry['weight']}{MINIMUMS}")
     if minimums is not None:
-        w = w + np.repeat(numpy_helper.to_array(minimums).astype(np.float32), block, axis=0)[:k]
+        w = w + np.repeat(W.values(minimums).astype(np.float32), block, axis=0)[:k]
     return w.astype(np.float32)
 
 
@@ -801,7 +818,7 @@ def _residual_steps(model, entry: dict, inits: dict) -> np.ndarray:
     node = _nbits_node(model, entry)
     block, k, n = entry["block"], entry["k"], entry["n"]
     blocks = int(_attr(node, "K")) // block
-    scale = numpy_helper.to_array(inits[node.input[2]]).astype(np.float64).reshape(n, blocks).T
+    scale = W.values(inits[node.input[2]]).astype(np.float64).reshape(n, blocks).T
     per_row = np.repeat(scale[k // block:], block, axis=0)[:k // block]  # residual row b -> its block's scale
     return np.repeat(per_row, block, axis=0)
 
@@ -819,7 +836,7 @@ def _digest(model, names: list[str], inits: dict) -> str:
     h = hashlib.sha256()
     for name in names:
         h.update(name.encode())
-        h.update(numpy_helper.to_array(inits[name]).tobytes())
+        h.update(W.values(inits[name]).tobytes())
     return h.hexdigest()
 
 
@@ -965,8 +982,8 @@ def unfaithful(before: dict, model: onnx.ModelProto, record: dict | None = None)
         if e["how"] == "float":
             # the zero point's rounding to the scales' type, times the scale, and float32's rounding
             # of the product the file computes
-            scale = numpy_helper.to_array(inits[node.input[2]]).astype(np.float64).reshape(e["n"], -1).T
-            zero = numpy_helper.to_array(inits[node.input[3]]).astype(np.float64).reshape(e["n"], -1).T
+            scale = W.values(inits[node.input[2]]).astype(np.float64).reshape(e["n"], -1).T
+            zero = W.values(inits[node.input[3]]).astype(np.float64).reshape(e["n"], -1).T
             eps = np.finfo(np.float16 if half else np.float32).eps
             spread = np.repeat(np.abs(scale) * (np.abs(zero) + 1) * eps, e["block"], axis=0)[:e["k"]]
             over = _outside(err, spread, w, got)
@@ -980,7 +997,7 @@ def unfaithful(before: dict, model: onnx.ModelProto, record: dict | None = None)
                            f"{err.max():.3g})")
             continue
         blocks = -(-e["k"] // e["block"])
-        scale = np.abs(numpy_helper.to_array(inits[node.input[2]]).astype(np.float64).reshape(e["n"], blocks).T)
+        scale = np.abs(W.values(inits[node.input[2]]).astype(np.float64).reshape(e["n"], blocks).T)
         step = np.repeat(scale, e["block"], axis=0)[:e["k"]]
         rounded = np.finfo(np.float16).eps * np.abs(w) if half else 0  # the fp16 matrix it was given
         over = err > step * (1 + 1e-6) + rounded + 1e-12

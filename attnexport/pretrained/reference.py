@@ -81,8 +81,9 @@ def layers_in_float64(model):
     never a silent float32 computation)."""
     # A large matrix (a vocabulary's embedding and head, an MLP's projections) is not cast whole: its
     # module computes in float64 a block of its rows at a time (`_blockwise`).
+    # A module given a forward of its own (`emulate.decoding_from_file`'s) computes in the input's type itself.
     blockwise = {m: f for m in model.modules() if (f := _blockwise(m)) is not None}
-    own = [m for m in model.modules() if m not in blockwise and
+    own = [m for m in model.modules() if m not in blockwise and "forward" not in vars(m) and
            any(t is not None and t.is_floating_point() for t in (*m._parameters.values(), *m._buffers.values()))]
     # What each module held before its forward, put back as it was after it (the float32 storage
     # itself, never a conversion back: within float64_everywhere `.float()` gives float64).
@@ -131,7 +132,7 @@ def _blockwise(module):
     of its weight cast), an Embedding's rows gathered in float32 and then cast (exact). None for
     any other module."""
     w = module._parameters.get("weight")
-    if w is None or w.dtype != torch.float32 or w.ndim != 2 or w.numel() * 8 < BLOCK_BYTES:
+    if "forward" in vars(module) or w is None or w.dtype != torch.float32 or w.ndim != 2 or w.numel() * 8 < BLOCK_BYTES:
         return None
     if type(module) is torch.nn.Embedding and module.max_norm is None:
         def gather(ids):
