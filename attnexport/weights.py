@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from attnexport import files as F
 from attnexport import schema
 from attnexport.errors import UsageError
 from attnexport.record import ExportRecord, as_json
@@ -75,7 +76,8 @@ def values(init: onnx.TensorProto) -> np.ndarray:
     return numpy_helper.to_array(held, _BASE.get())
 
 
-def transposed_external(init: onnx.TensorProto, name: str, alignment: int = 1 << 16) -> onnx.TensorProto | None:
+def transposed_external(init: onnx.TensorProto, name: str,
+                        alignment: int = F.EXTERNAL_ALIGN) -> onnx.TensorProto | None:
     """The transpose (C, R) of a 2-D initializer (R, C) held as external data in the staging folder
     (`external_base`), written to the end of the same file (at a multiple of `alignment`) a block
     of its rows at a time and named there as the tensor `name`: neither matrix is held in memory
