@@ -1,0 +1,96 @@
+"""GGML's block formats (attnexport.pretrained.ggml): one hand-worked block of each format, its
+values written out here from the format's layout, and random blocks against the gguf package's own
+dequantization where it is installed (the [real] extra)."""
+
+import numpy as np
+import pytest
+
+from attnexport.pretrained import ggml
+
+
+def _half(x: float) -> list[int]:
+    return list(np.float16(x).tobytes())
+
+
+def _block(size: int, at: dict[int, list[int] | int]) -> np.ndarray:
+    b = np.zeros(size, np.uint8)
+    for offset, value in at.items():
+        value = [value] if isinstance(value, int) else value
+        b[offset:offset + len(value)] = value
+    return b
+
+
+def test_q4_0_and_q4_1():
+    b = _block(18, {0: _half(0.5), 2: 0x9F, 3: 0x08})
+    v = ggml.read(b, "Q4_0").values()
+    assert (v[0], v[16], v[1], v[17], v[2]) == (3.5, 0.5, 0.0, -4.0, -4.0)  # (15-8)/2, (9-8)/2, 0, -8/2
+    b = _block(20, {0: _half(0.25), 2: _half(-1.0), 4: 0x3A})
+    g = ggml.read(b, "Q4_1")
+    assert (g.values()[0], g.values()[16], g.values()[1]) == (1.5, -0.25, -1.0)  # 10/4 - 1, 3/4 - 1, -1
+    assert g.group == 32 and g.bits == 4
+
+
+def test_q5_0_takes_the_fifth_bit_of_value_j_from_bit_j():
+    # bits 0 and 17 set: values 0 and 17 get their fifth bit.
+    b = _block(22, {0: _half(1.0), 2: [0x01, 0x00, 0x02, 0x00], 6: 0x21, 7: 0x3F})
+    v = ggml.read(b, "Q5_0").values()
+    assert (v[0], v[16], v[1], v[17], v[2]) == (1.0, -14.0, -1.0, 3.0, -16.0)  # 17-16, 2-16, 15-16, 19-16
+
+
+def test_q8_0():
+    b = _block(34, {0: _half(2.0), 2: 0xFD, 33: 127})
+    v = ggml.read(b, "Q8_0").values()
+    assert (v[0], v[1], v[31]) == (-6.0, 0.0, 254.0)
+
+
+def test_q4_k_packs_its_six_bit_scales_and_minimums():
+    """Sub-block 0: scale 3, minimum 2; 1: scale 1, minimum 7; 5: scale 5 + 16 (the two high bits
+    from byte 1's top), minimum 2 + 32 (byte 5's top), all times d = 1 and dmin = 0.5."""
+    scales = {4 + 0: 3, 4 + 1: 0x40 | 1, 4 + 4: 2, 4 + 5: 0x80 | 7, 4 + 9: 0x25}
+    b = _block(144, {0: _half(1.0), 2: _half(0.5), **scales, 16: 0x4A, 16 + 64: 0x70})
+    g = ggml.read(b, "Q4_K")
+    assert g.levels.shape == (8, 32) and list(g.scale[[0, 1, 5]]) == [3.0, 1.0, 21.0]
+    assert list(g.offset[[0, 1, 5]]) == [1.0, 3.5, 17.0]
+    v = g.values()
+    assert v[0] == 3 * 10 - 0.5 * 2       # chunk 0's low nibbles: sub-block 0
+    assert v[32] == 1 * 4 - 0.5 * 7       # chunk 0's high nibbles: sub-block 1
+    assert v[160] == 21 * 7 - 0.5 * 34    # chunk 2's high nibbles: sub-block 5
+    assert v[1] == -1.0                   # a zero level: minus the minimum
+
+
+def test_q6_k_groups_sixteen_values_a_scale():
+    """Position 0: ql[0]'s low nibble 5 and qh[0]'s bits 0-1 (1): level 21 - 32, scale 2; position
+    84 (the half's third quarter, its second 16): ql[20]'s high nibble 11 and qh[20]'s bits 4-5 (2):
+    level 43 - 32, scale -3; d = 0.5."""
+    b = _block(210, {0: 0x05, 20: 0xB0, 128: 0x01, 128 + 20: 0x20, 192: 2, 192 + 5: 0xFD, 208: _half(0.5)})
+    g = ggml.read(b, "Q6_K")
+    assert g.levels.shape == (16, 16) and g.offset is None
+    v = g.values()
+    assert v[0] == 0.5 * 2 * -11 and v[84] == 0.5 * -3 * 11
+    assert v[1] == 0.5 * 2 * -32 and v[16] == 0.0  # sub-block 1's scale is 0
+
+
+def test_a_partial_block_or_an_unknown_format_is_refused():
+    with pytest.raises(ValueError, match="whole Q8_0 blocks"):
+        ggml.read(np.zeros(35, np.uint8), "Q8_0")
+    with pytest.raises(ValueError, match="Q3_K is not a block format read here"):
+        ggml.read(np.zeros(110, np.uint8), "Q3_K")
+
+
+@pytest.mark.parametrize("kind", list(ggml.FORMATS))
+def test_random_blocks_equal_the_gguf_package_s_dequantization(kind):
+    quants = pytest.importorskip("gguf.quants", reason="the gguf package is the [real] extra")
+    import gguf
+    per_block, size, _ = ggml.FORMATS[kind]
+    rng = np.random.default_rng(7)
+    blocks = rng.integers(0, 256, (64, size), dtype=np.uint8)
+    # The fp16 fields finite and of either sign, as a quantizer writes them.
+    halves = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q8_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}[kind]
+    for at in halves:
+        blocks[:, at:at + 2] = rng.normal(0, 0.02, (64, 1)).astype(np.float16).view(np.uint8)
+    want = quants.dequantize(blocks, gguf.GGMLQuantizationType[kind]).reshape(-1)
+    got = ggml.read(blocks, kind).values()
+    assert got.shape == (64 * per_block,) and got.dtype == np.float32
+    # Bit for bit: each value is one float32 product and at most one difference, each correctly
+    # rounded by IEEE 754 on any CPU (no transcendental function, no sum whose order may vary).
+    assert np.array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32))
