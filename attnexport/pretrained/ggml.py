@@ -11,7 +11,7 @@ The formats, by the layout of one block (little-endian; `d`, `dmin` and `m` are 
 | Q4_1 | 32 | 20 | d, m, 16 bytes of 4-bit q | d * q + m |
 | Q5_0 | 32 | 22 | d, 32 high bits (uint32: bit j is value j's fifth), 16 bytes of low nibbles | d * (q - 16) |
 | Q8_0 | 32 | 34 | d, 32 int8 | d * q |
-| Q4_K | 256 | 144 | d, dmin, 12 bytes of eight 6-bit scales and minimums, 128 bytes of 4-bit q | d * sc * q - dmin * m |
+| Q4_K | 256 | 144 | d, dmin, 12 bytes of eight 6-bit scales and minimums, 128 of 4-bit q | d * sc * q - dmin * m |
 | Q6_K | 256 | 210 | 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, d | d * sc * (q - 32) |
 
 A K-quant's super-block holds sub-blocks with scales of their own: Q4_K eight of 32 values (64 values
