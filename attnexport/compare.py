@@ -132,42 +132,70 @@ def failed(name: str, problem: str, tol: Tolerance) -> Comparison:
     return Comparison(name, False, inf, inf, 0, 0, tol.rtol, tol.atol, inf, inf, problem, basis=tol.basis)
 
 
+# compare() reads its arrays this many elements at a time: the logits of a generation over a vocabulary
+# of 262,144 tokens are 63M values, whose float64 temporaries (a dozen, taken whole) held gigabytes;
+# a chunk's are some 25 MB, beside the one float64 array of the errors the median and p99 need.
+COMPARE_CHUNK = 1 << 18
+
+
 def compare(name: str, actual, expected, tol: Tolerance) -> Comparison:
     """Compares in float64. NaN never passes; infinities must match exactly."""
-    a = np.asarray(actual, dtype=np.float64)
-    e = np.asarray(expected, dtype=np.float64)
-    if a.shape != e.shape:
-        return failed(name, f"shape {a.shape} != expected {e.shape}", tol)
-    nan_diff = int(np.isnan(a).sum() - np.isnan(e).sum())
-    inf_diff = int(np.isinf(a).sum() - np.isinf(e).sum())
-    bad = None
-    if np.isnan(a).any() or np.isnan(e).any():
-        bad = (f"{int(np.isnan(a).sum())} NaN in actual, {int(np.isnan(e).sum())} in expected "
-               "(NaN never passes)")
-    else:
-        same_inf = np.isinf(a) & np.isinf(e) & (np.sign(a) == np.sign(e))
-        if (np.isinf(a) | np.isinf(e))[~same_inf].any():
-            bad = "infinities differ"
+    a_all = np.asarray(actual)
+    e_all = np.asarray(expected)
+    if a_all.shape != e_all.shape:
+        return failed(name, f"shape {a_all.shape} != expected {e_all.shape}", tol)
+    a_flat, e_flat = a_all.reshape(-1), e_all.reshape(-1)
+    size = a_flat.size
+    err = np.empty(size, np.float64)
+    nan_a = nan_e = inf_a = inf_e = 0
+    bad = ""
+    max_rel = needed_atol = needed_rtol = 0.0
+    passed, worst, at = True, -1.0, 0
+    for lo in range(0, size, COMPARE_CHUNK):
+        a = a_flat[lo:lo + COMPARE_CHUNK].astype(np.float64)
+        e = e_flat[lo:lo + COMPARE_CHUNK].astype(np.float64)
+        isnan_a, isnan_e, isinf_a, isinf_e = np.isnan(a), np.isnan(e), np.isinf(a), np.isinf(e)
+        nan_a, nan_e = nan_a + int(isnan_a.sum()), nan_e + int(isnan_e.sum())
+        inf_a, inf_e = inf_a + int(isinf_a.sum()), inf_e + int(isinf_e.sum())
+        if isnan_a.any() or isnan_e.any():
+            bad = "nan"  # over any other problem, as it was with the whole arrays
+        if bad:
+            continue
+        same_inf = isinf_a & isinf_e & (np.sign(a) == np.sign(e))
+        if (isinf_a | isinf_e)[~same_inf].any():
+            bad = "inf"
+            continue
+        both_inf = isinf_a & isinf_e
+        chunk = np.where(both_inf, 0.0, np.abs(np.where(both_inf, 0.0, a) - np.where(both_inf, 0.0, e)))
+        mag = np.where(both_inf, 0.0, np.abs(e))
+        err[lo:lo + chunk.size] = chunk
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = np.where(mag > 0, chunk / mag, np.where(chunk > 0, np.inf, 0.0))
+            need_r = np.where(chunk <= tol.atol, 0.0, np.where(mag > 0, (chunk - tol.atol) / mag, np.inf))
+        max_rel = max(max_rel, float(rel.max()))
+        needed_rtol = max(needed_rtol, float(need_r.max()))
+        needed_atol = max(needed_atol, float(np.maximum(chunk - tol.rtol * mag, 0.0).max()))
+        passed = passed and bool(np.all(chunk <= tol.atol + tol.rtol * mag))
+        i = int(np.argmax(chunk))
+        if chunk[i] > worst:  # the first of the largest errors, as np.argmax over the whole
+            worst, at = float(chunk[i]), lo + i
+    nan_diff, inf_diff = nan_a - nan_e, inf_a - inf_e
     if bad:
+        problem = (f"{nan_a} NaN in actual, {nan_e} in expected (NaN never passes)" if bad == "nan"
+                   else "infinities differ")
         inf = math.inf
-        return Comparison(name, False, inf, inf, nan_diff, inf_diff, tol.rtol, tol.atol, inf, inf, bad,
-                          compared=int(a.size), basis=tol.basis)
-    both_inf = np.isinf(a) & np.isinf(e)
-    err_full = np.where(both_inf, 0.0, np.abs(np.where(both_inf, 0.0, a) - np.where(both_inf, 0.0, e)))
-    mag_full = np.where(both_inf, 0.0, np.abs(e))
-    err, mag = err_full.ravel(), mag_full.ravel()
-    if err.size == 0:
+        return Comparison(name, False, inf, inf, nan_diff, inf_diff, tol.rtol, tol.atol, inf, inf, problem,
+                          compared=int(size), basis=tol.basis)
+    if size == 0:
         return Comparison(name, True, 0.0, 0.0, 0, 0, tol.rtol, tol.atol, 0.0, 0.0, "", 0.0, 0.0, 0.0, (), 0,
                           tol.basis)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel = np.where(mag > 0, err / mag, np.where(err > 0, np.inf, 0.0))
-        need_r = np.where(err <= tol.atol, 0.0, np.where(mag > 0, (err - tol.atol) / mag, np.inf))
-    needed_atol = float(np.maximum(err - tol.rtol * mag, 0.0).max())
-    passed = bool(np.all(err <= tol.atol + tol.rtol * mag))
-    argmax = tuple(int(i) for i in np.unravel_index(int(np.argmax(err)), a.shape))
-    return Comparison(name, passed, float(err.max()), float(rel.max()), nan_diff, inf_diff, tol.rtol, tol.atol,
-                      needed_atol, float(need_r.max()), "", float(err.mean()), float(np.median(err)),
-                      float(np.percentile(err, 99)), argmax, int(err.size), tol.basis)
+    argmax = tuple(int(i) for i in np.unravel_index(at, a_all.shape))
+    mean = float(err.mean())
+    # The order statistics last: they may reorder `err` (ours) in place rather than copy it.
+    median = float(np.median(err, overwrite_input=True))
+    p99 = float(np.percentile(err, 99, overwrite_input=True))
+    return Comparison(name, passed, worst, max_rel, nan_diff, inf_diff, tol.rtol, tol.atol, needed_atol,
+                      needed_rtol, "", mean, median, p99, argmax, int(size), tol.basis)
 
 
 def compare_outputs(declared: list[str], got: dict, expected: dict, tol: Tolerance) -> list[Comparison]:

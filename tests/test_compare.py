@@ -106,3 +106,38 @@ def test_divergence_is_relative_to_the_tensor_scale():
     assert divergence(np.full(4, 100.0) + 1e-2, np.full(4, 100.0), "fp32")[0]
     assert divergence([np.nan], [0.0], "fp32")[0] and not divergence([np.nan], [np.nan], "fp32")[0]
     assert divergence(np.zeros(2), np.zeros(3), "fp32")[0]
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 1 << 18])
+def test_a_comparison_read_in_chunks_says_what_the_whole_arrays_say(monkeypatch, chunk):
+    """compare() reads its arrays a chunk at a time (a vocabulary's logits over a generation are
+    tens of millions of values): every statistic is the one the whole arrays give, the first
+    largest error's index included, and NaN or unequal infinities anywhere still fail."""
+    import attnexport.compare as C
+    monkeypatch.setattr(C, "COMPARE_CHUNK", chunk)
+    rng = np.random.default_rng(5)
+    e = rng.normal(size=(3, 50, 7)).astype(np.float32)
+    a = e + rng.normal(scale=1e-7, size=e.shape).astype(np.float32)
+    e[2, 40, 3] = e[2, 41, 0] = 0.0  # the largest error, twice: the first is reported
+    a[2, 40, 3] = a[2, 41, 0] = 0.5
+    e[0, 3, 1] = a[0, 3, 1] = np.inf
+    c = compare("y", a, e, TOL)
+    x, y = a.astype(np.float64).ravel(), e.astype(np.float64).ravel()
+    live = ~np.isinf(y)
+    err = np.where(live, np.abs(np.where(live, x, 0) - np.where(live, y, 0)), 0.0)
+    mag = np.where(live, np.abs(y), 0.0)
+    assert c.argmax == (2, 40, 3) and c.max_abs == pytest.approx(err.max(), rel=1e-12)
+    assert c.mean_abs == pytest.approx(err.mean(), rel=1e-9) and c.compared == e.size
+    assert c.median_abs == pytest.approx(np.median(err), rel=1e-12)
+    assert c.p99_abs == pytest.approx(np.percentile(err, 99), rel=1e-12)
+    assert c.max_rel == np.inf  # an error where 0 was expected
+    first = slice(0, err.size * 2 // 3)  # a[:2]: no zero expected, one infinity in both
+    rel = err[first][live[first]] / mag[first][live[first]]
+    assert compare("y", a[:2], e[:2], TOL).max_rel == pytest.approx(rel.max(), rel=1e-12)
+    assert c.needed_atol == pytest.approx(np.maximum(err - TOL.rtol * mag, 0).max(), rel=1e-12)
+    assert not c.passed and compare("y", a[:2], e[:2], TOL).passed
+    a[1, 49, 6], e[0, 0, 0] = np.nan, -np.inf  # a NaN in a late chunk, infinities parting in an early one
+    c = compare("y", a, e, TOL)
+    assert not c and c.problem == "1 NaN in actual, 0 in expected (NaN never passes)" and c.inf_diff == -1
+    a[1, 49, 6] = 0.0
+    assert compare("y", a, e, TOL).problem == "infinities differ"
