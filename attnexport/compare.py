@@ -198,6 +198,18 @@ def compare(name: str, actual, expected, tol: Tolerance) -> Comparison:
                       needed_rtol, "", mean, median, p99, argmax, int(size), tol.basis)
 
 
+def largest_error(actual, expected) -> float | None:
+    """max |actual - expected| in float64, a chunk at a time; None where either is not finite."""
+    a, e = np.asarray(actual).reshape(-1), np.asarray(expected).reshape(-1)
+    error = 0.0
+    for lo in range(0, a.size, COMPARE_CHUNK):
+        x, y = a[lo:lo + COMPARE_CHUNK].astype(np.float64), e[lo:lo + COMPARE_CHUNK].astype(np.float64)
+        if not (np.isfinite(x).all() and np.isfinite(y).all()):
+            return None
+        error = max(error, float(np.abs(x - y).max(initial=0.0)))
+    return error
+
+
 def compare_outputs(declared: list[str], got: dict, expected: dict, tol: Tolerance) -> list[Comparison]:
     """Every declared output, matched by name, then shape, then values.
 

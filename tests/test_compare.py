@@ -136,6 +136,9 @@ def test_a_comparison_read_in_chunks_says_what_the_whole_arrays_say(monkeypatch,
     assert compare("y", a[:2], e[:2], TOL).max_rel == pytest.approx(rel.max(), rel=1e-12)
     assert c.needed_atol == pytest.approx(np.maximum(err - TOL.rtol * mag, 0).max(), rel=1e-12)
     assert not c.passed and compare("y", a[:2], e[:2], TOL).passed
+    # The derived budgets' largest error, read the same way: None where a value is not finite.
+    assert C.largest_error(a[1:], e[1:]) == pytest.approx(err[350:].max(), rel=1e-12) == 0.5
+    assert C.largest_error(a, e) is None
     a[1, 49, 6], e[0, 0, 0] = np.nan, -np.inf  # a NaN in a late chunk, infinities parting in an early one
     c = compare("y", a, e, TOL)
     assert not c and c.problem == "1 NaN in actual, 0 in expected (NaN never passes)" and c.inf_diff == -1

@@ -51,8 +51,8 @@ FORMS = {"none": [], "concat": ["--kv-cache"], "static": ["--kv-cache", "static"
 BROWSER = {("concat", "attention"): ("ort-wasm", "ort-webgpu"), ("static", "ort"): ("ort-wasm",)}
 # What runs only with `pytest --all-real` (conftest): the longest checks, each of which the small random
 # language models run in the [hf] step (tests/test_pretrained_causal_accuracy.py, _causal_check.py).
-# SmolLM2 on WebGPU's software adapter took 520-1120 s of CI's browser worker, its int4 on WASM 260-710,
-# q4f16 200-390, each form's export and generation 110-300.
+# In the recorded CI runs (docs/development.md) SmolLM2 on WebGPU's software adapter took 485-1123 s of
+# the browser's worker, its int4 on WASM 259-710, q4f16 118-392, each form's export and generation 97-304.
 # The static form (ort flavour) is exported on the real weights in int4 within CI's time (the int4 tests).
 ALL_REAL = {"ort-webgpu", "int4-wasm", "q4f16", ("static", "attention"), ("none", "attention"), ("concat", "ort"),
             ("static", "ort")}

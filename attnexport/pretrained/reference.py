@@ -26,7 +26,7 @@ import torch
 
 from attnexport import dtypes as D
 from attnexport import modules as M
-from attnexport.compare import COMPARE_CHUNK, Comparison, Tolerance, compare, derived_tolerance, failed, tolerance
+from attnexport.compare import Comparison, Tolerance, compare, derived_tolerance, failed, largest_error, tolerance
 from attnexport.pretrained import model as hf
 
 # Where the budget comes from, said in every report.
@@ -214,14 +214,10 @@ def budget(torch_out: np.ndarray, fp64: np.ndarray, dtype: str = "fp32", rtol: f
     export's dtype makes against float64 (`compare.derived_tolerance`)."""
     if rtol is not None or atol is not None:
         return tolerance(dtype, rtol, atol)
-    a, e = np.asarray(torch_out).reshape(-1), np.asarray(fp64).reshape(-1)
-    error = 0.0
-    for lo in range(0, a.size, COMPARE_CHUNK):  # a vocabulary's logits: no whole float64 copies
-        x, y = a[lo:lo + COMPARE_CHUNK].astype(np.float64), e[lo:lo + COMPARE_CHUNK].astype(np.float64)
-        if not (np.isfinite(x).all() and np.isfinite(y).all()):  # no error to derive from: the policy's own
-            base = tolerance(dtype)
-            return Tolerance(base.rtol, base.atol, f"policy (torch's {dtype} run or the float64 one is not finite)")
-        error = max(error, float(np.abs(x - y).max(initial=0.0)))
+    error = largest_error(torch_out, fp64)
+    if error is None:  # no error to derive from: the policy's own
+        base = tolerance(dtype)
+        return Tolerance(base.rtol, base.atol, f"policy (torch's {dtype} run or the float64 one is not finite)")
     return derived_tolerance(dtype, error, BASIS.format(dtype=dtype), factor)
 
 
