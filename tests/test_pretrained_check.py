@@ -47,3 +47,48 @@ def test_a_file_of_other_parameters_fails_its_parameters_row_and_runs_nothing_el
     report = C.verify_hf(C.HFCheck(exported, other, runtimes=["ort-cpu"], new_tokens=4))
     assert [r.case for r in report.rows] == ["parameters"] and not report.ok
     assert "the model's parameters differ from" in report.rows[0].error
+
+
+def test_a_language_model_is_verified_in_two_passes_and_its_source_let_go_before_the_sessions(
+        exported, tiny_lm, monkeypatch):
+    # torch's side of every row first, then the source model let go (nothing refers to it: the
+    # kernel can unmap its weights) before ONNX Runtime maps the file; the rows as one pass gives them.
+    import gc
+    import weakref
+
+    from attnexport.pretrained import model as hf
+    loaded, alive_at_sessions = [], []
+    load, prepared = hf.load, C._prepared
+
+    def watched_load(*args, **kwargs):
+        model, info = load(*args, **kwargs)
+        loaded.append(weakref.ref(model))
+        return model, info
+
+    def watched_prepared(*args, **kwargs):
+        gc.collect()
+        alive_at_sessions.append(loaded[0]() is not None)
+        return prepared(*args, **kwargs)
+    monkeypatch.setattr(hf, "load", watched_load)
+    monkeypatch.setattr(C, "_prepared", watched_prepared)
+    report = C.verify_hf(C.HFCheck(exported, tiny_lm("llama"), runtimes=["torch", "ort-cpu"], new_tokens=4))
+    assert report.ok and alive_at_sessions == [False]
+    phases = [p["name"] for p in report.resources["phases"]]
+    assert phases.index("expectations") < phases.index("sessions") < phases.index("rows")
+    cases = list(dict.fromkeys(r.case for r in report.rows))
+    assert cases[0].startswith("batch ") and cases[-1].startswith("generate 4 tokens")
+    for case in cases:  # each case's rows together, torch's first where it has one
+        runtimes = [r.runtime for r in report.rows if r.case == case]
+        assert runtimes in (["ort-cpu"], ["torch", "ort-cpu"]), (case, runtimes)
+    assert [r for r in report.rows if r.runtime == "torch"]
+
+
+def test_a_two_pass_verify_reads_back_only_what_its_first_pass_computed():
+    ctx = C.Context(*[None] * 10, expectations={}, expecting=True)
+    assert ctx.expect("a", lambda: 1) == 1
+    with pytest.raises(ValueError, match="two rows expect under one key"):
+        ctx.expect("a", lambda: 2)
+    ctx.expecting = False
+    assert ctx.expect("a", lambda: 3) == 1
+    with pytest.raises(ValueError, match="was not computed before the source model was let go"):
+        ctx.expect("b", lambda: 4)

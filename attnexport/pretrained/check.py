@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from attnexport.pretrained import retrieval as RT
 from attnexport.reading import load_model
 from attnexport.record import ExportRecord
 from attnexport.report import Report, Row
+from attnexport.runtimes import js
 from attnexport.verify.executor import Executor
 from attnexport.verify.module_check import changed_params
 from attnexport.verify.request import Checking
@@ -82,6 +84,10 @@ class Context:
     prompts: Any = None  # what the family's rows read (`Family.verify_inputs`)
     folder: Path | None = None  # the deployment folder (its clients' rows)
     extra: dict = field(default_factory=dict)  # what a family's rows share among themselves
+    # A verify in two passes (`Family.expects_first`): torch's side of every row by its key, computed
+    # in the first pass (`expecting`: the source model loaded, no ONNX runtime yet), read in the second.
+    expectations: dict | None = None
+    expecting: bool = False
 
     @property
     def name(self) -> str:
@@ -95,6 +101,20 @@ class Context:
         flavor = self.flavor if runtime in R.ONNX_RUNTIMES else "-"
         return Row(case=case, variant=f"{self.layout.form} ({self.layout.task})", flavor=flavor, runtime=runtime,
                    dtype=self.dtype, model=self.name, tolerance=tol, expected_kind=kind)
+
+    def expect(self, key, compute: Callable[[], Any]) -> Any:
+        """What `compute()` returns: torch's side of a row (the source model's answers in float64,
+        the budget its fp32 run gives). In a two-pass verify the first pass computes it and keeps it
+        under `key`, and the second, the source model let go, reads it back; otherwise it is computed."""
+        if self.expectations is None:
+            return compute()
+        if self.expecting:
+            if key in self.expectations:
+                raise ValueError(f"verify: two rows expect under one key, {key!r}")
+            self.expectations[key] = compute()
+        elif key not in self.expectations:
+            raise ValueError(f"verify: {key!r} was not computed before the source model was let go")
+        return self.expectations[key]
 
     def runner(self, runtime: str):
         """The step on `runtime`: the ONNX model, or torch's `reference.run` (the model in torch,
@@ -138,11 +158,17 @@ def verify_hf(check: HFCheck) -> Report:
     if check.budget is None:  # the family's default (the command line gives one parsed by the family)
         check = with_fields(check, budget=family.budget(None))
     if check.memory_check:
-        hf.check_fits(check.source, "verify")
+        hf.check_fits(check.source, "verify" if _two_passes(family, check.model_path) else "verify in one pass")
     with U.metered() as meter:
         report = family.verify(check)
     report.resources, report.resources_line = meter.to_dict(), meter.line()
     return report
+
+
+def _two_passes(family: registry.Family, path) -> bool:
+    """Whether the verify of `path` runs in two passes, the source model let go before the file is
+    mapped (`verify_step`): a float export of a family that `expects_first`."""
+    return family.expects_first and P.record_of(load_model(model_file(path)[0], external_data=False)) is None
 
 
 def model_file(path: str | Path) -> tuple[Path, Path | None]:
@@ -203,6 +229,7 @@ def verify_step(check: HFCheck) -> Report:
     for needs, what in family.verify_needs(layout, inputs, check.new_tokens, tokenizer):
         layout.cache_form.check_room(layout, needs, what)
     reference = HR.Reference(hf_model, layout, dtype, check.rtol, check.atol)
+    del hf_model  # the reference holds it, and lets it go (`release`) where the rows allow
     quantized = P.record_of(model)
     used, table = R.select(check.runtimes, check.skip_unavailable)
     external = F.data_file(path).is_file()
@@ -211,32 +238,70 @@ def verify_step(check: HFCheck) -> Report:
         model = load_model(check.model_path)
     used, table = P.able_runtimes(model, used, table, check.runtimes, quantized)
     executor = Executor(check.checking)
-    with U.phase("sessions"):
-        prepared = {rt: _prepared(rt, model, path) for rt in used if rt in R.ONNX_RUNTIMES}
-    ctx = Context(check, model, layout, reference, tokenizer, dtype, flavor, used, prepared, executor,
-                  precision=P.precision_name(model, quantized), prompts=inputs, folder=folder)
     record = meta.parsed("params", {})
     with U.phase("fingerprints"):
         changed = changed_params(reference.step, record, dtype)
         # The file's own initializers against the record:
         damaged = W.read(model, record, str(Path(path).resolve().parent), keep=False)[1] if record else []
         damaged += P.damaged(model, quantized)
-    with np.errstate(all="ignore"), U.phase("rows"):
-        if changed or damaged:
-            parameters_row(ctx, changed, damaged)
-        elif quantized is not None:  # its answers are judged by the accuracy budget, its weights by their source
-            weights_row(ctx, quantized)
-            family.answer_rows(ctx, lossy=True)
-        else:  # half precision: each step within fp16's budget, its answers by the accuracy budget
-            with U.phase("steps"):
-                shape_rows(ctx)
-            with U.phase("float rows"):
-                family.float_rows(ctx)
-            with U.phase("answers"):
-                family.answer_rows(ctx, lossy=dtype != "fp32")
-        if not changed and not damaged and check.clients:
-            family.client_rows(ctx)
+    ctx = Context(check, model, layout, reference, tokenizer, dtype, flavor, used, {}, executor,
+                  precision=P.precision_name(model, quantized), prompts=inputs, folder=folder)
+    if changed or damaged:
+        parameters_row(ctx, changed, damaged)
+    elif quantized is None and family.expects_first:
+        # Two passes: torch's rows and every row's expectations with the source model, then the
+        # model let go and the ONNX runtimes' rows against what was kept. A runtime that cannot hold
+        # the model says so before the first.
+        for rt in used:
+            if rt in R.JS_RUNTIMES:
+                js.refuse_too_large(rt, model)
+        ctx.expectations, ctx.expecting = {}, True
+        ctx.used = [rt for rt in used if R.runs_module(rt)]
+        with np.errstate(all="ignore"), U.phase("expectations"):
+            _float_rows(ctx, family)
+        reference.release()
+        ctx.expecting, ctx.used = False, [rt for rt in used if not R.runs_module(rt)]
+        first = len(executor.rows)
+        with U.phase("sessions"):
+            ctx.prepared = {rt: _prepared(rt, model, path) for rt in used if rt in R.ONNX_RUNTIMES}
+        with np.errstate(all="ignore"), U.phase("rows"):
+            _float_rows(ctx, family)
+        executor.rows = _in_order(executor.rows[first:] + executor.rows[:first], used)
+    else:
+        with U.phase("sessions"):
+            ctx.prepared = {rt: _prepared(rt, model, path) for rt in used if rt in R.ONNX_RUNTIMES}
+        with np.errstate(all="ignore"), U.phase("rows"):
+            if quantized is not None:  # its answers are judged by the accuracy budget, its weights by their source
+                weights_row(ctx, quantized)
+                family.answer_rows(ctx, lossy=True)
+                if check.clients:
+                    family.client_rows(ctx)
+            else:
+                _float_rows(ctx, family)
     return executor.report(R.described(table) + client_table, dtype, [flavor], [str(check.model_path)])
+
+
+def _float_rows(ctx: Context, family: registry.Family) -> None:
+    """The rows of a float export (fp32, fp16): each step within its budget, its answers by the
+    family's rows (fp16's by the accuracy budget), its clients."""
+    with U.phase("steps"):
+        shape_rows(ctx)
+    with U.phase("float rows"):
+        family.float_rows(ctx)
+    with U.phase("answers"):
+        family.answer_rows(ctx, lossy=ctx.dtype != "fp32")
+    if ctx.check.clients:
+        family.client_rows(ctx)
+
+
+def _in_order(rows: list[Row], used: list[str]) -> list[Row]:
+    """Rows of two passes as one pass would give them: by case, in the order the cases first come
+    in `rows`, and within a case by runtime, in the order of `used` (anything else after, as it came)."""
+    cases: dict[str, int] = {}
+    for row in rows:
+        cases.setdefault(row.case, len(cases))
+    rank = {rt: i for i, rt in enumerate(used)}
+    return sorted(rows, key=lambda row: (cases[row.case], rank.get(row.runtime, len(rank))))
 
 
 def _prepared(runtime: str, model, path: Path | None = None) -> R.Prepared:
@@ -366,8 +431,10 @@ def shape_rows(ctx: Context) -> None:
     """The step at each of its form's verify shapes, its caches written by the model from a prefix
     of the family's inputs (`Family.check_feed`), against the float64 model on the same feed."""
     for label, batch, block, past, padded in ctx.layout.cache_form.verify_checks:
-        feed = ctx.family.check_feed(ctx.reference, ctx.tokenizer, batch, block, past, padded, seed=2)
-        expected = ctx.reference.expect(feed)
+        def expect(batch=batch, block=block, past=past, padded=padded):
+            feed = ctx.family.check_feed(ctx.reference, ctx.tokenizer, batch, block, past, padded, seed=2)
+            return feed, ctx.reference.expect(feed)
+        feed, expected = ctx.expect(("shape", label), expect)
         for rt in ctx.used:
             if R.runs_module(rt):  # the budget is torch's own error on this feed: torch's rows are the answers'
                 continue

@@ -279,10 +279,11 @@ def _load_gguf(path: Path):
 
 # What an export and a verify hold at their peak, measured (docs/scale.md): about FACTOR times the
 # model's weights in float32 above the process's own BASE (torch and the runtimes, loaded). A 1.07B
-# Llama measured 1.1 (export, its weights beside the graph), 2.4 (int4) and 2.4 (verify); the
-# export of one file, 5.5 at 135M (its check session made from the model in memory).
+# Llama measured 1.1 (export, its weights beside the graph), 2.4 (int4) and 1.3 (verify, in two
+# passes: 2.4 in one); the export of one file, 5.5 at 135M (its check session made from the model in memory).
 MEMORY_BASE = 512 << 20
-MEMORY_FACTORS = {"export": 1.6, "export quantized": 2.6, "export in one file": 6.0, "verify": 2.6}
+MEMORY_FACTORS = {"export": 1.6, "export quantized": 2.6, "export in one file": 6.0, "verify": 1.6,
+                  "verify in one pass": 2.6}
 
 
 def parameter_count(source: str | Path) -> int | None:

@@ -54,6 +54,10 @@ class Family:
     needs_tokenizer: ClassVar[bool] = False
     # The clients that load its deployment folder (`attnexport.pretrained.clients`).
     clients: ClassVar[tuple[str, ...]] = ()
+    # Whether a float export's verify computes every row's torch expectations first and lets the
+    # source model go before ONNX Runtime maps the file (`check.verify_step`): the model and the
+    # file's weights are never resident together. Its rows take torch's side from `Context.expect`.
+    expects_first: ClassVar[bool] = False
     # The ort flavour's fusions of an encoder's layers (`fusions.encoder`) beside every family's.
     fuses_encoder_layers: ClassVar[bool] = False
     # Optimum's exporter task for the same model (bench's anchor), or "" where Optimum has none.

@@ -326,16 +326,23 @@ def _array(t: dict, binary: bytearray) -> np.ndarray:
 JS_LIMIT = (1 << 31) - 1
 
 
-def prepare(name: str, model: onnx.ModelProto, optimize: bool = True, threads: int | None = None,
-            prepack: bool = True) -> R.Prepared:
-    """`model` on `name` (ort-node, ort-wasm or ort-webgpu), run by output name; a model above
-    what the runtime is given in one message (JS_LIMIT) is a UsageError in one line."""
+def refuse_too_large(name: str, model: onnx.ModelProto) -> None:
+    """A UsageError in one line where `model`'s weights are more than `name` is given in one message
+    (JS_LIMIT); its initializers' sizes are read from their shapes, so the model may be one read
+    without its external data."""
     size = sum(W.nbytes(i) for i in model.graph.initializer)
     if size > JS_LIMIT:
         held = "WebAssembly's memory and ONNX Runtime Web's model buffer hold" if name != "ort-node" else \
             "attnexport gives onnxruntime-node the model as one protobuf message, which holds"
         raise UsageError(f"runtime {name} cannot load a model of {F.human_size(size)} of weights: {held} 2 GB at "
                          "most; verify it on ort-cpu or ort-cuda")
+
+
+def prepare(name: str, model: onnx.ModelProto, optimize: bool = True, threads: int | None = None,
+            prepack: bool = True) -> R.Prepared:
+    """`model` on `name` (ort-node, ort-wasm or ort-webgpu), run by output name; a model above
+    what the runtime is given in one message (JS_LIMIT) is a UsageError in one line."""
+    refuse_too_large(name, model)
     b = bridge()
     request = {"op": "load", "runtime": name, "optimize": optimize, "threads": threads or R.cpu_threads() or 0}
     if name == "ort-node" and R.has_fp16(model):

@@ -26,6 +26,7 @@ class CausalLM(registry.Family):
     tested = ("llama", "mistral", "qwen2", "phi3", "gpt2", "gemma2")
     clients = ("optimum", "transformers.js")
     optimum_task = "text-generation-with-past"
+    expects_first = True
 
     def budget(self, text):
         return self.module("accuracy").Budget().with_overrides(text)
