@@ -94,3 +94,94 @@ def test_random_blocks_equal_the_gguf_package_s_dequantization(kind):
     # Bit for bit: each value is one float32 product and at most one difference, each correctly
     # rounded by IEEE 754 on any CPU (no transcendental function, no sum whose order may vary).
     assert np.array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32))
+
+
+def _random_blocks(kind: str, rows: int, cols: int, seed: int) -> np.ndarray:
+    """`rows` rows of `cols` values of random `kind` blocks, their fp16 fields finite."""
+    per_block, size, _ = ggml.FORMATS[kind]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (rows * cols // per_block, size), dtype=np.uint8)
+    halves = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q8_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}[kind]
+    for at in halves:
+        blocks[:, at:at + 2] = np.abs(rng.normal(0, 0.02, (len(blocks), 1))).astype(np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory):
+    """A GGUF file of four weight matrices (out, in) in Q4_K, Q5_0, Q6_K and Q8_0, and each as the
+    gguf package dequantizes it (what transformers loads)."""
+    pytest.importorskip("gguf.quants", reason="the gguf package is the [real] extra")
+    import gguf
+    from gguf.quants import dequantize
+    path = tmp_path_factory.mktemp("gguf") / "m.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    matrices = {}
+    for i, (kind, rows) in enumerate((("Q4_K", 24), ("Q5_0", 16), ("Q6_K", 8), ("Q8_0", 40))):
+        raw = _random_blocks(kind, rows, 256, seed=i)
+        writer.add_tensor(f"blk.0.{kind}.weight", raw, raw_dtype=gguf.GGMLQuantizationType[kind])
+        matrices[kind] = dequantize(raw, gguf.GGMLQuantizationType[kind]).astype(np.float32).reshape(rows, 256)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path, matrices
+
+
+def _matmuls(matrices: dict):
+    """y_KIND = x @ W_KIND.T for each matrix: a graph whose MatMuls hold the matrices as a Linear's
+    export does (transposed)."""
+    from onnx import TensorProto, helper, numpy_helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 256])
+    nodes, inits, outs = [], [], []
+    for kind, m in matrices.items():
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(m.T), f"w_{kind}"))
+        nodes.append(helper.make_node("MatMul", ["x", f"w_{kind}"], [f"y_{kind}"], name=f"mm_{kind}"))
+        outs.append(helper.make_tensor_value_info(f"y_{kind}", TensorProto.FLOAT, [3, m.shape[0]]))
+    graph = helper.make_graph(nodes, "g", [x], outs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_a_gguf_file_s_tensors_are_found_by_their_values(gguf_file):
+    path, matrices = gguf_file
+    tensors = ggml.Tensors(path)
+    assert tensors.kinds() == {"Q4_K": 1, "Q5_0": 1, "Q6_K": 1, "Q8_0": 1}
+    for kind, m in matrices.items():
+        found = tensors.find(m)
+        assert found.kind == kind and found.name == f"blk.0.{kind}.weight"
+        assert np.array_equal(found.groups.values().reshape(m.shape), m)
+    moved = matrices["Q5_0"].copy()
+    moved[3, 7] = np.nextafter(moved[3, 7], np.float32(1))  # one value one ulp away: not the file's
+    assert tensors.find(moved) is None and tensors.find(matrices["Q5_0"][::-1]) is None
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_int4_and_int8_carry_the_file_s_own_blocks_where_their_width_holds_them(gguf_file, bits):
+    """At int8 every format is carried (Q6_K's sub-blocks of 16 as blocks of 16); at int4 the Q4_K
+    blocks are, and the 5-, 6- and 8-bit ones re-quantized, each said in the record; ONNX Runtime's
+    products of the carried matrices equal x @ W in float64 within fp32's budget."""
+    ort = pytest.importorskip("onnxruntime")
+    from attnexport.compare import Tolerance, compare
+    from attnexport.pretrained import precision as P
+    path, matrices = gguf_file
+    model = _matmuls(matrices)
+    done = P.quantize(model, P.Plan(bits=bits, accuracy=0, minimums="exact"), layers=1,
+                      tensors=ggml.Tensors(path))
+    how = {e["file"]: (e["how"], e["bits"], e["block"]) for e in done.entries}
+    if bits == 8:
+        assert how == {"Q4_K": ("exact", 8, 32), "Q5_0": ("exact", 8, 32), "Q6_K": ("exact", 8, 16),
+                       "Q8_0": ("exact", 8, 32)}
+    else:
+        assert how == {"Q4_K": ("exact", 4, 32), "Q5_0": ("ort", 4, 32), "Q6_K": ("ort", 4, 32),
+                       "Q8_0": ("ort", 4, 32)}
+        assert "of the file's tensors Q4_K 1 carried, Q5_0 1 re-quantized" in done.summary()
+    x = np.random.default_rng(0).normal(size=(3, 256)).astype(np.float32)
+    got = dict(zip([o.name for o in model.graph.output],
+                   ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+                   .run(None, {"x": x}), strict=True))
+    for kind, m in matrices.items():
+        if how[kind][0] == "exact":
+            want = x.astype(np.float64) @ m.T.astype(np.float64)
+            # fp32 sums of 256 products: a few ulps of the largest partial sum.
+            tol = Tolerance(1e-5, 1e-5 * float(np.abs(x).max() * np.abs(m).max() * 256), "fp32 products of 256")
+            assert compare(f"y_{kind}", got[f"y_{kind}"], want, tol).passed, kind

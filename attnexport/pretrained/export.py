@@ -158,6 +158,16 @@ def _check_request(r: HFExport) -> None:
         F.deploy_target(Path(r.deploy))
 
 
+def file_tensors(source):
+    """A GGUF source's tensors, found by their values (`ggml.Tensors`: what int8/int4 carry from the
+    file's own blocks), or None for any other source."""
+    path = Path(str(source))
+    if path.suffix.lower() != ".gguf" or not path.is_file():
+        return None
+    from attnexport.pretrained import ggml
+    return ggml.Tensors(path)
+
+
 def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExportResult, hf.Layout]:
     """Exports the model at `request.source` (or `loaded`: the model and where its parameters came
     from, loaded already) in its cache form, checked against the model in float64 before anything is
@@ -187,7 +197,7 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
         before = SourceMatrices(onnx_model, wrapper, layout.vocab)
         quantized["before"] = before
         quantized["done"] = P.quantize(onnx_model, plan, layout.layers, layout.vocab,
-                                       weights=before if dtype != "fp32" else None)
+                                       weights=before if dtype != "fp32" else None, tensors=file_tensors(r.source))
         return onnx_model
 
     def check(onnx_model):

@@ -17,11 +17,18 @@ The formats, by the layout of one block (little-endian; `d`, `dmin` and `m` are 
 A K-quant's super-block holds sub-blocks with scales of their own: Q4_K eight of 32 values (64 values
 a chunk: the low nibbles of 32 bytes, then their high nibbles), Q6_K sixteen of 16. Each group here is
 such a sub-block: the unit a block-wise int4/int8 MatMulNBits carries with a scale and a zero point or
-minimum of its own."""
+minimum of its own.
+
+`Tensors` finds a file's tensor by its values: a weight matrix of the model transformers loaded from
+the file (each block format dequantized to float32, bit for bit as here) is the tensor whose groups
+give the same bytes, whatever the two call it; a tensor transformers changed as it read it (a row
+order it permutes back) matches none, and is not carried."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -140,3 +147,67 @@ def _q6_k(b: np.ndarray) -> Groups:
 
 
 _READERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q8_0": _q8_0, "Q4_K": _q4_k, "Q6_K": _q6_k}
+
+
+# The rows of a tensor dequantized at once while its values are hashed.
+HASH_ROWS = 4096
+
+
+@dataclass(frozen=True)
+class Found:
+    """A file's tensor: its name, kind, and groups, in row order (each row's groups in turn)."""
+
+    name: str
+    kind: str
+    groups: Groups
+
+
+class Tensors:
+    """The 2-D tensors of a GGUF file in the block formats read here (FORMATS), found by their values
+    (`find`). The file is memory-mapped (gguf's reader); a tensor is dequantized only where a matrix
+    of its shape is looked for, a block of rows at a time, to hash it."""
+
+    def __init__(self, path: str | Path):
+        import gguf
+        self.path = Path(path)
+        self._by_shape: dict[tuple[int, int], list] = {}
+        for t in gguf.GGUFReader(str(path)).tensors:
+            if t.tensor_type.name in FORMATS and len(t.shape) == 2:
+                rows, cols = int(t.shape[1]), int(t.shape[0])  # GGUF gives the fastest axis first
+                self._by_shape.setdefault((rows, cols), []).append(t)
+        self._digests: dict[str, bytes] = {}
+
+    def kinds(self) -> dict[str, int]:
+        """How many tensors of each block format the file has."""
+        out: dict[str, int] = {}
+        for ts in self._by_shape.values():
+            for t in ts:
+                out[t.tensor_type.name] = out.get(t.tensor_type.name, 0) + 1
+        return dict(sorted(out.items()))
+
+    def find(self, matrix: np.ndarray) -> Found | None:
+        """The tensor whose values are `matrix` (rows, columns) float32, bit for bit, or None."""
+        candidates = self._by_shape.get(tuple(matrix.shape), [])
+        if not candidates:
+            return None
+        want = _digest(np.ascontiguousarray(matrix, np.float32))
+        for t in candidates:
+            if t.name not in self._digests:
+                self._digests[t.name] = _tensor_digest(t)
+            if self._digests[t.name] == want:
+                return Found(t.name, t.tensor_type.name, read(t.data, t.tensor_type.name))
+        return None
+
+
+def _digest(matrix: np.ndarray) -> bytes:
+    h = hashlib.sha256()
+    for a in range(0, matrix.shape[0], HASH_ROWS):
+        h.update(np.ascontiguousarray(matrix[a:a + HASH_ROWS]).data)
+    return h.digest()
+
+
+def _tensor_digest(t) -> bytes:
+    h = hashlib.sha256()
+    for a in range(0, t.data.shape[0], HASH_ROWS):
+        h.update(read(t.data[a:a + HASH_ROWS], t.tensor_type.name).values().data)
+    return h.digest()

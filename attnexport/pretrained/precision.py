@@ -253,6 +253,52 @@ def grid_of(w: np.ndarray, bits: int, block: int) -> Grid | None:
     return None
 
 
+# The width of MatMulNBits a GGUF block format's groups take (`file_grid`): 4-bit codes for Q4's, 8
+# for the 5-, 6- and 8-bit ones.
+FILE_WIDTHS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 8, "Q6_K": 8, "Q8_0": 8}
+
+
+def file_grid(w: np.ndarray, s: Site, bits: int, tensors) -> tuple[Grid | None, str | None]:
+    """(the grid of the source file's own blocks that `w` (K, N) is, or None; the file's format of
+    the matrix, or None where the file has no tensor of these values). `tensors` is the GGUF file's
+    (`ggml.Tensors`); each parameter the site holds (a column block of `w`, transposed: a Linear's
+    weight) is looked for there by its values. A format wider than `bits` (Q5_0 at int4) gives no
+    grid; one narrower is held in `bits` as it is (Q4_K at int8)."""
+    parts = sorted((c for c in s.params.values() if c is not None), key=lambda c: c[0]) or [[0, s.n]]
+    if parts[0][0] != 0 or parts[-1][1] != s.n or any(a[1] != b[0] for a, b in zip(parts, parts[1:], strict=False)):
+        parts = [[0, s.n]]  # the columns not given whole by the record: the matrix as one
+    found = []
+    for a, b in parts:
+        f = tensors.find(np.ascontiguousarray(w[:, a:b].T))
+        if f is None:
+            return None, None
+        found.append(f)
+    kinds = sorted({f.kind for f in found})
+    kind = "+".join(kinds)
+    groups = [f.groups for f in found]
+    if max(FILE_WIDTHS[k] for k in kinds) > bits or len({g.group for g in groups}) > 1 or \
+            len({g.offset is None for g in groups}) > 1 or s.k % groups[0].group:
+        return None, kind
+    block, zero = groups[0].group, 0 if groups[0].offset is not None else 2 ** (bits - 1)
+    q = np.concatenate([(g.levels.reshape(-1, s.k).astype(np.int16) + zero).T for g in groups], axis=1)
+    scale = np.concatenate([g.scale.reshape(-1, s.k // block).T for g in groups], axis=1)
+    minimum = None if groups[0].offset is None else \
+        np.concatenate([-g.offset.reshape(-1, s.k // block).T for g in groups], axis=1)
+    grid = Grid(bits, block, np.ascontiguousarray(q.astype(np.uint8)), np.ascontiguousarray(scale, np.float32), zero,
+                None if minimum is None else np.ascontiguousarray(minimum, np.float32))
+    return (grid if _holds(grid, w) else None), kind
+
+
+def _holds(grid: Grid, w: np.ndarray, columns: int = 4096) -> bool:
+    """Whether `grid` gives back `w` bit for bit (compared a block of columns at a time)."""
+    for a in range(0, w.shape[1], columns):
+        part = Grid(grid.bits, grid.block, grid.q[:, a:a + columns], grid.scale[:, a:a + columns], grid.zero,
+                    None if grid.minimum is None else grid.minimum[:, a:a + columns])
+        if not np.array_equal(part.values(), w[:, a:a + columns]):
+            return False
+    return True
+
+
 def _fp16_exact(x: np.ndarray) -> np.ndarray:
     return np.float32(x).astype(np.float16).astype(np.float32)
 
@@ -348,9 +394,23 @@ class Quantized:
             out[key] = out.get(key, 0) + 1
         return out
 
+    def files(self) -> dict:
+        """{the source file's format: {how: matrices}} of the matrices that are its tensors."""
+        out: dict = {}
+        for e in self.entries:
+            if "file" in e:
+                how = "re-quantized" if e["how"] == "ort" else "carried"
+                out.setdefault(e["file"], {}).setdefault(how, 0)
+                out[e["file"]][how] += 1
+        return out
+
     def summary(self) -> str:
         total = len(self.entries)
         parts = [f"{v} {k}" for k, v in sorted(self.counts().items())]
+        files = self.files()
+        if files:
+            said = [f"{kind} {n} {how}" for kind, hows in sorted(files.items()) for how, n in sorted(hows.items())]
+            parts.append("of the file's tensors " + ", ".join(said))
         folds = [e["fold"] for e in self.entries if e["how"] == "folded"]
         if folds:
             worst = max(f["max_steps"] for f in folds)
@@ -364,13 +424,15 @@ class Quantized:
 
 
 def quantize(model: onnx.ModelProto, plan: Plan, layers: int, vocab: int | None = None,
-             weights: dict | None = None) -> Quantized:
+             weights: dict | None = None, tensors=None) -> Quantized:
     """Replaces, in place, each constant weight matrix of a MatMul by MatMulNBits as `plan` says
     for its group: carried exactly where it holds a grid of the bits asked for, else through ONNX
     Runtime's quantizer. `weights` ({initializer: (K, N) float32}) are the matrices a graph exported
     in half stands for: a grid is looked for there (an fp16 initializer is its rounding), and the
-    scales are written in the graph's float type. Returns what was done; `model` gets the record
-    (the export record's `precision`)."""
+    scales are written in the graph's float type. `tensors` (a GGUF source's `ggml.Tensors`): a
+    matrix that is one of the file's tensors is carried from the file's own blocks where `bits`
+    hold them (`file_grid`), and its entry names the file's format. Returns what was done; `model`
+    gets the record (the export record's `precision`)."""
     found = sites(model, vocab)
     if not found:
         raise UsageError("the model has no MatMul with a constant weight matrix: there is nothing to quantize")
@@ -387,12 +449,18 @@ def quantize(model: onnx.ModelProto, plan: Plan, layers: int, vocab: int | None 
             continue
         w = weights[s.weight] if weights and s.weight in weights else \
             W.values(inits[s.weight]).astype(np.float32)
-        grid = grid_of(w, rule.bits, plan.block) if plan.carry else None
+        grid, kind = file_grid(w, s, rule.bits, tensors) if plan.carry and tensors is not None else (None, None)
+        if grid is None and plan.carry:
+            grid = grid_of(w, rule.bits, plan.block)
         if grid is not None:
             exact.append((s, grid))
         else:
             by_bits[rule.bits].append(s)
-        done.entries.append(_entry(s, rule.bits, rule.accuracy, "exact" if grid is not None else "ort", plan.block))
+        entry = _entry(s, rule.bits, rule.accuracy, "exact" if grid is not None else "ort",
+                       grid.block if grid is not None else plan.block)
+        if kind is not None:
+            entry["file"] = kind
+        done.entries.append(entry)
     entries = {e["node"]: e for e in done.entries}
     for s, grid in exact:
         if grid.minimum is not None and plan.minimums == "folded":
@@ -529,7 +597,7 @@ def _block_sums(model, nodes: list, inits: list, x: str, k: int, block: int, rea
     """The name of `x`'s sums over each block of `block` values of its last axis (..., K/block), a
     MatMul by a (K, K/block) 0/1 matrix (`_summing`, one per K in the model), made once per input:
     the inputs several matrices share (a layer's gate and up projections) are summed once."""
-    name = f"{x}_block_sums"
+    name = f"{x}_block_sums" if block == 32 else f"{x}_block{block}_sums"
     if not any(name in n.output for n in nodes):
         ones = _summing(model, inits, k, block, real, k // block)
         nodes.append(helper.make_node("MatMul", [x, ones], [name], name=name))
@@ -687,7 +755,7 @@ def _folded_input(model, nodes: list, inits: list, x: str, k: int, block: int, r
     one). Whole blocks, because onnxruntime-web 1.30's WebGPU MatMulNBits answers wrong when K is
     not a multiple of the block (the deployment-runtime test in tests/test_pretrained_accuracy.py fails on
     WebGPU without the padding)."""
-    name = f"{x}{FOLDED}"
+    name = f"{x}{FOLDED}" if block == 32 else f"{x}_block{block}{FOLDED}"
     if any(name in n.output for n in nodes):
         return name
     ones = _summing(model, inits, k, block, real, folded_width(k, block))
