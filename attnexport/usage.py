@@ -37,6 +37,20 @@ def high_water() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def give_back() -> None:
+    """Collects Python's garbage and returns the heap's free pages to the system (glibc's
+    `malloc_trim`; nothing elsewhere): after a large working set is let go (a GGUF file's
+    dequantized tensors, a model), so that the memory is there for what comes next and the
+    resident set says what is held."""
+    import ctypes
+    import gc
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def available() -> int | None:
     """The memory the machine can still give (MemAvailable), in bytes; None where it does not say."""
     try:

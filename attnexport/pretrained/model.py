@@ -274,6 +274,8 @@ def _load_gguf(path: Path):
                          f"{', '.join(sorted(set(missing) - tied)[:3]) or 'none'}; unexpected: "
                          f"{', '.join(unexpected[:3]) or 'none'})")
     model.tie_weights()
+    del tensors
+    U.give_back()  # the file's dequantized copies, let go: their pages back to the system
     return model.eval(), "given: " + path.name
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import gc
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +26,7 @@ import torch
 
 from attnexport import dtypes as D
 from attnexport import modules as M
+from attnexport import usage as U
 from attnexport.compare import Comparison, Tolerance, compare, derived_tolerance, failed, largest_error, tolerance
 from attnexport.pretrained import model as hf
 
@@ -258,7 +258,7 @@ class Reference:
         """Lets the model go (a two-pass verify, its expectations kept: `check.Context.expect`), so
         that its weights are not resident beside the ONNX file's; running the step after is an error."""
         self.model = self.step = self.model64 = self.step64 = None
-        gc.collect()
+        U.give_back()
 
     def run(self, feed: dict) -> dict:
         """The step in torch as the export computes it (arrays of the export's dtype by output name)."""
