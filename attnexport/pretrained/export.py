@@ -70,6 +70,8 @@ class HFExport:
         frees_model: the model is the export's own (`export` loads it): its weights are let go
             once the check before writing has run it (in torch and in float64), before ONNX
             Runtime runs the graph, so the two are never held together.
+        grids_from: the GGUF file whose own blocks int8/int4 carry (`precision.file_grid`), where
+            the source is a folder saved from it (bench's); None: the source, where it is one.
     """
 
     source: str | Path
@@ -88,6 +90,7 @@ class HFExport:
     external_data: bool | None = None
     memory_check: bool = True
     frees_model: bool = False
+    grids_from: str | Path | None = None
 
 
 # From this many bytes of weights in the graph's float type, a whole model's weights go beside its graph.
@@ -197,7 +200,8 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
         before = SourceMatrices(onnx_model, wrapper, layout.vocab)
         quantized["before"] = before
         quantized["done"] = P.quantize(onnx_model, plan, layout.layers, layout.vocab,
-                                       weights=before if dtype != "fp32" else None, tensors=file_tensors(r.source))
+                                       weights=before if dtype != "fp32" else None,
+                                       tensors=file_tensors(r.grids_from or r.source))
         return onnx_model
 
     def check(onnx_model):

@@ -459,9 +459,9 @@ def _attnexport_engine(weights: Path, form: str, flavor: str, r: HFBenchRequest,
     max_seq = max(max(r.contexts) + 1, AGREEMENT_TOKENS + 64, A.TOKENS)  # the accuracy's prompts and texts fit too
     path = tmp / f"{form}-{flavor}-{precision}.onnx"
     try:
+        # The folder holds the source's weights; a GGUF source's own blocks are carried from the file.
         request = hf_export.HFExport(weights, form, max_seq if FM.FORMS[form].writes_in_place else 0, flavor,
-                                     output=path,
-                                     precision=precision)
+                                     output=path, precision=precision, grids_from=r.source)
         result, layout = hf_export.export_hf(request)
     except Exception as e:  # noqa: BLE001 - a flavour that cannot express the model is a row saying why
         return HFBenchRow("attnexport", form, flavor, "-", "decode", 0, float("nan"), float("nan"), float("nan"),
