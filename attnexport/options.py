@@ -154,6 +154,10 @@ EXPORT = (
                  help="With --precision int8/int4/q4f16: round every matrix with ONNX Runtime's quantizer, even one "
                       "that "
                       "already holds a grid of the bits asked for (default: such a grid is carried exactly)."),
+    click.Option(["--file-widths/--asked-width"], default=None,
+                 help="With --precision int4/q4f16 and a GGUF source: a tensor of the file in a format wider than "
+                      "4 bits (Q5_0, Q6_K, Q8_0) carried exactly at 8 bits, as the file mixes its widths (default), "
+                      "or rounded to 4 bits by ONNX Runtime's quantizer."),
     click.Option(["--minimums"], type=click.Choice(MINIMUM_FORMS), default=None,
                  help="With --precision int4/q4f16: how a carried grid's float minimums (GGUF's Q4_1) are held: folded "
                       "(default: integer zero points and a 4-bit residual row per block, no extra op per matrix; each "

@@ -155,22 +155,23 @@ def test_a_gguf_file_s_tensors_are_found_by_their_values(gguf_file):
     assert tensors.find(moved) is None and tensors.find(matrices["Q5_0"][::-1]) is None
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-def test_int4_and_int8_carry_the_file_s_own_blocks_where_their_width_holds_them(gguf_file, bits):
+@pytest.mark.parametrize(("bits", "widen"), [(8, True), (4, True), (4, False)])
+def test_int4_and_int8_carry_the_file_s_own_blocks_where_a_width_holds_them(gguf_file, bits, widen):
     """At int8 every format is carried (Q6_K's sub-blocks of 16 as blocks of 16); at int4 the Q4_K
-    blocks are, and the 5-, 6- and 8-bit ones re-quantized, each said in the record; ONNX Runtime's
-    products of the carried matrices equal x @ W in float64 within fp32's budget."""
+    blocks are, and the 5-, 6- and 8-bit ones carried at 8 bits (the file's own widths) or, asked,
+    re-quantized to 4, each said in the record; ONNX Runtime's products of the carried matrices
+    equal x @ W in float64 within fp32's budget."""
     ort = pytest.importorskip("onnxruntime")
     from attnexport.compare import Tolerance, compare
     from attnexport.pretrained import precision as P
     path, matrices = gguf_file
     model = _matmuls(matrices)
-    done = P.quantize(model, P.Plan(bits=bits, accuracy=0, minimums="exact"), layers=1,
+    done = P.quantize(model, P.Plan(bits=bits, accuracy=0, minimums="exact", widen=widen), layers=1,
                       tensors=ggml.Tensors(path))
     how = {e["file"]: (e["how"], e["bits"], e["block"]) for e in done.entries}
-    if bits == 8:
-        assert how == {"Q4_K": ("exact", 8, 32), "Q5_0": ("exact", 8, 32), "Q6_K": ("exact", 8, 16),
-                       "Q8_0": ("exact", 8, 32)}
+    wide = {"Q5_0": ("exact", 8, 32), "Q6_K": ("exact", 8, 16), "Q8_0": ("exact", 8, 32)}
+    if widen:
+        assert how == {"Q4_K": ("exact", bits, 32), **wide}
     else:
         assert how == {"Q4_K": ("exact", 4, 32), "Q5_0": ("ort", 4, 32), "Q6_K": ("ort", 4, 32),
                        "Q8_0": ("ort", 4, 32)}

@@ -99,7 +99,7 @@ EXTERNAL_FROM = 1 << 30
 PROTOBUF_LIMIT = (1 << 31) - 1
 
 # The options of a quantization plan as `export --hf` names them (`precision.plan_for`'s keywords).
-PLAN_OPTIONS = ("block_size", "accuracy_level", "keep", "symmetric", "requantize", "minimums")
+PLAN_OPTIONS = ("block_size", "accuracy_level", "keep", "symmetric", "requantize", "minimums", "file_widths")
 
 
 def request(source: str | Path, plan_options: dict | None = None, **fields) -> HFExport:
@@ -118,7 +118,8 @@ def request(source: str | Path, plan_options: dict | None = None, **fields) -> H
     if how or precision in P.QUANTIZED:
         plan = P.plan_for(precision, how.get("block_size"), how.get("accuracy_level"),
                           "" if how.get("keep") == "none" else how.get("keep"), how.get("symmetric"),
-                          None if how.get("requantize") is None else not how["requantize"], how.get("minimums"))
+                          None if how.get("requantize") is None else not how["requantize"], how.get("minimums"),
+                          how.get("file_widths"))
     output, deploy = fields.get("output"), fields.get("deploy")
     if output is not None and deploy is not None:
         raise UsageError("give -o FILE.onnx or --deploy FOLDER, not both")

@@ -92,6 +92,9 @@ class Plan:
             on a Q4_1 model far less accurate; verify says how much).
         minimums: how a carried grid's float minimums (Q4_1) are held, `folded`, `exact` or
             `float` (the module's docstring).
+        widen: a GGUF file's tensor in a format wider than `bits` (Q5_0, Q6_K, Q8_0 at int4) is
+            carried at the 8 bits that hold it, as the file mixes its widths; False rounds it to
+            `bits` with ONNX Runtime's quantizer.
     """
 
     bits: int = 4
@@ -101,6 +104,7 @@ class Plan:
     keep: tuple = ()
     carry: bool = True
     minimums: str = "folded"
+    widen: bool = True
 
     def rule_for(self, group: str, layers: int) -> Rule:
         rule = Rule(self.bits, self.accuracy)
@@ -450,6 +454,9 @@ def quantize(model: onnx.ModelProto, plan: Plan, layers: int, vocab: int | None 
         w = weights[s.weight] if weights and s.weight in weights else \
             W.values(inits[s.weight]).astype(np.float32)
         grid, kind = file_grid(w, s, rule.bits, tensors) if plan.carry and tensors is not None else (None, None)
+        if grid is None and kind is not None and plan.widen and rule.bits < 8:  # the file's width, not int4's
+            grid, _ = file_grid(w, s, 8, tensors)
+            rule = Rule(8, rule.accuracy) if grid is not None else rule
         if grid is None and plan.carry:
             grid = grid_of(w, rule.bits, plan.block)
         if grid is not None:
@@ -998,9 +1005,10 @@ QUANTIZED = tuple(name for name, p in TABLE.items() if p.bits)
 
 
 def plan_for(precision: str, block: int | None = None, accuracy: int | None = None, keep: str | None = None,
-             symmetric: bool | None = None, carry: bool | None = None, minimums: str | None = None) -> Plan:
+             symmetric: bool | None = None, carry: bool | None = None, minimums: str | None = None,
+             widen: bool | None = None) -> Plan:
     """The plan of `--precision` with `--block-size`, `--accuracy-level`, `--keep`, `--symmetric`,
-    `--requantize` and `--minimums` applied; a UsageError names a bad value."""
+    `--requantize`, `--minimums` and `--file-widths/--asked-width` applied; a UsageError names a bad value."""
     if precision not in QUANTIZED:
         raise UsageError(f"--precision {precision} quantizes nothing: --block-size, --accuracy-level, --keep, "
                          f"--symmetric and --requantize go with {' or '.join(QUANTIZED)}")
@@ -1015,7 +1023,7 @@ def plan_for(precision: str, block: int | None = None, accuracy: int | None = No
     return Plan(bits=base.bits, block=block or base.block, accuracy=base.accuracy if accuracy is None else accuracy,
                 symmetric=base.symmetric if symmetric is None else symmetric,
                 keep=base.keep if keep is None else parse_keep(keep), carry=base.carry if carry is None else carry,
-                minimums=minimums or base.minimums)
+                minimums=minimums or base.minimums, widen=base.widen if widen is None else widen)
 
 
 def unfaithful(before: dict, model: onnx.ModelProto, record: dict | None = None) -> list[str]:
