@@ -149,6 +149,10 @@ def test_the_gguf_model_is_the_trained_one():
     prompt = np.asarray(tokenizer(PROMPTS[0])["input_ids"])
     tokens = G.reference_generation(model, layout, [prompt], 3).tokens[0]
     assert tokenizer.decode(tokens).startswith(" Paris")
+    # What bench --hf reads first: the file's config, its architecture named from its model type.
+    assert hf.config_of(GGUF).architectures == ["LlamaForCausalLM"]
+    from attnexport.pretrained import registry
+    assert registry.of_source(GGUF).task == "causal-lm"
 
 
 def _available(wanted):

@@ -135,6 +135,8 @@ def config_of(source):
     except ImportError:
         raise UsageError("--hf needs transformers: pip install 'attnexport[hf]'") from None
     folder = Path(str(source))
+    if folder.is_file() and folder.suffix.lower() == ".gguf":
+        return _gguf_config(folder)
     if folder.is_dir() and not (folder / "config.json").is_file():
         raise UsageError(f"--hf {source}: a folder without a config.json (a save_pretrained folder, "
                          f"{registry.own_sources()}, or a GGUF file)")
@@ -233,18 +235,15 @@ def random_note(source, seed) -> str:
             f"from --seed {seed} (verify finds the seed in the file's record)")
 
 
-def _load_gguf(path: Path):
-    """A GGUF file as transformers reads it: its config (without the quantization, so the model is
-    an ordinary float32 one) and its tensors dequantized, loaded into the architecture it names."""
+def _gguf_config(path: Path):
+    """A GGUF file's config as transformers reads it, without the quantization (the model it makes
+    is an ordinary float32 one), its architecture named from its model type."""
     import transformers
-    if not path.is_file():
-        raise UsageError(f"--hf {path}: no such file")
     try:
         import gguf  # noqa: F401 - transformers reads the file with it
     except ImportError:
         raise UsageError(f"--hf {path}: reading a GGUF file needs the gguf package: pip install "
                          "'attnexport[real]'") from None
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
     try:
         with quiet_transformers():
             config = transformers.AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -258,6 +257,17 @@ def _load_gguf(path: Path):
             if config.model_type in names:
                 config.architectures = [names[config.model_type]]
                 break
+    return config
+
+
+def _load_gguf(path: Path):
+    """A GGUF file as transformers reads it: its config (without the quantization, so the model is
+    an ordinary float32 one) and its tensors dequantized, loaded into the architecture it names."""
+    import transformers
+    if not path.is_file():
+        raise UsageError(f"--hf {path}: no such file")
+    config = _gguf_config(path)
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
     family = registry.of_config(config, path)
     try:
         with quiet_transformers():
