@@ -30,7 +30,7 @@ from attnexport import weights as W
 from attnexport.compare import QUANTIZED_FACTOR
 from attnexport.errors import ExportError, UsageError, reason
 from attnexport.export import ModuleExport, ModuleExportResult, export_module
-from attnexport.pretrained import emulate, forms, fusions, registry
+from attnexport.pretrained import emulate, forms, fusions, ggml, registry
 from attnexport.pretrained import model as hf
 from attnexport.pretrained import precision as P
 from attnexport.pretrained import reference as HR
@@ -168,7 +168,6 @@ def file_tensors(source):
     path = Path(str(source))
     if path.suffix.lower() != ".gguf" or not path.is_file():
         return None
-    from attnexport.pretrained import ggml
     return ggml.Tensors(path)
 
 
