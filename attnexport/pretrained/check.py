@@ -157,18 +157,12 @@ def verify_hf(check: HFCheck) -> Report:
         raise UsageError(f"--audio: a {family.what}'s verify takes no audio")
     if check.budget is None:  # the family's default (the command line gives one parsed by the family)
         check = with_fields(check, budget=family.budget(None))
-    if check.memory_check:
-        hf.check_fits(check.source, "verify" if _two_passes(family, check.model_path) else "verify in one pass")
+    if check.memory_check and not family.expects_first:  # a two-pass family's verify checks once it knows which
+        hf.check_fits(check.source, "verify in one pass")
     with U.metered() as meter:
         report = family.verify(check)
     report.resources, report.resources_line = meter.to_dict(), meter.line()
     return report
-
-
-def _two_passes(family: registry.Family, path) -> bool:
-    """Whether the verify of `path` runs in two passes, the source model let go before the file is
-    mapped (`verify_step`): a float export of a family that `expects_first`."""
-    return family.expects_first and P.record_of(load_model(model_file(path)[0], external_data=False)) is None
 
 
 def model_file(path: str | Path) -> tuple[Path, Path | None]:
@@ -217,6 +211,10 @@ def verify_step(check: HFCheck) -> Report:
     dtype, flavor = meta.dtype, meta.flavor
     seed = check.seed if check.seed is not None else meta.number("seed")  # a config-only source's weights
     check = with_fields(check, seed=seed)
+    quantized = P.record_of(model)
+    two_passes = family.expects_first and quantized is None  # the source model let go before the file is mapped
+    if check.memory_check and family.expects_first:
+        hf.check_fits(check.source, "verify" if two_passes else "verify in one pass")
     with U.phase("load"):
         hf_model, _ = hf.load(check.source, seed)
     source_family = registry.of_model(hf_model)
@@ -230,7 +228,6 @@ def verify_step(check: HFCheck) -> Report:
         layout.cache_form.check_room(layout, needs, what)
     reference = HR.Reference(hf_model, layout, dtype, check.rtol, check.atol)
     del hf_model  # the reference holds it, and lets it go (`release`) where the rows allow
-    quantized = P.record_of(model)
     used, table = R.select(check.runtimes, check.skip_unavailable)
     external = F.data_file(path).is_file()
     if external and (quantized is not None or any(R.REGISTRY[rt].adapter != "ort" for rt in used
@@ -248,7 +245,7 @@ def verify_step(check: HFCheck) -> Report:
                   precision=P.precision_name(model, quantized), prompts=inputs, folder=folder)
     if changed or damaged:
         parameters_row(ctx, changed, damaged)
-    elif quantized is None and family.expects_first:
+    elif two_passes:
         # Two passes: torch's rows and every row's expectations with the source model, then the
         # model let go and the ONNX runtimes' rows against what was kept. A runtime that cannot hold
         # the model says so before the first.

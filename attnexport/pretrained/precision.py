@@ -262,12 +262,13 @@ def grid_of(w: np.ndarray, bits: int, block: int) -> Grid | None:
 FILE_WIDTHS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 8, "Q6_K": 8, "Q8_0": 8}
 
 
-def file_grid(w: np.ndarray, s: Site, bits: int, tensors) -> tuple[Grid | None, str | None]:
+def file_grid(w: np.ndarray, s: Site, bits: int, tensors, widen: bool = False) -> tuple[Grid | None, str | None]:
     """(the grid of the source file's own blocks that `w` (K, N) is, or None; the file's format of
     the matrix, or None where the file has no tensor of these values). `tensors` is the GGUF file's
     (`ggml.Tensors`); each parameter the site holds (a column block of `w`, transposed: a Linear's
-    weight) is looked for there by its values. A format wider than `bits` (Q5_0 at int4) gives no
-    grid; one narrower is held in `bits` as it is (Q4_K at int8)."""
+    weight) is looked for there by its values. A format narrower than `bits` is held in `bits` as it
+    is (Q4_K at int8); one wider (Q5_0 at int4) in the 8 bits that hold it where `widen`, else it
+    gives no grid."""
     parts = sorted((c for c in s.params.values() if c is not None), key=lambda c: c[0]) or [[0, s.n]]
     if parts[0][0] != 0 or parts[-1][1] != s.n or any(a[1] != b[0] for a, b in zip(parts, parts[1:], strict=False)):
         parts = [[0, s.n]]  # the columns not given whole by the record: the matrix as one
@@ -280,8 +281,11 @@ def file_grid(w: np.ndarray, s: Site, bits: int, tensors) -> tuple[Grid | None, 
     kinds = sorted({f.kind for f in found})
     kind = "+".join(kinds)
     groups = [f.groups for f in found]
-    if max(FILE_WIDTHS[k] for k in kinds) > bits or len({g.group for g in groups}) > 1 or \
-            len({g.offset is None for g in groups}) > 1 or s.k % groups[0].group:
+    width = max(FILE_WIDTHS[k] for k in kinds)
+    if width > bits and widen:
+        bits = width
+    if width > bits or len({g.group for g in groups}) > 1 or len({g.offset is None for g in groups}) > 1 or \
+            s.k % groups[0].group:
         return None, kind
     block, zero = groups[0].group, 0 if groups[0].offset is not None else 2 ** (bits - 1)
     q = np.concatenate([(g.levels.reshape(-1, s.k).astype(np.int16) + zero).T for g in groups], axis=1)
@@ -453,10 +457,10 @@ def quantize(model: onnx.ModelProto, plan: Plan, layers: int, vocab: int | None 
             continue
         w = weights[s.weight] if weights and s.weight in weights else \
             W.values(inits[s.weight]).astype(np.float32)
-        grid, kind = file_grid(w, s, rule.bits, tensors) if plan.carry and tensors is not None else (None, None)
-        if grid is None and kind is not None and plan.widen and rule.bits < 8:  # the file's width, not int4's
-            grid, _ = file_grid(w, s, 8, tensors)
-            rule = Rule(8, rule.accuracy) if grid is not None else rule
+        grid, kind = file_grid(w, s, rule.bits, tensors, plan.widen) if plan.carry and tensors is not None \
+            else (None, None)
+        if grid is not None:  # in the file's own width where that is wider than asked (`widen`)
+            rule = Rule(grid.bits, rule.accuracy)
         if grid is None and plan.carry:
             grid = grid_of(w, rule.bits, plan.block)
         if grid is not None:
