@@ -239,7 +239,9 @@ def stage_external(model, target: str | Path, staged: Staged | None = None) -> S
     beside `target` (or `staged`'s), each tensor of EXTERNAL_MIN bytes or more moved out of the
     model in memory as it is written (the model then names the data file: its weights are held
     once, on disk); a tensor the model already holds outside it (in the staging folder's SCRATCH
-    file, or another file of that folder) is copied over one at a time. Both files are flushed to
+    file, or another file of that folder) is copied over one at a time, except where the SCRATCH
+    file is still nearly all the graph's: it is then renamed to the data file and the rest appended
+    (`_adopt_scratch`: the weights are written once, not twice). Both files are flushed to
     the disk. Nothing is left when the write fails (a full disk): the folder is removed and the
     error is a UsageError."""
     import onnx
@@ -248,9 +250,17 @@ def stage_external(model, target: str | Path, staged: Staged | None = None) -> S
     target = staged.target
     location = data_file(target).name
     try:
-        fd = os.open(staged.data, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        adopted = _adopt_scratch(model, staged)
+        if adopted:
+            fd = os.open(staged.data, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+        else:
+            fd = os.open(staged.data, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
         with os.fdopen(fd, "wb") as f:
+            f.seek(0, os.SEEK_END)
             for init in model.graph.initializer:
+                if adopted and _location(init) == SCRATCH:
+                    _set_external(init, location=location)  # its bytes are in the file, which was renamed
+                    continue
                 if init.data_location == onnx.TensorProto.EXTERNAL:
                     data = None  # copied by the kernel from the file that holds it, never read in here
                 elif init.HasField("raw_data"):
@@ -291,6 +301,108 @@ def stage_external(model, target: str | Path, staged: Staged | None = None) -> S
             raise UsageError(f"cannot write {target}: {e.strerror or e}") from None
         raise
     return staged
+
+
+# The scratch file becomes the data file itself (renamed, not copied: a second write of every weight)
+# where the graph still names nearly all of it. The tensors it no longer names (the tied embedding the
+# head now reads transposed, the float matrices a quantized graph replaced) leave holes; the last
+# tensors are moved into them (`_compacted`) while that moves less than half of what a copy would
+# write, and what is still unused must be below SCRATCH_UNUSED of the file; else the tensors the graph
+# names are copied into a new file.
+SCRATCH_UNUSED = 1 / 64
+
+
+def _location(init) -> str | None:
+    if init.data_location != 1:  # onnx.TensorProto.EXTERNAL
+        return None
+    return next((e.value for e in init.external_data if e.key == "location"), None)
+
+
+def _set_external(init, **fields) -> None:
+    for e in init.external_data:
+        if e.key in fields:
+            e.value = str(fields[e.key])
+
+
+def _compacted(ranges: list[tuple[int, int]]) -> tuple[dict[tuple[int, int], int], int]:
+    """Where to move tensors of a file that holds `ranges` (offset, length; sorted, disjoint) so
+    that the last ones fill the holes before them: ({range: new offset}, the file's new end). From
+    the last tensor back, each goes to the first hole before it that holds it (at EXTERNAL_ALIGN),
+    until one fits none."""
+    holes, end = [], 0
+    for offset, length in ranges:
+        start = end + (-end % EXTERNAL_ALIGN)
+        if start < offset:
+            holes.append([start, offset])
+        end = offset + length
+    moves: dict[tuple[int, int], int] = {}
+    stays = 0
+    for k in range(len(ranges) - 1, 0, -1):
+        offset, length = ranges[k]
+        hole = next((h for h in holes if h[0] < offset and h[0] + length <= h[1]), None)
+        if hole is None:
+            stays = k
+            break
+        moves[(offset, length)] = hole[0]
+        hole[0] += length + (-length % EXTERNAL_ALIGN)
+    return moves, max([sum(ranges[stays]), *(at + n for (_, n), at in moves.items())])
+
+
+def _adopt_scratch(model, staged: Staged) -> bool:
+    """Renames the staging folder's SCRATCH file to the data file (the trace wrote the weights
+    once, and that write is kept) where the graph still names nearly all of it, its last tensors
+    moved into the holes the others left (see SCRATCH_UNUSED). False where it is not so: the
+    caller copies what the graph names into a new file."""
+    scratch = staged.folder / SCRATCH
+    try:
+        size = scratch.stat().st_size
+    except FileNotFoundError:
+        return False
+    named: dict[tuple[int, int], list] = {}
+    for init in model.graph.initializer:
+        if _location(init) != SCRATCH:
+            continue
+        info = {e.key: e.value for e in init.external_data}
+        offset = int(info.get("offset", 0))
+        if "length" not in info or offset % EXTERNAL_ALIGN:
+            return False
+        named.setdefault((offset, int(info["length"])), []).append(init)
+    ranges = sorted(named)
+    if not ranges or any(a[0] + a[1] > b[0] for a, b in zip(ranges, ranges[1:])):  # none, or overlapping
+        return False
+    used = sum(n for _, n in ranges)
+    moves, end = _compacted(ranges)
+    moved = sum(n for _, n in moves)
+    if moved > used / 2 or end - used > EXTERNAL_ALIGN * len(ranges) + SCRATCH_UNUSED * size:
+        return False
+    fd = os.open(scratch, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    try:
+        for (offset, length), at in sorted(moves.items(), key=lambda m: m[1]):
+            _copy_range(fd, offset, at, length)
+            for init in named[(offset, length)]:
+                _set_external(init, offset=at)
+        os.ftruncate(fd, end)
+    finally:
+        os.close(fd)
+    os.replace(scratch, staged.data)
+    return True
+
+
+def _copy_range(fd: int, offset: int, at: int, length: int) -> None:
+    """Copies `length` bytes of the file at `offset` to `at` (ranges that do not overlap), by the
+    kernel where it can (`os.copy_file_range`), else 16 MiB at a time."""
+    with contextlib.suppress(OSError):
+        while length > 0:
+            n = os.copy_file_range(fd, fd, min(length, 1 << 30), offset, at)
+            if n == 0:
+                break
+            offset, at, length = offset + n, at + n, length - n
+    while length > 0:
+        chunk = os.pread(fd, min(length, 1 << 24), offset)
+        if not chunk:
+            raise OSError(errno.EIO, "the scratch file ends early")
+        os.pwrite(fd, chunk, at)
+        offset, at, length = offset + len(chunk), at + len(chunk), length - len(chunk)
 
 
 def _copy_external(init, folder: Path, f) -> int:

@@ -225,6 +225,55 @@ def test_a_graph_staged_with_external_data_is_committed_beside_its_data_each_ten
     assert [float(onnx.numpy_helper.to_array(i)[0]) for i in loaded.graph.initializer] == [0.5, 1.5, 2.5, 0.0]
 
 
+def _scratch_model(folder, n=4, size=5000, keep=None):
+    """_weights_model's tensors written to the staging folder's scratch file as the trace writes
+    them (onnx_ir, aligned), then only `keep` of them named by the graph."""
+    import onnx
+    import onnx_ir as ir
+    model = ir.serde.deserialize_model(_weights_model(n, size))
+    ir.external_data.unload_from_model(model, folder, F.SCRATCH, size_threshold_bytes=F.EXTERNAL_MIN,
+                                       alignment=F.EXTERNAL_ALIGN, align_threshold=0)
+    proto = ir.serde.serialize_model(model)
+    if keep is not None:
+        gone = [i for i in proto.graph.initializer if i.name.startswith("w") and i.name not in keep]
+        for init in gone:
+            proto.graph.initializer.remove(init)
+            proto.graph.initializer.append(onnx.numpy_helper.from_array(
+                onnx.numpy_helper.to_array(init, str(folder)) * 0 + 9.0, init.name))  # made again in memory
+    return proto
+
+
+@pytest.mark.parametrize("keep, adopted", [(None, True), ({"w0"}, True), ({"w3"}, False)])
+def test_the_traces_scratch_file_becomes_the_data_file_where_the_graph_still_names_it(tmp_path, keep, adopted):
+    import numpy as np
+    import onnxruntime as ort
+    staged = F.new_staging(tmp_path / "m.onnx")
+    model = _scratch_model(staged.folder, keep=keep)
+    inode = (staged.folder / F.SCRATCH).stat().st_ino
+    F.stage_external(model, staged.target, staged)
+    assert not (staged.folder / F.SCRATCH).exists()
+    assert (staged.data.stat().st_ino == inode) is adopted  # renamed, not written again
+    session = ort.InferenceSession(str(staged.graph), providers=["CPUExecutionProvider"])
+    got = session.run(["y0", "y1", "y3"], {"x": np.zeros(5000, np.float32)})
+    assert [float(y[0]) for y in got] == {None: [0.5, 1.5, 3.5], "w0": [0.5, 9.0, 9.0],
+                                          "w3": [9.0, 9.0, 3.5]}[keep and min(keep)]
+    del session
+    staged.commit()
+    size = (tmp_path / "m.onnx_data").stat().st_size
+    assert size < 4 * F.EXTERNAL_ALIGN + 20000  # what was dropped is not kept
+
+
+def test_the_last_tensors_fill_the_holes_the_dropped_ones_left():
+    a = F.EXTERNAL_ALIGN
+    # A tied embedding dropped from the start, its transpose (the same size) written at the end.
+    moves, end = F._compacted([(2 * a, 10), (3 * a, 5 * a), (10 * a, 2 * a)])
+    assert moves == {(10 * a, 2 * a): 0} and end == 8 * a
+    # Two tail tensors into one hole, then one that fits nowhere stays and sets the end.
+    moves, end = F._compacted([(0, a), (3 * a, 4 * a), (8 * a, 10), (9 * a, 100)])
+    assert moves == {(9 * a, 100): a, (8 * a, 10): 2 * a} and end == 7 * a
+    assert F._compacted([(0, a), (a, a)]) == ({}, 2 * a)
+
+
 def test_a_full_disk_while_the_data_is_written_leaves_nothing(tmp_path, monkeypatch):
     import errno
     real = os.fsync
