@@ -368,7 +368,7 @@ def _adopt_scratch(model, staged: Staged) -> bool:
             return False
         named.setdefault((offset, int(info["length"])), []).append(init)
     ranges = sorted(named)
-    if not ranges or any(a[0] + a[1] > b[0] for a, b in zip(ranges, ranges[1:])):  # none, or overlapping
+    if not ranges or any(a[0] + a[1] > b[0] for a, b in zip(ranges, ranges[1:], strict=False)):  # none, or overlapping
         return False
     used = sum(n for _, n in ranges)
     moves, end = _compacted(ranges)
