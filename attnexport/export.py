@@ -526,6 +526,7 @@ def finish(model, how: Finishing, params: Mapping, meta: ExportRecord, signature
     except ValueError as e:
         raise ExportError(f"{how.what}: {e}") from None
     _rotary_caches_per_batch(model)
+    _rms_norms_in_one_type(model)
     if any(n.op_type == "GroupQueryAttention" for n in model.graph.node):
         meta = replace(meta, static_blocks=GQA_BLOCKS, static_buffers=GQA_BUFFERS)
         _tracing().onnx_attention.share_static_totals(model)
@@ -534,6 +535,32 @@ def finish(model, how: Finishing, params: Mapping, meta: ExportRecord, signature
     with U.phase("onnx checks"):
         stamp(model, replace(meta, params=as_json(entries), params_sha256=W.total_sha256(entries)), how.what)
     return model, check_flavor_op(model, how.flavor, how.what, how.applies, how.flavor_asked)
+
+
+def _rms_norms_in_one_type(model) -> None:
+    """torch.onnx's optimizer fuses a norm that casts its input up before it normalizes (Gemma 3's
+    RMSNorm in fp16: x.float(), the norm, the scale 1 + w in float32, the result cast back) into
+    the RMSNormalization op (opset 23) reading the fp16 input itself beside its float32 scale, its
+    output float32: onnx's checks refuse the mixed types (the output's type inferred from the
+    input's) and ONNX Runtime's kernel takes one type. The cast the model made is put back before
+    the node, so the norm computes in the scale's type as the model does."""
+    from onnx import helper
+    types = {v.name: v.type.tensor_type.elem_type
+             for v in (*model.graph.input, *model.graph.value_info, *model.graph.output)}
+    types.update({i.name: i.data_type for i in model.graph.initializer})
+    nodes, changed = [], False
+    for node in model.graph.node:
+        if node.domain in ("", "ai.onnx") and node.op_type == "RMSNormalization" and len(node.input) > 1:
+            x, scale = node.input[0], node.input[1]
+            if types.get(x) and types.get(scale) and types[x] != types[scale]:
+                cast = f"{node.name}_x_as_scale"
+                nodes.append(helper.make_node("Cast", [x], [cast], name=cast, to=types[scale]))
+                node.input[0] = cast
+                changed = True
+        nodes.append(node)
+    if changed:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
 
 
 def _rotary_caches_per_batch(model) -> None:

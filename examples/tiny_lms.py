@@ -8,14 +8,15 @@ trained model's folder is. What the suite and the benchmarks export.
 
 import argparse
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "phi3", "gpt2", "gemma2")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "phi3", "gpt2", "gemma2", "gemma3")
 
 
 def config(arch: str, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2, vocab: int = 1000,
            positions: int = 8192, window: int = 4):
     """The config of a small `arch` model; token ids 0 (padding), 1 (begin) and 2 (end). Gemma2's
     layers alternate a sliding window of `window` positions with full attention, and cap their
-    scores and logits (softcap 50 and 30, its defaults)."""
+    scores and logits (softcap 50 and 30, its defaults). Gemma 3's (its text model) has six layers
+    at least, the sixth global, each head twice the width hidden / heads, as Gemma-3-270M's."""
     import transformers as T
     ids = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
     if arch == "gpt2":  # no grouped heads; learned absolute positions
@@ -26,6 +27,11 @@ def config(arch: str, layers: int = 2, hidden: int = 64, heads: int = 4, kv_head
                               num_key_value_heads=kv_heads, head_dim=hidden // heads, num_hidden_layers=layers,
                               vocab_size=vocab, max_position_embeddings=positions, sliding_window=window,
                               architectures=["Gemma2ForCausalLM"], **ids)
+    if arch == "gemma3":  # five sliding-window layers to each global one, q/k norms, one key/value head
+        return T.Gemma3TextConfig(hidden_size=hidden, intermediate_size=hidden * 11 // 4, num_attention_heads=heads,
+                                  num_key_value_heads=1, head_dim=hidden // heads * 2, num_hidden_layers=max(layers, 6),
+                                  vocab_size=vocab, max_position_embeddings=positions, sliding_window=window,
+                                  query_pre_attn_scalar=hidden // heads * 2, architectures=["Gemma3ForCausalLM"], **ids)
     classes = {"llama": (T.LlamaConfig, "LlamaForCausalLM"), "mistral": (T.MistralConfig, "MistralForCausalLM"),
                "qwen2": (T.Qwen2Config, "Qwen2ForCausalLM"), "phi3": (T.Phi3Config, "Phi3ForCausalLM")}
     cls, name = classes[arch]

@@ -158,6 +158,28 @@ def test_gemma2_softcap_and_sliding_window_export_and_generate_what_eager_transf
     assert len(generation) == 3 and all(row["passed"] for row in generation)
 
 
+def test_gemma3_in_fp16_keeps_its_norms_in_float32_and_generates_what_transformers_generates(tiny_lm, tmp_path):
+    """Gemma 3's RMSNorm casts its input to float32; torch.onnx's fused RMSNormalization dropped that
+    cast (an fp16 input beside a float32 scale, which onnx's checks refuse): the export puts it back.
+    The model: five sliding-window layers (a window of 4, which the checks' sequences pass) to one
+    global, q/k norms, four query heads over one key/value head."""
+    folder = tiny_lm("gemma3")
+    path = tmp_path / "gemma3.onnx"
+    r = run("export", "--hf", folder, "--kv-cache", "--precision", "fp16", "-o", path, "--json")
+    assert r.exit_code == 0, r.output
+    assert _json(r)["routed"] == 6
+    model = onnx.load(path)
+    made = {o: n for n in model.graph.node for o in n.output}
+    norms = [n for n in model.graph.node if n.op_type == "RMSNormalization"]
+    assert norms and all(made[n.input[0]].op_type == "Cast" for n in norms)
+    r = run("verify", path, "--hf", folder, "--runtimes", "ort-cpu", "--new-tokens", "16", "--json")
+    assert r.exit_code == 0, r.output
+    rows = _json(r)["results"]
+    assert all(row["passed"] for row in rows)
+    assert sum(row["case"].startswith("decode") for row in rows) == 2  # past the window: 4 + 8 steps
+    assert [row["case"] for row in rows if row["case"].startswith("accuracy")]  # transformers' greedy tokens
+
+
 def test_refusals_are_one_line(folders, tmp_path):
     (tmp_path / "a-file").write_text("x")
     (tmp_path / "bad.gguf").write_bytes(b"not a gguf at all")

@@ -23,7 +23,7 @@ class CausalLM(registry.Family):
     auto_class = "AutoModelForCausalLM"
     gguf_mapping = "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"
     forms = ("none", "concat", "static")
-    tested = ("llama", "mistral", "qwen2", "phi3", "gpt2", "gemma2")
+    tested = ("llama", "mistral", "qwen2", "phi3", "gpt2", "gemma2", "gemma3_text")
     clients = ("optimum", "transformers.js")
     optimum_task = "text-generation-with-past"
     expects_first = True
