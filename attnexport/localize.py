@@ -39,6 +39,7 @@ class Localization:
     compared: int = 0  # intermediate values compared
     matched_by: str = "name"  # "name" or "position"
     note: str = ""
+    kind: str = "divergence"  # or "overflow": `node` is where the first non-finite value an output carries is made
 
     @property
     def diverged(self) -> bool:
@@ -48,6 +49,10 @@ class Localization:
         if not self.diverged:
             return f"no intermediate value diverges ({self.compared} compared){'; ' + self.note if self.note else ''}"
         parts = []
+        if self.kind == "overflow":
+            ins = ", ".join(f"{i['name']} (max |value| {_fmt(i['error'])})" for i in self.inputs)
+            return (f"first non-finite value at {self.op_type} node {self.node!r} output {self.output!r}, from finite "
+                    f"inputs (largest |value| {_fmt(self.before)}): {ins}; {self.note}")
         if self.node:
             ins = ", ".join(f"{i['name']} ({i['kind']}, err {_fmt(i['error'])})" for i in self.inputs)
             parts.append(f"first divergence at {self.op_type} node {self.node!r} output {self.output!r}: "
@@ -89,6 +94,64 @@ def intermediates(model: onnx.ModelProto, runtime: str, feed: dict) -> dict[str,
                 names.add(out)
     prepared = R.prepare_onnx(runtime, exposed, optimize=False)
     return prepared.run(feed)
+
+
+def nonfinite(arrays) -> bool:
+    """Whether any floating-point array among `arrays` (a dict of outputs, or one array) holds a NaN or
+    an infinity."""
+    values = arrays.values() if isinstance(arrays, dict) else [arrays]
+    return any(np.asarray(v).dtype.kind == "f" and not np.isfinite(np.asarray(v)).all() for v in values)
+
+
+def first_overflow(model: onnx.ModelProto, feed: dict, runtime: str) -> Localization:
+    """Where the non-finite values of `model`'s outputs on `runtime` begin: every node output computed
+    (`intermediates`), the NaN and infinities followed back from the outputs through the values that
+    carry them, and the first node (in the graph's order) that makes one from finite inputs named,
+    with the largest |value| among its inputs. An infinity made on purpose (a mask's -inf) that a
+    softmax turns back into finite values is not on that path, so it is not named."""
+    values = intermediates(model, runtime, feed)
+    bad = {name for name, v in (*feed.items(), *values.items()) if nonfinite(v)}
+    fed = sorted(n for n in feed if n in bad)
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    order = {n.name or str(k): k for k, n in enumerate(model.graph.node)}
+    reached, origins = set(), []
+    stack = [o.name for o in model.graph.output if o.name in bad]
+    if not stack:
+        return Localization(kind="overflow", note=f"every output is finite on {runtime}")
+    while stack:
+        name = stack.pop()
+        if name in reached:
+            continue
+        reached.add(name)
+        node = producer.get(name)
+        if node is None:
+            continue
+        carried = [i for i in node.input if i in bad]
+        if not carried and any(node.input):
+            origins.append(node)
+        stack.extend(carried)
+    if not origins:
+        where = f"the inputs {', '.join(fed)}" if fed else "a constant"
+        return Localization(kind="overflow", note=f"the non-finite values come from {where}, not from a node")
+    first = min(origins, key=lambda n: order.get(n.name, 0))
+    out = next(o for o in first.output if o in reached)
+    made = np.asarray(values[out])
+    count = int((~np.isfinite(made)).sum())
+    inits = {i.name: i for i in model.graph.initializer if i.name in first.input}
+    inputs = []
+    for name in first.input:
+        kind = "value" if name in values or name in feed else "initializer" if name in inits else ""
+        if not kind:
+            continue
+        v = np.asarray(values[name] if name in values else feed[name] if name in feed
+                       else numpy_helper.to_array(inits[name]))
+        if v.dtype.kind == "f":
+            inputs.append({"name": name, "kind": kind, "error": float(np.abs(v.astype(np.float64)).max(initial=0))})
+    dtype = made.dtype.name
+    limit = f", beyond {dtype}'s range of {float(np.finfo(made.dtype).max):.6g}" if made.dtype.kind == "f" else ""
+    return Localization(node=first.name, op_type=first.op_type, output=out, kind="overflow",
+                        before=max((i["error"] for i in inputs), default=0.0), inputs=inputs,
+                        compared=len(values), note=f"{count} of {made.size} values not finite ({dtype}{limit})")
 
 
 def _attrs(node) -> dict:

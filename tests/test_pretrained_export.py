@@ -5,21 +5,25 @@ small random configs."""
 
 import json
 import os
+from dataclasses import replace
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 
+torch = pytest.importorskip("torch")
 pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
 
 from conftest import cli as run  # noqa: E402
 
 from attnexport import signature as SG  # noqa: E402
+from attnexport import weights as W  # noqa: E402
 from attnexport.errors import UsageError  # noqa: E402
 from attnexport.pretrained import export as hf_export  # noqa: E402
 from attnexport.pretrained import forms  # noqa: E402
 from attnexport.pretrained import model as hf  # noqa: E402
+from attnexport.record import ExportRecord  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +182,60 @@ def test_gemma3_in_fp16_keeps_its_norms_in_float32_and_generates_what_transforme
     assert all(row["passed"] for row in rows)
     assert sum(row["case"].startswith("decode") for row in rows) == 2  # past the window: 4 + 8 steps
     assert [row["case"] for row in rows if row["case"].startswith("accuracy")]  # transformers' greedy tokens
+
+
+def _saturated(model, layer: int = 0):
+    """Layer `layer`'s MLP made to overflow fp16 and not fp32: every gate and up weight 1, every down
+    weight 60000 (below fp16's 65504), so each down projection sums about 176 x 64 x 60000."""
+    mlp = model.model.layers[layer].mlp
+    with torch.no_grad():
+        mlp.gate_proj.weight.fill_(1.0)
+        mlp.up_proj.weight.fill_(1.0)
+        mlp.down_proj.weight.fill_(60000.0)
+    return mlp
+
+
+def test_an_fp16_export_that_overflows_is_refused_naming_the_node_where_it_starts(folders, tmp_path):
+    model, _ = hf.load(folders["llama"], 0)
+    _saturated(model)
+    model.save_pretrained(tmp_path / "hot")
+    r = run("export", "--hf", tmp_path / "hot", "--kv-cache", "--precision", "fp16", "-o", tmp_path / "m.onnx")
+    assert r.exit_code != 0 and "overflows" in r.output and "first non-finite value at" in r.output, r.output
+    assert "float16's range of 65504" in r.output and not (tmp_path / "m.onnx").exists()
+    r = run("export", "--hf", tmp_path / "hot", "--kv-cache", "-o", tmp_path / "m.onnx")  # fp32 holds it
+    assert r.exit_code == 0, r.output
+
+
+def test_verify_names_an_overflow_and_the_node_where_it_starts(folders, tmp_path):
+    """An fp16 file whose MLP weights overflow (those of a source whose export refuses it, put into
+    the file of one that exports, and recorded): the rows that compare numbers fail as an overflow in
+    fp16, named at the node that makes the first infinity from finite inputs (the down projection's
+    MatMul), not only as NaN in the logits."""
+    path = tmp_path / "m.onnx"
+    assert run("export", "--hf", folders["llama"], "--kv-cache", "--precision", "fp16", "-o", path).exit_code == 0
+    model = onnx.load(path)
+    params = json.loads(ExportRecord.of(model).params)
+    inits = {i.name: i for i in model.graph.initializer}
+    for what, value in (("gate_proj", 1.0), ("up_proj", 1.0), ("down_proj", 60000.0)):
+        entry = params[f"model.model.layers.0.mlp.{what}.weight"]
+        init = inits[entry["initializer"]]
+        changed = np.full(onnx.numpy_helper.to_array(init).shape, value, np.float16)
+        init.CopyFrom(onnx.numpy_helper.from_array(changed, init.name))
+        entry["sha256"] = W.sha256_of(changed)  # recorded as exported: the numbers, not the fingerprints, fail
+    record = ExportRecord.of(model)
+    replace(record, params=json.dumps(params), params_sha256=W.total_sha256(params)).write(model)
+    onnx.save(model, path)
+    down = params["model.model.layers.0.mlp.down_proj.weight"]["initializer"]
+    source, _ = hf.load(folders["llama"], 0)
+    _saturated(source)  # the same weights: the fingerprints match, the numbers fail
+    source.save_pretrained(tmp_path / "hot")
+    r = run("verify", path, "--hf", tmp_path / "hot", "--runtimes", "ort-cpu", "--new-tokens", "2", "--json")
+    assert r.exit_code == 1
+    rows = [row for row in _json(r)["results"] if row["error"].startswith("overflow in fp16")]
+    assert rows, r.output
+    where = rows[0]["localization"]
+    assert where["kind"] == "overflow" and where["op_type"] == "MatMul" and down in [i["name"] for i in where["inputs"]], where
+    assert "first non-finite value at MatMul" in r.output or "overflow in fp16" in r.output
 
 
 def test_refusals_are_one_line(folders, tmp_path):

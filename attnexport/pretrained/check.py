@@ -27,7 +27,7 @@ from attnexport import usage as U
 from attnexport import weights as W
 from attnexport.compare import Comparison, Tolerance, check_tolerance_values
 from attnexport.errors import AttnExportError, UsageError, reason
-from attnexport.localize import Localization, locate
+from attnexport.localize import Localization, first_overflow, locate, nonfinite
 from attnexport.pretrained import clients, emulate, forms, registry
 from attnexport.pretrained import export as hf_export
 from attnexport.pretrained import model as hf
@@ -131,6 +131,16 @@ class Context:
         return self.executor.run(row, lambda: work(self.runner(rt)), judge,
                                  cpu_nodes=self.prepared[rt].cpu_nodes if rt in self.prepared else (),
                                  locate=locate if can_locate else None)
+
+    def overflow(self, feed: dict, runtime: str) -> Localization:
+        """The first node that makes a NaN or an infinity the outputs carry (`localize.first_overflow`)."""
+        try:
+            model = self.onnx_model
+            if F.data_file(self.check.model_path).is_file():  # read without its external data
+                model = load_model(self.check.model_path)
+            return first_overflow(model, feed, runtime)
+        except Exception as e:  # noqa: BLE001 - localization is a diagnosis; its failure is reported
+            return Localization(kind="overflow", note=f"localization failed: {reason(e)}")
 
     def localize(self, feed: dict, runtime: str) -> Localization:
         """The first diverging node against the model exported afresh (once) from the same source."""
@@ -447,7 +457,11 @@ def _called(run, feed: dict):
     return run(feed)
 
 
-def _located(ctx: Context, feed: dict, runtime: str, _result=None) -> Localization:
+def _located(ctx: Context, feed: dict, runtime: str, result=None) -> Localization:
+    """Where a failing row departs: the first node that makes a non-finite value where the run's
+    outputs hold one (an overflow), else the first node that diverges from a fresh export."""
+    if result is not None and nonfinite(result):
+        return ctx.overflow(feed, runtime)
     return ctx.localize(feed, runtime)
 
 

@@ -100,6 +100,9 @@ class Executor:
             return
         self.localized += 1
         row.localization = found
+        if found.kind == "overflow" and found.node:  # its own named failure, whatever the numbers were compared with
+            row.passed = False
+            row.error = row.error or f"overflow in {row.dtype}: {found.output} of {found.op_type} node {found.node!r}"
         if self.checking.localize and found.diverged and row.passed:
             row.passed = False
             row.error = "intermediate values diverge from the export (--localize)"
