@@ -234,8 +234,8 @@ def test_verify_names_an_overflow_and_the_node_where_it_starts(folders, tmp_path
     rows = [row for row in _json(r)["results"] if row["error"].startswith("overflow in fp16")]
     assert rows, r.output
     where = rows[0]["localization"]
-    assert where["kind"] == "overflow" and where["op_type"] == "MatMul" and down in [i["name"] for i in where["inputs"]], where
-    assert "first non-finite value at MatMul" in r.output or "overflow in fp16" in r.output
+    assert where["kind"] == "overflow" and where["op_type"] == "MatMul", where
+    assert down in [i["name"] for i in where["inputs"]], where
 
 
 def test_refusals_are_one_line(folders, tmp_path):
