@@ -134,6 +134,10 @@ def first_overflow(model: onnx.ModelProto, feed: dict, runtime: str) -> Localiza
         where = f"the inputs {', '.join(fed)}" if fed else "a constant"
         return Localization(kind="overflow", note=f"the non-finite values come from {where}, not from a node")
     first = min(origins, key=lambda n: order.get(n.name, 0))
+    if first.op_type == "If" and first.input[0] in (*values, *feed):
+        inside = _inside_if(model, first, {**feed, **values}, runtime)
+        if inside is not None:
+            return inside
     out = next(o for o in first.output if o in reached)
     made = np.asarray(values[out])
     count = int((~np.isfinite(made)).sum())
@@ -152,6 +156,33 @@ def first_overflow(model: onnx.ModelProto, feed: dict, runtime: str) -> Localiza
     return Localization(node=first.name, op_type=first.op_type, output=out, kind="overflow",
                         before=max((i["error"] for i in inputs), default=0.0), inputs=inputs,
                         compared=len(values), note=f"{count} of {made.size} values not finite ({dtype}{limit})")
+
+
+def _inside_if(model: onnx.ModelProto, node, known: dict, runtime: str) -> Localization | None:
+    """`first_overflow` within the branch an If node took (an encoder-decoder's merged decoder):
+    the branch made a graph of its own, the outer values it reads its inputs (fed what they were on
+    this run) and the outer initializers it reads its own; None where the branch makes no node's
+    overflow of its own."""
+    from onnx import helper
+    taken = bool(np.asarray(known[node.input[0]]).reshape(-1)[0])
+    branch = _attrs(node)["then_branch" if taken else "else_branch"]
+    made = {o for n in branch.node for o in n.output} | {i.name for i in branch.initializer}
+    outer = sorted({i for n in branch.node for i in n.input if i and i not in made})
+    inits = {i.name: i for i in model.graph.initializer if i.name in outer}
+    fed = {name: np.asarray(known[name]) for name in outer if name not in inits and name in known}
+    if len(inits) + len(fed) != len(outer):
+        return None  # it reads what this run did not keep
+    graph = onnx.GraphProto()
+    graph.CopyFrom(branch)
+    graph.initializer.extend(inits.values())
+    graph.input.extend(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
+                       for name, v in fed.items())
+    sub = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+    found = first_overflow(sub, fed, runtime)
+    if not found.node:
+        return None
+    found.note = f"inside If node {node.name!r}'s {'then' if taken else 'else'} branch; {found.note}"
+    return found
 
 
 def _attrs(node) -> dict:

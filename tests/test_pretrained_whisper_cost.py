@@ -88,3 +88,26 @@ def test_fp16_is_every_float_in_half_checked_in_fp16_s_budget_and_judged_by_the_
     assert report["dtype"] == "fp16" and {row["runtime"] for row in report["results"]} == {"ort-cpu"}
     assert "fp16 folder's cost" in next(t["reason"] for t in report["runtimes"] if t["name"] == "torch")
     assert all(row["case"].startswith("accuracy") for row in report["results"])
+
+
+def test_an_fp16_export_that_overflows_is_refused_naming_the_node_where_it_starts(tiny_whisper, tmp_path,
+                                                                                   monkeypatch):
+    """The encoder's first MLP made to overflow fp16 and not fp32 (every fc1 weight 1, every fc2 weight
+    60000): the export's check before writing refuses it as an overflow at the node that makes the
+    first infinity from finite inputs, where the layer norm after it would only have shown NaN."""
+    import torch
+    made = tiny_whisper.model
+
+    def saturated(*args, **how):
+        model = made(*args, **how)
+        mlp = model.model.encoder.layers[0]
+        with torch.no_grad():
+            mlp.fc1.weight.fill_(1.0)
+            mlp.fc2.weight.fill_(60000.0)
+        return model
+    monkeypatch.setattr(tiny_whisper, "model", saturated)
+    tiny_whisper.save(tmp_path / "hot")
+    r = cli("export", "--hf", tmp_path / "hot", "--deploy", tmp_path / "out", "--precision", "fp16")
+    assert r.exit_code == 1 and "encoder_model: the export overflows" in r.output, r.output
+    assert "first non-finite value at" in r.output and "float16's range of 65504" in r.output
+    assert not (tmp_path / "out").exists()

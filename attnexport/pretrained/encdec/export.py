@@ -28,6 +28,7 @@ import torch
 from attnexport import dtypes as D
 from attnexport import files as F
 from attnexport import flavors as FL
+from attnexport import localize as L
 from attnexport import modules as M
 from attnexport import runtimes as R
 from attnexport.compare import compare, failed
@@ -224,7 +225,7 @@ class Checked:
         except Exception as e:  # noqa: BLE001 - ONNX Runtime's reason, in one line
             raise ExportError(f"{self.m.name} {graph}: the export does not run on ONNX Runtime "
                               f"({reason(e)[:300]})") from None
-        return self.compared(graph, got, graph)
+        return self.compared(graph, got, graph, _overflow(onnx_model, self.feeds[graph]))
 
     def comparisons(self, graph: str, got: dict) -> list:
         """`got`, the outputs of `graph` on its check feed, against float64: each declared output
@@ -242,11 +243,14 @@ class Checked:
                 out.append(compare(n, np.asarray(got[n], np.float64), want[n], tol))
         return out
 
-    def compared(self, graph: str, got: dict, label: str) -> list:
-        """`comparisons`, or an ExportError naming the first output over its budget; returns what
-        was checked (the worst output against its budget)."""
+    def compared(self, graph: str, got: dict, label: str, overflow=None) -> list:
+        """`comparisons`, or an ExportError naming the first output over its budget (where the outputs
+        hold a NaN or an infinity, `overflow()` says where they begin); returns what was checked (the
+        worst output against its budget)."""
         comparisons = self.comparisons(graph, got)
         bad = [c for c in comparisons if not c]
+        if bad and overflow is not None and L.nonfinite(got):
+            raise ExportError(f"{self.m.name} {label}: the export overflows: {overflow()}")
         if bad:
             raise ExportError(f"{self.m.name} {label}: the export differs from the model in float64: {bad[0]}")
         worst = max(comparisons, key=lambda c: c.max_abs / max(c.atol, 1e-30))
@@ -275,8 +279,20 @@ class Checked:
                     raise ExportError(f"{self.m.name} {G.MERGED}: the step with past returns cross presents of "
                                       f"shapes {sorted(shapes)}, not empty ones {empty}")
                 got = {n: got[n] for n in G.outputs(graph, spec.layers)}
-            checked += self.compared(graph, got, f"{G.MERGED} ({G.USE_CACHE}={str(use_cache).lower()})")
+            checked += self.compared(graph, got, f"{G.MERGED} ({G.USE_CACHE}={str(use_cache).lower()})",
+                                     _overflow(twin, feed))
         return replace(first, checked=checked, model=decoder)
+
+
+def _overflow(onnx_model, feed: dict):
+    """What says, for an ExportError, where the non-finite outputs of `onnx_model` on `feed` begin
+    (`localize.first_overflow` on ONNX Runtime's CPU provider, within an If's branch too)."""
+    def where() -> str:
+        try:
+            return G.typed(lambda f: L.first_overflow(onnx_model, f, "ort-cpu"), onnx_model)(feed).describe()
+        except Exception as e:  # noqa: BLE001 - a diagnosis; its failure is said
+            return f"its outputs hold NaN or infinities (where they begin could not be found: {reason(e)})"
+    return where
 
 
 def _examples(checked: Checked) -> dict:
