@@ -433,6 +433,36 @@ def test_int4_with_external_data_quantizes_a_matrix_at_a_time_from_the_traced_we
     assert v.exit_code == 0, v.output
 
 
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_the_check_before_writing_lets_the_models_weights_go_before_onnx_runtime_loads_the_graph(
+        folders, tmp_path, monkeypatch, precision):
+    """The float64 side of the check first, then the source model's weights let go (a quantized
+    export's too), then ONNX Runtime's sessions: the model and the graph's weights are not held together."""
+    loaded, sources, held_at_sessions = [], [], []
+    load, prepare, matrices = hf.load, hf_export.R.prepare_onnx, hf_export.SourceMatrices
+
+    def watched_load(*args, **kwargs):
+        model, info = load(*args, **kwargs)
+        loaded.append(model)
+        return model, info
+
+    def watched_matrices(*args, **kwargs):  # what the quantizer reads the float matrices through
+        sources.append(matrices(*args, **kwargs))
+        return sources[-1]
+
+    def watched_prepare(*args, **kwargs):  # the model's parameters, and any tensor of them held elsewhere
+        held = [p for p in loaded[0].parameters()] + [t for s in sources for t in s._state.values()]
+        held_at_sessions.append(sum(t.numel() for t in held))
+        return prepare(*args, **kwargs)
+    monkeypatch.setattr(hf, "load", watched_load)
+    monkeypatch.setattr(hf_export, "SourceMatrices", watched_matrices)
+    monkeypatch.setattr(hf_export.R, "prepare_onnx", watched_prepare)
+    hf_export.export(hf_export.HFExport(folders["llama"], form="concat", output=tmp_path / "m.onnx",
+                                        precision=precision))
+    assert held_at_sessions and set(held_at_sessions) == {0}
+    assert len(sources) == (precision == "int4")
+
+
 def test_external_data_in_a_deployment_folder_and_nothing_left_when_the_check_fails(folders, tmp_path):
     out = tmp_path / "deploy"
     r = run("export", "--hf", folders["llama"], "--kv-cache", "--external-data", "--deploy", out)

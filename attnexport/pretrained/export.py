@@ -212,7 +212,8 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
             reference = HR.Reference(model, layout, dtype, r.rtol, r.atol)
             return check_before_writing(onnx_model, reference, tokenizer, name,
                                         release=(lambda: release_weights(model)) if r.frees_model else None)
-        return check_quantized(onnx_model, model, layout, quantized["before"], tokenizer, name, r)
+        return check_quantized(onnx_model, model, layout, quantized["before"], tokenizer, name, r,
+                               release=(lambda: release_weights(model)) if r.frees_model else None)
 
     external = external_data(r, model, dtype)
     output = None if deploy else r.output
@@ -283,7 +284,9 @@ class SourceMatrices(Mapping):
     graph when this is made (before the quantizer replaces it)."""
 
     def __init__(self, onnx_model, module, vocab: int | None):
-        self._state = dict(module.state_dict())
+        # The parameters themselves, not state_dict()'s detached views of them: when the check lets the
+        # model's weights go (`release_weights`), nothing here keeps their memory.
+        self._state = dict(module.named_parameters(remove_duplicate=False))
         layouts = {k: e.get("layout") for k, e in ExportRecord.of(onnx_model).parsed("params", {}).items()}
         inits = {i.name: i for i in onnx_model.graph.initializer}
         self._sites: dict = {}
@@ -333,12 +336,15 @@ def _precision(r: HFExport) -> tuple[str, P.Plan | None]:
     return (r.dtype if precision.activations == "fp32" else precision.activations), None  # fp32 takes --dtype
 
 
-def check_quantized(onnx_model, model, layout: hf.Layout, before: dict, tokenizer, name: str, r: HFExport) -> list:
+def check_quantized(onnx_model, model, layout: hf.Layout, before: dict, tokenizer, name: str, r: HFExport,
+                    release=None) -> list:
     """The checks of a quantized step graph before it is written: every quantized matrix is a
     quantization of the float one it replaced (a carried grid bit for bit, ONNX Runtime's within a
     step); the graph with float activations computes what its weights say (against the model with
     the file's weights, in float64, at its form's export_checks shapes, fp32's derived budget); and the graph as
-    written runs at each shape with finite logits. What it costs in answers is verify's to say."""
+    written runs at each shape with finite logits. What it costs in answers is verify's to say.
+    `release()` (where given) lets the model's weights go once the float64 side is computed,
+    before ONNX Runtime's sessions are made."""
     bad = P.unfaithful(before, onnx_model)
     if bad:
         raise ExportError(f"{name}: the quantized weights are not a quantization of the model's: {bad[0]}"
@@ -347,9 +353,9 @@ def check_quantized(onnx_model, model, layout: hf.Layout, before: dict, tokenize
     # the model): what the graph with float activations is checked against.
     with emulate.decoding_from_file(model, onnx_model):
         held = HR.Reference(model, layout, P.TABLE[r.precision].activations, r.rtol, r.atol, QUANTIZED_FACTOR)
-        checked = check_before_writing(P.float_activations(onnx_model), held, tokenizer, name)
         feeds = [(label, layout.family.check_feed(held, tokenizer, batch, block, past, padded, seed=1))
                  for label, batch, block, past, padded in layout.cache_form.export_checks]
+        checked = check_before_writing(P.float_activations(onnx_model), held, tokenizer, name, release=release)
     session = R.prepare_onnx("ort-cpu", onnx_model, prepack=False)  # run a few times: no packed copy
     first = layout.outputs[0]  # logits, or an encoder's token states
     for label, feed in feeds:
