@@ -22,6 +22,7 @@ from onnx import numpy_helper
 
 from attnexport import runtimes as R
 from attnexport.compare import divergence
+from attnexport.errors import reason
 
 
 @dataclass
@@ -112,8 +113,11 @@ def first_overflow(model: onnx.ModelProto, feed: dict, runtime: str) -> Localiza
     values = intermediates(model, runtime, feed)
     bad = {name for name, v in (*feed.items(), *values.items()) if nonfinite(v)}
     fed = sorted(n for n in feed if n in bad)
-    producer = {o: n for n in model.graph.node for o in n.output if o}
-    order = {n.name or str(k): k for k, n in enumerate(model.graph.node)}
+    producer, order = {}, {}  # each output's node, and that node's place in the graph
+    for k, n in enumerate(model.graph.node):
+        for o in n.output:
+            if o:
+                producer[o], order[o] = n, k
     reached, origins = set(), []
     stack = [o.name for o in model.graph.output if o.name in bad]
     if not stack:
@@ -133,7 +137,7 @@ def first_overflow(model: onnx.ModelProto, feed: dict, runtime: str) -> Localiza
     if not origins:
         where = f"the inputs {', '.join(fed)}" if fed else "a constant"
         return Localization(kind="overflow", note=f"the non-finite values come from {where}, not from a node")
-    first = min(origins, key=lambda n: order.get(n.name, 0))
+    first = min(origins, key=lambda n: order[next(o for o in n.output if o)])
     if first.op_type == "If" and first.input[0] in (*values, *feed):
         inside = _inside_if(model, first, {**feed, **values}, runtime)
         if inside is not None:
@@ -156,6 +160,17 @@ def first_overflow(model: onnx.ModelProto, feed: dict, runtime: str) -> Localiza
     return Localization(node=first.name, op_type=first.op_type, output=out, kind="overflow",
                         before=max((i["error"] for i in inputs), default=0.0), inputs=inputs,
                         compared=len(values), note=f"{count} of {made.size} values not finite ({dtype}{limit})")
+
+
+def overflow_said(model, feed: dict, runtime: str = "ort-cpu") -> str:
+    """`first_overflow`'s answer in a line, for an error message (`model`: a ModelProto, or the path
+    of one, read with its external data); where it cannot be found, that."""
+    try:
+        if not isinstance(model, onnx.ModelProto):
+            model = onnx.load(str(model))
+        return first_overflow(model, feed, runtime).describe()
+    except Exception as e:  # noqa: BLE001 - a diagnosis; its failure is said
+        return f"its outputs hold NaN or infinities (where they begin could not be found: {reason(e)})"
 
 
 def _inside_if(model: onnx.ModelProto, node, known: dict, runtime: str) -> Localization | None:

@@ -419,7 +419,7 @@ def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: s
         comparisons = expected.compare(got, layout.outputs)
         bad = [c for c in comparisons if not c]
         if bad and L.nonfinite(got):
-            raise ExportError(f"{name}: the export overflows at {label}: {_overflow(onnx_model, feed)}")
+            raise ExportError(f"{name}: the export overflows at {label}: {L.overflow_said(onnx_model, feed)}")
         if bad:
             raise ExportError(f"{name}: the export differs from the model in float64 at {label}: {bad[0]}")
         first, rest = comparisons[0], comparisons[1:]  # logits, or an encoder's token states, first
@@ -431,15 +431,6 @@ def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: s
             entry["cache"] = _worst(max(caches, key=lambda c: c.needed_atol / max(c.atol, 1e-30)))
         checked.append(entry)
     return checked
-
-
-def _overflow(onnx_model, feed: dict) -> str:
-    """Where the check's non-finite outputs begin (`localize.first_overflow`), said in a line."""
-    try:
-        model = onnx_model if isinstance(onnx_model, onnx.ModelProto) else onnx.load(str(onnx_model))
-        return L.first_overflow(model, feed, "ort-cpu").describe()
-    except Exception as e:  # noqa: BLE001 - a diagnosis; its failure is said
-        return f"its outputs hold NaN or infinities (where they begin could not be found: {reason(e)})"
 
 
 def _worst(c) -> dict:

@@ -288,10 +288,7 @@ def _overflow(onnx_model, feed: dict):
     """What says, for an ExportError, where the non-finite outputs of `onnx_model` on `feed` begin
     (`localize.first_overflow` on ONNX Runtime's CPU provider, within an If's branch too)."""
     def where() -> str:
-        try:
-            return G.typed(lambda f: L.first_overflow(onnx_model, f, "ort-cpu"), onnx_model)(feed).describe()
-        except Exception as e:  # noqa: BLE001 - a diagnosis; its failure is said
-            return f"its outputs hold NaN or infinities (where they begin could not be found: {reason(e)})"
+        return G.typed(lambda f: L.overflow_said(onnx_model, f), onnx_model)(feed)
     return where
 
 
