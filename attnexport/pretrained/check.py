@@ -132,13 +132,17 @@ class Context:
                                  cpu_nodes=self.prepared[rt].cpu_nodes if rt in self.prepared else (),
                                  locate=locate if can_locate else None)
 
+    def _graph(self):
+        """The model file's graph as localization runs it: one with external data read whole, its weights in
+        the message (what ONNX Runtime runs from memory)."""
+        if F.data_file(self.check.model_path).is_file():
+            return load_model(self.check.model_path)
+        return self.onnx_model
+
     def overflow(self, feed: dict, runtime: str) -> Localization:
         """The first node that makes a NaN or an infinity the outputs carry (`localize.first_overflow`)."""
         try:
-            model = self.onnx_model
-            if F.data_file(self.check.model_path).is_file():  # read without its external data
-                model = load_model(self.check.model_path)
-            return first_overflow(model, feed, runtime)
+            return first_overflow(self._graph(), feed, runtime)
         except Exception as e:  # noqa: BLE001 - localization is a diagnosis; its failure is reported
             return Localization(kind="overflow", note=f"localization failed: {reason(e)}")
 
@@ -151,10 +155,7 @@ class Context:
                 request = hf_export.HFExport(self.check.source, self.layout.form, max_seq, self.flavor,
                                              dtype=self.dtype, seed=self.check.seed)
                 self.known_good = hf_export.export_hf(request)[0].model
-            model = self.onnx_model
-            if F.data_file(self.check.model_path).is_file():  # read without its external data
-                model = load_model(self.check.model_path)
-            return locate(model, self.known_good, feed, runtime, self.dtype)
+            return locate(self._graph(), self.known_good, feed, runtime, self.dtype)
         except Exception as e:  # noqa: BLE001 - localization is a diagnosis; its failure is reported
             return Localization(note=f"localization failed: {reason(e)}")
 
