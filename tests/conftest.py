@@ -313,12 +313,17 @@ _LONG_FILES = ("test_verify.py", "test_modules.py", "test_export.py", "test_sdpa
 
 # Tests that run on one pytest-xdist worker, one after another, however the others are shared out: those
 # that drive Chromium with a whole model (one browser for the run; two at once held some 10 GB), and the
-# deployment runtimes' own (one Node process and one browser started, not one a worker). A group
+# deployment runtimes' own (one Node process and one browser started, not one a worker), and the tests of
+# one long export (the first makes it, the next would otherwise wait for it on another worker). A group
 # is named by the start of its tests' ids. (pytest-xdist's own `xdist_group` mark does not reach pytest
 # 9.2: it renames a test through an attribute 9.2 no longer reads, so its groups are split.)
 ONE_WORKER = {"browser": ("test_real_models.py::test_the_forms_users_ship_to_browsers",
                           "test_real_models.py::test_int4_in_the_browser"),
-              "js": ("test_js_runtimes.py::",)}
+              "js": ("test_js_runtimes.py::",),
+              # SmolLM2's int4 export and the tests that share it: on two workers, one waited some 90 s for
+              # the other's export (its setup, in CI's run of 2026-12-03), where it could have run others.
+              "smollm2-int4": ("test_real_models.py::test_int4_keeps_the_answers",
+                               "test_real_models.py::test_the_budget_catches_a_broken_int4")}
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -6,7 +6,9 @@ file) run as written, so the names the rest of the block uses are made as the pa
 install` lines are checked (each package named is installed: CI's real step installed them), not
 run. Within CI's time the commands after them run on small random stand-ins of the same families
 under the models' names (examples/tiny_lms.py, tiny_encoders.py, tiny_whisper.py; their real runs
-are tests/test_real_*.py), and `bench` with `--iters 2 --warmup 0`; every option is as written.
+are tests/test_real_*.py), and `bench` with `--iters 2 --warmup 0` (a language model's in the ort
+flavour alone: every flavour's bench is the [hf] step's test_pretrained_causal_bench.py); every option
+is as written.
 
 The [real] step: the models' wheels, Optimum, sentence-transformers and the npm packages."""
 
@@ -74,6 +76,8 @@ def script(page: str, heading: str) -> tuple[str, int]:
                 line = line.replace(name, stand_in)
         if line.startswith("attnexport bench"):
             line = line.split("#")[0].rstrip() + " --iters 2 --warmup 0"
+            if "--decode" in line and "--flavor" not in line:  # each form once, not once a flavour
+                line += " --flavor ort"
         lines.append(f"echo {shlex.quote('$ ' + line)}")
         lines.append(line)
         commands += line.startswith(("attnexport ", "python "))
