@@ -724,6 +724,8 @@ class ModuleExport:
             (T,), or one first position for all; see `decode.WritePos`). The export is checked at
             other sizes with valid positions, and `verify --module` decodes sequences of
             different lengths from buffers full of noise (recorded as `attnexport.write_pos`).
+        cache_kinds: the kind the step signature records of a cache input, where it is not the
+            one `cache` and `write_pos` make it (a whole model's sliding-window rings: "ring").
         check: the check of the finished model before it is written, in place of the default one
             (the module against the model at other sizes, each symbolic axis at 1 and at the
             example's size + 3): called with the model, it returns what it checked (a list, the
@@ -763,6 +765,7 @@ class ModuleExport:
     record: dict | None = None
     model_sizes: dict | None = None
     write_pos: str | None = None
+    cache_kinds: dict | None = None  # {cache input: its kind} where it is not what `cache` and write_pos make it
     check: Callable[[Any], list] | None = None  # given the ModelProto, or with external_data the staged graph's path
     rewrite: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None
     rtol: float | None = None
@@ -874,7 +877,8 @@ def _export_module(module, example_inputs, r: ModuleExport, opset: int, torch_na
     if r.rewrite is not None:
         with U.phase("rewrite"):
             model = r.rewrite(model)
-    caches = tuple(replace(c, axis=cache_axes[c.past]) for c in t.target.signature.caches)
+    caches = tuple(replace(c, axis=cache_axes[c.past], kind=(r.cache_kinds or {}).get(c.past, c.kind))
+                   for c in t.target.signature.caches)
     with U.phase("finish"):
         model, op_name = finish(model, Finishing(r.flavor, opset, r.dtype, r.name, bool(calls)), params, meta,
                                 StepSignature(caches=caches, write_pos=write, model=r.model_sizes))

@@ -8,6 +8,9 @@ updated, on which axis its positions lie, and its kind:
 
 - "concat": the cache grows by the block at each step (past_key -> present_key);
 - "static": a preallocated buffer written in place at `write_pos`; the positions axis is fixed;
+- "ring": a sliding-window layer's buffer of as many slots as its window, position p at slot
+  p % window; the step returns it rewritten (a new array, not written in place) beside the static
+  buffers of its other layers, at the same `write_pos`;
 - "cross": a decoder's cache of its memory's keys and values, filled at the first step, then
   carried unchanged.
 
@@ -32,7 +35,7 @@ from attnexport.errors import UsageError
 from attnexport.record import ExportRecord
 
 META = "attnexport.signature"
-KINDS = ("concat", "static", "cross")
+KINDS = ("concat", "static", "ring", "cross")
 WRITE_FORMS = ("start", "positions", "shared")
 
 
@@ -145,8 +148,8 @@ class StepSignature:
 
     @property
     def static(self) -> bool:
-        """Whether the step writes a static cache in place."""
-        return any(c.kind == "static" for c in self.caches)
+        """Whether the step writes a static cache (buffers or rings) at a write position."""
+        return any(c.kind in ("static", "ring") for c in self.caches)
 
     def cache(self) -> dict[str, dict]:
         """{cache input: {"output", "axis"}}, the form verify's module checks take."""

@@ -131,16 +131,20 @@ def test_verify_hf_takes_localize_and_a_baseline(folders, tmp_path):
     assert r.exit_code == 1
 
 
-def test_the_documented_static_loop_generates_what_transformers_generates(folders, tmp_path, monkeypatch):
-    """docs/language-models.md's plain ONNX Runtime + NumPy loop (buffers bound in place) on an export."""
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_the_documented_static_loop_generates_what_transformers_generates(folders, tiny_lm, tmp_path, monkeypatch,
+                                                                          arch):
+    """docs/language-models.md's plain ONNX Runtime + NumPy loop (buffers bound in place) on an export;
+    Gemma 3's five local layers (a window of 8: the loop's prompts fit it) keep rings, swapped each step."""
     from test_docs import doc_block
+    folder = folders["llama"] if arch == "llama" else tiny_lm("gemma3", window=8)
     path = tmp_path / "llama-static.onnx"
-    assert run("export", "--hf", folders["llama"], "--kv-cache", "static", "--max-seq", "64", "--flavor", "ort",
+    assert run("export", "--hf", folder, "--kv-cache", "static", "--max-seq", "64", "--flavor", "ort",
                "-o", path).exit_code == 0
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
     exec(doc_block("docs/language-models.md", "## Generating with the static cache", "python"), scope)  # noqa: S102
-    model, _ = hf.load(folders["llama"])
+    model, _ = hf.load(folder)
     layout = hf.Layout.of(onnx.load(path))
     prompts = [np.array(p) for p in scope["prompts"]]
     want = G.reference_generation(model, layout, prompts, len(scope["generated"]))

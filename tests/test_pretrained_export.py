@@ -184,6 +184,34 @@ def test_gemma3_in_fp16_keeps_its_norms_in_float32_and_generates_what_transforme
     assert [row["case"] for row in rows if row["case"].startswith("accuracy")]  # transformers' greedy tokens
 
 
+@pytest.mark.parametrize("arch, flavor", [("gemma3", "ort"), ("gemma2", "attention")])
+def test_sliding_window_layers_keep_a_ring_of_their_window_in_the_static_form(tiny_lm, tmp_path, arch, flavor):
+    """Buffers of 32 positions; the local layers (a window of 4) a ring of 4 slots, returned rewritten,
+    the global layers' buffers written in place (one GroupQueryAttention in the ort flavour). verify
+    decodes in blocks longer than the window and generates 20 tokens after prompts of 5, 9 and 2
+    (each alone: the longest passes the window), equal to transformers' generate."""
+    folder = tiny_lm(arch)
+    path = tmp_path / f"{arch}.onnx"
+    r = run("export", "--hf", folder, "--kv-cache", "static", "--max-seq", "32", "--flavor", flavor, "-o", path)
+    assert r.exit_code == 0, r.output
+    model = onnx.load(path)
+    layout, signature = hf.Layout.of(model), SG.of(model)
+    windows = {"gemma3": [4, 4, 4, 4, 4, 0], "gemma2": [4, 0]}[arch]
+    assert layout.extra["windows"] == windows
+    kinds = [c.kind for c in signature.caches]
+    assert kinds == [k for w in windows for k in (["ring"] * 2 if w else ["static"] * 2)]
+    sizes = {i.name: i.type.tensor_type.shape.dim[2].dim_value for i in model.graph.input if i.name.startswith("past")}
+    assert [sizes[f"past_key_values.{i}.key"] for i in range(len(windows))] == [w or 32 for w in windows]
+    if flavor == "ort":
+        assert [n.op_type for n in model.graph.node].count("GroupQueryAttention") == windows.count(0)
+    r = run("verify", path, "--hf", folder, "--runtimes", "torch,ort-cpu", "--new-tokens", "20", "--json")
+    assert r.exit_code == 0, r.output
+    rows = _json(r)["results"]
+    assert all(row["passed"] for row in rows) and len(rows) >= 10
+    assert sum(row["case"].startswith("decode") for row in rows) == 2 * 2
+    assert sum(row["case"].startswith("generate 20 tokens") for row in rows) == 2
+
+
 def _saturated(model, layer: int = 0):
     """Layer `layer`'s MLP made to overflow fp16 and not fp32: every gate and up weight 1, every down
     weight 60000 (below fp16's 65504), so each down projection sums about 176 x 64 x 60000."""

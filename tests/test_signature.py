@@ -26,7 +26,7 @@ def test_a_signature_survives_its_json():
     assert SG.StepSignature.from_json(signature.to_json()) == signature
     assert signature.static and signature.growing == set()
     with pytest.raises(ValueError, match="kind is one of"):
-        SG.CachePair("a", "b", 2, "ring")
+        SG.CachePair("a", "b", 2, "rolling")
 
 
 @pytest.mark.parametrize("variant, options, kinds, write", [

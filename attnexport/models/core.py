@@ -267,3 +267,42 @@ def attend_static(query, key, value, caches: tuple, write_pos, core: Core = PLAI
     valid = valid_keys(write_pos, key.shape[2])
     return static_attention(query, key, value, *caches, write_pos, valid, core.scale, core.is_causal, core.softcap,
                             core.softmax_precision)
+
+
+def ring_positions(write_pos: torch.Tensor, window: int, written: int) -> torch.Tensor:
+    """The position each slot of a ring of `window` slots holds once positions up to
+    write_pos + written - 1 are written (each position p at slot p % window, the newest kept):
+    (B, window), negative where a slot holds none yet."""
+    last = write_pos.reshape(-1, 1) + (written - 1)
+    slots = torch.arange(window, device=write_pos.device)
+    return last - torch.remainder(last - slots, window)
+
+
+def attend_ring(query, key, value, ring: tuple, write_pos, window: int, core: Core = PLAIN):
+    """A static-cache step of a sliding-window layer, whose buffers are a ring of `window` slots
+    (position p at slot p % window) rather than --max-seq positions: a query at position q sees
+    the keys at q - window + 1 .. q, as the window's causal mask does.
+
+    The block's queries attend over the ring as it was and the block's own keys (window + T keys,
+    each masked by the position it holds), so that a block longer than the room left before the
+    ring wraps still sees what it overwrites; the ring returned holds, at each slot, the newest of
+    the old and the new positions (a gather, so a block longer than the window writes each slot
+    once). `ring`: the (key, value) rings, (B, Hkv, window, d); returns (output (B, Hq, T, dv),
+    key ring, value ring)."""
+    batch, heads, block, width = key.shape
+    start = write_pos.reshape(-1, 1)
+    queries = start + torch.arange(block, device=key.device)  # (B, T) the block's positions
+    held = torch.cat([ring_positions(write_pos, window, 0), queries], dim=1)  # (B, window + T)
+    seen = held[:, None, :]
+    at = queries[:, :, None]
+    mask = (seen >= 0) & (seen <= at) & (seen > at - window)  # (B, T, window + T)
+    a = attend(query, key, value, mask[:, None], cache=ring,
+               core=Core(core.scale, False, core.softcap, NO_WEIGHTS, core.softmax_precision))
+    newest = ring_positions(write_pos, window, block)  # (B, window)
+    slots = torch.arange(window, device=key.device)
+    taken = torch.where(newest >= start, window + newest - start, slots)  # in (old ring, block)
+    index = taken[:, None, :, None]
+    assert a.present_key is not None and a.present_value is not None  # a cache was given: (old ring, block)
+    keys = torch.gather(a.present_key, 2, index.expand(batch, heads, window, width))
+    values = torch.gather(a.present_value, 2, index.expand(batch, heads, window, value.shape[-1]))
+    return a.output, keys, values

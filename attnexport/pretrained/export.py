@@ -228,6 +228,7 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
         cache=layout.cache_pairs or None,
         record={"params_source": params_source}, model_sizes=layout.sizes(),
         write_pos=layout.signature.write_pos.name if layout.signature.write_pos else None,
+        cache_kinds={c.past: c.kind for c in layout.signature.caches},
         check=check, finalize=quantize if plan is not None else None,
         rewrite=lambda onnx_model: _rewritten(onnx_model, model, layout, flavor, dtype, name,
                                               quantized=plan is not None),

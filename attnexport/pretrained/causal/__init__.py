@@ -47,6 +47,12 @@ class CausalLM(registry.Family):
     def client_rows(self, ctx) -> None:
         self.module("check").client_rows(ctx)
 
+    def layout_fields(self, model, source) -> dict:
+        """Each layer's sliding window (0: it sees every position), where any layer has one: the
+        static form keeps a ring of it (`forms.StaticCache.rings`)."""
+        windows = sliding_windows(model.config)
+        return {"extra": {"windows": windows}} if any(windows) else {}
+
     def bench(self, source, told, said):
         return self.module("bench").from_options(source, told, said)
 
@@ -54,7 +60,22 @@ class CausalLM(registry.Family):
         return self.module("bench").lines(rows, info, title)
 
 
+def sliding_windows(config) -> list[int]:
+    """Each layer's sliding window as the config gives it (`sliding_window`, and `layer_types`
+    where it names the sliding layers; without it every layer's), 0 for a layer without one."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layers = int(config.num_hidden_layers)
+    window = int(getattr(config, "sliding_window", None) or 0)
+    types = getattr(config, "layer_types", None)
+    if not window:
+        return [0] * layers
+    if types:
+        return [window if t == "sliding_attention" else 0 for t in types]
+    return [window] * layers
+
+
 registry.register(CausalLM())
 FM.register(*importlib.import_module(f"{__name__}.forms").FORMS)
 
 __getattr__ = registry.lazy(__name__)
+

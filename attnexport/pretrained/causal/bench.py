@@ -161,8 +161,9 @@ class _Sessions:
 
 
 def _cache_arrays(layout: hf.Layout, positions: int, rng, dtype=np.float32) -> dict:
-    shape = (1, layout.kv_heads, positions, layout.head_dim)
-    return {n: rng.standard_normal(shape).astype(dtype) for n in layout.cache_names("past_key_values")}
+    """Random caches of `positions` positions at batch 1 (a static form's ring layers: their window)."""
+    shapes = G.form_of(layout).cache_shapes(layout, 1, positions)
+    return {n: rng.standard_normal(shape).astype(dtype) for n, shape in shapes.items()}
 
 
 def _cache_dtype(session, layout: hf.Layout):
@@ -173,7 +174,8 @@ def _cache_dtype(session, layout: hf.Layout):
 
 def _decode_call(session, layout: hf.Layout, context: int, in_place: bool):
     """One decode step at `context` on an ONNX Runtime session, as a callable; `in_place`: each
-    cache bound as its own present (the step writes it where it lies)."""
+    static buffer bound as its own present (the step writes it where it lies; a ring's present is
+    a new array, bound to a place of its own)."""
     import onnxruntime as ort
     rng = np.random.default_rng(0)
     token = np.array([[5]], np.int64)
@@ -184,13 +186,15 @@ def _decode_call(session, layout: hf.Layout, context: int, in_place: bool):
     if not in_place:
         return lambda: session.run(None, feed)
     binding = session.io_binding()
-    values = {n: ort.OrtValue.ortvalue_from_numpy(feed[n]) for n in layout.cache_pairs}
+    buffers = {c.past: c.present for c in layout.signature.caches if c.kind == "static"}
+    values = {n: ort.OrtValue.ortvalue_from_numpy(feed[n]) for n in buffers}
     for n, v in values.items():
         binding.bind_ortvalue_input(n, v)
-        binding.bind_ortvalue_output(layout.cache_pairs[n], v)
+        binding.bind_ortvalue_output(buffers[n], v)
     for n in feed.keys() - values.keys():
         binding.bind_cpu_input(n, feed[n])
-    binding.bind_output("logits", "cpu")
+    for n in ["logits", *(q for p, q in layout.cache_pairs.items() if p not in buffers)]:
+        binding.bind_output(n, "cpu")
     return lambda binding=binding, values=values: session.run_with_iobinding(binding)
 
 

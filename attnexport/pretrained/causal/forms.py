@@ -14,7 +14,10 @@ sequence stepped through the cache, and bench's timed step.
   values written at each sequence's `write_pos`, attention over its valid prefix; the ort flavour
   makes that one GroupQueryAttention that writes the buffers in place. A sequence's positions are
   write_pos + 0..T-1, so prompts of different lengths go in right-padded (each sequence's next
-  write_pos is its own length) and no mask is needed.
+  write_pos is its own length) and no mask is needed. A sliding-window layer whose window is
+  shorter than `max_seq` keeps a ring of its window instead (`attnexport.models.core.attend_ring`:
+  position p at slot p % window, the ring returned rewritten), so that Gemma's local layers hold
+  512 positions whatever `max_seq` is.
 
 Grouped heads stay grouped in every cache. A form's methods take the model's layout
 (`attnexport.pretrained.model.Layout`: layers, cache heads and head size, vocabulary, buffers).
@@ -31,7 +34,7 @@ import torch
 
 from attnexport import signature as SG
 from attnexport.errors import UsageError
-from attnexport.models.core import attend, attend_static
+from attnexport.models.core import attend, attend_ring, attend_static
 from attnexport.pretrained import forms as FM
 from attnexport.semantics import Core
 
@@ -83,10 +86,14 @@ class CausalForm(FM.CacheForm):
 
     # --- feeds ---------------------------------------------------------------------------------
 
+    def cache_shapes(self, layout, batch: int, positions: int = 0) -> dict:
+        """{past input: its shape} of caches of `positions` positions, each layer's key and value."""
+        shape = (batch, layout.kv_heads, positions, layout.head_dim)
+        return {n: shape for n in self.cache_names(layout, "past_key_values")}
+
     def empty_caches(self, layout, batch: int, dtype, positions: int = 0) -> dict:
         """{past input: zeros} of `positions` positions, each layer's key and value."""
-        shape = (batch, layout.kv_heads, positions, layout.head_dim)
-        return {n: np.zeros(shape, dtype) for n in self.cache_names(layout, "past_key_values")}
+        return {n: np.zeros(shape, dtype) for n, shape in self.cache_shapes(layout, batch, positions).items()}
 
     def cache_positions(self, layout, past: int = 0) -> int:
         """The positions of a cache holding `past` positions (0: a first step's, empty)."""
@@ -101,8 +108,7 @@ class CausalForm(FM.CacheForm):
         mask = np.ones((batch, past + block), np.int64)
         mask[0, :padded] = 0
         feed = self._example_step(layout, ids, mask, past)
-        shape = (batch, layout.kv_heads, self.cache_positions(layout, past), layout.head_dim)
-        for name in self.cache_names(layout, "past_key_values"):
+        for name, shape in self.cache_shapes(layout, batch, self.cache_positions(layout, past)).items():
             feed[name] = rng.standard_normal(shape).astype(np.float32)
         return feed
 
@@ -158,6 +164,10 @@ class CausalForm(FM.CacheForm):
         """A greedy generation's feeds after `prompts` (left-padded, with the mask and position
         ids), one token a step with the presents as the next pasts."""
         return _Padded(self, layout, prompts, dtype)
+
+    def batches(self, layout, prompts) -> bool:
+        """Whether `prompts` decode together in one batch (else generation runs each alone)."""
+        return True
 
     def bench_feed(self, layout, ids: np.ndarray, context: int, caches) -> dict:
         """A timed step's feed: the tokens `ids` (1, T) after `context` cached positions, the
@@ -249,7 +259,8 @@ class ConcatCache(CausalForm):
 
 
 class StaticCache(CausalForm):
-    """Buffers of --max-seq positions written in place at each sequence's write_pos."""
+    """Buffers of --max-seq positions written in place at each sequence's write_pos; a
+    sliding-window layer whose window is shorter: a ring of its window (`rings`)."""
 
     name = "static"
     kind = "static"
@@ -277,7 +288,37 @@ class StaticCache(CausalForm):
                 **{n: {0: "batch"} for n in self.cache_names(layout, "past_key_values")}}
 
     def signature(self, layout):
-        return SG.StepSignature(caches=super().signature(layout).caches, write_pos=SG.WritePos("write_pos"))
+        rings = self.ring_sizes(layout)
+        caches = tuple(SG.CachePair(p, q, 2, "ring" if p in rings else "static") for p, q in layout.cache_pairs.items())
+        return SG.StepSignature(caches=caches, write_pos=SG.WritePos("write_pos"))
+
+    @staticmethod
+    def rings(layout) -> tuple[int, ...]:
+        """Each layer's ring: its sliding window where that is shorter than the buffers (the
+        layer's keys and values kept in as many slots, position p at slot p % window), else 0 (a
+        buffer of --max-seq positions). Layers see their window only (`layout.extra["windows"]`,
+        read from the model's config: 0 for a layer that sees every position)."""
+        windows = layout.extra.get("windows") or [0] * layout.layers
+        return tuple(w if 0 < w < layout.max_seq else 0 for w in windows)
+
+    def ring_sizes(self, layout) -> dict[str, int]:
+        """{past input and present output of a ring layer: its slots}."""
+        rings = self.rings(layout)
+        return {n: rings[i] for prefix in ("past_key_values", "present") for i in range(layout.layers) if rings[i]
+                for n in (f"{prefix}.{i}.key", f"{prefix}.{i}.value")}
+
+    def cache_shapes(self, layout, batch, positions=0):
+        rings = self.rings(layout)
+        return {n: (batch, layout.kv_heads, rings[i // 2] or positions, layout.head_dim)
+                for i, n in enumerate(self.cache_names(layout, "past_key_values"))}
+
+    def batches(self, layout, prompts):
+        """Right-padded prompts decode in one batch unless a ring would lose what it holds: a prompt
+        shorter than the longest, when the longest passes a ring's window (its padding, written
+        after it, would wrap onto positions the window still sees). Then each goes alone."""
+        rings = [w for w in self.rings(layout) if w]
+        lengths = {len(p) for p in prompts}
+        return not rings or len(lengths) == 1 or max(lengths) <= min(rings)
 
     def check_max_seq(self, max_seq):
         if max_seq < self.MIN_MAX_SEQ:
@@ -285,7 +326,7 @@ class StaticCache(CausalForm):
                              f"{self.MIN_MAX_SEQ}), got {max_seq}")
 
     def wrapper(self, model, layout):
-        return StaticStep(model, layout.layers)
+        return StaticStep(model, layout.layers, self.rings(layout))
 
     def rotary_positions(self, model, layout):
         return layout.max_seq
@@ -311,14 +352,18 @@ class StaticCache(CausalForm):
 
     def prefilled_feed(self, run, layout, ids, past, padded, dtype):
         """Buffers of max_seq positions written up to `past` (the model run over those alone, the
-        rest 0), write_pos `past`."""
+        rest 0; a ring: whole, as the model wrote it), write_pos `past`."""
         batch = ids.shape[0]
         buffers = self.empty_caches(layout, batch, dtype, self.cache_positions(layout))
+        rings = self.ring_sizes(layout)
         if past:
             out = run({"input_ids": ids[:, :past], "write_pos": np.zeros(batch, np.int64),
-                       **{n: b[:, :, :past] for n, b in buffers.items()}})
+                       **{n: b if n in rings else b[:, :, :past] for n, b in buffers.items()}})
             for p, q in layout.cache_pairs.items():
-                buffers[p][:, :, :past] = out[q]
+                if p in rings:
+                    buffers[p] = np.array(out[q], dtype)
+                else:
+                    buffers[p][:, :, :past] = out[q]
         return {"input_ids": ids[:, past:], "write_pos": np.full(batch, past, np.int64), **buffers}
 
     def valid_positions(self, layout, feed):
@@ -329,16 +374,23 @@ class StaticCache(CausalForm):
         batch, block = feed["input_ids"].shape
         ends = np.asarray(feed["write_pos"]).reshape(-1) + block
         end = int(min(ends.max(initial=0), layout.max_seq))
-        written = np.arange(end)[None, :] < ends[:, None]  # (B, end)
+        rings = self.ring_sizes(layout)
+
+        def written(positions):  # (B, 1, positions, 1): a slot once any position reached it
+            return (np.arange(positions)[None, :] < ends[:, None])[:, None, :, None]
         return {"logits": np.ones((batch, block, 1), bool),
-                **{n: written[:, None, :, None] for n in self.cache_names(layout, "present")}}
+                **{n: written(rings.get(n, end)) for n in self.cache_names(layout, "present")}}
 
     def window(self, layout, feed, valid):
         """The step over its buffers cut to the furthest written position: the positions past it
         are masked out of every attention, so the model's outputs over the window are those over
         the whole buffers, and a check at thousands of positions computes a few rows in float64.
-        Its presents' whole shapes are their buffers'."""
-        pairs = layout.cache_pairs
+        Its presents' whole shapes are their buffers'. A ring is never cut (its slots are not
+        positions)."""
+        rings = self.ring_sizes(layout)
+        pairs = {p: q for p, q in layout.cache_pairs.items() if p not in rings}
+        if not pairs:
+            return feed, {}
         end = valid[next(iter(pairs.values()))].shape[2]
         return ({n: v[:, :, :end] if n in pairs else v for n, v in feed.items()},
                 {q: tuple(np.shape(feed[p])) for p, q in pairs.items()})
@@ -438,8 +490,8 @@ class _Step:
     """One step while the model runs it: what the attention function reads (each layer's past or
     buffers, the static form's write_pos) and fills (each layer's keys and values written)."""
 
-    def __init__(self, buffers, write_pos):
-        self.buffers, self.write_pos = buffers, write_pos
+    def __init__(self, buffers, write_pos, rings=()):
+        self.buffers, self.write_pos, self.rings = buffers, write_pos, rings
         self.written: dict = {}
 
 
@@ -455,14 +507,23 @@ def _static_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     step = _STEP.get()
     if step is None:
         raise RuntimeError("the attnexport_static attention runs inside a StaticStep only")
-    if kwargs.get("sliding_window") is not None and kwargs["sliding_window"] < step.buffers[0].shape[2]:
-        raise UsageError(f"the static form attends over every written position; this model's layers see the last "
-                         f"{kwargs['sliding_window']} only (sliding_window < --max-seq): export with --kv-cache, "
-                         "or --max-seq at most the window")
     softcap = kwargs.get("softcap") or 0.0
     i = module.layer_idx
-    out, key_out, value_out = attend_static(query, key, value, (step.buffers[2 * i], step.buffers[2 * i + 1]),
-                                            step.write_pos, Core(scaling, True, softcap))
+    window, ring = kwargs.get("sliding_window"), step.rings[i] if step.rings else 0
+    buffers = (step.buffers[2 * i], step.buffers[2 * i + 1])
+    if ring:
+        if window != ring:
+            raise UsageError(f"layer {i} of the model attends over a window of {window}, its config says {ring}: "
+                             "the static form cannot size its ring; export with --kv-cache")
+        out, key_out, value_out = attend_ring(query, key, value, buffers, step.write_pos, ring,
+                                              Core(scaling, True, softcap))
+    elif window is not None and window < buffers[0].shape[2]:
+        raise UsageError(f"layer {i} of the model sees the last {window} positions only, and its config names no "
+                         "sliding window for it: the static form cannot keep a ring for it; export with --kv-cache, "
+                         "or --max-seq at most the window")
+    else:
+        out, key_out, value_out = attend_static(query, key, value, buffers, step.write_pos,
+                                                Core(scaling, True, softcap))
     step.written[i] = (key_out, value_out)
     return out.transpose(1, 2).contiguous(), None
 
@@ -581,16 +642,17 @@ class ConcatStep(torch.nn.Module):
 class StaticStep(torch.nn.Module):
     """input_ids (B, T), write_pos (B,), each layer's key and value buffers (B, Hkv, max_seq, d) ->
     logits, each layer's buffers with the block written at write_pos. Position ids are
-    write_pos + 0..T-1; the attention of every layer is attnexport's static step."""
+    write_pos + 0..T-1; the attention of every layer is attnexport's static step, or, where
+    `rings` gives the layer a window, its ring step (buffers (B, Hkv, window, d))."""
 
-    def __init__(self, model, layers: int):
+    def __init__(self, model, layers: int, rings: tuple = ()):
         super().__init__()
         _register_attention()
-        self.model, self.layers = model, layers
+        self.model, self.layers, self.rings = model, layers, rings
 
     def forward(self, input_ids, write_pos, *buffers):
         positions = write_pos.reshape(-1, 1) + torch.arange(input_ids.shape[1], device=input_ids.device)
-        step = _Step(buffers, write_pos)
+        step = _Step(buffers, write_pos, self.rings)
         with _stepping(self.model, step, STATIC_ATTENTION):
             out = self.model(input_ids=input_ids, position_ids=positions, use_cache=False)
         return (_logits(out), *_written(step, self.layers, "static"))

@@ -76,11 +76,19 @@ def generate(run, layout: hf.Layout, prompts, new_tokens: int, watch: np.ndarray
     form's feeds (`decoding`): none: the whole sequence each step; concat: prompts left-padded with
     the mask and position ids, then one token a step with the presents as the next pasts; static:
     prompts right-padded into empty buffers at write_pos 0, each sequence's next write_pos its own
-    length, then one token a step at write_pos, the buffers written returned as the next step's.
+    length, then one token a step at write_pos, the buffers written returned as the next step's
+    (prompts a ring cannot take in one batch, see `StaticCache.batches`: each alone).
     `watch`: the tokens expected (B, N), whose first departure's feed is kept; `dtype`: the caches'
     (the model's float type)."""
     batch = len(prompts)
-    decoding = form_of(layout).decoding(layout, prompts, new_tokens, dtype)
+    form = form_of(layout)
+    if batch > 1 and not form.batches(layout, prompts):  # each prompt alone (a ring's padding would wrap)
+        alone = [generate(run, layout, [p], new_tokens, None if watch is None else watch[b:b + 1], dtype)
+                 for b, p in enumerate(prompts)]
+        return Generation(np.concatenate([g.tokens for g in alone]),
+                          [np.concatenate(step) for step in zip(*(g.logits for g in alone), strict=True)],
+                          next((g.diverged_feed for g in alone if g.diverged_feed is not None), None))
+    decoding = form.decoding(layout, prompts, new_tokens, dtype)
     tokens, logits, diverged = [], [], None
     for step in range(new_tokens):
         out = run(decoding.feed)

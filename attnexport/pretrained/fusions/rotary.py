@@ -17,10 +17,14 @@ COS, SIN = "attnexport_rotary_cos", "attnexport_rotary_sin"
 
 def rotary_tables(model, positions: int, np_dtype) -> tuple[np.ndarray, np.ndarray] | None:
     """(cos, sin), each (positions, head_dim / 2), of the model's rotary embedding at positions
-    0 .. positions - 1 (its scaling applied), or None when it has none or it is not rotate-half."""
+    0 .. positions - 1 (its scaling applied), or None when it has none, it is not rotate-half, or
+    it has one table a kind of layer (Gemma 3's local and global bases: its forward takes the layer's
+    type; each layer's rotary then stays as traced)."""
+    import inspect
+
     import torch
     rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
-    if rotary is None:
+    if rotary is None or "layer_type" in inspect.signature(rotary.forward).parameters:
         return None
     with torch.no_grad():
         cos, sin = rotary(torch.zeros(1, dtype=torch.float32), torch.arange(positions)[None])
