@@ -471,7 +471,9 @@ def _attnexport_engine(weights: Path, form: str, flavor: str, r: HFBenchRequest,
         return HFBenchRow("attnexport", form, flavor, "-", "decode", 0, float("nan"), float("nan"), float("nan"),
                           0.0, r.threads, note=f"export failed: {reason(e)}", precision=precision)
     sessions = _Sessions(path, r.threads)
-    in_place = layout.cache_form.writes_in_place and result.attention_op == "com.microsoft.GroupQueryAttention"
+    # GroupQueryAttention writes its buffers in place (a model with rings runs MultiHeadAttention beside it)
+    ops = result.attention_op.split(", ")
+    in_place = layout.cache_form.writes_in_place and "com.microsoft.GroupQueryAttention" in ops
     mode = G.form_of(layout).bench_mode(in_place)
     return _Engine("attnexport", form, flavor, mode, lambda c: _decode_call(sessions.get(), layout, c, in_place),
                    lambda c: _prefill_call(sessions.get(), layout, c),
