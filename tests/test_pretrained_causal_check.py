@@ -131,13 +131,11 @@ def test_verify_hf_takes_localize_and_a_baseline(folders, tmp_path):
     assert r.exit_code == 1
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_the_documented_static_loop_generates_what_transformers_generates(folders, tiny_lm, tmp_path, monkeypatch,
-                                                                          arch):
-    """docs/language-models.md's plain ONNX Runtime + NumPy loop (buffers bound in place) on an export;
-    Gemma 3's five local layers (a window of 8: the loop's prompts fit it) keep rings, swapped each step."""
+def test_the_documented_static_loop_generates_what_transformers_generates(folders, tmp_path, monkeypatch):
+    """docs/language-models.md's plain ONNX Runtime + NumPy loop (buffers bound in place) on an export
+    (with rings: tests/test_pretrained_export.py)."""
     from test_docs import doc_block
-    folder = folders["llama"] if arch == "llama" else tiny_lm("gemma3", window=8)
+    folder = folders["llama"]
     path = tmp_path / "llama-static.onnx"
     assert run("export", "--hf", folder, "--kv-cache", "static", "--max-seq", "64", "--flavor", "ort",
                "-o", path).exit_code == 0

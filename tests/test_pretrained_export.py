@@ -184,19 +184,22 @@ def test_gemma3_in_fp16_keeps_its_norms_in_float32_and_generates_what_transforme
     assert [row["case"] for row in rows if row["case"].startswith("accuracy")]  # transformers' greedy tokens
 
 
-@pytest.mark.parametrize("arch, flavor", [("gemma3", "ort"), ("gemma2", "attention")])
-def test_sliding_window_layers_keep_a_ring_of_their_window_in_the_static_form(tiny_lm, tmp_path, arch, flavor):
-    """Buffers of 32 positions; the local layers (a window of 4) a ring of 4 slots, returned rewritten,
+@pytest.mark.parametrize("arch, flavor, window", [("gemma3", "ort", 8), ("gemma2", "attention", 4)])
+def test_sliding_window_layers_keep_a_ring_of_their_window_in_the_static_form(tiny_lm, tmp_path, monkeypatch, arch,
+                                                                             flavor, window):
+    """Buffers of 32 positions; the local layers a ring of their window's slots, returned rewritten,
     the global layers' buffers written in place (one GroupQueryAttention in the ort flavour). verify
     decodes in blocks longer than the window and generates 20 tokens after prompts of 5, 9 and 2
-    (each alone: the longest passes the window), equal to transformers' generate."""
-    folder = tiny_lm(arch)
-    path = tmp_path / f"{arch}.onnx"
+    (each alone: the longest passes the window), equal to transformers' generate. Gemma 3's export
+    also runs docs/language-models.md's loop (each ring two buffers, swapped each step) and bench's
+    decode step (the buffers bound in place, each ring to an output of its own)."""
+    folder = tiny_lm(arch, window=window)
+    path = tmp_path / "llama-static.onnx"  # the documented loop's file name
     r = run("export", "--hf", folder, "--kv-cache", "static", "--max-seq", "32", "--flavor", flavor, "-o", path)
     assert r.exit_code == 0, r.output
     model = onnx.load(path)
     layout, signature = hf.Layout.of(model), SG.of(model)
-    windows = {"gemma3": [4, 4, 4, 4, 4, 0], "gemma2": [4, 0]}[arch]
+    windows = {"gemma3": [8, 8, 8, 8, 8, 0], "gemma2": [4, 0]}[arch]
     assert layout.extra["windows"] == windows
     kinds = [c.kind for c in signature.caches]
     assert kinds == [k for w in windows for k in (["ring"] * 2 if w else ["static"] * 2)]
@@ -210,6 +213,21 @@ def test_sliding_window_layers_keep_a_ring_of_their_window_in_the_static_form(ti
     assert all(row["passed"] for row in rows) and len(rows) >= 10
     assert sum(row["case"].startswith("decode") for row in rows) == 2 * 2
     assert sum(row["case"].startswith("generate 20 tokens") for row in rows) == 2
+    if arch != "gemma3":
+        return
+    from test_docs import doc_block
+
+    from attnexport.pretrained.causal import bench as hf_bench
+    from attnexport.pretrained.causal import generation as G
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(doc_block("docs/language-models.md", "## Generating with the static cache", "python"), scope)  # noqa: S102
+    source, _ = hf.load(folder)
+    want = G.reference_generation(source, layout, [np.array(p) for p in scope["prompts"]], len(scope["generated"]))
+    assert np.array_equal(np.stack(scope["generated"], axis=1), want.tokens)  # past the window of 8
+    step = hf_bench._decode_call(ort.InferenceSession(path, providers=["CPUExecutionProvider"]), layout, 20, True)
+    step()
+    step()  # the buffers bound in place stay bound; a ring's output is its own
 
 
 def _saturated(model, layer: int = 0):
