@@ -240,10 +240,7 @@ def measure(run, layout: hf.Layout, base: Baseline, budget: Budget, dtype=np.flo
     kl = B.kl_per_position(base.eval32, got_eval)
     kl64 = B.kl_per_position(base.eval64, got_eval)
     top1 = float((base.eval32.argmax(-1) == got_eval.argmax(-1)).mean())
-    if one_at_a_time:
-        tokens = np.concatenate([G.generate(run, layout, [p], new_tokens, dtype=dtype).tokens for p in base.prompts])
-    else:
-        tokens = G.generate(run, layout, base.prompts, new_tokens, dtype=dtype).tokens
+    tokens = G.generate(run, layout, base.prompts, new_tokens, dtype=dtype, alone=one_at_a_time).tokens
     firsts = []
     for got, want in zip(tokens, base.tokens, strict=True):
         differ = np.flatnonzero(got != want)
