@@ -20,6 +20,7 @@ from typing import Any
 from attnexport import bench as bench_mod
 from attnexport import export as export_mod
 from attnexport import files as F
+from attnexport import load as background_load
 from attnexport import modules, pretrained
 from attnexport import options as O
 from attnexport import verify as verify_mod
@@ -222,8 +223,11 @@ class BenchResult:
         return bench_mod.to_json(self.rows)
 
     def lines(self) -> list[str]:
-        """What a whole model's bench prints (a variant's and a module's are `render.bench_table`'s)."""
-        return self.family.bench_lines(self.rows, self.info, self.title)
+        """What a whole model's bench prints (a variant's and a module's are `render.bench_table`'s),
+        under the load it ran with where there was one."""
+        load = self.info.get("load", {})
+        return self.family.bench_lines(self.rows, self.info, self.title) + \
+            ([f"timed under a background load: {load['what']}"] if load.get("processes") else [])
 
 
 def bench(variant=None, module_spec=None, hf_path=None, *, progress: Callable | None = None,
@@ -240,10 +244,16 @@ def bench(variant=None, module_spec=None, hf_path=None, *, progress: Callable | 
     contexts = int_list("--context", a.context)
     if a.audio is not None and a.hf_path is None:
         raise UsageError("--audio goes with --hf and a model that hears it")
+    if a.load and a.hf_path is None:
+        raise UsageError("--load goes with --hf (a whole model's engines timed on a shared machine)")
     if a.hf_path is not None:
         told = SimpleNamespace(**vars(a), options=options, contexts=contexts, batches=int_list("--batch", a.batch),
                                seqs=int_list("--seq", a.seq))
-        family, rows, info = pretrained.bench.run(a.hf_path, told, said)
+        if a.load:
+            said(f"note: timing under a background load: {background_load.describe(a.load)}")
+        with background_load.background(a.load):
+            family, rows, info = pretrained.bench.run(a.hf_path, told, said)
+        info = {**info, "load": {"processes": a.load, "what": background_load.describe(a.load)}}
         return BenchResult(rows, str(a.hf_path), "fp32", family=family, info=info)
     if contexts and not a.decode:
         raise UsageError("--context goes with --decode")

@@ -273,6 +273,9 @@ BENCH = (
                  help="CPU threads for torch and ONNX Runtime (default: all)."),
     click.Option(["--repeat"], type=click.IntRange(min=1), default=5, show_default=True,
                  help="Rounds the timed runs are split into; each ratio is reported with its spread over them."),
+    click.Option(["--load"], type=click.IntRange(min=0, max=64), default=0, show_default=True,
+                 help="With --hf: time under a fixed background load, this many busy processes (one core each) "
+                      "that bench starts and stops itself (a shared machine's figures, reproducibly)."),
     click.Option(["--seed"], type=SEED, default=None,
                  help="Seed of parameters and inputs (default 0; with --hf, a folder with a config and no weights "
                       "is timed only when it is given)."),

@@ -44,9 +44,12 @@ def test_the_command_line_prints_each_time_beside_its_accuracy_and_the_anchors_w
         assert all(row["accuracy"]["images"] == 26 for row in doc["rows"])
     else:
         assert "optimum" in doc["info"]["skipped"]
+    assert doc["info"]["load"]["processes"] == 0
+    # the text, timed under the background load bench starts itself (`--load`), which it says
     r = cli("bench", "--hf", folder, "--batch", "2", "--iters", "2", "--warmup", "1", "--threads", "1",
-            "--precision", "fp32")
+            "--precision", "fp32", "--load", "1")
     assert r.exit_code == 0 and "images/s" in r.output and "1 - cosine max" in r.output and "32 x 32 images" in r.output
+    assert "timed under a background load: 1 busy process (one core each), started by bench" in r.output
 
 
 def test_refusals_are_one_line(tiny_vision):
