@@ -22,14 +22,13 @@ import copy
 import io
 import json
 import logging
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+from encoder_int8 import cost, embed, timed  # the sibling probe's measures, this folder's
 from onnx import helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -46,26 +45,6 @@ def session(path: Path) -> ort.InferenceSession:
     options.intra_op_num_threads, options.inter_op_num_threads = 2, 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def embed(s: ort.InferenceSession, feed: dict) -> np.ndarray:
-    return s.run(["sentence_embedding"], {i.name: feed[i.name] for i in s.get_inputs()})[0]
-
-
-def timed(s: ort.InferenceSession, feed: dict, runs: int = 10, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        embed(s, feed)
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        embed(s, feed)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
-
-
-def cost(got: np.ndarray, want: np.ndarray) -> float:
-    cos = (got * want).sum(-1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
-    return float(1 - cos.min())
 
 
 def targets(model: onnx.ModelProto) -> list:
@@ -118,7 +97,7 @@ def main() -> None:
     model = onnx.load(src)
     maxima = channel_maxima(model, calibration, out)
     fp32 = session(src)
-    want, base = embed(fp32, feed), timed(fp32, feed)
+    want, base = embed(fp32, feed), timed(fp32, feed, 10, 2)
     want_calibration = embed(fp32, calibration)
 
     def quantized(m: onnx.ModelProto, choosing: bool = False, **options) -> tuple[float, float]:
@@ -129,7 +108,7 @@ def main() -> None:
         s = session(out / "int8.onnx")
         if choosing:  # on the calibration text, untimed
             return cost(embed(s, calibration), want_calibration), float("nan")
-        return cost(embed(s, feed), want), timed(s, feed) / base
+        return cost(embed(s, feed), want), timed(s, feed, 10, 2) / base
 
     table = []
     for n in targets(model):
