@@ -18,7 +18,6 @@ from click.testing import CliRunner
 
 from attnexport import cli
 from attnexport.pretrained.causal import bench as causal_bench
-from attnexport.runtimes import ort_session
 
 
 def main() -> None:
@@ -30,8 +29,7 @@ def main() -> None:
         del rest[k:k + 2]
     runs = []
     for spinning in (True, False):
-        causal_bench._session = lambda path, threads, s=spinning: ort_session("ort-cpu", path, threads=threads,
-                                                                               spinning=s)[0]
+        causal_bench.SPINNING = spinning
         for load in loads:
             r = CliRunner().invoke(cli.main, ["bench", "--hf", model, "--decode", "--json", "--load", load, *rest])
             if r.exit_code != 0:

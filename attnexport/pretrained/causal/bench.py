@@ -137,12 +137,17 @@ def step_bytes(model, layout: hf.Layout, context: int) -> int:
     return 4 * (params + cache)
 
 
+# Whether the engines' ONNX Runtime pools spin between steps. They do not: on SmolLM2-135M at 1024
+# positions a spinning pool's step was as fast on a quiet machine (static 23.4 ms against 24.2, concat
+# 58.8 against 49.6) and 1.3-1.8x slower beside one busy core (`benchmarks/probes/loaded_decode.py`,
+# which sets it to compare; docs/runtimes.md).
+SPINNING = False
+
+
 def _session(path, threads: int):
-    """The engine's session on ONNX Runtime's CPU provider (`runtimes.ort_session`), its pool not
-    spinning between steps: on SmolLM2-135M at 1024 positions a spinning pool's step was as fast on a
-    quiet machine (static 23.4 ms against 24.2, concat 58.8 against 49.6) and 1.3-1.8x slower beside
-    one busy core (`benchmarks/probes/loaded_decode.py`, docs/runtimes.md)."""
-    return R.ort_session("ort-cpu", path, threads=threads)[0]
+    """The engine's session on ONNX Runtime's CPU provider (`runtimes.ort_session`), its pool
+    spinning between steps or not as SPINNING says."""
+    return R.ort_session("ort-cpu", path, threads=threads, spinning=SPINNING)[0]
 
 
 class _Sessions:
