@@ -10,7 +10,6 @@ still its parent, so that it ends with it even where bench is killed without a c
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -39,8 +38,7 @@ def background(processes: int) -> Iterator[list[subprocess.Popen]]:
     try:
         for _ in range(processes):
             started.append(subprocess.Popen([sys.executable, "-c", LOOP], stdin=subprocess.DEVNULL,
-                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                            close_fds=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}))
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         yield started
     finally:
         for p in started:

@@ -139,7 +139,7 @@ def step_bytes(model, layout: hf.Layout, context: int) -> int:
 
 # Whether the engines' ONNX Runtime pools spin between steps. They do not: on SmolLM2-135M at 1024
 # positions a spinning pool's step was as fast on a quiet machine (static 23.4 ms against 24.2, concat
-# 58.8 against 49.6) and 1.3-1.8x slower beside one busy core (`benchmarks/probes/loaded_decode.py`,
+# 58.8 against 49.6) and 1.3-1.9x slower beside one busy core (`benchmarks/probes/loaded_decode.py`,
 # which sets it to compare; docs/runtimes.md).
 SPINNING = False
 
