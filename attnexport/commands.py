@@ -120,10 +120,11 @@ def export(variant=None, module_spec=None, hf_path=None, **passed):
     if a.deploy is not None and a.hf_path is None:
         raise UsageError("--deploy writes a language model's folder: it goes with --hf")
     quant = {"block_size": a.block_size, "accuracy_level": a.accuracy_level, "keep": a.keep, "symmetric": a.symmetric,
-             "requantize": a.requantize, "minimums": a.minimums, "file_widths": a.file_widths}
+             "requantize": a.requantize, "minimums": a.minimums, "file_widths": a.file_widths,
+             "int8_kernel": a.int8_kernel}
     if a.hf_path is None and (a.precision is not None or any(v is not None for v in quant.values())):
         raise UsageError("--precision, --block-size, --accuracy-level, --keep, --symmetric, --requantize, "
-                         "--minimums and --file-widths/--asked-width go with --hf")
+                         "--minimums, --file-widths/--asked-width and --int8-kernel go with --hf")
     module_only = (a.input_specs or a.dynamic_specs or a.nan_rows or a.allow_unfused or a.cache_specs or a.write_pos
                    or a.output_names)
     if a.hf_path is not None:

@@ -16,7 +16,7 @@ from attnexport import flavors as FL
 from attnexport import runtimes as R
 from attnexport import variants as V
 from attnexport.errors import UsageError
-from attnexport.pretrained.precision import MINIMUM_FORMS, PRECISIONS
+from attnexport.pretrained.precision import KERNELS, MINIMUM_FORMS, PRECISIONS
 from attnexport.verify.request import Checking
 
 
@@ -165,6 +165,12 @@ EXPORT = (
                       "Add per matrix, slower) or float (float zero points: one op a matrix, each weight within the "
                       "zero "
                       "point's rounding; for CUDA, its CPU kernel is slow)."),
+    click.Option(["--int8-kernel"], type=click.Choice(KERNELS), default=None,
+                 help="With --precision int8: blockwise (MatMulNBits: int8 blocks of weights and activations, fast "
+                      "for a language model's few rows a step) or integer (DynamicQuantizeMatMul: int8 weights per "
+                      "column, uint8 activations per tensor, ONNX Runtime's integer GEMM for many rows; smoothed "
+                      "and with its costliest matrices in float as calibration chooses). Default: the family's "
+                      "(encoders integer, the rest blockwise; MatMulNBits's options choose blockwise)."),
     click.Option(["--json", "as_json"], is_flag=True, help="Print the result as JSON."),
 )
 

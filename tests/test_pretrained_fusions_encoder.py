@@ -18,6 +18,7 @@ from conftest import cli as run  # noqa: E402
 
 from attnexport import runtimes as R  # noqa: E402
 from attnexport.pretrained import export as hf_export  # noqa: E402
+from attnexport.pretrained import precision as P  # noqa: E402
 from attnexport.pretrained.encoders import SentenceEncoder  # noqa: E402
 from attnexport.pretrained.encoders import measures as E  # noqa: E402
 from attnexport.pretrained.fusions import encoder  # noqa: E402
@@ -97,9 +98,11 @@ def test_a_weight_changed_inside_the_packed_matrix_is_named(tiny_encoder, tmp_pa
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_in_half_and_quantized_the_projections_stay_matmuls_into_a_masked_multi_head_attention(
         tiny_encoder, tmp_path, precision):
+    """fp16, and int8's blockwise form (MatMulNBits)."""
     folder = tiny_encoder("bert")
     path = tmp_path / f"{precision}.onnx"
-    model = _export(folder, path, precision=precision)
+    how = {"plan": P.plan_for("int8", kernel="blockwise")} if precision == "int8" else {}
+    model = _export(folder, path, precision=precision, **how)
     ops = [n.op_type for n in model.graph.node]
     assert ops.count("MultiHeadAttention") == 2 and "Attention" not in ops and "Transpose" not in ops
     made = {o: n for n in model.graph.node for o in n.output}
@@ -109,13 +112,35 @@ def test_in_half_and_quantized_the_projections_stay_matmuls_into_a_masked_multi_
         assert node.input[4] == encoder.MASK_INT32 and node.input[3].endswith("qkv_bias")
     assert "com.microsoft.MultiHeadAttention with a padding mask" in R.missing_ops("ort-webgpu", model)[-1]
     feed = _padded_feed(folder, list(E.CORPUS[:6]))
-    _export(folder, tmp_path / "attention.onnx", flavor="attention", precision=precision)
+    _export(folder, tmp_path / "attention.onnx", flavor="attention", precision=precision, **how)
     got, want = _embed(path, feed)[1], _embed(tmp_path / "attention.onnx", feed)[1]
     if precision == "fp16":  # the reference evaluator's MultiHeadAttention with the bias and the mask
         ref = R.prepare_onnx("onnx-ref", model).run(feed)["sentence_embedding"]
         assert np.abs(ref.astype(np.float32) - got.astype(np.float32)).max() < 2e-3
     cosine = (got * want).sum(-1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
     assert np.isfinite(got).all() and cosine.min() > 0.999
+
+
+def test_the_integer_int8_form_packs_the_projections_into_a_qattention(tiny_encoder, tmp_path):
+    """int8's integer form: each layer's packed Attention a QAttention over its input quantized once
+    (DynamicQuantizeLinear), the padding mask as it comes; the same embeddings as the attention
+    flavour's int8 (its q, k and v DynamicQuantizeMatMuls read the same quantized input) and as the
+    reference evaluator's QAttention."""
+    folder = tiny_encoder("bert")
+    model = _export(folder, tmp_path / "int8.onnx", precision="int8")
+    made = {o: n for n in model.graph.node for o in n.output}
+    attention = [n for n in model.graph.node if n.op_type == "QAttention"]
+    assert len(attention) == 2 and not any(n.op_type in ("Attention", "MultiHeadAttention") for n in model.graph.node)
+    for node in attention:
+        assert made[node.input[0]].op_type == "DynamicQuantizeLinear" and node.input[5] == encoder.MASK_INT32
+    feed = _padded_feed(folder, list(E.CORPUS[:6]))
+    _export(folder, tmp_path / "attention.onnx", flavor="attention", precision="int8")
+    got, want = _embed(tmp_path / "int8.onnx", feed)[1], _embed(tmp_path / "attention.onnx", feed)[1]
+    ref = R.prepare_onnx("onnx-ref", model).run(feed)["sentence_embedding"]
+    assert np.isfinite(got).all() and np.abs(ref - got).max() < 1e-3
+    cosine = (got * want).sum(-1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
+    assert cosine.min() > 0.999
+    assert "QAttention" in R.missing_ops("ort-webgpu", model)[-1] and R.missing_ops("ort-cpu", model) == []
 
 
 def test_a_layer_that_differs_from_the_form_is_left_alone(tiny_encoder, tmp_path, monkeypatch):

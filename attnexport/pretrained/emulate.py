@@ -1,7 +1,8 @@
 """transformers' model computing as a quantized file does: each Linear's weight the value the
 file's matrix holds, and its input rounded to int8 where the file's MatMulNBits round it (accuracy
-level 4); the model made so (`file_model`), which a quantized graph is checked against, and each of
-its groups of matrices alone (`each_group_alone`), from which what each layer costs is measured."""
+level 4), or to uint8 per tensor where its DynamicQuantizeMatMul does (`per_tensor_uint8`); the
+model made so (`file_model`), which a quantized graph is checked against, and each of its groups of
+matrices alone (`each_group_alone`), from which what each layer costs is measured."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import contextlib
 
 import numpy as np
 
+from attnexport import weights as W
 from attnexport.pretrained import precision as P
 
 
@@ -32,6 +34,37 @@ def _int8_blocks(block: int):
         scale = b.abs().amax(dim=-1, keepdim=True) / 127
         q = torch.where(scale > 0, torch.round(b / torch.where(scale > 0, scale, 1)), 0) * scale
         return (q.reshape(x.shape),) + tuple(args[1:])
+    return hook
+
+
+def per_tensor_uint8(x):
+    """`x` (a torch tensor) as com.microsoft.DynamicQuantizeMatMul reads it: ONNX's
+    DynamicQuantizeLinear of the whole tensor (the range [min(x, 0), max(x, 0)] in 255 steps, the
+    zero point rounded, each value rounded half to even), given back in float."""
+    import torch
+
+    lo, hi = torch.clamp(x.min(), max=0), torch.clamp(x.max(), min=0)
+    scale = (hi - lo) / 255
+    if float(scale) == 0:
+        return torch.zeros_like(x)
+    zero = torch.clamp(torch.round(-lo / scale), 0, 255)
+    return (torch.clamp(torch.round(x / scale) + zero, 0, 255) - zero) * scale
+
+
+def _uint8_smoothed(smooth):
+    """A forward pre-hook that rounds a Linear's input as an integer entry's DynamicQuantizeMatMul
+    does: divided by its smoothing scales (`smooth`: 1 / s per channel, or None), per tensor to
+    uint8, and multiplied back (the Linear's weight is the file's matrix, the scales folded in)."""
+    import torch
+
+    inverse = torch.from_numpy(np.asarray(smooth, np.float32)) if smooth is not None else None
+
+    def hook(module, args):
+        x = args[0]
+        if inverse is None:
+            return (per_tensor_uint8(x),) + tuple(args[1:])
+        inv = inverse.to(x.dtype)
+        return (per_tensor_uint8(x * inv) / inv,) + tuple(args[1:])
     return hook
 
 
@@ -61,7 +94,8 @@ def _substitute(model, onnx_model, groups: set | None) -> tuple[list, list]:
 def as_file_holds(model, onnx_model, groups: set | None = None, activations: bool = True):
     """Within the block `model` (transformers', fp32) computes with the weights the quantized
     `onnx_model` holds, for the matrices of `groups` (all when None), and rounds those matrices'
-    inputs to int8 where the file's MatMulNBits do (accuracy level 4) if `activations`; restored
+    inputs where the file's kernels do if `activations` (MatMulNBits at accuracy level 4: int8
+    blocks; DynamicQuantizeMatMul: uint8 per tensor, after its smoothing); restored
     after. A tied head gets its own copy (the embedding keeps reading the float table, as the
     file's Gather does)."""
     import torch
@@ -70,12 +104,18 @@ def as_file_holds(model, onnx_model, groups: set | None = None, activations: boo
     hooks = []
     try:
         if activations:
+            inits = {i.name: i for i in onnx_model.graph.initializer}
             for e in entries:
-                if e["accuracy"] == 4:
-                    for name in dict.fromkeys(_module_name(p) for p in e["params"]):
-                        owner = modules.get(name)
-                        if isinstance(owner, torch.nn.Linear):
-                            hooks.append(owner.register_forward_pre_hook(_int8_blocks(e["block"])))
+                if e["how"] == "integer":
+                    hook = _uint8_smoothed(W.values(inits[e["smooth"]]) if e.get("smooth") else None)
+                elif e["accuracy"] == 4:
+                    hook = _int8_blocks(e["block"])
+                else:
+                    continue
+                for name in dict.fromkeys(_module_name(p) for p in e["params"]):
+                    owner = modules.get(name)
+                    if isinstance(owner, torch.nn.Linear):
+                        hooks.append(owner.register_forward_pre_hook(hook))
         yield model
     finally:
         for h in hooks:

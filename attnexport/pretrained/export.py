@@ -31,7 +31,7 @@ from attnexport import weights as W
 from attnexport.compare import QUANTIZED_FACTOR
 from attnexport.errors import ExportError, UsageError, reason
 from attnexport.export import ModuleExport, ModuleExportResult, export_module
-from attnexport.pretrained import emulate, forms, fusions, ggml, registry
+from attnexport.pretrained import calibrate, emulate, forms, fusions, ggml, registry
 from attnexport.pretrained import model as hf
 from attnexport.pretrained import precision as P
 from attnexport.pretrained import reference as HR
@@ -100,7 +100,8 @@ EXTERNAL_FROM = 1 << 30
 PROTOBUF_LIMIT = (1 << 31) - 1
 
 # The options of a quantization plan as `export --hf` names them (`precision.plan_for`'s keywords).
-PLAN_OPTIONS = ("block_size", "accuracy_level", "keep", "symmetric", "requantize", "minimums", "file_widths")
+PLAN_OPTIONS = ("block_size", "accuracy_level", "keep", "symmetric", "requantize", "minimums", "file_widths",
+                "int8_kernel")
 
 
 def request(source: str | Path, plan_options: dict | None = None, **fields) -> HFExport:
@@ -120,7 +121,7 @@ def request(source: str | Path, plan_options: dict | None = None, **fields) -> H
         plan = P.plan_for(precision, how.get("block_size"), how.get("accuracy_level"),
                           "" if how.get("keep") == "none" else how.get("keep"), how.get("symmetric"),
                           None if how.get("requantize") is None else not how["requantize"], how.get("minimums"),
-                          how.get("file_widths"))
+                          how.get("file_widths"), how.get("int8_kernel"))
     output, deploy = fields.get("output"), fields.get("deploy")
     if output is not None and deploy is not None:
         raise UsageError("give -o FILE.onnx or --deploy FOLDER, not both")
@@ -186,6 +187,11 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
     tokenizer = hf.tokenizer_of(r.source)
     hf.check_tokenizer(layout, tokenizer, r.source)
     wrapper = hf.step_module(model, layout)
+    if plan is not None and plan.kernel is None:  # the family's int8 form
+        plan = replace(plan, kernel=layout.family.int8_kernel if plan.bits == 8 else "blockwise")
+    if plan is not None and plan.kernel == "integer" and layout.family.calibration(layout, tokenizer) is None:
+        raise UsageError(f"--int8-kernel integer is calibrated on a family's own text, which sentence encoders have; "
+                         f"a {layout.family.what}'s int8 is the blockwise form (MatMulNBits)")
     # The example only shapes the trace; the check below feeds what the model writes.
     block, past = form.trace_shape
     feed = hf.example_feed(layout, block=block, past=past)
@@ -200,9 +206,12 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
         # carried from these), each read from the module when it is needed.
         before = SourceMatrices(onnx_model, wrapper, layout.vocab)
         quantized["before"] = before
+        calibration = None
+        if plan.kernel == "integer" and plan.calibrate:
+            calibration = calibrated(onnx_model, wrapper, layout, tokenizer, name)
         quantized["done"] = P.quantize(onnx_model, plan, layout.layers, layout.vocab,
                                        weights=before if dtype != "fp32" else None,
-                                       tensors=file_tensors(r.grids_from or r.source))
+                                       tensors=file_tensors(r.grids_from or r.source), calibration=calibration)
         return onnx_model
 
     def check(onnx_model):
@@ -231,7 +240,7 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
         cache_kinds={c.past: c.kind for c in layout.signature.caches},
         check=check, finalize=quantize if plan is not None else None,
         rewrite=lambda onnx_model: _rewritten(onnx_model, model, layout, flavor, dtype, name,
-                                              quantized=plan is not None),
+                                              quantized=plan is not None and plan.kernel != "integer"),
         optimized_by_rewrite=FL.FLAVORS[flavor].fuses_language_models, float32_inputs=form.float32_inputs(layout))
     try:
         result = export_module(wrapper, example, module_request)
@@ -254,8 +263,14 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
     if params_source == "seed":
         result.notes.append(hf.random_note(r.source, r.seed))
     if plan is not None:
-        result.notes.append(f"{r.precision}: {quantized['done'].summary()} (block {plan.block}, accuracy level "
-                            f"{plan.accuracy}); what it costs in answers: attnexport verify MODEL --hf SOURCE")
+        ops = sorted({e["op"] for e in quantized["done"].entries if e["how"] == "integer"})
+        how = (" and ".join(ops) + ": int8 weights per column, uint8 activations per tensor"
+               + (f"; smoothing and float matrices chosen by what each of "
+                  f"{len(quantized['done'].calibration['per_input'])} inputs costs on calibration text"
+                  if quantized["done"].calibration else "")
+               if plan.kernel == "integer" else f"block {plan.block}, accuracy level {plan.accuracy}")
+        result.notes.append(f"{r.precision}: {quantized['done'].summary()} ({how}); what it costs in answers: "
+                            "attnexport verify MODEL --hf SOURCE")
     result.notes.extend(form.notes(result.attention_op, dtype))
     if deploy is not None:
         try:
@@ -292,7 +307,7 @@ class SourceMatrices(Mapping):
         inits = {i.name: i for i in onnx_model.graph.initializer}
         self._sites: dict = {}
         self._copied: dict = {}
-        for s in P.sites(onnx_model, vocab):
+        for s in P.sites(onnx_model, vocab, attention=True):
             covered = np.zeros(s.n, bool)
             for name, columns in s.params.items():
                 start, stop = columns if columns is not None else (0, s.n)
@@ -337,6 +352,20 @@ def _precision(r: HFExport) -> tuple[str, P.Plan | None]:
     return (r.dtype if precision.activations == "fp32" else precision.activations), None  # fp32 takes --dtype
 
 
+def calibrated(onnx_model, wrapper, layout: hf.Layout, tokenizer, name: str) -> P.Calibration | None:
+    """The integer int8 form's smoothing and float matrices (`calibrate.choose`) on the family's
+    calibration text, or None where the family has none."""
+    found = layout.family.calibration(layout, tokenizer)
+    if found is None:
+        return None
+    if layout.family.needs_tokenizer and tokenizer is None:
+        raise UsageError(f"{name}: the integer int8 form is calibrated on text, and the source has no tokenizer")
+    feeds, cost, target = found
+    with U.phase("calibration"):
+        return calibrate.choose(wrapper, onnx_model, P.sites(onnx_model, layout.vocab, attention=True), feeds,
+                                layout.outputs, cost, target)
+
+
 def check_quantized(onnx_model, model, layout: hf.Layout, before: dict, tokenizer, name: str, r: HFExport,
                     release=None) -> list:
     """The checks of a quantized step graph before it is written: every quantized matrix is a
@@ -369,8 +398,9 @@ def check_quantized(onnx_model, model, layout: hf.Layout, before: dict, tokenize
 def _rewritten(onnx_model, model, layout: hf.Layout, flavor: str, dtype: str, name: str, quantized: bool = False):
     """The traced step graph made what a deployment wants: each past fitting the block's batch
     (concat), a tied vocabulary matrix kept once as the head reads it, ONNX Runtime's fused ops
-    (ort flavour; an encoder's projections packed into its attention in fp32 alone, where they are
-    neither rounded to half nor left for the quantizer's MatMuls); see `attnexport.pretrained.fusions`."""
+    (ort flavour; an encoder's projections packed into its attention in fp32, where they are
+    neither rounded to half nor left for the blockwise quantizer's MatMuls (`quantized`): the
+    integer form makes the packed Attention a QAttention); see `attnexport.pretrained.fusions`."""
     layout.cache_form.fit_pasts(onnx_model, layout)
     tied_head.tied_head(onnx_model)
     if FL.FLAVORS[flavor].fuses_language_models:

@@ -33,6 +33,17 @@ forms carry it (`Plan.minimums`):
   |m| / 2048). ONNX Runtime's CPU kernel for float zero points is 17 to 40 times slower than its
   integer one (docs/quantization.md), so this form is for the CUDA provider, where the folded
   form's block sums cost two launches an input.
+
+int8 has a second form (`Plan.kernel`): `integer`, each matrix as com.microsoft.DynamicQuantizeMatMul,
+its weights int8 per output column (ONNX Runtime's `quantize_data`, symmetric, round to nearest) and
+its input quantized to uint8 per tensor when it runs: ONNX Runtime's integer GEMM, which is for many
+rows (an encoder's batch of sentences) what MatMulNBits's blockwise kernel is for a language
+model's few rows a step. A per-tensor activation grid loses the answers where a few channels of
+the input are far wider than the rest; a matrix may therefore carry a smoothing vector
+(`{weight}_smooth`, a Mul before it, shared by the matrices that read the same input: the input's
+channel j divided by s_j, the weight's row j multiplied by it, the product unchanged) and a
+matrix may be kept in float, each as calibration chose it (`attnexport.pretrained.calibrate`).
+The blockwise form is `blockwise`.
 """
 
 from __future__ import annotations
@@ -63,6 +74,14 @@ MINIMUMS = "_minimums"
 MINIMUM_FORMS = ("folded", "exact", "float")
 # The suffix of an input with its block sums appended, which folded grids read.
 FOLDED = "_folded"
+# How an int8 matrix runs (the module's docstring): MatMulNBits, or DynamicQuantizeMatMul.
+KERNELS = ("blockwise", "integer")
+# The integer form's ops: a MatMul's, and a packed Attention's; and where each holds its weight's
+# codes and per-column scales among its inputs.
+INTEGER_OPS = ("DynamicQuantizeMatMul", "QAttention")
+_CODES_AND_SCALES = {"DynamicQuantizeMatMul": (1, 2), "QAttention": (1, 4)}
+# The suffix of an integer matrix's smoothing vector (1 / s per input channel) and of its Mul.
+SMOOTH = "_smooth"
 # Groups a --keep names: the vocabulary head, the first and last decoder layer, a layer by index.
 GROUP_WORDS = ("head", "first", "last")
 
@@ -95,6 +114,10 @@ class Plan:
         widen: a GGUF file's tensor in a format wider than `bits` (Q5_0, Q6_K, Q8_0 at int4) is
             carried at the 8 bits that hold it, as the file mixes its widths; False rounds it to
             `bits` with ONNX Runtime's quantizer.
+        kernel: int8's `blockwise` (MatMulNBits) or `integer` (DynamicQuantizeMatMul, the module's
+            docstring) form; None: the family's (`registry.Family.int8_kernel`).
+        calibrate: the integer form's smoothing and float matrices chosen on the family's
+            calibration text (`calibrate.choose`); False quantizes every matrix as it is.
     """
 
     bits: int = 4
@@ -105,6 +128,8 @@ class Plan:
     carry: bool = True
     minimums: str = "folded"
     widen: bool = True
+    kernel: str | None = None
+    calibrate: bool = True
 
     def rule_for(self, group: str, layers: int) -> Rule:
         rule = Rule(self.bits, self.accuracy)
@@ -185,9 +210,11 @@ class Site:
     group: str
 
 
-def sites(model: onnx.ModelProto, vocab: int | None = None) -> list[Site]:
+def sites(model: onnx.ModelProto, vocab: int | None = None, attention: bool = False) -> list[Site]:
     """Every MatMul with a constant 2-D float weight, in graph order, with the parameters the
-    export's record (`attnexport.params`) places in it and its group."""
+    export's record (`attnexport.params`) places in it and its group; with `attention`, each
+    com.microsoft.Attention's packed projections too (an encoder's ort flavour in fp32, which the
+    integer form makes a QAttention)."""
     inits = {i.name: i for i in model.graph.initializer}
     record = ExportRecord.of(model).parsed("params", {})
     held: dict[str, dict] = {}
@@ -196,7 +223,9 @@ def sites(model: onnx.ModelProto, vocab: int | None = None) -> list[Site]:
             held.setdefault(e["initializer"], {})[name] = e.get("columns")
     out = []
     for node in model.graph.node:
-        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or node.input[1] not in inits:
+        matmul = node.op_type == "MatMul" and node.domain in ("", "ai.onnx")
+        packed = attention and node.op_type == "Attention" and node.domain == "com.microsoft"
+        if not (matmul or packed) or len(node.input) < 2 or node.input[1] not in inits:
             continue
         w = inits[node.input[1]]
         if len(w.dims) != 2 or w.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
@@ -386,14 +415,18 @@ class Quantized:
     `exact` (a grid it held, carried), `folded` (a float-minimum grid carried with its minimums
     folded; `fold`: the most and the rms a weight moved, in steps of its block's scale), `float` (one
     carried with float zero points; `fold` likewise), `ort` (ONNX
-    Runtime's quantizer) or `kept`), for the metadata and the report."""
+    Runtime's quantizer), `integer` (the integer form's DynamicQuantizeMatMul or QAttention, `op`;
+    `alpha`: its smoothing's, 0 for none) or `kept` (`why`: calibration's reason, where it chose)), for the
+    metadata and the report."""
 
     plan: Plan
     entries: list = field(default_factory=list)
+    calibration: dict | None = None  # the integer form's: what calibration measured (`Calibration.table`)
 
     def meta(self) -> str:
         return json.dumps({"plan": {**asdict(self.plan), "keep": [[g, asdict(r)] for g, r in self.plan.keep]},
-                           "matrices": self.entries}, sort_keys=True)
+                           "matrices": self.entries,
+                           **({"calibration": self.calibration} if self.calibration else {})}, sort_keys=True)
 
     def counts(self) -> dict:
         out: dict = {}
@@ -428,22 +461,44 @@ class Quantized:
         if floats:
             worst = max(f["max_steps"] for f in floats)
             parts.append(f"float-zero-point weights within {worst:.2g} of a step of the model's")
+        smoothed = sum(1 for e in self.entries if e.get("alpha"))
+        if smoothed:
+            parts.append(f"{smoothed} of them smoothed")
+        chosen = sum(1 for e in self.entries if e["how"] == "kept" and e.get("why"))
+        if chosen:
+            parts.append(f"{chosen} of the kept chosen by calibration")
         return f"{total} weight matrices: " + ", ".join(parts)
 
 
+@dataclass
+class Calibration:
+    """What calibration chose for the integer form (`calibrate.choose`): each matrix's smoothing
+    (node -> (alpha, s: (K,) float64 scales, the input's channel j divided by s_j; the matrices
+    that read one input hold the same array, and share its Mul)), the matrices
+    kept in float (node -> why), and the measurements behind the choice (`table`, for the record)."""
+
+    smoothing: dict = field(default_factory=dict)
+    kept: dict = field(default_factory=dict)
+    table: dict = field(default_factory=dict)
+
+
 def quantize(model: onnx.ModelProto, plan: Plan, layers: int, vocab: int | None = None,
-             weights: dict | None = None, tensors=None) -> Quantized:
+             weights: dict | None = None, tensors=None, calibration: Calibration | None = None) -> Quantized:
     """Replaces, in place, each constant weight matrix of a MatMul by MatMulNBits as `plan` says
     for its group: carried exactly where it holds a grid of the bits asked for, else through ONNX
     Runtime's quantizer. `weights` ({initializer: (K, N) float32}) are the matrices a graph exported
     in half stands for: a grid is looked for there (an fp16 initializer is its rounding), and the
     scales are written in the graph's float type. `tensors` (a GGUF source's `ggml.Tensors`): a
     matrix that is one of the file's tensors is carried from the file's own blocks where `bits`
-    hold them (`file_grid`), and its entry names the file's format. Returns what was done; `model`
-    gets the record (the export record's `precision`)."""
-    found = sites(model, vocab)
+    hold them (`file_grid`), and its entry names the file's format. The integer form
+    (`plan.kernel`) quantizes each matrix to DynamicQuantizeMatMul instead, smoothed and kept as
+    `calibration` says (`_integer`). Returns what was done; `model` gets the record (the export
+    record's `precision`)."""
+    found = sites(model, vocab, attention=plan.kernel == "integer")
     if not found:
         raise UsageError("the model has no MatMul with a constant weight matrix: there is nothing to quantize")
+    if plan.kernel == "integer":
+        return _integer(model, plan, layers, found, calibration or Calibration())
     inits = {i.name: i for i in model.graph.initializer}
     done = Quantized(plan)
     by_bits: dict[int, list[Site]] = {4: [], 8: []}
@@ -492,6 +547,12 @@ def quantize(model: onnx.ModelProto, plan: Plan, layers: int, vocab: int | None 
     for e in done.entries:
         if e["group"] == "head" and e["how"] == "exact" and e["bits"] == 8 and _embedding_from_head(model, e):
             e["embedding"] = "gathered from this matrix's blocks"
+    return _recorded(model, done)
+
+
+def _recorded(model: onnx.ModelProto, done: Quantized) -> Quantized:
+    """`done` written into `model`'s record once its unused float matrices are dropped and each
+    quantized matrix's tensors fingerprinted."""
     _drop_unused(model)
     _fingerprint(model, done)
     record = ExportRecord.of(model)
@@ -499,6 +560,87 @@ def quantize(model: onnx.ModelProto, plan: Plan, layers: int, vocab: int | None 
     replace(record, precision=done.meta(),
             params=as_json(_params_record(params, done, model)) if params is not None else None).write(model)
     return done
+
+
+def _integer(model: onnx.ModelProto, plan: Plan, layers: int, found: list[Site], calibration: Calibration) -> Quantized:
+    """The integer form: each matrix not kept (by `plan`'s groups or by `calibration`) replaced in
+    place by com.microsoft.DynamicQuantizeMatMul `{node}_Q8` (`int8_columns`: int8 per output
+    column, no zero point), after a Mul by its smoothing vector where calibration chose one (its
+    weight's rows multiplied by the scales before they are rounded; the matrices that read one input
+    share its vector and its Mul, the entry's `smooth`)."""
+    done = Quantized(plan, calibration=calibration.table or None)
+    inits = {i.name: i for i in model.graph.initializer}
+    chosen: dict[str, Site] = {}
+    for s in found:
+        if plan.rule_for(s.group, layers).bits == 0:
+            done.entries.append(_entry(s, 0, -1, "kept", 0))
+        elif s.node in calibration.kept:
+            done.entries.append({**_entry(s, 0, -1, "kept", 0), "why": calibration.kept[s.node]})
+        else:
+            chosen[s.node] = s
+    entries = {}
+    nodes, added = [], []
+    mul_of: dict[int, str] = {}  # one Mul a smoothing vector: the matrices that read one input share it
+    for node in model.graph.node:
+        s = chosen.get(node.name)
+        if s is None:
+            nodes.append(node)
+            continue
+        w = W.values(inits[s.weight]).astype(np.float32)
+        x = node.input[0]
+        entry = {**_entry(s, 8, 0, "integer", 0), "alpha": 0.0,
+                 "op": "QAttention" if node.op_type == "Attention" else "DynamicQuantizeMatMul"}
+        smooth = calibration.smoothing.get(s.node)
+        if smooth is not None:
+            alpha, scales = smooth
+            w = (w.astype(np.float64) * scales[:, None]).astype(np.float32)
+            if id(scales) not in mul_of:
+                inverse = numpy_helper.from_array((1 / scales).astype(np.float32), f"{s.weight}{SMOOTH}")
+                added.append(inverse)
+                nodes.append(helper.make_node("Mul", [x, inverse.name], [f"{node.name}{SMOOTH}"],
+                                              name=f"{node.name}{SMOOTH}"))
+                mul_of[id(scales)] = node.name
+            first = chosen[mul_of[id(scales)]]
+            x = f"{first.node}{SMOOTH}"
+            entry.update(alpha=float(alpha), smooth=f"{first.weight}{SMOOTH}")
+        q, scale = int8_columns(w)
+        added += [numpy_helper.from_array(q, f"{s.weight}_Q8"), numpy_helper.from_array(scale, f"{s.weight}_scales")]
+        if node.op_type == "Attention":  # its input quantized once, the projections and attention one kernel
+            xq = f"{node.name}_Q8_input"
+            nodes.append(helper.make_node("DynamicQuantizeLinear", [x], [xq, f"{xq}_scale", f"{xq}_zero_point"],
+                                          name=xq))
+            rest = list(node.input[2:]) + [""] * (4 - len(node.input))
+            nodes.append(helper.make_node(
+                "QAttention", [xq, f"{s.weight}_Q8", rest[0], f"{xq}_scale", f"{s.weight}_scales", rest[1],
+                               f"{xq}_zero_point"], list(node.output), name=f"{node.name}_Q8", domain="com.microsoft",
+                **{a.name: helper.get_attribute_value(a) for a in node.attribute
+                   if a.name in ("num_heads", "unidirectional")}))
+        else:
+            nodes.append(helper.make_node("DynamicQuantizeMatMul", [x, f"{s.weight}_Q8", f"{s.weight}_scales"],
+                                          [node.output[0]], name=f"{node.name}_Q8", domain="com.microsoft"))
+        entries[s.node] = entry
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.graph.initializer.extend(added)
+    _ensure_domain(model)
+    done.entries += entries.values()
+    order = {s.node: i for i, s in enumerate(found)}
+    done.entries.sort(key=lambda e: order[e["node"]])
+    return _recorded(model, done)
+
+
+def int8_columns(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(K, N) float32 -> ((K, N) int8 codes, (N,) float32 scales): each column rounded by ONNX
+    Runtime's quantizer (`quant_utils.quantize_data`, symmetric int8: its largest magnitude is 127
+    steps, zero point 0), as its dynamic quantizer rounds a MatMul's weight per channel."""
+    from onnxruntime.quantization.quant_utils import quantize_data
+
+    q = np.empty(w.shape, np.int8)
+    scales = np.empty(w.shape[1], np.float32)
+    for j in range(w.shape[1]):
+        _, scale, q[:, j] = quantize_data(np.ascontiguousarray(w[:, j]), onnx.TensorProto.INT8, True)
+        scales[j] = scale
+    return q, scales
 
 
 def _params_record(record: dict, done: Quantized, model) -> dict:
@@ -857,8 +999,20 @@ def record_of(model: onnx.ModelProto) -> dict | None:
 
 
 def _nbits_node(model, entry: dict):
+    """The quantized entry's node: its MatMulNBits, or the integer form's DynamicQuantizeMatMul."""
     name = f"{entry['node']}_Q{entry['bits']}"
-    return next((n for n in model.graph.node if n.op_type == "MatMulNBits" and n.name == name), None)
+    ops = INTEGER_OPS if entry["how"] == "integer" else ("MatMulNBits",)
+    return next((n for n in model.graph.node if n.op_type in ops and n.name == name), None)
+
+
+def _integer_matrix(node, entry: dict, inits: dict) -> np.ndarray:
+    """The (K, N) float32 matrix an integer entry computes with: its codes times their column's
+    scale (symmetric: no zero point), each row divided by its smoothing scale."""
+    codes, scales = (node.input[i] for i in _CODES_AND_SCALES[node.op_type])
+    w = W.values(inits[codes]).astype(np.float32) * W.values(inits[scales]).astype(np.float32).reshape(1, -1)
+    if entry.get("smooth"):
+        w = w * W.values(inits[entry["smooth"]]).astype(np.float32)[:, None]
+    return w.astype(np.float32)
 
 
 def matrix(model: onnx.ModelProto, entry: dict, inits: dict | None = None) -> np.ndarray | None:
@@ -869,6 +1023,11 @@ def matrix(model: onnx.ModelProto, entry: dict, inits: dict | None = None) -> np
     node = _nbits_node(model, entry)
     if node is None:
         return None
+    if entry["how"] == "integer":
+        try:
+            return _integer_matrix(node, entry, inits)
+        except KeyError:
+            return None
     bits, block, k, n = entry["bits"], int(_attr(node, "block_size")), entry["k"], entry["n"]
     rows = int(_attr(node, "K", k))  # K, or K + K/block for a folded grid
     blocks = -(-rows // block)
@@ -904,6 +1063,9 @@ def _residual_steps(model, entry: dict, inits: dict) -> np.ndarray:
 
 def _tensors_of(model, entry: dict) -> list[str]:
     node = _nbits_node(model, entry)
+    if node is not None and entry["how"] == "integer":  # its codes, scales and smoothing vector
+        return [node.input[i] for i in _CODES_AND_SCALES[node.op_type]] + \
+            ([entry["smooth"]] if entry.get("smooth") else [])
     names = [i for i in node.input[1:] if i] if node is not None else []
     if node is not None and entry["how"] == "folded":  # the 0/1 matrix that sums its input's blocks
         names += [n.input[1] for n in model.graph.node if n.output and n.output[0] == f"{node.input[0]}_sums"]
@@ -1010,9 +1172,25 @@ QUANTIZED = tuple(name for name, p in TABLE.items() if p.bits)
 
 def plan_for(precision: str, block: int | None = None, accuracy: int | None = None, keep: str | None = None,
              symmetric: bool | None = None, carry: bool | None = None, minimums: str | None = None,
-             widen: bool | None = None) -> Plan:
+             widen: bool | None = None, kernel: str | None = None) -> Plan:
     """The plan of `--precision` with `--block-size`, `--accuracy-level`, `--keep`, `--symmetric`,
-    `--requantize`, `--minimums` and `--file-widths/--asked-width` applied; a UsageError names a bad value."""
+    `--requantize`, `--minimums`, `--file-widths/--asked-width` and `--int8-kernel` applied; a
+    UsageError names a bad value. The options of MatMulNBits's blocks (`--block-size`,
+    `--accuracy-level`, `--symmetric`, `--minimums`) choose the blockwise form where `--int8-kernel`
+    is not given, and are refused beside `--int8-kernel integer`."""
+    blockwise = {"--block-size": block, "--accuracy-level": accuracy, "--symmetric/--asymmetric": symmetric,
+                 "--minimums": minimums}
+    given = [k for k, v in blockwise.items() if v is not None]
+    if kernel is not None and kernel not in KERNELS:
+        raise UsageError(f"--int8-kernel is one of {', '.join(KERNELS)}, got {kernel!r}")
+    if kernel == "integer" and precision != "int8":
+        raise UsageError(f"--int8-kernel integer goes with --precision int8 (DynamicQuantizeMatMul holds 8 bits), "
+                         f"not {precision}")
+    if kernel == "integer" and given:
+        raise UsageError(f"{', '.join(given)} set MatMulNBits's blocks: they go with --int8-kernel blockwise, "
+                         "not integer (one int8 scale per output column)")
+    if kernel is None and given:
+        kernel = "blockwise"
     if precision not in QUANTIZED:
         raise UsageError(f"--precision {precision} quantizes nothing: --block-size, --accuracy-level, --keep, "
                          f"--symmetric and --requantize go with {' or '.join(QUANTIZED)}")
@@ -1027,14 +1205,16 @@ def plan_for(precision: str, block: int | None = None, accuracy: int | None = No
     return Plan(bits=base.bits, block=block or base.block, accuracy=base.accuracy if accuracy is None else accuracy,
                 symmetric=base.symmetric if symmetric is None else symmetric,
                 keep=base.keep if keep is None else parse_keep(keep), carry=base.carry if carry is None else carry,
-                minimums=minimums or base.minimums, widen=base.widen if widen is None else widen)
+                minimums=minimums or base.minimums, widen=base.widen if widen is None else widen,
+                kernel=kernel if kernel is not None else base.kernel)
 
 
 def unfaithful(before: dict, model: onnx.ModelProto, record: dict | None = None) -> list[str]:
     """The quantized matrices that are not a quantization of the float matrices they replaced
     (`before`: {weight initializer: (K, N) array}): a carried grid must give back every weight bit
     for bit, a folded one every weight within half a step of its residual block's scale, ONNX
-    Runtime's rounding every weight within one step of its block's scale. Scales held in fp16 (a
+    Runtime's rounding every weight within one step of its block's scale, an integer entry's
+    within half a step of its column's (over its row's smoothing scale). Scales held in fp16 (a
     q4f16 graph) add their own rounding: a folded residual's, and that of the fp16 matrix ONNX
     Runtime rounded. Each problem in a few words, by node."""
     record = record if record is not None else record_of(model)
@@ -1071,6 +1251,17 @@ def unfaithful(before: dict, model: onnx.ModelProto, record: dict | None = None)
                 bad.append(f"{e['node']}: float zero points, but {over} weight(s) further from the "
                            f"float weight than the zero point's rounding (max error {err.max():.3g})")
             continue
+        if e["how"] == "integer":
+            # half a step of its column's scale, divided by the row's smoothing scale (ONNX Runtime's
+            # rounding to nearest of the smoothed weight), and float32's rounding
+            scale = np.abs(W.values(inits[node.input[_CODES_AND_SCALES[node.op_type][1]]]).astype(np.float64))
+            scale = scale.reshape(1, -1)
+            rows = np.abs(W.values(inits[e["smooth"]]).astype(np.float64))[:, None] if e.get("smooth") else 1.0
+            over = _outside(err, 0.5 * scale * rows * (1 + 1e-6), w, got)
+            if over is not None:
+                bad.append(f"{e['node']}: {over} weight(s) more than half a step of their column's scale from "
+                           f"the float weight (max error {err.max():.3g})")
+            continue
         if e["how"] == "exact":
             if err.max() > 0:
                 bad.append(f"{e['node']}: carried as exact but {int((err > 0).sum())} weight(s) differ (max "
@@ -1096,15 +1287,51 @@ def _outside(err: np.ndarray, margin: np.ndarray, w: np.ndarray, got: np.ndarray
 
 def float_activations(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of a quantized model with every MatMulNBits at accuracy level 0 (float activations; in
-    an If's branches too): it computes with exactly the weights the file holds, so it is checked
-    against them in float64 with fp32's budget."""
+    an If's branches too) and every DynamicQuantizeMatMul a MatMul by its dequantized weights: it
+    computes with exactly the weights the file holds, so it is checked against them in float64 with
+    fp32's budget."""
     twin = onnx.ModelProto()
     twin.CopyFrom(model)
 
     for node in all_nodes(twin.graph):
         if node.op_type == "MatMulNBits":
             _set_attr(node, "accuracy_level", 0)
+    _float_integer(twin.graph)
     return twin
+
+
+def _float_integer(graph) -> None:
+    """Each DynamicQuantizeMatMul of `graph` as a MatMul by its weights dequantized
+    (DequantizeLinear along the output axis), each QAttention as the Attention it was, reading the
+    float input its DynamicQuantizeLinear read: the same weights, float activations."""
+    quantizing = {n.output[0]: n for n in graph.node if n.op_type == "DynamicQuantizeLinear"}
+    read = {n.input[0] for n in graph.node if n.op_type == "QAttention"}
+    nodes = []
+    for node in graph.node:
+        if node.op_type == "DynamicQuantizeLinear" and node.output[0] in read:
+            continue  # its QAttention reads the float input instead
+        if node.op_type == "QAttention":
+            weight = f"{node.name}_dequantized"
+            nodes.append(helper.make_node("DequantizeLinear", [node.input[1], node.input[4]], [weight], name=weight,
+                                          axis=1))
+            x = quantizing[node.input[0]].input[0]
+            mask = node.input[5] if len(node.input) > 5 else ""
+            nodes.append(helper.make_node("Attention", [x, weight, node.input[2]] + ([mask] if mask else []),
+                                          list(node.output), name=f"{node.name}_float", domain="com.microsoft",
+                                          **{a.name: helper.get_attribute_value(a) for a in node.attribute}))
+            continue
+        if node.op_type != "DynamicQuantizeMatMul":
+            nodes.append(node)
+            continue
+        weight = f"{node.name}_dequantized"
+        inputs = [node.input[1], node.input[2]] + ([node.input[3]] if len(node.input) > 3 and node.input[3] else [])
+        nodes.append(helper.make_node("DequantizeLinear", inputs, [weight], name=weight, axis=1))
+        out = node.output[0] if len(node.input) < 5 or not node.input[4] else f"{node.name}_unbiased"
+        nodes.append(helper.make_node("MatMul", [node.input[0], weight], [out], name=f"{node.name}_float"))
+        if out != node.output[0]:
+            nodes.append(helper.make_node("Add", [out, node.input[4]], [node.output[0]], name=f"{node.name}_bias"))
+    del graph.node[:]
+    graph.node.extend(nodes)
 
 
 # --- which runtimes run a model of a precision ---------------------------------------------------

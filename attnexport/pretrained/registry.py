@@ -64,6 +64,8 @@ class Family:
     optimum_task: ClassVar[str] = ""
     # What a source folder of its own (`reads`) is, in a refusal ("" where it reads none).
     own_source: ClassVar[str] = ""
+    # How `--precision int8` runs its matrices unless `--int8-kernel` says (`precision.KERNELS`).
+    int8_kernel: ClassVar[str] = "blockwise"
 
     # --- what a family is ---------------------------------------------------------------------
 
@@ -172,6 +174,13 @@ class Family:
 
     def client_rows(self, ctx) -> None:
         """The rows of its clients loading the deployment folder."""
+
+    def calibration(self, layout, tokenizer):
+        """The integer int8 form's calibration (`calibrate.choose`): (the step's feeds of text the
+        family owns, never the text verify judges; cost(want, got): its measure of the step's
+        outputs, a list of {output: array} a feed each, against the model's own; the whole graph's
+        cost to stay under), or None where the family has none (each matrix quantized as it is)."""
+        return None
 
     def budget(self, text: str | None):
         """The budget of a lossy export of this family, with `--budget KEY=VALUE,...` applied (a key

@@ -138,7 +138,8 @@ def missing_ops(name: str, model: onnx.ModelProto) -> list[str]:
     what of it is missing; subgraphs' too): its adapter's own list where it keeps one (onnx's reference evaluator
     knows the standard ops and the com.microsoft ones attnexport gives it, not MatMulNBits), and what
     its registry line says its kernels do not take: MatMulNBits widths (WebGPU's: 2 and 4 bits), an
-    attention's padding mask (an encoder's ort flavour: `fusions.encoder`; WebGPU's take none)."""
+    attention's padding mask (an encoder's ort flavour: `fusions.encoder`; WebGPU's take none), the
+    integer int8 form's DynamicQuantizeMatMul (none on CUDA or WebGPU)."""
     adapter = _adapter(name)
     if hasattr(adapter, "missing_ops"):
         return adapter.missing_ops(model)
@@ -155,4 +156,8 @@ def missing_ops(name: str, model: onnx.ModelProto) -> list[str]:
     if not runtime.padding_mask:
         missing += [f"com.microsoft.{op} with a padding mask (its kernel takes none: export the attention flavour)"
                     for op in sorted(masked)]
+    integer = sorted({n.op_type for n in nodes if n.op_type in ("DynamicQuantizeMatMul", "QAttention")})
+    if not runtime.integer_int8 and integer:
+        missing.append(f"com.microsoft.{' and '.join(integer)} on its device (it would run them on the CPU: export "
+                       "--int8-kernel blockwise)")
     return missing

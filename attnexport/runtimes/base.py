@@ -34,6 +34,10 @@ class Runtime:
     # Its com.microsoft.Attention and MultiHeadAttention kernels take a padding mask (mask_index,
     # key_padding_mask); onnxruntime-web 1.30's WebGPU ones refuse it ("Mask not supported").
     padding_mask: bool = True
+    # It has a kernel of its own for com.microsoft.DynamicQuantizeMatMul (the integer int8 form):
+    # ONNX Runtime's CPU build and onnxruntime-web's WASM one do; its CUDA and WebGPU providers
+    # have none, and would run each on the CPU.
+    integer_int8: bool = True
     provider: str = ""  # the ONNX Runtime execution provider the `ort` adapter gives its sessions
     # Its session binds inputs and outputs to buffers of its own (ONNX Runtime's IO binding): bench
     # binds a static cache's buffers in place, and on CUDA every input and output on the device.
@@ -46,12 +50,12 @@ REGISTRY = {r.name: r for r in (
     Runtime("onnx-ref", "onnx", "cpu", "reference", default=True, timed=False),
     Runtime("ort-cpu", "onnx", "cpu", "ort", default=True, timed=True, provider="CPUExecutionProvider", binds=True),
     Runtime("ort-cuda", "onnx", "cuda", "ort", default=True, timed=True, accelerated=True,
-            provider="CUDAExecutionProvider", binds=True),
+            provider="CUDAExecutionProvider", binds=True, integer_int8=False),
     # ONNX Runtime where apps deploy it, through one JavaScript process; started when named.
     Runtime("ort-node", "onnx", "cpu", "js", default=False, timed=True),
     Runtime("ort-wasm", "onnx", "cpu", "js", default=False, timed=True),
     Runtime("ort-webgpu", "onnx", "gpu", "js", default=False, timed=True, accelerated=True, nbits=(2, 4),
-            padding_mask=False),
+            padding_mask=False, integer_int8=False),
 )}
 RUNTIMES = tuple(REGISTRY)
 ONNX_RUNTIMES = tuple(n for n, r in REGISTRY.items() if r.runs == "onnx")

@@ -45,7 +45,11 @@ def fused_reference_ops() -> list:
     com.microsoft.RotaryEmbedding (rotate-half: the cos and sin tables gathered at the position
     ids), and an encoder's: com.microsoft.SkipLayerNormalization (a layer norm of input + skip +
     bias, which it also returns), com.microsoft.BiasGelu (the exact, erf GELU of input + bias) and
-    com.microsoft.Attention (its projections packed in one matrix; the subset attnexport emits)."""
+    com.microsoft.Attention (its projections packed in one matrix; the subset attnexport emits); and
+    the integer int8 form's com.microsoft.DynamicQuantizeMatMul (`attnexport.pretrained.precision`:
+    ONNX's DynamicQuantizeLinear of the input, its integer product with the int8 weight, times
+    both scales) and com.microsoft.QAttention (an input quantized so, its packed projections
+    likewise, then Attention's)."""
     from onnx.reference.op_run import OpRun
 
     class SkipSimplifiedLayerNormalization(OpRun):
@@ -106,7 +110,41 @@ def fused_reference_ops() -> list:
             out = _attend(q, k, v, num_heads, scale, mask_index, attention_bias, mask_filter_value)
             return (out.astype(x.dtype),)
 
-    return [SkipSimplifiedLayerNormalization, RotaryEmbedding, SkipLayerNormalization, BiasGelu, Attention]
+    class DynamicQuantizeMatMul(OpRun):
+        op_domain = "com.microsoft"
+
+        def _run(self, a, b, b_scale, b_zero_point=None, bias=None):
+            x = a.astype(np.float64)
+            lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+            scale = np.float32((hi - lo) / 255)
+            if scale == 0:
+                y = np.zeros((*a.shape[:-1], b.shape[-1]), np.float64)
+            else:
+                zero = np.clip(np.rint(-lo / scale), 0, 255)
+                q = np.clip(np.rint(a / scale) + zero, 0, 255) - zero  # half to even, as ONNX rounds
+                wq = b.astype(np.float64) - (b_zero_point.astype(np.float64) if b_zero_point is not None else 0)
+                # integers in float64: every sum of K products of at most 255 x 255 is exact below 2^53
+                y = (q.astype(np.float64) @ wq) * float(scale) * b_scale.astype(np.float64)
+            return ((y + (bias if bias is not None else 0)).astype(a.dtype),)
+
+    class QAttention(OpRun):
+        op_domain = "com.microsoft"
+
+        def _run(self, x, weight, bias, input_scale, weight_scale, mask_index=None, input_zero_point=None,
+                 weight_zero_point=None, past=None, num_heads=None, unidirectional=0, **unused):
+            if past is not None or unidirectional:
+                raise NotImplementedError("QAttention with a cache or a causal mask (attnexport's exports have none)")
+            xz = input_zero_point.astype(np.float64) if input_zero_point is not None else 0.0
+            wz = weight_zero_point.astype(np.float64) if weight_zero_point is not None else 0.0
+            # the integer product in float64 (exact), then both scales, then the float attention
+            qkv = ((x.astype(np.float64) - xz) @ (weight.astype(np.float64) - wz)) * \
+                float(input_scale) * weight_scale.astype(np.float64) + bias
+            q, k, v = np.split(qkv, 3, axis=-1)
+            out = _attend(q, k, v, num_heads, None, mask_index, None, -10000.0)
+            return (out.astype(np.float32),)
+
+    return [SkipSimplifiedLayerNormalization, RotaryEmbedding, SkipLayerNormalization, BiasGelu, Attention,
+            DynamicQuantizeMatMul, QAttention]
 
 
 def _attend(q, k, v, heads: int, scale, key_padding_mask, attention_bias, mask_filter_value) -> np.ndarray:

@@ -355,6 +355,9 @@ def export_graphs(request, m: Model, params_source: str, precisions: tuple) -> G
         raise UsageError(f"{m.title} model exports in {', '.join(precisions[:-1])} or {precisions[-1]} (--precision), "
                          f"not {r.precision if r.dtype == 'fp32' else r.dtype}")
     plan = (r.plan or P.TABLE[r.precision].plan) if r.precision in P.QUANTIZED else None
+    if plan is not None and plan.kernel == "integer":
+        raise UsageError(f"--int8-kernel integer is calibrated on a family's own text, which sentence encoders have; "
+                         f"{m.title} int8 is the blockwise form (MatMulNBits)")
     deploy = F.deploy_target(Path(r.deploy))
     if static and len(m.start) + len(m.check_tokens()) > r.max_seq:
         raise UsageError(f"--max-seq {r.max_seq}: the export's checks write "

@@ -34,6 +34,8 @@ class SentenceEncoder(registry.Family):
     clients = ("sentence-transformers", "optimum", "transformers.js")
     fuses_encoder_layers = True
     optimum_task = "feature-extraction"
+    # DynamicQuantizeMatMul: ONNX Runtime's integer GEMM, for many rows (docs/encoders.md measures both).
+    int8_kernel = "integer"
 
     def form(self, name: str) -> FM.CacheForm:
         if name not in self.forms:
@@ -72,6 +74,10 @@ class SentenceEncoder(registry.Family):
         tokenizer), tokenizer_config.json's model_max_length (transformers' and Optimum's tokenizer,
         transformers.js' pipeline) and sentence_bert_config.json's max_seq_length (sentence-transformers)."""
         E.state_max_length(folder, E.max_length(source, layout.max_seq))
+
+    def calibration(self, layout, tokenizer):
+        """`measures.calibration`: the calibration passage's sentences, their embeddings' lowest cosine."""
+        return E.calibration(layout, tokenizer)
 
     def budget(self, text):
         """An encoder's budget is its file's precision's (`measures.budget_for`), with `--budget

@@ -154,3 +154,57 @@ def state_max_length(folder: Path, length: int) -> None:
             config = json.loads(path.read_text())
             config[key] = length
             path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+# What the integer int8 form is calibrated on (`calibration`): none of `sentences()`, and not about
+# attnexport, but the kinds of text a search index holds (questions, support tickets, code and
+# identifiers, numbers, short phrases), in batches as apps embed them.
+CALIBRATION = (
+    "How do I reset my password if I no longer have access to my email?",
+    "The invoice dated 14 March 2024 lists 3 items totalling $1,249.50.",
+    "Error: connection refused (ECONNREFUSED 127.0.0.1:5432) after upgrading PostgreSQL.",
+    "def merge_sorted(a, b): return sorted(a + b)",
+    "Shipping to Canada takes five to seven business days.",
+    "Why does my laptop fan run at full speed while idle?",
+    "The museum opens at 9 a.m. on weekdays and closes early on public holidays.",
+    "kubectl get pods --namespace=prod shows two pods in CrashLoopBackOff.",
+    "Photosynthesis turns light, water and carbon dioxide into sugar and oxygen.",
+    "refund policy",
+    "best hiking trails near Lake Geneva",
+    "The quarterly report shows revenue up 12% year over year, driven by the EU market.",
+    "Can I bring a stroller on the train during rush hour?",
+    "Set the environment variable OMP_NUM_THREADS=4 before starting the service.",
+    "The recipe calls for 200 g of flour, two eggs and a pinch of salt.",
+    "GPU memory usage",
+    "A rolling update replaces instances one at a time so the service stays available.",
+    "She moved to Lisbon in 2019 and now teaches Portuguese to new arrivals.",
+    "What is the difference between a mutex and a semaphore?",
+    "The contract may be terminated by either party with 30 days' written notice.",
+    "SELECT name, COUNT(*) FROM orders GROUP BY name HAVING COUNT(*) > 10;",
+    "Heavy rain is expected tonight, with winds gusting up to 80 km/h on the coast.",
+    "my order never arrived",
+    "The library's API returns a 429 status when the rate limit is exceeded.",
+)
+# The calibration's batches, as `check.EMBED_BATCH` embeds verify's sentences.
+CALIBRATION_BATCH = 8
+# The share of the int8 budget's 1 - cosine the integer form's calibration keeps its own text under:
+# the calibration sentences are not the ones verify judges.
+CALIBRATION_SHARE = 0.25
+
+
+def calibration(layout, tokenizer) -> tuple[list[dict], object, float]:
+    """The integer int8 form's calibration (`registry.Family.calibration`): `CALIBRATION`'s
+    sentences in padded batches of `CALIBRATION_BATCH`. The cost: 1 - the lowest cosine of their
+    sentence embeddings; the target: `CALIBRATION_SHARE` of the int8 budget's (the calibration text cost
+    MiniLM about 0.4x what verify's sentences do: docs/encoders.md)."""
+    texts = list(CALIBRATION)
+    feeds = [encoded(tokenizer, texts[i:i + CALIBRATION_BATCH], layout.max_seq, layout.inputs)
+             for i in range(0, len(texts), CALIBRATION_BATCH)]
+
+    def cost(want: list[dict], got: list[dict]) -> float:
+        a = np.concatenate([w["sentence_embedding"] for w in want]).astype(np.float64)
+        b = np.concatenate([g["sentence_embedding"] for g in got]).astype(np.float64)
+        cos = (a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-30)
+        return float(1 - cos.min()) if np.isfinite(cos).all() else float("inf")
+
+    return feeds, cost, CALIBRATION_SHARE * (1 - RT.budget_for("int8").cosine)
