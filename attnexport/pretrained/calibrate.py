@@ -81,7 +81,8 @@ def choose(wrapper, onnx_model, found: list, feeds: list[dict], outputs: list[st
         s_ = scales(maxima[group[0].node], rows, alpha) if alpha else None
         out = {}
         for s in group:
-            q, step = P.int8_columns((weights[s.node] * s_[:, None]).astype(np.float32) if alpha else weights[s.node])
+            w = weights[s.node] if s_ is None else (weights[s.node] * s_[:, None]).astype(np.float32)
+            q, step = P.int8_columns(w)
             out[s.node] = q.astype(np.float32) * step
         return s_, out
 
@@ -90,9 +91,10 @@ def choose(wrapper, onnx_model, found: list, feeds: list[dict], outputs: list[st
         for s in group:
             stack.enter_context(_as_integer(linears[s.node], ws[s.node], s_))
 
-    table, chosen = [], {}
+    table: list[dict] = []
+    chosen = {}
     for x, group in readers.items():
-        row = {"input": x, "nodes": [s.node for s in group], "group": group[0].group}
+        row: dict = {"input": x, "nodes": [s.node for s in group], "group": group[0].group}
         for alpha in ALPHAS:
             with contextlib.ExitStack() as stack:
                 emulated(stack, group, held(group, alpha))
@@ -103,7 +105,7 @@ def choose(wrapper, onnx_model, found: list, feeds: list[dict], outputs: list[st
         table.append(row)
         chosen[x] = held(group, row["alpha"])
     kept: dict[str, str] = {}
-    whole = []
+    whole: list[dict] = []
     for r in sorted(table, key=lambda r: -r["cost"])[:max(1, int(LIMIT * len(table)))] + [None]:
         with contextlib.ExitStack() as stack:
             for x, group in readers.items():

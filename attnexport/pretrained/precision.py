@@ -582,10 +582,11 @@ def _integer(model: onnx.ModelProto, plan: Plan, layers: int, found: list[Site],
     nodes, added = [], []
     mul_of: dict[int, str] = {}  # one Mul a smoothing vector: the matrices that read one input share it
     for node in model.graph.node:
-        s = chosen.get(node.name)
-        if s is None:
+        site = chosen.get(node.name)
+        if site is None:
             nodes.append(node)
             continue
+        s = site
         w = W.values(inits[s.weight]).astype(np.float32)
         x = node.input[0]
         entry = {**_entry(s, 8, 0, "integer", 0), "alpha": 0.0,
