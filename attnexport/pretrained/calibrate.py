@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from attnexport import weights as W
 from attnexport.pretrained import emulate
 from attnexport.pretrained import precision as P
 
@@ -55,8 +56,6 @@ def choose(wrapper, onnx_model, found: list, feeds: list[dict], outputs: list[st
     `cost(want, got)` the family's measure of outputs, `target` the whole graph's cost to stay
     under."""
     import torch
-
-    from attnexport import weights as W
 
     inits = {i.name: i for i in onnx_model.graph.initializer}
     modules = dict(wrapper.named_modules())
