@@ -170,7 +170,8 @@ EXPORT = (
                       "for a language model's few rows a step) or integer (DynamicQuantizeMatMul: int8 weights per "
                       "column, uint8 activations per tensor, ONNX Runtime's integer GEMM for many rows; smoothed "
                       "and with its costliest matrices in float as calibration chooses). Default: the family's "
-                      "(encoders integer, the rest blockwise; MatMulNBits's options choose blockwise)."),
+                      "(sentence encoders integer; Whisper's encoder integer, its decoder blockwise; the rest "
+                      "blockwise; MatMulNBits's options choose blockwise)."),
     click.Option(["--json", "as_json"], is_flag=True, help="Print the result as JSON."),
 )
 
@@ -255,6 +256,9 @@ BENCH = (
     click.Option(["--precision", "precisions_text"], default=None, metavar="P,...",
                  help="With --hf: attnexport's precisions to time (fp32, fp16, int8, int4, q4f16; default fp32, an "
                       "encoder's fp32,int8), each beside its accuracy."),
+    click.Option(["--int8-kernel", "int8_kernels_text"], default=None, metavar="K,...",
+                 help="With --hf and a Whisper model: the int8 forms to time (blockwise, integer, or both separated "
+                      "by a comma; default: the family's), each an export of its own beside its accuracy."),
     click.Option(["--genai-precision", "genai_precisions_text"], default=None, metavar="P,...",
                  help="With --hf: onnxruntime-genai builder's precisions to time (its -p: fp32, int4; default fp32)."),
     click.Option(["--input", "input_specs"], multiple=True, metavar="NAME:SHAPE[:DTYPE]",

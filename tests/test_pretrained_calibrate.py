@@ -140,3 +140,39 @@ def test_the_kernels_are_computed_as_onnx_runtime_computes_them():
     exact = a.astype(np.float64) @ (q * scale).astype(np.float64)
     assert np.abs(ref - y).max() <= 1e-4 * np.abs(exact).max()
     assert np.abs(y - exact).max() <= 0.02 * np.abs(exact).max()
+
+
+def test_the_float_twin_computes_with_the_files_weights_in_an_ifs_branches_too():
+    # The twin every quantized graph is checked through (`float_activations`): each DynamicQuantizeMatMul
+    # a MatMul by its decoded weights, within an If's branches too (a merged decoder's two steps), and
+    # nothing ONNX Runtime's optimizer turns back into integer kernels (a DequantizeLinear before a
+    # MatMul is fused so): fed activations with wide channels, it is the float product, where the
+    # quantized graph is a step of the input's grid away.
+    rng = np.random.default_rng(4)
+    a = (rng.standard_normal((1, 64, 16)) * np.linspace(0.1, 30, 16)).astype(np.float32)
+    weights = [rng.standard_normal((16, 8)).astype(np.float32) for _ in range(2)]
+    grids = [P.int8_columns(w) for w in weights]
+    inits = [t for i, (q, s) in enumerate(grids) for t in (numpy_helper.from_array(q, f"q{i}"),
+                                                           numpy_helper.from_array(s, f"s{i}"))]
+
+    def branch(i):
+        node = helper.make_node("DynamicQuantizeMatMul", ["a", f"q{i}", f"s{i}"], [f"y{i}"], name=f"m{i}",
+                                domain="com.microsoft")
+        return helper.make_graph([node], f"b{i}", [], [helper.make_tensor_value_info(f"y{i}", onnx.TensorProto.FLOAT,
+                                                                                      None)])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=branch(0), else_branch=branch(1))], "g",
+        [helper.make_tensor_value_info("a", onnx.TensorProto.FLOAT, [1, 64, 16]),
+         helper.make_tensor_value_info("c", onnx.TensorProto.BOOL, [1])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], inits)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=9)
+    twin = P.float_activations(model)
+    assert not [n for g in P._graphs(twin.graph) for n in g.node if n.op_type == "DynamicQuantizeMatMul"]
+    run = ort.InferenceSession(twin.SerializeToString(), providers=["CPUExecutionProvider"]).run
+    quantized = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run
+    for i, c in enumerate((True, False)):
+        exact = a.astype(np.float64) @ (grids[i][0] * grids[i][1]).astype(np.float64)
+        feed = {"a": a, "c": np.array([c])}
+        assert np.abs(run(None, feed)[0] - exact).max() <= 1e-5 * np.abs(exact).max()
+        assert np.abs(quantized(None, feed)[0] - exact).max() > 1e-3 * np.abs(exact).max()  # the file's own rounding

@@ -20,12 +20,13 @@ from attnexport.pretrained.whisper import export as S  # noqa: E402
 
 def test_bench_times_each_engine_beside_its_transcript(whisper_folder, tmp_path):
     clip = wav(tmp_path / "clip.wav", S.check_audio(2.0, seed=5))
-    r = cli("bench", "--hf", whisper_folder(), "--audio", clip, "--flavor", "attention", "--precision", "fp32",
-            "--iters", "2", "--warmup", "0", "--threads", "1", "--json")
+    r = cli("bench", "--hf", whisper_folder(), "--audio", clip, "--flavor", "attention", "--precision", "fp32,int8",
+            "--int8-kernel", "integer", "--iters", "2", "--warmup", "0", "--threads", "1", "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output[r.output.index('{"rows"'):])  # after what Optimum's exporter logs
     rows = {(row["engine"], row["precision"]): row for row in doc["rows"]}
-    assert {("transformers", "fp32"), ("attnexport", "fp32")} <= set(rows)
+    assert {("transformers", "fp32"), ("attnexport", "fp32"), ("attnexport", "int8")} <= set(rows)
+    assert rows[("attnexport", "int8")]["kernel"] == "integer" and rows[("attnexport", "fp32")]["kernel"] == ""
     ours = rows[("attnexport", "fp32")]
     assert ours["equal"] and ours["agreement"] == 1.0 and ours["word_error_rate"] == 0.0
     for row in rows.values():
@@ -55,3 +56,7 @@ def test_bench_refuses_what_a_speech_model_does_not_take(whisper_folder):
     r = cli("bench", "--hf", whisper_folder(), "--decode")
     assert r.exit_code == 2 and "--decode: bench --hf of a Whisper model" in r.output and "takes --audio" in r.output
     assert SB.is_speech(whisper_folder()) and not SB.is_speech(whisper_folder().parent)
+    for args, said in ((("--precision", "fp32", "--int8-kernel", "integer"), "goes with --precision int8"),
+                       (("--precision", "int8", "--int8-kernel", "fast"), "--int8-kernel takes blockwise, integer")):
+        r = cli("bench", "--hf", whisper_folder(), *args)
+        assert r.exit_code == 2 and said in r.output and len(r.output.strip().splitlines()) == 1

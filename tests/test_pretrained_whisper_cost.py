@@ -1,6 +1,7 @@
 """A quantized or half Whisper export (`export --hf WHISPER --deploy FOLDER --precision int8|fp16`) of a
-small random model written as a CTranslate2 folder: its matrices as MatMulNBits in every graph (the
-tied head too, the embedding still gathering the float table), each graph checked before writing
+small random model written as a CTranslate2 folder: int8's encoder matrices on DynamicQuantizeMatMul,
+the decoder's as MatMulNBits (the tied head too, the embedding still gathering the float table; the
+blockwise form's encoder too), each graph checked before writing
 against the model with the file's weights (fp16: every float in half, checked within fp16's
 budget), and verify judging what the folder costs in transcripts against the speech budget
 (teacher-forced KL and top-1, the greedy transcripts' tokens and word error rate). int4 is int8's
@@ -30,20 +31,38 @@ def int8_folder(whisper_folder, tmp_path_factory):
     return out, json.loads(r.output[r.output.index("{"):])
 
 
-def test_int8_holds_every_matrix_as_matmulnbits_and_checks_each_graph_with_its_weights(int8_folder):
+def test_int8_runs_the_encoder_on_integer_gemm_the_decoder_on_matmulnbits_each_graph_checked_with_its_weights(
+        int8_folder):
     folder, doc = int8_folder
+    encoder = onnx.load(folder / "onnx" / "encoder_model.onnx")
+    ops = [n.op_type for n in encoder.graph.node]
+    # 2 layers of q, k, v, out, fc1, fc2: int8 per column, uint8 activations per tensor
+    assert ops.count("DynamicQuantizeMatMul") == 2 * 6 and "MatMul" not in ops and "MatMulNBits" not in ops
+    record = P.record_of(encoder)
+    assert record["plan"]["kernel"] == "integer" and {e["how"] for e in record["matrices"]} == {"integer"}
+    assert "not calibrated" in " ".join(doc["notes"])
     decoder = onnx.load(folder / "onnx" / "decoder_model_merged.onnx")
     ops = [n.op_type for n in all_nodes(decoder.graph)]
     # 2 layers of self q, k, v, out, cross q, out, fc1, fc2 a branch, the cross k, v in the first: and the head
     assert ops.count("MatMulNBits") == 2 * (2 * 8 + 1) + 2 * 2 and "MatMul" not in ops
+    assert "DynamicQuantizeMatMul" not in ops
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
     heads = [n for n in all_nodes(decoder.graph) if n.op_type == "MatMulNBits" and
              [a.i for a in n.attribute if a.name == "N"] == [vocab]]
     assert len(heads) == 2 and len({n.input[1] for n in heads}) == 1  # one matrix for both branches
     assert any(n.op_type == "Gather" for n in all_nodes(decoder.graph))  # the embedding gathers the float table
-    assert P.record_of(decoder)["plan"]["bits"] == 8
-    assert ops.count("MatMulNBits") and "int8:" in " ".join(doc["notes"])
+    assert P.record_of(decoder)["plan"]["bits"] == 8 and "int8:" in " ".join(doc["notes"])
+    # every graph checked with the file's weights before writing, the merged decoder's two branches too
     assert all(c["worst"]["max_abs"] <= c["worst"]["atol"] for c in doc["checked"]) and len(doc["checked"]) == 5
+
+
+def test_int8_s_blockwise_form_holds_the_encoder_as_matmulnbits_too(whisper_folder, tmp_path):
+    out = tmp_path / "whisper"
+    r = cli("export", "--hf", whisper_folder(), "--deploy", out, "--precision", "int8", "--int8-kernel", "blockwise")
+    assert r.exit_code == 0, r.output
+    ops = [n.op_type for n in onnx.load(out / "onnx" / "encoder_model.onnx").graph.node]
+    assert ops.count("MatMulNBits") == 2 * 6 and "DynamicQuantizeMatMul" not in ops
+    assert "block 32, accuracy level 4" in r.output and "not calibrated" not in r.output
 
 
 def test_verify_judges_an_int8_folder_by_the_speech_budget(int8_folder, whisper_folder):

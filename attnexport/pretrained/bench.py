@@ -41,6 +41,7 @@ _GIVEN = {
     "--input": lambda a, options: bool(a.input_specs), "--audio": lambda a, options: a.audio is not None,
     "--genai-python": lambda a, options: a.genai_python is not None,
     "--genai-precision": lambda a, options: a.genai_precisions_text is not None,
+    "--int8-kernel": lambda a, options: a.int8_kernels_text is not None,
     "--runtimes": lambda a, options: bool(a.runtimes) and a.runtimes != ["ort-cpu"],
     "variant options": lambda a, options: any(v is not None for v in options.values()),
 }

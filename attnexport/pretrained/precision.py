@@ -1287,8 +1287,8 @@ def _outside(err: np.ndarray, margin: np.ndarray, w: np.ndarray, got: np.ndarray
 
 
 def float_activations(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of a quantized model with every MatMulNBits at accuracy level 0 (float activations; in
-    an If's branches too) and every DynamicQuantizeMatMul a MatMul by its dequantized weights: it
+    """A copy of a quantized model with every MatMulNBits at accuracy level 0 (float activations) and
+    every DynamicQuantizeMatMul a MatMul by its decoded weights (in an If's branches too): it
     computes with exactly the weights the file holds, so it is checked against them in float64 with
     fp32's budget."""
     twin = onnx.ModelProto()
@@ -1297,38 +1297,61 @@ def float_activations(model: onnx.ModelProto) -> onnx.ModelProto:
     for node in all_nodes(twin.graph):
         if node.op_type == "MatMulNBits":
             _set_attr(node, "accuracy_level", 0)
-    _float_integer(twin.graph)
+    graphs = list(_graphs(twin.graph))
+    inits = {i.name: i for g in graphs for i in g.initializer}
+    for graph in reversed(graphs):  # a branch before the graph that holds it (rewriting a graph copies its nodes)
+        _float_integer(graph, inits, twin.graph)
     return twin
 
 
-def _float_integer(graph) -> None:
-    """Each DynamicQuantizeMatMul of `graph` as a MatMul by its weights dequantized
-    (DequantizeLinear along the output axis), each QAttention as the Attention it was, reading the
-    float input its DynamicQuantizeLinear read: the same weights, float activations."""
+def _graphs(graph):
+    """`graph` and every subgraph its nodes hold (an If's branches: a merged decoder's steps)."""
+    yield graph
+    for node in graph.node:
+        for a in node.attribute:
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                yield from _graphs(g)
+
+
+def _float_integer(graph, inits: dict, top) -> None:
+    """Each DynamicQuantizeMatMul of `graph` as a MatMul by its weights decoded (its codes times
+    their column's scale, in float32, as a float initializer of `top`, the model's graph: a
+    DequantizeLinear before a MatMul is what ONNX Runtime's optimizer fuses into integer kernels),
+    each QAttention as the Attention it was, reading the float input its DynamicQuantizeLinear read:
+    the same weights, float activations."""
     quantizing = {n.output[0]: n for n in graph.node if n.op_type == "DynamicQuantizeLinear"}
     read = {n.input[0] for n in graph.node if n.op_type == "QAttention"}
+    made: set[str] = {i.name for i in top.initializer}
+
+    def decoded(node) -> str:
+        codes, scales = (node.input[i] for i in _CODES_AND_SCALES[node.op_type])
+        name = f"{codes}_decoded"
+        if name not in made:
+            q = W.values(inits[codes]).astype(np.float32)
+            zero = node.input[3] if node.op_type == "DynamicQuantizeMatMul" and len(node.input) > 3 else ""
+            if zero:
+                q = q - W.values(inits[zero]).astype(np.float32).reshape(1, -1)
+            w = q * W.values(inits[scales]).astype(np.float32).reshape(1, -1)
+            top.initializer.append(numpy_helper.from_array(w.astype(np.float32), name))
+            made.add(name)
+        return name
+
     nodes = []
     for node in graph.node:
         if node.op_type == "DynamicQuantizeLinear" and node.output[0] in read:
             continue  # its QAttention reads the float input instead
         if node.op_type == "QAttention":
-            weight = f"{node.name}_dequantized"
-            nodes.append(helper.make_node("DequantizeLinear", [node.input[1], node.input[4]], [weight], name=weight,
-                                          axis=1))
             x = quantizing[node.input[0]].input[0]
             mask = node.input[5] if len(node.input) > 5 else ""
-            nodes.append(helper.make_node("Attention", [x, weight, node.input[2]] + ([mask] if mask else []),
+            nodes.append(helper.make_node("Attention", [x, decoded(node), node.input[2]] + ([mask] if mask else []),
                                           list(node.output), name=f"{node.name}_float", domain="com.microsoft",
                                           **{a.name: helper.get_attribute_value(a) for a in node.attribute}))
             continue
         if node.op_type != "DynamicQuantizeMatMul":
             nodes.append(node)
             continue
-        weight = f"{node.name}_dequantized"
-        inputs = [node.input[1], node.input[2]] + ([node.input[3]] if len(node.input) > 3 and node.input[3] else [])
-        nodes.append(helper.make_node("DequantizeLinear", inputs, [weight], name=weight, axis=1))
         out = node.output[0] if len(node.input) < 5 or not node.input[4] else f"{node.name}_unbiased"
-        nodes.append(helper.make_node("MatMul", [node.input[0], weight], [out], name=f"{node.name}_float"))
+        nodes.append(helper.make_node("MatMul", [node.input[0], decoded(node)], [out], name=f"{node.name}_float"))
         if out != node.output[0]:
             nodes.append(helper.make_node("Add", [out, node.input[4]], [node.output[0]], name=f"{node.name}_bias"))
     del graph.node[:]

@@ -37,6 +37,7 @@ from attnexport.export import ModuleExport, ModuleExportResult, export_module
 from attnexport.pretrained import model as HM
 from attnexport.pretrained import precision as P
 from attnexport.pretrained import reference as HR
+from attnexport.pretrained import registry
 from attnexport.pretrained.encdec import graphs as G
 from attnexport.pretrained.fusions import tied_head
 
@@ -65,6 +66,11 @@ class Model:
     answers: ClassVar[str] = "outputs"
     # What verify takes beside SOURCE to measure a lossy folder's cost on the user's own inputs.
     cost_hint: ClassVar[str] = ""
+    # The graphs whose matrices the integer int8 form (`--int8-kernel integer`) runs on
+    # DynamicQuantizeMatMul: those fed many rows at once (the encoder, a clip's 1500 frames). A decoder
+    # step's token keeps MatMulNBits (docs/whisper.md: there per-tensor uint8 costs transcripts and
+    # gains no time).
+    integer_graphs: ClassVar[tuple[str, ...]] = (G.ENCODER,)
     # What a client does with an input, in verify's rows ("transcribe"), and the name of the budget.
     verb: ClassVar[str] = "answer"
     budget_name: ClassVar[str] = "the accuracy budget"
@@ -355,9 +361,8 @@ def export_graphs(request, m: Model, params_source: str, precisions: tuple) -> G
         raise UsageError(f"{m.title} model exports in {', '.join(precisions[:-1])} or {precisions[-1]} (--precision), "
                          f"not {r.precision if r.dtype == 'fp32' else r.dtype}")
     plan = (r.plan or P.TABLE[r.precision].plan) if r.precision in P.QUANTIZED else None
-    if plan is not None and plan.kernel == "integer":
-        raise UsageError(f"--int8-kernel integer is calibrated on a family's own text, which sentence encoders have; "
-                         f"{m.title} int8 is the blockwise form (MatMulNBits)")
+    if plan is not None and plan.kernel is None:  # the family's int8 form
+        plan = replace(plan, kernel=registry.of_model(m.model).int8_kernel if plan.bits == 8 else "blockwise")
     deploy = F.deploy_target(Path(r.deploy))
     if static and len(m.start) + len(m.check_tokens()) > r.max_seq:
         raise UsageError(f"--max-seq {r.max_seq}: the export's checks write "
@@ -380,9 +385,13 @@ def export_graphs(request, m: Model, params_source: str, precisions: tuple) -> G
     notes = [HM.random_note(r.source, r.seed)] if params_source == "seed" else []
     if plan is not None:
         checked, done = quantize_graphs(m, results, plan)
+        how = f"block {plan.block}, accuracy level {plan.accuracy}"
+        if plan.kernel == "integer":
+            how = (f"{', '.join(m.integer_graphs)}: int8 per output column, uint8 activations per tensor, "
+                   f"DynamicQuantizeMatMul, not calibrated (attnexport owns no {m.item}s to calibrate {m.title} "
+                   f"on); the rest MatMulNBits, {how}")
         notes.append(f"{r.precision}: " + "; ".join(f"{g} {d.summary()}" for g, d in done.items())
-                     + f" (block {plan.block}, accuracy level {plan.accuracy}); what it costs in {m.answers}: "
-                       f"attnexport verify FOLDER --hf SOURCE{m.cost_hint}")
+                     + f" ({how}); what it costs in {m.answers}: attnexport verify FOLDER --hf SOURCE{m.cost_hint}")
     decoder = G.merged(results[G.DECODER].model, results[G.DECODER_WITH_PAST].model, spec,
                        f"{m.name}_decoder_merged")
     written = {G.ENCODER: results[G.ENCODER],
@@ -423,7 +432,8 @@ def file_model(m: Model, graphs: dict):
 def quantize_graphs(m: Model, results: dict, plan: P.Plan) -> tuple[Checked, dict]:
     """The weight matrices of the three fp32 graphs (`results`: {graph: ModuleExportResult}, their
     models changed in place) quantized by `plan` (`precision.quantize`: ONNX Runtime's blockwise
-    quantizer, MatMulNBits), each checked before writing: every matrix a quantization of the model's
+    quantizer, MatMulNBits; the integer form in the family's `integer_graphs`), each checked before
+    writing: every matrix a quantization of the model's
     (`precision.unfaithful`); each graph with float activations against the model with the file's
     weights (`file_model`) in float64, within fp32's budget; each graph as written finite on the
     checks' feeds. Returns (the checks of the file's weights, for the merged decoder; what was done
@@ -432,7 +442,8 @@ def quantize_graphs(m: Model, results: dict, plan: P.Plan) -> tuple[Checked, dic
     for g, x in results.items():
         inits = {i.name: i for i in x.model.graph.initializer}
         before = {s.weight: onnx.numpy_helper.to_array(inits[s.weight]) for s in P.sites(x.model, vocab)}
-        done[g] = P.quantize(x.model, plan, m.layers, vocab)
+        done[g] = P.quantize(x.model, plan if g in m.integer_graphs else replace(plan, kernel="blockwise"), m.layers,
+                             vocab)
         bad = P.unfaithful(before, x.model)
         if bad:
             raise ExportError(f"{m.name} {g}: the quantized weights are not a quantization of the model's: {bad[0]}")

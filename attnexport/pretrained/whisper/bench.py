@@ -32,10 +32,11 @@ import numpy as np
 
 from attnexport import runtimes as R
 from attnexport.bench import stats_of
-from attnexport.errors import reason
+from attnexport.errors import UsageError, reason
 from attnexport.pretrained import bench as B
 from attnexport.pretrained import export as hf_export
 from attnexport.pretrained import model as hf
+from attnexport.pretrained import precision as P
 from attnexport.pretrained.encdec import cost as COST
 from attnexport.pretrained.encdec import graphs as G
 from attnexport.pretrained.whisper import audio as AU
@@ -58,6 +59,8 @@ class SpeechBenchRequest:
     warmup: int = 2
     new_tokens: int = 128
     anchors: bool = True
+    # int8's forms (`precision.KERNELS`), an export each; empty: the family's (`--precision int8` alone)
+    int8_kernels: tuple = ()
 
 
 @dataclass
@@ -75,6 +78,7 @@ class SpeechBenchRow:
     tokens: int
     real_time_factor: float
     threads: int
+    kernel: str = ""  # int8's form where bench was asked for it (`--int8-kernel`)
     equal: bool = False  # the transcript is transformers' fp32 one, token for token
     agreement: float = 0.0  # the share of transformers' tokens it has at their places
     word_error_rate: float = 0.0  # against transformers' fp32 transcript's words
@@ -93,6 +97,7 @@ class _Engine:
     transcribe: Callable[[np.ndarray], list[int]]  # features -> the text tokens
     features: str = "transformers"  # whose log-mel its users feed it: transformers' extractor, or attnexport's
     loaded: str = ""  # what it loaded, in its own words (its row's note)
+    kernel: str = ""  # int8's form, where bench was asked for it
 
 
 def transformers_features(clip: np.ndarray, mels: int) -> np.ndarray:
@@ -142,20 +147,23 @@ def bench_speech(request: SpeechBenchRequest, said=lambda text: None) -> tuple[l
     rows = []
     with tempfile.TemporaryDirectory(prefix="attnexport-speech-bench-") as tmp:
         engines = [_transformers(speech, new_tokens)]
-        made = [(f, "fp32") for f in r.flavors if "fp32" in r.precisions]
-        made += [(r.flavors[0], p) for p in r.precisions if p != "fp32"]
-        for flavor, precision in made:
-            said(f"exporting attnexport {flavor} {precision}")
-            out = Path(tmp) / f"attnexport-{flavor}-{precision}"
+        made = [(f, "fp32", "") for f in r.flavors if "fp32" in r.precisions]
+        made += [(r.flavors[0], p, k) for p in r.precisions if p != "fp32"
+                 for k in (r.int8_kernels if p == "int8" and r.int8_kernels else ("",))]
+        for flavor, precision, kernel in made:
+            label = f"{flavor} {precision}" + (f" {kernel}" if kernel else "")
+            said(f"exporting attnexport {label}")
+            out = Path(tmp) / f"attnexport-{label.replace(' ', '-')}"
             try:
-                hf_export.export(hf_export.HFExport(r.source, flavor=flavor, deploy=out, precision=precision))
+                hf_export.export(hf_export.request(r.source, {"int8_kernel": kernel or None}, flavor=flavor,
+                                                   deploy=out, precision=precision))
             except Exception as x:  # noqa: BLE001 - a flavour that cannot express the model: said in the info
-                info["skipped"][f"attnexport {flavor} {precision}"] = f"export failed: {reason(x)[:200]}"
+                info["skipped"][f"attnexport {label}"] = f"export failed: {reason(x)[:200]}"
                 continue
-            engines.append(_attnexport(out, flavor, precision, speech, new_tokens, r.threads))
+            engines.append(attnexport_engine(out, flavor, precision, speech, new_tokens, r.threads, kernel))
         if r.anchors:
             engines += _optimum(speech, Path(tmp), new_tokens, r.threads, info, said)
-            engines += _ctranslate2(Path(r.source), speech, new_tokens, r.threads, info)
+            engines += ctranslate2_engines(Path(r.source), speech, new_tokens, r.threads, info)
         for engine in engines:
             said(f"timing {engine.engine} {engine.flavor} {engine.precision}")
             fed = features[engine.features]
@@ -171,7 +179,7 @@ def bench_speech(request: SpeechBenchRequest, said=lambda text: None) -> tuple[l
             agree, wer = COST.agreement(got, want, speech.decode)
             rows.append(SpeechBenchRow(engine.engine, engine.flavor, engine.precision, e50, e10, e90, t50, t10, t90,
                                        (t50 - e50) / (len(got) + 1), len(got), t50 / (seconds * 1e3), r.threads,
-                                       got == want, agree, wer, note=engine.loaded, transcript=got))
+                                       engine.kernel, got == want, agree, wer, note=engine.loaded, transcript=got))
     _ratios(rows)
     return rows, info
 
@@ -198,7 +206,8 @@ def _transformers(speech: S.Speech, new_tokens: int) -> _Engine:
     return _Engine("transformers", "-", "fp32", encode, transcribe)
 
 
-def _attnexport(folder: Path, flavor: str, precision: str, speech: S.Speech, new_tokens: int, threads: int) -> _Engine:
+def attnexport_engine(folder: Path, flavor: str, precision: str, speech: S.Speech, new_tokens: int, threads: int,
+                kernel: str = "") -> _Engine:
     """The deployment folder on ONNX Runtime's CPU provider, transcribed by the loop of `whisper.transcribe`."""
     encoder = R.ort_session("ort-cpu", folder / S.GRAPH_DIR / f"{W.ENCODER}.onnx", threads=threads)[0]
     decoder = R.ort_session("ort-cpu", folder / S.GRAPH_DIR / f"{W.MERGED}.onnx", threads=threads)[0]
@@ -212,7 +221,7 @@ def _attnexport(folder: Path, flavor: str, precision: str, speech: S.Speech, new
     def transcribe(features):
         return W.transcribe(run_encoder, first, later, features, speech.tokens, speech.layers, new_tokens)[0]
     return _Engine("attnexport", flavor, precision, lambda f: run_encoder({"input_features": f}), transcribe,
-                   features="attnexport")
+                   features="attnexport", kernel=kernel)
 
 
 def _optimum(speech: S.Speech, tmp: Path, new_tokens: int, threads: int, info: dict, said) -> list[_Engine]:
@@ -258,7 +267,7 @@ def export_with_optimum(speech: S.Speech, weights: Path, out: Path) -> Path:
     return out
 
 
-def _ctranslate2(source: Path, speech: S.Speech, new_tokens: int, threads: int, info: dict) -> list[_Engine]:
+def ctranslate2_engines(source: Path, speech: S.Speech, new_tokens: int, threads: int, info: dict) -> list[_Engine]:
     """CTranslate2 on the same model.bin, in float32 and int8 (its weights quantized as it loads
     them), greedy from the same start tokens."""
     if not CT.is_folder(source):
@@ -308,10 +317,15 @@ def to_json(rows: list[SpeechBenchRow]) -> list[dict]:
 def from_options(source, v, said) -> tuple[list[SpeechBenchRow], dict]:
     """`bench --hf` of a Whisper model from the command line's values `v` (`--audio` beside every
     family's)."""
-    B.refuse_others(v, v.options, ("--audio",), "a Whisper model (beside transformers, Optimum and CTranslate2)")
+    B.refuse_others(v, v.options, ("--audio", "--int8-kernel"),
+                    "a Whisper model (beside transformers, Optimum and CTranslate2)")
+    precisions = B.precisions(v.precisions_text, "--precision", S.PRECISIONS) if v.precisions_text else \
+        SpeechBenchRequest.precisions
+    kernels = B.precisions(v.int8_kernels_text, "--int8-kernel", P.KERNELS) if v.int8_kernels_text else ()
+    if kernels and "int8" not in precisions:
+        raise UsageError("--int8-kernel chooses int8's forms: it goes with --precision int8")
     request = B.request_of(SpeechBenchRequest, v, source=source, flavors=tuple(v.flavors) or SpeechBenchRequest.flavors,
-                           precisions=B.precisions(v.precisions_text, "--precision", S.PRECISIONS)
-                           if v.precisions_text else SpeechBenchRequest.precisions, threads=v.threads or 0)
+                           precisions=precisions, threads=v.threads or 0, int8_kernels=kernels)
     return bench_speech(request, said=said)
 
 
@@ -327,7 +341,8 @@ def lines(rows: list[SpeechBenchRow], info: dict, path: str) -> list[str]:
                                                          ("CTranslate2", row.ratio_to_ctranslate2)) if v)
         said = "the same transcript" if row.equal else \
             f"transcript: {row.agreement:.0%} of its tokens agree, WER {row.word_error_rate:.2f}"
-        out.append(f"{row.engine} {row.precision} {row.flavor}: encoder {row.encoder_ms:.1f} ms (p10 "
+        kernel = f" {row.kernel}" if row.kernel else ""
+        out.append(f"{row.engine} {row.precision}{kernel} {row.flavor}: encoder {row.encoder_ms:.1f} ms (p10 "
                    f"{row.encoder_p10_ms:.1f}, p90 {row.encoder_p90_ms:.1f}), {row.token_ms:.2f} ms a token, "
                    f"transcription {row.transcription_ms:.1f} ms (p10 {row.transcription_p10_ms:.1f}, p90 "
                    f"{row.transcription_p90_ms:.1f}), real-time factor {row.real_time_factor:.3f}{ratios}; {said}")
