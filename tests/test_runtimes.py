@@ -219,6 +219,18 @@ def test_what_a_runtime_lacks_is_read_from_its_line_and_its_adapter(monkeypatch)
     assert R.missing_ops("onnx-ref", model) == ["com.microsoft.MatMulNBits"]
     monkeypatch.setitem(R.REGISTRY, "ort-cpu", dataclasses.replace(R.REGISTRY["ort-cpu"], nbits=(4,)))
     assert R.missing_ops("ort-cpu", model) == ["com.microsoft.MatMulNBits of 8 bits (it takes 4)"]
+    # the integer int8 form's kernel: the blockwise form named as the way out only where 8-bit MatMulNBits runs
+    integer = helper.make_model(helper.make_graph(
+        [helper.make_node("DynamicQuantizeMatMul", ["a", "q", "s"], ["y"], domain="com.microsoft")], "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor("q", TensorProto.INT8, [32, 4], bytes(128), raw=True),
+         helper.make_tensor("s", TensorProto.FLOAT, [4], [1.0] * 4)]))
+    assert R.missing_ops("ort-cpu", integer) == [] and R.missing_ops("ort-wasm", integer) == []
+    assert R.missing_ops("ort-cuda", integer) == ["com.microsoft.DynamicQuantizeMatMul on its device (it would run "
+                                                  "them on the CPU: export --int8-kernel blockwise)"]
+    assert R.missing_ops("ort-webgpu", integer) == ["com.microsoft.DynamicQuantizeMatMul on its device (it would "
+                                                    "run them on the CPU)"]
 
 
 def test_an_onnx_runtime_provider_is_one_registry_line(mha, monkeypatch):

@@ -158,6 +158,7 @@ def missing_ops(name: str, model: onnx.ModelProto) -> list[str]:
                     for op in sorted(masked)]
     integer = sorted({n.op_type for n in nodes if n.op_type in ("DynamicQuantizeMatMul", "QAttention")})
     if not runtime.integer_int8 and integer:
-        missing.append(f"com.microsoft.{' and '.join(integer)} on its device (it would run them on the CPU: export "
-                       "--int8-kernel blockwise)")
+        # the blockwise form holds 8-bit MatMulNBits: the way out only where the runtime takes that width
+        instead = ": export --int8-kernel blockwise" if 8 in runtime.nbits else ""
+        missing.append(f"com.microsoft.{' and '.join(integer)} on its device (it would run them on the CPU{instead})")
     return missing
