@@ -57,7 +57,7 @@ def _uint8_smoothed(smooth):
     uint8, and multiplied back (the Linear's weight is the file's matrix, the scales folded in)."""
     import torch
 
-    inverse = torch.from_numpy(np.asarray(smooth, np.float32)) if smooth is not None else None
+    inverse = torch.from_numpy(np.array(smooth, np.float32)) if smooth is not None else None
 
     def hook(module, args):
         x = args[0]
