@@ -168,10 +168,11 @@ EXPORT = (
     click.Option(["--int8-kernel"], type=click.Choice(KERNELS), default=None,
                  help="With --precision int8: blockwise (MatMulNBits: int8 blocks of weights and activations, fast "
                       "for a language model's few rows a step) or integer (DynamicQuantizeMatMul: int8 weights per "
-                      "column, uint8 activations per tensor, ONNX Runtime's integer GEMM for many rows; smoothed "
-                      "and with its costliest matrices in float as calibration chooses). Default: the family's "
-                      "(sentence encoders integer; Whisper's encoder integer, its decoder blockwise; the rest "
-                      "blockwise; MatMulNBits's options choose blockwise)."),
+                      "column, uint8 activations per tensor, ONNX Runtime's integer GEMM for many rows; a sentence "
+                      "encoder's smoothed and with its costliest matrices in float as calibration on the project's "
+                      "text chooses, Whisper's encoder not calibrated, its decoder blockwise). Default: the "
+                      "family's (sentence encoders and Whisper integer, the rest blockwise, which they alone take; "
+                      "MatMulNBits's options choose blockwise)."),
     click.Option(["--json", "as_json"], is_flag=True, help="Print the result as JSON."),
 )
 

@@ -40,6 +40,9 @@ def test_refusals_are_one_line_and_leave_nothing(tiny_seq2seq, tmp_path):
     assert r.exit_code == 2 and "--deploy FOLDER" in r.output and not (tmp_path / "m.onnx").exists()
     r = cli("export", "--hf", t5, "--deploy", tmp_path / "s", "--kv-cache", "static", "--max-seq", "32")
     assert r.exit_code == 2 and "relative position bias" in r.output and not (tmp_path / "s").exists()
+    r = cli("export", "--hf", t5, "--deploy", tmp_path / "i", "--precision", "int8", "--int8-kernel", "integer")
+    assert r.exit_code == 2 and "int8 is the blockwise form" in r.output and not (tmp_path / "i").exists()
+    assert len(r.output.strip().splitlines()) == 1
     marian = tiny_seq2seq("marian")
     r = cli("export", "--hf", marian, "--deploy", tmp_path / "s", "--kv-cache", "static", "--max-seq", "100")
     assert r.exit_code == 2 and "holds 64 positions" in r.output

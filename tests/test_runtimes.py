@@ -230,7 +230,8 @@ def test_what_a_runtime_lacks_is_read_from_its_line_and_its_adapter(monkeypatch)
     assert R.missing_ops("ort-cuda", integer) == ["com.microsoft.DynamicQuantizeMatMul on its device (it would run "
                                                   "them on the CPU: export --int8-kernel blockwise)"]
     assert R.missing_ops("ort-webgpu", integer) == ["com.microsoft.DynamicQuantizeMatMul on its device (it would "
-                                                    "run them on the CPU)"]
+                                                    "run them on the CPU; its MatMulNBits takes no 8 bits either: "
+                                                    "export int4 or fp16)"]
 
 
 def test_an_onnx_runtime_provider_is_one_registry_line(mha, monkeypatch):

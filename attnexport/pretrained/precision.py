@@ -1006,11 +1006,21 @@ def _nbits_node(model, entry: dict):
     return next((n for n in model.graph.node if n.op_type in ops and n.name == name), None)
 
 
+def _codes_times_scales(node, inits: dict) -> np.ndarray:
+    """(K, N) float32: an integer node's weight codes, less their zero point where it has one, times
+    their column's scale: the matrix its smoothed input is multiplied by."""
+    codes, scales = (node.input[i] for i in _CODES_AND_SCALES[node.op_type])
+    zero_at = {"DynamicQuantizeMatMul": 3, "QAttention": 7}[node.op_type]
+    q = W.values(inits[codes]).astype(np.float32)
+    if len(node.input) > zero_at and node.input[zero_at]:
+        q = q - W.values(inits[node.input[zero_at]]).astype(np.float32).reshape(1, -1)
+    return (q * W.values(inits[scales]).astype(np.float32).reshape(1, -1)).astype(np.float32)
+
+
 def _integer_matrix(node, entry: dict, inits: dict) -> np.ndarray:
     """The (K, N) float32 matrix an integer entry computes with: its codes times their column's
-    scale (symmetric: no zero point), each row divided by its smoothing scale."""
-    codes, scales = (node.input[i] for i in _CODES_AND_SCALES[node.op_type])
-    w = W.values(inits[codes]).astype(np.float32) * W.values(inits[scales]).astype(np.float32).reshape(1, -1)
+    scale (`_codes_times_scales`), each row divided by its smoothing scale."""
+    w = _codes_times_scales(node, inits)
     if entry.get("smooth"):
         w = w * W.values(inits[entry["smooth"]]).astype(np.float32)[:, None]
     return w.astype(np.float32)
@@ -1321,20 +1331,19 @@ def _float_integer(graph, inits: dict, top) -> None:
     the same weights, float activations."""
     quantizing = {n.output[0]: n for n in graph.node if n.op_type == "DynamicQuantizeLinear"}
     read = {n.input[0] for n in graph.node if n.op_type == "QAttention"}
-    made: set[str] = {i.name for i in top.initializer}
+    names = {i.name for i in top.initializer}
+    made: dict[tuple, str] = {}  # (codes, scales, zero point) -> the float initializer decoded from them
 
     def decoded(node) -> str:
-        codes, scales = (node.input[i] for i in _CODES_AND_SCALES[node.op_type])
-        name = f"{codes}_decoded"
-        if name not in made:
-            q = W.values(inits[codes]).astype(np.float32)
-            zero = node.input[3] if node.op_type == "DynamicQuantizeMatMul" and len(node.input) > 3 else ""
-            if zero:
-                q = q - W.values(inits[zero]).astype(np.float32).reshape(1, -1)
-            w = q * W.values(inits[scales]).astype(np.float32).reshape(1, -1)
-            top.initializer.append(numpy_helper.from_array(w.astype(np.float32), name))
-            made.add(name)
-        return name
+        key = tuple(node.input[1:])
+        if key not in made:
+            name = f"{node.input[1]}_decoded"
+            while name in names:
+                name += "_"
+            top.initializer.append(numpy_helper.from_array(_codes_times_scales(node, inits), name))
+            names.add(name)
+            made[key] = name
+        return made[key]
 
     nodes = []
     for node in graph.node:

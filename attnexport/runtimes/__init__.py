@@ -159,6 +159,7 @@ def missing_ops(name: str, model: onnx.ModelProto) -> list[str]:
     integer = sorted({n.op_type for n in nodes if n.op_type in ("DynamicQuantizeMatMul", "QAttention")})
     if not runtime.integer_int8 and integer:
         # the blockwise form holds 8-bit MatMulNBits: the way out only where the runtime takes that width
-        instead = ": export --int8-kernel blockwise" if 8 in runtime.nbits else ""
+        instead = ": export --int8-kernel blockwise" if 8 in runtime.nbits else \
+            "; its MatMulNBits takes no 8 bits either: export int4 or fp16"
         missing.append(f"com.microsoft.{' and '.join(integer)} on its device (it would run them on the CPU{instead})")
     return missing

@@ -67,10 +67,9 @@ class Model:
     # What verify takes beside SOURCE to measure a lossy folder's cost on the user's own inputs.
     cost_hint: ClassVar[str] = ""
     # The graphs whose matrices the integer int8 form (`--int8-kernel integer`) runs on
-    # DynamicQuantizeMatMul: those fed many rows at once (the encoder, a clip's 1500 frames). A decoder
-    # step's token keeps MatMulNBits (docs/whisper.md: there per-tensor uint8 costs transcripts and
-    # gains no time).
-    integer_graphs: ClassVar[tuple[str, ...]] = (G.ENCODER,)
+    # DynamicQuantizeMatMul, uncalibrated (Whisper's encoder: a clip's 1500 frames a run); none: the
+    # family's int8 is the blockwise form alone.
+    integer_graphs: ClassVar[tuple[str, ...]] = ()
     # What a client does with an input, in verify's rows ("transcribe"), and the name of the budget.
     verb: ClassVar[str] = "answer"
     budget_name: ClassVar[str] = "the accuracy budget"
@@ -363,6 +362,9 @@ def export_graphs(request, m: Model, params_source: str, precisions: tuple) -> G
     plan = (r.plan or P.TABLE[r.precision].plan) if r.precision in P.QUANTIZED else None
     if plan is not None and plan.kernel is None:  # the family's int8 form
         plan = replace(plan, kernel=registry.of_model(m.model).int8_kernel if plan.bits == 8 else "blockwise")
+    if plan is not None and plan.kernel == "integer" and not m.integer_graphs:
+        raise UsageError(f"--int8-kernel integer: {m.title} model's int8 is the blockwise form (MatMulNBits): its "
+                         "integer form is neither calibrated nor measured")
     deploy = F.deploy_target(Path(r.deploy))
     if static and len(m.start) + len(m.check_tokens()) > r.max_seq:
         raise UsageError(f"--max-seq {r.max_seq}: the export's checks write "

@@ -37,6 +37,7 @@ from attnexport.pretrained import bench as B
 from attnexport.pretrained import export as hf_export
 from attnexport.pretrained import model as hf
 from attnexport.pretrained import precision as P
+from attnexport.pretrained import registry
 from attnexport.pretrained.encdec import cost as COST
 from attnexport.pretrained.encdec import graphs as G
 from attnexport.pretrained.whisper import audio as AU
@@ -78,7 +79,7 @@ class SpeechBenchRow:
     tokens: int
     real_time_factor: float
     threads: int
-    kernel: str = ""  # int8's form where bench was asked for it (`--int8-kernel`)
+    kernel: str = ""  # attnexport int8's form (`--int8-kernel`, else the family's)
     equal: bool = False  # the transcript is transformers' fp32 one, token for token
     agreement: float = 0.0  # the share of transformers' tokens it has at their places
     word_error_rate: float = 0.0  # against transformers' fp32 transcript's words
@@ -97,7 +98,7 @@ class _Engine:
     transcribe: Callable[[np.ndarray], list[int]]  # features -> the text tokens
     features: str = "transformers"  # whose log-mel its users feed it: transformers' extractor, or attnexport's
     loaded: str = ""  # what it loaded, in its own words (its row's note)
-    kernel: str = ""  # int8's form, where bench was asked for it
+    kernel: str = ""  # attnexport int8's form
 
 
 def transformers_features(clip: np.ndarray, mels: int) -> np.ndarray:
@@ -148,8 +149,9 @@ def bench_speech(request: SpeechBenchRequest, said=lambda text: None) -> tuple[l
     with tempfile.TemporaryDirectory(prefix="attnexport-speech-bench-") as tmp:
         engines = [_transformers(speech, new_tokens)]
         made = [(f, "fp32", "") for f in r.flavors if "fp32" in r.precisions]
+        # int8 in each form asked, else in the family's (each row names its form)
         made += [(r.flavors[0], p, k) for p in r.precisions if p != "fp32"
-                 for k in (r.int8_kernels if p == "int8" and r.int8_kernels else ("",))]
+                 for k in ((r.int8_kernels or (registry.of_model(model).int8_kernel,)) if p == "int8" else ("",))]
         for flavor, precision, kernel in made:
             label = f"{flavor} {precision}" + (f" {kernel}" if kernel else "")
             said(f"exporting attnexport {label}")
@@ -165,7 +167,8 @@ def bench_speech(request: SpeechBenchRequest, said=lambda text: None) -> tuple[l
             engines += _optimum(speech, Path(tmp), new_tokens, r.threads, info, said)
             engines += ctranslate2_engines(Path(r.source), speech, new_tokens, r.threads, info)
         for engine in engines:
-            said(f"timing {engine.engine} {engine.flavor} {engine.precision}")
+            said(f"timing {engine.engine} {engine.flavor} {engine.precision}" + (f" {engine.kernel}" if engine.kernel
+                                                                                  else ""))
             fed = features[engine.features]
             try:
                 got = engine.transcribe(fed)
@@ -207,7 +210,7 @@ def _transformers(speech: S.Speech, new_tokens: int) -> _Engine:
 
 
 def attnexport_engine(folder: Path, flavor: str, precision: str, speech: S.Speech, new_tokens: int, threads: int,
-                kernel: str = "") -> _Engine:
+                      kernel: str = "") -> _Engine:
     """The deployment folder on ONNX Runtime's CPU provider, transcribed by the loop of `whisper.transcribe`."""
     encoder = R.ort_session("ort-cpu", folder / S.GRAPH_DIR / f"{W.ENCODER}.onnx", threads=threads)[0]
     decoder = R.ort_session("ort-cpu", folder / S.GRAPH_DIR / f"{W.MERGED}.onnx", threads=threads)[0]

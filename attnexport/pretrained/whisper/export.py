@@ -44,6 +44,9 @@ class Speech(ED.Model):
     cost_hint = " --audio CLIP"
     verb = "transcribe"
     budget_name = "the speech accuracy budget"
+    # int8's encoder on integer GEMM, its decoder blockwise (docs/whisper.md#int8s-two-forms: a decoder step's
+    # token gains no time there, and its transcripts lose)
+    integer_graphs = (G.ENCODER,)
 
     @property
     def spec(self) -> G.Spec:
