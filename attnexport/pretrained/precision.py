@@ -61,7 +61,7 @@ from attnexport import runtimes as R
 from attnexport import weights as W
 from attnexport.errors import UsageError
 from attnexport.record import ExportRecord, as_json
-from attnexport.runtimes.base import all_nodes
+from attnexport.runtimes.base import all_graphs, all_nodes
 
 BLOCKS = (16, 32, 64, 128)
 # MatMulNBits's accuracy_level: 0 computes with float activations; 4 quantizes each block of the
@@ -1307,20 +1307,11 @@ def float_activations(model: onnx.ModelProto) -> onnx.ModelProto:
     for node in all_nodes(twin.graph):
         if node.op_type == "MatMulNBits":
             _set_attr(node, "accuracy_level", 0)
-    graphs = list(_graphs(twin.graph))
+    graphs = list(all_graphs(twin.graph))
     inits = {i.name: i for g in graphs for i in g.initializer}
     for graph in reversed(graphs):  # a branch before the graph that holds it (rewriting a graph copies its nodes)
         _float_integer(graph, inits, twin.graph)
     return twin
-
-
-def _graphs(graph):
-    """`graph` and every subgraph its nodes hold (an If's branches: a merged decoder's steps)."""
-    yield graph
-    for node in graph.node:
-        for a in node.attribute:
-            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                yield from _graphs(g)
 
 
 def _float_integer(graph, inits: dict, top) -> None:

@@ -203,6 +203,15 @@ def has_fp16(model: onnx.ModelProto) -> bool:
         any(i.data_type == onnx.TensorProto.FLOAT16 for i in g.initializer)
 
 
+def all_graphs(graph):
+    """`graph` and every subgraph its nodes hold (an If's branches), each before those it holds."""
+    yield graph
+    for node in graph.node:
+        for a in node.attribute:
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                yield from all_graphs(g)
+
+
 def all_nodes(graph):
     """Every node of `graph` and of the subgraphs its nodes hold (an If's branches), in order."""
     for node in graph.node:
