@@ -26,10 +26,17 @@ _INTERVAL = 0.02
 
 def resident() -> int:
     """This process's resident memory now, in bytes (0 where /proc is not there)."""
+    return _statm()[0]
+
+
+def _statm() -> tuple[int, int]:
+    """(resident, of it the process's own: not pages of a file, which the kernel can drop and read
+    again), in bytes; zeros where /proc is not there."""
     try:
-        return int(_STATM.read_text().split()[1]) * _PAGE
+        fields = _STATM.read_text().split()
+        return int(fields[1]) * _PAGE, (int(fields[1]) - int(fields[2])) * _PAGE
     except (OSError, IndexError, ValueError):
-        return 0
+        return 0, 0
 
 
 def high_water() -> int:
@@ -72,10 +79,11 @@ class Phase:
     start: int = 0
     peak: int = 0
     end: int = 0
+    peak_own: int = 0  # the peak of the resident memory that is not a file's pages
 
     def to_dict(self) -> dict:
         return {"name": self.name, "seconds": round(self.seconds, 3), "start_bytes": self.start,
-                "peak_bytes": self.peak, "end_bytes": self.end}
+                "peak_bytes": self.peak, "end_bytes": self.end, "peak_own_bytes": self.peak_own}
 
 
 @dataclass
@@ -87,6 +95,7 @@ class Meter:
     seconds: float = 0.0
     start: int = 0
     peak: int = 0
+    peak_own: int = 0  # of the sampled resident memory, the most that was not a file's pages
     progress: Callable[[Phase], None] | None = None  # told of each phase as it ends (a terminal's lines)
     _open: list[Phase] = field(default_factory=list)
     _t0: float = 0.0
@@ -98,6 +107,7 @@ class Meter:
         self._t0 = time.perf_counter()
         self._water0 = high_water()
         self.start = self.peak = resident()
+        self.peak_own = _statm()[1]
         self._stop.clear()
         self._thread = threading.Thread(target=self._sample, name="attnexport-meter", daemon=True)
         self._thread.start()
@@ -107,7 +117,7 @@ class Meter:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self._seen(resident())
+        self._seen(*_statm())
         water = high_water()
         if water > self._water0:  # the kernel's mark rose while the meter ran: nothing is higher
             self.peak = max(self.peak, water)
@@ -115,19 +125,21 @@ class Meter:
 
     def _sample(self) -> None:
         while not self._stop.wait(_INTERVAL):
-            self._seen(resident())
+            self._seen(*_statm())
 
-    def _seen(self, rss: int) -> None:
+    def _seen(self, rss: int, own: int = 0) -> None:
         self.peak = max(self.peak, rss)
+        self.peak_own = max(self.peak_own, own)
         for p in list(self._open):
             p.peak = max(p.peak, rss)
+            p.peak_own = max(p.peak_own, own)
 
     @contextlib.contextmanager
     def phase(self, name: str):
         """Meters the block as the phase `name` (a phase within another is listed after it, and
         counts in the outer one's peak too)."""
-        p = Phase(name, start=resident())
-        p.peak = p.start
+        rss, own = _statm()
+        p = Phase(name, start=rss, peak=rss, peak_own=own)
         self.phases.append(p)
         self._open.append(p)
         t0 = time.perf_counter()
@@ -135,21 +147,23 @@ class Meter:
             yield p
         finally:
             p.seconds = time.perf_counter() - t0
-            p.end = resident()
-            self._seen(p.end)
+            p.end, own = _statm()
+            self._seen(p.end, own)
             self._open.remove(p)
             if self.progress is not None:
                 self.progress(p)
 
     def to_dict(self) -> dict:
         return {"seconds": round(self.seconds, 3), "start_bytes": self.start, "peak_bytes": self.peak,
-                "phases": [p.to_dict() for p in self.phases]}
+                "peak_own_bytes": self.peak_own, "phases": [p.to_dict() for p in self.phases]}
 
     def line(self) -> str:
         """One line for a command's notes: wall time, peak resident memory, the phase that set it."""
         top = max(self.phases, key=lambda p: p.peak, default=None)
         where = f", highest in {top.name}" if top is not None and top.peak >= self.peak * 0.98 else ""
-        return f"took {self.seconds:.1f} s, peak resident memory {gib(self.peak)}{where}"
+        mapped = (f" ({gib(self.peak_own)} of it the process's own, the rest files' pages the kernel can drop)"
+                  if self.peak_own and self.peak_own < 0.9 * self.peak else "")
+        return f"took {self.seconds:.1f} s, peak resident memory {gib(self.peak)}{where}{mapped}"
 
 
 # The meter of the run in progress, where one runs: `phase` reports into it from anywhere below.

@@ -6,11 +6,13 @@ small random configs."""
 import json
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import numpy_helper
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
@@ -482,6 +484,54 @@ def test_int4_with_external_data_quantizes_a_matrix_at_a_time_from_the_traced_we
     assert size > 0 and (tmp_path / "m.onnx_data").stat().st_size < size + len(model.graph.initializer) * (1 << 16)
     v = run("verify", path, "--hf", folders["llama"], "--runtimes", "ort-cpu", "--new-tokens", "4", "--json")
     assert v.exit_code == 0, v.output
+
+
+def _mapped_from(address: int) -> str:
+    """The file whose mapping holds `address` in this process (/proc/self/maps), or ''."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        if lo <= address < hi:
+            return fields[5] if len(fields) > 5 else ""
+    return ""
+
+
+def test_a_half_precision_folder_is_mapped_widened_to_float32_and_exports_as_its_float32_twin(
+        folders, tmp_path):
+    """An export with its weights beside the graph loads a bfloat16 folder as its files' own mapping
+    and widens it a tensor at a time into a file it maps (`model.map_float32`; the file's name gone
+    at once, nothing left beside the output), and maps a float32 folder's tensors from its own
+    file: the parameters are float32, equal to the folder's values; the export equals the float32
+    folder's, weight for weight."""
+    import transformers
+    source = transformers.AutoModelForCausalLM.from_pretrained(folders["llama"])
+    half = tmp_path / "half"
+    source.to(torch.bfloat16).save_pretrained(half)
+    wide = tmp_path / "wide"
+    source.to(torch.bfloat16).to(torch.float32).save_pretrained(wide)
+    maps = tmp_path / "maps"
+    maps.mkdir()
+    model, _ = hf.load(half, mapped_in=maps)
+    assert list(maps.iterdir()) == []
+    expected = dict(source.to(torch.bfloat16).named_parameters())
+    for name, p in model.named_parameters():
+        assert p.dtype == torch.float32 and torch.equal(p, expected[name].float()), name
+        assert _mapped_from(p.data_ptr()).startswith(str(maps / ".attnexport-weights-")), name  # the file's pages
+    assert model.config.dtype == torch.float32
+    model, _ = hf.load(wide, mapped_in=maps)  # a float32 folder's tensors mapped where they lie, nothing written
+    assert list(maps.iterdir()) == []
+    for name, p in model.named_parameters():
+        assert _mapped_from(p.data_ptr()) == str(wide / "model.safetensors"), name
+        assert torch.equal(p, expected[name].float()), name
+    out = tmp_path / "out"
+    out.mkdir()
+    for name, folder in (("half", half), ("wide", wide)):
+        r = run("export", "--hf", folder, "--kv-cache", "--external-data", "-o", out / f"{name}.onnx")
+        assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in out.iterdir()) == ["half.onnx", "half.onnx_data", "wide.onnx", "wide.onnx_data"]
+    a, b = (onnx.load(out / f"{n}.onnx") for n in ("half", "wide"))
+    wa, wb = ({i.name: numpy_helper.to_array(i) for i in m.graph.initializer} for m in (a, b))
+    assert wa.keys() == wb.keys() and all(np.array_equal(wa[k], wb[k]) for k in wa)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int4"])

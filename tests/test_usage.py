@@ -49,3 +49,25 @@ def test_each_phase_is_told_as_it_ends_where_asked():
     with U.metered() as meter, U.phase("quiet"):
         pass
     assert meter.progress is None
+
+
+def test_a_files_mapped_pages_count_as_resident_but_not_as_the_processs_own(tmp_path):
+    """statm's resident set holds a mapped file's pages, which the kernel can drop and read again;
+    the meter reports the peak of the rest (`peak_own`) beside the peak."""
+    path = tmp_path / "f"
+    path.write_bytes(b"\1" * (64 << 20))
+    with U.metered() as meter:
+        with U.phase("mapped"):
+            mapped = np.memmap(path, np.uint8, mode="c")
+            total = int(mapped.sum(dtype=np.int64))  # every page read
+            del mapped
+        with U.phase("own"):
+            held = np.ones(64 << 20, np.uint8)
+            del held
+    assert total == 64 << 20
+    mapped_phase, own_phase = meter.phases
+    assert mapped_phase.peak - mapped_phase.start >= 48 << 20
+    assert mapped_phase.peak_own - meter.phases[0].start < 32 << 20 or mapped_phase.peak_own < mapped_phase.peak
+    assert own_phase.peak_own >= mapped_phase.peak_own and meter.peak_own >= own_phase.peak_own > 0
+    assert meter.to_dict()["peak_own_bytes"] == meter.peak_own
+    assert all("peak_own_bytes" in p for p in meter.to_dict()["phases"])

@@ -24,7 +24,6 @@ from attnexport import dtypes as D
 from attnexport import files as F
 from attnexport import flavors as FL
 from attnexport import localize as L
-from attnexport import reading
 from attnexport import runtimes as R
 from attnexport import usage as U
 from attnexport import weights as W
@@ -143,12 +142,28 @@ def export(request: HFExport) -> Any:
                       "export in one file" if request.external_data is False else "export")
     with U.metered() as meter:
         with U.phase("load"):
-            model, params_source = hf.load(request.source, request.seed)
+            model, params_source = hf.load(request.source, request.seed, mapped_in=_maps_weights(request))
         result = registry.of_model(model).export(replace(request, frees_model=True), model, params_source)
     if hasattr(result, "resources"):
         result.resources = meter.to_dict()
         result.notes.append(meter.line())
     return result
+
+
+def _maps_weights(r: HFExport) -> Path | None:
+    """Where an export that writes its weights beside the graph (a model of EXTERNAL_FROM bytes in
+    float32 or more, by its files' headers, or --external-data) maps the model's float32 weights
+    from a file rather than holding them (`model.map_float32`): the folder of the output (or of the
+    deployment folder, which is not made before the export succeeds), whose disk takes the weights
+    anyway; None where the export holds them (one file, a small model)."""
+    if r.external_data is False:
+        return None
+    count = hf.parameter_count(r.source)
+    if not r.external_data and (count is None or 4 * count < EXTERNAL_FROM):
+        return None
+    target = r.deploy if r.deploy is not None else r.output
+    folder = Path(target).resolve().parent if target is not None else None
+    return folder if folder is not None and folder.is_dir() else Path(tempfile.gettempdir())
 
 
 def _check_request(r: HFExport) -> None:
@@ -215,8 +230,6 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
         return onnx_model
 
     def check(onnx_model):
-        if not isinstance(onnx_model, onnx.ModelProto) and plan is not None:  # staged with external data
-            onnx_model = reading.load_model(onnx_model)
         if plan is None:  # the float64 copy made here, once the trace no longer needs the memory
             reference = HR.Reference(model, layout, dtype, r.rtol, r.atol)
             return check_before_writing(onnx_model, reference, tokenizer, name,
@@ -366,15 +379,19 @@ def calibrated(onnx_model, wrapper, layout: hf.Layout, tokenizer, name: str) -> 
                                 layout.outputs, cost, target)
 
 
-def check_quantized(onnx_model, model, layout: hf.Layout, before: dict, tokenizer, name: str, r: HFExport,
+def check_quantized(graph, model, layout: hf.Layout, before: dict, tokenizer, name: str, r: HFExport,
                     release=None) -> list:
     """The checks of a quantized step graph before it is written: every quantized matrix is a
     quantization of the float one it replaced (a carried grid bit for bit, ONNX Runtime's within a
     step); the graph with float activations computes what its weights say (against the model with
     the file's weights, in float64, at its form's export_checks shapes, fp32's derived budget); and the graph as
     written runs at each shape with finite logits. What it costs in answers is verify's to say.
-    `release()` (where given) lets the model's weights go once the float64 side is computed,
-    before ONNX Runtime's sessions are made."""
+    `graph` is the ModelProto, or the path of one staged with its external data: then its weights
+    are read from the data file where they are needed (mapped), the twin with float activations is
+    staged beside it, naming the same data, and both sessions map the file (no copy of the
+    quantized weights is held in memory). `release()` (where given) lets the model's weights go once
+    the float64 side is computed, before ONNX Runtime's sessions are made."""
+    onnx_model = graph if isinstance(graph, onnx.ModelProto) else onnx.load(str(graph), load_external_data=False)
     bad = P.unfaithful(before, onnx_model)
     if bad:
         raise ExportError(f"{name}: the quantized weights are not a quantization of the model's: {bad[0]}"
@@ -385,8 +402,14 @@ def check_quantized(onnx_model, model, layout: hf.Layout, before: dict, tokenize
         held = HR.Reference(model, layout, P.TABLE[r.precision].activations, r.rtol, r.atol, QUANTIZED_FACTOR)
         feeds = [(label, layout.family.check_feed(held, tokenizer, batch, block, past, padded, seed=1))
                  for label, batch, block, past, padded in layout.cache_form.export_checks]
-        checked = check_before_writing(P.float_activations(onnx_model), held, tokenizer, name, release=release)
-    session = R.prepare_onnx("ort-cpu", onnx_model, prepack=False)  # run a few times: no packed copy
+        twin = P.float_activations(onnx_model)
+        if not isinstance(graph, onnx.ModelProto):  # beside the staged graph, its data named as the graph names it
+            path = Path(graph).with_name(f"float-activations-{Path(graph).name}")
+            onnx.save(twin, str(path))
+            twin = str(path)
+        checked = check_before_writing(twin, held, tokenizer, name, release=release)
+    session = R.prepare_onnx("ort-cpu", graph if isinstance(graph, onnx.ModelProto) else str(graph),
+                             prepack=False)  # run a few times: no packed copy
     first = layout.outputs[0]  # logits, or an encoder's token states
     for label, feed in feeds:
         got = np.asarray(session.run(feed)[first])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -182,14 +183,16 @@ def _build(make, source) -> tuple:
     return make("eager"), "eager"
 
 
-def load(source: str | Path, seed: int | None = None):
+def load(source: str | Path, seed: int | None = None, mapped_in: Path | None = None):
     """(model, where its parameters came from) of any family's model: `source` is a folder
     saved with `save_pretrained` (weights read from it; a config alone is refused unless `seed` is
     given, when its weights are drawn from it: a random model is never made unasked), a folder a
     family reads itself, a GGUF file (its tensors dequantized to float32, as transformers reads
     them) or a model id transformers' `from_pretrained` resolves. The model is in float32, eval
     mode, with the sdpa attention where its architecture has one, else eager (routed through
-    attnexport's core at export either way)."""
+    attnexport's core at export either way). With `mapped_in` (a folder), a folder's weights are
+    read from a file there rather than held (`map_float32`); a half-precision folder's are loaded
+    as its files' own mapping first, so no whole float32 copy is ever made in memory."""
     try:
         import transformers
     except ImportError:
@@ -221,12 +224,102 @@ def load(source: str | Path, seed: int | None = None):
                     model.generation_config = transformers.GenerationConfig.from_pretrained(str(folder))
                 source_of_params = "seed"
             else:
+                # A half-precision folder mapped: transformers keeps its own type's tensors as the
+                # files' mapping (nothing read until used); map_float32 then widens them a tensor at a time.
+                dtype = (_half_files(folder) if mapped_in is not None and folder.is_dir() else None) or torch.float32
                 model, _ = _build(lambda attn: build.from_pretrained(
-                    str(source), attn_implementation=attn, dtype=torch.float32, local_files_only=local), source)
+                    str(source), attn_implementation=attn, dtype=dtype, local_files_only=local), source)
                 source_of_params = "given: " + (folder.name or str(source))
+                if mapped_in is not None:
+                    map_float32(model, mapped_in, folder)
     except Exception as e:  # noqa: BLE001 - transformers' reason, in one line
         raise UsageError(f"--hf {source}: transformers cannot build the model ({reason(e)[:300]})") from None
     return model.eval(), source_of_params
+
+
+def _safetensors(folder: Path) -> dict:
+    """{tensor name: (file, byte offset of its data, safetensors dtype, shape)} of every tensor in the
+    folder's safetensors files (sharded too), from their headers alone; {} where a header cannot be read."""
+    import json
+    import struct
+    found = {}
+    try:
+        for f in sorted(folder.glob("*.safetensors")):
+            with f.open("rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                header = json.loads(fh.read(n))
+            for name, t in header.items():
+                if name != "__metadata__":
+                    found[name] = (f, 8 + n + int(t["data_offsets"][0]), t["dtype"], tuple(int(d) for d in t["shape"]))
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        return {}
+    return found
+
+
+def _half_files(folder: Path):
+    """torch's bfloat16 or float16 where every floating tensor of the folder's safetensors files is
+    of that one type (their headers read, nothing loaded), else None."""
+    floats = {t[2] for t in _safetensors(folder).values()} & {"F64", "F32", "F16", "BF16"}
+    return {frozenset({"BF16"}): torch.bfloat16, frozenset({"F16"}): torch.float16}.get(frozenset(floats))
+
+
+# Each parameter of a mapped model starts at a multiple of this in its file (mmap's offsets are in pages).
+_MAP_ALIGN = 64 << 10
+
+
+def map_float32(model, folder: Path, source: Path | None = None) -> int:
+    """Every floating parameter of `model` made float32 and read from a file's mapping (copy-on-write)
+    rather than held: its pages are the kernel's to drop and read again under memory pressure, not
+    the process's own, and the whole model in float32 is never held in memory. A parameter that a
+    float32 tensor of `source`'s safetensors files holds as loaded (same name, shape and values) is
+    mapped from there; the others are widened and written a parameter at a time to one file in
+    `folder`, mapped, its name removed at once. Tied parameters stay one. Returns the bytes written
+    to `folder`; one with no room (OSError) is a UsageError naming what it needed."""
+    import tempfile
+
+    import numpy as np
+    params, seen = [], set()
+    for name, p in model.named_parameters():
+        if p.is_floating_point() and id(p) not in seen:
+            seen.add(id(p))
+            params.append((name, p))
+    held = _safetensors(source) if source is not None and source.is_dir() else {}
+    spilled = []
+    for name, p in params:
+        file, at, dtype, shape = held.get(name, (None, 0, "", ()))
+        if dtype == "F32" and shape == tuple(p.shape) and at % 4 == 0:
+            view = torch.from_numpy(np.memmap(file, np.float32, mode="c", offset=at, shape=shape))
+            if p.dtype == torch.float32 and torch.equal(view, p.data):  # as transformers loaded it
+                p.data = view
+                continue
+        spilled.append(p)
+    offsets, end = [], 0
+    for p in spilled:
+        offsets.append(-(-end // _MAP_ALIGN) * _MAP_ALIGN)
+        end = offsets[-1] + p.numel() * 4
+    path = None
+    try:
+        if spilled:
+            fd, temp = tempfile.mkstemp(prefix=".attnexport-weights-", dir=folder)
+            path = Path(temp)
+            with os.fdopen(fd, "r+b") as f:
+                for p, at in zip(spilled, offsets, strict=True):
+                    f.seek(at)
+                    f.write(memoryview(p.detach().to(torch.float32).contiguous().numpy()).cast("B"))
+            for p, at in zip(spilled, offsets, strict=True):
+                p.data = torch.from_numpy(np.memmap(path, np.float32, mode="c", offset=at, shape=tuple(p.shape)))
+    except OSError as e:
+        raise UsageError(f"cannot hold the model's float32 weights ({F.human_size(end)}) in {folder}: "
+                         f"{e.strerror or e}") from None
+    finally:
+        if path is not None:
+            path.unlink(missing_ok=True)
+    for b in model.buffers():
+        if b.is_floating_point() and b.dtype != torch.float32:
+            b.data = b.data.to(torch.float32)
+    model.config.dtype = torch.float32
+    U.give_back()
+    return end
 
 
 def random_note(source, seed) -> str:
@@ -302,28 +395,15 @@ def parameter_count(source: str | Path) -> int | None:
     """The parameters of the model at `source` as its files' headers give them, nothing loaded: a
     folder's safetensors (sharded too) or a GGUF file's tensors; None where the files do not say
     (a pytorch_model.bin, a model id, a folder a family reads itself)."""
-    import json
-    import struct
     path = Path(str(source))
     try:
         if path.is_file() and path.suffix.lower() == ".gguf":
             import gguf
             return sum(int(t.n_elements) for t in gguf.GGUFReader(str(path)).tensors)
-        files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
-        if not files:
+        tensors = _safetensors(path) if path.is_dir() else {}
+        if not tensors:
             return None
-        total = 0
-        for f in files:
-            with f.open("rb") as fh:
-                (n,) = struct.unpack("<Q", fh.read(8))
-                header = json.loads(fh.read(n))
-            for name, t in header.items():
-                if name != "__metadata__":
-                    count = 1
-                    for d in t["shape"]:
-                        count *= int(d)
-                    total += count
-        return total
+        return sum(math.prod(t[3]) for t in tensors.values())
     except Exception:  # noqa: BLE001 - a header it cannot read: no estimate, the load says what is wrong
         return None
 
