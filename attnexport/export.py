@@ -912,6 +912,7 @@ def _export_module(module, example_inputs, r: ModuleExport, opset: int, torch_na
         if staged is not None:
             path, size = staged.commit(), staged.size
         else:
+            F.fits_one_message(model)
             data = model.SerializeToString(deterministic=True)
             size = len(data)
             if r.output is not None:

@@ -66,6 +66,20 @@ def resolve_target(path: str | Path, new_folder: bool = False) -> Path:
     return path
 
 
+# What protobuf can hold in one message: a graph with more weights inside it cannot be written or
+# given to ONNX Runtime whole.
+PROTOBUF_LIMIT = (1 << 31) - 1
+
+
+def fits_one_message(model) -> None:
+    """A UsageError where the ModelProto `model` is above what one protobuf message holds, naming
+    its size and the way out (its weights beside the graph), rather than protobuf's EncodeError."""
+    size = model.ByteSize()
+    if size > PROTOBUF_LIMIT:
+        raise UsageError(f"the model is {human_size(size)} as one message, above the 2 GB protobuf holds: write its "
+                         "weights beside the graph (export --external-data)")
+
+
 def human_size(n: int) -> str:
     """A file's size in the one unit style every command prints: B, KiB, MiB or GiB."""
     if n < 1024:

@@ -7,6 +7,11 @@ peak resident memory), one after the other.
     python benchmarks/scale.py make 3b /tmp/llama-3b --dtype bfloat16   # Llama-3.2-3B's shape
     python benchmarks/scale.py run /tmp/llama-135m --out results.json [--precision int4] [--no-builder]
 
+Each row gives the command's wall time and peak resident memory (its `x the fp32 weights` counts the
+folder's parameters in float32, whatever its type), and for attnexport's commands the peak of the
+process's own memory (`peak_own_bytes`: not counting the pages of the files it maps, which the kernel
+can drop and read again) from their --json.
+
 Every folder has tied embeddings and the vocabulary of 49152 (SmolLM2's), weights drawn with torch
 seeded 0 at transformers' initialisation (normal, std 0.02), written as one model.safetensors;
 `--tokenizer DIR` copies a tokenizer's files in (the builder needs one: SmolLM2's, saved from its
@@ -75,8 +80,15 @@ def timed(command: list[str], log: Path) -> dict:
     wall = time.perf_counter() - t0
     text = log.read_text()
     peak = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
-    return {"command": " ".join(command), "rc": rc, "seconds": round(wall, 1),
-            "peak_bytes": int(peak.group(1)) * 1024 if peak else None, "tail": text.splitlines()[-40:-23]}
+    row = {"command": " ".join(command), "rc": rc, "seconds": round(wall, 1),
+           "peak_bytes": int(peak.group(1)) * 1024 if peak else None, "tail": text.splitlines()[-40:-23]}
+    if "{" in text:  # attnexport's --json: its phases, and the peak of its own memory (not files' pages)
+        try:
+            doc, _ = json.JSONDecoder().raw_decode(text[text.index("{"):])
+            row["resources"] = doc.get("resources")
+        except ValueError:
+            pass
+    return row
 
 
 def run(folder: Path, out: Path, precision: str, builder: bool, verify: bool) -> None:
@@ -95,14 +107,21 @@ def run(folder: Path, out: Path, precision: str, builder: bool, verify: bool) ->
         rows.append({"engine": "onnxruntime-genai builder", **timed(
             [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(folder), "-o", str(work / "genai"),
              "-p", precision, "-e", "cpu"], work / "genai.log")})
-    weights = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    from attnexport.pretrained.model import parameter_count
+    weights = 4 * parameter_count(folder)  # in float32, whatever the folder's type
     for r in rows:
         if r["peak_bytes"]:
             r["peak_over_weights"] = round(r["peak_bytes"] / weights, 2)
+        own = (r.get("resources") or {}).get("peak_own_bytes")
+        if own:
+            r["peak_own_over_weights"] = round(own / weights, 2)
         print(f"{r['engine']}: rc {r['rc']}, {r['seconds']} s, peak {r['peak_bytes'] / 2**30:.2f} GiB "
-              f"({r.get('peak_over_weights')}x the weights)" if r["peak_bytes"] else f"{r['engine']}: rc {r['rc']}")
-    record = {"folder": str(folder), "weights_bytes": weights, "precision": precision, "cpus": os.cpu_count(),
-              "rows": rows}
+              f"({r.get('peak_over_weights')}x the fp32 weights"
+              + (f"; its own {own / 2**30:.2f} GiB, {r['peak_own_over_weights']}x" if own else "") + ")"
+              if r["peak_bytes"] else f"{r['engine']}: rc {r['rc']}")
+    record = {"folder": str(folder), "weights_bytes": weights,
+              "file_bytes": sum(f.stat().st_size for f in folder.glob("*.safetensors")), "precision": precision,
+              "cpus": os.cpu_count(), "rows": rows}
     out.write_text(json.dumps(record, indent=2) + "\n")
 
 

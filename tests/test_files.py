@@ -298,3 +298,26 @@ def test_a_data_file_that_is_a_link_is_written_through_and_a_fifo_is_refused_bef
     with pytest.raises(UsageError, match="FIFO"):
         F.stage_external(_weights_model(), tmp_path / "p.onnx")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx_data", "p.onnx_data", "store"]
+
+
+def test_a_model_above_one_protobuf_message_is_refused_in_one_line_before_onnx_runtime_or_a_write(monkeypatch):
+    """Above protobuf's 2 GB (lowered here) a ModelProto cannot be serialized: ONNX Runtime's
+    sessions and the one-file write say so and name --external-data, not protobuf's EncodeError."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from attnexport import runtimes as R
+    from attnexport.errors import UsageError
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [256])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [256])],
+                              [numpy_helper.from_array(np.ones(256, np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    F.fits_one_message(model)
+    R.prepare_onnx("ort-cpu", model)  # below the limit: runs
+    monkeypatch.setattr(F, "PROTOBUF_LIMIT", 512)
+    with pytest.raises(UsageError, match=r"above the 2 GB protobuf holds.*--external-data"):
+        F.fits_one_message(model)
+    with pytest.raises(UsageError, match="--external-data"):
+        R.prepare_onnx("ort-cpu", model)

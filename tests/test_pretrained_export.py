@@ -600,3 +600,21 @@ def test_a_model_the_machine_cannot_hold_is_refused_before_it_loads(folders, tmp
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
     assert "parameters" in r.output and "needs about" in r.output and "1.0 MiB available" in r.output
     assert not list(tmp_path.iterdir())
+
+
+def test_the_memory_check_of_an_export_that_maps_the_weights_counts_only_what_the_process_holds(
+        folders, tmp_path, monkeypatch):
+    """With its weights beside the graph the export reads the model from files' mappings, whose
+    pages the kernel can drop: the check before loading counts the process's own memory
+    (`MEMORY_FACTORS["export, mapped"]`), so a machine that cannot hold the model twice exports it
+    mapped and refuses the same export held in memory."""
+    from attnexport import usage as U
+    count = hf.parameter_count(folders["llama"])
+    held, mapped = hf.MEMORY_FACTORS["export"], hf.MEMORY_FACTORS["export, mapped"]
+    assert mapped < held
+    monkeypatch.setattr(U, "available", lambda: int(hf.MEMORY_BASE + (held + mapped) / 2 * 4 * count))
+    r = run("export", "--hf", folders["llama"], "--kv-cache", "-o", tmp_path / "held.onnx")
+    assert r.exit_code == 2 and "needs about" in r.output and not list(tmp_path.iterdir()), r.output
+    r = run("export", "--hf", folders["llama"], "--kv-cache", "--external-data", "-o", tmp_path / "mapped.onnx")
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mapped.onnx", "mapped.onnx_data"]

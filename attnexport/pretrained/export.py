@@ -95,8 +95,7 @@ class HFExport:
 
 # From this many bytes of weights in the graph's float type, a whole model's weights go beside its graph.
 EXTERNAL_FROM = 1 << 30
-# What protobuf can hold in one message: a graph with more weights inside it cannot be written.
-PROTOBUF_LIMIT = (1 << 31) - 1
+PROTOBUF_LIMIT = F.PROTOBUF_LIMIT
 
 # The options of a quantization plan as `export --hf` names them (`precision.plan_for`'s keywords).
 PLAN_OPTIONS = ("block_size", "accuracy_level", "keep", "symmetric", "requantize", "minimums", "file_widths",
@@ -137,12 +136,14 @@ def export(request: HFExport) -> Any:
     """`export --hf`: the model at `request.source` exported as its family does (`Family.export`:
     one step graph, `export_hf`, or a family's graphs); returns the result (`summary()`, `to_dict()`)."""
     _check_request(request)
+    mapped = _maps_weights(request)
     if request.memory_check:
-        hf.check_fits(request.source, "export quantized" if request.precision in P.QUANTIZED else
-                      "export in one file" if request.external_data is False else "export")
+        work = ("export quantized" if request.precision in P.QUANTIZED else
+                "export in one file" if request.external_data is False else "export")
+        hf.check_fits(request.source, work + (", mapped" if mapped is not None else ""))
     with U.metered() as meter:
         with U.phase("load"):
-            model, params_source = hf.load(request.source, request.seed, mapped_in=_maps_weights(request))
+            model, params_source = hf.load(request.source, request.seed, mapped_in=mapped)
         result = registry.of_model(model).export(replace(request, frees_model=True), model, params_source)
     if hasattr(result, "resources"):
         result.resources = meter.to_dict()
@@ -156,14 +157,15 @@ def _maps_weights(r: HFExport) -> Path | None:
     from a file rather than holding them (`model.map_float32`): the folder of the output (or of the
     deployment folder, which is not made before the export succeeds), whose disk takes the weights
     anyway; None where the export holds them (one file, a small model)."""
-    if r.external_data is False:
-        return None
+    folder = Path(str(r.source))
+    if r.external_data is False or not folder.is_dir() or registry.reading(folder) is not None:
+        return None  # a GGUF file is dequantized by transformers, a family's own folder read by the family
     count = hf.parameter_count(r.source)
     if not r.external_data and (count is None or 4 * count < EXTERNAL_FROM):
         return None
     target = r.deploy if r.deploy is not None else r.output
-    folder = Path(target).resolve().parent if target is not None else None
-    return folder if folder is not None and folder.is_dir() else Path(tempfile.gettempdir())
+    beside = Path(target).resolve().parent if target is not None else None
+    return beside if beside is not None and beside.is_dir() else Path(tempfile.gettempdir())
 
 
 def _check_request(r: HFExport) -> None:

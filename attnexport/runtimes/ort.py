@@ -13,6 +13,7 @@ import tempfile
 
 import onnx
 
+from attnexport import files as F
 from attnexport.errors import ProviderUnavailableError, first_line
 from attnexport.runtimes import base as R
 
@@ -97,6 +98,8 @@ def ort_session(name: str, model, threads: int | None = None, optimize: bool = T
         nodes of the graph the session runs: see `shape_computations`).
     """
     ort = _ort()
+    if isinstance(model, onnx.ModelProto):
+        F.fits_one_message(model)
     source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(str(model), load_external_data=False)
