@@ -500,8 +500,8 @@ def test_a_half_precision_folder_is_mapped_widened_to_float32_and_exports_as_its
         folders, tmp_path):
     """An export with its weights beside the graph loads a bfloat16 folder as its files' own mapping
     and widens it a tensor at a time into a file it maps (`model.map_float32`; the file's name gone
-    at once, nothing left beside the output), and maps a float32 folder's tensors from its own
-    file: the parameters are float32, equal to the folder's values; the export equals the float32
+    at once, nothing left beside the output), and leaves a float32 folder's tensors in the mapping
+    of its own file that transformers made (nothing written, no second mapping): the parameters are float32, equal to the folder's values; the export equals the float32
     folder's, weight for weight."""
     import transformers
     source = transformers.AutoModelForCausalLM.from_pretrained(folders["llama"])
@@ -518,7 +518,7 @@ def test_a_half_precision_folder_is_mapped_widened_to_float32_and_exports_as_its
         assert p.dtype == torch.float32 and torch.equal(p, expected[name].float()), name
         assert _mapped_from(p.data_ptr()).startswith(str(maps / ".attnexport-weights-")), name  # the file's pages
     assert model.config.dtype == torch.float32
-    model, _ = hf.load(wide, mapped_in=maps)  # a float32 folder's tensors mapped where they lie, nothing written
+    model, _ = hf.load(wide, mapped_in=maps)  # a float32 folder's tensors as transformers mapped them
     assert list(maps.iterdir()) == []
     for name, p in model.named_parameters():
         assert _mapped_from(p.data_ptr()) == str(wide / "model.safetensors"), name

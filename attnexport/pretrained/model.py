@@ -10,6 +10,7 @@ so the export core, the attention recognition, the flavours and the localization
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import io
 import math
@@ -231,7 +232,7 @@ def load(source: str | Path, seed: int | None = None, mapped_in: Path | None = N
                     str(source), attn_implementation=attn, dtype=dtype, local_files_only=local), source)
                 source_of_params = "given: " + (folder.name or str(source))
                 if mapped_in is not None:
-                    map_float32(model, mapped_in, folder)
+                    map_float32(model, mapped_in)
     except Exception as e:  # noqa: BLE001 - transformers' reason, in one line
         raise UsageError(f"--hf {source}: transformers cannot build the model ({reason(e)[:300]})") from None
     return model.eval(), source_of_params
@@ -267,32 +268,44 @@ def _half_files(folder: Path):
 _MAP_ALIGN = 64 << 10
 
 
-def map_float32(model, folder: Path, source: Path | None = None) -> int:
+def _file_mappings() -> list[tuple[int, int]]:
+    """The address ranges of this process that map a file (/proc/self/maps), sorted; [] elsewhere."""
+    ranges = []
+    try:
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            fields = line.split(maxsplit=5)
+            if len(fields) > 5 and fields[5].startswith("/"):
+                lo, hi = fields[0].split("-")
+                ranges.append((int(lo, 16), int(hi, 16)))
+    except (OSError, ValueError):
+        return []
+    return sorted(ranges)
+
+
+def _in_file_mapping(address: int, ranges: list[tuple[int, int]]) -> bool:
+    i = bisect.bisect_right(ranges, (address, float("inf"))) - 1
+    return i >= 0 and ranges[i][0] <= address < ranges[i][1]
+
+
+def map_float32(model, folder: Path) -> int:
     """Every floating parameter of `model` made float32 and read from a file's mapping (copy-on-write)
     rather than held: its pages are the kernel's to drop and read again under memory pressure, not
-    the process's own, and the whole model in float32 is never held in memory. A parameter that a
-    float32 tensor of `source`'s safetensors files holds as loaded (same name, shape and values) is
-    mapped from there; the others are widened and written a parameter at a time to one file in
-    `folder`, mapped, its name removed at once. Tied parameters stay one. Returns the bytes written
+    the process's own, and the whole model in float32 is never held in memory. A float32 parameter
+    already in a file's mapping (transformers maps a float32 safetensors file) is left so; the
+    others are widened and written a parameter at a time to one file in `folder`, mapped, its name
+    removed at once. Tied parameters stay one. Returns the bytes written
     to `folder`; one with no room (OSError) is a UsageError naming what it needed."""
     import tempfile
 
     import numpy as np
     params, seen = [], set()
-    for name, p in model.named_parameters():
+    for p in model.parameters():
         if p.is_floating_point() and id(p) not in seen:
             seen.add(id(p))
-            params.append((name, p))
-    held = _safetensors(source) if source is not None and source.is_dir() else {}
-    spilled = []
-    for name, p in params:
-        file, at, dtype, shape = held.get(name, (None, 0, "", ()))
-        if dtype == "F32" and shape == tuple(p.shape) and at % 4 == 0:
-            view = torch.from_numpy(np.memmap(file, np.float32, mode="c", offset=at, shape=shape))
-            if p.dtype == torch.float32 and torch.equal(view, p.data):  # as transformers loaded it
-                p.data = view
-                continue
-        spilled.append(p)
+            params.append(p)
+    mapped = _file_mappings()
+    # transformers keeps a float32 safetensors file's tensors as the file's mapping: those are left so
+    spilled = [p for p in params if not (p.dtype == torch.float32 and _in_file_mapping(p.data_ptr(), mapped))]
     offsets, end = [], 0
     for p in spilled:
         offsets.append(-(-end // _MAP_ALIGN) * _MAP_ALIGN)
