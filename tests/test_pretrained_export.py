@@ -501,8 +501,9 @@ def test_a_half_precision_folder_is_mapped_widened_to_float32_and_exports_as_its
     """An export with its weights beside the graph loads a bfloat16 folder as its files' own mapping
     and widens it a tensor at a time into a file it maps (`model.map_float32`; the file's name gone
     at once, nothing left beside the output), and leaves a float32 folder's tensors in the mapping
-    of its own file that transformers made (nothing written, no second mapping): the parameters are float32, equal to the folder's values; the export equals the float32
-    folder's, weight for weight."""
+    of its own file that transformers made (nothing written, no second mapping): the parameters
+    are float32, equal to the folder's values; the export equals the float32 folder's, weight for
+    weight."""
     import transformers
     source = transformers.AutoModelForCausalLM.from_pretrained(folders["llama"])
     half = tmp_path / "half"

@@ -404,10 +404,11 @@ def check_quantized(graph, model, layout: hf.Layout, before: dict, tokenizer, na
         held = HR.Reference(model, layout, P.TABLE[r.precision].activations, r.rtol, r.atol, QUANTIZED_FACTOR)
         feeds = [(label, layout.family.check_feed(held, tokenizer, batch, block, past, padded, seed=1))
                  for label, batch, block, past, padded in layout.cache_form.export_checks]
-        twin = P.float_activations(onnx_model)
+        twin_model = P.float_activations(onnx_model)
+        twin: onnx.ModelProto | str = twin_model
         if not isinstance(graph, onnx.ModelProto):  # beside the staged graph, its data named as the graph names it
             path = Path(graph).with_name(f"float-activations-{Path(graph).name}")
-            onnx.save(twin, str(path))
+            onnx.save(twin_model, str(path))
             twin = str(path)
         checked = check_before_writing(twin, held, tokenizer, name, release=release)
     session = R.prepare_onnx("ort-cpu", graph if isinstance(graph, onnx.ModelProto) else str(graph),

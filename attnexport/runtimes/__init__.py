@@ -101,7 +101,7 @@ def require(name: str) -> None:
         raise ProviderUnavailableError(f"runtime {name} is not available: {s.reason}")
 
 
-def prepare_onnx(name: str, model: onnx.ModelProto, optimize: bool = True, threads: int | None = None,
+def prepare_onnx(name: str, model: onnx.ModelProto | str, optimize: bool = True, threads: int | None = None,
                  prepack: bool = True) -> Prepared:
     """`model` ready to run on the ONNX runtime `name`; `optimize=False` keeps every node as it is
     (the runtime's graph optimizations off), for localization; `threads`: the CPU threads of its
