@@ -31,6 +31,7 @@ from attnexport.compare import QUANTIZED_FACTOR
 from attnexport.errors import ExportError, UsageError, reason
 from attnexport.export import ModuleExport, ModuleExportResult, export_module
 from attnexport.pretrained import calibrate, emulate, forms, fusions, ggml, registry
+from attnexport.pretrained import layers as LC
 from attnexport.pretrained import model as hf
 from attnexport.pretrained import precision as P
 from attnexport.pretrained import reference as HR
@@ -451,8 +452,10 @@ def release_weights(model) -> None:
 def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: str, release=None) -> list:
     """The step graph (a ModelProto, or the path of one staged with its external data) on ONNX
     Runtime's CPU provider at each of its form's export_checks shapes against the model in
-    float64, each output within its budget; an ExportError (nothing written) naming the first
-    output that is not. Returns, a shape each: its label and each output's worst error and budget.
+    float64, each output within its budget, and each decoder layer alone within its own
+    (`attnexport.pretrained.layers`: its input the float64 model's); an ExportError (nothing
+    written) naming the first output that is not, and the first layer that departs. Returns, a
+    shape each: its label, each output's worst error and budget, and its layers' worst.
     Every shape runs in torch first; then `release()` (where given) lets the model's weights go,
     and ONNX Runtime runs the graph."""
 
@@ -461,12 +464,13 @@ def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: s
     with U.phase("reference"):
         for label, batch, block, past, padded in layout.cache_form.export_checks:
             feed = layout.family.check_feed(reference, tokenizer, batch, block, past, padded, seed=1)
-            cases.append((label, feed, reference.expect(feed)))
+            cases.append((label, feed, reference.expect(feed, layers=True)))
     if release is not None:
         release()
     with U.phase("check session"):
         session = R.prepare_onnx("ort-cpu", onnx_model, prepack=False)
     checked = []
+    failure = None
     for label, feed, expected in cases:
         try:
             got = session.run(feed)
@@ -478,7 +482,8 @@ def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: s
         if bad and L.nonfinite(got):
             raise ExportError(f"{name}: the export overflows at {label}: {L.overflow_said(onnx_model, feed)}")
         if bad:
-            raise ExportError(f"{name}: the export differs from the model in float64 at {label}: {bad[0]}")
+            failure = f"{name}: the export differs from the model in float64 at {label}: {bad[0]}"
+            break
         first, rest = comparisons[0], comparisons[1:]  # logits, or an encoder's token states, first
         presents = set(layout.cache_pairs.values())
         caches = [c for c in rest if c.name in presents]
@@ -487,6 +492,22 @@ def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: s
         if caches:
             entry["cache"] = _worst(max(caches, key=lambda c: c.needed_atol / max(c.atol, 1e-30)))
         checked.append(entry)
+    del session
+    sides = [(label, feed, expected.layers) for label, feed, expected in cases if expected.layers is not None]
+    if len(sides) == len(cases):
+        with U.phase("layers"):
+            layer_checks = LC.check_layers(onnx_model, sides)
+        departed = next((c for c in layer_checks if c.departing is not None), None)
+        if departed is not None:
+            i = departed.departing
+            said = (f"layer {i} of {len(departed.comparisons)} departs at {departed.label}, its input the float64 "
+                    f"model's: {departed.comparisons[i]}")
+            raise ExportError(f"{failure}; the first layer to depart: {said}" if failure else f"{name}: {said}")
+        for entry, check in zip(checked, layer_checks, strict=False):
+            entry["layers"] = check.to_dict()
+    if failure:
+        raise ExportError(failure + ("; no layer departs alone (their errors add up)" if len(sides) == len(cases)
+                                     else ""))
     return checked
 
 
@@ -497,8 +518,19 @@ def _worst(c) -> dict:
 def _checked_note(checked: list) -> str:
     first = next(k for k in checked[0] if k != "step")  # logits, or an encoder's token states
     worst = max((e[first] for e in checked), key=lambda w: w["max_abs"])
-    return (f"checked against the model in float64 at {len(checked)} step shapes: {first} max abs "
+    said = (f"checked against the model in float64 at {len(checked)} step shapes: {first} max abs "
             f"{worst['max_abs']:.3g}, budget atol {worst['atol']:.3g} rtol {worst['rtol']:g} ({worst['basis']})")
+    layers = [e["layers"] for e in checked if "layers" in e]
+    if not layers:
+        return said + "; its layers not checked alone (no single stack of decoder layers)"
+    done = [w for e in layers if (w := e["worst"])]
+    top = max(done, key=lambda w: w["of_budget"]) if done else None
+    compared = min(e["compared"] for e in layers)
+    said += (f"; each of its {layers[0]['layers']} layers alone (its input the float64 model's), "
+             f"{compared} of them found in the graph")
+    if top is not None:
+        said += f", the worst layer {top['layer']} at {top['of_budget']:.2g} of its budget"
+    return said
 
 
 # --- the deployment folder -----------------------------------------------------------------------

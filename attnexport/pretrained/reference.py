@@ -28,6 +28,7 @@ from attnexport import dtypes as D
 from attnexport import modules as M
 from attnexport import usage as U
 from attnexport.compare import Comparison, Tolerance, compare, derived_tolerance, failed, largest_error, tolerance
+from attnexport.pretrained import layers as L
 from attnexport.pretrained import model as hf
 
 # Where the budget comes from, said in every report.
@@ -190,6 +191,7 @@ class Expected:
     tolerances: dict
     valid: dict
     shapes: dict
+    layers: L.LayerSide | None = None  # each decoder layer's float64 input and output, and its budget
 
     def compare(self, got: dict, names: list[str]) -> list[Comparison]:
         """Every declared output matched by name and shape, compared over its valid positions with
@@ -243,6 +245,7 @@ class Reference:
         self.model = model
         self.torch_dtype = D.torch_dtype(dtype)
         low = model if self.torch_dtype == torch.float32 else copy.deepcopy(model).to(self.torch_dtype)
+        self.low = low
         self.step = hf.step_module(low, layout)
         self.model64 = model
         self.step64 = hf.step_module(model, layout)
@@ -257,7 +260,7 @@ class Reference:
     def release(self) -> None:
         """Lets the model go (a two-pass verify, its expectations kept: `check.Context.expect`), so
         that its weights are not resident beside the ONNX file's; running the step after is an error."""
-        self.model = self.step = self.model64 = self.step64 = None
+        self.model = self.low = self.step = self.model64 = self.step64 = None
         U.give_back()
 
     def run(self, feed: dict) -> dict:
@@ -275,16 +278,47 @@ class Reference:
             out = M.outputs_of(step(*args))
         return {n: t.detach().numpy() for n, t in zip(self.layout.outputs, out, strict=True)}
 
-    def expect(self, feed: dict) -> Expected:
-        """The float64 outputs of one step and each output's budget (see the module docstring)."""
+    def expect(self, feed: dict, layers: bool = False) -> Expected:
+        """The float64 outputs of one step and each output's budget (see the module docstring);
+        `layers`: each decoder layer's too (`layers.LayerSide`), where the model has one stack of
+        them: its float64 input and output kept from the same run, and its budget derived from
+        torch's run of it alone (its input the float64 one)."""
         valid = valid_positions(self.layout, feed)
         window, cut = self._written_window(feed, valid)
-        run64 = self.run64(window)
+        stack = L.decoder_layers(self.model64, self.layout.layers) if layers else None
+        ins64: dict = {}
+        outs64: dict = {}
+        with L.layer_io(stack, ins64, outs64) if stack is not None else contextlib.nullcontext():
+            run64 = self.run64(window)
         shapes = {n: cut.get(n, a.shape) for n, a in run64.items()}
         want = masked(run64, valid)
         low = masked(self.run(window), valid)
-        return Expected(want, {n: budget(low[n], want[n], self.dtype, self.rtol, self.atol, self.factor) for n in want},
-                        valid, shapes)
+        expected = Expected(want, {n: budget(low[n], want[n], self.dtype, self.rtol, self.atol, self.factor)
+                                   for n in want}, valid, shapes)
+        if stack is not None:
+            expected.layers = self._layer_side(ins64, outs64, window, valid)
+        return expected
+
+    def _layer_side(self, ins64: dict, outs64: dict, window: dict, valid: dict) -> L.LayerSide | None:
+        """Each layer's float64 input and output, and its budget from torch's run of each layer alone
+        in the export's dtype (its input replaced by the float64 one). None where a layer's hidden
+        states are not (batch, positions, hidden) tensors."""
+        count = self.layout.layers
+        if len(outs64) != count or any(t.ndim != 3 for t in (*ins64.values(), *outs64.values())):
+            return None
+        ins_low: dict = {}
+        outs_low: dict = {}
+        with L.layer_io(L.decoder_layers(self.low, count), ins_low, outs_low,
+                        replace={i: ins64[i] for i in range(1, count)}):
+            self.run(window)
+        outputs = [outs64[i].numpy() for i in range(count)]
+        mask = L.valid_mask(valid, self.layout.outputs[0], outputs[0].shape)
+
+        def on(a):
+            return a if mask is None else np.where(mask, a, 0.0)
+        budgets = [budget(on(outs_low[i].double().numpy()), on(outputs[i]), self.dtype, self.rtol, self.atol,
+                          self.factor) for i in range(count)]
+        return L.LayerSide([ins64[i].numpy() for i in range(count)], outputs, mask, budgets)
 
     def _written_window(self, feed: dict, valid: dict) -> tuple[dict, dict]:
         """(the feed the model runs for a check, the whole shape of each output it cuts). A static
