@@ -498,8 +498,7 @@ def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: s
         with U.phase("layers"):
             layer_checks = LC.check_layers(onnx_model, sides)
         departed = next((c for c in layer_checks if c.departing is not None), None)
-        if departed is not None:
-            i = departed.departing
+        if departed is not None and (i := departed.departing) is not None:
             said = (f"layer {i} of {len(departed.comparisons)} departs at {departed.label}, its input the float64 "
                     f"model's: {departed.comparisons[i]}")
             raise ExportError(f"{failure}; the first layer to depart: {said}" if failure else f"{name}: {said}")
