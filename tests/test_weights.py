@@ -75,3 +75,25 @@ def test_the_skeleton_of_a_model_holds_no_weight_yet_passes_onnx_checks_as_the_m
     inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=True, strict_mode=True, data_prop=True)
     assert inferred.graph.output[0].type.tensor_type.shape.dim[0].dim_value == 1
     assert W.skeleton(model, threshold=1 << 30).graph.initializer[0].name == "w"  # below it: kept
+
+
+def test_unload_writes_each_weight_aligned_and_a_transposed_one_a_block_of_rows_at_a_time(tmp_path, monkeypatch):
+    """What the exporter hands over (a parameter's view, the transpose of one, a small tensor left in the
+    graph) written to the data file: every byte as NumPy holds it, each tensor at a multiple of the alignment."""
+    ir = pytest.importorskip("onnx_ir")
+    monkeypatch.setattr(W, "TRANSPOSE_BYTES", 3 * 7 * 4)  # three rows of the transpose at a time
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((7, 10)).astype(np.float32)
+    arrays = {"plain": rng.standard_normal((5, 6)).astype(np.float32), "turned": weight.T,
+              "ids": np.arange(40, dtype=np.int64), "small": np.ones(2, np.float32)}
+    values = [ir.Value(name=n, const_value=ir.Tensor(a, name=n)) for n, a in arrays.items()]
+    graph = ir.Graph([], [], nodes=[], initializers=values, name="g")
+    W.unload(ir.Model(graph, ir_version=10), tmp_path, "w.data", threshold=64, alignment=128)
+    data = (tmp_path / "w.data").read_bytes()
+    for v in values:
+        name, t = v.name, v.const_value
+        if name == "small":
+            assert not isinstance(t, ir.ExternalTensor)
+            continue
+        assert isinstance(t, ir.ExternalTensor) and t.offset % 128 == 0
+        assert data[t.offset:t.offset + t.length] == np.ascontiguousarray(arrays[name]).tobytes(), name
