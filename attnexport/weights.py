@@ -150,10 +150,10 @@ def _write_tensor(tensor, f, rows: dict) -> None:
         tensor.tofile(f)
         return
     if raw.flags.c_contiguous:
-        f.write(memoryview(raw.reshape(-1).view(np.uint8)))
+        f.write(raw.reshape(-1).view(np.uint8).data)
         return
     if raw.ndim != 2 or min(raw.strides) < 0:
-        f.write(memoryview(np.ascontiguousarray(raw).reshape(-1).view(np.uint8)))
+        f.write(np.ascontiguousarray(raw).reshape(-1).view(np.uint8).data)
         return
     source = torch.from_numpy(raw)
     cols = raw.shape[1]
@@ -166,7 +166,7 @@ def _write_tensor(tensor, f, rows: dict) -> None:
         n = min(step, raw.shape[0] - first)
         block = buffer[:n * cols].view(n, cols)
         block.copy_(source[first:first + n])
-        f.write(memoryview(block.numpy().reshape(-1).view(np.uint8)))
+        f.write(block.numpy().reshape(-1).view(np.uint8).data)
 
 
 def total_sha256(entries: dict[str, dict]) -> str:
