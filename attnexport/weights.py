@@ -37,11 +37,33 @@ def sha256_of(arr: np.ndarray) -> str:
     if a.flags.c_contiguous or a.ndim == 0:
         h.update(_bytes_of(np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<"), copy=False)))
     else:
-        rows = max(1, CHUNK_BYTES // max(1, a[:1].nbytes))
-        for start in range(0, a.shape[0], rows):
-            block = np.ascontiguousarray(a[start:start + rows])
-            h.update(_bytes_of(block.astype(block.dtype.newbyteorder("<"), copy=False)))
+        for block in row_blocks(a.astype(a.dtype.newbyteorder("<"), copy=False), CHUNK_BYTES):
+            h.update(block)
     return h.hexdigest()
+
+
+def row_blocks(a: np.ndarray, limit: int):
+    """The bytes of `a` in C order, a block of its rows (about `limit` bytes) at a time: a view where
+    it is contiguous, else each block made contiguous in one buffer reused from block to block (use
+    each before taking the next). A 2-D view of a type torch holds (a transposed weight) is copied by
+    torch's tiled copy: NumPy's of a 2048 x 8192 transpose is 6x slower."""
+    if a.flags.c_contiguous or a.ndim == 0:
+        yield a.reshape(-1).view(np.uint8).data
+        return
+    rows = max(1, limit // max(1, a[:1].nbytes))
+    tiled = a.ndim == 2 and min(a.strides) >= 0 and a.dtype.kind in "fiub" and a.dtype.byteorder in "=<|"
+    if not tiled:
+        for start in range(0, a.shape[0], rows):
+            yield np.ascontiguousarray(a[start:start + rows]).reshape(-1).view(np.uint8).data
+        return
+    import torch
+    source = torch.from_numpy(a)
+    buffer = torch.empty(min(rows, a.shape[0]) * a.shape[1], dtype=source.dtype)
+    for start in range(0, a.shape[0], rows):
+        n = min(rows, a.shape[0] - start)
+        block = buffer[:n * a.shape[1]].view(n, a.shape[1])
+        block.copy_(source[start:start + n])
+        yield block.numpy().reshape(-1).view(np.uint8).data
 
 
 # Where the model being exported keeps the weights it names as external data (a staging folder), for
@@ -117,7 +139,6 @@ def unload(model, folder: Path, name: str, threshold: int, alignment: int) -> No
     them. A NumPy-held tensor is written from its buffer (`_write_tensor`)."""
     import onnx_ir as ir
     path = Path(folder) / name
-    rows: dict = {}  # the buffer a transposed weight's rows are made contiguous in, reused
     with open(path, "wb") as f:
         for graph in (model.graph, *model.graph.subgraphs()):
             for value in graph.initializers.values():
@@ -126,7 +147,7 @@ def unload(model, folder: Path, name: str, threshold: int, alignment: int) -> No
                     continue
                 f.write(b"\0" * (-f.tell() % alignment))
                 offset = f.tell()
-                _write_tensor(tensor, f, rows)
+                _write_tensor(tensor, f)
                 if f.tell() - offset != tensor.nbytes:
                     raise ValueError(f"{tensor.name}: {f.tell() - offset} bytes written of {tensor.nbytes}")
                 value.const_value = ir.ExternalTensor(name, offset, tensor.nbytes, tensor.dtype, shape=tensor.shape,
@@ -137,36 +158,18 @@ def unload(model, folder: Path, name: str, threshold: int, alignment: int) -> No
 TRANSPOSE_BYTES = 1 << 26
 
 
-def _write_tensor(tensor, f, rows: dict) -> None:
+def _write_tensor(tensor, f) -> None:
     """One tensor's bytes appended to `f`. A NumPy array (a parameter's view, or its transpose: the
-    MatMul weights the exporter turns) is written from its buffer; a transposed one is made
-    contiguous a block of rows at a time by torch's tiled copy into one reused buffer (`rows`),
-    where NumPy's copy of a 2048 x 8192 transpose is 6x slower and `tofile` writes in pieces (the
-    two were 23 s of a 1.07B export's 82). Anything else is written as onnx_ir writes it."""
-    import torch
+    MatMul weights the exporter turns) is written from its buffer, a transposed one a block of rows
+    at a time (`row_blocks`: NumPy's transposed copy and `tofile`, which writes in pieces, were 23 s
+    of a 1.07B export's 82). Anything else is written as onnx_ir writes it."""
     raw = getattr(tensor, "raw", None)
     if not (isinstance(raw, np.ndarray) and raw.dtype.kind in "fiub" and raw.dtype.byteorder in "=<|" and
             raw.dtype.itemsize * 8 == tensor.dtype.bitwidth):
         tensor.tofile(f)
         return
-    if raw.flags.c_contiguous:
-        f.write(raw.reshape(-1).view(np.uint8).data)
-        return
-    if raw.ndim != 2 or min(raw.strides) < 0:
-        f.write(np.ascontiguousarray(raw).reshape(-1).view(np.uint8).data)
-        return
-    source = torch.from_numpy(raw)
-    cols = raw.shape[1]
-    step = max(1, TRANSPOSE_BYTES // max(1, cols * raw.itemsize))
-    size = min(step, raw.shape[0]) * cols
-    buffer = rows.get(source.dtype)
-    if buffer is None or buffer.numel() < size:
-        buffer = rows[source.dtype] = torch.empty(size, dtype=source.dtype)
-    for first in range(0, raw.shape[0], step):
-        n = min(step, raw.shape[0] - first)
-        block = buffer[:n * cols].view(n, cols)
-        block.copy_(source[first:first + n])
-        f.write(block.numpy().reshape(-1).view(np.uint8).data)
+    for block in row_blocks(raw, TRANSPOSE_BYTES):
+        f.write(block)
 
 
 def total_sha256(entries: dict[str, dict]) -> str:
@@ -222,16 +225,20 @@ def record(model: onnx.ModelProto, params: Mapping[str, np.ndarray], np_dtype) -
         # up by its own, not compared with every initializer of its shape (a model of thirty like
         # layers has thirty of each).
         index: dict[str, str] = {}
+        # Each initializer's type, shape and first bytes (`_probe`): a parameter is hashed whole only in
+        # the layout whose first bytes some initializer has (a square matrix, or an MLP's up and down
+        # projections, match another initializer's shape as-is: each was hashed twice, 6 s of 8 at 1B).
+        probes: set = set()
         base = _BASE.get()  # a context variable: the pool's threads have contexts of their own
-        for init, digest in zip(inits, pool.map(lambda i: _sha256_of_initializer(i, base), inits), strict=True):
+        for init, (digest, probe) in zip(inits, pool.map(lambda i: _sha256_of_initializer(i, base), inits),
+                                         strict=True):
             index.setdefault(digest, init.name)
-        shapes = {(_dtype_str(onnx.helper.tensor_dtype_to_np_dtype(i.data_type)), tuple(int(d) for d in i.dims))
-                  for i in inits}
+            probes.add(probe)
 
         def find(name: str):
             p = np.asarray(params[name]).astype(np_dtype, copy=False)
             for layout, a in (("as-is", p), ("transposed", p.T if p.ndim == 2 else None)):
-                if a is not None and (_dtype_str(a.dtype), a.shape) in shapes:
+                if a is not None and _probe(a) in probes:
                     digest = sha256_of(a)
                     if digest in index:
                         return name, (index[digest], layout, digest)
@@ -259,25 +266,43 @@ def record(model: onnx.ModelProto, params: Mapping[str, np.ndarray], np_dtype) -
 CHUNK_BYTES = 1 << 24
 
 
-def _sha256_of_initializer(init: onnx.TensorProto, base: str) -> str:
-    """`sha256_of` an initializer's values: read from its external file (in the folder `base`)
-    CHUNK_BYTES at a time (a whole model's weights are not mapped into the resident set), else
-    from the message."""
+# An array's first bytes that `_probe` reads.
+PROBE_BYTES = 4096
+
+
+def _probe(a: np.ndarray, first: bytes | None = None) -> tuple:
+    """(type, shape, sha256 of the first PROBE_BYTES bytes in C order): what a parameter's layout must
+    share with an initializer before either is hashed whole. `first`: those bytes, already read."""
+    if first is None:
+        rows = a if a.ndim == 0 else a[:max(1, -(-PROBE_BYTES // max(1, a[:1].nbytes)))]
+        first = np.ascontiguousarray(rows).astype(a.dtype.newbyteorder("<"), copy=False).tobytes()[:PROBE_BYTES]
+    return _dtype_str(a.dtype), tuple(int(d) for d in a.shape), hashlib.sha256(first[:PROBE_BYTES]).hexdigest()
+
+
+def _sha256_of_initializer(init: onnx.TensorProto, base: str) -> tuple[str, tuple]:
+    """(`sha256_of` an initializer's values, its `_probe`): read from its external file (in the folder
+    `base`) CHUNK_BYTES at a time (a whole model's weights are not mapped into the resident set),
+    else from the message."""
     info = {e.key: e.value for e in init.external_data}
     if init.data_location != onnx.TensorProto.EXTERNAL or "location" not in info:
-        return sha256_of(values(init))
+        a = values(init)
+        return sha256_of(a), _probe(a)
     dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type))
-    sha = hashlib.sha256(f"{_dtype_str(dtype)}{tuple(int(d) for d in init.dims)}".encode())
+    shape = tuple(int(d) for d in init.dims)
+    sha = hashlib.sha256(f"{_dtype_str(dtype)}{shape}".encode())
     left = nbytes(init)
+    first = None
     with open(Path(base) / info["location"], "rb") as f:
         f.seek(int(info.get("offset", 0)))
         while left > 0:
             chunk = f.read(min(left, CHUNK_BYTES))
             if not chunk:
                 raise ValueError(f"{init.name}: its external data ends {left} bytes early")
+            if first is None:
+                first = chunk[:PROBE_BYTES]
             sha.update(chunk)
             left -= len(chunk)
-    return sha.hexdigest()
+    return sha.hexdigest(), (_dtype_str(dtype), shape, hashlib.sha256(first or b"").hexdigest())
 
 
 def _dtype_str(dtype) -> str:

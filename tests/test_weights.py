@@ -97,3 +97,11 @@ def test_unload_writes_each_weight_aligned_and_a_transposed_one_a_block_of_rows_
             continue
         assert isinstance(t, ir.ExternalTensor) and t.offset % 128 == 0
         assert data[t.offset:t.offset + t.length] == np.ascontiguousarray(arrays[name]).tobytes(), name
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64])
+def test_a_transposed_view_hashes_as_its_contiguous_copy_a_block_of_rows_at_a_time(monkeypatch, dtype):
+    monkeypatch.setattr(W, "CHUNK_BYTES", 64)  # a few rows a block
+    a = (np.random.default_rng(1).standard_normal((9, 13)) * 100).astype(dtype)
+    assert W.sha256_of(a.T) == W.sha256_of(np.ascontiguousarray(a.T)) != W.sha256_of(a)
+    assert W.sha256_of(a[:, ::2]) == W.sha256_of(np.ascontiguousarray(a[:, ::2]))
