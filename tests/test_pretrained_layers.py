@@ -99,9 +99,9 @@ def test_the_export_names_the_first_layer_that_departs_and_writes_nothing(tiny_l
 
 def test_a_value_near_no_layers_output_is_not_taken_for_it():
     want = np.ones((1, 2, 4))
-    side = LC.LayerSide([want], [want], None, [None])
+    side = LC.LayerSide([want], None, [None])
     assert LC.boundaries({"far": want * 1.5, "int": want.astype(np.int64)}, side).names == ["far"]  # the only one
-    two = LC.LayerSide([want, want], [want, want * 2], None, [None, None])
+    two = LC.LayerSide([want, want * 2], None, [None, None])
     assert LC.boundaries({"far": want * 1.7}, two).names == [None, "far"]  # nearer the second layer's output
     found = LC.boundaries({"far": want * 1.5, "near": (want + 1e-6).astype(np.float32)}, side)
     assert found.names == ["near"] and found.nearness[0] < 1e-5

@@ -95,11 +95,10 @@ def layer_io(layers, inputs: dict, outputs: dict, replace: dict | None = None):
 
 @dataclass
 class LayerSide:
-    """The float64 model's layers on one feed: each layer's input and output (float64), the mask of
-    positions compared (broadcastable to them; padding never), and each layer's budget (derived
-    from torch's error of that layer alone, its input the float64 one)."""
+    """The float64 model's layers on one feed: each layer's output (float64), the mask of positions
+    compared (broadcastable to them; padding never), and each layer's budget (derived from torch's
+    error of that layer alone, its input the float64 one)."""
 
-    inputs: list[np.ndarray]
     outputs: list[np.ndarray]
     valid: np.ndarray | None
     budgets: list[Tolerance]
@@ -164,10 +163,6 @@ class Boundaries:
 
     names: list[str | None]
     nearness: list[float] = field(default_factory=list)
-
-    @property
-    def found(self) -> int:
-        return sum(n is not None for n in self.names)
 
 
 def boundaries(values: dict, side: LayerSide) -> Boundaries:
@@ -244,10 +239,6 @@ def cut(model: onnx.ModelProto, found: Boundaries, dtype: int) -> onnx.ModelProt
     return twin
 
 
-def elem_type(array: np.ndarray) -> int:
-    return helper.np_dtype_to_tensor_dtype(np.asarray(array).dtype)
-
-
 def staged(twin: onnx.ModelProto, graph, prefix: str):
     """`twin` as the check's session takes it: the ModelProto itself where the graph is one, else saved
     beside the staged graph `graph` (its external data named as the graph names it) and its path."""
@@ -264,7 +255,6 @@ class LayerCheck:
 
     label: str
     comparisons: list[Comparison | None]
-    nearness: list[float]
 
     @property
     def departing(self) -> int | None:
@@ -301,7 +291,7 @@ def check_layers(graph, cases: list) -> list[LayerCheck]:
     found = boundaries(values, side)
     kind = next((np.asarray(values[n]).dtype for n in found.names if n is not None), np.dtype(np.float32))
     del values
-    session = R.prepare_onnx("ort-cpu", staged(cut(onnx_model, found, elem_type(np.empty(0, kind))), graph,
+    session = R.prepare_onnx("ort-cpu", staged(cut(onnx_model, found, helper.np_dtype_to_tensor_dtype(kind)), graph,
                                                "layers-cut"), prepack=False)
     checks = []
     for label, feed, side in cases:
@@ -309,5 +299,5 @@ def check_layers(graph, cases: list) -> list[LayerCheck]:
                for i, name in enumerate(found.names[:-1]) if name is not None}
         got = session.run({**feed, **fed})
         comparisons = [side.compare(i, got[name]) if name is not None else None for i, name in enumerate(found.names)]
-        checks.append(LayerCheck(label, comparisons, found.nearness))
+        checks.append(LayerCheck(label, comparisons))
     return checks
