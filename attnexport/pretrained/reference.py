@@ -84,7 +84,10 @@ def layers_in_float64(model):
     # A large matrix (a vocabulary's embedding and head, an MLP's projections) is not cast whole: its
     # module computes in float64 a block of its rows at a time (`_blockwise`).
     # A module given a forward of its own (`emulate.decoding_from_file`'s) computes in the input's type itself.
-    blockwise = {m: f for m in model.modules() if (f := _blockwise(m)) is not None}
+    # The float64 rows live in one buffer, reused by every such matrix (`_Rows`): a fresh
+    # allocation of each block costs the kernel's page faults on every call, ten times the cast.
+    rows = _Rows()
+    blockwise = {m: f for m in model.modules() if (f := _blockwise(m, rows)) is not None}
     own = [m for m in model.modules() if m not in blockwise and "forward" not in vars(m) and
            any(t is not None and t.is_floating_point() for t in (*m._parameters.values(), *m._buffers.values()))]
     # What each module held before its forward, put back as it was after it (the float32 storage
@@ -127,12 +130,26 @@ def layers_in_float64(model):
 BLOCK_BYTES = 1 << 25
 
 
-def _blockwise(module):
+class _Rows:
+    """One float64 buffer that a block of a matrix's rows is cast into, grown to the largest block
+    asked for and reused by every call (within one `layers_in_float64` block)."""
+
+    def __init__(self):
+        self.buffer = torch.empty(0, dtype=torch.float64)
+
+    def cast(self, block: torch.Tensor) -> torch.Tensor:
+        """`block` in float64, in the reused buffer (valid until the next call)."""
+        if self.buffer.numel() < block.numel():
+            self.buffer = torch.empty(block.numel(), dtype=torch.float64)
+        return self.buffer[:block.numel()].view(block.shape).copy_(block)
+
+
+def _blockwise(module, rows: _Rows):
     """For a plain Linear or Embedding whose float32 weight would take BLOCK_BYTES or more in
     float64, a forward that computes what the module computes in float64 without a float64 copy
     of its weight: a Linear's output a block of output features at a time (each from those rows
-    of its weight cast), an Embedding's rows gathered in float32 and then cast (exact). None for
-    any other module."""
+    of its weight cast into `rows`' buffer), an Embedding's rows gathered in float32 and then
+    cast (exact). None for any other module."""
     w = module._parameters.get("weight")
     if "forward" in vars(module) or w is None or w.dtype != torch.float32 or w.ndim != 2 or w.numel() * 8 < BLOCK_BYTES:
         return None
@@ -141,14 +158,14 @@ def _blockwise(module):
             return torch.nn.functional.embedding(ids, module.weight, module.padding_idx).double()
         return gather
     if type(module) is torch.nn.Linear:
-        rows = max(1, BLOCK_BYTES // (w.shape[1] * 8))
+        step = max(1, BLOCK_BYTES // (w.shape[1] * 8))
 
         def linear(x):
             weight, bias = module.weight, module.bias
             x = x.double()
             out = x.new_empty((*x.shape[:-1], weight.shape[0]))
-            for first in range(0, weight.shape[0], rows):
-                out[..., first:first + rows] = x @ weight[first:first + rows].double().T
+            for first in range(0, weight.shape[0], step):
+                out[..., first:first + step] = x @ rows.cast(weight[first:first + step]).T
             return out + bias.double() if bias is not None else out
         return linear
     return None
