@@ -467,16 +467,33 @@ def test_a_tied_head_with_external_data_is_turned_on_disk_and_the_file_holds_onl
     assert v.exit_code == 0, v.output
 
 
-def test_int4_with_external_data_quantizes_a_matrix_at_a_time_from_the_traced_weights(folders, tmp_path):
+def test_int4_with_external_data_quantizes_a_matrix_at_a_time_from_the_traced_weights(folders, tmp_path,
+                                                                                        monkeypatch):
     """`--precision int4 --external-data`: the quantizer reads each float matrix from the trace's
     staged weights (none of them in memory as protobuf), the data file holds what the graph reads
-    (the MatMulNBits blocks, the float table its Gather reads), and verify's accuracy rows pass."""
+    (the MatMulNBits blocks, the float table its Gather reads), and verify's accuracy rows pass.
+    The float matrices the check reads a block of columns at a time are those columns, from one
+    parameter or several packed together."""
+    from attnexport.pretrained import precision as P
+    seen = []
+    unfaithful = P.unfaithful
+
+    def kept(before, model, record=None):
+        for weight in before if hasattr(before, "rows") else ():  # the export's, not verify's dict
+            whole = before[weight]
+            n = whole.shape[1]
+            for first, stop in ((0, n), (1, n - 1), (n // 3, 2 * n // 3)):
+                assert np.array_equal(before.rows(weight, first, stop), whole[:, first:stop].T), weight
+            seen.append(weight)
+        return unfaithful(before, model, record)
+    monkeypatch.setattr(hf_export.P, "unfaithful", kept)
     path = tmp_path / "m.onnx"
     r = run("export", "--hf", folders["llama"], "--kv-cache", "--precision", "int4", "--external-data", "-o", path,
             "--json")
     assert r.exit_code == 0, r.output
     model = onnx.load(path, load_external_data=False)
     assert sum(n.op_type == "MatMulNBits" for n in model.graph.node) >= 7
+    assert len(seen) >= 7
     read = {i for n in model.graph.node for i in n.input}
     assert all(i.name in read for i in model.graph.initializer)  # no float matrix left behind
     size = sum(int({e.key: e.value for e in i.external_data}["length"]) for i in model.graph.initializer
@@ -484,6 +501,10 @@ def test_int4_with_external_data_quantizes_a_matrix_at_a_time_from_the_traced_we
     assert size > 0 and (tmp_path / "m.onnx_data").stat().st_size < size + len(model.graph.initializer) * (1 << 16)
     v = run("verify", path, "--hf", folders["llama"], "--runtimes", "ort-cpu", "--new-tokens", "4", "--json")
     assert v.exit_code == 0, v.output
+    seen.clear()  # a tied vocabulary: its matrix named twice, as the embedding and as the head
+    tied = run("export", "--hf", folders["tied"], "--precision", "int4", "--external-data", "-o", tmp_path / "t.onnx")
+    assert tied.exit_code == 0, tied.output
+    assert len(seen) >= 7
 
 
 def _mapped_from(address: int) -> str:

@@ -68,6 +68,21 @@ def run(model, x):
     return session.run(None, {"x": x})[0]
 
 
+def by_columns(model, entry, step=7):
+    """`Columns` (the check's decoder, a block of output columns at a time) gives `matrix`'s
+    values exactly, or declines a folded grid and the integer form."""
+    inits = {i.name: i for i in model.graph.initializer}
+    held = P.Columns.of(model, entry, inits)
+    if entry["how"] in ("folded", "integer"):
+        assert held is None
+        return
+    assert held is not None
+    want = P.matrix(model, entry)
+    got = np.concatenate([held.rows(a, min(entry["n"], a + step)).numpy()
+                          for a in range(0, entry["n"], step)]).T
+    assert got.dtype == np.float32 and np.array_equal(got, want)
+
+
 @pytest.mark.parametrize("make, bits", [(q4_1, 4), (q4_0, 4), (q8_0, 8)])
 def test_a_gguf_grid_is_found_and_carried_bit_for_bit(make, bits):
     w = make(raw())
@@ -78,6 +93,7 @@ def test_a_gguf_grid_is_found_and_carried_bit_for_bit(make, bits):
     (entry,) = done.entries
     assert entry["how"] == "exact" and entry["group"] == "layer:3" and entry["bits"] == bits
     assert np.array_equal(P.matrix(model, entry), w)  # the file holds the very weights
+    by_columns(model, entry)
     x = np.random.default_rng(1).standard_normal((1, 3, K)).astype(np.float32)
     want = x.astype(np.float64) @ w
     assert np.abs(run(model, x) - want).max() < 1e-4 * np.abs(want).max()
@@ -162,6 +178,7 @@ def test_a_q4_1_grid_with_float_zero_points_is_one_op_a_matrix_within_the_zero_p
     worst = 0.0
     for entry, w in zip(done.entries, (w1, w2), strict=True):
         held = P.matrix(model, entry).astype(np.float64)
+        by_columns(model, entry)
         err = np.abs(held - w)
         assert err.max() <= np.abs(w).max() * (np.finfo(real).eps * 2 + 1e-6)
         worst = max(worst, entry["fold"]["max_steps"])
@@ -188,6 +205,7 @@ def test_a_half_graph_carries_the_grid_its_float_matrices_hold():
     done = P.quantize(half, P.Plan(bits=4, block=B, accuracy=0), layers=4, weights={"w1": w1, "w2": w2})
     assert [e["how"] for e in done.entries] == ["folded", "folded"]
     assert P.unfaithful({"w1": w1, "w2": w2}, half) == []
+    by_columns(half, done.entries[0])
     scales = [i for i in half.graph.initializer if i.name.endswith("_scales")]
     assert scales and all(i.data_type == TensorProto.FLOAT16 for i in scales)
     x = np.random.default_rng(1).standard_normal((1, 3, K)).astype(np.float16)
@@ -257,6 +275,7 @@ def test_ort_quantizer_rounds_within_a_step_and_its_output_matches_its_weights(b
     assert entry["how"] == "ort"
     held = P.matrix(model, entry)
     assert not np.array_equal(held, w) and P.unfaithful({"w": w}, model) == []
+    by_columns(model, entry)
     x = np.random.default_rng(2).standard_normal((1, 3, K)).astype(np.float32)
     want = x.astype(np.float64) @ held
     assert np.abs(run(model, x) - want).max() < 1e-4 * np.abs(want).max()
@@ -274,6 +293,46 @@ def test_ort_quantizer_rounds_within_a_step_and_its_output_matches_its_weights(b
             assert np.array_equal(numpy_helper.to_array(init).reshape(-1), ours[init.name]), init.name
     assert {n.name for n in theirs.model.model.graph.node if n.op_type == "MatMulNBits"} == \
         {n.name for n in model.graph.node if n.op_type == "MatMulNBits"}
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_columns_decode_a_matrix_whose_rows_fill_no_whole_block(bits):
+    """K = 100 rows in blocks of 32: the last block is padded in the file, and `Columns` cuts it."""
+    w = np.random.default_rng(5).standard_normal((100, N)).astype(np.float32)
+    model = one_matmul(w)
+    done = P.quantize(model, P.Plan(bits=bits, block=B, accuracy=0, symmetric=False), layers=4)
+    (entry,) = done.entries
+    assert entry["how"] == "ort" and entry["k"] == 100
+    by_columns(model, entry, step=16)
+
+
+class _ByRows(dict):
+    """A `before` that gives a matrix's columns as rows, as the export's does (`rows`)."""
+
+    def rows(self, weight, first, stop):
+        return np.ascontiguousarray(self[weight][:, first:stop].T)
+
+
+@pytest.mark.parametrize("given", [dict, _ByRows])
+def test_a_weight_off_its_grid_is_found_a_block_of_columns_at_a_time(given):
+    """The carried and rounded entries are compared a block of columns at a time: one weight moved
+    is counted, in the last column as in the first."""
+    w = q8_0(raw())
+    model = one_matmul(w)
+    (entry,) = P.quantize(model, P.Plan(bits=8, block=B, accuracy=0, minimums="exact"), layers=4).entries
+    assert entry["how"] == "exact" and P.unfaithful(given(w=w), model) == []
+    moved = w.copy()
+    moved[K - 1, N - 1] += 1e-3
+    (bad,) = P.unfaithful(given(w=moved), model)
+    assert bad.startswith("mm: carried as exact but 1 weight(s) differ (max 0.001")
+    w = raw()
+    model = one_matmul(w)
+    (entry,) = P.quantize(model, P.Plan(bits=4, block=B, accuracy=0), layers=4).entries
+    assert entry["how"] == "ort" and P.unfaithful(given(w=w), model) == []
+    moved = w.copy()
+    moved[0, N - 1] += 10 * np.abs(w[:B, N - 1]).max()
+    (bad,) = P.unfaithful(given(w=moved), model)
+    assert "mm: 1 weight(s) more than one step of their block's scale" in bad
 
 
 def test_pack_and_unpack_are_inverse():

@@ -146,14 +146,19 @@ def file_model(model, onnx_model):
     return held
 
 
+# The values `decoding_from_file` decodes at a time (float32): a block of a matrix's output columns.
+DECODED_ELEMENTS = 1 << 22
+
+
 @contextlib.contextmanager
 def decoding_from_file(model, onnx_model):
     """Within the block each Linear of `model` held in one of the quantized `onnx_model`'s matrices
     computes with the values the file holds, decoded from the file's blocks each time its forward
     runs (in the input's float type: float64 within the float64 reference, exactly the file's
     values): `file_model` without its copy of the model or of the decoded weights, one matrix
-    decoded at a time, so a whole model is checked against its file in about the memory of the
-    model. The model's own weights are left as they are; the forwards are put back after."""
+    decoded at a time (a block of its columns at a time where `precision.Columns` can), so a whole
+    model is checked against its file in about the memory of the model. The model's own weights
+    are left as they are; the forwards are put back after."""
     import torch
 
     record = P.record_of(onnx_model)
@@ -162,10 +167,19 @@ def decoding_from_file(model, onnx_model):
     patched = []
 
     def decoding(owner, entry: dict, columns):
+        first, stop = columns if columns is not None else (0, entry["n"])
+        step = max(1, DECODED_ELEMENTS // entry["k"])
+
         def forward(x):
-            w = P.matrix(onnx_model, entry, inits)  # (K, N) float32: the module's (in, out)
-            block = torch.from_numpy(w if columns is None else np.ascontiguousarray(w[:, columns[0]:columns[1]]))
-            out = x @ block.to(x.dtype)
+            held = P.Columns.of(onnx_model, entry, inits)  # its scales read now: none held between calls
+            if held is None:  # a folded grid, the integer form: decoded whole
+                w = P.matrix(onnx_model, entry, inits)  # (K, N) float32: the module's (in, out)
+                out = x @ torch.from_numpy(np.ascontiguousarray(w[:, first:stop])).to(x.dtype)
+            else:  # the module's own columns only, a block at a time, each decoded, cast and used
+                out = x.new_empty((*x.shape[:-1], stop - first))
+                for a in range(first, stop, step):
+                    b = min(stop, a + step)
+                    out[..., a - first:b - first] = x @ held.rows(a, b).to(x.dtype).T
             return out + owner.bias.to(x.dtype) if owner.bias is not None else out
         return forward
 

@@ -347,6 +347,25 @@ class SourceMatrices(Mapping):
                 w[:, start:stop] = p.detach().float().numpy().T
         return w
 
+    def __contains__(self, weight) -> bool:  # Mapping's own would put the matrix together
+        return weight in self._sites or weight in self._copied
+
+    def rows(self, weight: str, first: int, stop: int) -> np.ndarray:
+        """Columns [first, stop) of the matrix as (stop - first, K) rows: its parameters' own rows
+        where one parameter holds them all (no copy), else put together."""
+        if weight in self._copied:
+            return self._copied[weight][:, first:stop].T
+        s = self._sites[weight]
+        pieces: dict = {}  # by first column: a tied matrix's two names hold the same columns
+        for name, columns in s.params.items():
+            start, end = columns if columns is not None else (0, s.n)
+            p = self._state.get(name)
+            if p is not None and start < stop and first < end and tuple(p.shape) == (end - start, s.k):
+                pieces[start] = p.detach()[max(first, start) - start:min(stop, end) - start].float().numpy()
+        if len(pieces) == 1:
+            return next(iter(pieces.values()))
+        return np.concatenate([pieces[start] for start in sorted(pieces)])
+
     def __iter__(self):
         return iter([*self._sites, *self._copied])
 
@@ -411,7 +430,7 @@ def check_quantized(graph, model, layout: hf.Layout, before: dict, tokenizer, na
             path = Path(graph).with_name(f"float-activations-{Path(graph).name}")
             onnx.save(twin_model, str(path))
             twin = str(path)
-        checked = check_before_writing(twin, held, tokenizer, name, release=release)
+        checked = check_before_writing(twin, held, tokenizer, name, release=release, feeds=feeds)
     session = R.prepare_onnx("ort-cpu", graph if isinstance(graph, onnx.ModelProto) else str(graph),
                              prepack=False)  # run a few times: no packed copy
     first = layout.outputs[0]  # logits, or an encoder's token states
@@ -449,7 +468,8 @@ def release_weights(model) -> None:
     gc.collect()
 
 
-def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: str, release=None) -> list:
+def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: str, release=None,
+                         feeds: list | None = None) -> list:
     """The step graph (a ModelProto, or the path of one staged with its external data) on ONNX
     Runtime's CPU provider at each of its form's export_checks shapes against the model in
     float64, each output within its budget, and each decoder layer alone within its own
@@ -457,13 +477,16 @@ def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: s
     written) naming the first output that is not, and the first layer that departs. Returns, a
     shape each: its label, each output's worst error and budget, and its layers' worst.
     Every shape runs in torch first; then `release()` (where given) lets the model's weights go,
-    and ONNX Runtime runs the graph."""
+    and ONNX Runtime runs the graph. `feeds`: each shape's (label, feed), where the caller has
+    made them already (the caches in them are written by the model: not made twice)."""
 
     layout = reference.layout
     cases = []  # every shape's feed and float64 outputs first: the model in torch is then done with
     with U.phase("reference"):
-        for label, batch, block, past, padded in layout.cache_form.export_checks:
-            feed = layout.family.check_feed(reference, tokenizer, batch, block, past, padded, seed=1)
+        if feeds is None:
+            feeds = [(label, layout.family.check_feed(reference, tokenizer, batch, block, past, padded, seed=1))
+                     for label, batch, block, past, padded in layout.cache_form.export_checks]
+        for label, feed in feeds:
             cases.append((label, feed, reference.expect(feed, layers=True)))
     if release is not None:
         release()
