@@ -264,6 +264,11 @@ def test_a_matrix_off_every_grid_is_not_taken_for_one():
     nudged[5, 7] = np.nextafter(nudged[5, 7], np.float32(np.inf))  # one weight one ulp off its grid
     assert P.grid_of(nudged, 4, B) is None
     assert P.grid_of(q4_1(raw())[:K - 1], 4, B) is None  # rows that fill no whole block
+    for make, bits in ((q4_1, 4), (q4_0, 4), (q8_0, 8)):  # the first row of blocks on the grid, a later one off it
+        late = make(raw())
+        assert P.grid_of(late, bits, B) is not None
+        late[K - 1, N - 1] = np.nextafter(late[K - 1, N - 1], np.float32(np.inf))
+        assert P.grid_of(late, bits, B) is None
 
 
 @pytest.mark.parametrize("bits, symmetric", [(4, True), (4, False), (8, False)])

@@ -430,9 +430,8 @@ def check_quantized(graph, model, layout: hf.Layout, before: dict, tokenizer, na
             path = Path(graph).with_name(f"float-activations-{Path(graph).name}")
             onnx.save(twin_model, str(path))
             twin = str(path)
-        checked = check_before_writing(twin, held, tokenizer, name, release=release, feeds=feeds)
-    session = R.prepare_onnx("ort-cpu", graph if isinstance(graph, onnx.ModelProto) else str(graph),
-                             prepack=False)  # run a few times: no packed copy
+        checked = check_before_writing(twin, held, tokenizer, name, release=release, feeds=feeds, prepack=True)
+    session = R.prepare_onnx("ort-cpu", graph if isinstance(graph, onnx.ModelProto) else str(graph))
     first = layout.outputs[0]  # logits, or an encoder's token states
     for label, feed in feeds:
         got = np.asarray(session.run(feed)[first])
@@ -469,7 +468,7 @@ def release_weights(model) -> None:
 
 
 def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: str, release=None,
-                         feeds: list | None = None) -> list:
+                         feeds: list | None = None, prepack: bool = False) -> list:
     """The step graph (a ModelProto, or the path of one staged with its external data) on ONNX
     Runtime's CPU provider at each of its form's export_checks shapes against the model in
     float64, each output within its budget, and each decoder layer alone within its own
@@ -478,7 +477,11 @@ def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: s
     shape each: its label, each output's worst error and budget, and its layers' worst.
     Every shape runs in torch first; then `release()` (where given) lets the model's weights go,
     and ONNX Runtime runs the graph. `feeds`: each shape's (label, feed), where the caller has
-    made them already (the caches in them are written by the model: not made twice)."""
+    made them already (the caches in them are written by the model: not made twice). `prepack`:
+    ONNX Runtime's sessions pack the weights for their kernels, as a quantized graph wants (without,
+    each run of a MatMulNBits decodes its whole matrix: 3 s a run of a 1.07B int4 graph against
+    0.03-0.4 s, for the packed copy's 0.5-0.9 GB); a float graph's are not packed (a copy of every
+    weight for a few runs)."""
 
     layout = reference.layout
     cases = []  # every shape's feed and float64 outputs first: the model in torch is then done with
@@ -491,7 +494,7 @@ def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: s
     if release is not None:
         release()
     with U.phase("check session"):
-        session = R.prepare_onnx("ort-cpu", onnx_model, prepack=False)
+        session = R.prepare_onnx("ort-cpu", onnx_model, prepack=prepack)
     checked = []
     failure = None
     for label, feed, expected in cases:
@@ -519,7 +522,7 @@ def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: s
     sides = [(label, feed, expected.layers) for label, feed, expected in cases if expected.layers is not None]
     if len(sides) == len(cases):
         with U.phase("layers"):
-            layer_checks = LC.check_layers(onnx_model, sides)
+            layer_checks = LC.check_layers(onnx_model, sides, prepack=prepack)
         departed = next((c for c in layer_checks if c.departing is not None), None)
         if departed is not None and (i := departed.departing) is not None:
             said = (f"layer {i} of {len(departed.comparisons)} departs at {departed.label}, its input the float64 "

@@ -279,20 +279,21 @@ def used(c: Comparison) -> float:
     return float(c.needed_atol / c.atol) if c.atol > 0 else (0.0 if c.needed_atol == 0 else np.inf)
 
 
-def check_layers(graph, cases: list) -> list[LayerCheck]:
+def check_layers(graph, cases: list, prepack: bool = False) -> list[LayerCheck]:
     """Each case (label, feed, LayerSide) run on ONNX Runtime's CPU provider through the twin cut at
     the layers' outputs, found by value on the first case (`graph`: the ModelProto, or the path of
-    one staged with its external data: the twins are saved beside it)."""
+    one staged with its external data: the twins are saved beside it). `prepack`: the sessions
+    pack the weights for their kernels (`export.check_before_writing`'s)."""
     onnx_model = graph if isinstance(graph, onnx.ModelProto) else onnx.load(str(graph), load_external_data=False)
     _, feed, side = cases[0]
-    exposed = R.prepare_onnx("ort-cpu", staged(exposing(onnx_model), graph, "layers-exposed"), prepack=False)
+    exposed = R.prepare_onnx("ort-cpu", staged(exposing(onnx_model), graph, "layers-exposed"), prepack=prepack)
     values = exposed.run(feed)
     del exposed
     found = boundaries(values, side)
     kind = next((np.asarray(values[n]).dtype for n in found.names if n is not None), np.dtype(np.float32))
     del values
     session = R.prepare_onnx("ort-cpu", staged(cut(onnx_model, found, helper.np_dtype_to_tensor_dtype(kind)), graph,
-                                               "layers-cut"), prepack=False)
+                                               "layers-cut"), prepack=prepack)
     checks = []
     for label, feed, side in cases:
         fed = {INPUT.format(i + 1): side.outputs[i].astype(kind)

@@ -281,7 +281,13 @@ def grid_of(w: np.ndarray, bits: int, block: int) -> Grid | None:
     if k % block:
         return None
     blocks = w.reshape(k // block, block, n)
-    for grid in (_symmetric_grid(blocks, bits), _minimum_grid(blocks, bits)):
+    for make in (_symmetric_grid, _minimum_grid):
+        # Each block's grid is its own: where the first row of blocks is on none, the matrix is not
+        # (a float matrix is turned away for a 1/(K/block) of the work).
+        first = make(blocks[:1], bits)
+        if first is None or not np.array_equal(first.values(), w[:block]):
+            continue
+        grid = make(blocks, bits)
         if grid is not None and np.array_equal(grid.values(), w):
             return grid
     return None
