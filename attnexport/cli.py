@@ -4,6 +4,7 @@ request) and prints (`attnexport.render`). No logic of its own."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import sys
 
@@ -34,6 +35,12 @@ def reports_errors(fn):
             return fn(*args, **kwargs)
         except AttnExportError as e:
             _fail(str(e), e.exit_code)
+        except OSError as e:
+            # A full disk wherever a command writes: one line (what was staged is discarded as the
+            # error passes); any other system error is a defect, shown whole.
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            _fail(f"cannot write{' ' + str(e.filename) if e.filename else ''}: {e.strerror}", 2)
         except KeyboardInterrupt:
             # Files are written to a temporary name and renamed: nothing is left half-written.
             _fail("interrupted", 130)

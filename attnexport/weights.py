@@ -139,12 +139,13 @@ def unload(model, folder: Path, name: str, threshold: int, alignment: int) -> No
     them. A NumPy-held tensor is written from its buffer (`_write_tensor`)."""
     import onnx_ir as ir
     path = Path(folder) / name
-    with open(path, "wb") as f:
-        for graph in (model.graph, *model.graph.subgraphs()):
-            for value in graph.initializers.values():
+    values = [v for graph in (model.graph, *model.graph.subgraphs()) for v in graph.initializers.values()
+              if v.const_value is not None and not isinstance(v.const_value, ir.ExternalTensor) and
+              v.const_value.nbytes >= threshold]
+    try:
+        with open(path, "wb") as f:
+            for value in values:
                 tensor = value.const_value
-                if tensor is None or isinstance(tensor, ir.ExternalTensor) or tensor.nbytes < threshold:
-                    continue
                 f.write(b"\0" * (-f.tell() % alignment))
                 offset = f.tell()
                 _write_tensor(tensor, f)
@@ -152,6 +153,10 @@ def unload(model, folder: Path, name: str, threshold: int, alignment: int) -> No
                     raise ValueError(f"{tensor.name}: {f.tell() - offset} bytes written of {tensor.nbytes}")
                 value.const_value = ir.ExternalTensor(name, offset, tensor.nbytes, tensor.dtype, shape=tensor.shape,
                                                       name=tensor.name, base_dir=str(folder))
+    except OSError as e:  # a full disk: one line (the caller discards what was staged)
+        size = sum(v.const_value.nbytes for v in values if not isinstance(v.const_value, ir.ExternalTensor))
+        raise UsageError(f"cannot write the weights to {folder}: {e.strerror or e} (they take "
+                         f"{F.human_size(size)} more)") from None
 
 
 # A transposed weight is made contiguous this many bytes of its rows at a time.

@@ -5,6 +5,7 @@ small random configs."""
 
 import json
 import os
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -379,7 +380,6 @@ def test_a_folder_with_a_config_and_no_weights_is_refused_unless_a_seed_is_given
     """A config alone would be a randomly initialised model: export, verify and bench refuse it in one
     line, nothing written; with --seed N its weights are drawn from N, the note says so, and verify
     finds N in the file's record (another seed: the parameters differ)."""
-    import shutil
     lm, encoder = tmp_path / "lm-config", tmp_path / "encoder-config"
     tiny_lms.config("llama").save_pretrained(lm)
     shutil.copytree(tiny_encoder("bert"), encoder)
@@ -554,6 +554,74 @@ def test_a_half_precision_folder_is_mapped_widened_to_float32_and_exports_as_its
     a, b = (onnx.load(out / f"{n}.onnx") for n in ("half", "wide"))
     wa, wb = ({i.name: numpy_helper.to_array(i) for i in m.graph.initializer} for m in (a, b))
     assert wa.keys() == wb.keys() and all(np.array_equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_full_disk_while_the_traced_weights_are_written_is_one_line_and_leaves_nothing(folders, tmp_path,
+                                                                                          monkeypatch):
+    """The trace's weights go to the staging folder first (`weights.unload`): a disk that fills there
+    is one line and exit 2, and neither the graph, its data nor the staging folder is left; a full disk
+    anywhere else a command writes is one line too (the CLI's own catch)."""
+    import errno
+
+    from attnexport import cli
+    written = []
+    write = W._write_tensor
+
+    def filling(tensor, f):
+        if written:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written.append(tensor.name)
+        write(tensor, f)
+    monkeypatch.setattr(W, "_write_tensor", filling)
+    out = tmp_path / "out"
+    out.mkdir()
+    r = run("export", "--hf", folders["llama"], "--kv-cache", "--external-data", "-o", out / "m.onnx")
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert r.output.startswith(f"error: cannot write the weights to {out}") and "No space left on device" in r.output
+    assert "more)" in r.output and written and list(out.iterdir()) == []
+
+    @cli.reports_errors
+    def full():
+        raise OSError(errno.ENOSPC, "No space left on device", str(out / "x"))
+    with pytest.raises(SystemExit) as stop:
+        full()
+    assert stop.value.code == 2
+
+
+def test_verify_of_a_model_with_external_data_maps_its_half_precision_source(folders, tmp_path, monkeypatch):
+    """verify of an export with its weights beside the graph loads the source as the export did: a
+    bfloat16 folder widened into a file in the model's folder and mapped from it (the name gone at
+    once), in one pass (a quantized file) as in two; its memory check counts the mapped work."""
+    import transformers
+
+    from attnexport.pretrained import check as hf_check
+    half = tmp_path / "half"
+    transformers.AutoModelForCausalLM.from_pretrained(folders["llama"]).to(torch.bfloat16).save_pretrained(half)
+    for name in os.listdir(folders["llama"]):
+        if name.startswith("tokenizer"):
+            shutil.copy(Path(folders["llama"]) / name, half / name)
+    out = tmp_path / "out"
+    out.mkdir()
+    loads, works = [], []
+    load, fits = hf_check.hf.load, hf_check.hf.check_fits
+
+    def loading(source, seed=None, mapped_in=None):
+        model, params = load(source, seed, mapped_in=mapped_in)
+        loads.append((mapped_in, {_mapped_from(p.data_ptr()).rsplit("-", 1)[0] for p in model.parameters()}))
+        return model, params
+
+    monkeypatch.setattr(hf_check.hf, "load", loading)
+    monkeypatch.setattr(hf_check.hf, "check_fits", lambda source, work: works.append(work) or fits(source, work))
+    for precision in ("fp32", "int4"):
+        path = out / f"{precision}.onnx"
+        r = run("export", "--hf", half, "--kv-cache", "--precision", precision, "--external-data", "-o", path)
+        assert r.exit_code == 0, r.output
+        v = run("verify", path, "--hf", half, "--runtimes", "ort-cpu", "--new-tokens", "4")
+        assert "Traceback" not in v.output and v.exit_code in (0, 1), v.output  # a random model's int4 answers may fail
+    assert [m for m, _ in loads] == [out] * 4  # each export's load, then its verify's
+    assert all(files == {str(out / ".attnexport-weights")} for _, files in loads), loads
+    assert [w for w in works if w.startswith("verify")] == ["verify, mapped", "verify in one pass, mapped"]
+    assert sorted(p.name for p in out.iterdir()) == ["fp32.onnx", "fp32.onnx_data", "int4.onnx", "int4.onnx_data"]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int4"])

@@ -224,10 +224,13 @@ def verify_step(check: HFCheck) -> Report:
     check = with_fields(check, seed=seed)
     quantized = P.record_of(model)
     two_passes = family.expects_first and quantized is None  # the source model let go before the file is mapped
+    external = F.data_file(path).is_file()
+    mapped = _maps_source(check.source, path) if external else None
     if check.memory_check and family.expects_first:
-        hf.check_fits(check.source, "verify" if two_passes else "verify in one pass")
+        hf.check_fits(check.source, ("verify" if two_passes else "verify in one pass") +
+                      (", mapped" if mapped is not None else ""))
     with U.phase("load"):
-        hf_model, _ = hf.load(check.source, seed)
+        hf_model, _ = hf.load(check.source, seed, mapped_in=mapped)
     source_family = registry.of_model(hf_model)
     if source_family is not family:
         raise UsageError(f"{path.name} is a {family.what}'s export; --hf {check.source} is a "
@@ -240,7 +243,6 @@ def verify_step(check: HFCheck) -> Report:
     reference = HR.Reference(hf_model, layout, dtype, check.rtol, check.atol)
     del hf_model  # the reference holds it, and lets it go (`release`) where the rows allow
     used, table = R.select(check.runtimes, check.skip_unavailable)
-    external = F.data_file(path).is_file()
     if external and (quantized is not None or any(R.REGISTRY[rt].adapter != "ort" for rt in used
                                                   if rt in R.ONNX_RUNTIMES)):
         model = load_model(check.model_path)
@@ -287,6 +289,17 @@ def verify_step(check: HFCheck) -> Report:
             else:
                 _float_rows(ctx, family)
     return executor.report(R.described(table) + client_table, dtype, [flavor], [str(check.model_path)])
+
+
+def _maps_source(source, path: Path) -> Path | None:
+    """Where verify of a model with its weights beside the graph maps the source model's float32
+    weights from a file rather than holding them (`model.map_float32`, as its export did): the
+    model's own folder, whose disk holds its weights already; None for a source that is not a
+    folder transformers reads (a GGUF file, a family's own folder)."""
+    folder = Path(str(source))
+    if not folder.is_dir() or registry.reading(folder) is not None:
+        return None
+    return path.resolve().parent
 
 
 def _float_rows(ctx: Context, family: registry.Family) -> None:

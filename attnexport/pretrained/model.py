@@ -405,7 +405,10 @@ MEMORY_FACTORS = {"export": 1.6, "export quantized": 2.6, "export in one file": 
                   # The model's weights read from files' mappings (`map_float32`): the process's own
                   # memory, the mapped pages being the kernel's to drop (measured: a 1.07B fp32 export
                   # 0.14, a 3.0B int4 export from bfloat16 0.62 and 0.67), with room to spare.
-                  "export, mapped": 0.5, "export quantized, mapped": 1.0}
+                  "export, mapped": 0.5, "export quantized, mapped": 1.0,
+                  # verify's own memory with the source mapped: a 1.07B fp32 verify 1.18, int4 in one
+                  # pass 1.03 (its session, the quantized graph read whole, the rows' logits)
+                  "verify, mapped": 1.6, "verify in one pass, mapped": 1.6}
 
 
 def parameter_count(source: str | Path) -> int | None:
@@ -434,8 +437,8 @@ def check_fits(source: str | Path, work: str) -> None:
     need = MEMORY_BASE + MEMORY_FACTORS[work] * 4 * count
     if need > have:
         raise UsageError(f"--hf {source}: {count / 1e9:.2f}B parameters ({F.human_size(4 * count)} in float32); "
-                         f"{work.split()[0]} needs about {F.human_size(int(need))} of memory and this machine has "
-                         f"{F.human_size(have)} available (--no-memory-check tries anyway)")
+                         f"{work.split()[0].rstrip(',')} needs about {F.human_size(int(need))} of memory and this "
+                         f"machine has {F.human_size(have)} available (--no-memory-check tries anyway)")
 
 
 def tokenizer_of(source: str | Path):
