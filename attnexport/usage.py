@@ -139,6 +139,7 @@ class Meter:
         """Meters the block as the phase `name` (a phase within another is listed after it, and
         counts in the outer one's peak too)."""
         rss, own = _statm()
+        self._seen(rss, own)  # the run's peak is never below a phase's: its start counts in both
         p = Phase(name, start=rss, peak=rss, peak_own=own)
         self.phases.append(p)
         self._open.append(p)

@@ -73,3 +73,19 @@ def test_a_files_mapped_pages_count_as_resident_but_not_as_the_processs_own(tmp_
     assert meter.peak_own >= meter.phases[0].peak_own >= own - (1 << 20) > 0
     assert meter.to_dict()["peak_own_bytes"] == meter.peak_own
     assert all("peak_own_bytes" in p for p in meter.to_dict()["phases"])
+
+
+def test_the_runs_peak_is_never_below_a_phases(monkeypatch):
+    """A phase's resident memory at its start is its first peak, and the run's too: a phase that
+    starts at the run's highest point (between two samples) does not report above the run."""
+    readings = [(100, 10), (500, 20), (200, 15)]  # the meter's start, the phase's start, then lower
+
+    def statm():
+        return readings.pop(0) if len(readings) > 1 else readings[0]
+    monkeypatch.setattr(U, "_statm", statm)
+    monkeypatch.setattr(U, "resident", lambda: 100)
+    monkeypatch.setattr(U, "high_water", lambda: 0)
+    monkeypatch.setattr(U, "_INTERVAL", 3600)  # no sample between the readings above
+    with U.Meter() as meter, meter.phase("load") as p:
+        pass
+    assert p.peak == 500 and meter.peak >= p.peak and meter.peak_own >= p.peak_own == 20
