@@ -1072,7 +1072,7 @@ def matrix(model: onnx.ModelProto, entry: dict, inits: dict | None = None) -> np
 class Columns:
     """A blockwise entry's matrix (`matrix`) decoded a block of its output columns at a time, in
     torch: `rows(first, stop)` is its columns [first, stop) as (stop - first, K) float32 rows, equal
-    value for value to `matrix(...)[:, first:stop].T` (the same float32 products and sums), and 30x
+    value for value to `matrix(...)[:, first:stop].T` (the same float32 products and sums), and 10x
     faster than it here; only the rows asked for are read and decoded. `of` gives None where an
     entry is not so held (the integer form, a folded grid): `matrix` decodes those."""
 
