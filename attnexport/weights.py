@@ -14,6 +14,7 @@ import contextvars
 import hashlib
 import os
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,24 +30,49 @@ from attnexport.record import ExportRecord, as_json
 LAYOUTS = ("as-is", "transposed")
 
 
-def sha256_of(arr: np.ndarray) -> str:
+def sha256_of(arr: np.ndarray, scratch: Scratch | None = None) -> str:
     """sha256 of an array's dtype, shape and bytes (C order, little-endian); one that is not
-    contiguous (a transposed view) is hashed a block of rows at a time, never copied whole."""
+    contiguous (a transposed view) is hashed a block of rows at a time, never copied whole (in
+    `scratch`'s buffer where one is given)."""
     a = np.asarray(arr)
-    h = hashlib.sha256(f"{_dtype_str(a.dtype)}{a.shape}".encode())
+    h = hashlib.sha256(_header(a.dtype, a.shape))
     if a.flags.c_contiguous or a.ndim == 0:
         h.update(_bytes_of(np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<"), copy=False)))
     else:
-        for block in row_blocks(a.astype(a.dtype.newbyteorder("<"), copy=False), CHUNK_BYTES):
+        for block in row_blocks(a.astype(a.dtype.newbyteorder("<"), copy=False), CHUNK_BYTES, scratch):
             h.update(block)
     return h.hexdigest()
 
 
-def row_blocks(a: np.ndarray, limit: int):
+def _header(dtype, shape) -> bytes:
+    """What `sha256_of` hashes before an array's bytes: its type and shape."""
+    return f"{_dtype_str(dtype)}{tuple(int(d) for d in shape)}".encode()
+
+
+class Scratch:
+    """One buffer that `row_blocks` makes blocks contiguous in, grown to the largest block asked for
+    and reused from array to array. A fresh buffer per array is memory the kernel hands out page by
+    page: copying a 1.07B model's transposed weights into fresh 64 MiB buffers took 10 s, into one
+    reused buffer about 1 s."""
+
+    def __init__(self):
+        self._bytes = None
+
+    def take(self, n: int, dtype):
+        """`n` elements of torch dtype `dtype`, valid until the next call."""
+        import torch
+        size = n * dtype.itemsize
+        if self._bytes is None or self._bytes.numel() < size:
+            self._bytes = torch.empty(size, dtype=torch.uint8)
+        return self._bytes[:size].view(dtype)
+
+
+def row_blocks(a: np.ndarray, limit: int, scratch: Scratch | None = None):
     """The bytes of `a` in C order, a block of its rows (about `limit` bytes) at a time: a view where
-    it is contiguous, else each block made contiguous in one buffer reused from block to block (use
-    each before taking the next). A 2-D view of a type torch holds (a transposed weight) is copied by
-    torch's tiled copy: NumPy's of a 2048 x 8192 transpose is 6x slower."""
+    it is contiguous, else each block made contiguous in one buffer (`scratch`'s, or one of its
+    own) reused from block to block (use each before taking the next). A 2-D view of a type torch
+    holds (a transposed weight) is copied by torch's tiled copy: NumPy's of a 2048 x 8192 transpose
+    is 6x slower."""
     if a.flags.c_contiguous or a.ndim == 0:
         yield a.reshape(-1).view(np.uint8).data
         return
@@ -58,7 +84,7 @@ def row_blocks(a: np.ndarray, limit: int):
         return
     import torch
     source = torch.from_numpy(a)
-    buffer = torch.empty(min(rows, a.shape[0]) * a.shape[1], dtype=source.dtype)
+    buffer = (scratch or Scratch()).take(min(rows, a.shape[0]) * a.shape[1], source.dtype)
     for start in range(0, a.shape[0], rows):
         n = min(rows, a.shape[0] - start)
         block = buffer[:n * a.shape[1]].view(n, a.shape[1])
@@ -71,14 +97,61 @@ def row_blocks(a: np.ndarray, limit: int):
 _BASE: contextvars.ContextVar[str] = contextvars.ContextVar("attnexport_external_base", default="")
 
 
+# What `unload` wrote while an export runs (set by `external_base`): each tensor's fingerprint, taken
+# from the bytes as they were written, so that `record` need not read them back.
+_WRITTEN: contextvars.ContextVar[Written | None] = contextvars.ContextVar("attnexport_written", default=None)
+
+
 @contextlib.contextmanager
 def external_base(folder: str | Path):
-    """Within the block, `values` reads an initializer held as external data from `folder`."""
-    token = _BASE.set(str(folder))
+    """Within the block, `values` reads an initializer held as external data from `folder`, and
+    `record` knows the fingerprints of what `unload` wrote there."""
+    token, written = _BASE.set(str(folder)), _WRITTEN.set(Written())
     try:
         yield
     finally:
+        _WRITTEN.reset(written)
         _BASE.reset(token)
+
+
+class Written:
+    """The tensors `unload` wrote, each known two ways:
+
+    - `at[(location, offset, length, header)]`: its (sha256, probe) as `_sha256_of_initializer`
+      would compute them from the file, `header` being its type and shape (`_header`);
+    - `source[(address, shape, strides, dtype)]`: where it lies in the file, by the memory it was
+      written from (a parameter's own, or a transposed view of it).
+
+    A parameter whose memory, as it is or transposed, is a tensor written at a place an initializer
+    of the finished model still names is that initializer, with that fingerprint (`record`): the
+    bytes hashed are the bytes written, read from the parameter itself. The parameters are alive
+    from before the trace to the record, so no other array can have had their address.
+    """
+
+    def __init__(self):
+        self.at: dict[tuple, tuple[str, tuple]] = {}
+        self.source: dict[tuple, tuple] = {}
+
+    def add(self, raw: np.ndarray, place: tuple, digest: str, probe: tuple) -> None:
+        self.at[place] = (digest, probe)
+        self.source[_memory(raw)] = place
+
+
+def _memory(a: np.ndarray) -> tuple:
+    """An array's identity as memory: address, shape, strides and type."""
+    return a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str
+
+
+def _place(init: onnx.TensorProto) -> tuple | None:
+    """Where an external initializer lies (`Written.at`'s key), or None."""
+    if init.data_location != onnx.TensorProto.EXTERNAL:
+        return None
+    info = {e.key: e.value for e in init.external_data}
+    if "location" not in info:
+        return None
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(init.data_type)
+    return (info["location"], int(info.get("offset", 0)), int(info.get("length", nbytes(init))),
+            _header(dtype, init.dims))
 
 
 def values(init: onnx.TensorProto) -> np.ndarray:
@@ -142,15 +215,19 @@ def unload(model, folder: Path, name: str, threshold: int, alignment: int) -> No
     values = [v for graph in (model.graph, *model.graph.subgraphs()) for v in graph.initializers.values()
               if v.const_value is not None and not isinstance(v.const_value, ir.ExternalTensor) and
               v.const_value.nbytes >= threshold]
+    written, scratch = _WRITTEN.get(), Scratch()
     try:
-        with open(path, "wb") as f:
+        with open(path, "wb") as f, ThreadPoolExecutor(max_workers=1) as hasher:
             for value in values:
                 tensor = value.const_value
                 f.write(b"\0" * (-f.tell() % alignment))
                 offset = f.tell()
-                _write_tensor(tensor, f)
+                hashed = _write_tensor(tensor, f, scratch, hasher)
                 if f.tell() - offset != tensor.nbytes:
                     raise ValueError(f"{tensor.name}: {f.tell() - offset} bytes written of {tensor.nbytes}")
+                if hashed is not None and written is not None:
+                    raw, digest, probe = hashed
+                    written.add(raw, (name, offset, tensor.nbytes, _header(raw.dtype, raw.shape)), digest, probe)
                 value.const_value = ir.ExternalTensor(name, offset, tensor.nbytes, tensor.dtype, shape=tensor.shape,
                                                       name=tensor.name, base_dir=str(folder))
     except OSError as e:  # a full disk: one line (the caller discards what was staged)
@@ -163,18 +240,35 @@ def unload(model, folder: Path, name: str, threshold: int, alignment: int) -> No
 TRANSPOSE_BYTES = 1 << 26
 
 
-def _write_tensor(tensor, f) -> None:
+def _write_tensor(tensor, f, scratch: Scratch | None = None, hasher=None) -> tuple | None:
     """One tensor's bytes appended to `f`. A NumPy array (a parameter's view, or its transpose: the
     MatMul weights the exporter turns) is written from its buffer, a transposed one a block of rows
     at a time (`row_blocks`: NumPy's transposed copy and `tofile`, which writes in pieces, were 23 s
-    of a 1.07B export's 82). Anything else is written as onnx_ir writes it."""
+    of a 1.07B export's 82), each block hashed on `hasher` (an executor) while it is written:
+    (the array, its `sha256_of`, its `_probe`). A torch tensor (a parameter the graph reads as it is:
+    an embedding's table) is written so through its NumPy view. Anything else is written as onnx_ir
+    writes it (None)."""
     raw = getattr(tensor, "raw", None)
+    if raw is not None and not isinstance(raw, np.ndarray) and type(raw).__module__.startswith("torch") and \
+            raw.device.type == "cpu":
+        with contextlib.suppress(TypeError):  # a type NumPy lacks (bfloat16)
+            raw = raw.detach().numpy()
     if not (isinstance(raw, np.ndarray) and raw.dtype.kind in "fiub" and raw.dtype.byteorder in "=<|" and
             raw.dtype.itemsize * 8 == tensor.dtype.bitwidth):
         tensor.tofile(f)
-        return
-    for block in row_blocks(raw, TRANSPOSE_BYTES):
+        return None
+    sha, first = hashlib.sha256(_header(raw.dtype, raw.shape)), bytearray()
+    for block in row_blocks(raw, TRANSPOSE_BYTES, scratch):
+        if len(first) < PROBE_BYTES:
+            first += block[:PROBE_BYTES - len(first)]
+        hashing = hasher.submit(sha.update, block) if hasher is not None else None
         f.write(block)
+        if hashing is None:
+            sha.update(block)
+        else:
+            hashing.result()
+    return raw, sha.hexdigest(), (_dtype_str(raw.dtype), tuple(int(d) for d in raw.shape),
+                                  hashlib.sha256(first).hexdigest())
 
 
 def total_sha256(entries: dict[str, dict]) -> str:
@@ -222,9 +316,13 @@ def record(model: onnx.ModelProto, params: Mapping[str, np.ndarray], np_dtype) -
     transposed one a block of rows at a time), on a thread per core (hashlib lets go of the
     interpreter's lock): no weight of a whole model is held twice.
     """
-    from concurrent.futures import ThreadPoolExecutor
+    import threading
 
     inits = list(model.graph.initializer)
+    # What `unload` hashed as it wrote it, at the places the finished model still names.
+    written = _WRITTEN.get() or Written()
+    named = {place: init.name for init in inits if (place := _place(init)) in written.at}
+    scratches = threading.local()  # a `Scratch` per thread of the pool
     with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
         # Initializers by their sha256 (of type, shape and bytes, `sha256_of`): a parameter is looked
         # up by its own, not compared with every initializer of its shape (a model of thirty like
@@ -235,16 +333,27 @@ def record(model: onnx.ModelProto, params: Mapping[str, np.ndarray], np_dtype) -
         # projections, match another initializer's shape as-is: each was hashed twice, 6 s of 8 at 1B).
         probes: set = set()
         base = _BASE.get()  # a context variable: the pool's threads have contexts of their own
-        for init, (digest, probe) in zip(inits, pool.map(lambda i: _sha256_of_initializer(i, base), inits),
-                                         strict=True):
+
+        def fingerprint(init):
+            place = _place(init)
+            return written.at[place] if place in named else _sha256_of_initializer(init, base)
+
+        for init, (digest, probe) in zip(inits, pool.map(fingerprint, inits), strict=True):
             index.setdefault(digest, init.name)
             probes.add(probe)
 
         def find(name: str):
             p = np.asarray(params[name]).astype(np_dtype, copy=False)
-            for layout, a in (("as-is", p), ("transposed", p.T if p.ndim == 2 else None)):
+            layouts = (("as-is", p), ("transposed", p.T if p.ndim == 2 else None))
+            for layout, a in layouts:  # the memory written from
+                place = written.source.get(_memory(a)) if a is not None else None
+                if place in named:
+                    return name, (named[place], layout, written.at[place][0])
+            for layout, a in layouts:
                 if a is not None and _probe(a) in probes:
-                    digest = sha256_of(a)
+                    if not hasattr(scratches, "one"):
+                        scratches.one = Scratch()
+                    digest = sha256_of(a, scratches.one)
                     if digest in index:
                         return name, (index[digest], layout, digest)
             return name, None

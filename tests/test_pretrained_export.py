@@ -467,6 +467,33 @@ def test_a_tied_head_with_external_data_is_turned_on_disk_and_the_file_holds_onl
     assert v.exit_code == 0, v.output
 
 
+def test_the_weights_are_fingerprinted_as_they_are_written_and_not_read_back(folders, tmp_path, monkeypatch):
+    """The record's sha256 of each weight the trace wrote is taken from the bytes as they were written
+    (`weights.Written`), and a parameter is matched to its tensor by the memory it was written from:
+    only what was written otherwise (the tied head, turned on disk) is read back to be hashed. Every
+    fingerprint is that of the file as committed (`weights.read`), tied and untied."""
+    read_back = []
+    hashed = W._sha256_of_initializer
+
+    def spy(init, base):
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            read_back.append(init.name)
+        return hashed(init, base)
+    monkeypatch.setattr(W, "_sha256_of_initializer", spy)
+    for name in ("llama", "tied"):
+        read_back.clear()
+        path = tmp_path / f"{name}.onnx"
+        r = run("export", "--hf", folders[name], "--kv-cache", "--seed", "2", "--external-data", "-o", path)
+        assert r.exit_code == 0, r.output
+        model = onnx.load(path, load_external_data=False)
+        entries = json.loads(ExportRecord.of(model).params)
+        external = {i.name for i in model.graph.initializer if i.data_location == onnx.TensorProto.EXTERNAL}
+        assert external and {e["initializer"] for e in entries.values()} >= external
+        assert read_back == ([] if name == "llama" else [n for n in external if n.endswith(".transposed")]), read_back
+        assert W.read(model, entries, str(tmp_path), keep=False)[1] == []
+        assert all(e["layout"] != "folded" for e in entries.values())
+
+
 def test_int4_with_external_data_quantizes_a_matrix_at_a_time_from_the_traced_weights(folders, tmp_path,
                                                                                         monkeypatch):
     """`--precision int4 --external-data`: the quantizer reads each float matrix from the trace's
@@ -567,11 +594,11 @@ def test_a_full_disk_while_the_traced_weights_are_written_is_one_line_and_leaves
     written = []
     write = W._write_tensor
 
-    def filling(tensor, f):
+    def filling(tensor, f, *rest):
         if written:
             raise OSError(errno.ENOSPC, "No space left on device")
         written.append(tensor.name)
-        write(tensor, f)
+        return write(tensor, f, *rest)
     monkeypatch.setattr(W, "_write_tensor", filling)
     out = tmp_path / "out"
     out.mkdir()

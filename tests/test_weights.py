@@ -1,6 +1,7 @@
 """weights: parameter fingerprints recorded at export, read back, and reweighting an export."""
 
 import numpy as np
+import onnx
 import pytest
 
 from attnexport import export as E
@@ -87,8 +88,15 @@ def test_unload_writes_each_weight_aligned_and_a_transposed_one_a_block_of_rows_
     arrays = {"plain": rng.standard_normal((5, 6)).astype(np.float32), "turned": weight.T,
               "ids": np.arange(40, dtype=np.int64), "small": np.ones(2, np.float32)}
     values = [ir.Value(name=n, const_value=ir.Tensor(a, name=n)) for n, a in arrays.items()]
+    torch = pytest.importorskip("torch")
+    table = torch.from_numpy(rng.standard_normal((6, 4)).astype(np.float32))  # a parameter the graph reads as it is
+    from onnx_ir.tensor_adapters import TorchTensor
+    values.append(ir.Value(name="table", const_value=TorchTensor(table, name="table")))
+    arrays["table"] = table.numpy()
     graph = ir.Graph([], [], nodes=[], initializers=values, name="g")
-    W.unload(ir.Model(graph, ir_version=10), tmp_path, "w.data", threshold=64, alignment=128)
+    with W.external_base(tmp_path):
+        W.unload(ir.Model(graph, ir_version=10), tmp_path, "w.data", threshold=64, alignment=128)
+        written = W._WRITTEN.get()
     data = (tmp_path / "w.data").read_bytes()
     for v in values:
         name, t = v.name, v.const_value
@@ -97,6 +105,32 @@ def test_unload_writes_each_weight_aligned_and_a_transposed_one_a_block_of_rows_
             continue
         assert isinstance(t, ir.ExternalTensor) and t.offset % 128 == 0
         assert data[t.offset:t.offset + t.length] == np.ascontiguousarray(arrays[name]).tobytes(), name
+        # each fingerprinted as written, as the record would hash it from the file, and known by its memory
+        place = written.source[W._memory(arrays[name])]
+        assert place[:3] == ("w.data", t.offset, t.length)
+        init = onnx.TensorProto(name=name, data_type=onnx.helper.np_dtype_to_tensor_dtype(arrays[name].dtype),
+                                dims=arrays[name].shape, data_location=onnx.TensorProto.EXTERNAL)
+        for key, value in (("location", "w.data"), ("offset", str(t.offset)), ("length", str(t.length))):
+            entry = init.external_data.add()
+            entry.key, entry.value = key, value
+        assert W._place(init) == place
+        assert written.at[place] == W._sha256_of_initializer(init, str(tmp_path))
+        assert written.at[place][0] == W.sha256_of(arrays[name])
+
+
+def test_row_blocks_reuse_one_scratch_buffer_from_array_to_array():
+    """A transposed array is made contiguous in the scratch's buffer, kept from one array to the next
+    (a fresh one per array cost the kernel's page faults every time)."""
+    scratch, rng = W.Scratch(), np.random.default_rng(2)
+    seen = set()
+    for shape in ((40, 30), (30, 40), (8, 8)):
+        a = rng.standard_normal(shape).astype(np.float32)
+        blocks = []
+        for block in W.row_blocks(a.T, 7 * shape[0] * 4, scratch):
+            blocks.append(bytes(block))
+            seen.add(np.frombuffer(block, np.uint8).__array_interface__["data"][0])
+        assert b"".join(blocks) == np.ascontiguousarray(a.T).tobytes()
+    assert len(seen) == 1
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64])
