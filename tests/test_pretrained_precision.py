@@ -69,11 +69,11 @@ def run(model, x):
 
 
 def by_columns(model, entry, step=7):
-    """`Columns` (the check's decoder, a block of output columns at a time) gives `matrix`'s
-    values exactly, or declines a folded grid and the integer form."""
+    """`Columns` (the check's decoder) a block of output columns at a time gives the whole matrix's
+    values exactly (`matrix`: all the columns at once), or declines the integer form."""
     inits = {i.name: i for i in model.graph.initializer}
     held = P.Columns.of(model, entry, inits)
-    if entry["how"] in ("folded", "integer"):
+    if entry["how"] == "integer":
         assert held is None
         return
     assert held is not None
@@ -338,6 +338,12 @@ def test_a_weight_off_its_grid_is_found_a_block_of_columns_at_a_time(given):
     moved[0, N - 1] += 10 * np.abs(w[:B, N - 1]).max()
     (bad,) = P.unfaithful(given(w=moved), model)
     assert "mm: 1 weight(s) more than one step of their block's scale" in bad
+    # a matrix the caller has not got, and a record of a kind attnexport does not write: each named
+    record = P.record_of(model)
+    assert P.unfaithful(given(), model) == ["mm: its tensors are missing"]
+    odd = {**record, "matrices": [{**record["matrices"][0], "how": "mystery"}]}
+    assert P.unfaithful(given(w=w), model, odd) == ["mm: recorded as quantized in a way attnexport does not write "
+                                                    "('mystery')"]
 
 
 def test_pack_and_unpack_are_inverse():

@@ -172,7 +172,7 @@ def decoding_from_file(model, onnx_model):
 
         def forward(x):
             held = P.Columns.of(onnx_model, entry, inits)  # its scales read now: none held between calls
-            if held is None:  # a folded grid, the integer form: decoded whole
+            if held is None:  # the integer form: decoded whole
                 w = P.matrix(onnx_model, entry, inits)  # (K, N) float32: the module's (in, out)
                 out = x @ torch.from_numpy(np.ascontiguousarray(w[:, first:stop])).to(x.dtype)
             else:  # the module's own columns only, a block at a time, each decoded, cast and used
