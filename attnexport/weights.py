@@ -311,10 +311,12 @@ def record(model: onnx.ModelProto, params: Mapping[str, np.ndarray], np_dtype) -
     into one MatMul) is recorded with those columns (`columns: [start, stop]`) and the hash of the
     block. A parameter the exporter did not keep as one initializer (folded into another constant)
     is recorded with layout "folded" and the hash of its own value: it is fingerprinted, but
-    `read` cannot check it in the file. Each initializer is hashed once, in chunks (one held as
-    external data read from its file, never mapped whole), and each parameter in place (a
-    transposed one a block of rows at a time), on a thread per core (hashlib lets go of the
-    interpreter's lock): no weight of a whole model is held twice.
+    `read` cannot check it in the file. A tensor the trace wrote (`unload`, within `external_base`)
+    is not read back: its fingerprint was taken as it was written, and a parameter whose memory it
+    was written from is matched to it without hashing (`Written`). Anything else is hashed once, in
+    chunks (an initializer held as external data read from its file, never mapped whole; a
+    parameter in place, a transposed one a block of rows at a time), on a thread per core (hashlib
+    lets go of the interpreter's lock): no weight of a whole model is held twice.
     """
     import threading
 
