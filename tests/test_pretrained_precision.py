@@ -309,6 +309,12 @@ def test_columns_decode_a_matrix_whose_rows_fill_no_whole_block(bits):
     (entry,) = done.entries
     assert entry["how"] == "ort" and entry["k"] == 100
     by_columns(model, entry, step=16)
+    # the faithfulness check reads the padded block as the decoder does: a weight of it moved is found
+    assert P.unfaithful({"w": w}, model) == []
+    moved = w.copy()
+    moved[99, N - 1] += 10 * np.abs(w[96:, N - 1]).max()
+    (bad,) = P.unfaithful({"w": moved}, model)
+    assert "1 weight(s) more than one step of their block's scale" in bad
 
 
 class _ByRows(dict):
