@@ -52,8 +52,9 @@ def _header(dtype, shape) -> bytes:
 class Scratch:
     """One buffer that `row_blocks` makes blocks contiguous in, grown to the largest block asked for
     and reused from array to array. A fresh buffer per array is memory the kernel hands out page by
-    page: copying a 1.07B model's transposed weights into fresh 64 MiB buffers took 10 s, into one
-    reused buffer about 1 s."""
+    page: 0.54 GB of transposed weights (8192 x 2048) made contiguous 64 MiB at a time took 1.5 s into a
+    fresh buffer per matrix (0.4 s once the allocator had such blocks to hand back), 0.19 s into one
+    reused buffer."""
 
     def __init__(self):
         self._bytes = None
@@ -248,9 +249,9 @@ def _write_tensor(tensor, f, scratch: Scratch | None = None, hasher=None) -> tup
     (the array, its `sha256_of`, its `_probe`). A torch tensor (a parameter the graph reads as it is:
     an embedding's table) is written so through its NumPy view. Anything else is written as onnx_ir
     writes it (None)."""
+    import torch
     raw = getattr(tensor, "raw", None)
-    if raw is not None and not isinstance(raw, np.ndarray) and type(raw).__module__.startswith("torch") and \
-            raw.device.type == "cpu":
+    if isinstance(raw, torch.Tensor) and raw.device.type == "cpu":
         with contextlib.suppress(TypeError):  # a type NumPy lacks (bfloat16)
             raw = raw.detach().numpy()
     if not (isinstance(raw, np.ndarray) and raw.dtype.kind in "fiub" and raw.dtype.byteorder in "=<|" and
@@ -267,8 +268,7 @@ def _write_tensor(tensor, f, scratch: Scratch | None = None, hasher=None) -> tup
             sha.update(block)
         else:
             hashing.result()
-    return raw, sha.hexdigest(), (_dtype_str(raw.dtype), tuple(int(d) for d in raw.shape),
-                                  hashlib.sha256(first).hexdigest())
+    return raw, sha.hexdigest(), _probe(raw, bytes(first))
 
 
 def total_sha256(entries: dict[str, dict]) -> str:
@@ -405,7 +405,7 @@ def _sha256_of_initializer(init: onnx.TensorProto, base: str) -> tuple[str, tupl
         return sha256_of(a), _probe(a)
     dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type))
     shape = tuple(int(d) for d in init.dims)
-    sha = hashlib.sha256(f"{_dtype_str(dtype)}{shape}".encode())
+    sha = hashlib.sha256(_header(dtype, shape))
     left = nbytes(init)
     first = None
     with open(Path(base) / info["location"], "rb") as f:
