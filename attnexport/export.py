@@ -30,6 +30,7 @@ from attnexport import files as F
 from attnexport import flavors as FL
 from attnexport import modules as M
 from attnexport import runtimes as R
+from attnexport import stamping as ST
 from attnexport import target as T
 from attnexport import usage as U
 from attnexport import variants as V
@@ -747,6 +748,9 @@ class ModuleExport:
             `model.onnx` -> `model.onnx_data`) before the check, which then loads the graph from
             there (`check` is given its path): the weights are held once, on disk, and a model
             above protobuf's 2 GB limit can be written at all. Needs `output` and `check`.
+        repeat: the module's layers are alike (`attnexport.stamping.Repeat`): it is traced with
+            three of them and the graph of the third stamped out for the rest; where the traced
+            layers turn out not to be alike, the whole module is traced (and a note says why).
     """
 
     flavor: str = FL.DEFAULT
@@ -774,6 +778,7 @@ class ModuleExport:
     float32_inputs: tuple = ()
     finalize: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None
     external_data: bool = False
+    repeat: Any = None  # attnexport.stamping.Repeat: the module traced with three of its alike layers
 
 
 @dataclass
@@ -854,14 +859,12 @@ def _export_module(module, example_inputs, r: ModuleExport, opset: int, torch_na
     them, the quantizer too, read one at a time from there, `weights.values`)."""
     import torch
 
-    recognize = _tracing().recognize
     direct = staged is not None and not r.optimized_by_rewrite
     with U.phase("copy"):
         t = _module_trace(module, tuple(example_inputs), r)
-    traced, found, model = _trace_to_onnx(t, opset, staged.folder if direct and staged is not None else None)
+    traced = _trace_to_onnx(t, opset, staged.folder if direct and staged is not None else None)
+    found, model, calls, trace_notes = traced.found, traced.model, traced.calls, traced.notes
     missed = [f for f in found if f.reason]
-    # Calls routed: the core's nodes in the traced program (tracing may run forward more than once).
-    calls = recognize.routed_calls(traced)
     kept = _name_dims(model, t.names, t.dims[1])
     cache_axes = _kept_axes(t, kept)
     write = _write_pos_of(t, kept, r.write_pos) if r.write_pos is not None else None
@@ -902,6 +905,7 @@ def _export_module(module, example_inputs, r: ModuleExport, opset: int, torch_na
         [M.SEMANTICS_NOTE.format(version=version) + " (--nan-rows keeps torch's)"] if torch_nan else []
     notes = semantics if calls else ["no attention call was routed: the module calls no "
                                      "scaled_dot_product_attention and computes no softmax(q k^T) v"]
+    notes += trace_notes
     notes += [f"routed: {f.kind} attention at {f.where}" for f in found if f.kind]
     notes += [f"not routed (MatMul+Softmax in the graph): attention at {f.where}: {f.reason}" for f in missed]
     static = [f"{n} axis {a}" for n, axes in t.dims[1].items() for a in axes if a not in kept.get(n, {})]
@@ -1070,20 +1074,65 @@ def _in_dtype(module, tdtype):
     return copy.deepcopy(module).to(tdtype).eval()
 
 
-def _trace_to_onnx(t: _ModuleTrace, opset: int, scratch: Path | None = None):
+@dataclass
+class _Traced:
+    """What the trace gave: the attention found (`recognize.route`), the core's calls in order
+    (tracing may run forward more than once), the ONNX model and what the notes say of the trace."""
+
+    found: list
+    calls: list
+    model: Any
+    notes: list
+
+
+def _trace_to_onnx(t: _ModuleTrace, opset: int, scratch: Path | None = None) -> _Traced:
     """torch.export's program of the module, its attention routed through the core (what was not
-    recognized stops a fused flavour unless allowed), and the ONNX model of it: (program, found,
-    model); with `scratch` (a staging folder), its weights written there (`files.SCRATCH`) straight
-    from the module's tensors, the model naming them as external data (no copy of them in memory)."""
+    recognized stops a fused flavour unless allowed), and the ONNX model of it; with `scratch` (a
+    staging folder), its weights written there (`files.SCRATCH`) straight from the module's
+    tensors, the model naming them as external data (no copy of them in memory). A module whose
+    layers are alike (`request.repeat`) is traced with three of them and stamped out
+    (`attnexport.stamping`), or traced whole where its traced layers turn out not to be alike."""
+    r = t.request
+    notes = []
+    if r.repeat is not None:
+        try:
+            traced = _trace_stamped(t, opset)
+        except ST.Unstampable as e:
+            notes.append(f"traced with all {r.repeat.count} layers: the traced layers are not alike ({e})")
+            traced = _trace(t, opset, t.module, range(len(t.names)))
+    else:
+        traced = _trace(t, opset, t.module, range(len(t.names)))
+    if scratch is not None:
+        with U.phase("write weights"):
+            W.unload(traced.model, scratch, F.SCRATCH, F.EXTERNAL_MIN, F.EXTERNAL_ALIGN)
+    with U.phase("to onnx"):
+        traced.model = ir_serde_model(traced.model)
+    traced.notes = notes + traced.notes
+    return traced
+
+
+def ir_serde_model(model):
+    """The ModelProto of an onnx_ir model (its weights named where `unload` wrote them)."""
+    import onnx_ir as ir
+    return ir.serde.serialize_model(model)
+
+
+def _trace(t: _ModuleTrace, opset: int, module, keep, optimize: bool | None = None) -> _Traced:
+    """`module` traced with the inputs `keep` (positions in t.names) and translated: a _Traced whose
+    model is the onnx_ir model, not yet serialised."""
     import torch
 
     tracing = _tracing()
     recognize, torch_dead_rows = tracing.recognize, tracing.onnx_attention.torch_dead_rows
-
     r = t.request
+    keep = list(keep)
+    args, names = tuple(t.args[i] for i in keep), [t.names[i] for i in keep]
+    shapes = tuple(t.dims[0][i] for i in keep)
+    out_names = t.out_names if t.out_names is None or r.repeat is None or len(keep) == len(t.names) else \
+        [n for n in t.out_names if r.repeat.kept(n)]
     with M.routed(), (torch_dead_rows() if r.nan_rows else contextlib.nullcontext()):
         with export_errors(r.name), _quiet(), torch_sped_up(), U.phase("trace"):
-            traced = torch.export.export(t.module, t.args, dynamic_shapes=_by_signature(t.module, t.dims[0]))
+            traced = torch.export.export(module, args, dynamic_shapes=_by_signature(module, shapes))
         found = recognize.route(traced)
         missed = [f for f in found if f.reason]
         if missed and FL.FLAVORS[r.flavor].fused and not r.allow_unfused:
@@ -1092,12 +1141,32 @@ def _trace_to_onnx(t: _ModuleTrace, opset: int, scratch: Path | None = None):
                               "flavor would compute it with MatMul+Softmax outside its fused op. --allow-unfused "
                               "exports it so (--flavor primitives computes all attention that way)")
         with U.phase("to onnx"):
-            program = to_onnx(traced, t.args, flavor=r.flavor, opset=opset, input_names=t.names,
-                              output_names=t.out_names, what=r.name, optimize=not r.optimized_by_rewrite)
-            if scratch is not None:
-                W.unload(program.model, scratch, F.SCRATCH, F.EXTERNAL_MIN, F.EXTERNAL_ALIGN)
-            proto = program.model_proto
-    return traced, found, proto
+            program = to_onnx(traced, args, flavor=r.flavor, opset=opset, input_names=names,
+                              output_names=out_names, what=r.name,
+                              optimize=(not r.optimized_by_rewrite) if optimize is None else optimize)
+    return _Traced(found, recognize.routed_calls(traced), program.model, [])
+
+
+def _trace_stamped(t: _ModuleTrace, opset: int) -> _Traced:
+    """The module traced with its first `stamping.TRACED` layers (`repeat.shallow`), its graph
+    stamped out to all of them. torch.onnx's optimizer, where it runs, runs on the shallow graph
+    without merging equal initializers (layer 2 would read layer 0's), which is done after the stamp."""
+    r = t.request
+    keep = [i for i, n in enumerate(t.names) if r.repeat.kept(n)]
+    optimize = not r.optimized_by_rewrite
+    with r.repeat.shallow(t.module), (ST.deduplication_off() if optimize else contextlib.nullcontext()):
+        traced = _trace(t, opset, t.module, keep)
+    with U.phase("stamp"):
+        made = ST.stamp(traced.model, r.repeat, t.module)
+        if optimize:
+            ST.deduplicate(traced.model)
+    per = len(traced.calls) // ST.TRACED if len(traced.calls) % ST.TRACED == 0 else 0
+    traced.calls += traced.calls[-per:] * (r.repeat.count - ST.TRACED) if per else []
+    per = len(traced.found) // ST.TRACED if len(traced.found) % ST.TRACED == 0 else 0
+    traced.found += traced.found[-per:] * (r.repeat.count - ST.TRACED) if per else []
+    traced.notes.append(f"traced with {ST.TRACED} of its {r.repeat.count} alike layers; the other "
+                        f"{r.repeat.count - ST.TRACED} stamped from layer {ST.TEMPLATE}'s graph ({made} nodes)")
+    return traced
 
 
 def _by_signature(module, shapes: tuple) -> tuple:

@@ -257,7 +257,8 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
         check=check, finalize=quantize if plan is not None else None,
         rewrite=lambda onnx_model: _rewritten(onnx_model, model, layout, flavor, dtype, name,
                                               quantized=plan is not None and plan.kernel != "integer"),
-        optimized_by_rewrite=FL.FLAVORS[flavor].fuses_language_models, float32_inputs=form.float32_inputs(layout))
+        optimized_by_rewrite=FL.FLAVORS[flavor].fuses_language_models, float32_inputs=form.float32_inputs(layout),
+        repeat=form.repeat(wrapper, layout))
     try:
         result = export_module(wrapper, example, module_request)
     except ExportError as e:

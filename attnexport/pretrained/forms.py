@@ -89,6 +89,11 @@ class CacheForm:
         """The module the export traces: `model` as this form's step of flat tensors."""
         raise NotImplementedError
 
+    def repeat(self, wrapper, layout):
+        """How the export may trace `wrapper` with a few of its layers and stamp the rest
+        (`attnexport.stamping.Repeat`); None: it traces every layer."""
+        return None
+
     def rotary_positions(self, model, layout) -> int:
         """The positions the ort flavour's rotary tables cover (0: none)."""
         return int(getattr(model.config, "max_position_embeddings", 0) or 0)

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from attnexport import signature as SG
+from attnexport import stamping as ST
 from attnexport.errors import UsageError
 from attnexport.models.core import attend, attend_ring, attend_static
 from attnexport.pretrained import forms as FM
@@ -71,6 +72,27 @@ class Decoding:
 class CausalForm(FM.CacheForm):
     """A language model's form: token ids, a padding mask and position ids in (and the cache),
     logits out; its feeds, steps and decoding."""
+
+    def repeat(self, wrapper, layout) -> ST.Repeat | None:
+        """How the export traces the model (`wrapper`, this form's step) with three of its layers
+        and stamps the rest (`attnexport.stamping`): where it has more than three, all of one kind
+        (one class, the same parameters' shapes, one attention type and window); None else."""
+        found = _layer_list(wrapper, layout.layers)
+        if found is None or layout.layers <= ST.TRACED:
+            return None
+        path, layers = found
+        config = wrapper.model.config
+        kinds = set(getattr(config, "layer_types", None) or ()) | set(layout.extra.get("windows") or ())
+        shapes = {tuple((n, tuple(p.shape), p.dtype) for n, p in layer.named_parameters()) for layer in layers}
+        if len(kinds) > 1 or len(shapes) > 1 or len({type(layer) for layer in layers}) > 1:
+            return None
+        pairs = list(layout.cache_pairs.items())
+        per = len(pairs) // layout.layers
+
+        def names(i: int) -> list[str]:
+            own = pairs[i * per:(i + 1) * per]
+            return [p for p, _ in own] + [q for _, q in own]
+        return ST.Repeat(layout.layers, path, names, lambda module: _shallow(module, path, ST.TRACED))
 
     def inputs(self, layout) -> list[str]:
         return ["input_ids", "attention_mask", "position_ids", *self.cache_names(layout, "past_key_values")]
@@ -656,3 +678,41 @@ class StaticStep(torch.nn.Module):
         with _stepping(self.model, step, STATIC_ATTENTION):
             out = self.model(input_ids=input_ids, position_ids=positions, use_cache=False)
         return (_logits(out), *_written(step, self.layers, "static"))
+
+
+def _layer_list(wrapper, count: int):
+    """(path, the module list) of the model's decoder layers in `wrapper`: its one list of `count`
+    modules; None where there is not exactly one."""
+    lists = [(n, m) for n, m in wrapper.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == count]
+    return lists[0] if len(lists) == 1 else None
+
+
+@contextlib.contextmanager
+def _shallow(wrapper, path: str, keep: int):
+    """`wrapper` running its model's first `keep` layers only, taking and returning their caches
+    only: the layer list, the config's count (and layer types) and the step's count cut, then put
+    back."""
+    parent, _, name = path.rpartition(".")
+    owner = wrapper.get_submodule(parent) if parent else wrapper
+    layers, config = getattr(owner, name), wrapper.model.config
+    saved = (config.num_hidden_layers, getattr(config, "layer_types", None), getattr(wrapper, "layers", None),
+             getattr(wrapper, "rings", None))
+    setattr(owner, name, torch.nn.ModuleList(list(layers)[:keep]))
+    config.num_hidden_layers = keep
+    if saved[2] is not None:
+        wrapper.layers = keep
+    if saved[1] is not None:
+        config.layer_types = saved[1][:keep]
+    if saved[3]:
+        wrapper.rings = saved[3][:keep]
+    try:
+        yield
+    finally:
+        setattr(owner, name, layers)
+        config.num_hidden_layers = saved[0]
+        if saved[2] is not None:
+            wrapper.layers = saved[2]
+        if saved[1] is not None:
+            config.layer_types = saved[1]
+        if saved[3] is not None:
+            wrapper.rings = saved[3]
