@@ -748,6 +748,10 @@ class ModuleExport:
             `model.onnx` -> `model.onnx_data`) before the check, which then loads the graph from
             there (`check` is given its path): the weights are held once, on disk, and a model
             above protobuf's 2 GB limit can be written at all. Needs `output` and `check`.
+        beside_write: work that reads the module only (a whole model's float64 reference, for its
+            `check`), run on a thread of its own while the trace's weights are written to the
+            staging folder (external data written straight from the module's tensors); not run
+            otherwise (the check then does it itself).
         repeat: the module's layers are alike (`attnexport.stamping.Repeat`): it is traced with
             three of them and the graph of the third stamped out for the rest; where the traced
             layers turn out not to be alike, the whole module is traced (and a note says why).
@@ -779,6 +783,7 @@ class ModuleExport:
     finalize: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None
     external_data: bool = False
     repeat: Any = None  # attnexport.stamping.Repeat: the module traced with three of its alike layers
+    beside_write: Callable[[], None] | None = None
 
 
 @dataclass
@@ -1104,7 +1109,7 @@ def _trace_to_onnx(t: _ModuleTrace, opset: int, scratch: Path | None = None) -> 
         traced = _trace(t, opset, t.module, range(len(t.names)))
     if scratch is not None:
         with U.phase("write weights"):
-            W.unload(traced.model, scratch, F.SCRATCH, F.EXTERNAL_MIN, F.EXTERNAL_ALIGN)
+            W.unload(traced.model, scratch, F.SCRATCH, F.EXTERNAL_MIN, F.EXTERNAL_ALIGN, beside=r.beside_write)
     with U.phase("to onnx"):
         traced.model = ir_serde_model(traced.model)
     traced.notes = notes + traced.notes

@@ -206,24 +206,31 @@ def transposed_external(init: onnx.TensorProto, name: str,
     return out
 
 
-def unload(model, folder: Path, name: str, threshold: int, alignment: int) -> None:
+def unload(model, folder: Path, name: str, threshold: int, alignment: int, beside=None) -> None:
     """The weights of `model` (an onnx_ir model, whose tensors are still the module's own) written
     to `folder/name` one at a time, each of `threshold` bytes or more starting at a multiple of
     `alignment` and then named there (external data): its ONNX message is built without a copy of
-    them. A NumPy-held tensor is written from its buffer (`_write_tensor`)."""
+    them. A NumPy-held tensor is written from its buffer (`_write_tensor`).
+
+    `beside`: work run on a thread of its own while the weights are written (a whole model's
+    float64 reference, which reads the module, not the file); its error, if any, is raised once the
+    weights are written. Every tensor to write is pinned to its memory first (a torch parameter as
+    its NumPy view), so the work may swap a module's parameters for float64 copies meanwhile."""
     import onnx_ir as ir
     path = Path(folder) / name
     values = [v for graph in (model.graph, *model.graph.subgraphs()) for v in graph.initializers.values()
               if v.const_value is not None and not isinstance(v.const_value, ir.ExternalTensor) and
               v.const_value.nbytes >= threshold]
+    pinned = [_pinned(v.const_value) for v in values]
     written, scratch = _WRITTEN.get(), Scratch()
+    work = _Beside(beside) if beside is not None else None
     try:
         with open(path, "wb") as f, ThreadPoolExecutor(max_workers=1) as hasher:
-            for value in values:
+            for value, raw in zip(values, pinned, strict=True):
                 tensor = value.const_value
                 f.write(b"\0" * (-f.tell() % alignment))
                 offset = f.tell()
-                hashed = _write_tensor(tensor, f, scratch, hasher)
+                hashed = _write_tensor(tensor, f, scratch, hasher, raw)
                 if f.tell() - offset != tensor.nbytes:
                     raise ValueError(f"{tensor.name}: {f.tell() - offset} bytes written of {tensor.nbytes}")
                 if hashed is not None and written is not None:
@@ -235,25 +242,60 @@ def unload(model, folder: Path, name: str, threshold: int, alignment: int) -> No
         size = sum(v.const_value.nbytes for v in values if not isinstance(v.const_value, ir.ExternalTensor))
         raise UsageError(f"cannot write the weights to {folder}: {e.strerror or e} (they take "
                          f"{F.human_size(size)} more)") from None
+    finally:
+        if work is not None:
+            work.join()
+    if work is not None:
+        work.raise_error()
+
+
+class _Beside:
+    """`work()` on a thread of its own (a daemon: Ctrl-C does not wait for it), its error kept."""
+
+    def __init__(self, work):
+        import threading
+        self.error: BaseException | None = None
+
+        def run():
+            try:
+                work()
+            except BaseException as e:  # noqa: BLE001 - raised on the caller's thread
+                self.error = e
+        self.thread = threading.Thread(target=run, name="attnexport-beside-write", daemon=True)
+        self.thread.start()
+
+    def join(self) -> None:
+        self.thread.join()
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+def _pinned(tensor):
+    """What `_write_tensor` writes a tensor from: a torch tensor on the CPU as its NumPy view (the
+    memory it holds now, whatever its module holds later), else its raw array (or None)."""
+    import torch
+    raw = getattr(tensor, "raw", None)
+    if isinstance(raw, torch.Tensor) and raw.device.type == "cpu":
+        with contextlib.suppress(TypeError):  # a type NumPy lacks (bfloat16)
+            raw = raw.detach().numpy()
+    return raw
 
 
 # A transposed weight is made contiguous this many bytes of its rows at a time.
 TRANSPOSE_BYTES = 1 << 26
 
 
-def _write_tensor(tensor, f, scratch: Scratch | None = None, hasher=None) -> tuple | None:
+def _write_tensor(tensor, f, scratch: Scratch | None = None, hasher=None, raw=None) -> tuple | None:
     """One tensor's bytes appended to `f`. A NumPy array (a parameter's view, or its transpose: the
     MatMul weights the exporter turns) is written from its buffer, a transposed one a block of rows
     at a time (`row_blocks`: NumPy's transposed copy and `tofile`, which writes in pieces, were 23 s
     of a 1.07B export's 82), each block hashed on `hasher` (an executor) while it is written:
     (the array, its `sha256_of`, its `_probe`). A torch tensor (a parameter the graph reads as it is:
     an embedding's table) is written so through its NumPy view. Anything else is written as onnx_ir
-    writes it (None)."""
-    import torch
-    raw = getattr(tensor, "raw", None)
-    if isinstance(raw, torch.Tensor) and raw.device.type == "cpu":
-        with contextlib.suppress(TypeError):  # a type NumPy lacks (bfloat16)
-            raw = raw.detach().numpy()
+    writes it (None). `raw`: the tensor as `_pinned` took it, where it was taken before."""
+    raw = _pinned(tensor) if raw is None else raw
     if not (isinstance(raw, np.ndarray) and raw.dtype.kind in "fiub" and raw.dtype.byteorder in "=<|" and
             raw.dtype.itemsize * 8 == tensor.dtype.bitwidth):
         tensor.tofile(f)

@@ -118,6 +118,44 @@ def test_unload_writes_each_weight_aligned_and_a_transposed_one_a_block_of_rows_
         assert written.at[place][0] == W.sha256_of(arrays[name])
 
 
+def test_work_beside_the_write_runs_on_its_own_thread_and_its_error_comes_after(tmp_path):
+    """`unload(beside=...)`: the work runs on a thread of its own while the weights are written; a
+    parameter it swaps for a float64 copy meanwhile (as the float64 reference does, a module at a time)
+    is written as it was when the write began; the work's error is raised once every weight is written."""
+    ir = pytest.importorskip("onnx_ir")
+    torch = pytest.importorskip("torch")
+    import threading
+
+    from onnx_ir.tensor_adapters import TorchTensor
+    norm = torch.nn.Parameter(torch.arange(64, dtype=torch.float32))
+    kept = norm.detach().numpy().copy()
+
+    def values():  # the parameter after a weight large enough for the work to have swapped it by then
+        return [ir.Value(name="w", const_value=ir.Tensor(np.ones((1024, 1024), np.float32), name="w")),
+                ir.Value(name="norm", const_value=TorchTensor(norm, name="norm"))]
+    seen = {}
+
+    def swap():
+        seen["thread"] = threading.current_thread() is not threading.main_thread()
+        norm.data = norm.data.double()  # what the reference's hook does while the module runs
+    made = values()
+    with W.external_base(tmp_path):
+        W.unload(ir.Model(ir.Graph([], [], nodes=[], initializers=made, name="g"), ir_version=10), tmp_path,
+                 "w.data", threshold=64, alignment=128, beside=swap)
+    assert seen == {"thread": True}
+    at = made[1].const_value
+    assert (tmp_path / "w.data").read_bytes()[at.offset:at.offset + at.length] == kept.tobytes()
+
+    norm.data = torch.from_numpy(kept.copy())
+
+    def fails():
+        raise RuntimeError("the reference failed")
+    with W.external_base(tmp_path), pytest.raises(RuntimeError, match="the reference failed"):
+        W.unload(ir.Model(ir.Graph([], [], nodes=[], initializers=values(), name="g"), ir_version=10), tmp_path,
+                 "x.data", threshold=64, alignment=128, beside=fails)
+    assert (tmp_path / "x.data").stat().st_size == 1024 * 1024 * 4 + 64 * 4  # every weight written first
+
+
 def test_row_blocks_reuse_one_scratch_buffer_from_array_to_array():
     """A transposed array is made contiguous in the scratch's buffer, kept from one array to the next
     (a fresh one per array cost the kernel's page faults every time)."""

@@ -232,11 +232,19 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
                                        tensors=file_tensors(r.grids_from or r.source), calibration=calibration)
         return onnx_model
 
+    expected: dict = {}
+
+    def expect():  # the check's torch side, on a thread of its own while the trace's weights are written
+        expected["reference"] = HR.Reference(model, layout, dtype, r.rtol, r.atol)
+        expected["cases"] = expectations(expected["reference"], tokenizer)
+
     def check(onnx_model):
-        if plan is None:  # the float64 copy made here, once the trace no longer needs the memory
-            reference = HR.Reference(model, layout, dtype, r.rtol, r.atol)
-            return check_before_writing(onnx_model, reference, tokenizer, name,
-                                        release=(lambda: release_weights(model)) if r.frees_model else None)
+        if plan is None:  # the model in float64, a layer at a time (no float64 copy of it)
+            if "cases" not in expected:
+                expect()
+            return check_before_writing(onnx_model, expected["reference"], tokenizer, name,
+                                        release=(lambda: release_weights(model)) if r.frees_model else None,
+                                        cases=expected.pop("cases"))
         return check_quantized(onnx_model, model, layout, quantized["before"], tokenizer, name, r,
                                release=(lambda: release_weights(model)) if r.frees_model else None)
 
@@ -258,7 +266,7 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
         rewrite=lambda onnx_model: _rewritten(onnx_model, model, layout, flavor, dtype, name,
                                               quantized=plan is not None and plan.kernel != "integer"),
         optimized_by_rewrite=FL.FLAVORS[flavor].fuses_language_models, float32_inputs=form.float32_inputs(layout),
-        repeat=form.repeat(wrapper, layout))
+        repeat=form.repeat(wrapper, layout), beside_write=expect if plan is None else None)
     try:
         result = export_module(wrapper, example, module_request)
     except ExportError as e:
@@ -468,8 +476,21 @@ def release_weights(model) -> None:
     gc.collect()
 
 
+def expectations(reference: HR.Reference, tokenizer, feeds: list | None = None) -> list:
+    """The torch side of `check_before_writing`: each of the form's export_checks shapes' (label,
+    feed, the model's float64 outputs with each layer's). `feeds`: each shape's (label, feed), where
+    the caller has made them already. It reads the model only, never the graph's file, so an
+    export computes it while the weights are written (`ModuleExport.beside_write`)."""
+    layout = reference.layout
+    with U.phase("reference"):
+        if feeds is None:
+            feeds = [(label, layout.family.check_feed(reference, tokenizer, batch, block, past, padded, seed=1))
+                     for label, batch, block, past, padded in layout.cache_form.export_checks]
+        return [(label, feed, reference.expect(feed, layers=True)) for label, feed in feeds]
+
+
 def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: str, release=None,
-                         feeds: list | None = None, prepack: bool = False) -> list:
+                         feeds: list | None = None, prepack: bool = False, cases: list | None = None) -> list:
     """The step graph (a ModelProto, or the path of one staged with its external data) on ONNX
     Runtime's CPU provider at each of its form's export_checks shapes against the model in
     float64, each output within its budget, and each decoder layer alone within its own
@@ -482,16 +503,11 @@ def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: s
     ONNX Runtime's sessions pack the weights for their kernels, as a quantized graph wants (without,
     each run of a MatMulNBits decodes its whole matrix: 3 s a run of a 1.07B int4 graph against
     0.03-0.4 s, for the packed copy's 0.5-0.9 GB); a float graph's are not packed (a copy of every
-    weight for a few runs)."""
+    weight for a few runs). `cases`: `expectations`, where they were computed already."""
 
     layout = reference.layout
-    cases = []  # every shape's feed and float64 outputs first: the model in torch is then done with
-    with U.phase("reference"):
-        if feeds is None:
-            feeds = [(label, layout.family.check_feed(reference, tokenizer, batch, block, past, padded, seed=1))
-                     for label, batch, block, past, padded in layout.cache_form.export_checks]
-        for label, feed in feeds:
-            cases.append((label, feed, reference.expect(feed, layers=True)))
+    if cases is None:
+        cases = expectations(reference, tokenizer, feeds)
     if release is not None:
         release()
     with U.phase("check session"):
