@@ -132,10 +132,14 @@ class Written:
     def __init__(self):
         self.at: dict[tuple, tuple[str, tuple]] = {}
         self.source: dict[tuple, tuple] = {}
+        # The memory each was written from, by its place, until the record (`transposed_external`
+        # turns a tied head from there); let go then, so that the model's weights can be.
+        self.arrays: dict[tuple, np.ndarray] = {}
 
     def add(self, raw: np.ndarray, place: tuple, digest: str, probe: tuple) -> None:
         self.at[place] = (digest, probe)
         self.source[_memory(raw)] = place
+        self.arrays[place] = raw
 
 
 def _memory(a: np.ndarray) -> tuple:
@@ -177,7 +181,9 @@ def transposed_external(init: onnx.TensorProto, name: str,
     """The transpose (C, R) of a 2-D initializer (R, C) held as external data in the staging folder
     (`external_base`), written to the end of the same file (at a multiple of `alignment`) a block
     of its rows at a time and named there as the tensor `name`: neither matrix is held in memory
-    whole. None where `init` is not held so."""
+    whole. Where `unload` wrote `init` from memory (`Written.arrays`), it is turned from there and
+    written in order, hashed as it is written (the record does not read it back); else it is read
+    back from the file. None where `init` is not held so."""
     info = {e.key: e.value for e in init.external_data}
     if init.data_location != onnx.TensorProto.EXTERNAL or "location" not in info or len(init.dims) != 2 \
             or not _BASE.get():
@@ -185,18 +191,29 @@ def transposed_external(init: onnx.TensorProto, name: str,
     dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type)).newbyteorder("<")
     rows, cols = (int(d) for d in init.dims)
     path = Path(_BASE.get()) / info["location"]
-    step = max(1, CHUNK_BYTES // max(1, cols * dtype.itemsize))
-    with open(path, "rb") as src, open(path, "r+b") as dst:
-        start = dst.seek(0, 2)
-        start += -start % alignment
-        dst.truncate(start + rows * cols * dtype.itemsize)
-        src.seek(int(info.get("offset", 0)))
-        for first in range(0, rows, step):
-            n = min(step, rows - first)
-            block = np.frombuffer(src.read(n * cols * dtype.itemsize), dtype=dtype).reshape(n, cols)
-            turned = np.ascontiguousarray(block.T)  # (cols, n): columns first..first+n of each output row
-            for c in range(cols):
-                os.pwrite(dst.fileno(), turned[c].data, start + (c * rows + first) * dtype.itemsize)
+    written, place = _WRITTEN.get(), _place(init)
+    held = written.arrays.get(place) if written is not None and place is not None else None
+    if written is not None and held is not None:  # written from memory by `unload`: turned from there, hashed as it is written
+        with open(path, "r+b") as dst, ThreadPoolExecutor(max_workers=1) as hasher:
+            start = dst.seek(0, 2)
+            dst.write(b"\0" * (-start % alignment))
+            start = dst.tell()
+            turned, digest, probe = _write_array(held.T, dst, Scratch(), hasher)
+        place = (info["location"], start, rows * cols * dtype.itemsize, _header(turned.dtype, turned.shape))
+        written.add(turned, place, digest, probe)
+    else:
+        step = max(1, CHUNK_BYTES // max(1, cols * dtype.itemsize))
+        with open(path, "rb") as src, open(path, "r+b") as dst:
+            start = dst.seek(0, 2)
+            start += -start % alignment
+            dst.truncate(start + rows * cols * dtype.itemsize)
+            src.seek(int(info.get("offset", 0)))
+            for first in range(0, rows, step):
+                n = min(step, rows - first)
+                block = np.frombuffer(src.read(n * cols * dtype.itemsize), dtype=dtype).reshape(n, cols)
+                turned = np.ascontiguousarray(block.T)  # (cols, n): columns first..first+n of each output row
+                for c in range(cols):
+                    os.pwrite(dst.fileno(), turned[c].data, start + (c * rows + first) * dtype.itemsize)
     out = onnx.TensorProto(name=name, data_type=init.data_type, dims=[cols, rows],
                            data_location=onnx.TensorProto.EXTERNAL)
     for key, value in (("location", info["location"]), ("offset", str(start)),
@@ -292,7 +309,7 @@ def _write_tensor(tensor, f, scratch: Scratch | None = None, hasher=None, raw=No
     MatMul weights the exporter turns) is written from its buffer, a transposed one a block of rows
     at a time (`row_blocks`: NumPy's transposed copy and `tofile`, which writes in pieces, were 23 s
     of a 1.07B export's 82), each block hashed on `hasher` (an executor) while it is written:
-    (the array, its `sha256_of`, its `_probe`). A torch tensor (a parameter the graph reads as it is:
+    (the array, its `sha256_of`, its `_probe`: `_write_array`). A torch tensor (a parameter the graph reads as it is:
     an embedding's table) is written so through its NumPy view. Anything else is written as onnx_ir
     writes it (None). `raw`: the tensor as `_pinned` took it, where it was taken before."""
     raw = _pinned(tensor) if raw is None else raw
@@ -300,6 +317,12 @@ def _write_tensor(tensor, f, scratch: Scratch | None = None, hasher=None, raw=No
             raw.dtype.itemsize * 8 == tensor.dtype.bitwidth):
         tensor.tofile(f)
         return None
+    return _write_array(raw, f, scratch, hasher)
+
+
+def _write_array(raw: np.ndarray, f, scratch: Scratch | None = None, hasher=None) -> tuple:
+    """`raw`'s bytes appended to `f` a block of rows at a time (`row_blocks`), each hashed on
+    `hasher` while it is written: (raw, its `sha256_of`, its `_probe`)."""
     sha, first = hashlib.sha256(_header(raw.dtype, raw.shape)), bytearray()
     for block in row_blocks(raw, TRANSPOSE_BYTES, scratch):
         if len(first) < PROBE_BYTES:
@@ -365,6 +388,7 @@ def record(model: onnx.ModelProto, params: Mapping[str, np.ndarray], np_dtype) -
     inits = list(model.graph.initializer)
     # What `unload` hashed as it wrote it, at the places the finished model still names.
     written = _WRITTEN.get() or Written()
+    written.arrays.clear()  # nothing turns a written tensor after this: the weights may go
     named = {place: init.name for init in inits if (place := _place(init)) in written.at}
     scratches = threading.local()  # a `Scratch` per thread of the pool
     with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:

@@ -156,6 +156,37 @@ def test_work_beside_the_write_runs_on_its_own_thread_and_its_error_comes_after(
     assert (tmp_path / "x.data").stat().st_size == 1024 * 1024 * 4 + 64 * 4  # every weight written first
 
 
+def test_a_table_is_turned_from_the_memory_it_was_written_from_or_else_from_the_file(tmp_path):
+    """`transposed_external`: a table `unload` wrote is turned from its memory, written in order and
+    fingerprinted as written (the record reads nothing back); one written otherwise is turned from the
+    file. Either way the file then holds the transpose at an aligned offset."""
+    ir = pytest.importorskip("onnx_ir")
+    rng = np.random.default_rng(3)
+    table = rng.standard_normal((37, 12)).astype(np.float32)
+    with W.external_base(tmp_path):
+        value = ir.Value(name="table", const_value=ir.Tensor(table, name="table"))
+        W.unload(ir.Model(ir.Graph([], [], nodes=[], initializers=[value], name="g"), ir_version=10), tmp_path,
+                 "w.data", threshold=64, alignment=128)
+        written = W._WRITTEN.get()
+        t = value.const_value
+        init = onnx.TensorProto(name="table", data_type=onnx.TensorProto.FLOAT, dims=[37, 12],
+                                data_location=onnx.TensorProto.EXTERNAL)
+        for key, v in (("location", "w.data"), ("offset", str(t.offset)), ("length", str(t.length))):
+            entry = init.external_data.add()
+            entry.key, entry.value = key, v
+        from_memory = W.transposed_external(init, "a", alignment=128)
+        written.arrays.clear()  # as after the record: turned from the file
+        from_file = W.transposed_external(init, "b", alignment=128)
+    data = (tmp_path / "w.data").read_bytes()
+    for turned in (from_memory, from_file):
+        info = {e.key: e.value for e in turned.external_data}
+        offset, length = int(info["offset"]), int(info["length"])
+        assert offset % 128 == 0 and list(turned.dims) == [12, 37]
+        assert data[offset:offset + length] == np.ascontiguousarray(table.T).tobytes(), turned.name
+    assert written.at[W._place(from_memory)] == W._sha256_of_initializer(from_memory, str(tmp_path))
+    assert W._place(from_file) not in written.at
+
+
 def test_row_blocks_reuse_one_scratch_buffer_from_array_to_array():
     """A transposed array is made contiguous in the scratch's buffer, kept from one array to the next
     (a fresh one per array cost the kernel's page faults every time)."""
