@@ -176,14 +176,16 @@ def values(init: onnx.TensorProto) -> np.ndarray:
     return numpy_helper.to_array(held, _BASE.get())
 
 
-def transposed_external(init: onnx.TensorProto, name: str,
-                        alignment: int = F.EXTERNAL_ALIGN) -> onnx.TensorProto | None:
+def transposed_external(init: onnx.TensorProto, name: str, alignment: int = F.EXTERNAL_ALIGN,
+                        over: bool = False) -> onnx.TensorProto | None:
     """The transpose (C, R) of a 2-D initializer (R, C) held as external data in the staging folder
     (`external_base`), written to the end of the same file (at a multiple of `alignment`) a block
     of its rows at a time and named there as the tensor `name`: neither matrix is held in memory
     whole. Where `unload` wrote `init` from memory (`Written.arrays`), it is turned from there and
-    written in order, hashed as it is written (the record does not read it back); else it is read
-    back from the file. None where `init` is not held so."""
+    written in order, hashed as it is written (the record does not read it back), and, with `over`
+    (the caller lets `init` go), written over `init`'s own bytes, which are as many: the file grows
+    by nothing and keeps no hole. Else it is read back from the file. None where `init` is not held
+    so."""
     info = {e.key: e.value for e in init.external_data}
     if init.data_location != onnx.TensorProto.EXTERNAL or "location" not in info or len(init.dims) != 2 \
             or not _BASE.get():
@@ -193,11 +195,14 @@ def transposed_external(init: onnx.TensorProto, name: str,
     path = Path(_BASE.get()) / info["location"]
     written, place = _WRITTEN.get(), _place(init)
     held = written.arrays.get(place) if written is not None and place is not None else None
-    if written is not None and held is not None:  # written from memory by `unload`: turned from there, hashed as it is written
+    if written is not None and held is not None:  # written from memory by `unload`: turned from there
         with open(path, "r+b") as dst, ThreadPoolExecutor(max_workers=1) as hasher:
-            start = dst.seek(0, 2)
-            dst.write(b"\0" * (-start % alignment))
-            start = dst.tell()
+            if over:
+                start = dst.seek(int(info.get("offset", 0)))
+            else:
+                start = dst.seek(0, 2)
+                dst.write(b"\0" * (-start % alignment))
+                start = dst.tell()
             turned, digest, probe = _write_array(held.T, dst, Scratch(), hasher)
         place = (info["location"], start, rows * cols * dtype.itemsize, _header(turned.dtype, turned.shape))
         written.add(turned, place, digest, probe)
@@ -240,28 +245,29 @@ def unload(model, folder: Path, name: str, threshold: int, alignment: int, besid
               v.const_value.nbytes >= threshold]
     pinned = [_pinned(v.const_value) for v in values]
     written, scratch = _WRITTEN.get(), Scratch()
-    work = _Beside(beside) if beside is not None else None
-    try:
-        with open(path, "wb") as f, ThreadPoolExecutor(max_workers=1) as hasher:
-            for value, raw in zip(values, pinned, strict=True):
-                tensor = value.const_value
-                f.write(b"\0" * (-f.tell() % alignment))
-                offset = f.tell()
-                hashed = _write_tensor(tensor, f, scratch, hasher, raw)
-                if f.tell() - offset != tensor.nbytes:
-                    raise ValueError(f"{tensor.name}: {f.tell() - offset} bytes written of {tensor.nbytes}")
-                if hashed is not None and written is not None:
-                    raw, digest, probe = hashed
-                    written.add(raw, (name, offset, tensor.nbytes, _header(raw.dtype, raw.shape)), digest, probe)
-                value.const_value = ir.ExternalTensor(name, offset, tensor.nbytes, tensor.dtype, shape=tensor.shape,
-                                                      name=tensor.name, base_dir=str(folder))
-    except OSError as e:  # a full disk: one line (the caller discards what was staged)
-        size = sum(v.const_value.nbytes for v in values if not isinstance(v.const_value, ir.ExternalTensor))
-        raise UsageError(f"cannot write the weights to {folder}: {e.strerror or e} (they take "
-                         f"{F.human_size(size)} more)") from None
-    finally:
-        if work is not None:
-            work.join()
+    with _one_thread_each() if beside is not None else contextlib.nullcontext():
+        work = _Beside(beside) if beside is not None else None
+        try:
+            with open(path, "wb") as f, ThreadPoolExecutor(max_workers=1) as hasher:
+                for value, raw in zip(values, pinned, strict=True):
+                    tensor = value.const_value
+                    f.write(b"\0" * (-f.tell() % alignment))
+                    offset = f.tell()
+                    hashed = _write_tensor(tensor, f, scratch, hasher, raw)
+                    if f.tell() - offset != tensor.nbytes:
+                        raise ValueError(f"{tensor.name}: {f.tell() - offset} bytes written of {tensor.nbytes}")
+                    if hashed is not None and written is not None:
+                        raw, digest, probe = hashed
+                        written.add(raw, (name, offset, tensor.nbytes, _header(raw.dtype, raw.shape)), digest, probe)
+                    value.const_value = ir.ExternalTensor(name, offset, tensor.nbytes, tensor.dtype,
+                                                          shape=tensor.shape, name=tensor.name, base_dir=str(folder))
+        except OSError as e:  # a full disk: one line (the caller discards what was staged)
+            size = sum(v.const_value.nbytes for v in values if not isinstance(v.const_value, ir.ExternalTensor))
+            raise UsageError(f"cannot write the weights to {folder}: {e.strerror or e} (they take "
+                             f"{F.human_size(size)} more)") from None
+        finally:
+            if work is not None:
+                work.join()
     if work is not None:
         work.raise_error()
 
@@ -289,6 +295,19 @@ class _Beside:
             raise self.error
 
 
+@contextlib.contextmanager
+def _one_thread_each():
+    """torch's operators on one thread each while the work beside the write runs: the write (its
+    transposes), its hashing and the work then share the cores without each op waking a pool."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _pinned(tensor):
     """What `_write_tensor` writes a tensor from: a torch tensor on the CPU as its NumPy view (the
     memory it holds now, whatever its module holds later), else its raw array (or None)."""
@@ -309,9 +328,10 @@ def _write_tensor(tensor, f, scratch: Scratch | None = None, hasher=None, raw=No
     MatMul weights the exporter turns) is written from its buffer, a transposed one a block of rows
     at a time (`row_blocks`: NumPy's transposed copy and `tofile`, which writes in pieces, were 23 s
     of a 1.07B export's 82), each block hashed on `hasher` (an executor) while it is written:
-    (the array, its `sha256_of`, its `_probe`: `_write_array`). A torch tensor (a parameter the graph reads as it is:
-    an embedding's table) is written so through its NumPy view. Anything else is written as onnx_ir
-    writes it (None). `raw`: the tensor as `_pinned` took it, where it was taken before."""
+    (the array, its `sha256_of`, its `_probe`: `_write_array`). A torch tensor (a parameter the
+    graph reads as it is: an embedding's table) is written so through its NumPy view. Anything else
+    is written as onnx_ir writes it (None). `raw`: the tensor as `_pinned` took it, where it was
+    taken before."""
     raw = _pinned(tensor) if raw is None else raw
     if not (isinstance(raw, np.ndarray) and raw.dtype.kind in "fiub" and raw.dtype.byteorder in "=<|" and
             raw.dtype.itemsize * 8 == tensor.dtype.bitwidth):

@@ -5,7 +5,7 @@ peak resident memory), one after the other.
     python benchmarks/scale.py make 135m /tmp/llama-135m               # SmolLM2-135M's shape
     python benchmarks/scale.py make 1b /tmp/llama-1b                    # Llama-3.2-1B's layers
     python benchmarks/scale.py make 3b /tmp/llama-3b --dtype bfloat16   # Llama-3.2-3B's shape
-    python benchmarks/scale.py run /tmp/llama-135m --out results.json [--precision int4] [--no-builder]
+    python benchmarks/scale.py run /tmp/llama-135m --out results.json [--precision int4] [--no-builder] [--rounds 4]
 
 Each row gives the command's wall time and peak resident memory (its `x the fp32 weights` counts the
 folder's parameters in float32, whatever its type), and for attnexport's commands the peak of the
@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -91,22 +92,23 @@ def timed(command: list[str], log: Path) -> dict:
     return row
 
 
-def run(folder: Path, out: Path, precision: str, builder: bool, verify: bool) -> None:
-    work = Path(tempfile.mkdtemp(prefix="scale-"))
+def run(folder: Path, out: Path, precision: str, builder: bool, verify: bool, rounds: int = 1) -> None:
+    """Each command under /usr/bin/time -v, `rounds` times: attnexport's export (and verify) and the
+    builder, the order turned every round (attnexport first in round 1, the builder in round 2, ...),
+    each one's files removed once it is timed, so that neither always runs where the other has just
+    let go of gigabytes of page cache (on this virtual machine the second of two runs in a row was
+    often much faster, whichever it was)."""
     rows = []
-    model = work / "attnexport" / "model.onnx"
-    model.parent.mkdir()
-    rows.append({"engine": "attnexport export", **timed(
-        [sys.executable, "-m", "attnexport", "export", "--hf", str(folder), "--kv-cache", "--precision", precision,
-         "-o", str(model), "--json"], work / "attnexport.log")})
-    if verify and rows[-1]["rc"] == 0:
-        rows.append({"engine": "attnexport verify", **timed(
-            [sys.executable, "-m", "attnexport", "verify", str(model), "--hf", str(folder), "--runtimes", "ort-cpu",
-             "--json"], work / "verify.log")})
-    if builder:
-        rows.append({"engine": "onnxruntime-genai builder", **timed(
-            [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(folder), "-o", str(work / "genai"),
-             "-p", precision, "-e", "cpu"], work / "genai.log")})
+    for k in range(rounds):
+        commands = [lambda work: _attnexport(folder, work, precision, verify)]
+        if builder:
+            commands.append(lambda work: _builder(folder, work, precision))
+        for command in commands if k % 2 == 0 else commands[::-1]:
+            work = Path(tempfile.mkdtemp(prefix="scale-"))
+            try:
+                rows.extend({**row, "round": k + 1} for row in command(work))
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
     from attnexport.pretrained.model import parameter_count
     weights = 4 * parameter_count(folder)  # in float32, whatever the folder's type
     for r in rows:
@@ -119,10 +121,34 @@ def run(folder: Path, out: Path, precision: str, builder: bool, verify: bool) ->
               f"({r.get('peak_over_weights')}x the fp32 weights"
               + (f"; its own {own / 2**30:.2f} GiB, {r['peak_own_over_weights']}x" if own else "") + ")"
               if r["peak_bytes"] else f"{r['engine']}: rc {r['rc']}")
+    if rounds > 1:
+        for engine in dict.fromkeys(r["engine"] for r in rows):
+            times = sorted(r["seconds"] for r in rows if r["engine"] == engine and r["rc"] == 0)
+            if times:
+                print(f"{engine}: median {statistics.median(times)} s of {len(times)} ({times[0]}-{times[-1]} s)")
     record = {"folder": str(folder), "weights_bytes": weights,
               "file_bytes": sum(f.stat().st_size for f in folder.glob("*.safetensors")), "precision": precision,
               "cpus": os.cpu_count(), "rows": rows}
     out.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _attnexport(folder: Path, work: Path, precision: str, verify: bool) -> list:
+    model = work / "attnexport" / "model.onnx"
+    model.parent.mkdir()
+    rows = [{"engine": "attnexport export", **timed(
+        [sys.executable, "-m", "attnexport", "export", "--hf", str(folder), "--kv-cache", "--precision", precision,
+         "-o", str(model), "--json"], work / "attnexport.log")}]
+    if verify and rows[-1]["rc"] == 0:
+        rows.append({"engine": "attnexport verify", **timed(
+            [sys.executable, "-m", "attnexport", "verify", str(model), "--hf", str(folder), "--runtimes", "ort-cpu",
+             "--json"], work / "verify.log")})
+    return rows
+
+
+def _builder(folder: Path, work: Path, precision: str) -> list:
+    return [{"engine": "onnxruntime-genai builder", **timed(
+        [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(folder), "-o", str(work / "genai"),
+         "-p", precision, "-e", "cpu"], work / "genai.log")}]
 
 
 def main() -> None:
@@ -139,11 +165,13 @@ def main() -> None:
     r.add_argument("--precision", default="fp32", choices=("fp32", "int4"))
     r.add_argument("--no-builder", action="store_true")
     r.add_argument("--verify", action="store_true")
+    r.add_argument("--rounds", type=int, default=1,
+                   help="run each command this many times, the order turned every round")
     a = parser.parse_args()
     if a.command == "make":
         make(a.shape, a.folder, a.dtype, tokenizer=a.tokenizer)
     else:
-        run(a.folder, a.out, a.precision, not a.no_builder, a.verify)
+        run(a.folder, a.out, a.precision, not a.no_builder, a.verify, a.rounds)
 
 
 if __name__ == "__main__":

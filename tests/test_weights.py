@@ -158,8 +158,9 @@ def test_work_beside_the_write_runs_on_its_own_thread_and_its_error_comes_after(
 
 def test_a_table_is_turned_from_the_memory_it_was_written_from_or_else_from_the_file(tmp_path):
     """`transposed_external`: a table `unload` wrote is turned from its memory, written in order and
-    fingerprinted as written (the record reads nothing back); one written otherwise is turned from the
-    file. Either way the file then holds the transpose at an aligned offset."""
+    fingerprinted as written (the record reads nothing back), over the table's own bytes where the
+    table is let go; one written otherwise is turned from the file. Each way the file then holds the
+    transpose at an aligned offset."""
     ir = pytest.importorskip("onnx_ir")
     rng = np.random.default_rng(3)
     table = rng.standard_normal((37, 12)).astype(np.float32)
@@ -175,15 +176,21 @@ def test_a_table_is_turned_from_the_memory_it_was_written_from_or_else_from_the_
             entry = init.external_data.add()
             entry.key, entry.value = key, v
         from_memory = W.transposed_external(init, "a", alignment=128)
+        held = dict(written.arrays)
         written.arrays.clear()  # as after the record: turned from the file
         from_file = W.transposed_external(init, "b", alignment=128)
+        size = (tmp_path / "w.data").stat().st_size
+        written.arrays.update(held)
+        over = W.transposed_external(init, "c", alignment=128, over=True)  # the table let go: written over it
     data = (tmp_path / "w.data").read_bytes()
-    for turned in (from_memory, from_file):
+    assert len(data) == size and {e.key: e.value for e in over.external_data}["offset"] == str(t.offset)
+    for turned in (from_memory, from_file, over):
         info = {e.key: e.value for e in turned.external_data}
         offset, length = int(info["offset"]), int(info["length"])
         assert offset % 128 == 0 and list(turned.dims) == [12, 37]
         assert data[offset:offset + length] == np.ascontiguousarray(table.T).tobytes(), turned.name
-    assert written.at[W._place(from_memory)] == W._sha256_of_initializer(from_memory, str(tmp_path))
+    for turned in (from_memory, over):
+        assert written.at[W._place(turned)] == W._sha256_of_initializer(turned, str(tmp_path))
     assert W._place(from_file) not in written.at
 
 

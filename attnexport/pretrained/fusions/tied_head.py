@@ -32,7 +32,7 @@ def tied_head(model: onnx.ModelProto) -> None:
             continue
         flipped = f"{name}.transposed"
         model.graph.initializer.append(  # written beside the traced weights where they are on disk
-            W.transposed_external(inits[name], flipped)
+            W.transposed_external(inits[name], flipped, over=True)
             or numpy_helper.from_array(np.ascontiguousarray(W.values(inits[name]).T), flipped))
         model.graph.initializer.remove(inits[name])
         for node in model.graph.node:  # the head's MatMul: the (D, V) matrix itself
