@@ -125,7 +125,8 @@ def run(folder: Path, out: Path, precision: str, builder: bool, verify: bool, ro
         for engine in dict.fromkeys(r["engine"] for r in rows):
             times = sorted(r["seconds"] for r in rows if r["engine"] == engine and r["rc"] == 0)
             if times:
-                print(f"{engine}: median {statistics.median(times)} s of {len(times)} ({times[0]}-{times[-1]} s)")
+                median = round(statistics.median(times), 1)
+                print(f"{engine}: median {median} s of {len(times)} ({times[0]}-{times[-1]} s)")
     record = {"folder": str(folder), "weights_bytes": weights,
               "file_bytes": sum(f.stat().st_size for f in folder.glob("*.safetensors")), "precision": precision,
               "cpus": os.cpu_count(), "rows": rows}
