@@ -123,6 +123,10 @@ EXPORT = (
     click.Option(["--external-data/--one-file", "external_data"], default=None,
                  help="With --hf: the weights in one file beside the graph (model.onnx -> model.onnx_data), or all in "
                       "the .onnx (default: beside it from 1 GiB of weights; a file above 2 GB cannot be one file)."),
+    click.Option(["--stamp/--trace-all-layers", "stamp"], default=True, show_default=True,
+                 help="With --hf: a model of more than three alike layers is traced with three and the rest "
+                      "stamped from the third's graph (checked against the model like any export); "
+                      "--trace-all-layers traces every one."),
     click.Option(["--deploy"], type=click.Path(), default=None, metavar="FOLDER",
                  help="With --hf, instead of -o: write the folder a deployment loads (config.json, "
                       "generation_config.json, the tokenizer's files, the graphs in onnx/), as Optimum and "

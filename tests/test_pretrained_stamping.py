@@ -99,3 +99,26 @@ def test_the_shallow_model_is_put_back(tiny_lm):
         assert len(model.model.layers) == ST.TRACED and model.config.num_hidden_layers == ST.TRACED
         assert wrapper.layers == ST.TRACED
     assert model.model.layers is layers and model.config.num_hidden_layers == LAYERS and wrapper.layers == LAYERS
+
+
+def test_a_departing_stamped_export_names_trace_all_layers_which_traces_every_one(tiny_lm, tmp_path, monkeypatch):
+    """Where a stamped graph departs from the model (here each stamped layer made to read the template's
+    weights), the check refuses it and the error names --trace-all-layers; with it every layer is traced
+    (no stamping) and the export passes."""
+    from conftest import cli as run
+    folder = tiny_lm("llama", layers=LAYERS)
+    stamped = ST._stamped_param
+    monkeypatch.setattr(ST, "_stamped_param", lambda value, view, layer, k: stamped(
+        value, view, ST._submodule(layer_owner["module"], "model.model.layers")[ST.TEMPLATE], k))
+    layer_owner = {}
+    stamp = ST.stamp
+
+    def keep_module(model, r, module):
+        layer_owner["module"] = module
+        return stamp(model, r, module)
+    monkeypatch.setattr(ST, "stamp", keep_module)
+    r = run("export", "--hf", folder, "--kv-cache", "-o", tmp_path / "a.onnx")
+    assert r.exit_code == 1 and "--trace-all-layers traces every one" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "a.onnx").exists()
+    r = run("export", "--hf", folder, "--kv-cache", "--trace-all-layers", "-o", tmp_path / "b.onnx")
+    assert r.exit_code == 0 and "traced with" not in r.output, r.output

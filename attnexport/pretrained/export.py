@@ -73,6 +73,8 @@ class HFExport:
             Runtime runs the graph, so the two are never held together.
         grids_from: the GGUF file whose own blocks int8/int4 carry (`precision.file_grid`), where
             the source is a folder saved from it (bench's); None: the source, where it is one.
+        stamp: a model of more than three alike layers traced with three, the rest stamped from the
+            third's graph (`attnexport.stamping`); False: every layer traced.
     """
 
     source: str | Path
@@ -92,6 +94,7 @@ class HFExport:
     memory_check: bool = True
     frees_model: bool = False
     grids_from: str | Path | None = None
+    stamp: bool = True
 
 
 # From this many bytes of weights in the graph's float type, a whole model's weights go beside its graph.
@@ -266,12 +269,15 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
         rewrite=lambda onnx_model: _rewritten(onnx_model, model, layout, flavor, dtype, name,
                                               quantized=plan is not None and plan.kernel != "integer"),
         optimized_by_rewrite=FL.FLAVORS[flavor].fuses_language_models, float32_inputs=form.float32_inputs(layout),
-        repeat=form.repeat(wrapper, layout), beside_write=expect if plan is None else None)
+        repeat=form.repeat(wrapper, layout) if r.stamp else None, beside_write=expect if plan is None else None)
     try:
         result = export_module(wrapper, example, module_request)
     except ExportError as e:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+        if module_request.repeat is not None and "float64" in str(e):  # a departure from the model
+            raise ExportError(f"{e} (the graph may have been stamped from three of its layers: "
+                              "--trace-all-layers traces every one)") from None
         tested = layout.family.tested
         if model.config.model_type not in tested:
             raise ExportError(f"{e} (model type {model.config.model_type!r} is not one attnexport tests: "
