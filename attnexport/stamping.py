@@ -115,8 +115,15 @@ def _views(layer, initializers) -> dict:
 
 
 def _signature(node) -> tuple:
-    """What makes two nodes the same computation, their inputs aside."""
-    attributes = tuple(sorted((k, repr(a.value)) for k, a in node.attributes.items()))
+    """What makes two nodes the same computation, their inputs aside: a tensor attribute by its
+    values (a layer's own constant, a fill value, must not pass for another's)."""
+    def value(a):
+        v = a.value
+        if hasattr(v, "numpy") and hasattr(v, "dtype"):
+            x = v.numpy()
+            return x.dtype.str, x.shape, x.tobytes()
+        return repr(v)
+    attributes = tuple(sorted((k, value(a)) for k, a in node.attributes.items()))
     return node.domain, node.op_type, node.overload, len(node.inputs), len(node.outputs), attributes
 
 
@@ -130,7 +137,7 @@ def _same_constant(a, b) -> bool:
     if ta is None or tb is None:
         return False
     x, y = ta.numpy(), tb.numpy()
-    return x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y)
+    return x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()  # a NaN is its own equal
 
 
 def _constant(node) -> bool:
@@ -162,7 +169,6 @@ class _Plan:
 
     nodes: list  # the template's nodes, in order
     index: dict  # template node -> its position
-    previous: dict  # layer 1's node -> the template's node in the same position
     inputs: list  # per template node, per input: (kind, what)
     views: dict  # template initializer -> _View
     last: object  # the template's last node
@@ -181,22 +187,16 @@ def _plan(graph, r: Repeat, module) -> _Plan:
     one, two = by_layer[1], by_layer[TEMPLATE]
     if not two or len(one) != len(two):
         raise Unstampable(f"layer 1 has {len(one)} nodes, layer {TEMPLATE} {len(two)}")
-    index = {n: k for k, n in enumerate(two)}
-    index_one = {n: k for k, n in enumerate(one)}
-    names = {TEMPLATE: list(r.names(TEMPLATE)), 1: list(r.names(1))}
-    graph_inputs = {v: v.name for v in graph.inputs}
     layers = _submodule(module, r.layers)
-    views = {**_views(layers[TEMPLATE], graph.initializers.values())}
-    views_one = _views(layers[1], graph.initializers.values())
+    pair = _Pair(where, {n: k for k, n in enumerate(two)}, {n: k for k, n in enumerate(one)},
+                 {TEMPLATE: list(r.names(TEMPLATE)), 1: list(r.names(1))}, {v: v.name for v in graph.inputs},
+                 _views(layers[TEMPLATE], graph.initializers.values()), _views(layers[1], graph.initializers.values()))
     plan_inputs = []
     for a, b in zip(one, two, strict=True):
         if _signature(a) != _signature(b):
             raise Unstampable(f"layer 1's {a.op_type} node {a.name} and layer {TEMPLATE}'s {b.op_type} node {b.name} "
                               "differ")
-        row = []
-        for x, y in zip(a.inputs, b.inputs, strict=True):
-            row.append(_input(x, y, where, index, index_one, names, graph_inputs, views, views_one, b))
-        plan_inputs.append(row)
+        plan_inputs.append([pair.input(x, y, b) for x, y in zip(a.inputs, b.inputs, strict=True)])
     # What follows the layers reads layer 2's outputs only (the last layer's, once stamped), after it.
     position = {node: k for k, node in enumerate(graph)}
     for node in graph:
@@ -209,41 +209,51 @@ def _plan(graph, r: Repeat, module) -> _Plan:
             if where[producer] != TEMPLATE or position[node] < position[two[-1]]:
                 raise Unstampable(f"{node.op_type} node {node.name}, in no layer, reads layer {where[producer]}'s "
                                   f"{v.name}")
-    return _Plan(two, index, {a: b for a, b in zip(one, two, strict=True)}, plan_inputs, views, two[-1], where)
+    return _Plan(two, pair.index, plan_inputs, pair.views, two[-1], where)
 
 
-def _input(x, y, where, index, index_one, names, graph_inputs, views, views_one, node) -> tuple:
-    """How a stamped layer has the template's input y (layer 1's at the same place: x)."""
-    if y is None:
-        if x is not None:
-            raise Unstampable(f"{node.name}: an input layer 1 gives is missing in layer {TEMPLATE}")
-        return ("none", None)
-    py, px = y.producer(), x.producer() if x is not None else None
-    if py is not None and where.get(py) == TEMPLATE:
-        if px is None or where.get(px) != 1 or index_one[px] != index[py] or x.index() != y.index():
-            raise Unstampable(f"{node.name} reads {y.name} of its own layer where layer 1 reads "
-                              f"{x.name if x is not None else 'nothing'}")
-        return ("own", (index[py], y.index()))
-    if py is not None and where.get(py) == 1:
-        if px is None or where.get(px) != 0:
-            raise Unstampable(f"{node.name} reads layer 1's {y.name} where layer 1 reads "
-                              f"{x.name if x is not None else 'nothing'}")
-        return ("previous", (index_one[py], y.index()))
-    if y in graph_inputs and y.name in names[TEMPLATE]:
-        k = names[TEMPLATE].index(y.name)
-        if x is None or graph_inputs.get(x) != names[1][k]:
-            raise Unstampable(f"{node.name} reads {y.name} where layer 1 reads "
-                              f"{x.name if x is not None else 'nothing'}")
-        return ("cache", k)
-    if y in views:
-        v, w = views[y], views_one.get(x)
-        if w is None or (w.name, w.turned) != (v.name, v.turned):
-            raise Unstampable(f"{node.name} reads the parameter {v.name} where layer 1 reads "
-                              f"{x.name if x is not None else 'nothing'}")
-        return ("param", y)
-    if _alike(x, y, where, names):
-        return ("shared", y)
-    raise Unstampable(f"{node.name} reads {y.name} where layer 1 reads {x.name if x is not None else 'nothing'}")
+@dataclass
+class _Pair:
+    """Layers 1 and 2 of the shallow graph, as `_plan` compares them."""
+
+    where: dict  # node -> its layer
+    index: dict  # layer 2's node -> its position
+    index_one: dict  # layer 1's node -> its position
+    names: dict  # layer -> its own graph inputs and outputs
+    graph_inputs: dict  # graph input value -> its name
+    views: dict  # layer 2's parameters among the initializers
+    views_one: dict  # layer 1's
+
+    def input(self, x, y, node) -> tuple:
+        """How a stamped layer has the template's input y (layer 1's at the same place: x)."""
+        where, nothing = self.where, x.name if x is not None else "nothing"
+        if y is None:
+            if x is not None:
+                raise Unstampable(f"{node.name}: an input layer 1 gives is missing in layer {TEMPLATE}")
+            return ("none", None)
+        py, px = y.producer(), x.producer() if x is not None else None
+        if py is not None and where.get(py) == TEMPLATE:
+            if px is None or where.get(px) != 1 or self.index_one[px] != self.index[py] or x.index() != y.index():
+                raise Unstampable(f"{node.name} reads {y.name} of its own layer where layer 1 reads {nothing}")
+            return ("own", (self.index[py], y.index()))
+        if py is not None and where.get(py) == 1:
+            if px is None or where.get(px) != 0:
+                raise Unstampable(f"{node.name} reads layer 1's {y.name} where layer 1 reads {nothing}")
+            return ("previous", (self.index_one[py], y.index()))
+        own = self.names[TEMPLATE]
+        if y in self.graph_inputs and y.name in own:
+            k = own.index(y.name)
+            if x is None or self.graph_inputs.get(x) != self.names[1][k]:
+                raise Unstampable(f"{node.name} reads {y.name} where layer 1 reads {nothing}")
+            return ("cache", k)
+        if y in self.views:
+            v, w = self.views[y], self.views_one.get(x)
+            if w is None or (w.name, w.turned) != (v.name, v.turned):
+                raise Unstampable(f"{node.name} reads the parameter {v.name} where layer 1 reads {nothing}")
+            return ("param", y)
+        if _alike(x, y, where, self.names):
+            return ("shared", y)
+        raise Unstampable(f"{node.name} reads {y.name} where layer 1 reads {nothing}")
 
 
 def _alike(x, y, where, names: dict, depth: int = 12) -> bool:
@@ -255,8 +265,8 @@ def _alike(x, y, where, names: dict, depth: int = 12) -> bool:
     if x is None or y is None or depth == 0:
         return False
     px, py = x.producer(), y.producer()
-    if px is None or py is None or where.get(px) is not None or where.get(py) is not None:
-        return False
+    if px is None or py is None or where.get(px) is not None or where.get(py) is not None or _constant(px):
+        return False  # two constants are alike only by their values (`_same_constant`)
     if x.index() != y.index() or _signature(px) != _signature(py):
         return False
     if px.op_type == "Shape":
