@@ -265,8 +265,11 @@ def unload(model, folder: Path, name: str, threshold: int, alignment: int, besid
             size = sum(v.const_value.nbytes for v in values if not isinstance(v.const_value, ir.ExternalTensor))
             raise UsageError(f"cannot write the weights to {folder}: {e.strerror or e} (they take "
                              f"{F.human_size(size)} more)") from None
+        except KeyboardInterrupt:  # Ctrl-C: the command stops now, not when the work beside ends
+            work = None
+            raise
         finally:
-            if work is not None:
+            if work is not None:  # on an error too: the work must not go on changing the caller's model
                 work.join()
     if work is not None:
         work.raise_error()

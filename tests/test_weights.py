@@ -156,6 +156,28 @@ def test_work_beside_the_write_runs_on_its_own_thread_and_its_error_comes_after(
     assert (tmp_path / "x.data").stat().st_size == 1024 * 1024 * 4 + 64 * 4  # every weight written first
 
 
+def test_ctrl_c_during_the_write_does_not_wait_for_the_work_beside_it(tmp_path, monkeypatch):
+    """A KeyboardInterrupt while the weights are written goes up at once: the work beside the write
+    (a daemon thread) is not waited for, where any other error waits for it."""
+    ir = pytest.importorskip("onnx_ir")
+    import threading
+    import time
+    release = threading.Event()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(W, "_write_tensor", interrupted)
+    value = ir.Value(name="w", const_value=ir.Tensor(np.ones((64, 64), np.float32), name="w"))
+    start = time.perf_counter()
+    try:
+        with W.external_base(tmp_path), pytest.raises(KeyboardInterrupt):
+            W.unload(ir.Model(ir.Graph([], [], nodes=[], initializers=[value], name="g"), ir_version=10), tmp_path,
+                     "w.data", threshold=64, alignment=128, beside=lambda: release.wait(60))
+        assert time.perf_counter() - start < 30
+    finally:
+        release.set()
+
+
 def test_a_table_is_turned_from_the_memory_it_was_written_from_or_else_from_the_file(tmp_path):
     """`transposed_external`: a table `unload` wrote is turned from its memory, written in order and
     fingerprinted as written (the record reads nothing back), over the table's own bytes where the
