@@ -1099,45 +1099,37 @@ def _trace_to_onnx(t: _ModuleTrace, opset: int, scratch: Path | None = None) -> 
     (`attnexport.stamping`), or traced whole where its traced layers turn out not to be alike."""
     r = t.request
     notes = []
+    everything = range(len(t.names))
     if r.repeat is not None:
         try:
             traced = _trace_stamped(t, opset)
         except ST.Unstampable as e:
             notes.append(f"traced with all {r.repeat.count} layers: the traced layers are not alike ({e})")
-            traced = _trace(t, opset, t.module, range(len(t.names)))
+            traced = _trace(t, opset, everything, t.out_names)
     else:
-        traced = _trace(t, opset, t.module, range(len(t.names)))
+        traced = _trace(t, opset, everything, t.out_names)
     if scratch is not None:
         with U.phase("write weights"):
             W.unload(traced.model, scratch, F.SCRATCH, F.EXTERNAL_MIN, F.EXTERNAL_ALIGN, beside=r.beside_write)
-    with U.phase("to onnx"):
-        traced.model = ir_serde_model(traced.model)
+    import onnx_ir as ir
+    traced.model = ir.serde.serialize_model(traced.model)  # its weights named where `unload` wrote them
     traced.notes = notes + traced.notes
     return traced
 
 
-def ir_serde_model(model):
-    """The ModelProto of an onnx_ir model (its weights named where `unload` wrote them)."""
-    import onnx_ir as ir
-    return ir.serde.serialize_model(model)
-
-
-def _trace(t: _ModuleTrace, opset: int, module, keep, optimize: bool | None = None) -> _Traced:
-    """`module` traced with the inputs `keep` (positions in t.names) and translated: a _Traced whose
-    model is the onnx_ir model, not yet serialised."""
+def _trace(t: _ModuleTrace, opset: int, keep, out_names) -> _Traced:
+    """The module traced with the inputs `keep` (positions in t.names) and the outputs `out_names`,
+    and translated: a _Traced whose model is the onnx_ir model, not yet serialised."""
     import torch
 
     tracing = _tracing()
     recognize, torch_dead_rows = tracing.recognize, tracing.onnx_attention.torch_dead_rows
     r = t.request
-    keep = list(keep)
     args, names = tuple(t.args[i] for i in keep), [t.names[i] for i in keep]
     shapes = tuple(t.dims[0][i] for i in keep)
-    out_names = t.out_names if t.out_names is None or r.repeat is None or len(keep) == len(t.names) else \
-        [n for n in t.out_names if r.repeat.kept(n)]
     with M.routed(), (torch_dead_rows() if r.nan_rows else contextlib.nullcontext()):
         with export_errors(r.name), _quiet(), torch_sped_up(), U.phase("trace"):
-            traced = torch.export.export(module, args, dynamic_shapes=_by_signature(module, shapes))
+            traced = torch.export.export(t.module, args, dynamic_shapes=_by_signature(t.module, shapes))
         found = recognize.route(traced)
         missed = [f for f in found if f.reason]
         if missed and FL.FLAVORS[r.flavor].fused and not r.allow_unfused:
@@ -1147,8 +1139,7 @@ def _trace(t: _ModuleTrace, opset: int, module, keep, optimize: bool | None = No
                               "exports it so (--flavor primitives computes all attention that way)")
         with U.phase("to onnx"):
             program = to_onnx(traced, args, flavor=r.flavor, opset=opset, input_names=names,
-                              output_names=out_names, what=r.name,
-                              optimize=(not r.optimized_by_rewrite) if optimize is None else optimize)
+                              output_names=out_names, what=r.name, optimize=not r.optimized_by_rewrite)
     return _Traced(found, recognize.routed_calls(traced), program.model, [])
 
 
@@ -1158,20 +1149,25 @@ def _trace_stamped(t: _ModuleTrace, opset: int) -> _Traced:
     without merging equal initializers (layer 2 would read layer 0's), which is done after the stamp."""
     r = t.request
     keep = [i for i, n in enumerate(t.names) if r.repeat.kept(n)]
+    out_names = None if t.out_names is None else [n for n in t.out_names if r.repeat.kept(n)]
     optimize = not r.optimized_by_rewrite
     with r.repeat.shallow(t.module), (ST.deduplication_off() if optimize else contextlib.nullcontext()):
-        traced = _trace(t, opset, t.module, keep)
+        traced = _trace(t, opset, keep, out_names)
     with U.phase("stamp"):
         made = ST.stamp(traced.model, r.repeat, t.module)
         if optimize:
             ST.deduplicate(traced.model)
-    per = len(traced.calls) // ST.TRACED if len(traced.calls) % ST.TRACED == 0 else 0
-    traced.calls += traced.calls[-per:] * (r.repeat.count - ST.TRACED) if per else []
-    per = len(traced.found) // ST.TRACED if len(traced.found) % ST.TRACED == 0 else 0
-    traced.found += traced.found[-per:] * (r.repeat.count - ST.TRACED) if per else []
+    traced.calls, traced.found = (_stamped_out(x, r.repeat.count) for x in (traced.calls, traced.found))
     traced.notes.append(f"traced with {ST.TRACED} of its {r.repeat.count} alike layers; the other "
                         f"{r.repeat.count - ST.TRACED} stamped from layer {ST.TEMPLATE}'s graph ({made} nodes)")
     return traced
+
+
+def _stamped_out(per_call: list, count: int) -> list:
+    """What the trace found a call at a time (the attention routed, the core's calls), the template
+    layer's repeated for each stamped layer, where the traced layers have as many each."""
+    per = len(per_call) // ST.TRACED if len(per_call) % ST.TRACED == 0 else 0
+    return per_call + per_call[-per:] * (count - ST.TRACED) if per else per_call
 
 
 def _by_signature(module, shapes: tuple) -> tuple:

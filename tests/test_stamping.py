@@ -66,7 +66,7 @@ def test_alike_layers_are_traced_three_and_stamped(tmp_path):
     result, got, expected = _export(module, tmp_path, "stack")
     assert f"traced with {ST.TRACED} of its {LAYERS} alike layers" in " ".join(result.notes)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)  # every layer's own weights, at new sizes
-    assert module.layers is not None and len(module.layers) == LAYERS  # the module put back
+    assert len(module.layers) == LAYERS  # the module put back
 
 
 def test_a_layer_unlike_the_one_before_leaves_the_whole_trace(tmp_path):
