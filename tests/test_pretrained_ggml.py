@@ -186,3 +186,45 @@ def test_int4_and_int8_carry_the_file_s_own_blocks_where_a_width_holds_them(gguf
             # fp32 sums of 256 products: a few ulps of the largest partial sum.
             tol = Tolerance(1e-5, 1e-5 * float(np.abs(x).max() * np.abs(m).max() * 256), "fp32 products of 256")
             assert compare(f"y_{kind}", got[f"y_{kind}"], want, tol).passed, kind
+
+
+def test_a_gguf_file_is_parsed_once_within_a_block(gguf_file, monkeypatch):
+    """Within `model.gguf_parsed_once` every reader of a file is the first one made (transformers makes
+    one for the config, one for the tensors and one for the tokenizer: 9 s each for Gemma-3-270M's
+    vocabulary), its tokenizer is made once, and a file changed is read again; once the readers are
+    let go, or outside the block, a reader parses the file anew."""
+    import os
+
+    import gguf
+    transformers = pytest.importorskip("transformers")
+    from attnexport.pretrained import model as hf
+    path, matrices = gguf_file
+    made = []
+
+    class Counting(gguf.GGUFReader):
+        def __init__(self, path, mode="r"):
+            made.append(path)
+            super().__init__(path, mode)
+
+    tokenizers = []
+    real = transformers.AutoTokenizer.from_pretrained
+    monkeypatch.setattr(gguf, "GGUFReader", Counting)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        lambda *a, **k: tokenizers.append(a) or real(*a, **k))
+    count = sum(m.size for m in matrices.values())
+    with hf.gguf_parsed_once() as parsed:
+        assert hf.parameter_count(path) == count and hf.parameter_count(str(path)) == count
+        first = gguf.GGUFReader(str(path))
+        assert len(made) == 1 and isinstance(first, Counting)
+        with hf.gguf_parsed_once() as inner:  # a block within: the outer one's readers
+            assert inner is parsed and gguf.GGUFReader(str(path)) is first
+        hf.loaded_readers_dropped(path)  # its tokenizer made (this file has no vocabulary: none), readers let go
+        assert hf.tokenizer_of(path) is None and len(tokenizers) == 1
+        again = gguf.GGUFReader(str(path))
+        assert again is not first and len(made) == 2
+        os.utime(path, ns=(10**9, 10**9))  # the file changed: read again
+        assert gguf.GGUFReader(str(path)) is not again and len(made) == 3
+    assert gguf.GGUFReader is Counting  # put back as it was
+    hf.parameter_count(path)
+    hf.parameter_count(path)
+    assert len(made) == 5

@@ -28,6 +28,7 @@ import numpy as np
 from attnexport import runtimes as R
 from attnexport.bench import stats_of
 from attnexport.errors import UsageError, reason
+from attnexport.pretrained import model as hf
 from attnexport.pretrained import registry
 from attnexport.pretrained import retrieval as RT
 
@@ -82,7 +83,8 @@ def run(source, told: SimpleNamespace, said) -> tuple[registry.Family, list, dic
     options as read (with its variant options as `options`, and --context's, --batch's and --seq's
     values as `contexts`, `batches`, `seqs`)."""
     family = registry.of_source(source)
-    rows, info = family.bench(source, told, said)
+    with hf.gguf_parsed_once():  # a GGUF file read once for its config, tensors and tokenizer
+        rows, info = family.bench(source, told, said)
     return family, rows, info
 
 

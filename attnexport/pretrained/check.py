@@ -226,16 +226,17 @@ def verify_step(check: HFCheck) -> Report:
     two_passes = family.expects_first and quantized is None  # the source model let go before the file is mapped
     external = F.data_file(path).is_file()
     mapped = _maps_source(check.source, path) if external else None
-    if check.memory_check and family.expects_first:
-        hf.check_fits(check.source, ("verify" if two_passes else "verify in one pass") +
-                      (", mapped" if mapped is not None else ""))
-    with U.phase("load"):
-        hf_model, _ = hf.load(check.source, seed, mapped_in=mapped)
-    source_family = registry.of_model(hf_model)
-    if source_family is not family:
-        raise UsageError(f"{path.name} is a {family.what}'s export; --hf {check.source} is a "
-                         f"{source_family.what}: give the model it was exported from")
-    tokenizer = hf.tokenizer_of(check.source)
+    with hf.gguf_parsed_once():  # a GGUF file read once for its count, config, tensors and tokenizer
+        if check.memory_check and family.expects_first:
+            hf.check_fits(check.source, ("verify" if two_passes else "verify in one pass") +
+                          (", mapped" if mapped is not None else ""))
+        with U.phase("load"):
+            hf_model, _ = hf.load(check.source, seed, mapped_in=mapped)
+        source_family = registry.of_model(hf_model)
+        if source_family is not family:
+            raise UsageError(f"{path.name} is a {family.what}'s export; --hf {check.source} is a "
+                             f"{source_family.what}: give the model it was exported from")
+        tokenizer = hf.tokenizer_of(check.source)
     hf.check_tokenizer(layout, tokenizer, check.source)
     inputs = family.verify_inputs(tokenizer, layout)
     for needs, what in family.verify_needs(layout, inputs, check.new_tokens, tokenizer):

@@ -141,14 +141,16 @@ def export(request: HFExport) -> Any:
     one step graph, `export_hf`, or a family's graphs); returns the result (`summary()`, `to_dict()`)."""
     _check_request(request)
     mapped = _maps_weights(request)
-    if request.memory_check:
-        work = ("export quantized" if request.precision in P.QUANTIZED else
-                "export in one file" if request.external_data is False else "export")
-        hf.check_fits(request.source, work + (", mapped" if mapped is not None else ""))
-    with U.metered() as meter:
-        with U.phase("load"):
-            model, params_source = hf.load(request.source, request.seed, mapped_in=mapped)
-        result = registry.of_model(model).export(replace(request, frees_model=True), model, params_source)
+    with hf.gguf_parsed_once():
+        if request.memory_check:
+            work = ("export quantized" if request.precision in P.QUANTIZED else
+                    "export in one file" if request.external_data is False else "export")
+            hf.check_fits(request.source, work + (", mapped" if mapped is not None else ""))
+        with U.metered() as meter:
+            with U.phase("load"):
+                model, params_source = hf.load(request.source, request.seed, mapped_in=mapped)
+                hf.loaded_readers_dropped(request.source)
+            result = registry.of_model(model).export(replace(request, frees_model=True), model, params_source)
     if hasattr(result, "resources"):
         result.resources = meter.to_dict()
         result.notes.append(meter.line())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import contextvars
 import io
 import math
 import os
@@ -341,6 +342,78 @@ def random_note(source, seed) -> str:
             f"from --seed {seed} (verify finds the seed in the file's record)")
 
 
+class _Parsed:
+    """What one `gguf_parsed_once` block has read: each GGUF file's reader (until `drop_readers`)
+    and each file's tokenizer (until the block ends)."""
+
+    def __init__(self):
+        self.readers: dict = {}
+        self.tokenizers: dict = {}
+
+    def drop_readers(self) -> None:
+        """Lets the readers go once the model and its tokenizer are made (about 0.4 GB of objects for
+        Gemma-3-270M's vocabulary); a reader asked for later parses its file again."""
+        self.readers.clear()
+
+
+_PARSED: contextvars.ContextVar[_Parsed | None] = contextvars.ContextVar("attnexport_gguf_parsed", default=None)
+
+
+def _file_key(path) -> tuple:
+    """A file's identity within a block: where it is, its size and its time (a file changed is new)."""
+    status = os.stat(path)
+    return os.path.realpath(path), status.st_size, status.st_mtime_ns
+
+
+@contextlib.contextmanager
+def gguf_parsed_once():
+    """Within the block each GGUF file is parsed once, however many readers are asked for: its
+    parameter count, transformers' config, tensors and tokenizer each make a `gguf.GGUFReader` of
+    their own, and one takes 9 s for Gemma-3-270M (the 262,144 strings of its vocabulary are read one
+    Python object at a time); and `tokenizer_of` a GGUF file makes its tokenizer once. Yields the
+    block's `_Parsed` (its `drop_readers`). A block within a block is the outer one."""
+    outer = _PARSED.get()
+    if outer is not None:
+        yield outer
+        return
+    try:
+        import gguf
+    except ImportError:  # nothing reads a GGUF file without it (`_gguf_config` says so)
+        gguf = None
+    parsed = _Parsed()
+    real = gguf.GGUFReader if gguf is not None else None
+
+    def reader(path, mode="r"):
+        key = (*_file_key(path), mode)
+        if key not in parsed.readers:
+            parsed.readers[key] = real(path, mode)
+        return parsed.readers[key]
+
+    token = _PARSED.set(parsed)
+    if gguf is not None:
+        gguf.GGUFReader = reader
+    try:
+        yield parsed
+    finally:
+        if gguf is not None:
+            gguf.GGUFReader = real
+        _PARSED.reset(token)
+        parsed.readers.clear()
+        parsed.tokenizers.clear()
+
+
+def loaded_readers_dropped(source) -> None:
+    """Within `gguf_parsed_once`, once the model at `source` is loaded: a GGUF file's tokenizer made
+    now, from the reader the load parsed (a later `tokenizer_of` returns it), and then the block's
+    readers let go, so that they are not held through the work that follows."""
+    parsed = _PARSED.get()
+    if parsed is None:
+        return
+    if Path(str(source)).is_file():
+        tokenizer_of(source)
+    parsed.drop_readers()
+
+
 def _gguf_config(path: Path):
     """A GGUF file's config as transformers reads it, without the quantization (the model it makes
     is an ordinary float32 one), its architecture named from its model type."""
@@ -443,7 +516,8 @@ def check_fits(source: str | Path, work: str) -> None:
 
 def tokenizer_of(source: str | Path):
     """The tokenizer beside the model at `source` (its folder's tokenizer files, a GGUF file's own
-    vocabulary, or the model id's), or None when there is none (a config-only folder)."""
+    vocabulary, or the model id's), or None when there is none (a config-only folder). Within
+    `gguf_parsed_once` a GGUF file's is made once."""
     import transformers
     path = Path(source)
     where = str(path.parent) if path.is_file() else str(source)
@@ -452,11 +526,18 @@ def tokenizer_of(source: str | Path):
         extra["local_files_only"] = True
     if path.is_dir() and not any((path / f).is_file() for f in _TOKENIZER_FILES):
         return None
+    parsed = _PARSED.get() if path.is_file() else None
+    key = _file_key(path) if parsed is not None else None
+    if parsed is not None and key in parsed.tokenizers:  # a GGUF file's, made once in a block
+        return parsed.tokenizers[key]
     try:
         with quiet_transformers():
-            return transformers.AutoTokenizer.from_pretrained(where, **extra)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(where, **extra)
     except Exception:  # noqa: BLE001 - no tokenizer there: prompts are drawn as token ids instead
-        return None
+        tokenizer = None
+    if parsed is not None:
+        parsed.tokenizers[key] = tokenizer
+    return tokenizer
 
 
 def check_tokenizer(layout: Layout, tokenizer, source) -> None:

