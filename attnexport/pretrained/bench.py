@@ -28,6 +28,7 @@ import numpy as np
 from attnexport import runtimes as R
 from attnexport.bench import stats_of
 from attnexport.errors import UsageError, reason
+from attnexport.pretrained import export as hf_export
 from attnexport.pretrained import model as hf
 from attnexport.pretrained import registry
 from attnexport.pretrained import retrieval as RT
@@ -165,7 +166,6 @@ def attnexport_engines(weights: Path, tmp: Path, flavors, precisions, rows: list
     """attnexport's export of the folder `weights` in each flavour and precision (into `tmp`), each
     made an engine by `engine_of(engine, flavor, precision, path)`; an export that fails is a row
     saying why (in `rows`)."""
-    from attnexport.pretrained import export as hf_export
     out = []
     for precision in precisions:
         for flavor in flavors:
