@@ -265,7 +265,9 @@ BENCH = (
                  help="With --hf and a Whisper model: the int8 forms to time (blockwise, integer, or both separated "
                       "by a comma; default: the family's), each an export of its own beside its accuracy."),
     click.Option(["--genai-precision", "genai_precisions_text"], default=None, metavar="P,...",
-                 help="With --hf: onnxruntime-genai builder's precisions to time (its -p: fp32, int4; default fp32)."),
+                 help="With --hf: onnxruntime-genai builder's precisions to time (its -p: fp32, int4; default fp32); "
+                      "int4 may carry its --extra_options after colons (algo_config, is_symmetric, block_size, "
+                      "accuracy_level: int4:algo_config=k_quant_mixed:is_symmetric=false)."),
     click.Option(["--input", "input_specs"], multiple=True, metavar="NAME:SHAPE[:DTYPE]",
                  help="With --module: an example input (repeatable; default: the NAME function's)."),
     click.Option(["--batch"], default=None, help="Batch size, or several separated by commas."),

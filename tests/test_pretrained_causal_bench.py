@@ -59,3 +59,19 @@ def test_a_decode_steps_least_bytes_count_the_embedding_table_once_when_the_head
     cache = 2 * 2 * 2 * 10 * 4  # keys and values, layers, kv heads, 10 positions, head_dim
     assert step_bytes(model, layout, 10) == 4 * (params + cache)
 
+
+
+def test_a_genai_precision_carries_the_builder_s_options_and_a_wrong_one_is_refused_in_one_line(folders):
+    """`--genai-precision int4:algo_config=k_quant_mixed` builds with the builder's --extra_options (its
+    best int4 beside its default); a name it does not take, an option it does not know or an option on
+    fp32 is refused before anything loads, in one line (exit 2)."""
+    from attnexport.pretrained.causal import bench as CB
+    specs = CB.genai_precisions("fp32, int4,int4:algo_config=k_quant_mixed:is_symmetric=false,int4")
+    assert specs == ("fp32", "int4", "int4:algo_config=k_quant_mixed:is_symmetric=false")
+    assert CB.builder_arguments(specs[2]) == ["-p", "int4", "--extra_options", "algo_config=k_quant_mixed",
+                                              "is_symmetric=false"]
+    assert CB.builder_arguments("fp32") == ["-p", "fp32"] and CB.genai_precisions(None) == ("fp32",)
+    for wrong in ("int8", "int4:algo=rtn", "fp32:block_size=32", "int4:block_size", ","):
+        r = run("bench", "--hf", folders["llama"], "--decode", "--genai-precision", wrong)
+        assert r.exit_code == 2 and "--genai-precision takes fp32, int4" in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output

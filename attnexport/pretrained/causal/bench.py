@@ -544,9 +544,9 @@ def _genai_engines(weights: Path, model_type: str, r: HFBenchRequest, tmp: Path,
         tokenizer.save_pretrained(str(weights))  # the model's own (the builder copies it)
     if not (weights / "tokenizer.json").exists():
         word_tokenizer(weights, vocab)
-    out = tmp / f"genai-{precision}"
+    out = tmp / ("genai-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in precision))
     command = [r.genai_python or sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", model_type,
-               "-i", str(weights), "-o", str(out), "-p", precision, "-e", "cpu"]
+               "-i", str(weights), "-o", str(out), *builder_arguments(precision), "-e", "cpu"]
     built = subprocess.run(command, capture_output=True, text=True, check=False)
     if built.returncode != 0:
         last = (built.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -606,6 +606,34 @@ def to_json(rows: list[HFBenchRow]) -> list[dict]:
 
 # onnxruntime-genai model builder's -p values bench --hf times.
 GENAI_PRECISIONS = ("fp32", "int4")
+# The builder's extra options an int4 `--genai-precision` may carry after colons
+# (`int4:algo_config=k_quant_mixed:is_symmetric=false`): its weight-only quantizer's, those that
+# change what the file answers or how fast it runs (the default is round-to-nearest, symmetric,
+# blocks of 32, int8 activations).
+GENAI_OPTIONS = ("algo_config", "is_symmetric", "block_size", "accuracy_level")
+
+
+def genai_precisions(text: str | None) -> tuple[str, ...]:
+    """`--genai-precision` as a tuple (None: fp32 alone): each a builder precision (GENAI_PRECISIONS),
+    an int4 one with the builder's options after colons (GENAI_OPTIONS, `NAME=VALUE`), checked."""
+    if text is None:
+        return ("fp32",)
+    specs = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    for spec in specs or ("",):
+        base, *options = spec.split(":")
+        if base not in GENAI_PRECISIONS or (options and base != "int4") or \
+                any(not o.partition("=")[2] or o.partition("=")[0] not in GENAI_OPTIONS for o in options):
+            raise UsageError(f"--genai-precision takes {', '.join(GENAI_PRECISIONS)} separated by commas, int4 with "
+                             f"the builder's options after colons ({', '.join(GENAI_OPTIONS)}: e.g. "
+                             f"int4:algo_config=k_quant_mixed:is_symmetric=false); got {text!r}")
+    return specs
+
+
+def builder_arguments(precision: str) -> list[str]:
+    """The model builder's arguments for a `--genai-precision` (`genai_precisions`): its -p, and its
+    --extra_options where the precision carries them."""
+    base, *options = precision.split(":")
+    return ["-p", base, *(["--extra_options", *options] if options else [])]
 
 
 def from_options(source, v, said) -> tuple[list[HFBenchRow], dict]:
@@ -620,8 +648,7 @@ def from_options(source, v, said) -> tuple[list[HFBenchRow], dict]:
     request = B.request_of(HFBenchRequest, v, source=source, contexts=tuple(v.contexts or CONTEXTS),
                            flavors=tuple(v.flavors) or HFBenchRequest.flavors, threads=v.threads or 0,
                            precisions=B.precisions(v.precisions_text, "--precision", P.PRECISIONS),
-                           genai_precisions=B.precisions(v.genai_precisions_text, "--genai-precision",
-                                                         GENAI_PRECISIONS))
+                           genai_precisions=genai_precisions(v.genai_precisions_text))
     return bench_hf(request, said=lambda text: said(f"timing {text}"))
 
 
