@@ -346,7 +346,7 @@ def bench_hf(request: HFBenchRequest, said=lambda text: None) -> tuple[list[HFBe
         if row.phase == "decode" and row.median_ms == row.median_ms:
             held = weight_bytes.get((row.engine, row.precision))
             row.step_bytes = step_bytes(model, layout, row.context) if held is None else \
-                held + cache_bytes(layout, row.context, D.ITEMSIZE[P.TABLE[row.precision].activations])
+                held + cache_bytes(layout, row.context, D.ITEMSIZE[P.TABLE[row.precision.split(':')[0]].activations])
             row.bandwidth_gbs = bandwidth / 1e9
             row.bandwidth_fraction = row.step_bytes / (row.median_ms * 1e-3) / bandwidth
             if row.bandwidth_fraction > 1:
