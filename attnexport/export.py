@@ -865,9 +865,19 @@ def _export_module(module, example_inputs, r: ModuleExport, opset: int, torch_na
     import torch
 
     direct = staged is not None and not r.optimized_by_rewrite
-    with U.phase("copy"):
-        t = _module_trace(module, tuple(example_inputs), r)
-    traced = _trace_to_onnx(t, opset, staged.folder if direct and staged is not None else None)
+    with W.one_thread_each() if direct else contextlib.nullcontext():
+        with U.phase("copy"):
+            module = _in_dtype(module, D.torch_dtype(r.dtype))
+            # The module's matrices written from now, beside the trace (`weights.Prewrite`).
+            early = W.Prewrite(W.planned(module), staged.folder / F.SCRATCH, F.EXTERNAL_ALIGN) \
+                if direct and staged is not None else None
+            try:
+                t = _module_trace(module, tuple(example_inputs), r)
+            except BaseException:
+                if early is not None:
+                    early.cancel()
+                raise
+        traced = _trace_to_onnx(t, opset, staged.folder if direct and staged is not None else None, early)
     found, model, calls, trace_notes = traced.found, traced.model, traced.calls, traced.notes
     missed = [f for f in found if f.reason]
     kept = _name_dims(model, t.names, t.dims[1])
@@ -1090,27 +1100,35 @@ class _Traced:
     notes: list
 
 
-def _trace_to_onnx(t: _ModuleTrace, opset: int, scratch: Path | None = None) -> _Traced:
+def _trace_to_onnx(t: _ModuleTrace, opset: int, scratch: Path | None = None,
+                   early: W.Prewrite | None = None) -> _Traced:
     """torch.export's program of the module, its attention routed through the core (what was not
     recognized stops a fused flavour unless allowed), and the ONNX model of it; with `scratch` (a
     staging folder), its weights written there (`files.SCRATCH`) straight from the module's
-    tensors, the model naming them as external data (no copy of them in memory). A module whose
+    tensors, the model naming them as external data (no copy of them in memory), those `early`
+    has been writing since before the trace named where it wrote them. A module whose
     layers are alike (`request.repeat`) is traced with three of them and stamped out
     (`attnexport.stamping`), or traced whole where its traced layers turn out not to be alike."""
     r = t.request
     notes = []
     everything = range(len(t.names))
-    if r.repeat is not None:
-        try:
-            traced = _trace_stamped(t, opset)
-        except ST.Unstampable as e:
-            notes.append(f"traced with all {r.repeat.count} layers: the traced layers are not alike ({e})")
+    try:
+        if r.repeat is not None:
+            try:
+                traced = _trace_stamped(t, opset)
+            except ST.Unstampable as e:
+                notes.append(f"traced with all {r.repeat.count} layers: the traced layers are not alike ({e})")
+                traced = _trace(t, opset, everything, t.out_names)
+        else:
             traced = _trace(t, opset, everything, t.out_names)
-    else:
-        traced = _trace(t, opset, everything, t.out_names)
+    except BaseException:
+        if early is not None:
+            early.cancel()
+        raise
     if scratch is not None:
         with U.phase("write weights"):
-            W.unload(traced.model, scratch, F.SCRATCH, F.EXTERNAL_MIN, F.EXTERNAL_ALIGN, beside=r.beside_write)
+            W.unload(traced.model, scratch, F.SCRATCH, F.EXTERNAL_MIN, F.EXTERNAL_ALIGN, beside=r.beside_write,
+                     early=early)
     import onnx_ir as ir
     traced.model = ir.serde.serialize_model(traced.model)  # its weights named where `unload` wrote them
     traced.notes = notes + traced.notes

@@ -215,9 +215,35 @@ class Staged:
         self.folder, self.target, self.size = folder, target, size
         self.graph = folder / target.name
         self.data = data_file(self.graph)
+        self._flush: tuple | None = None
+
+    def flushing(self, path: Path) -> None:
+        """`path` flushed to the disk on a thread of its own from now (most of a large data file's
+        flush, a second of a 4 GB one here, then overlaps its check); `commit` waits for it and
+        says its error (a disk that fills only as the file's blocks are allocated)."""
+        import threading
+        result: list = []
+
+        def flush():
+            try:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                result.append(e)
+        thread = threading.Thread(target=flush, name="attnexport-flush", daemon=True)
+        thread.start()
+        self._flush = (thread, result)
 
     def commit(self) -> Path:
         try:
+            if self._flush is not None:
+                thread, result = self._flush
+                thread.join()
+                if result:
+                    raise result[0]
             for staged, target in ((self.data, data_file(self.target)), (self.graph, self.target)):
                 real = resolve_target(target)  # through a link, which stays; never over a device or a FIFO
                 if real.exists():
@@ -298,8 +324,8 @@ def stage_external(model, target: str | Path, staged: Staged | None = None) -> S
                     entry.key, entry.value = key, value
                 del data
             f.flush()
-            os.fsync(f.fileno())
             size = f.tell()
+        staged.flushing(staged.data)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(staged.folder / SCRATCH)
         graph = model.SerializeToString(deterministic=True)

@@ -199,6 +199,30 @@ def metered():
 
 
 @contextlib.contextmanager
+def own_meter():
+    """A Meter of its own for the block, the one `phase` reports into in place of the one running
+    (a forked child's work, `aside.Aside`, metered apart from its parent's and told to no terminal)."""
+    before = _ACTIVE[:]
+    with Meter() as m:
+        _ACTIVE[:] = [m]
+        try:
+            yield m
+        finally:
+            _ACTIVE[:] = before
+
+
+def adopt(child: dict, name: str) -> None:
+    """A forked child's meter (`Meter.to_dict`) as one phase `name` of the meter that runs: its wall
+    time, and its resident memory (its own, beside the parent's, and the pages it shares with it)."""
+    if _ACTIVE:
+        p = Phase(name, child["seconds"], child["start_bytes"], child["peak_bytes"], child["start_bytes"],
+                  child["peak_own_bytes"])
+        _ACTIVE[0].phases.append(p)
+        if _ACTIVE[0].progress is not None:
+            _ACTIVE[0].progress(p)
+
+
+@contextlib.contextmanager
 def phase(name: str):
     """The block as a phase of the meter that runs (nothing where none does)."""
     if not _ACTIVE:

@@ -13,7 +13,8 @@ import contextlib
 import contextvars
 import hashlib
 import os
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -84,7 +85,9 @@ def row_blocks(a: np.ndarray, limit: int, scratch: Scratch | None = None):
             yield np.ascontiguousarray(a[start:start + rows]).reshape(-1).view(np.uint8).data
         return
     import torch
-    source = torch.from_numpy(a)
+    with warnings.catch_warnings():  # a mapped file's pages, read here and never written
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        source = torch.from_numpy(a)
     buffer = (scratch or Scratch()).take(min(rows, a.shape[0]) * a.shape[1], source.dtype)
     for start in range(0, a.shape[0], rows):
         n = min(rows, a.shape[0] - start)
@@ -228,7 +231,8 @@ def transposed_external(init: onnx.TensorProto, name: str, alignment: int = F.EX
     return out
 
 
-def unload(model, folder: Path, name: str, threshold: int, alignment: int, beside=None) -> None:
+def unload(model, folder: Path, name: str, threshold: int, alignment: int, beside=None,
+           early: Prewrite | None = None) -> None:
     """The weights of `model` (an onnx_ir model, whose tensors are still the module's own) written
     to `folder/name` one at a time, each of `threshold` bytes or more starting at a multiple of
     `alignment` and then named there (external data): its ONNX message is built without a copy of
@@ -237,7 +241,12 @@ def unload(model, folder: Path, name: str, threshold: int, alignment: int, besid
     `beside`: work run on a thread of its own while the weights are written (a whole model's
     float64 reference, which reads the module, not the file); its error, if any, is raised once the
     weights are written. Every tensor to write is pinned to its memory first (a torch parameter as
-    its NumPy view), so the work may swap a module's parameters for float64 copies meanwhile."""
+    its NumPy view), so the work may swap a module's parameters for float64 copies meanwhile.
+
+    `early`: the module's matrices being written to the same file since before the trace
+    (`Prewrite`): a tensor that is one of them (the same memory, shape, strides and type) is named
+    where it was written, and the rest are appended after them. One written early that the graph
+    does not read is a hole the staging fills or drops (`files.stage_external`)."""
     import onnx_ir as ir
     path = Path(folder) / name
     values = [v for graph in (model.graph, *model.graph.subgraphs()) for v in graph.initializers.values()
@@ -245,17 +254,24 @@ def unload(model, folder: Path, name: str, threshold: int, alignment: int, besid
               v.const_value.nbytes >= threshold]
     pinned = [_pinned(v.const_value) for v in values]
     written, scratch = _WRITTEN.get(), Scratch()
-    with _one_thread_each() if beside is not None else contextlib.nullcontext():
+    with one_thread_each() if beside is not None else contextlib.nullcontext():
         work = _Beside(beside) if beside is not None else None
         try:
-            with open(path, "wb") as f, ThreadPoolExecutor(max_workers=1) as hasher:
+            done = early.finish() if early is not None else {}
+            with open(path, "r+b" if early is not None else "wb") as f, ThreadPoolExecutor(max_workers=1) as hasher:
+                f.seek(0, os.SEEK_END)
                 for value, raw in zip(values, pinned, strict=True):
                     tensor = value.const_value
-                    f.write(b"\0" * (-f.tell() % alignment))
-                    offset = f.tell()
-                    hashed = _write_tensor(tensor, f, scratch, hasher, raw)
-                    if f.tell() - offset != tensor.nbytes:
-                        raise ValueError(f"{tensor.name}: {f.tell() - offset} bytes written of {tensor.nbytes}")
+                    hashed = done.get(_memory(raw)) if isinstance(raw, np.ndarray) else None
+                    if hashed is not None:
+                        offset = hashed[0]
+                        hashed = hashed[1:]
+                    else:
+                        f.write(b"\0" * (-f.tell() % alignment))
+                        offset = f.tell()
+                        hashed = _write_tensor(tensor, f, scratch, hasher, raw)
+                        if f.tell() - offset != tensor.nbytes:
+                            raise ValueError(f"{tensor.name}: {f.tell() - offset} bytes written of {tensor.nbytes}")
                     if hashed is not None and written is not None:
                         raw, digest, probe = hashed
                         written.add(raw, (name, offset, tensor.nbytes, _header(raw.dtype, raw.shape)), digest, probe)
@@ -273,6 +289,73 @@ def unload(model, folder: Path, name: str, threshold: int, alignment: int, besid
                 work.join()
     if work is not None:
         work.raise_error()
+
+
+# A module's matrices of this many bytes or more are written from before its trace (`Prewrite`).
+EARLY_BYTES = 1 << 20
+
+
+def planned(module, threshold: int = EARLY_BYTES) -> list[np.ndarray]:
+    """The module's matrices as the exporter's graph will hold them, each once: a Linear's weight
+    turned (MatMul reads it so), every other 2-D parameter as it is (an embedding's table, a GPT-2
+    Conv1D's weight), those of `threshold` bytes or more on the CPU of a type NumPy has. A guess
+    made before the trace: a matrix the graph holds another way is written again after it."""
+    import torch
+    seen: set[int] = set()
+    out = []
+    for m in module.modules():
+        for n, p in m._parameters.items():
+            if p is None or id(p) in seen or p.ndim != 2 or p.device.type != "cpu" or \
+                    p.numel() * p.element_size() < threshold:
+                continue
+            seen.add(id(p))
+            with contextlib.suppress(TypeError):  # a type NumPy lacks (bfloat16)
+                raw = p.detach().numpy()
+                out.append(raw.T if isinstance(m, torch.nn.Linear) and n == "weight" else raw)
+    return out
+
+
+class Prewrite:
+    """`arrays` (`planned`) written to `path` on a thread of its own, each at a multiple of
+    `alignment` and hashed as it is written, while the caller traces the module: the write of a
+    model's weights, most of a large export's time on a machine whose page cache fills slowly,
+    starts before the trace instead of after it. `unload` names each where it was written
+    (`finish`); `cancel` stops it (an export that fails before)."""
+
+    def __init__(self, arrays: Iterable[np.ndarray], path: Path, alignment: int):
+        import threading
+        self.error: BaseException | None = None
+        self._done: dict[tuple, tuple] = {}
+        self._stop = threading.Event()
+
+        def run():
+            try:
+                with open(path, "wb") as f, ThreadPoolExecutor(max_workers=1) as hasher:
+                    scratch = Scratch()
+                    for raw in arrays:
+                        if self._stop.is_set():
+                            return
+                        f.write(b"\0" * (-f.tell() % alignment))
+                        offset = f.tell()
+                        self._done[_memory(raw)] = (offset, *_write_array(raw, f, scratch, hasher))
+            except BaseException as e:  # noqa: BLE001 - raised on the caller's thread (`finish`)
+                self.error = e
+        self.thread = threading.Thread(target=run, name="attnexport-early-write", daemon=True)
+        self.thread.start()
+
+    def finish(self) -> dict[tuple, tuple]:
+        """Waits for the write; {memory (`_memory`): (offset, the array, its sha256, its probe)}.
+        Its error (a full disk) is raised here."""
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        done, self._done = self._done, {}  # held by the caller only: the model's weights may go
+        return done
+
+    def cancel(self) -> None:
+        """Stops the write after the array it is writing (the caller discards the file)."""
+        self._stop.set()
+        self.thread.join()
 
 
 class _Beside:
@@ -299,9 +382,11 @@ class _Beside:
 
 
 @contextlib.contextmanager
-def _one_thread_each():
-    """torch's operators on one thread each while the work beside the write runs: the write (its
-    transposes), its hashing and the work then share the cores without each op waking a pool."""
+def one_thread_each():
+    """torch's operators on one thread each within the block, where other work shares the cores (the
+    write and its hashing, the work beside it, a forked child): on two cores a second pool of
+    threads per operation spins at its barriers while the other work holds the core it waits for
+    (a 1.07B model's first forward beside the write: 4.8 s against 0.8 s alone)."""
     import torch
     before = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -737,3 +737,25 @@ def test_the_memory_check_of_an_export_that_maps_the_weights_counts_only_what_th
     r = run("export", "--hf", folders["llama"], "--kv-cache", "--external-data", "-o", tmp_path / "mapped.onnx")
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mapped.onnx", "mapped.onnx_data"]
+
+
+def test_the_reference_computed_aside_or_beside_the_write_gives_the_same_check(folders, tmp_path, monkeypatch):
+    """The check's float64 reference runs in a forked child from before the trace (`aside`), or, where
+    the platform does not fork, on a thread while the weights are written: the same budgets and
+    errors either way, each said as a phase of the export."""
+    from attnexport import aside as A
+    if not A.forks():
+        pytest.skip("this platform does not fork")
+    checked = {}
+    for forks in (True, False):
+        monkeypatch.setattr(A, "forks", lambda forks=forks: forks)
+        r = run("export", "--hf", folders["llama"], "--kv-cache", "--external-data", "-o", tmp_path / f"{forks}.onnx",
+                "--json")
+        assert r.exit_code == 0, r.output
+        doc = _json(r)
+        phases = [p["name"] for p in doc["resources"]["phases"]]
+        assert ("the float64 reference (forked)" in phases) == forks and ("reference" in phases) != forks, phases
+        checked[forks] = [e["logits"] for e in doc["checked"]]
+        assert all(0 < e["max_abs"] <= e["atol"] for e in checked[forks])
+    for a, b in zip(checked[True], checked[False], strict=True):
+        assert a["atol"] == pytest.approx(b["atol"], rel=1e-6) and a["max_abs"] == pytest.approx(b["max_abs"], rel=1e-3)

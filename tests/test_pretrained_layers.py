@@ -114,3 +114,41 @@ def test_a_post_norm_encoders_layers_are_found_where_a_norm_ends_them(tiny_encod
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output[r.output.index("{"):])
     assert all(e["layers"]["compared"] == e["layers"]["layers"] == 2 for e in doc["checked"]), doc["checked"]
+
+
+@pytest.mark.parametrize("form", ["concat", "static"])
+def test_torchs_run_and_each_layer_alone_in_one_run_give_what_two_runs_give(tiny_lm, form):
+    """`Reference._low`: torch's run of the step and each layer's run alone (its input replaced) made
+    in one run of the feed given twice over, the second copy reading the replacements: each half is
+    what its own run gives, to fp32's rounding (a batch of another size may sum in another order).
+    The replacements here are far from the layers' own inputs, so halves taken the wrong way round
+    would not pass."""
+    model, _ = hf.load(tiny_lm("llama", layers=3), 0)
+    layout = hf.layout_of(model, form, 32 if form == "static" else None)
+    reference = HR.Reference(model, layout)
+    feed = layout.family.check_feed(reference, None, 3, 4, 2, 0, seed=1)
+    window, _ = reference._written_window(feed, HR.valid_positions(layout, feed))
+    assert HR._twice(window, layout.cache_form.dynamic_axes(layout)) is not None  # the one-run way is taken
+    ins: dict = {}
+    with LC.layer_io(LC.decoder_layers(model, 3), ins, {}):
+        reference.run(window)
+    far = {i: ins[i].double() * 1.5 + 0.25 for i in range(3)}
+    one, sides = reference._low(window, far)
+    alone = reference.run(window)
+    outs: dict = {}
+    with LC.layer_io(LC.decoder_layers(reference.low, 3), {}, outs, replace={i: far[i] for i in (1, 2)}):
+        reference.run(window)
+    assert sorted(one) == sorted(alone) and sorted(sides) == [0, 1, 2]
+    for name, got in one.items():
+        np.testing.assert_allclose(got, alone[name], rtol=1e-4, atol=1e-5, err_msg=name)
+    for i in range(3):
+        np.testing.assert_allclose(sides[i].numpy(), outs[i].numpy(), rtol=1e-4, atol=1e-5, err_msg=f"layer {i}")
+    assert not np.allclose(sides[2].numpy(), alone_layer(reference, window, 2), atol=1e-3)
+
+
+def alone_layer(reference, window, i: int) -> np.ndarray:
+    """Layer i's output in torch's run of `window` as it flows (no input replaced)."""
+    outs: dict = {}
+    with LC.layer_io(LC.decoder_layers(reference.low, reference.layout.layers), {}, outs):
+        reference.run(window)
+    return outs[i].numpy()

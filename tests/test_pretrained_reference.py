@@ -186,8 +186,8 @@ def test_the_check_before_writing_fails_a_damaged_export_and_passes_the_export(l
     from attnexport.pretrained import export as hf_export
     folder, model = llama
     result, layout = hf_export.export_hf(hf_export.HFExport(folder, "concat", flavor="attention"))
-    reference = HR.Reference(model, layout)
-    checked = hf_export.check_before_writing(result.model, reference, None, "llama")
+    cases = hf_export.expectations(HR.Reference(model, layout), None)
+    checked = hf_export.check_before_writing(result.model, layout, cases, "llama")
     assert len(checked) == len(forms.FORMS["concat"].export_checks)
     assert all(e["logits"]["max_abs"] < e["logits"]["atol"] + 1e-4 for e in checked)
     record = json.loads({p.key: p.value for p in result.model.metadata_props}["attnexport.params"])
@@ -195,7 +195,7 @@ def test_the_check_before_writing_fails_a_damaged_export_and_passes_the_export(l
     target = next(i for i in result.model.graph.initializer if i.name == held)
     target.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(target) * 1.001, target.name))
     with pytest.raises(ExportError, match="differs from the model in float64"):
-        hf_export.check_before_writing(result.model, reference, None, "llama")
+        hf_export.check_before_writing(result.model, layout, cases, "llama")
 
 
 def test_the_check_before_writing_judges_every_output(llama):
@@ -206,11 +206,11 @@ def test_the_check_before_writing_judges_every_output(llama):
     from attnexport.pretrained import export as hf_export
     folder, model = llama
     result, layout = hf_export.export_hf(hf_export.HFExport(folder, "concat", flavor="attention"))
-    reference = HR.Reference(model, layout)
+    cases = hf_export.expectations(HR.Reference(model, layout), None)
     assert len(layout.outputs) == 5
     for name in layout.outputs:
         with pytest.raises(ExportError, match=rf"differs from the model in float64 at .*: {re.escape(name)}: FAIL"):
-            hf_export.check_before_writing(nudged_output(result.model, name), reference, None, "llama")
+            hf_export.check_before_writing(nudged_output(result.model, name), layout, cases, "llama")
 
 
 def test_the_float64_run_casts_one_layer_at_a_time_and_gives_what_a_float64_copy_gives(llama):

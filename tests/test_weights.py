@@ -237,3 +237,63 @@ def test_a_transposed_view_hashes_as_its_contiguous_copy_a_block_of_rows_at_a_ti
     a = (np.random.default_rng(1).standard_normal((9, 13)) * 100).astype(dtype)
     assert W.sha256_of(a.T) == W.sha256_of(np.ascontiguousarray(a.T)) != W.sha256_of(a)
     assert W.sha256_of(a[:, ::2]) == W.sha256_of(np.ascontiguousarray(a[:, ::2]))
+
+
+def test_matrices_written_before_the_trace_are_named_where_they_were_written(tmp_path):
+    """`Prewrite` writes the module's matrices as `planned` guesses the graph holds them (a Linear's
+    weight turned, an embedding's table as it is) while the caller traces; `unload(early=...)` names
+    each initializer that is one of them where it was written (same bytes, fingerprinted as written),
+    appends the rest after them, and leaves a planned matrix the graph does not hold as a hole."""
+    ir = pytest.importorskip("onnx_ir")
+    torch = pytest.importorskip("torch")
+    from onnx_ir.tensor_adapters import TorchTensor
+    torch.manual_seed(0)
+    module = torch.nn.ModuleDict({"embed": torch.nn.Embedding(300, 16), "up": torch.nn.Linear(16, 40),
+                                  "unused": torch.nn.Linear(16, 20, bias=False)})
+    planned = W.planned(module, threshold=1024)
+    assert [a.shape for a in planned] == [(300, 16), (16, 40), (16, 20)]  # the Linears' turned
+    early = W.Prewrite(planned, tmp_path / "w.data", 128)
+    table, up = module["embed"].weight.detach(), module["up"].weight.detach()
+    values = [ir.Value(name="table", const_value=TorchTensor(table, name="table")),
+              ir.Value(name="up", const_value=TorchTensor(up.T, name="up")),  # the view the exporter folds
+              ir.Value(name="other", const_value=ir.Tensor(np.full((30, 30), 2, np.float32), name="other"))]
+    with W.external_base(tmp_path):
+        W.unload(ir.Model(ir.Graph([], [], nodes=[], initializers=values, name="g"), ir_version=10), tmp_path,
+                 "w.data", threshold=64, alignment=128, early=early)
+        written = W._WRITTEN.get()
+    data = (tmp_path / "w.data").read_bytes()
+    wanted = {"table": table.numpy(), "up": up.numpy().T, "other": np.full((30, 30), 2, np.float32)}
+    offsets = {}
+    for v in values:
+        t = v.const_value
+        assert isinstance(t, ir.ExternalTensor) and t.offset % 128 == 0
+        assert data[t.offset:t.offset + t.length] == np.ascontiguousarray(wanted[v.name]).tobytes(), v.name
+        place = written.source[W._memory(wanted[v.name])] if v.name != "other" else None
+        if place is not None:
+            assert written.at[place][0] == W.sha256_of(wanted[v.name])
+        offsets[v.name] = t.offset
+    unused = module["unused"].weight.detach().numpy().T
+    assert offsets["other"] > max(offsets["table"], offsets["up"])  # appended after what was written early
+    assert np.ascontiguousarray(unused).tobytes() in data  # written early, named by nothing: a hole
+    assert W._memory(unused) not in written.source
+
+
+def test_an_early_write_that_fails_says_so_when_its_weights_are_needed(tmp_path):
+    """A write before the trace that fails (here: its folder is gone) raises at `unload`, as a full
+    disk there does (one line), and `cancel` stops one whose export failed before."""
+    ir = pytest.importorskip("onnx_ir")
+    early = W.Prewrite([np.ones((64, 64), np.float32)], tmp_path / "gone" / "w.data", 128)
+    value = ir.Value(name="w", const_value=ir.Tensor(np.ones((64, 64), np.float32), name="w"))
+    with W.external_base(tmp_path), pytest.raises(UsageError, match="cannot write the weights"):
+        W.unload(ir.Model(ir.Graph([], [], nodes=[], initializers=[value], name="g"), ir_version=10), tmp_path,
+                 "w.data", threshold=64, alignment=128, early=early)
+    import time
+
+    def slow():  # the second matrix comes after the cancel
+        yield np.ones((64, 64), np.float32)
+        time.sleep(0.5)
+        yield np.ones((64, 64), np.float32)
+    stopped = W.Prewrite(slow(), tmp_path / "x.data", 128)
+    stopped.cancel()
+    assert not stopped.thread.is_alive()
+    assert (tmp_path / "x.data").stat().st_size in (0, 64 * 64 * 4)  # the first at most, never the second

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 import torch
 
+from attnexport import aside as A
 from attnexport import dtypes as D
 from attnexport import files as F
 from attnexport import flavors as FL
@@ -239,19 +240,21 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
 
     expected: dict = {}
 
-    def expect():  # the check's torch side, on a thread of its own while the trace's weights are written
-        expected["reference"] = HR.Reference(model, layout, dtype, r.rtol, r.atol)
-        expected["cases"] = expectations(expected["reference"], tokenizer)
+    def expect():  # the check's torch side: the model in float64, a layer at a time (no float64 copy of it)
+        return expectations(HR.Reference(model, layout, dtype, r.rtol, r.atol), tokenizer)
+
+    # A float graph's reference is computed aside from now, while the model is traced and its weights
+    # written (`aside`: a forked child on the other core); where the platform does not fork, on a
+    # thread of its own while the weights are written.
+    forked = plan is None and A.forks()
+    aside: A.Aside | None = None
 
     def check(onnx_model):
-        if plan is None:  # the model in float64, a layer at a time (no float64 copy of it)
-            if "cases" not in expected:
-                expect()
-            return check_before_writing(onnx_model, expected["reference"], tokenizer, name,
-                                        release=(lambda: release_weights(model)) if r.frees_model else None,
-                                        cases=expected.pop("cases"))
-        return check_quantized(onnx_model, model, layout, quantized["before"], tokenizer, name, r,
-                               release=(lambda: release_weights(model)) if r.frees_model else None)
+        release = (lambda: release_weights(model)) if r.frees_model else None
+        if plan is None:
+            cases = aside.result() if aside is not None else expected.pop("cases", None) or expect()
+            return check_before_writing(onnx_model, layout, cases, name, release=release)
+        return check_quantized(onnx_model, model, layout, quantized["before"], tokenizer, name, r, release=release)
 
     external = external_data(r, model, dtype)
     output = None if deploy else r.output
@@ -271,9 +274,13 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
         rewrite=lambda onnx_model: _rewritten(onnx_model, model, layout, flavor, dtype, name,
                                               quantized=plan is not None and plan.kernel != "integer"),
         optimized_by_rewrite=FL.FLAVORS[flavor].fuses_language_models, float32_inputs=form.float32_inputs(layout),
-        repeat=form.repeat(wrapper, layout) if r.stamp else None, beside_write=expect if plan is None else None)
+        repeat=form.repeat(wrapper, layout) if r.stamp else None,
+        beside_write=(lambda: expected.update(cases=expect())) if plan is None and not forked else None)
     try:
-        result = export_module(wrapper, example, module_request)
+        if forked:
+            aside = A.Aside(lambda: _on_one_thread(expect), "the float64 reference")
+        with W.one_thread_each() if aside is not None else contextlib.nullcontext():
+            result = export_module(wrapper, example, module_request)
     except ExportError as e:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -289,6 +296,9 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
         raise
+    finally:
+        if aside is not None:  # the export failed before its check: the child is not waited for
+            aside.cancel()
     if external:
         result.notes.append(f"the weights are in {F.data_file(str(result.path or output)).name} beside the graph "
                             "(external data: keep the two files together)")
@@ -447,7 +457,8 @@ def check_quantized(graph, model, layout: hf.Layout, before: dict, tokenizer, na
             path = Path(graph).with_name(f"float-activations-{Path(graph).name}")
             onnx.save(twin_model, str(path))
             twin = str(path)
-        checked = check_before_writing(twin, held, tokenizer, name, release=release, feeds=feeds, prepack=True)
+        checked = check_before_writing(twin, layout, expectations(held, tokenizer, feeds), name, release=release,
+                                       prepack=True)
     session = R.prepare_onnx("ort-cpu", graph if isinstance(graph, onnx.ModelProto) else str(graph))
     first = layout.outputs[0]  # logits, or an encoder's token states
     for label, feed in feeds:
@@ -474,6 +485,13 @@ def _rewritten(onnx_model, model, layout: hf.Layout, flavor: str, dtype: str, na
     return onnx_model
 
 
+def _on_one_thread(work):
+    """`work()` with torch's operators on one thread: a forked child's, beside the parent's trace and
+    write on a machine of few cores (the parent's own threads are its own)."""
+    torch.set_num_threads(1)
+    return work()
+
+
 def release_weights(model) -> None:
     """Lets go of every parameter of `model` (each left an empty tensor: running it again fails
     loudly), so that its memory goes back before ONNX Runtime maps the graph's own copy."""
@@ -497,25 +515,20 @@ def expectations(reference: HR.Reference, tokenizer, feeds: list | None = None) 
         return [(label, feed, reference.expect(feed, layers=True)) for label, feed in feeds]
 
 
-def check_before_writing(onnx_model, reference: HR.Reference, tokenizer, name: str, release=None,
-                         feeds: list | None = None, prepack: bool = False, cases: list | None = None) -> list:
+def check_before_writing(onnx_model, layout: hf.Layout, cases: list, name: str, release=None,
+                         prepack: bool = False) -> list:
     """The step graph (a ModelProto, or the path of one staged with its external data) on ONNX
     Runtime's CPU provider at each of its form's export_checks shapes against the model in
     float64, each output within its budget, and each decoder layer alone within its own
     (`attnexport.pretrained.layers`: its input the float64 model's); an ExportError (nothing
     written) naming the first output that is not, and the first layer that departs. Returns, a
     shape each: its label, each output's worst error and budget, and its layers' worst.
-    Every shape runs in torch first; then `release()` (where given) lets the model's weights go,
-    and ONNX Runtime runs the graph. `feeds`: each shape's (label, feed), where the caller has
-    made them already (the caches in them are written by the model: not made twice). `prepack`:
+    `cases`: each shape run in torch first (`expectations`); then `release()` (where given) lets
+    the model's weights go, and ONNX Runtime runs the graph. `prepack`:
     ONNX Runtime's sessions pack the weights for their kernels, as a quantized graph wants (without,
     each run of a MatMulNBits decodes its whole matrix: 3 s a run of a 1.07B int4 graph against
     0.03-0.4 s, for the packed copy's 0.5-0.9 GB); a float graph's are not packed (a copy of every
-    weight for a few runs). `cases`: `expectations`, where they were computed already."""
-
-    layout = reference.layout
-    if cases is None:
-        cases = expectations(reference, tokenizer, feeds)
+    weight for a few runs)."""
     if release is not None:
         release()
     with U.phase("check session"):

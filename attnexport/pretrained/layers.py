@@ -58,21 +58,24 @@ def decoder_layers(model, count: int):
 
 
 @contextlib.contextmanager
-def layer_io(layers, inputs: dict, outputs: dict, replace: dict | None = None):
+def layer_io(layers, inputs: dict, outputs: dict, replace: dict | None = None, rows: int = 0):
     """Within the block each layer's hidden-state input and output are kept (`inputs[i]`,
-    `outputs[i]`, detached); a layer i in `replace` reads that tensor in place of its input."""
+    `outputs[i]`, detached); a layer i in `replace` reads that tensor in place of its input, in
+    place of its rows from `rows` on where `rows` is given (the rows before it flow as they are)."""
+
+    def replaced(i, x):
+        if i not in (replace or {}):
+            return x
+        by = replace[i].to(x.dtype)
+        return torch.cat([x[:rows], by]) if rows else by
 
     def before(i):
         def hook(module, args, kwargs):
             if args:
-                x, rest = args[0], args[1:]
-                if i in (replace or {}):
-                    x = replace[i].to(x.dtype)
+                x, rest = replaced(i, args[0]), args[1:]
                 inputs[i] = x.detach()
                 return (x, *rest), kwargs
-            x = kwargs["hidden_states"]
-            if i in (replace or {}):
-                x = replace[i].to(x.dtype)
+            x = replaced(i, kwargs["hidden_states"])
             inputs[i] = x.detach()
             return args, {**kwargs, "hidden_states": x}
         return hook

@@ -1,0 +1,90 @@
+"""Work run aside in a forked child (`attnexport.aside`): its value or its error handed back, its
+end by a signal said, a cancel that ends it, and its meter adopted by the parent's."""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from attnexport import aside as A
+from attnexport import usage as U
+from attnexport.errors import ExportError
+
+pytestmark = pytest.mark.skipif(not A.forks(), reason="this platform does not fork")
+
+
+def test_the_childs_value_comes_back_computed_from_the_memory_it_shares():
+    big = np.arange(1 << 20, dtype=np.float64)  # the child reads the parent's memory as it was at the fork
+    pid = os.getpid()
+    work = A.Aside(lambda: {"sum": big.sum(), "pid": os.getpid(), "rows": big[:3].copy()}, "sums")
+    big[:] = 0  # the parent's writes after the fork are its own
+    got = work.result()
+    assert got["pid"] != pid
+    assert got["sum"] == (1 << 20) * ((1 << 20) - 1) / 2
+    np.testing.assert_array_equal(got["rows"], [0.0, 1.0, 2.0])
+
+
+def test_an_error_in_the_child_is_raised_in_the_parent():
+    def fails():
+        raise ValueError("the reference failed at layer 3")
+    with pytest.raises(ValueError, match="the reference failed at layer 3"):
+        A.Aside(fails, "the reference").result()
+
+
+def test_an_error_that_does_not_pickle_is_said_in_one_line():
+    class Unpicklable(Exception):
+        def __reduce__(self):
+            raise TypeError("no")
+
+    def fails():
+        raise Unpicklable("held a lock")
+    with pytest.raises(ExportError, match="Unpicklable: held a lock"):
+        A.Aside(fails, "the reference").result()
+
+
+def test_a_child_ended_by_a_signal_is_said_so():
+    def killed():
+        os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's out-of-memory killer would
+    with pytest.raises(ExportError, match="the reference: its process was ended by signal 9"):
+        A.Aside(killed, "the reference").result()
+
+
+def test_cancel_ends_a_child_at_once_and_leaves_no_process():
+    work = A.Aside(lambda: time.sleep(60), "a long wait")
+    pid = work.pid
+    start = time.perf_counter()
+    work.cancel()
+    assert time.perf_counter() - start < 10
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped: no zombie left
+    with pytest.raises(ExportError, match="cancelled"):
+        work.result()
+
+
+def test_the_childs_meter_is_a_phase_of_the_parents():
+    with U.metered() as meter:
+        A.Aside(lambda: np.ones(1 << 22).sum(), "the reference").result()
+    phase = next(p for p in meter.phases if p.name == "the reference (forked)")
+    assert phase.seconds > 0 and phase.peak_own > 0
+
+
+def test_a_child_ends_with_its_parent():
+    """The parent's end (killed, say) ends the child: it does not go on as an orphan."""
+    import subprocess
+    import sys
+    script = ("import os, sys, time\n"
+              "from attnexport import aside as A\n"
+              "work = A.Aside(lambda: time.sleep(60), 'a long wait')\n"
+              "print(work.pid, flush=True)\n"
+              "os.kill(os.getpid(), 9)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    child = int(done.stdout.split()[0])
+    for _ in range(100):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    pytest.fail(f"the child {child} outlived its parent")
