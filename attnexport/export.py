@@ -752,6 +752,9 @@ class ModuleExport:
             `check`), run on a thread of its own while the trace's weights are written to the
             staging folder (external data written straight from the module's tensors); not run
             otherwise (the check then does it itself).
+        shares_cores: other work runs beside the export until its check (a forked child computing
+            the check's reference): torch's operators take one thread each until the weights are
+            written (`weights.one_thread_each`), as they do beside the export's own early write.
         repeat: the module's layers are alike (`attnexport.stamping.Repeat`): it is traced with
             three of them and the graph of the third stamped out for the rest; where the traced
             layers turn out not to be alike, the whole module is traced (and a note says why).
@@ -784,6 +787,7 @@ class ModuleExport:
     external_data: bool = False
     repeat: Any = None  # attnexport.stamping.Repeat: the module traced with three of its alike layers
     beside_write: Callable[[], None] | None = None
+    shares_cores: bool = False
 
 
 @dataclass
@@ -865,7 +869,7 @@ def _export_module(module, example_inputs, r: ModuleExport, opset: int, torch_na
     import torch
 
     direct = staged is not None and not r.optimized_by_rewrite
-    with W.one_thread_each() if direct else contextlib.nullcontext():
+    with W.one_thread_each() if direct or r.shares_cores else contextlib.nullcontext():
         with U.phase("copy"):
             module = _in_dtype(module, D.torch_dtype(r.dtype))
             # The module's matrices written from now, beside the trace (`weights.Prewrite`).

@@ -275,12 +275,12 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
                                               quantized=plan is not None and plan.kernel != "integer"),
         optimized_by_rewrite=FL.FLAVORS[flavor].fuses_language_models, float32_inputs=form.float32_inputs(layout),
         repeat=form.repeat(wrapper, layout) if r.stamp else None,
-        beside_write=(lambda: expected.update(cases=expect())) if plan is None and not forked else None)
+        beside_write=(lambda: expected.update(cases=expect())) if plan is None and not forked else None,
+        shares_cores=forked)
     try:
         if forked:
             aside = A.Aside(lambda: _on_one_thread(expect), "the float64 reference")
-        with W.one_thread_each() if aside is not None else contextlib.nullcontext():
-            result = export_module(wrapper, example, module_request)
+        result = export_module(wrapper, example, module_request)
     except ExportError as e:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
