@@ -51,8 +51,8 @@ class Aside:
         parent = os.getpid()
         with _quiet_fork():
             pid = os.fork()
-        if pid == 0:
-            _child(work, self._out, parent)  # never returns
+            if pid == 0:
+                _child(work, self._out, parent)  # never returns
         self.pid = pid
 
     def result(self) -> Any:
@@ -101,8 +101,9 @@ class Aside:
 @contextlib.contextmanager
 def _quiet_fork():
     """Python 3.12 warns of a fork in a process with threads (the meter's sampler): the child here
-    runs only its own thread. The tokenizers library warns too where its parallelism was used
-    before a fork and is not configured: the child runs it single-threaded either way."""
+    runs only its own thread (`_one_thread`). The tokenizers library warns too where its parallelism
+    was used before a fork and is not configured: configured here, in the parent only (the child
+    leaves inside the block, with its own setting)."""
     set_here = "TOKENIZERS_PARALLELISM" not in os.environ
     if set_here:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
@@ -126,6 +127,7 @@ def _child(work: Callable[[], Any], out, parent: int) -> None:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != parent:  # the parent ended before the signal was asked for
             return
+        _one_thread()
         with U.own_meter() as meter:
             try:
                 value: tuple = ("done", work())
@@ -141,3 +143,16 @@ def _child(work: Callable[[], Any], out, parent: int) -> None:
         status = 0
     finally:
         os._exit(status)
+
+
+def _one_thread() -> None:
+    """The child's libraries on one thread each. A thread pool the parent started is gone in the
+    child (a fork copies only the forking thread) while the library still counts on it: work handed
+    to it waits forever. Two such pools are in reach of a whole model's reference: the tokenizers
+    library's (any tokenization after the parent used its parallelism) and torch's OpenMP team
+    (any parallel operator after the parent ran one). The child runs on the machine's other core
+    anyway."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # read at each call, over a user's own setting
+    torch = sys.modules.get("torch")  # only where the parent imported it: a leaf imports no torch
+    if torch is not None:
+        torch.set_num_threads(1)

@@ -869,19 +869,20 @@ def _export_module(module, example_inputs, r: ModuleExport, opset: int, torch_na
     import torch
 
     direct = staged is not None and not r.optimized_by_rewrite
+    early: W.Prewrite | None = None
     with W.one_thread_each() if direct or r.shares_cores else contextlib.nullcontext():
-        with U.phase("copy"):
-            module = _in_dtype(module, D.torch_dtype(r.dtype))
-            # The module's matrices written from now, beside the trace (`weights.Prewrite`).
-            early = W.Prewrite(W.planned(module), staged.folder / F.SCRATCH, F.EXTERNAL_ALIGN) \
-                if direct and staged is not None else None
-            try:
+        try:
+            with U.phase("copy"):
+                module = _in_dtype(module, D.torch_dtype(r.dtype))
+                # The module's matrices written from now, beside the trace (`weights.Prewrite`).
+                early = W.Prewrite(W.planned(module), staged.folder / F.SCRATCH, F.EXTERNAL_ALIGN) \
+                    if direct and staged is not None else None
                 t = _module_trace(module, tuple(example_inputs), r)
-            except BaseException:
-                if early is not None:
-                    early.cancel()
-                raise
-        traced = _trace_to_onnx(t, opset, staged.folder if direct and staged is not None else None, early)
+            traced = _trace_to_onnx(t, opset, staged.folder if direct and staged is not None else None, early)
+        except BaseException:
+            if early is not None:  # stopped after the array it writes: the staging folder goes
+                early.cancel()
+            raise
     found, model, calls, trace_notes = traced.found, traced.model, traced.calls, traced.notes
     missed = [f for f in found if f.reason]
     kept = _name_dims(model, t.names, t.dims[1])
@@ -967,13 +968,12 @@ class _ParamArrays(Mapping):
 
 
 def _module_trace(module, example_inputs: tuple, r: ModuleExport) -> _ModuleTrace:
-    """The module copied into the export's dtype, its names, dynamic axes and cache pairs checked
+    """The module (in the export's dtype already: `_in_dtype`) with its names, dynamic axes and cache pairs checked
     against what forward takes and returns (one run of it, routed through the core: its target,
     `target.of_module`)."""
     tdtype = D.torch_dtype(r.dtype)
     kept = {i for i, n in enumerate(r.input_names or []) if n in r.float32_inputs}
     args = tuple(t.to(tdtype) if t.is_floating_point() and i not in kept else t for i, t in enumerate(example_inputs))
-    module = _in_dtype(module, tdtype)
     target = T.of_module(module, args, r.name, r.input_names, r.output_names, r.cache, r.write_pos)
     names, cache = list(target.inputs), target.signature.pairs
     asked = r.dynamic
@@ -1116,19 +1116,14 @@ def _trace_to_onnx(t: _ModuleTrace, opset: int, scratch: Path | None = None,
     r = t.request
     notes = []
     everything = range(len(t.names))
-    try:
-        if r.repeat is not None:
-            try:
-                traced = _trace_stamped(t, opset)
-            except ST.Unstampable as e:
-                notes.append(f"traced with all {r.repeat.count} layers: the traced layers are not alike ({e})")
-                traced = _trace(t, opset, everything, t.out_names)
-        else:
+    if r.repeat is not None:
+        try:
+            traced = _trace_stamped(t, opset)
+        except ST.Unstampable as e:
+            notes.append(f"traced with all {r.repeat.count} layers: the traced layers are not alike ({e})")
             traced = _trace(t, opset, everything, t.out_names)
-    except BaseException:
-        if early is not None:
-            early.cancel()
-        raise
+    else:
+        traced = _trace(t, opset, everything, t.out_names)
     if scratch is not None:
         with U.phase("write weights"):
             W.unload(traced.model, scratch, F.SCRATCH, F.EXTERNAL_MIN, F.EXTERNAL_ALIGN, beside=r.beside_write,

@@ -96,6 +96,7 @@ class Meter:
     start: int = 0
     peak: int = 0
     peak_own: int = 0  # of the sampled resident memory, the most that was not a file's pages
+    end: int = 0  # the resident memory when it ended
     progress: Callable[[Phase], None] | None = None  # told of each phase as it ends (a terminal's lines)
     _open: list[Phase] = field(default_factory=list)
     _t0: float = 0.0
@@ -117,7 +118,9 @@ class Meter:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self._seen(*_statm())
+        rss, own = _statm()
+        self._seen(rss, own)
+        self.end = rss
         water = high_water()
         if water > self._water0:  # the kernel's mark rose while the meter ran: nothing is higher
             self.peak = max(self.peak, water)
@@ -156,7 +159,7 @@ class Meter:
 
     def to_dict(self) -> dict:
         return {"seconds": round(self.seconds, 3), "start_bytes": self.start, "peak_bytes": self.peak,
-                "peak_own_bytes": self.peak_own, "phases": [p.to_dict() for p in self.phases]}
+                "end_bytes": self.end, "peak_own_bytes": self.peak_own, "phases": [p.to_dict() for p in self.phases]}
 
     def line(self) -> str:
         """One line for a command's notes: wall time, peak resident memory, the phase that set it."""
@@ -215,7 +218,7 @@ def adopt(child: dict, name: str) -> None:
     """A forked child's meter (`Meter.to_dict`) as one phase `name` of the meter that runs: its wall
     time, and its resident memory (its own, beside the parent's, and the pages it shares with it)."""
     if _ACTIVE:
-        p = Phase(name, child["seconds"], child["start_bytes"], child["peak_bytes"], child["start_bytes"],
+        p = Phase(name, child["seconds"], child["start_bytes"], child["peak_bytes"], child["end_bytes"],
                   child["peak_own_bytes"])
         _ACTIVE[0].phases.append(p)
         if _ACTIVE[0].progress is not None:

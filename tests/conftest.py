@@ -2,7 +2,10 @@ import atexit
 import gc
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -390,3 +393,12 @@ def ort_as_written(model, feeds: dict) -> dict:
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+
+
+def in_time(code: str, limit: float = 120) -> str:
+    """`code` run in a fresh interpreter that must end within `limit` seconds (a child waiting on a
+    thread pool that did not survive its fork waits forever: here it fails the test, never hangs it)."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=limit)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout

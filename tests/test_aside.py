@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import in_time
 
 from attnexport import aside as A
 from attnexport import usage as U
@@ -64,10 +65,13 @@ def test_cancel_ends_a_child_at_once_and_leaves_no_process():
 
 
 def test_the_childs_meter_is_a_phase_of_the_parents():
+    """Its wall time and its resident memory at its start, peak and end (the child's, not the parent's)."""
+    kept = []
     with U.metered() as meter:
-        A.Aside(lambda: np.ones(1 << 22).sum(), "the reference").result()
+        A.Aside(lambda: kept.append(np.ones(1 << 23)) or len(kept), "the reference").result()  # 64 MiB held
     phase = next(p for p in meter.phases if p.name == "the reference (forked)")
-    assert phase.seconds > 0 and phase.peak_own > 0
+    assert phase.seconds > 0 and phase.peak_own > 0 and not kept
+    assert phase.end - phase.start > 60 * 2**20 and phase.peak >= phase.end, phase
 
 
 def test_a_child_ends_with_its_parent():
@@ -88,3 +92,20 @@ def test_a_child_ends_with_its_parent():
             return
         time.sleep(0.1)
     pytest.fail(f"the child {child} outlived its parent")
+
+
+def test_a_child_runs_torchs_parallel_operators_after_its_parent_ran_them():
+    """The parent's OpenMP team (started by its first parallel operator) does not survive the fork; the
+    child runs its own operators on one thread, and the parent keeps its threads."""
+    pytest.importorskip("torch")
+    got = in_time("""
+        import torch
+        from attnexport import aside as A
+        torch.set_num_threads(2)
+        x = torch.linspace(-4, 4, 1 << 22)
+        here = float(torch.nn.functional.gelu(x).sum())  # the parent's team of two threads, started
+        there, threads = A.Aside(lambda: (float(torch.nn.functional.gelu(x).sum()), torch.get_num_threads()),
+                                 "gelu").result()
+        print(threads, torch.get_num_threads(), abs(there - here) <= 1e-5 * abs(here))
+    """)
+    assert got.split() == ["1", "2", "True"], got

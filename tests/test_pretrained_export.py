@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
 
 from conftest import cli as run  # noqa: E402
+from conftest import in_time  # noqa: E402
 
 from attnexport import signature as SG  # noqa: E402
 from attnexport import weights as W  # noqa: E402
@@ -737,6 +738,22 @@ def test_the_memory_check_of_an_export_that_maps_the_weights_counts_only_what_th
     r = run("export", "--hf", folders["llama"], "--kv-cache", "--external-data", "-o", tmp_path / "mapped.onnx")
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mapped.onnx", "mapped.onnx_data"]
+
+
+def test_a_forked_child_tokenizes_after_its_parent_used_the_tokenizers_pool():
+    """The tokenizers library's thread pool, started by the parent's batch encoding, does not survive a
+    fork: the child (a whole encoder's reference tokenizes its check sentences) encodes on its own
+    thread, within seconds, and nothing is said of the fork."""
+    pytest.importorskip("tokenizers")
+    got = in_time("""
+        from tokenizers import Tokenizer, models, pre_tokenizers
+        from attnexport import aside as A
+        tok = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "b": 2}, unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        tok.encode_batch(["a b a"] * 256)  # the parent's pool, started
+        print(A.Aside(lambda: [e.ids for e in tok.encode_batch(["a b", "b c a"])], "tokens").result())
+    """)
+    assert got.strip() == "[[1, 2], [2, 0, 1]]", got
 
 
 def test_the_reference_computed_aside_or_beside_the_write_gives_the_same_check(folders, tmp_path, monkeypatch):

@@ -23,8 +23,11 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(os.environ.get("ATTNEXPORT_SCALE") != "1",
-                                reason="opt-in: ATTNEXPORT_SCALE=1 (a 1.07B model, about 20 minutes and 14 GB of disk)")
+pytestmark = [
+    pytest.mark.skipif(os.environ.get("ATTNEXPORT_SCALE") != "1",
+                       reason="opt-in: ATTNEXPORT_SCALE=1 (a 1.07B model, about 20 minutes and 14 GB of disk)"),
+    pytest.mark.timeout(2 * 3600),  # over the suite's 20 minutes a test (pyproject.toml)
+]
 
 SCALE = Path(__file__).resolve().parents[1] / "benchmarks" / "scale.py"
 

@@ -279,7 +279,7 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
         shares_cores=forked)
     try:
         if forked:
-            aside = A.Aside(lambda: _on_one_thread(expect), "the float64 reference")
+            aside = A.Aside(expect, "the float64 reference")
         result = export_module(wrapper, example, module_request)
     except ExportError as e:
         if scratch is not None:
@@ -483,13 +483,6 @@ def _rewritten(onnx_model, model, layout: hf.Layout, flavor: str, dtype: str, na
                                           encoder=layout.family.fuses_encoder_layers,
                                           packed=dtype == "fp32" and not quantized)
     return onnx_model
-
-
-def _on_one_thread(work):
-    """`work()` with torch's operators on one thread: a forked child's, beside the parent's trace and
-    write on a machine of few cores (the parent's own threads are its own)."""
-    torch.set_num_threads(1)
-    return work()
 
 
 def release_weights(model) -> None:
