@@ -90,7 +90,7 @@ def test_a_file_whose_weights_changed_after_the_export_is_refused_before_anythin
     assert "differ from the sha256 recorded at its export: model.model.layers.1.mlp.down_proj.weight" in error
 
 
-def test_a_divergence_names_the_sequence_the_step_and_both_tokens_and_is_localized(folders, tmp_path):
+def test_a_divergence_names_the_sequence_the_step_and_both_tokens_and_is_localized(folders, tmp_path, monkeypatch):
     """A model file whose graph was changed after the export, not its weights (the frozen rotary
     sine table, noised) generates other tokens: the report says where, and localization names the
     first diverging node."""
@@ -110,6 +110,19 @@ def test_a_divergence_names_the_sequence_the_step_and_both_tokens_and_is_localiz
     assert not generation["passed"]
     assert "transformers generated token" in generation["error"] and "sequence" in generation["error"]
     assert generation["localization"] and generation["localization"]["node"], generation
+    # Where the machine has not the memory a fresh export and both graphs' values take, the row says
+    # so and fails all the same (a real model's verify was killed for memory there, reporting nothing);
+    # --no-memory-check localizes anyway.
+    from attnexport.pretrained import check as hf_check
+    monkeypatch.setattr(hf_check, "LOCALIZE_FACTOR", 1e9)
+    for flags, localized in (((), False), (("--no-memory-check",), True)):
+        r = run("verify", path, "--hf", folders["llama"], "--runtimes", "ort-cpu", *flags, "--json")
+        assert r.exit_code == 1, r.output
+        generation = next(row for row in _json(r)["results"] if row["case"].startswith("generate"))
+        assert not generation["passed"] and "transformers generated token" in generation["error"]
+        note = generation["localization"]["note"] or ""
+        assert bool(generation["localization"].get("node")) == localized, generation["localization"]
+        assert ("localization skipped" in note and "available" in note) != localized, note
 
 
 def test_verify_hf_takes_localize_and_a_baseline(folders, tmp_path):
