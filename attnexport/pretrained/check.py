@@ -172,10 +172,12 @@ class Context:
 
 # What localizing a whole model's failing row needs beside what verify holds, in bytes of the graph's
 # weights: a fresh export of the model (Gemma-3-270M's alone peaked at 6.4 times its 1.07 GB of fp32
-# weights), then both graphs' weights as arrays and every node's output on the runtime and in the ONNX
-# reference evaluator. Measured from below: a verify of that model on WebGPU went from 5 GB to 14.4 GB
-# within the fresh export's check and was killed for memory there, reporting nothing (2026-12-05).
-LOCALIZE_FACTOR = 12
+# weights), then both graphs' weights as arrays and every node's output exposed on the runtime (the
+# graph copied for its shapes) and in the ONNX reference evaluator. Measured from below, 2026-12-05:
+# verifies of that model on WebGPU went from 5 GB to 14.4 and 15.1 GB and were killed for memory,
+# reporting nothing, once inside the fresh export and once exposing every intermediate (the second
+# with 12 here: the browser grows beside it too).
+LOCALIZE_FACTOR = 16
 
 
 def verify_hf(check: HFCheck) -> Report:
