@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import os
 import pickle
 import signal
@@ -49,10 +50,19 @@ class Aside:
         self._out = tempfile.TemporaryFile()
         self.pid: int | None = None
         parent = os.getpid()
-        with _quiet_fork():
-            pid = os.fork()
-            if pid == 0:
-                _child(work, self._out, parent)  # never returns
+        # Every object the parent holds now, frozen for the collector (`gc.freeze`) in the child: none
+        # of them is collected there. The parent's garbage that a collection in the child would free
+        # includes objects of libraries with threads (an ONNX Runtime session a test or a verify let
+        # go): their destructors wait on their threads' locks, which no thread in the child will ever
+        # release (a CI run hung there). The parent's own collector takes them back after the fork.
+        gc.freeze()
+        try:
+            with _quiet_fork():
+                pid = os.fork()
+                if pid == 0:
+                    _child(work, self._out, parent)  # never returns
+        finally:
+            gc.unfreeze()  # the parent's (the child never gets here)
         self.pid = pid
 
     def result(self) -> Any:

@@ -109,3 +109,33 @@ def test_a_child_runs_torchs_parallel_operators_after_its_parent_ran_them():
         print(threads, torch.get_num_threads(), abs(there - here) <= 1e-5 * abs(here))
     """)
     assert got.split() == ["1", "2", "True"], got
+
+
+def test_a_collection_in_the_child_leaves_the_parents_garbage_alone():
+    """An ONNX Runtime session the parent let go (in a cycle: only the collector frees it), its thread
+    pool's threads asleep on their lock, is not freed by a collection in the child: its destructor would
+    wait for threads the fork left behind."""
+    got = in_time("""
+        import gc, time
+        import numpy as np
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+        from attnexport import aside as A
+        info = helper.make_tensor_value_info
+        graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [info("x", TensorProto.FLOAT, [None])],
+                                  [info("y", TensorProto.FLOAT, [None])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 2
+        class Holder:
+            pass
+        held = Holder()
+        held.session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        held.cycle = held
+        held.session.run(None, {"x": np.ones(1 << 20, np.float32)})
+        del held
+        gc.disable()
+        time.sleep(1)  # the pool's threads from spinning to asleep
+        print(A.Aside(gc.collect, "a collection").result() >= 0, gc.collect() > 0)
+    """, limit=60)
+    assert got.split() == ["True", "True"], got
