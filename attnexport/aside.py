@@ -22,8 +22,10 @@ import pickle
 import signal
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from attnexport import usage as U
@@ -31,6 +33,16 @@ from attnexport.errors import ExportError
 
 # prctl's option for the signal a process gets when its parent ends (linux/prctl.h).
 _PR_SET_PDEATHSIG = 1
+
+# A child asleep this long without a tick of CPU time is stuck (`Stalled`): its work computes, and a
+# fork can leave it waiting on a lock that a thread of the parent held, which no thread of its own
+# will ever release (`_one_thread` and the frozen collector take away the causes known).
+STALL_SECONDS = 15.0
+
+
+class Stalled(ExportError):
+    """The child sat asleep, gaining no CPU time, for STALL_SECONDS while its result was waited for:
+    ended; the caller does the work itself."""
 
 
 def forks() -> bool:
@@ -66,8 +78,9 @@ class Aside:
         self.pid = pid
 
     def result(self) -> Any:
-        """Waits for the child; its value (an error it raised, raised here)."""
-        status = self._wait()
+        """Waits for the child; its value (an error it raised, raised here). `Stalled` where it
+        stopped computing without ending (it is ended)."""
+        status = self._wait(watch=True)
         if status is None:
             raise ExportError(f"{self.name}: cancelled")
         if os.WIFSIGNALED(status):
@@ -95,17 +108,36 @@ class Aside:
             self._wait()
         self._out.close()
 
-    def _wait(self) -> int | None:
+    def _wait(self, watch: bool = False) -> int | None:
+        """The child's exit status once it ends (None where it was reaped elsewhere); `watch`: ended
+        and `Stalled` raised where it sleeps STALL_SECONDS without gaining CPU time."""
         if self.pid is None:
             return None
         pid, self.pid = self.pid, None
+        seen, since = None, time.monotonic()
         while True:
             try:
-                return os.waitpid(pid, 0)[1]
+                if not watch:
+                    return os.waitpid(pid, 0)[1]
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    return status
             except InterruptedError:
                 continue
             except ChildProcessError:
                 return None
+            ticks = _asleep_ticks(pid)
+            if ticks is None or ticks != seen:
+                seen, since = ticks, time.monotonic()
+            elif time.monotonic() - since > STALL_SECONDS:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+                self._out.close()
+                raise Stalled(f"{self.name}: its process computed nothing for {STALL_SECONDS:.0f} s, asleep "
+                              "(a lock its fork left held); ended")
+            time.sleep(0.05)
 
 
 @contextlib.contextmanager
@@ -153,6 +185,16 @@ def _child(work: Callable[[], Any], out, parent: int) -> None:
         status = 0
     finally:
         os._exit(status)
+
+
+def _asleep_ticks(pid: int) -> int | None:
+    """The CPU time (clock ticks) of process `pid` where it is asleep; None where it runs, waits on
+    the disk, or cannot be read (each counts as progress)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[11]) + int(fields[12]) if fields[0] == "S" else None
 
 
 def _one_thread() -> None:

@@ -139,3 +139,27 @@ def test_a_collection_in_the_child_leaves_the_parents_garbage_alone():
         print(A.Aside(gc.collect, "a collection").result() >= 0, gc.collect() > 0)
     """, limit=60)
     assert got.split() == ["True", "True"], got
+
+
+def test_a_child_stuck_on_a_lock_its_fork_left_held_is_ended_and_said(monkeypatch):
+    """A lock held at the fork is held in the child for good: the child sleeps without computing, and
+    the wait for it ends after STALL_SECONDS with `Stalled` (the caller does the work itself), leaving
+    no process behind."""
+    import threading
+    monkeypatch.setattr(A, "STALL_SECONDS", 1.0)
+    held = threading.Lock()
+    held.acquire()
+    work = A.Aside(held.acquire, "the reference")
+    pid = work.pid
+    started = time.monotonic()
+    with pytest.raises(A.Stalled, match="the reference: its process computed nothing for 1 s"):
+        work.result()
+    assert time.monotonic() - started < 30
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    held.release()
+
+
+def test_a_child_that_computes_is_never_taken_for_stuck(monkeypatch):
+    monkeypatch.setattr(A, "STALL_SECONDS", 0.3)
+    assert A.Aside(lambda: sum(range(20_000_000)), "a long sum").result() == 20_000_000 * 19_999_999 // 2

@@ -756,6 +756,31 @@ def test_a_forked_child_tokenizes_after_its_parent_used_the_tokenizers_pool():
     assert got.strip() == "[[1, 2], [2, 0, 1]]", got
 
 
+def test_a_stalled_forked_reference_is_computed_in_the_process_and_said(folders, tmp_path, monkeypatch):
+    """Where the forked reference stops computing without ending (a lock its fork left held), the
+    export ends it after STALL_SECONDS, computes the reference itself, checks as ever and says so."""
+    import threading
+
+    from attnexport import aside as A
+    if not A.forks():
+        pytest.skip("this platform does not fork")
+    monkeypatch.setattr(A, "STALL_SECONDS", 1.0)
+    parent, held, real = os.getpid(), threading.Lock(), hf_export.expectations
+    held.acquire()
+
+    def stuck_in_the_child(*args, **kwargs):
+        if os.getpid() != parent:
+            held.acquire()  # never released in the child
+        return real(*args, **kwargs)
+    monkeypatch.setattr(hf_export, "expectations", stuck_in_the_child)
+    r = run("export", "--hf", folders["llama"], "--kv-cache", "-o", tmp_path / "lm.onnx", "--json")
+    assert r.exit_code == 0, r.output
+    doc = _json(r)
+    assert any("computed nothing for 1 s" in n and "computed in this process instead" in n for n in doc["notes"]), \
+        doc["notes"]
+    assert len(doc["checked"]) == 3 and all(0 < e["logits"]["max_abs"] <= e["logits"]["atol"] for e in doc["checked"])
+
+
 def test_the_reference_computed_aside_or_beside_the_write_gives_the_same_check(folders, tmp_path, monkeypatch):
     """The check's float64 reference runs in a forked child from before the trace (`aside`), or, where
     the platform does not fork, on a thread while the weights are written: the same budgets and

@@ -249,10 +249,16 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
     forked = plan is None and A.forks()
     aside: A.Aside | None = None
 
+    stalled: list[str] = []
+
     def check(onnx_model):
         release = (lambda: release_weights(model)) if r.frees_model else None
         if plan is None:
-            cases = aside.result() if aside is not None else expected.pop("cases", None) or expect()
+            try:
+                cases = aside.result() if aside is not None else expected.pop("cases", None) or expect()
+            except A.Stalled as e:  # computed here instead, and said
+                stalled.append(f"{e}: computed in this process instead")
+                cases = expect()
             return check_before_writing(onnx_model, layout, cases, name, release=release)
         return check_quantized(onnx_model, model, layout, quantized["before"], tokenizer, name, r, release=release)
 
@@ -303,6 +309,7 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
         result.notes.append(f"the weights are in {F.data_file(str(result.path or output)).name} beside the graph "
                             "(external data: keep the two files together)")
     result.notes.append(_checked_note(result.checked))
+    result.notes.extend(stalled)
     if params_source == "seed":
         result.notes.append(hf.random_note(r.source, r.seed))
     if plan is not None:
