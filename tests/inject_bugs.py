@@ -305,7 +305,7 @@ BUGS = [
     ("a forked child asleep for good is waited for forever",
      [("attnexport/aside.py", "            elif time.monotonic() - since > STALL_SECONDS:\n",
        "            elif False:\n")], False,
-     ["tests/test_aside.py", "-k", "stuck_on_a_lock"]),
+     ["tests/test_aside.py", "-k", "stuck_on_a_lock", "--timeout", "60"]),
     ("a whole model's failing row localized whatever memory the fresh export takes",
      [(PRE + "check.py", "            if have is not None and need > have:\n",
        "            if have is not None and need > have and False:\n")], False,
