@@ -113,8 +113,7 @@ def test_a_divergence_names_the_sequence_the_step_and_both_tokens_and_is_localiz
     # Where the machine has not the memory a fresh export and both graphs' values take, the row says
     # so and fails all the same (a real model's verify was killed for memory there, reporting nothing);
     # --no-memory-check localizes anyway.
-    from attnexport.pretrained import check as hf_check
-    monkeypatch.setattr(hf_check, "LOCALIZE_FACTOR", 1e9)
+    monkeypatch.setitem(hf.MEMORY_FACTORS, "localize", 1e9)
     for flags, localized in (((), False), (("--no-memory-check",), True)):
         r = run("verify", path, "--hf", folders["llama"], "--runtimes", "ort-cpu", *flags, "--json")
         assert r.exit_code == 1, r.output

@@ -148,16 +148,15 @@ class Context:
 
     def localize(self, feed: dict, runtime: str) -> Localization:
         """The first diverging node against the model exported afresh (once) from the same source;
-        skipped, saying why, where the machine has not the memory that takes (LOCALIZE_FACTOR; not
-        with --no-memory-check)."""
+        skipped, saying why, where the machine has not the memory that takes (MEMORY_FACTORS'
+        "localize", over the graph's values counted as parameters; not with --no-memory-check)."""
         if self.known_good is None and self.check.memory_check:
-            weights = sum(W.nbytes(i) for i in self.onnx_model.graph.initializer)
-            need, have = hf.MEMORY_BASE + LOCALIZE_FACTOR * weights, U.available()
-            if have is not None and need > have:
-                return Localization(note=f"localization skipped: against a fresh export of the model it needs about "
-                                         f"{F.human_size(int(need))} of memory beside what verify holds, and this "
-                                         f"machine has {F.human_size(have)} available (the export's own check "
-                                         "names a layer that departs from the model in float64)")
+            count = sum(int(np.prod(i.dims, dtype=np.int64)) for i in self.onnx_model.graph.initializer)
+            short = hf.memory_short(count, "localize")
+            if short is not None:
+                return Localization(note=f"localization skipped: against a fresh export of the model, {short} "
+                                         "beside what verify holds (the export's own check names a layer that "
+                                         "departs from the model in float64)")
         try:
             if self.known_good is None:
                 # --max-seq is the static buffers' (an encoder's max_seq is its position table's, not asked for)
@@ -168,16 +167,6 @@ class Context:
             return locate(self._graph(), self.known_good, feed, runtime, self.dtype)
         except Exception as e:  # noqa: BLE001 - localization is a diagnosis; its failure is reported
             return Localization(note=f"localization failed: {reason(e)}")
-
-
-# What localizing a whole model's failing row needs beside what verify holds, in bytes of the graph's
-# weights: a fresh export of the model (Gemma-3-270M's alone peaked at 6.4 times its 1.07 GB of fp32
-# weights), then both graphs' weights as arrays and every node's output exposed on the runtime (the
-# graph copied for its shapes) and in the ONNX reference evaluator. Measured from below, 2026-12-05:
-# verifies of that model on WebGPU went from 5 GB to 14.4 and 15.1 GB and were killed for memory,
-# reporting nothing, once inside the fresh export and once exposing every intermediate (the second
-# with 12 here: the browser grows beside it too).
-LOCALIZE_FACTOR = 16
 
 
 def verify_hf(check: HFCheck) -> Report:

@@ -481,7 +481,16 @@ MEMORY_FACTORS = {"export": 1.6, "export quantized": 2.6, "export in one file": 
                   "export, mapped": 0.5, "export quantized, mapped": 1.0,
                   # verify's own memory with the source mapped: a 1.07B fp32 verify 1.18, int4 in one
                   # pass 1.03 (its session, the quantized graph read whole, the rows' logits)
-                  "verify, mapped": 1.6, "verify in one pass, mapped": 1.6}
+                  "verify, mapped": 1.6, "verify in one pass, mapped": 1.6,
+                  # A whole model's failing verify row localized (`check.Context.localize`), beside what
+                  # verify holds: a fresh export of the model (Gemma-3-270M's alone peaked at 6.9 times
+                  # its 1.07 GB of fp32 weights), then both graphs' weights as arrays and every node's
+                  # output exposed on the runtime (the graph copied for its shapes) and in the ONNX
+                  # reference evaluator. Measured from below, 2026-12-05: verifies of that model on
+                  # WebGPU went from 5 GB to 14.4 and 15.1 GB and were killed for memory, reporting
+                  # nothing, once inside the fresh export and once exposing every intermediate (the
+                  # second with 12 here: the browser grows beside it too).
+                  "localize": 16}
 
 
 def parameter_count(source: str | Path) -> int | None:
@@ -504,14 +513,25 @@ def parameter_count(source: str | Path) -> int | None:
 def check_fits(source: str | Path, work: str) -> None:
     """Refuses, before anything loads, a model whose `work` (a MEMORY_FACTORS key) would need more
     memory than the machine has available: one line with what it needs and what there is."""
-    count, have = parameter_count(source), U.available()
-    if count is None or have is None:
+    count = parameter_count(source)
+    if count is None:
         return
-    need = MEMORY_BASE + MEMORY_FACTORS[work] * 4 * count
-    if need > have:
+    short = memory_short(count, work)
+    if short is not None:
         raise UsageError(f"--hf {source}: {count / 1e9:.2f}B parameters ({F.human_size(4 * count)} in float32); "
-                         f"{work.split()[0].rstrip(',')} needs about {F.human_size(int(need))} of memory and this "
-                         f"machine has {F.human_size(have)} available (--no-memory-check tries anyway)")
+                         f"{short} (--no-memory-check tries anyway)")
+
+
+def memory_short(count: int, work: str) -> str | None:
+    """Where `work` (a MEMORY_FACTORS key) on a model of `count` parameters needs more memory than
+    the machine has available, what it needs and what there is, in words; None where it fits or the
+    machine does not say."""
+    have = U.available()
+    need = MEMORY_BASE + MEMORY_FACTORS[work] * 4 * count
+    if have is None or need <= have:
+        return None
+    return (f"{work.split()[0].rstrip(',')} needs about {F.human_size(int(need))} of memory and this machine has "
+            f"{F.human_size(have)} available")
 
 
 def tokenizer_of(source: str | Path):
