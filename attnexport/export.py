@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from attnexport import __version__, golden, memo, schema, seeding
+from attnexport import __version__, decomposed, golden, memo, schema, seeding
 from attnexport import dtypes as D
 from attnexport import files as F
 from attnexport import flavors as FL
@@ -155,7 +155,7 @@ def torch_patches() -> tuple:
     - torch.onnx rebuilds its table of about 500 ONNX functions on every export (0.3-0.7 s here,
       a third of a small export); the table does not change within a process: built once.
     - It fills a new registry from the table on every export (`_registry_filled_once`).
-    - It decomposes the traced program on every export (`_decomposed_once`).
+    - It decomposes the traced program on every export, tracing it again (`_decomposed_once`).
     - torch.export lists the composite ops twice per trace (`_cia_ops_listed_once`).
     - onnxscript's rewriter tries a rule of several output nodes at every node by listing the whole
       graph first (`_multi_output_rules_by_op`)."""
@@ -217,9 +217,14 @@ def _decomposed_once() -> list:
     """torch.onnx decomposes the traced program into the ops ONNX functions exist for, on every
     export (0.7 s of 1.2 here). The three flavours of one trace ask for the same decomposition
     (the same ops are registered; only the attention op's translation differs): for a program
-    `_traced` made, it is done once and kept on the program."""
+    `_traced` made, it is done once and kept on the program. Where it would change nothing but the
+    few ops `attnexport.decomposed` knows, that pass does it without tracing the program again."""
     from torch.onnx._internal.exporter import _fx_passes
-    decompose = _fx_passes.decompose_with_registry
+    torchs = _fx_passes.decompose_with_registry
+
+    def decompose(exported_program, registry):
+        kept = decomposed.as_decomposed(exported_program, registry)
+        return kept if kept is not None else torchs(exported_program, registry)
 
     def once(exported_program, registry):
         if not getattr(exported_program, "_attnexport_traced", False):
@@ -440,7 +445,8 @@ def to_onnx(program, args, *, flavor: str, opset: int, input_names, output_names
     table: dict[Callable[..., Any], Callable[..., Any]] = {
         torch.ops.attnexport.attention.default: translation.attention,
         torch.ops.attnexport.cache_write.default: translation.cache_write,
-        torch.ops.attnexport.static_attention.default: translation.static_step}
+        torch.ops.attnexport.static_attention.default: translation.static_step,
+        **decomposed.translations()}
     with export_errors(what), _quiet(), torch_sped_up(), torch.no_grad():
         return torch.onnx.export(
             program, args, dynamo=True, opset_version=max(opset, 18), dynamic_shapes=dynamic_shapes,

@@ -403,3 +403,32 @@ def in_time(code: str, limit: float = 120) -> str:
                           timeout=limit)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
+
+
+def graph_difference(a, b) -> str | None:
+    """Where graphs `a` and `b` differ, other than in the names of their values (node for node: the
+    op, its attributes, its inputs: a graph input or a node's output by position, an initializer by
+    its shape, type and bytes or its place in the data file); None where they do not."""
+    import onnx
+    from onnx import numpy_helper
+
+    def constants(m):
+        return {t.name: (tuple(t.dims), t.data_type,
+                         tuple((e.key, e.value) for e in t.external_data if e.key != "location")
+                         if t.data_location == onnx.TensorProto.EXTERNAL else numpy_helper.to_array(t).tobytes())
+                for t in m.graph.initializer}
+    ca, cb = constants(a), constants(b)
+    if [i.name for i in a.graph.input] != [i.name for i in b.graph.input]:
+        return "the inputs"
+    if len(a.graph.node) != len(b.graph.node):
+        return f"{len(a.graph.node)} nodes against {len(b.graph.node)}"
+    same = {i.name: i.name for i in a.graph.input}
+    for k, (x, y) in enumerate(zip(a.graph.node, b.graph.node, strict=True)):
+        inputs = len(x.input) == len(y.input) and all(
+            ca.get(p) == cb.get(q) if p in ca else same.get(p, p) == q for p, q in zip(x.input, y.input, strict=True))
+        ops = (x.op_type, x.domain, list(x.attribute), len(x.output))
+        if ops != (y.op_type, y.domain, list(y.attribute), len(y.output)) or not inputs:
+            return f"node {k}: {x.op_type}({list(x.input)}) against {y.op_type}({list(y.input)})"
+        same.update(zip(x.output, y.output, strict=True))
+    outputs = [same.get(o.name) for o in a.graph.output]
+    return None if outputs == [o.name for o in b.graph.output] else "the outputs"

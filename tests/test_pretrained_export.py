@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers", reason="transformers is the [hf] extra: pip install -e '.[dev,hf]'")
 
 from conftest import cli as run  # noqa: E402
-from conftest import in_time  # noqa: E402
+from conftest import graph_difference, in_time  # noqa: E402
 
 from attnexport import signature as SG  # noqa: E402
 from attnexport import weights as W  # noqa: E402
@@ -801,3 +801,21 @@ def test_the_reference_computed_aside_or_beside_the_write_gives_the_same_check(f
         assert all(0 < e["max_abs"] <= e["atol"] for e in checked[forks])
     for a, b in zip(checked[True], checked[False], strict=True):
         assert a["atol"] == pytest.approx(b["atol"], rel=1e-6) and a["max_abs"] == pytest.approx(b["max_abs"], rel=1e-3)
+
+
+def test_a_language_models_program_is_not_traced_twice_and_its_graph_is_torchs(folders, tmp_path, monkeypatch):
+    """A language model's traced program goes to torch.onnx as its decomposition would leave it
+    (`attnexport.decomposed`: none of its ops needs one, so it is not traced again), and the graph
+    is the one torch's decomposition gives, node for node."""
+    from attnexport import decomposed
+    taken: list = []
+    fast = decomposed.as_decomposed
+    monkeypatch.setattr(decomposed, "as_decomposed", lambda p, registry: taken.append(fast(p, registry)) or taken[-1])
+    for name, retrace in (("fast", False), ("torchs", True)):
+        if retrace:
+            monkeypatch.setattr(decomposed, "as_decomposed", lambda p, registry: None)
+        r = run("export", "--hf", folders["llama"], "--kv-cache", "-o", tmp_path / f"{name}.onnx")
+        assert r.exit_code == 0, r.output
+    assert taken and all(p is not None for p in taken)
+    graphs = [onnx.load(tmp_path / f"{name}.onnx") for name in ("fast", "torchs")]
+    assert graph_difference(*graphs) is None, graph_difference(*graphs)
