@@ -135,6 +135,11 @@ class _NoGrad(torch.nn.Module):
         return y + 1
 
 
+class _Unflatten(torch.nn.Module):
+    def forward(self, x):
+        return x.unflatten(1, (3, 1)) + 1  # a composite view: the retrace makes it a view
+
+
 class _Mutates(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -146,10 +151,10 @@ class _Mutates(torch.nn.Module):
 
 
 @pytest.mark.parametrize("module, reason", [(_InPlace(), "masked_fill_"), (_NoGrad(), "subgraphs"),
-                                            (_Mutates(), "add_")])
+                                            (_Mutates(), "add_"), (_Unflatten(), "composite op")])
 def test_anything_else_is_left_to_torchs_decomposition(module, reason, monkeypatch):
     """A program with an op the pass does not know (an op done in place, a higher-order op, a written
-    buffer) is decomposed by torch: the reason is said, and the graph is torch's."""
+    buffer, a composite view) is decomposed by torch: the reason is said, and the graph is torch's."""
     x = torch.arange(6, dtype=torch.float32).reshape(2, 3)
     program = _program(module, x)
     why = decomposed.why_retraced(program, _registry())
