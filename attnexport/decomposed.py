@@ -64,13 +64,13 @@ def as_decomposed(program, registry):
     if why is not None:
         logging.getLogger(__name__).debug("torch decomposes the program: %s", why)
         return None
-    from torch._export.verifier import SpecViolationError
-    copied = _copy(program.graph_module)
-    _rewrite(copied.graph)
-    copied.recompile()
+    import copy
     try:
-        return program._update(copied, program.graph_signature)
-    except SpecViolationError as e:  # torch's own check of the new program: it decomposes it as before
+        copied = _copy(program.graph_module)
+        _rewrite(copied.graph)
+        copied.recompile()
+        return program._update(copied, copy.deepcopy(program.graph_signature))
+    except Exception as e:  # noqa: BLE001 - torch would not build the new program: it decomposes this one as before
         logging.getLogger(__name__).debug("torch decomposes the program: %s", e)
         return None
 
@@ -89,8 +89,12 @@ def why_retraced(program, registry) -> str | None:
     signature = program.graph_signature
     if any(m is not gm for m in gm.modules()):
         return "it has subgraphs"
-    if signature.buffers_to_mutate or signature.user_inputs_to_mutate:
+    if signature.buffers_to_mutate or signature.user_inputs_to_mutate or \
+            getattr(signature, "parameters_to_mutate", None):
         return "it mutates an input or a buffer"
+    if any(_unusual(v) for v in (*(n.meta.get("val") for n in gm.graph.nodes), *program.state_dict.values(),
+                                 *program.constants.values())):
+        return "it holds a tensor subclass or a complex tensor"  # torch's retrace unwraps and redispatches them
     if _named(gm.graph.find_nodes(op="placeholder")) != _named(s.arg for s in signature.input_specs) or \
             _named(_output(gm.graph).args[0]) != _named(s.arg for s in signature.output_specs):
         return "its signature names values its graph no longer has"  # a graph rewritten since the trace
@@ -99,15 +103,17 @@ def why_retraced(program, registry) -> str | None:
     known = {_aten(n) for n in (*_ALIASES, *_RENAMED, *_KEPT, *_ASSERTIONS)}
     outputs = set(_output(gm.graph).all_input_nodes)
     for node in gm.graph.nodes:
-        if node.op != "call_function":
+        if node.op in ("placeholder", "output"):
             continue
+        if node.op != "call_function":  # a get_attr, a call_method left by a rewrite: torch's retrace lifts it
+            return f"{node.op} {node.target} is not an op's call"
         t = node.target
         if isinstance(t, torch._ops.OpOverload):
             if t in known:
                 if not _rewritable(node, node in outputs):
                     return f"{t} at {node.name}"
-                if t is _aten("reshape.default") and t not in translations():
-                    return "torch.onnx has no view function to translate reshape with"
+                if t is _aten("reshape.default") and not _reshape_as_view(registry):
+                    return "torch.onnx's registry does not translate reshape as the view (decomposed.translations)"
             elif t in table:
                 return f"{t} is decomposed"
             elif t not in implemented:
@@ -119,6 +125,24 @@ def why_retraced(program, registry) -> str | None:
         elif not _symbolic(t):  # a higher-order op, or a call torch.onnx translates its own way
             return f"{getattr(t, '__name__', t)} is not an op"
     return None
+
+
+def _unusual(value) -> bool:
+    """A tensor subclass (a quantized weight's wrapper, say) or a complex tensor: what `_rewrite`
+    and the kept ops' translations do not cover (reshape's view function, for one, is real-only)."""
+    import torch
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+    if not isinstance(value, torch.Tensor):
+        return False
+    return is_traceable_wrapper_subclass(value) or value.is_complex()
+
+
+def _reshape_as_view(registry) -> bool:
+    """Whether `registry` translates reshape with the view's function (`translations`), first."""
+    import torch
+    view = translations().get(torch.ops.aten.reshape.default)
+    decomps = registry.get_decomps(torch.ops.aten.reshape.default) if view is not None else []
+    return bool(decomps) and decomps[0].is_custom and decomps[0].onnx_function is view
 
 
 def _output(graph):
@@ -145,7 +169,9 @@ def _copy(gm):
     graph = torch.fx.Graph()
     out = graph.graph_copy(gm.graph, {})
     graph.output(out)
-    return torch.fx.GraphModule(gm, graph)
+    copied = torch.fx.GraphModule(gm, graph)
+    copied.meta.update(gm.meta)
+    return copied
 
 
 def _rewritable(node, is_output: bool) -> bool:

@@ -63,9 +63,14 @@ def _program(module, *args):
     return torch.export.export(module, args)
 
 
-def _both(module, args, names, monkeypatch):
-    fast = E.to_onnx(_program(module, *args), args, flavor="attention", opset=18, input_names=names,
-                     what="test").model_proto
+def _both(module, args, names, monkeypatch, fast_way: bool = False):
+    """The module's ONNX graph through this pass and through torch's decomposition; `fast_way`: the
+    first must have gone through the pass (nothing made it torch's)."""
+    with monkeypatch.context() as m:
+        taken = _taken(m)
+        fast = E.to_onnx(_program(module, *args), args, flavor="attention", opset=18, input_names=names,
+                         what="test").model_proto
+    assert taken and (not fast_way or all(p is not None for p in taken)), taken
     with monkeypatch.context() as m:
         _retraced(m)
         slow = E.to_onnx(_program(module, *args), args, flavor="attention", opset=18, input_names=names,
@@ -86,7 +91,7 @@ def test_casts_views_and_in_place_detach_are_rewritten_as_the_retrace_does(monke
             torch.ops.aten.__and__.Tensor, torch.ops.aten.__or__.Tensor, torch.ops.aten.contiguous.default} <= ops
     registry = _registry()
     assert decomposed.why_retraced(program, registry) is None
-    fast, slow = _both(module, (x, mask), ["x", "mask"], monkeypatch)
+    fast, slow = _both(module, (x, mask), ["x", "mask"], monkeypatch, fast_way=True)
     assert graph_difference(fast, slow) is None, graph_difference(fast, slow)
     got = R.prepare_onnx("ort-cpu", fast).run({"x": x.numpy(), "mask": mask.numpy()})
     out = next(iter(got.values()))
@@ -94,15 +99,29 @@ def test_casts_views_and_in_place_detach_are_rewritten_as_the_retrace_does(monke
 
 
 def test_the_program_given_is_left_as_it_was():
-    """The pass works on a copy of the graph: the caller's program keeps its own ops (a program
-    torch.export made is the user's, and may be exported again)."""
+    """The pass works on a copy of the graph: the caller's program (its code and its signature)
+    is as it was after a whole export of it (a program torch.export made is the user's, and may be
+    exported again)."""
     x, mask = torch.ones(4, 6), torch.ones(6, 4, dtype=torch.int64)
     program = _program(_Casts(), x, mask)
-    before = [(n.name, n.target) for n in program.graph.nodes]
+    before = (program.graph_module.code, str(program.graph_signature))
     out = decomposed.as_decomposed(program, _registry())
     assert out is not None and out is not program
-    assert [(n.name, n.target) for n in program.graph.nodes] == before
     assert torch.ops.aten.detach_.default not in {n.target for n in out.graph.nodes}
+    E.to_onnx(program, (x, mask), flavor="attention", opset=18, input_names=["x", "mask"], what="test")
+    assert (program.graph_module.code, str(program.graph_signature)) == before
+
+
+class _Complex(torch.nn.Module):
+    def forward(self, x):  # (2, 3, 2) -> complex (2, 3) -> (3, 2) -> (3, 2, 2)
+        return torch.view_as_real(torch.view_as_complex(x).reshape(3, 2))
+
+
+def test_a_complex_tensor_is_left_to_torch():
+    """reshape's view function is for real tensors (the complex one is torch's own view_complex,
+    reached through the decomposition): a program with a complex tensor is left to torch."""
+    program = _program(_Complex(), torch.ones(2, 3, 2))
+    assert "complex" in decomposed.why_retraced(program, _registry())
 
 
 class _ZeroRows(torch.nn.Module):
@@ -115,7 +134,7 @@ def test_a_reshape_to_a_zero_size_is_a_size_not_a_copied_axis(monkeypatch):
     that axis's size: 3 here, and then the sizes do not add up); the decomposition's view, and the
     pass's reshape, mean a size of 0."""
     x = torch.ones(3, 0)
-    fast, slow = _both(_ZeroRows(), (x,), ["x"], monkeypatch)
+    fast, slow = _both(_ZeroRows(), (x,), ["x"], monkeypatch, fast_way=True)
     assert graph_difference(fast, slow) is None, graph_difference(fast, slow)
     got = next(iter(R.prepare_onnx("ort-cpu", fast).run({"x": x.numpy()}).values()))
     assert got.shape == (0, 3)
@@ -165,8 +184,12 @@ def test_anything_else_is_left_to_torchs_decomposition(module, reason, monkeypat
 
 
 def _registry():
+    """torch.onnx's registry as `export.to_onnx` has it made (the pass's own translations in it)."""
     from torch.onnx._internal.exporter import _registration
-    return _registration.ONNXRegistry.from_torchlib()
+    registry = _registration.ONNXRegistry.from_torchlib()
+    for op, function in decomposed.translations().items():
+        registry.register_op(op, function)
+    return registry
 
 
 class _Double(torch.nn.Module):
@@ -187,3 +210,13 @@ def test_a_graph_rewritten_since_its_trace_is_left_to_torch():
     negated.meta = dict(out.args[0][0].meta)
     out.args = ((negated,),)
     assert "no longer has" in decomposed.why_retraced(program, _registry())
+
+
+def test_a_registry_that_translates_reshape_its_own_way_leaves_the_program_to_torch():
+    """Kept as it is, reshape must be translated as the view it becomes in torch's decomposition: a
+    registry without that translation (torch.onnx's own, which reads a 0 in the shape as "keep that
+    size") sends a program with a reshape through torch's decomposition."""
+    from torch.onnx._internal.exporter import _registration
+    program = _program(_ZeroRows(), torch.ones(3, 0))
+    assert decomposed.why_retraced(program, _registry()) is None
+    assert "reshape" in decomposed.why_retraced(program, _registration.ONNXRegistry.from_torchlib())
