@@ -38,16 +38,33 @@ _ASSERTIONS = ("_assert_tensor_metadata.default", "_assert_scalar.default", "_as
 
 
 @functools.cache
+def unsupported() -> str | None:
+    """Why this torch cannot take the pass, or None where it can."""
+    try:
+        from onnxscript.function_libs.torch_lib.ops.core import aten_view  # noqa: F401
+        from torch._export.utils import _is_cia_op, _is_preservable_cia_op  # noqa: F401
+        from torch.onnx._internal.exporter import _decomp, _dispatching
+    except ImportError:
+        return "torch's internals this pass reads have moved"
+    if hasattr(_dispatching, "get_matching_overload"):
+        # An older torch.onnx (2.10, the floor) matches a node against each function it has for it, and
+        # cannot match reshape's list of sizes against a second one (`translations`): an AssertionError.
+        return "this torch.onnx matches a node against each of its functions (2.13 takes the first)"
+    if not hasattr(_decomp, "create_onnx_friendly_decomposition_table"):
+        return "torch's internals this pass reads have moved"
+    return None
+
+
+@functools.cache
 def translations() -> dict:
     """What torch.onnx's table gets for the ops `_KEPT` whose own ONNX function is not what their
     decomposition's is: `reshape` (whose function reads a 0 in the shape as "keep that size", where
     torch means a size of 0) becomes a view or a copy and a view, both translated as the view.
-    Empty where torch.onnx's functions moved (a program with a reshape is then decomposed by torch)."""
+    Empty where this torch cannot take the pass (`unsupported`)."""
     import torch
-    try:
-        from onnxscript.function_libs.torch_lib.ops.core import aten_view
-    except ImportError:
+    if unsupported() is not None:
         return {}
+    from onnxscript.function_libs.torch_lib.ops.core import aten_view
     return {torch.ops.aten.reshape.default: aten_view}
 
 
@@ -79,11 +96,10 @@ def why_retraced(program, registry) -> str | None:
     """Why torch's decomposition of `program` must run (it would change more than `_rewrite`
     knows), or None where `as_decomposed` gives what it would."""
     import torch
-    try:
-        from torch._export.utils import _is_cia_op, _is_preservable_cia_op
-        from torch.onnx._internal.exporter import _decomp
-    except ImportError:
-        return "torch's internals this pass reads have moved"
+    if unsupported() is not None:
+        return unsupported()
+    from torch._export.utils import _is_cia_op, _is_preservable_cia_op
+    from torch.onnx._internal.exporter import _decomp
 
     gm = program.graph_module
     signature = program.graph_signature
