@@ -23,6 +23,7 @@ come out the same both ways, node for node, for every variant and a language mod
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import operator
@@ -74,6 +75,16 @@ def _aten(name: str):
     return getattr(getattr(torch.ops.aten, op), overload)
 
 
+@functools.cache
+def _ops():
+    """The op objects of the names above, made once: (.to's, the aliases, the renamed, the known)."""
+    to_ops = frozenset(_aten(n) for n in _ALIASES if n.startswith("to."))
+    aliases = frozenset(_aten(n) for n in _ALIASES)
+    renamed = {_aten(a): _aten(b) for a, b in _RENAMED.items()}
+    known = aliases | frozenset(renamed) | frozenset(_aten(n) for n in (*_KEPT, *_ASSERTIONS))
+    return to_ops, aliases, renamed, known
+
+
 def as_decomposed(program, registry):
     """`program` as torch.onnx's decomposition with `registry` would leave it, or None where the
     decomposition would change more than the rewrites here know (torch then decomposes it)."""
@@ -81,7 +92,6 @@ def as_decomposed(program, registry):
     if why is not None:
         logging.getLogger(__name__).debug("torch decomposes the program: %s", why)
         return None
-    import copy
     try:
         copied = _copy(program.graph_module)
         _rewrite(copied.graph)
@@ -116,7 +126,8 @@ def why_retraced(program, registry) -> str | None:
         return "its signature names values its graph no longer has"  # a graph rewritten since the trace
     implemented = set(_decomp.get_onnx_implemented_overloads(registry))
     table = _decomp.create_onnx_friendly_decomposition_table(implemented)
-    known = {_aten(n) for n in (*_ALIASES, *_RENAMED, *_KEPT, *_ASSERTIONS)}
+    known = _ops()[3]
+    reshape = torch.ops.aten.reshape.default
     outputs = set(_output(gm.graph).all_input_nodes)
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
@@ -128,7 +139,7 @@ def why_retraced(program, registry) -> str | None:
             if t in known:
                 if not _rewritable(node, node in outputs):
                     return f"{t} at {node.name}"
-                if t is _aten("reshape.default") and not _reshape_as_view(registry):
+                if t is reshape and not _reshape_as_view(registry):
                     return "torch.onnx's registry does not translate reshape as the view (decomposed.translations)"
             elif t in table:
                 return f"{t} is decomposed"
@@ -194,24 +205,20 @@ def _rewritable(node, is_output: bool) -> bool:
     """Whether `_rewrite` writes `node` (one of the known ops) as the retrace would: a `.to` whose
     tensors are known and stay on their device; an op the retrace drops that is not an output
     (the program's outputs are named by their nodes)."""
-    if node.target in _to_ops():
+    to_ops, aliases, _, _ = _ops()
+    if node.target in to_ops:
         before, after = node.args[0].meta.get("val"), node.meta.get("val")
         if before is None or after is None or before.device != after.device:
             return False
         return not is_output or before.dtype != after.dtype
-    return not is_output or node.target not in {_aten(n) for n in _ALIASES}
-
-
-def _to_ops() -> set:
-    return {_aten(n) for n in _ALIASES if n.startswith("to.")}
+    return not is_output or node.target not in aliases
 
 
 def _rewrite(graph) -> None:
     """The known ops of `graph` made what the retrace makes of them (a `.to` a cast where it changes
-    the type; `detach_` and a `.to` to the same type the tensor itself; `&` the bitwise and)."""
+    the type; `detach_` and a `.to` to the same type the tensor itself; `&` and `|` the bitwise ops)."""
     import torch
-    aliases, to_ops = {_aten(n) for n in _ALIASES}, _to_ops()
-    renamed = {_aten(a): _aten(b) for a, b in _RENAMED.items()}
+    to_ops, aliases, renamed, _ = _ops()
     for node in list(graph.nodes):
         t = node.target
         if t in aliases:
