@@ -2,8 +2,8 @@
 
 torch.onnx decomposes every program torch.export traced (`ExportedProgram.run_decompositions`) into
 the ops it has ONNX functions for. That is a second trace of the whole program: about 3 s of a
-1.07B Llama's export here, on the one core the trace runs on, against 0.03 s for this pass. Where
-the retrace would keep every op as it is, it is not needed. It keeps an op that
+1.07B Llama's export here, on the one core the trace runs on, against 0.03-0.2 s for this pass on
+the same model. Where the retrace would keep every op as it is, it is not needed. It keeps an op that
 
 - is not in torch.onnx's decomposition table (the table leaves out every op with an ONNX function),
 - mutates nothing, and
