@@ -4,6 +4,7 @@ request) and prints (`attnexport.render`). No logic of its own."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import sys
@@ -12,7 +13,7 @@ import click
 from rich.console import Console
 
 from attnexport import cases as cases_mod
-from attnexport import commands, jsonout, memo, options, render, usage
+from attnexport import commands, jsonout, memo, options, render
 from attnexport import files as F
 from attnexport import golden as golden_mod
 from attnexport import runtimes as R
@@ -231,9 +232,8 @@ def export(as_json, **given):
     attnexport export --hf ./tiny-llama --kv-cache static --max-seq 512 --flavor ort -o llama.onnx;
     attnexport export --hf SmolLM2-135M-Instruct.Q4_1.gguf --kv-cache --deploy smollm2-onnx
     """
-    if sys.stderr.isatty():  # a whole model's export tells each phase as it ends
-        usage.tell_phases(lambda p: click.echo(usage.phase_line(p), err=True))
-    result = commands.export(**given)
+    with render.work_in_progress():  # a whole model's export: its phases and its layers, on a terminal
+        result = commands.export(**given)
     click.echo(jsonout.dumps(result.to_dict()) if as_json else result.summary())
 
 
@@ -271,7 +271,9 @@ def verify(models, details, as_json, **given):
     # A progress bar over golden mode's and model files' runs (a module's and a language model's
     # checks report none).
     quiet = as_json or given["module_spec"] is not None or given["hf_path"] is not None
-    report = _with_progress("verify", quiet, lambda progress: commands.verify(models, progress=progress, **given))
+    # A language model's: its phases and its layers as the float64 oracle runs them, on a terminal.
+    with render.work_in_progress() if given["hf_path"] is not None and not as_json else contextlib.nullcontext():
+        report = _with_progress("verify", quiet, lambda progress: commands.verify(models, progress=progress, **given))
     if as_json:
         click.echo(jsonout.dumps(report.to_dict()))
     else:

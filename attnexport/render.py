@@ -4,7 +4,10 @@ the rest of the library return; a Python caller may too."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
+from typing import Any
 
 import click
 from rich.console import Console
@@ -14,6 +17,7 @@ from rich.table import Table
 from attnexport import bench as bench_mod
 from attnexport import files as F
 from attnexport import signature as SG
+from attnexport import usage
 from attnexport.compare import FP32_FACTOR
 
 
@@ -248,3 +252,47 @@ def bench(result) -> None:
                        f"{r.tokens_per_s:,.0f} tokens/s{bandwidth}")
     if result.plot:
         click.echo(f"plot: {result.plot}")
+
+
+@contextlib.contextmanager
+def work_in_progress(console: Console | None = None):
+    """While the block runs, on a terminal (`console`'s, stderr's by default; nothing elsewhere):
+    each phase's line as it ends (`usage.tell_phases`), and a bar for each counted piece of work while
+    it runs (`usage.counted`: the float64 model a layer at a time, the quantizer a matrix at a time),
+    gone when it ends. Drawn when a count moves (at most 20 times a second), by no thread of its own:
+    a child forked meanwhile finds no drawing under way."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = console or Console(stderr=True)
+    if not console.is_terminal:
+        yield
+        return
+    bars = Progress(TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=True, auto_refresh=False, redirect_stdout=False,
+                    redirect_stderr=False)
+    tasks: dict[int, Any] = {}
+    drawn = [0.0]
+
+    def show(count: usage.Count) -> None:
+        key = id(count)
+        if count.ended:
+            if key in tasks:
+                bars.remove_task(tasks.pop(key))
+                bars.refresh()
+            return
+        if key not in tasks:
+            tasks[key] = bars.add_task(count.what, total=count.total)
+        bars.update(tasks[key], completed=count.done)
+        now = time.monotonic()
+        if count.done in (0, count.total) or now - drawn[0] >= 0.05:
+            drawn[0] = now
+            bars.refresh()
+
+    usage.tell_phases(lambda p: bars.console.print(usage.phase_line(p), markup=False, highlight=False))
+    usage.tell_counts(show)
+    try:
+        with bars:
+            yield
+    finally:
+        usage.tell_phases(None)
+        usage.tell_counts(None)

@@ -1,5 +1,6 @@
 """What a command costs the machine: its wall time and its resident memory, the peak and the share of
-each phase of its work (a whole model's export: load, trace, rewrite, check, write).
+each phase of its work (a whole model's export: load, trace, rewrite, check, write), and how far a
+long piece of work has gone (`counted`: a model's layers, its matrices), for a terminal's bars.
 
 The resident set is read from /proc/self/statm by a thread every 20 ms while a meter runs, and the
 kernel's own high-water mark (`ru_maxrss`, which nothing misses) is read at the end: the peak a
@@ -204,14 +205,18 @@ def metered():
 @contextlib.contextmanager
 def own_meter():
     """A Meter of its own for the block, the one `phase` reports into in place of the one running
-    (a forked child's work, `aside.Aside`, metered apart from its parent's and told to no terminal)."""
-    before = _ACTIVE[:]
+    (a forked child's work, `aside.Aside`, metered apart from its parent's and told to no terminal:
+    neither its phases nor its counts, whose listener is the parent's and whose terminal the
+    parent's)."""
+    before, counts = _ACTIVE[:], _COUNTS[:]
     with Meter() as m:
         _ACTIVE[:] = [m]
+        _COUNTS[:] = []
         try:
             yield m
         finally:
             _ACTIVE[:] = before
+            _COUNTS[:] = counts
 
 
 def adopt(child: dict, name: str) -> None:
@@ -233,6 +238,67 @@ def phase(name: str):
         return
     with _ACTIVE[0].phase(name) as p:
         yield p
+
+
+@dataclass
+class Count:
+    """How far one counted piece of work has gone: `done` of its `total` steps (a model's layers, its
+    matrices), `ended` once the block that counts them has ended (done or not)."""
+
+    what: str
+    total: int
+    done: int = 0
+    ended: bool = False
+
+
+# Where counts are told as they move when a command runs on a terminal (`tell_counts`).
+_COUNTS: list[Callable[[Count], None]] = []
+
+
+def tell_counts(show: Callable[[Count], None] | None) -> None:
+    """Each counted piece of work that follows (`counted`) is told to `show` when it starts, after
+    each of its steps and when it ends (None: not)."""
+    _COUNTS[:] = [show] if show is not None else []
+
+
+def counts_shown() -> bool:
+    """Whether a terminal shows counts now (work that would count at a cost may skip it where not)."""
+    return bool(_COUNTS)
+
+
+@contextlib.contextmanager
+def counted(what: str, total: int):
+    """Yields `advance(n=1)`, to be called as each of the block's `total` steps ends; where a
+    terminal shows counts (`tell_counts`) each is told to it, else it costs a call. A step past the
+    total is not counted beyond it (a layer run once more than declared)."""
+    show = _COUNTS[0] if _COUNTS else None
+    if show is None:
+        yield counted_nothing
+        return
+    count = Count(what, total)
+    show(count)
+
+    def advance(n: int = 1) -> None:
+        count.done = min(count.done + n, total)
+        show(count)
+    try:
+        yield advance
+    finally:
+        count.ended = True
+        show(count)
+
+
+def counted_nothing(n: int = 1) -> None:
+    """The `advance` of a count nobody is shown."""
+
+
+def each(items, what: str):
+    """The items of the sized `items` in turn, each a step of the count `what` (`counted`) once the
+    loop's body for it has run (a `continue` too)."""
+    with counted(what, len(items)) as advance:
+        for item in items:
+            yield item
+            advance()
 
 
 def gib(n: int) -> str:

@@ -271,6 +271,24 @@ def test_a_matrix_off_every_grid_is_not_taken_for_one():
         assert P.grid_of(late, bits, B) is None
 
 
+def test_a_terminal_is_told_each_matrix_as_it_is_read_and_as_it_is_written():
+    """`usage.counted` a matrix at a time (a terminal's bar while a large model is quantized): one
+    matrix carried from its grid, one through ONNX Runtime's quantizer."""
+    from attnexport import usage as U
+    carried, rounded = one_matmul(q4_1(raw(0))), one_matmul(raw(1))
+    said: list[tuple] = []
+    U.tell_counts(lambda c: said.append((c.what, c.done, c.total, c.ended)))
+    try:
+        for model in (carried, rounded):
+            P.quantize(model, P.Plan(bits=4, block=B, accuracy=0, minimums="exact"), layers=4)
+    finally:
+        U.tell_counts(None)
+    steps = [("quantize: reading, matrix", 0, 1, False), ("quantize: reading, matrix", 1, 1, False),
+             ("quantize: reading, matrix", 1, 1, True), ("quantize: writing, matrix", 0, 1, False),
+             ("quantize: writing, matrix", 1, 1, False), ("quantize: writing, matrix", 1, 1, True)]
+    assert said == steps + steps
+
+
 @pytest.mark.parametrize("bits, symmetric", [(4, True), (4, False), (8, False)])
 def test_ort_quantizer_rounds_within_a_step_and_its_output_matches_its_weights(bits, symmetric):
     w = raw()

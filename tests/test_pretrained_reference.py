@@ -272,3 +272,24 @@ def test_a_large_matrix_computes_in_float64_a_block_of_rows_at_a_time(llama, mon
         want = M.outputs_of(step(*args))
     for name, w in zip(layout.outputs, want, strict=True):
         np.testing.assert_allclose(got[name], w.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_a_terminal_is_told_each_decoder_layer_as_the_model_runs_it(llama):
+    """`usage.counted` a layer at a time (a terminal's bar while a large model's float64 check runs):
+    the float64 run and the run in the export's dtype, each layer once."""
+    from attnexport import usage as U
+    _, model = llama
+    layout = hf.layout_of(model, "concat")
+    reference = HR.Reference(model, layout)
+    feed = HR.prefilled_feed(reference, HR.token_rows(None, layout.vocab, 1, 4, seed=0), past=2)
+    said: list[tuple] = []
+    U.tell_counts(lambda c: said.append((c.what, c.done, c.total, c.ended)))
+    try:
+        reference.expect(feed, layers=True)
+    finally:
+        U.tell_counts(None)
+    n = layout.layers
+    for what in ("torch float64, layer", "torch fp32, layer"):
+        told = [s for s in said if s[0] == what]
+        assert told[0] == (what, 0, n, False) and told[-1] == (what, n, n, True), told
+        assert [s[1] for s in told[:n + 1]] == list(range(n + 1))

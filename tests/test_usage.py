@@ -89,3 +89,65 @@ def test_the_runs_peak_is_never_below_a_phases(monkeypatch):
     with U.Meter() as meter, meter.phase("load") as p:
         pass
     assert p.peak == 500 and meter.peak >= p.peak and meter.peak_own >= p.peak_own == 20
+
+
+# --- counts: how far a long piece of work has gone, for a terminal's bars ------------------------------
+
+def _told():
+    """A listener that keeps what each telling said (the Count is one object, changed as it moves)."""
+    said: list[tuple] = []
+    return said, lambda c: said.append((c.what, c.done, c.total, c.ended))
+
+
+def test_a_count_is_told_as_it_starts_after_each_step_and_as_it_ends_never_past_its_total():
+    said, show = _told()
+    U.tell_counts(show)
+    try:
+        assert U.counts_shown()
+        with U.counted("layer", 2) as advance:
+            advance()
+            advance()
+            advance()  # one run more than declared: held at the total
+    finally:
+        U.tell_counts(None)
+    assert said == [("layer", 0, 2, False), ("layer", 1, 2, False), ("layer", 2, 2, False), ("layer", 2, 2, False),
+                    ("layer", 2, 2, True)]
+    assert not U.counts_shown()
+    with U.counted("nobody", 3) as advance:  # no terminal: nothing told, advance costs a call
+        assert advance is U.counted_nothing
+        advance()
+
+
+def test_each_counts_a_loops_items_a_continue_too_and_ends_when_the_loop_leaves_early():
+    said, show = _told()
+    U.tell_counts(show)
+    try:
+        seen = []
+        for item in U.each(["a", "b", "c"], "matrix"):
+            if item == "b":
+                continue
+            seen.append(item)
+        for item in U.each([1, 2, 3], "early"):
+            if item == 2:
+                break
+    finally:
+        U.tell_counts(None)
+    assert seen == ["a", "c"]
+    assert [s[1] for s in said if s[0] == "matrix"] == [0, 1, 2, 3, 3] and said[4][3]
+    early = [s for s in said if s[0] == "early"]
+    assert [s[1] for s in early] == [0, 1, 1] and early[-1][3]  # ended at 1 of 3
+
+
+def test_a_meter_of_its_own_tells_no_count_and_puts_the_listener_back():
+    """A forked child's work (`aside`) runs under its own meter: the listener and its terminal are
+    the parent's, so the child tells them nothing."""
+    said, show = _told()
+    U.tell_counts(show)
+    try:
+        with U.own_meter(), U.counted("in the child", 2) as advance:
+            assert not U.counts_shown()
+            advance()
+        assert U.counts_shown()
+    finally:
+        U.tell_counts(None)
+    assert said == []

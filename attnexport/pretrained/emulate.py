@@ -10,6 +10,7 @@ import contextlib
 
 import numpy as np
 
+from attnexport import usage as U
 from attnexport import weights as W
 from attnexport.pretrained import precision as P
 
@@ -132,7 +133,8 @@ def each_group_alone(model, onnx_model):
     record = P.record_of(onnx_model)
     if record is None:
         return
-    for group in dict.fromkeys(e["group"] for e in record["matrices"] if e["bits"]):
+    groups = list(dict.fromkeys(e["group"] for e in record["matrices"] if e["bits"]))
+    for group in U.each(groups, "each layer quantized alone"):
         with as_file_holds(model, onnx_model, {group}), torch.no_grad():
             yield group
 

@@ -35,6 +35,7 @@ import torch
 from onnx import helper
 
 from attnexport import runtimes as R
+from attnexport import usage as U
 from attnexport.compare import Comparison, Tolerance, compare
 
 # The ops whose output may be a layer's: a residual Add, a norm (a post-norm layer ends with one), and
@@ -94,6 +95,24 @@ def layer_io(layers, inputs: dict, outputs: dict, replace: dict | None = None, r
     finally:
         for h in handles:
             h.remove()
+
+
+@contextlib.contextmanager
+def counting(model, count: int, what: str):
+    """Within the block each run of a decoder layer of `model` (its `count` of them: `decoder_layers`)
+    is a step of the count `what` (`usage.counted`: a terminal's bar, a layer at a time); nothing
+    where no terminal shows counts or the model has no one stack of them."""
+    layers = decoder_layers(model, count) if U.counts_shown() else None
+    if layers is None:
+        yield
+        return
+    with U.counted(what, len(layers)) as advance:
+        handles = [layer.register_forward_hook(lambda *_: advance()) for layer in layers]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
 
 
 @dataclass

@@ -59,6 +59,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from attnexport import runtimes as R
+from attnexport import usage as U
 from attnexport import weights as W
 from attnexport.errors import UsageError
 from attnexport.record import ExportRecord, as_json
@@ -510,7 +511,7 @@ def quantize(model: onnx.ModelProto, plan: Plan, layers: int, vocab: int | None 
     done = Quantized(plan)
     by_bits: dict[int, list[Site]] = {4: [], 8: []}
     exact: list[tuple[Site, Grid]] = []
-    for s in found:
+    for s in U.each(found, "quantize: reading, matrix"):
         rule = plan.rule_for(s.group, layers)
         if rule.accuracy < 0:
             rule = Rule(rule.bits, plan.accuracy)
@@ -535,16 +536,18 @@ def quantize(model: onnx.ModelProto, plan: Plan, layers: int, vocab: int | None 
             entry["file"] = kind
         done.entries.append(entry)
     entries = {e["node"]: e for e in done.entries}
-    for s, grid in exact:
-        if grid.minimum is not None and plan.minimums == "folded":
-            entries[s.node].update(how="folded", fold=_carry_folded(model, s, grid))
-        elif grid.minimum is not None and plan.minimums == "float":
-            entries[s.node].update(how="float", fold=_carry_float_zeros(model, s, grid))
-        else:
-            _carry(model, s, grid)
-    for bits, group in by_bits.items():
-        if group:
-            _ort_quantize(model, group, bits, plan)
+    with U.counted("quantize: writing, matrix", len(exact) + sum(map(len, by_bits.values()))) as advance:
+        for s, grid in exact:
+            if grid.minimum is not None and plan.minimums == "folded":
+                entries[s.node].update(how="folded", fold=_carry_folded(model, s, grid))
+            elif grid.minimum is not None and plan.minimums == "float":
+                entries[s.node].update(how="float", fold=_carry_float_zeros(model, s, grid))
+            else:
+                _carry(model, s, grid)
+            advance()
+        for bits, group in by_bits.items():
+            if group:
+                _ort_quantize(model, group, bits, plan, advance)
     # Each matrix's MatMulNBits is named for its MatMul (`{node}_Q{bits}`, as ONNX Runtime's quantizer names it).
     levels = {f"{e['node']}_Q{e['bits']}": e["accuracy"] for e in done.entries if e["bits"]}
     for node in model.graph.node:
@@ -947,12 +950,14 @@ def _ensure_domain(model) -> None:
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
 
 
-def _ort_quantize(model: onnx.ModelProto, group: list[Site], bits: int, plan: Plan) -> None:
+def _ort_quantize(model: onnx.ModelProto, group: list[Site], bits: int, plan: Plan,
+                  advance=U.counted_nothing) -> None:
     """ONNX Runtime's blockwise quantization (round to nearest) of each matrix of `group`: the
     kernel its MatMulNBitsQuantizer calls (`quantize_matmul_4bits`, `_8bits`), with the same
     layout and names, run a matrix at a time on the matrix read from wherever the graph holds it
     (`weights.values`: its external data too), never on a copy of the whole model. Each MatMul is
-    replaced in place by MatMulNBits `{node}_Q{bits}`; the float matrices are dropped later."""
+    replaced in place by MatMulNBits `{node}_Q{bits}`; the float matrices are dropped later.
+    `advance()` is called as each matrix is done (`usage.counted`)."""
     from onnxruntime.capi import _pybind_state as ort_c
 
     kernel = {4: ort_c.quantize_matmul_4bits, 8: ort_c.quantize_matmul_8bits}[bits]
@@ -985,6 +990,7 @@ def _ort_quantize(model: onnx.ModelProto, group: list[Site], bits: int, plan: Pl
         nodes.append(helper.make_node("MatMulNBits", [node.input[0], *(t.name for t in made)], [node.output[0]],
                                       name=f"{node.name}_Q{bits}", domain="com.microsoft", K=k, N=n, bits=bits,
                                       block_size=plan.block))
+        advance()
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     model.graph.initializer.extend(added)

@@ -285,16 +285,19 @@ class Reference:
 
     def run(self, feed: dict) -> dict:
         """The step in torch as the export computes it (arrays of the export's dtype by output name)."""
-        return self._run(self.step, feed, self.torch_dtype, contextlib.nullcontext())
+        return self._run(self.step, feed, self.torch_dtype, contextlib.nullcontext(),
+                         L.counting(self.low, self.layout.layers, f"torch {self.dtype}, layer"))
 
     def run64(self, feed: dict) -> dict:
         """The step in float64 (float64 arrays by output name)."""
-        return self._run(self.step64, feed, torch.float64, self.in_float64())
+        return self._run(self.step64, feed, torch.float64, self.in_float64(),
+                         L.counting(self.model64, self.layout.layers, "torch float64, layer"))
 
-    def _run(self, step, feed: dict, dtype, mode) -> dict:
+    def _run(self, step, feed: dict, dtype, mode, counting) -> dict:
+        """`counting`: each decoder layer's run told to a terminal's bar (`layers.counting`)."""
         args = [torch.from_numpy(np.ascontiguousarray(v)) for v in feed.values()]
         args = [a.to(dtype) if a.is_floating_point() else a for a in args]
-        with torch.no_grad(), M.export_semantics(), mode:
+        with torch.no_grad(), M.export_semantics(), mode, counting:
             out = M.outputs_of(step(*args))
         return {n: t.detach().numpy() for n, t in zip(self.layout.outputs, out, strict=True)}
 
