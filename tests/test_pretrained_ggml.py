@@ -228,3 +228,36 @@ def test_a_gguf_file_is_parsed_once_within_a_block(gguf_file, monkeypatch):
     hf.parameter_count(path)
     hf.parameter_count(path)
     assert len(made) == 5
+
+
+def test_a_half_graph_carries_a_k_quants_grid_with_its_scales_rounded_to_fp16(gguf_file):
+    """q4f16: a half graph's MatMulNBits holds its scales in fp16. Q4_K's (an fp16 super-block scale
+    times a 6-bit one) and Q6_K's (times an 8-bit one) are finer: they are carried rounded, said in
+    the record and the summary, and each weight is checked within that rounding (not bit for bit,
+    nor a whole step); Q5_0's and Q8_0's are fp16 values, carried exactly. ONNX Runtime's fp16
+    products equal x @ W in float64 within fp16's budget."""
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto
+
+    from attnexport.pretrained import precision as P
+    path, matrices = gguf_file
+    half = _matmuls({k: m.astype(np.float16) for k, m in matrices.items()})
+    for v in list(half.graph.input) + list(half.graph.output):
+        v.type.tensor_type.elem_type = TensorProto.FLOAT16
+    weights = {f"w_{k}": np.ascontiguousarray(m.T) for k, m in matrices.items()}
+    done = P.quantize(half, P.Plan(bits=4, accuracy=0), layers=1, weights=weights, tensors=ggml.Tensors(path))
+    by_file = {e["file"]: e for e in done.entries}
+    assert {k: e["how"] for k, e in by_file.items()} == {"Q4_K": "folded", "Q5_0": "exact", "Q6_K": "exact",
+                                                         "Q8_0": "exact"}
+    assert 0 < by_file["Q4_K"]["scales_rounded"] <= 2 ** -11 and 0 < by_file["Q6_K"]["scales_rounded"] <= 2 ** -11
+    assert "scales_rounded" not in by_file["Q5_0"] and "scales_rounded" not in by_file["Q8_0"]
+    assert "2 carried with their scales rounded to fp16" in done.summary()
+    assert P.unfaithful(weights, half) == []
+    moved = {**weights, "w_Q6_K": weights["w_Q6_K"].copy()}  # a weight off by a quarter of its block's step
+    moved["w_Q6_K"][5, 3] += 0.25 * np.abs(weights["w_Q6_K"][:16, 3]).max() / 31
+    assert [p.split(":")[0] for p in P.unfaithful(moved, half)] == ["mm_Q6_K"]
+    x = np.random.default_rng(0).normal(size=(3, 256)).astype(np.float16)
+    got = ort.InferenceSession(half.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for (kind, m), y in zip(matrices.items(), got, strict=True):
+        want = x.astype(np.float64) @ m.T.astype(np.float64)
+        assert np.abs(y - want).max() < 4e-3 * np.abs(want).max(), kind  # fp16 activations and sums

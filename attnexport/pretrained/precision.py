@@ -334,6 +334,23 @@ def file_grid(w: np.ndarray, s: Site, bits: int, tensors, widen: bool = False) -
     return (grid if _holds(grid, w) else None), kind
 
 
+def half_rounding(grid: Grid) -> float:
+    """The largest relative change of `grid`'s scales and minimums held in fp16, as a half graph's
+    MatMulNBits holds them (0.0: every one is an fp16 value, a Q4_0, Q4_1 or Q8_0 block's). A
+    K-quant's are not: Q4_K's scale is its super-block's fp16 scale times a 6-bit one, Q6_K's times
+    an 8-bit one, so in fp16 each weight moves by at most 2**-11 of itself, the rounding an fp16 graph
+    gives every float weight."""
+    worst = 0.0
+    for t in (grid.scale, grid.minimum):
+        if t is None:
+            continue
+        t = np.asarray(t, np.float64)
+        moved = np.abs(t.astype(np.float16).astype(np.float64) - t)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            worst = max(worst, float(np.where(t != 0, moved / np.abs(t), moved).max(initial=0.0)))
+    return worst
+
+
 def _holds(grid: Grid, w: np.ndarray, columns: int = 4096) -> bool:
     """Whether `grid` gives back `w` bit for bit (compared a block of columns at a time)."""
     for a in range(0, w.shape[1], columns):
@@ -475,6 +492,10 @@ class Quantized:
         chosen = sum(1 for e in self.entries if e["how"] == "kept" and e.get("why"))
         if chosen:
             parts.append(f"{chosen} of the kept chosen by calibration")
+        rounded = [e["scales_rounded"] for e in self.entries if e.get("scales_rounded")]
+        if rounded:
+            parts.append(f"{len(rounded)} carried with their scales rounded to fp16 (a K-quant's are finer; "
+                         f"each at most {max(rounded):.2g} of itself)")
         return f"{total} weight matrices: " + ", ".join(parts)
 
 
@@ -534,6 +555,8 @@ def quantize(model: onnx.ModelProto, plan: Plan, layers: int, vocab: int | None 
                        grid.block if grid is not None else plan.block)
         if kind is not None:
             entry["file"] = kind
+        if grid is not None and inits[s.weight].data_type == onnx.TensorProto.FLOAT16 and (r := half_rounding(grid)):
+            entry["scales_rounded"] = r  # a half graph's scales are fp16: the file's finer ones rounded
         done.entries.append(entry)
     entries = {e["node"]: e for e in done.entries}
     with U.counted("quantize: writing, matrix", len(exact) + sum(map(len, by_bits.values()))) as advance:
@@ -1117,6 +1140,22 @@ def _residual_steps(model, entry: dict, inits: dict) -> np.ndarray:
     return np.repeat(per_row, block, axis=0)
 
 
+def _block_steps(model, entry: dict, inits: dict) -> np.ndarray:
+    """(K, N): the scale of the block each weight of a folded entry is in (its grid's, not the residual's)."""
+    node = _nbits_node(model, entry)
+    block, k, n = entry["block"], entry["k"], entry["n"]
+    scale = W.values(inits[node.input[2]]).astype(np.float64).reshape(n, -1).T
+    return np.abs(np.repeat(scale[:k // block], block, axis=0))
+
+
+def _scale_rounding(entry: dict, steps, minimums=0.0):
+    """How far a weight may move where its grid's scale (`steps`, its block's, as held) and minimum
+    were rounded to fp16 (`half_rounding`): the scale's rounding times the most its codes can
+    reach, and the minimum's; each rounding bounded by fp16's epsilon (twice its half-ulp), not by
+    the record's own figure."""
+    return float(np.finfo(np.float16).eps) * ((2 ** entry["bits"] - 1) * steps + abs(minimums))
+
+
 def _tensors_of(model, entry: dict) -> list[str]:
     node = _nbits_node(model, entry)
     if node is not None and entry["how"] == "integer":  # its codes, scales and smoothing vector
@@ -1297,6 +1336,8 @@ def unfaithful(before: dict, model: onnx.ModelProto, record: dict | None = None)
             # half a residual step (and fp16's rounding of its scale, times at most 16 codes), and
             # float32's rounding of the two terms the file adds
             residual = (0.5 + (16 * np.finfo(np.float16).eps if half else 0)) * _residual_steps(model, e, inits)
+            if half and e.get("scales_rounded"):  # and the grid's own scale's rounding to fp16, times its codes
+                residual = residual + _scale_rounding(e, _block_steps(model, e, inits))
             over = _outside(err, residual, w, got)
             if over is not None:
                 bad.append(f"{e['node']}: folded, but {over} weight(s) more than half a residual step "
@@ -1340,8 +1381,12 @@ def _unfaithful_by_columns(e: dict, before: Mapping, held: Columns, scales) -> s
     import torch
     half = scales.data_type == onnx.TensorProto.FLOAT16
     blocks = -(-e["k"] // e["block"])
+    rounded = half and e["how"] == "exact" and bool(e.get("scales_rounded"))  # a K-quant's scales in fp16
     scale = torch.from_numpy(np.abs(W.values(scales).reshape(e["n"], blocks)).astype(np.float64)) \
-        if e["how"] == "ort" else None
+        if e["how"] == "ort" or rounded else None
+    if rounded and scale is not None:  # each block's allowance: its scale's and minimum's rounding to fp16
+        lows = held.minimums.double().abs() if held.minimums is not None else 0.0
+        scale = _scale_rounding(e, scale, lows)
     rows_of = getattr(before, "rows", None)
     step = max(1, (1 << 19) // e["k"])
     over = 0
@@ -1361,6 +1406,11 @@ def _unfaithful_by_columns(e: dict, before: Mapping, held: Columns, scales) -> s
         if scale is None:
             over += int((err > 0).sum()) if bool((peak > 0).any()) else 0
             continue
+        if rounded:  # within the scales' rounding (and float32's of the product) or not carried
+            limit = scale[a:b].repeat_interleave(e["block"], dim=1)[:, :e["k"]]
+            limit = limit + w.double().abs() * float(8 * np.finfo(np.float32).eps)
+            over += int((err > limit).sum())
+            continue
         steps = scale[a:b] * (1 + 1e-6) + 1e-12
         if not half and not bool((peak > steps).any()):  # every block within its step: no weight is over
             continue
@@ -1368,8 +1418,10 @@ def _unfaithful_by_columns(e: dict, before: Mapping, held: Columns, scales) -> s
         if half:  # the fp16 matrix it was given
             limit.add_(w.double().abs_().mul_(float(np.finfo(np.float16).eps)))
         over += int((err > limit).sum())
-    if scale is None:
-        return f"{e['node']}: carried as exact but {over} weight(s) differ (max {worst:.3g})" if over else None
+    if scale is None or rounded:
+        said = " beyond their scales' rounding to fp16" if rounded else ""
+        return (f"{e['node']}: carried as exact but {over} weight(s) differ{said} (max {worst:.3g})"
+                if over or not finite else None)
     if over or not finite:
         return (f"{e['node']}: {over} weight(s) more than one step of their block's scale from the float weight "
                 f"(max error {worst:.3g})")
