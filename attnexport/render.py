@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import time
 from typing import Any
 
@@ -263,7 +264,11 @@ def work_in_progress(console: Console | None = None):
     a child forked meanwhile finds no drawing under way."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    console = console or Console(stderr=True)
+    if console is None:  # stderr, where it is a terminal itself (rich takes FORCE_COLOR for one: a CI log)
+        console = Console(stderr=True)
+        if not sys.stderr.isatty():
+            yield
+            return
     if not console.is_terminal:
         yield
         return
@@ -288,11 +293,5 @@ def work_in_progress(console: Console | None = None):
             drawn[0] = now
             bars.refresh()
 
-    usage.tell_phases(lambda p: bars.console.print(usage.phase_line(p), markup=False, highlight=False))
-    usage.tell_counts(show)
-    try:
-        with bars:
-            yield
-    finally:
-        usage.tell_phases(None)
-        usage.tell_counts(None)
+    with usage.telling(lambda p: bars.console.print(usage.phase_line(p), markup=False, highlight=False), show), bars:
+        yield

@@ -261,6 +261,19 @@ def tell_counts(show: Callable[[Count], None] | None) -> None:
     _COUNTS[:] = [show] if show is not None else []
 
 
+@contextlib.contextmanager
+def telling(phases: Callable[[Phase], None] | None, counts: Callable[[Count], None] | None):
+    """Within the block phases are told to `phases` and counts to `counts` (`tell_phases`,
+    `tell_counts`; None: to nobody); after it, to whoever was told before."""
+    before = _PROGRESS[:], _COUNTS[:]
+    tell_phases(phases)
+    tell_counts(counts)
+    try:
+        yield
+    finally:
+        _PROGRESS[:], _COUNTS[:] = before
+
+
 def counts_shown() -> bool:
     """Whether a terminal shows counts now (work that would count at a cost may skip it where not)."""
     return bool(_COUNTS)

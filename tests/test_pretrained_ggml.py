@@ -253,9 +253,21 @@ def test_a_half_graph_carries_a_k_quants_grid_with_its_scales_rounded_to_fp16(gg
     assert "scales_rounded" not in by_file["Q5_0"] and "scales_rounded" not in by_file["Q8_0"]
     assert "2 carried with their scales rounded to fp16" in done.summary()
     assert P.unfaithful(weights, half) == []
-    moved = {**weights, "w_Q6_K": weights["w_Q6_K"].copy()}  # a weight off by a quarter of its block's step
-    moved["w_Q6_K"][5, 3] += 0.25 * np.abs(weights["w_Q6_K"][:16, 3]).max() / 31
-    assert [p.split(":")[0] for p in P.unfaithful(moved, half)] == ["mm_Q6_K"]
+    for kind in ("Q6_K", "Q4_K"):  # a weight off by a twentieth of its block's step: more than fp16's rounding
+        e = by_file[kind]
+        held = P.matrix(half, e).astype(np.float64)
+        codes = np.unique(np.round(held[:e["block"], 3], 6))
+        step = np.diff(codes).min()
+        moved = {**weights, e["weight"]: weights[e["weight"]].copy()}
+        moved[e["weight"]][5, 3] += 0.05 * step
+        assert [p.split(":")[0] for p in P.unfaithful(moved, half)] == [f"mm_{kind}"], kind
+    floats = _matmuls({"Q4_K": matrices["Q4_K"].astype(np.float16)})  # the float zero points' form too
+    for v in list(floats.graph.input) + list(floats.graph.output):
+        v.type.tensor_type.elem_type = TensorProto.FLOAT16
+    done = P.quantize(floats, P.Plan(bits=4, accuracy=0, minimums="float"), layers=1,
+                      weights={"w_Q4_K": weights["w_Q4_K"]}, tensors=ggml.Tensors(path))
+    assert [(e["how"], bool(e.get("scales_rounded"))) for e in done.entries] == [("float", True)]
+    assert P.unfaithful({"w_Q4_K": weights["w_Q4_K"]}, floats) == []
     x = np.random.default_rng(0).normal(size=(3, 256)).astype(np.float16)
     got = ort.InferenceSession(half.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     for (kind, m), y in zip(matrices.items(), got, strict=True):

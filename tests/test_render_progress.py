@@ -50,3 +50,24 @@ def test_the_listeners_go_when_the_work_fails():
     assert not U.counts_shown()
     with U.metered() as meter:
         assert meter.progress is None
+
+
+def test_an_inner_display_gives_the_outer_ones_listeners_back():
+    outer, _ = _terminal()
+    inner, _ = _terminal()
+    with render.work_in_progress(outer):
+        with render.work_in_progress(inner):
+            assert U.counts_shown()
+        assert U.counts_shown()  # the outer display's, not nobody's
+    assert not U.counts_shown()
+
+
+def test_stderr_that_is_no_terminal_draws_nothing_even_where_rich_is_told_to_colour(monkeypatch, capsys):
+    """FORCE_COLOR (set in many CI logs) makes rich take a pipe for a terminal: the bars and their
+    per-layer hooks are for a terminal itself."""
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    with render.work_in_progress(), U.metered():
+        assert not U.counts_shown()
+        with U.phase("trace"):
+            pass
+    assert capsys.readouterr().err == ""

@@ -1114,20 +1114,41 @@ class Columns:
             return None
         return cls(codes, scale, zero, minimums, bits, block, k, stored)
 
-    def rows(self, first: int, stop: int):
+    def _from_zero(self, first: int, stop: int):
+        """q - zero of columns [first, stop), (stop - first, blocks, block) float32."""
         import torch
         packed = torch.from_numpy(np.array(self.codes[first:stop]))  # read from the mapped file
         if self.bits == 4:
             packed = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(stop - first, -1)
         blocks = self.scale.shape[1]
         q = packed[:, :blocks * self.block].reshape(stop - first, blocks, self.block).float()
-        w = (q - self.zero[first:stop, :, None]).mul_(self.scale[first:stop, :, None])
+        return q - self.zero[first:stop, :, None]
+
+    def rows(self, first: int, stop: int):
+        w = self._from_zero(first, stop).mul_(self.scale[first:stop, :, None])
         w = w.reshape(stop - first, -1)[:, :self.stored]
         if self.stored > self.k:  # each row past K is a block's residual, multiplied by the sum of its inputs
             w = w[:, :self.k] + w[:, self.k:self.k + self.k // self.block].repeat_interleave(self.block, dim=1)
         if self.minimums is not None:  # (N, blocks): each block's minimum over its K rows
             w = w + self.minimums[first:stop].repeat_interleave(self.block, dim=1)[:, :self.k]
         return w
+
+    def half_rounding(self, first: int, stop: int):
+        """How far each weight of columns [first, stop) may be from the grid it was carried from where
+        that grid's scales and minimums were rounded to fp16 (a K-quant's in a half graph:
+        `half_rounding`), (stop - first, K) float64: a scale moves by at most 2**-11 of the fp16 value
+        it became (2**-25 below fp16's normal range), times the weight's own distance from its zero
+        point in codes; a minimum by as much of itself. A folded grid's residual rows are not counted
+        here (their own allowance is `unfaithful`'s)."""
+        def moved(t):
+            return t.double().abs_().mul_(2.0 ** -11).add_(2.0 ** -25)
+        reach = self._from_zero(first, stop).abs_().double()
+        blocks = self.k // self.block if self.stored > self.k else self.scale.shape[1]
+        allow = reach[:, :blocks].mul_(moved(self.scale[first:stop, :blocks])[:, :, None])
+        allow = allow.reshape(stop - first, -1)[:, :self.k]
+        if self.minimums is not None:
+            allow = allow + moved(self.minimums[first:stop]).repeat_interleave(self.block, dim=1)[:, :self.k]
+        return allow
 
 
 def _residual_steps(model, entry: dict, inits: dict) -> np.ndarray:
@@ -1140,20 +1161,13 @@ def _residual_steps(model, entry: dict, inits: dict) -> np.ndarray:
     return np.repeat(per_row, block, axis=0)
 
 
-def _block_steps(model, entry: dict, inits: dict) -> np.ndarray:
-    """(K, N): the scale of the block each weight of a folded entry is in (its grid's, not the residual's)."""
-    node = _nbits_node(model, entry)
-    block, k, n = entry["block"], entry["k"], entry["n"]
-    scale = W.values(inits[node.input[2]]).astype(np.float64).reshape(n, -1).T
-    return np.abs(np.repeat(scale[:k // block], block, axis=0))
-
-
-def _scale_rounding(entry: dict, steps, minimums=0.0):
-    """How far a weight may move where its grid's scale (`steps`, its block's, as held) and minimum
-    were rounded to fp16 (`half_rounding`): the scale's rounding times the most its codes can
-    reach, and the minimum's; each rounding bounded by fp16's epsilon (twice its half-ulp), not by
-    the record's own figure."""
-    return float(np.finfo(np.float16).eps) * ((2 ** entry["bits"] - 1) * steps + abs(minimums))
+def _rounding_of(model, entry: dict, inits: dict) -> np.ndarray:
+    """(K, N): how far each weight of an entry carried with its scales rounded to fp16 may be from
+    the file's (`Columns.half_rounding`; bounded by fp16's own rounding, not by the record's figure)."""
+    held = Columns.of(model, entry, inits)
+    if held is None:
+        return np.zeros((entry["k"], entry["n"]))
+    return held.half_rounding(0, entry["n"]).numpy().T
 
 
 def _tensors_of(model, entry: dict) -> list[str]:
@@ -1336,8 +1350,8 @@ def unfaithful(before: dict, model: onnx.ModelProto, record: dict | None = None)
             # half a residual step (and fp16's rounding of its scale, times at most 16 codes), and
             # float32's rounding of the two terms the file adds
             residual = (0.5 + (16 * np.finfo(np.float16).eps if half else 0)) * _residual_steps(model, e, inits)
-            if half and e.get("scales_rounded"):  # and the grid's own scale's rounding to fp16, times its codes
-                residual = residual + _scale_rounding(e, _block_steps(model, e, inits))
+            if half and e.get("scales_rounded"):  # and the grid's own scales' rounding to fp16, times its codes
+                residual = residual + _rounding_of(model, e, inits)
             over = _outside(err, residual, w, got)
             if over is not None:
                 bad.append(f"{e['node']}: folded, but {over} weight(s) more than half a residual step "
@@ -1350,6 +1364,8 @@ def unfaithful(before: dict, model: onnx.ModelProto, record: dict | None = None)
             zero = W.values(inits[node.input[3]]).astype(np.float64).reshape(e["n"], -1).T
             eps = np.finfo(np.float16 if half else np.float32).eps
             spread = np.repeat(np.abs(scale) * (np.abs(zero) + 1) * eps, e["block"], axis=0)[:e["k"]]
+            if half and e.get("scales_rounded"):  # and the grid's own scales' rounding to fp16, times its codes
+                spread = spread + _rounding_of(model, e, inits)
             over = _outside(err, spread, w, got)
             if over is not None:
                 bad.append(f"{e['node']}: float zero points, but {over} weight(s) further from the "
@@ -1383,10 +1399,7 @@ def _unfaithful_by_columns(e: dict, before: Mapping, held: Columns, scales) -> s
     blocks = -(-e["k"] // e["block"])
     rounded = half and e["how"] == "exact" and bool(e.get("scales_rounded"))  # a K-quant's scales in fp16
     scale = torch.from_numpy(np.abs(W.values(scales).reshape(e["n"], blocks)).astype(np.float64)) \
-        if e["how"] == "ort" or rounded else None
-    if rounded and scale is not None:  # each block's allowance: its scale's and minimum's rounding to fp16
-        lows = held.minimums.double().abs() if held.minimums is not None else 0.0
-        scale = _scale_rounding(e, scale, lows)
+        if e["how"] == "ort" else None
     rows_of = getattr(before, "rows", None)
     step = max(1, (1 << 19) // e["k"])
     over = 0
@@ -1401,15 +1414,15 @@ def _unfaithful_by_columns(e: dict, before: Mapping, held: Columns, scales) -> s
         # each block's largest error (a padded last block's missing rows count as none): a NaN or an
         # infinity in a block shows there
         peak = torch.nn.functional.pad(err, (0, blocks * e["block"] - e["k"])).view(b - a, blocks, -1).amax(-1)
-        worst = max(worst, float(peak.max()) if peak.numel() else 0.0)
+        top = float(peak.max()) if peak.numel() else 0.0
+        worst = top if np.isnan(top) or top > worst else worst  # a NaN is said, not lost in max()
         finite = finite and bool(torch.isfinite(peak).all())
+        if rounded:  # within the scales' rounding (and float32's of the product) or not carried
+            limit = held.half_rounding(a, b).add_(w.double().abs().mul_(float(8 * np.finfo(np.float32).eps)))
+            over += int((err > limit).sum())
+            continue
         if scale is None:
             over += int((err > 0).sum()) if bool((peak > 0).any()) else 0
-            continue
-        if rounded:  # within the scales' rounding (and float32's of the product) or not carried
-            limit = scale[a:b].repeat_interleave(e["block"], dim=1)[:, :e["k"]]
-            limit = limit + w.double().abs() * float(8 * np.finfo(np.float32).eps)
-            over += int((err > limit).sum())
             continue
         steps = scale[a:b] * (1 + 1e-6) + 1e-12
         if not half and not bool((peak > steps).any()):  # every block within its step: no weight is over
@@ -1418,7 +1431,7 @@ def _unfaithful_by_columns(e: dict, before: Mapping, held: Columns, scales) -> s
         if half:  # the fp16 matrix it was given
             limit.add_(w.double().abs_().mul_(float(np.finfo(np.float16).eps)))
         over += int((err > limit).sum())
-    if scale is None or rounded:
+    if scale is None:
         said = " beyond their scales' rounding to fp16" if rounded else ""
         return (f"{e['node']}: carried as exact but {over} weight(s) differ{said} (max {worst:.3g})"
                 if over or not finite else None)
