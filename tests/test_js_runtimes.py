@@ -424,3 +424,43 @@ def test_an_output_fed_back_is_named_not_sent(name, monkeypatch):
     assert "offset" in sent[-1]["feeds"]["x"]
     expected = 1 / (1 + np.exp(-copied.astype(np.float64)))
     assert compare("y", thrice, expected, tolerance("fp32")).passed
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def test_a_crashed_page_fails_its_run_in_one_line_and_the_next_model_gets_a_new_browser():
+    """The page's renderer ended (here killed, as the kernel kills it for memory): the run that
+    meets it fails saying so, the JavaScript process lives on, and the next model loaded on the
+    browser runs in a new one (a whole model's generation crashed the renderer: docs/language-models.md)."""
+    _need("ort-wasm")
+    import signal
+
+    from attnexport.runtimes import js
+    prepared = R.prepare_onnx("ort-wasm", _one_node("Sigmoid"))
+    x = np.linspace(-3, 3, 12, dtype=np.float32).reshape(3, 4)
+    prepared.run({"x": x})
+    renderers = [p for p in _descendants(js.bridge().proc.pid)
+                 if b"--type=renderer" in Path(f"/proc/{p}/cmdline").read_bytes()
+                 and b"--top-chrome-webui" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert renderers
+    for p in renderers:
+        os.kill(p, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match="the browser's page crashed"):
+        prepared.run({"x": x})
+    assert js.bridge().proc.poll() is None  # the JavaScript process lives on
+    again = R.prepare_onnx("ort-wasm", _one_node("Sigmoid")).run({"x": x})["y"]
+    assert compare("y", again, 1 / (1 + np.exp(-x.astype(np.float64))), tolerance("fp32")).passed

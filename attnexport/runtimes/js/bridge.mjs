@@ -179,6 +179,9 @@ async function startBrowser() {
       body = feeds.get(Number(path.basename(url.pathname))) || null;
     } else if (url.pathname.startsWith('/outputs/') && req.method === 'POST') {
       const chunks = [];
+      // A post cut short (the page's renderer ended mid-way) is an error of the request, never of this
+      // process: the run that waited for it fails, saying the page crashed.
+      req.on('error', () => {});
       req.on('data', (c) => chunks.push(c));
       req.on('end', () => {
         outputs.set(Number(path.basename(url.pathname)), Buffer.concat(chunks));
@@ -203,8 +206,12 @@ async function startBrowser() {
   });
   const page = await launched.newPage();
   const logs = [];
-  page.on('console', (m) => logs.push(m.text()));
+  page.on('console', (m) => { logs.push(m.text()); if (logs.length > 100) logs.splice(0, logs.length - 100); });
   page.on('pageerror', (e) => logs.push(`page error: ${e.message}`));
+  // The renderer ended (killed for memory, or crashed): every session on the page is gone with it.
+  // The browser is closed and its sessions forgotten when the request that met it fails (`handle`),
+  // so the next load starts a new one.
+  page.on('crash', () => { if (browser) browser.crashed = true; });
   await page.goto(`http://127.0.0.1:${server.address().port}/`);
   await page.waitForFunction(() => window.attnexport !== undefined, null, { timeout: 60000 });
   const adapter = await page.evaluate(() => window.attnexport.adapter());
@@ -269,6 +276,14 @@ function send(message) { // an answer's `parts` (tensors' bytes) travel as its b
   for (const b of parts) process.stdout.write(b);
 }
 
+async function dropBrowser() { // after a crash: the browser closed, its sessions forgotten
+  const gone = browser;
+  browser = null;
+  for (const [id, s] of sessions) if (s.runtime !== 'ort-node') sessions.delete(id);
+  await gone.launched.close().catch(() => {});
+  gone.server.close();
+}
+
 async function close() {
   if (browser) {
     await browser.launched.close().catch(() => {});
@@ -309,7 +324,13 @@ process.stdin.on('data', (chunk) => {
         send(await handle(req));
       } catch (e) {
         const recent = browser ? browser.logs.slice(-3).join(' | ') : '';
-        send({ error: String(e && e.message ? e.message : e).split('\n')[0], log: recent });
+        let error = String(e && e.message ? e.message : e).split('\n')[0];
+        if (browser && browser.crashed) {
+          error = `the browser's page crashed (its renderer ended: out of memory?), and every session on it with it; `
+            + `the next model loaded starts a new browser (${error})`;
+          await dropBrowser();
+        }
+        send({ error, log: recent });
       }
     });
   }
