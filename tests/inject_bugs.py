@@ -346,6 +346,10 @@ BUGS = [
     ("a crashed page kept for the next model",
      [("attnexport/runtimes/js/bridge.mjs", "          await dropBrowser();\n", "")], False,
      ["tests/test_js_runtimes.py", "-k", "crashed_page"]),
+    ("a run's output pieces each written over the first",
+     [("attnexport/runtimes/js/bridge.mjs", "        outputs.get(token)[piece] = Buffer.concat(chunks);",
+       "        outputs.get(token)[0] = Buffer.concat(chunks);")], False,
+     ["tests/test_js_runtimes.py", "-k", "larger_than_a_piece"]),
 ]
 SRC = pathlib.Path(__file__).resolve().parent.parent
 # pytest's exit codes that mean a bug went uncaught: 0, every selected test passed; 4, a named test file or

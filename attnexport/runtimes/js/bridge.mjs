@@ -73,20 +73,28 @@ function tensorBytes(tensor) {
 // to its session's last output, which it keeps. Large tensors travel as bytes over HTTP on 127.0.0.1
 // (the page fetches /feeds/TOKEN and posts its outputs to /outputs/TOKEN): as base64 text through the
 // browser's debugging protocol a static cache cost seconds a step. Small ones travel with the call
-// itself, which costs less than two requests.
+// itself, which costs less than two requests. The outputs are posted in pieces of at most CHUNK bytes
+// (/outputs/TOKEN/PIECE): the browser reports each request's body to its debugging protocol, and
+// Playwright reads each report as one string, which Node caps at 512M characters; a static step of
+// Gemma-3-270M at batch 3 posts some 90 MB of outputs, whose report passed the cap and ended this
+// process ("Cannot create a string longer than 0x1fffffe8 characters"). A byte takes at most six
+// characters there (an escaped control byte), so 8 MB pieces stay far below it.
 const INLINE = 64 * 1024;
+const CHUNK = 8 * 1024 * 1024;
 let nextToken = 1;
 
 async function runOnPage(op, id, feeds, binary, extra = {}) {
   const token = nextToken++;
-  const args = { op, id, token, feeds, inline: INLINE, ...extra };
+  const args = { op, id, token, feeds, inline: INLINE, chunk: CHUNK, ...extra };
   if (binary.length <= INLINE) args.data = Buffer.from(binary).toString('base64');
   else browser.feeds.set(token, binary);
   try {
     const answer = await browser.page.evaluate((a) => window.attnexport[a.op](a), args);
     if (op !== 'run') return answer;
-    const body = answer.data !== undefined ? Buffer.from(answer.data, 'base64') : browser.outputs.get(token);
-    if (!body) throw new Error('the page posted no outputs');
+    const pieces = browser.outputs.get(token);
+    const body = answer.data !== undefined ? Buffer.from(answer.data, 'base64')
+      : pieces && pieces.length === answer.pieces && !pieces.includes(undefined) ? Buffer.concat(pieces) : null;
+    if (!body) throw new Error('the page posted no outputs, or not all of them');
     return { outputs: answer.outputs, body };
   } finally {
     browser.feeds.delete(token);
@@ -183,8 +191,10 @@ async function startBrowser() {
       // process: the run that waited for it fails, saying the page crashed.
       req.on('error', () => {});
       req.on('data', (c) => chunks.push(c));
-      req.on('end', () => {
-        outputs.set(Number(path.basename(url.pathname)), Buffer.concat(chunks));
+      req.on('end', () => { // /outputs/TOKEN/PIECE: a run's outputs, a piece at a time
+        const [token, piece] = url.pathname.split('/').slice(2).map(Number);
+        if (!outputs.has(token)) outputs.set(token, []);
+        outputs.get(token)[piece] = Buffer.concat(chunks);
         res.writeHead(204, isolated);
         res.end();
       });
