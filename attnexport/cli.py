@@ -10,7 +10,6 @@ import functools
 import sys
 
 import click
-from rich.console import Console
 
 from attnexport import cases as cases_mod
 from attnexport import commands, jsonout, memo, options, render
@@ -268,31 +267,20 @@ def verify(models, details, as_json, **given):
     Example: attnexport verify --runtimes torch,ort-cpu --flavor attention
     """
 
-    # A progress bar over golden mode's and model files' runs (a module's and a language model's
-    # checks report none).
-    quiet = as_json or given["module_spec"] is not None or given["hf_path"] is not None
-    # A language model's: its phases and its layers as the float64 oracle runs them, on a terminal.
-    with render.work_in_progress() if given["hf_path"] is not None and not as_json else contextlib.nullcontext():
-        report = _with_progress("verify", quiet, lambda progress: commands.verify(models, progress=progress, **given))
+    def run(progress=None):
+        return commands.verify(models, progress=progress, **given)
+
+    if given["hf_path"] is not None:  # a language model's: its phases, and a bar per layer of its oracle
+        with contextlib.nullcontext() if as_json else render.work_in_progress():
+            report = run()
+    else:  # a bar over golden mode's and model files' runs (a module's check reports none)
+        report = render.with_progress("verify", as_json or given["module_spec"] is not None, run)
     if as_json:
         click.echo(jsonout.dumps(report.to_dict()))
     else:
         render.verify(report, details)
     if not report.ok:
         sys.exit(1)
-
-
-def _with_progress(label, quiet, work):
-    """Runs work(progress) with a progress bar on stderr when it is a terminal."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    err_console = Console(stderr=True)
-    if quiet or not err_console.is_terminal:
-        return work(None)
-    columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.description}"))
-    with Progress(*columns, console=err_console, transient=True) as bar:
-        task = bar.add_task("", total=None)
-        return work(lambda i, n, what: bar.update(task, completed=i, total=n, description=what))
 
 
 @main.command()
@@ -305,7 +293,7 @@ def bench(as_json, plot, **given):
     attnexport bench --hf ./tiny-llama --decode --context 128,1024 --threads 2
     """
 
-    result = _with_progress("bench", as_json or given["hf_path"] is not None, lambda progress: commands.bench(
+    result = render.with_progress("bench", as_json or given["hf_path"] is not None, lambda progress: commands.bench(
         plot=plot, progress=progress, said=None if as_json else (lambda text: click.echo(text, err=True)), **given))
     if as_json:
         click.echo(jsonout.dumps(result.to_json()))

@@ -106,8 +106,8 @@ def why_retraced(program, registry) -> str | None:
     """Why torch's decomposition of `program` must run (it would change more than `_rewrite`
     knows), or None where `as_decomposed` gives what it would."""
     import torch
-    if unsupported() is not None:
-        return unsupported()
+    if (off := unsupported()) is not None:
+        return off
     from torch._export.utils import _is_cia_op, _is_preservable_cia_op
     from torch.onnx._internal.exporter import _decomp
 

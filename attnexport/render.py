@@ -255,6 +255,33 @@ def bench(result) -> None:
         click.echo(f"plot: {result.plot}")
 
 
+def _terminal(console: Console | None) -> Console | None:
+    """Where bars are drawn: `console` where it is a terminal; by default stderr's console where
+    stderr is a TTY itself (rich takes FORCE_COLOR for a terminal: a CI log would get them); None
+    where there is none."""
+    if console is None:
+        if not sys.stderr.isatty():
+            return None
+        console = Console(stderr=True)
+    return console if console.is_terminal else None
+
+
+def with_progress(label: str, quiet: bool, work, console: Console | None = None):
+    """`work(progress)` with one bar on a terminal (`_terminal`) while it runs: `progress(i, n, what)`,
+    the library's callback for golden mode's verify and bench; `work(None)` where `quiet` or no
+    terminal."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = None if quiet else _terminal(console)
+    if console is None:
+        return work(None)
+    columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.description}"))
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("", total=None)
+        return work(lambda i, n, what: bar.update(task, completed=i, total=n, description=what))
+
+
 @contextlib.contextmanager
 def work_in_progress(console: Console | None = None):
     """While the block runs, on a terminal (`console`'s, stderr's by default; nothing elsewhere):
@@ -264,12 +291,8 @@ def work_in_progress(console: Console | None = None):
     a child forked meanwhile finds no drawing under way."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    if console is None:  # stderr, where it is a terminal itself (rich takes FORCE_COLOR for one: a CI log)
-        console = Console(stderr=True)
-        if not sys.stderr.isatty():
-            yield
-            return
-    if not console.is_terminal:
+    console = _terminal(console)
+    if console is None:
         yield
         return
     bars = Progress(TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

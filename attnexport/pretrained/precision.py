@@ -1133,7 +1133,7 @@ class Columns:
             w = w + self.minimums[first:stop].repeat_interleave(self.block, dim=1)[:, :self.k]
         return w
 
-    def half_rounding(self, first: int, stop: int):
+    def fp16_allowance(self, first: int, stop: int):
         """How far each weight of columns [first, stop) may be from the grid it was carried from where
         that grid's scales and minimums were rounded to fp16 (a K-quant's in a half graph:
         `half_rounding`), (stop - first, K) float64: a scale moves by at most 2**-11 of the fp16 value
@@ -1163,11 +1163,11 @@ def _residual_steps(model, entry: dict, inits: dict) -> np.ndarray:
 
 def _rounding_of(model, entry: dict, inits: dict) -> np.ndarray:
     """(K, N): how far each weight of an entry carried with its scales rounded to fp16 may be from
-    the file's (`Columns.half_rounding`; bounded by fp16's own rounding, not by the record's figure)."""
+    the file's (`Columns.fp16_allowance`; bounded by fp16's own rounding, not by the record's figure)."""
     held = Columns.of(model, entry, inits)
     if held is None:
         return np.zeros((entry["k"], entry["n"]))
-    return held.half_rounding(0, entry["n"]).numpy().T
+    return held.fp16_allowance(0, entry["n"]).numpy().T
 
 
 def _tensors_of(model, entry: dict) -> list[str]:
@@ -1418,7 +1418,7 @@ def _unfaithful_by_columns(e: dict, before: Mapping, held: Columns, scales) -> s
         worst = top if np.isnan(top) or top > worst else worst  # a NaN is said, not lost in max()
         finite = finite and bool(torch.isfinite(peak).all())
         if rounded:  # within the scales' rounding (and float32's of the product) or not carried
-            limit = held.half_rounding(a, b).add_(w.double().abs().mul_(float(8 * np.finfo(np.float32).eps)))
+            limit = held.fp16_allowance(a, b).add_(w.double().abs().mul_(float(8 * np.finfo(np.float32).eps)))
             over += int((err > limit).sum())
             continue
         if scale is None:
