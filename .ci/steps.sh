@@ -1,8 +1,11 @@
 # Timed steps for .ci/run (sourced): `step NAME COMMAND...` runs COMMAND in this shell (a venv it
 # activates stays active), records its wall time and the machine's peak memory while it ran (MemTotal -
-# MemAvailable, sampled twice a second: what every process together held, background jobs included),
-# and `steps_table` prints them with the total. A command that fails stops the run (set -e): the EXIT
-# trap names the step and its exit code, then prints the table of the steps so far.
+# MemAvailable, sampled twice a second: what every process together held, background jobs included)
+# and the disk the run had taken by then on the temporary folder's file system (its used space less what
+# was used when the run began: the venvs, caches and every test's files), and `steps_table` prints them
+# with the total. The free space at the start is printed first: a run that fills the disk says so. A
+# command that fails stops the run (set -e): the EXIT trap names the step and its exit code, then prints
+# the table of the steps so far.
 
 _STEPS=()
 _STEP=""
@@ -12,13 +15,21 @@ _used_mb() {
     awk '/^MemTotal:/ {t = $2} /^MemAvailable:/ {a = $2} END {print int((t - a) / 1024)}' /proc/meminfo
 }
 
-_sample() {  # the highest _used_mb seen, written to $1 until killed
-    local peak=0 used
+_disk_mb() {  # used MB on the file system of the temporary folder
+    df -Pk "${TMPDIR:-/tmp}" | awk 'NR == 2 {print int($3 / 1024)}'
+}
+_DISK0=$(_disk_mb)
+echo "disk: $(df -Ph "${TMPDIR:-/tmp}" | awk 'NR == 2 {print $4}') free on the temporary folder's file system"
+
+_sample() {  # the highest _used_mb and _disk_mb seen, written to $1 until killed
+    local peak=0 disk=0 used taken
     while :; do
         used=$(_used_mb)
-        if ((used > peak)); then
-            peak=$used
-            echo "$peak" > "$1"
+        taken=$(($(_disk_mb) - _DISK0))
+        if ((used > peak || taken > disk)); then
+            peak=$((used > peak ? used : peak))
+            disk=$((taken > disk ? taken : disk))
+            echo "$peak $disk" > "$1"
         fi
         sleep 0.5
     done
@@ -35,7 +46,7 @@ step() {
     local start peakfile sampler
     start=$(date +%s)
     peakfile=$(mktemp)
-    _used_mb > "$peakfile"
+    echo "$(_used_mb) 0" > "$peakfile"
     _sample "$peakfile" &
     sampler=$!
     "$@"
@@ -47,12 +58,13 @@ step() {
 }
 
 steps_table() {
-    local name seconds peak
+    local name seconds peak disk
     echo
-    printf '%-24s %8s %12s\n' "step" "wall" "peak memory"
+    printf '%-24s %8s %12s %12s\n' "step" "wall" "peak memory" "disk taken"
     for entry in "${_STEPS[@]}"; do
-        read -r name seconds peak <<< "$entry"
-        printf '%-24s %8s %9s GB\n' "$name" "$(_clock "$seconds")" "$(awk -v m="$peak" 'BEGIN {printf "%.1f", m / 1024}')"
+        read -r name seconds peak disk <<< "$entry"
+        printf '%-24s %8s %9s GB %9s GB\n' "$name" "$(_clock "$seconds")" \
+            "$(awk -v m="$peak" 'BEGIN {printf "%.1f", m / 1024}')" "$(awk -v m="$disk" 'BEGIN {printf "%.1f", m / 1024}')"
     done
     printf '%-24s %8s\n' "total" "$(_clock $(($(date +%s) - _T0)))"
 }
