@@ -8,6 +8,11 @@ variant, options, flavour, opset, dtype and parameters exported afresh, so its v
 same names. Values are matched by name; a graph whose names differ is matched node by node when
 its op sequence is the same. Initializers and node attributes are compared as well, so a changed
 weight or a changed attribute is named even where the numbers alone would only point near it.
+
+Where a whole model's fresh export and every value of both graphs would not fit in memory,
+`locate_bounded` compares the graph under test with itself on a known-good runtime, a part at a
+time: first the few values the residual stream passes through, then only the nodes between the
+last of them that agrees and the first that departs.
 """
 
 from __future__ import annotations
@@ -75,26 +80,125 @@ def _fmt(x: float) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3g}"
 
 
-def intermediates(model: onnx.ModelProto, runtime: str, feed: dict) -> dict[str, np.ndarray]:
-    """Every node output of `model` computed on `runtime`, by name."""
+def intermediates(model: onnx.ModelProto, runtime: str, feed: dict,
+                  only: set[str] | None = None) -> dict[str, np.ndarray]:
+    """Every node output of `model` computed on `runtime`, by name (`only`: those values, and the
+    graph's outputs). The graph is given the extra outputs for the run and has them taken back after
+    it, not copied: a whole model's weights may be in it."""
     if runtime == "onnx-ref":
         from onnx.reference import ReferenceEvaluator
         ev = ReferenceEvaluator(model, new_ops=R.reference_ops())
         with np.errstate(all="ignore"):
             values: Any = ev.run(None, feed, intermediate=True)  # a dict: every value by name
-        return {k: np.asarray(v) for k, v in values.items() if k and v is not None}
-    exposed = onnx.ModelProto()
-    exposed.CopyFrom(model)
-    names = {o.name for o in exposed.graph.output}
-    for node in exposed.graph.node:
-        for out in node.output:
-            if out and out not in names:
-                vi = onnx.ValueInfoProto()
-                vi.name = out  # no type: ONNX Runtime infers it
-                exposed.graph.output.append(vi)
-                names.add(out)
-    prepared = R.prepare_onnx(runtime, exposed, optimize=False)
+        return {k: np.asarray(v) for k, v in values.items()
+                if k and v is not None and (only is None or k in only)}
+    declared = len(model.graph.output)
+    names = {o.name for o in model.graph.output}
+    try:
+        for node in model.graph.node:
+            for out in node.output:
+                if out and out not in names and (only is None or out in only):
+                    vi = onnx.ValueInfoProto()
+                    vi.name = out  # no type: ONNX Runtime infers it
+                    model.graph.output.append(vi)
+                    names.add(out)
+        prepared = R.prepare_onnx(runtime, model, optimize=False)
+    finally:
+        del model.graph.output[declared:]
     return prepared.run(feed)
+
+
+# The values a decoder's residual stream passes through: a residual Add's or Sum's output, a norm's
+# (a post-norm layer ends with one), and the residual sum of ONNX Runtime's fused Skip*Normalization
+# (its output 3). A few a layer, small for a short feed, and every layer's error passes through them.
+STREAM_OPS = {"Add", "Sum", "LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization",
+              "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}
+SKIP = {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}
+SUM_OUTPUT = 3  # a Skip*Normalization's input + skip (+ bias)
+
+
+def stream_values(model: onnx.ModelProto) -> list[str]:
+    """The values the residual stream may pass through (STREAM_OPS' outputs), in node order."""
+    out = []
+    for node in model.graph.node:
+        if node.op_type not in STREAM_OPS:
+            continue
+        if node.output and node.output[0]:
+            out.append(node.output[0])
+        if node.op_type in SKIP and len(node.output) > SUM_OUTPUT and node.output[SUM_OUTPUT]:
+            out.append(node.output[SUM_OUTPUT])
+    return out
+
+
+def _ancestors(model: onnx.ModelProto, values, producer: dict[str, int]) -> set[int]:
+    """The indices of the nodes `values` are computed from, their own producers included."""
+    seen: set[int] = set()
+    stack = [producer[v] for v in values if v in producer]
+    while stack:
+        k = stack.pop()
+        if k in seen:
+            continue
+        seen.add(k)
+        stack.extend(producer[i] for i in model.graph.node[k].input if i in producer)
+    return seen
+
+
+def locate_bounded(model: onnx.ModelProto, feed: dict, runtime: str, known: str, dtype: str) -> Localization:
+    """Names the first node of `model` whose output on `runtime` diverges from the same graph's on
+    `known` (a runtime trusted for this graph), holding few of its values at a time: the residual
+    stream's values (`stream_values`) and the graph's outputs first, on both; the first of them that
+    departs, in node order; then the nodes it is computed from that no agreeing one of them is (for
+    a decoder, the part of one layer up to it), every output of those and what they read, on both.
+    It compares the runtime with the graph, not the graph with the model: a graph that computes
+    something else everywhere agrees with itself."""
+    producer = {o: k for k, n in enumerate(model.graph.node) for o in n.output if o}
+    marks = sorted({*stream_values(model), *(o.name for o in model.graph.output if o.name in producer)},
+                   key=lambda v: producer[v])
+    loc = Localization()
+    got = intermediates(model, runtime, feed, set(marks))
+    good = intermediates(model, known, feed, set(marks))
+    agreeing, first = [], None
+    for name in marks:
+        if name in got and name in good:
+            loc.compared += 1
+            if divergence(got[name], good[name], dtype)[0]:
+                first = name
+                break
+            agreeing.append(name)
+    del got, good
+    if first is None:
+        loc.note = (f"no value of the residual stream or output departs from {known} on the same graph "
+                    f"({loc.compared} compared)")
+        return loc
+    region = sorted(_ancestors(model, [first], producer) - _ancestors(model, agreeing, producer))
+    wanted = {o for k in region for o in model.graph.node[k].output if o}
+    wanted |= {i for k in region for i in model.graph.node[k].input if i in producer}
+    got = intermediates(model, runtime, feed, wanted)
+    good = intermediates(model, known, feed, wanted)
+    inits = {i.name: i for i in model.graph.initializer}
+    errors: dict[str, float] = {}
+    for name in wanted:
+        if name in got and name in good:
+            errors[name] = divergence(got[name], good[name], dtype)[1]
+    loc.compared += len(errors)
+    for k in region:
+        node = model.graph.node[k]
+        out = next((o for o in node.output if o in errors
+                    and divergence(got[o], good[o], dtype)[0]), None)
+        if out is None:
+            continue
+        _, loc.error, loc.scale = divergence(got[out], good[out], dtype)
+        loc.node, loc.op_type, loc.output = node.name, node.op_type, out
+        graph_inputs = {i.name for i in model.graph.input}
+        loc.inputs = [{"name": i, "kind": "initializer" if i in inits else "graph input" if i in graph_inputs
+                       else "value", "error": 0.0 if i in inits or i in graph_inputs else errors.get(i)}
+                      for i in node.input if i]
+        loc.before = max((i["error"] for i in loc.inputs if i["error"] is not None), default=0.0)
+        break
+    loc.note = (f"on the same graph against {known}, a part at a time: {len(marks)} values of the residual "
+                f"stream and outputs, the first to depart {first!r}, then the {len(region)} nodes it is "
+                "computed from that no agreeing one is")
+    return loc
 
 
 def nonfinite(arrays) -> bool:

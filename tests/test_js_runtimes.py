@@ -477,3 +477,114 @@ def test_outputs_larger_than_a_piece_come_back_whole_from_the_browser():
     y = prepared.run({"x": x})["y"]
     assert y.nbytes > 8 << 20
     assert compare("y", y, 1 / (1 + np.exp(-x.astype(np.float64))), tolerance("fp32")).passed
+
+
+def _layered(sin_at: int | None, layers: int = 4, width: int = 16):
+    """A residual stack: h = h + (h @ W_i) * 0.5 in each layer, and in layer `sin_at` the branch's
+    sine of twenty times that (WebGPU's sin errs far more than its products); every layer ends with
+    an Add, as a decoder's does."""
+    rng = np.random.default_rng(0)
+    nodes, inits, h = [], [], "x"
+    for i in range(layers):
+        w = f"w{i}"
+        inits.append(numpy_helper.from_array((rng.standard_normal((width, width)) / width).astype(np.float32), w))
+        nodes.append(helper.make_node("MatMul", [h, w], [f"l{i}.mm"], name=f"layer{i}.matmul"))
+        branch = f"l{i}.mm"
+        if i == sin_at:
+            inits.append(numpy_helper.from_array(np.array(20.0, np.float32), "twenty"))
+            nodes.append(helper.make_node("Mul", [branch, "twenty"], [f"l{i}.wide"], name=f"layer{i}.widen"))
+            nodes.append(helper.make_node("Sin", [f"l{i}.wide"], [f"l{i}.sin"], name=f"layer{i}.sin"))
+            branch = f"l{i}.sin"
+        inits.append(numpy_helper.from_array(np.array(0.5, np.float32), f"half{i}"))
+        nodes.append(helper.make_node("Mul", [branch, f"half{i}"], [f"l{i}.scaled"], name=f"layer{i}.scale"))
+        nodes.append(helper.make_node("Add", [h, f"l{i}.scaled"], [f"l{i}.out"], name=f"layer{i}.residual"))
+        h = f"l{i}.out"
+    nodes.append(helper.make_node("Relu", [h], ["y"], name="head"))
+    graph = helper.make_graph(nodes, "stack", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_bounded_localization_names_the_node_in_its_layer_on_webgpu():
+    """`localize.locate_bounded`, which a whole model's verify takes where a fresh export would not fit
+    in memory: the graph on WebGPU against itself on ort-cpu, the residual stream's values first, then
+    only the departing layer's nodes. In a stack whose third layer takes a sine, the Sin is named, its
+    input within fp32's rounding, and the layers before it are not exposed again."""
+    from attnexport.localize import locate_bounded
+    _need("ort-webgpu")
+    x = np.random.default_rng(1).standard_normal((2, 5, 16)).astype(np.float32)
+    wide = np.linspace(-60, 60, 4001, dtype=np.float32)
+    if np.abs(R.prepare_onnx("ort-webgpu", _one_node("Sin")).run({"x": wide})["y"] - np.sin(wide)).max() <= 1e-4:
+        pytest.skip("this WebGPU adapter's sin is within 1e-4: the stack would not depart")
+    model = _layered(sin_at=2)
+    loc = locate_bounded(model, {"x": x}, "ort-webgpu", "ort-cpu", "fp32")
+    assert (loc.node, loc.op_type, loc.output) == ("layer2.sin", "Sin", "l2.sin"), loc
+    assert loc.error > 1e-5 * loc.scale and loc.before <= 1e-5 * max(1.0, float(np.abs(x).max()) * 20), loc
+    assert "'l2.out'" in loc.note and "ort-cpu" in loc.note, loc.note
+    # The residual values up to the first that departs (3), then layer 2's five nodes and what they read
+    # (6 values: layer 1's output among them).
+    assert loc.compared == 3 + 6, loc
+    assert len(model.graph.output) == 1  # the graph is given back as it was
+    clean = locate_bounded(_layered(sin_at=None), {"x": x}, "ort-webgpu", "ort-cpu", "fp32")
+    assert not clean.diverged and "no value of the residual stream or output departs" in clean.note, clean
+
+
+def test_webgpu_gelu_tanh_kernel_errs_where_its_tanh_does_not():
+    """onnxruntime-web's WebGPU kernel for Gelu(approximate="tanh") errs by about 4.7e-4 against float64
+    on Chromium's software adapter, its Tanh by about 1e-7: in Gemma-3-270M's fp32 graph those 18
+    nodes put the logits 0.03-0.04 off. The export writes the tanh GELU as its formula in the portable
+    flavours (`attnexport.pretrained.tanh_gelu`), which WebGPU computes within fp32's rounding."""
+    from attnexport.pretrained.tanh_gelu import spell_out
+    _need("ort-webgpu")
+    x = np.linspace(-12, 12, 24001, dtype=np.float32)
+    xd = x.astype(np.float64)
+    want = 0.5 * xd * (1 + np.tanh(np.sqrt(2 / np.pi) * (xd + 0.044715 * xd**3)))
+    gelu = _one_node("Gelu", opsets=(("", 20),), approximate="tanh")
+    kernel = float(np.abs(R.prepare_onnx("ort-webgpu", gelu).run({"x": x})["y"] - want).max())
+    tanh = float(np.abs(R.prepare_onnx("ort-webgpu", _one_node("Tanh")).run({"x": x})["y"] - np.tanh(xd)).max())
+    assert tanh < 1e-6, tanh
+    if _webgpu_on_software():
+        assert kernel > 1e-4, kernel  # the kernel's own approximation, far above fp32 rounding
+    assert spell_out(gelu) == 1 and {n.op_type for n in gelu.graph.node} == {"Mul", "Add", "Tanh"}
+    formula = float(np.abs(R.prepare_onnx("ort-webgpu", gelu).run({"x": x})["y"] - want).max())
+    assert formula < 2e-5 * 12, formula  # fp32's rounding of values up to 12
+
+
+def _rotary_pair(opset: int):
+    """q * cos + rotated * sin with each table unsqueezed over the heads, as a static step graph spells
+    the rotary embedding: `cos` fed, `sin` computed; the inputs declared with their shapes."""
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    nodes = [helper.make_node("Sin", ["angles"], ["sin"]),
+             helper.make_node("Unsqueeze", ["cos", "axes"], ["cos_heads"]),
+             helper.make_node("Unsqueeze", ["sin", "axes"], ["sin_heads"]),
+             helper.make_node("Mul", ["q", "cos_heads"], ["qc"]),
+             helper.make_node("Mul", ["rotated", "sin_heads"], ["rs"]),
+             helper.make_node("Add", ["qc", "rs"], ["y"])]
+    shapes = {"angles": ["batch", "sequence", 32], "cos": ["batch", "sequence", 32],
+              "q": ["batch", 4, "sequence", 32], "rotated": ["batch", 4, "sequence", 32]}
+    graph = helper.make_graph(nodes, "rotary", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                                                for n, s in shapes.items()],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [axes])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def test_webgpu_unsqueeze_of_opset_23_mixes_up_its_tables():
+    """Opset 23's Unsqueeze has no WebGPU kernel in onnxruntime-web 1.30, so it runs on the CPU; in a
+    rotary embedding spelled as ops (the static form's, attention flavour: opset 23), with the inputs
+    declared with their shapes, the Mul that should read the sine reads the cosine. The same graph at
+    opset 21 runs on the GPU and is right. This is why the attention flavour's static graph of Gemma 3
+    fails on WebGPU (its first departing node a rotary Mul or a Pow whose inputs are exact)."""
+    _need("ort-webgpu")
+    rng = np.random.default_rng(0)
+    feed = {"angles": rng.standard_normal((2, 3, 32)), "cos": rng.standard_normal((2, 3, 32)),
+            "q": rng.standard_normal((2, 4, 3, 32)), "rotated": rng.standard_normal((2, 4, 3, 32))}
+    feed = {k: v.astype(np.float32) for k, v in feed.items()}
+    want = feed["q"] * feed["cos"][:, None] + feed["rotated"] * np.sin(feed["angles"].astype(np.float64))[:, None]
+    mixed = feed["q"] * feed["cos"][:, None] + feed["rotated"] * feed["cos"][:, None]
+    at21 = R.prepare_onnx("ort-webgpu", _rotary_pair(21))
+    assert np.abs(at21.run(feed)["y"] - want).max() < 2.0**-11 * 10 and not at21.cpu_nodes
+    at23 = R.prepare_onnx("ort-webgpu", _rotary_pair(23))
+    got = at23.run(feed)["y"]
+    assert sorted(n.split(":")[0] for n in at23.cpu_nodes if n.startswith("Unsqueeze")) == ["Unsqueeze"] * 2
+    assert np.abs(got - mixed).max() < 1e-5 and np.abs(got - want).max() > 1.0
+    assert np.abs(R.prepare_onnx("ort-cpu", _rotary_pair(23)).run(feed)["y"] - want).max() < 1e-5

@@ -27,7 +27,7 @@ from attnexport import usage as U
 from attnexport import weights as W
 from attnexport.compare import Comparison, Tolerance, check_tolerance_values
 from attnexport.errors import AttnExportError, UsageError, reason
-from attnexport.localize import Localization, first_overflow, locate, nonfinite
+from attnexport.localize import Localization, first_overflow, locate, locate_bounded, nonfinite
 from attnexport.pretrained import clients, emulate, forms, registry
 from attnexport.pretrained import export as hf_export
 from attnexport.pretrained import model as hf
@@ -147,16 +147,17 @@ class Context:
             return Localization(kind="overflow", note=f"localization failed: {reason(e)}")
 
     def localize(self, feed: dict, runtime: str) -> Localization:
-        """The first diverging node against the model exported afresh (once) from the same source;
-        skipped, saying why, where the machine has not the memory that takes (MEMORY_FACTORS'
-        "localize", over the graph's values counted as parameters; not with --no-memory-check)."""
+        """The first diverging node against the model exported afresh (once) from the same source.
+        Where the machine has not the memory that takes (MEMORY_FACTORS' "localize", over the graph's
+        values counted as parameters; not with --no-memory-check), the graph on `runtime` against
+        itself on a known-good runtime a part at a time (`localize.locate_bounded`: ONNX Runtime's
+        CPU provider, or the reference evaluator where that is the runtime under test), which takes
+        "localize, bounded"; skipped, saying why, where even that does not fit."""
         if self.known_good is None and self.check.memory_check:
             count = sum(int(np.prod(i.dims, dtype=np.int64)) for i in self.onnx_model.graph.initializer)
             short = hf.memory_short(count, "localize")
             if short is not None:
-                return Localization(note=f"localization skipped: against a fresh export of the model, {short} "
-                                         "beside what verify holds (the export's own check names a layer that "
-                                         "departs from the model in float64)")
+                return self._localize_bounded(feed, runtime, count, short)
         try:
             if self.known_good is None:
                 # --max-seq is the static buffers' (an encoder's max_seq is its position table's, not asked for)
@@ -167,6 +168,22 @@ class Context:
             return locate(self._graph(), self.known_good, feed, runtime, self.dtype)
         except Exception as e:  # noqa: BLE001 - localization is a diagnosis; its failure is reported
             return Localization(note=f"localization failed: {reason(e)}")
+
+
+    def _localize_bounded(self, feed: dict, runtime: str, count: int, short: str) -> Localization:
+        fresh = f"against a fresh export of the model, {short} beside what verify holds"
+        still = hf.memory_short(count, "localize, bounded")
+        if still is not None:
+            return Localization(note=f"localization skipped: {fresh}, and a part at a time {still} (the "
+                                     "export's own check names a layer that departs from the model in float64)")
+        known = "onnx-ref" if runtime == "ort-cpu" else "ort-cpu"
+        try:
+            found = locate_bounded(self._graph(), feed, runtime, known, self.dtype)
+        except Exception as e:  # noqa: BLE001 - localization is a diagnosis; its failure is reported
+            return Localization(note=f"localization failed ({fresh}; a part at a time): {reason(e)}")
+        found.note = (f"{found.note} (not {fresh}: where the graph itself departs from the model, the export's "
+                      "own check names the layer)")
+        return found
 
 
 def verify_hf(check: HFCheck) -> Report:

@@ -31,7 +31,7 @@ from attnexport import weights as W
 from attnexport.compare import QUANTIZED_FACTOR
 from attnexport.errors import ExportError, UsageError, reason
 from attnexport.export import ModuleExport, ModuleExportResult, export_module
-from attnexport.pretrained import calibrate, emulate, forms, fusions, ggml, registry
+from attnexport.pretrained import calibrate, emulate, forms, fusions, ggml, registry, tanh_gelu
 from attnexport.pretrained import layers as LC
 from attnexport.pretrained import model as hf
 from attnexport.pretrained import precision as P
@@ -250,6 +250,7 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
     aside: A.Aside | None = None
 
     stalled: list[str] = []
+    spelled: list[int] = []  # the tanh GELUs written as their formula (`_rewritten`)
 
     def check(onnx_model):
         release = (lambda: release_weights(model)) if r.frees_model else None
@@ -277,7 +278,7 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
         write_pos=layout.signature.write_pos.name if layout.signature.write_pos else None,
         cache_kinds={c.past: c.kind for c in layout.signature.caches},
         check=check, finalize=quantize if plan is not None else None,
-        rewrite=lambda onnx_model: _rewritten(onnx_model, model, layout, flavor, dtype, name,
+        rewrite=lambda onnx_model: _rewritten(onnx_model, model, layout, flavor, dtype, name, spelled,
                                               quantized=plan is not None and plan.kernel != "integer"),
         optimized_by_rewrite=FL.FLAVORS[flavor].fuses_language_models, float32_inputs=form.float32_inputs(layout),
         repeat=form.repeat(wrapper, layout) if r.stamp else None,
@@ -309,6 +310,9 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
         result.notes.append(f"the weights are in {F.data_file(str(result.path or output)).name} beside the graph "
                             "(external data: keep the two files together)")
     result.notes.append(_checked_note(result.checked))
+    if sum(spelled):
+        result.notes.append(f"{sum(spelled)} Gelu(approximate='tanh') written as its formula with Tanh "
+                            "(onnxruntime-web's WebGPU kernel for it errs by 4.7e-4, its Tanh by 1.3e-7)")
     result.notes.extend(stalled)
     if params_source == "seed":
         result.notes.append(hf.random_note(r.source, r.seed))
@@ -475,14 +479,19 @@ def check_quantized(graph, model, layout: hf.Layout, before: dict, tokenizer, na
     return checked
 
 
-def _rewritten(onnx_model, model, layout: hf.Layout, flavor: str, dtype: str, name: str, quantized: bool = False):
+def _rewritten(onnx_model, model, layout: hf.Layout, flavor: str, dtype: str, name: str, spelled: list,
+               quantized: bool = False):
     """The traced step graph made what a deployment wants: each past fitting the block's batch
     (concat), a tied vocabulary matrix kept once as the head reads it, ONNX Runtime's fused ops
     (ort flavour; an encoder's projections packed into its attention in fp32, where they are
     neither rounded to half nor left for the blockwise quantizer's MatMuls (`quantized`): the
-    integer form makes the packed Attention a QAttention); see `attnexport.pretrained.fusions`."""
+    integer form makes the packed Attention a QAttention); see `attnexport.pretrained.fusions`. In
+    an fp32 graph of the portable flavours, GELU's tanh approximation written as its formula
+    (`tanh_gelu`: WebGPU's kernel errs), how many appended to `spelled`."""
     layout.cache_form.fit_pasts(onnx_model, layout)
     tied_head.tied_head(onnx_model)
+    if dtype == "fp32" and not FL.FLAVORS[flavor].fuses_language_models:
+        spelled.append(tanh_gelu.spell_out(onnx_model))
     if FL.FLAVORS[flavor].fuses_language_models:
         positions = layout.cache_form.rotary_positions(model, layout)
         tables = rotary.rotary_tables(model, positions, D.NUMPY[dtype]) if positions else None

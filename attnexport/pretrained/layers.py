@@ -34,16 +34,15 @@ import onnx
 import torch
 from onnx import helper
 
+from attnexport import localize as L
 from attnexport import runtimes as R
 from attnexport import usage as U
 from attnexport.compare import Comparison, Tolerance, compare
 
-# The ops whose output may be a layer's: a residual Add, a norm (a post-norm layer ends with one), and
-# ONNX Runtime's fused norms (their residual sum is output 3 of a Skip*Normalization).
-ENDS = {"Add", "Sum", "LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization",
-        "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}
-SKIP = {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}
-SUM_OUTPUT = 3  # a Skip*Normalization's input + skip (+ bias)
+# The ops whose output may be a layer's are the residual stream's (`localize.stream_values`): a residual
+# Add, a norm (a post-norm layer ends with one), ONNX Runtime's fused norms (their residual sum is output 3
+# of a Skip*Normalization).
+SKIP, SUM_OUTPUT = L.SKIP, L.SUM_OUTPUT
 # A value is taken for a layer's output when it is this near the float64 one, as a fraction of
 # that output's largest magnitude: any layer within its budget is far nearer; a value of another
 # part of the layer (a norm's output, an MLP's) is not near at all.
@@ -146,19 +145,6 @@ def valid_mask(valid: dict, first: str, shape: tuple) -> np.ndarray | None:
 
 # --- the graph ------------------------------------------------------------------------------------
 
-def _ends(model: onnx.ModelProto) -> list[str]:
-    """The values a layer may end with, in node order."""
-    out = []
-    for node in model.graph.node:
-        if node.op_type not in ENDS:
-            continue
-        if node.output and node.output[0]:  # a post-norm layer's output is a fused norm's first
-            out.append(node.output[0])
-        if node.op_type in SKIP and len(node.output) > SUM_OUTPUT and node.output[SUM_OUTPUT]:
-            out.append(node.output[SUM_OUTPUT])
-    return out
-
-
 def exposing(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of `model` (its weights where they are: a skeleton stays one) whose candidate layer
     ends are graph outputs, a Skip*Normalization's residual sum added where it was not asked for."""
@@ -172,7 +158,7 @@ def exposing(model: onnx.ModelProto) -> onnx.ModelProto:
                 node.output.append("")
             node.output[SUM_OUTPUT] = f"attnexport.layers.sum.{n}"
     declared = {o.name for o in twin.graph.output}
-    for name in _ends(twin):
+    for name in L.stream_values(twin):
         if name not in declared:
             twin.graph.output.append(helper.make_empty_tensor_value_info(name))
     return twin

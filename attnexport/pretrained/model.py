@@ -490,7 +490,12 @@ MEMORY_FACTORS = {"export": 1.6, "export quantized": 2.6, "export in one file": 
                   # WebGPU went from 5 GB to 14.4 and 15.1 GB and were killed for memory, reporting
                   # nothing, once inside the fresh export and once exposing every intermediate (the
                   # second with 12 here: the browser grows beside it too).
-                  "localize": 16}
+                  "localize": 16,
+                  # Where that does not fit, the graph on the runtime against itself on ONNX Runtime's
+                  # CPU provider, a part at a time (`localize.locate_bounded`): the graph read whole,
+                  # a session of it on each side (the browser's for a JavaScript runtime) and few
+                  # values at once.
+                  "localize, bounded": 4}
 
 
 def parameter_count(source: str | Path) -> int | None:
