@@ -114,6 +114,8 @@ def verify(report, details: bool = False, out: Console | None = None) -> None:
     for r in report.runtimes:
         if not r["available"]:
             click.echo(f"skipped {r['name']}: {r['reason']}", err=True)
+        elif r.get("warning"):
+            click.echo(f"warning {r['name']}: {r['warning']}", err=True)
     if details:
         table = new_table(f"verify {report.dtype}: every run",
                           ("run", "ok", "output", "max abs\n@ index", "mean\nmedian\np99", "atol\nneeds", "ms"),

@@ -91,8 +91,14 @@ def status(name: str) -> Status:
 
 def described(table: list[dict]) -> list[dict]:
     """select()'s table with each used runtime's description as it is after the runs (the WebGPU
-    adapter is known once the browser has run)."""
-    return [dict(t, reason=status(t["name"]).reason) if t["used"] else t for t in table]
+    adapter is known once the browser has run), and what it was found to compute wrong (`warning`)."""
+    out = []
+    for t in table:
+        if t["used"]:
+            s = status(t["name"])
+            t = dict(t, reason=s.reason, **({"warning": s.warning} if s.warning else {}))
+        out.append(t)
+    return out
 
 
 def require(name: str) -> None:

@@ -100,6 +100,7 @@ class Status:
     name: str
     available: bool
     reason: str = ""  # why not, when not available; a short description otherwise
+    warning: str = ""  # what it was found to compute wrong, where a probe found it (WebGPU's float16)
 
 
 def cpu_nodes(runtime: str, placement: dict[str, list[str]], shape_nodes: frozenset[str]) -> list[str]:

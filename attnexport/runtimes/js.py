@@ -143,9 +143,11 @@ def status(name: str) -> R.Status:
     if name == "ort-node":
         return R.Status(name, True, f"onnxruntime-node {pinned['onnxruntime-node']}, Node {why}")
     where = f"onnxruntime-web {pinned['onnxruntime-web']} ({name[4:]}), {version}"
+    warning = ""
     if name == "ort-webgpu" and _BRIDGE is not None and _BRIDGE.adapter is not None:
         where += f", adapter: {describe_adapter(_BRIDGE.adapter)}"
-    return R.Status(name, True, where)
+        warning = _BRIDGE.float16 or ""
+    return R.Status(name, True, where, warning)
 
 
 def describe_adapter(adapter: dict) -> str:
@@ -209,6 +211,7 @@ class _Bridge:
         self.lock = threading.RLock()
         self.released: list[int] = []
         self.adapter: dict | None = None
+        self.float16: str | None = None  # `float16_wrong`'s answer: None before it is asked
         self.call({"op": "hello"})
         self.startup_ms = {"ort-node": (time.perf_counter() - t0) * 1e3}
 
@@ -381,9 +384,35 @@ def prepare(name: str, model: onnx.ModelProto, optimize: bool = True, threads: i
     placement = {provider: list(nodes) for provider, nodes in (info.get("placement") or {}).items()}
     shapes = R.shape_computations(model) if name == "ort-webgpu" else frozenset()
     note = f"adapter: {describe_adapter(b.adapter)}" if name == "ort-webgpu" and b.adapter else ""
+    if name == "ort-webgpu" and R.has_fp16(model) and (wrong := float16_wrong(b)):
+        note += f"; {wrong}"
     if name == "ort-wasm":  # the browser gives WASM threads only to a cross-origin isolated page
         note = f"{info.get('threads') or 1} WASM thread(s)" + ("" if info.get("isolated") else ", page not isolated")
     return R.Prepared(name, run, sorted(placement) or [name], placement, shapes, note=note, time_runs=time_runs)
+
+
+def float16_wrong(b: _Bridge) -> str:
+    """Whether the browser's WebGPU adapter computes float16 wrong, asked once a bridge (the first
+    time a float16 model is loaded there): an Add of two small float16 arrays, against NumPy. Chromium's
+    software adapter (SwiftShader) gets every float16 op but a copy wrong (tests/test_js_runtimes.py),
+    so a float16 model's rows there fail for the adapter, not for the model: that is said, in a line,
+    beside the runtime. "" where it is right."""
+    if b.float16 is not None:
+        return b.float16
+    b.float16 = ""  # the probe is a float16 model itself
+    from onnx import TensorProto, helper
+    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["y"])], "float16",
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT16, [4, 64]) for n in ("a", "b")],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [4, 64])])
+    probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    x = np.linspace(-4, 4, 256, dtype=np.float16).reshape(4, 64)
+    y = np.linspace(3, -1, 256, dtype=np.float16).reshape(4, 64)
+    got = prepare("ort-webgpu", probe).run({"a": x, "b": y})["y"].astype(np.float64)
+    err = float(np.abs(got - (x.astype(np.float64) + y)).max())
+    if not err <= 2.0**-10 * 8:  # half an fp16 step at the sums' largest magnitude, and NaN
+        b.float16 = (f"this adapter computes float16 wrong (an Add of two float16 arrays off by {err:.3g}): a float16 "
+                     "model's answers on it are the adapter's, not the model's; a GPU adapter is needed to judge them")
+    return b.float16
 
 
 class _Session:
