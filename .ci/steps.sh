@@ -16,16 +16,16 @@ _used_mb() {
 }
 
 _disk_mb() {  # used MB on the file system of the temporary folder
-    df -Pk "${TMPDIR:-/tmp}" | awk 'NR == 2 {print int($3 / 1024)}'
+    df -Pk "${TMPDIR:-/tmp}" 2>/dev/null | awk 'NR == 2 {print int($3 / 1024)}' || echo 0
 }
 _DISK0=$(_disk_mb)
-echo "disk: $(df -Ph "${TMPDIR:-/tmp}" | awk 'NR == 2 {print $4}') free on the temporary folder's file system"
+echo "disk: $(df -Ph "${TMPDIR:-/tmp}" 2>/dev/null | awk 'NR == 2 {print $4}' || true) free on the temporary folder's file system"
 
 _sample() {  # the highest _used_mb and _disk_mb seen, written to $1 until killed
     local peak=0 disk=0 used taken
     while :; do
         used=$(_used_mb)
-        taken=$(($(_disk_mb) - _DISK0))
+        taken=$(($(_disk_mb || echo "$_DISK0") - _DISK0))
         if ((used > peak || taken > disk)); then
             peak=$((used > peak ? used : peak))
             disk=$((taken > disk ? taken : disk))

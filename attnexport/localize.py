@@ -84,14 +84,16 @@ def intermediates(model: onnx.ModelProto, runtime: str, feed: dict,
                   only: set[str] | None = None) -> dict[str, np.ndarray]:
     """Every node output of `model` computed on `runtime`, by name (`only`: those values, and the
     graph's outputs). The graph is given the extra outputs for the run and has them taken back after
-    it, not copied: a whole model's weights may be in it."""
+    it, not copied: a whole model's weights may be in it. The reference evaluator computes and holds
+    every value whatever `only` says; the others compute and return only those asked for."""
     if runtime == "onnx-ref":
         from onnx.reference import ReferenceEvaluator
         ev = ReferenceEvaluator(model, new_ops=R.reference_ops())
         with np.errstate(all="ignore"):
             values: Any = ev.run(None, feed, intermediate=True)  # a dict: every value by name
+        outputs = {o.name for o in model.graph.output}
         return {k: np.asarray(v) for k, v in values.items()
-                if k and v is not None and (only is None or k in only)}
+                if k and v is not None and (only is None or k in only or k in outputs)}
     declared = len(model.graph.output)
     names = {o.name for o in model.graph.output}
     try:
@@ -151,6 +153,10 @@ def locate_bounded(model: onnx.ModelProto, feed: dict, runtime: str, known: str,
     a decoder, the part of one layer up to it), every output of those and what they read, on both.
     It compares the runtime with the graph, not the graph with the model: a graph that computes
     something else everywhere agrees with itself."""
+    cannot = R.missing_ops(known, model)
+    if cannot:
+        return Localization(note=f"not localized: {known}, the runtime compared with, has no kernel for "
+                                 f"{', '.join(cannot[:3])}")
     producer = {o: k for k, n in enumerate(model.graph.node) for o in n.output if o}
     marks = sorted({*stream_values(model), *(o.name for o in model.graph.output if o.name in producer)},
                    key=lambda v: producer[v])
@@ -198,6 +204,11 @@ def locate_bounded(model: onnx.ModelProto, feed: dict, runtime: str, known: str,
     loc.note = (f"on the same graph against {known}, a part at a time: {len(marks)} values of the residual "
                 f"stream and outputs, the first to depart {first!r}, then the {len(region)} nodes it is "
                 "computed from that no agreeing one is")
+    upstream = [i["name"] for i in loc.inputs if i["kind"] == "value" and i["name"] in got and i["name"] in good
+                and divergence(got[i["name"]], good[i["name"]], dtype)[0]]
+    if upstream:  # made before this part, within its limit where the stream first read it
+        loc.note += (f"; its input {upstream[0]} departs already, made outside this part: the cause may lie "
+                     "before it")
     return loc
 
 

@@ -312,7 +312,8 @@ def export_hf(request: HFExport, loaded: tuple | None = None) -> tuple[ModuleExp
     result.notes.append(_checked_note(result.checked))
     if sum(spelled):
         result.notes.append(f"{sum(spelled)} Gelu(approximate='tanh') written as its formula with Tanh "
-                            "(onnxruntime-web's WebGPU kernel for it errs by 4.7e-4, its Tanh by 1.3e-7)")
+                            "(onnxruntime-web's WebGPU kernel for it errs by 4.7e-4 on Chromium's software adapter, "
+                            "its Tanh by 1.3e-7)")
     result.notes.extend(stalled)
     if params_source == "seed":
         result.notes.append(hf.random_note(r.source, r.seed))

@@ -492,10 +492,12 @@ MEMORY_FACTORS = {"export": 1.6, "export quantized": 2.6, "export in one file": 
                   # second with 12 here: the browser grows beside it too).
                   "localize": 16,
                   # Where that does not fit, the graph on the runtime against itself on ONNX Runtime's
-                  # CPU provider, a part at a time (`localize.locate_bounded`): the graph read whole,
-                  # a session of it on each side (the browser's for a JavaScript runtime) and few
-                  # values at once.
-                  "localize, bounded": 4}
+                  # CPU provider, a part at a time (`localize.locate_bounded`), counted rather than
+                  # measured whole: the graph read whole, its serialized copy, the CPU session with its
+                  # packed weights, the runtime's own session (the browser's for WebGPU), few values at
+                  # once (Gemma-3-270M on WebGPU: verify's Python process peaked at 5.4 GB in all with it,
+                  # about 5 times the graph's 1.07 GB, the browser beside it).
+                  "localize, bounded": 6}
 
 
 def parameter_count(source: str | Path) -> int | None:

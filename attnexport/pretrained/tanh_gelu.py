@@ -45,7 +45,7 @@ def spell_out(model: onnx.ModelProto) -> int:
             nodes.append(node)
             continue
         count += 1
-        x, p = node.input[0], node.name or f"gelu{count}"
+        x, p = node.input[0], node.output[0]  # a value's name is the graph's only once: its parts' names too
         c = {k.rsplit(".", 1)[1]: k for k in _CONSTANTS}
         nodes += [helper.make_node("Mul", [x, x], [f"{p}.x2"], name=f"{p}.x2"),
                   helper.make_node("Mul", [f"{p}.x2", x], [f"{p}.x3"], name=f"{p}.x3"),
@@ -55,7 +55,7 @@ def spell_out(model: onnx.ModelProto) -> int:
                   helper.make_node("Tanh", [f"{p}.scaled"], [f"{p}.tanh"], name=f"{p}.tanh"),
                   helper.make_node("Add", [f"{p}.tanh", c["one"]], [f"{p}.sum"], name=f"{p}.sum"),
                   helper.make_node("Mul", [x, c["half"]], [f"{p}.half"], name=f"{p}.half"),
-                  helper.make_node("Mul", [f"{p}.half", f"{p}.sum"], [node.output[0]], name=p)]
+                  helper.make_node("Mul", [f"{p}.half", f"{p}.sum"], [node.output[0]], name=node.name or p)]
     if count:
         del model.graph.node[:]
         model.graph.node.extend(nodes)

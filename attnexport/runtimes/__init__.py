@@ -97,6 +97,8 @@ def described(table: list[dict]) -> list[dict]:
         if t["used"]:
             s = status(t["name"])
             t = dict(t, reason=s.reason, **({"warning": s.warning} if s.warning else {}))
+            if s.warning and hasattr(_adapter(t["name"]), "warning_said"):
+                _adapter(t["name"]).warning_said(t["name"])  # said once, for the models this report ran
         out.append(t)
     return out
 

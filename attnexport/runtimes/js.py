@@ -146,7 +146,7 @@ def status(name: str) -> R.Status:
     warning = ""
     if name == "ort-webgpu" and _BRIDGE is not None and _BRIDGE.adapter is not None:
         where += f", adapter: {describe_adapter(_BRIDGE.adapter)}"
-        warning = _BRIDGE.float16 or ""
+        warning = (_BRIDGE.float16 or "") if _BRIDGE.float16_loaded else ""
     return R.Status(name, True, where, warning)
 
 
@@ -212,6 +212,7 @@ class _Bridge:
         self.released: list[int] = []
         self.adapter: dict | None = None
         self.float16: str | None = None  # `float16_wrong`'s answer: None before it is asked
+        self.float16_loaded = False  # a float16 model loaded since the last report said so (`warning_said`)
         self.call({"op": "hello"})
         self.startup_ms = {"ort-node": (time.perf_counter() - t0) * 1e3}
 
@@ -386,9 +387,16 @@ def prepare(name: str, model: onnx.ModelProto, optimize: bool = True, threads: i
     note = f"adapter: {describe_adapter(b.adapter)}" if name == "ort-webgpu" and b.adapter else ""
     if name == "ort-webgpu" and R.has_fp16(model) and (wrong := float16_wrong(b)):
         note += f"; {wrong}"
+        b.float16_loaded = True
     if name == "ort-wasm":  # the browser gives WASM threads only to a cross-origin isolated page
         note = f"{info.get('threads') or 1} WASM thread(s)" + ("" if info.get("isolated") else ", page not isolated")
     return R.Prepared(name, run, sorted(placement) or [name], placement, shapes, note=note, time_runs=time_runs)
+
+
+def warning_said(name: str) -> None:
+    """A report has said `status(name).warning`: the next says it again only for a float16 model it loads."""
+    if _BRIDGE is not None:
+        _BRIDGE.float16_loaded = False
 
 
 def float16_wrong(b: _Bridge) -> str:
@@ -407,9 +415,13 @@ def float16_wrong(b: _Bridge) -> str:
     probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     x = np.linspace(-4, 4, 256, dtype=np.float16).reshape(4, 64)
     y = np.linspace(3, -1, 256, dtype=np.float16).reshape(4, 64)
-    got = prepare("ort-webgpu", probe).run({"a": x, "b": y})["y"].astype(np.float64)
+    try:
+        got = prepare("ort-webgpu", probe).run({"a": x, "b": y})["y"].astype(np.float64)
+    except Exception as e:  # noqa: BLE001 - the user's model loaded; the probe's failure is said, not raised
+        b.float16 = f"whether this adapter computes float16 right is not known (its probe failed: {str(e)[:200]})"
+        return b.float16
     err = float(np.abs(got - (x.astype(np.float64) + y)).max())
-    if not err <= 2.0**-10 * 8:  # half an fp16 step at the sums' largest magnitude, and NaN
+    if not err <= 2.0**-10 * 8:  # eight half-steps of fp16 below 8 (the sums' magnitudes); NaN too
         b.float16 = (f"this adapter computes float16 wrong (an Add of two float16 arrays off by {err:.3g}): a float16 "
                      "model's answers on it are the adapter's, not the model's; a GPU adapter is needed to judge them")
     return b.float16
