@@ -181,34 +181,29 @@ def locate_bounded(model: onnx.ModelProto, feed: dict, runtime: str, known: str,
     wanted |= {i for k in region for i in model.graph.node[k].input if i in producer}
     got = intermediates(model, runtime, feed, wanted)
     good = intermediates(model, known, feed, wanted)
+    found = {name: divergence(got[name], good[name], dtype) for name in wanted if name in got and name in good}
+    del got, good
+    loc.compared += len(found)
+    errors = {name: err for name, (_, err, _) in found.items()}
     inits = {i.name: i for i in model.graph.initializer}
-    errors: dict[str, float] = {}
-    for name in wanted:
-        if name in got and name in good:
-            errors[name] = divergence(got[name], good[name], dtype)[1]
-    loc.compared += len(errors)
-    for k in region:
-        node = model.graph.node[k]
-        out = next((o for o in node.output if o in errors
-                    and divergence(got[o], good[o], dtype)[0]), None)
-        if out is None:
-            continue
-        _, loc.error, loc.scale = divergence(got[out], good[out], dtype)
-        loc.node, loc.op_type, loc.output = node.name, node.op_type, out
-        graph_inputs = {i.name for i in model.graph.input}
-        loc.inputs = [{"name": i, "kind": "initializer" if i in inits else "graph input" if i in graph_inputs
-                       else "value", "error": 0.0 if i in inits or i in graph_inputs else errors.get(i)}
-                      for i in node.input if i]
-        loc.before = max((i["error"] for i in loc.inputs if i["error"] is not None), default=0.0)
-        break
+    errors.update(dict.fromkeys(inits, 0.0))  # the same tensors on both sides
     loc.note = (f"on the same graph against {known}, a part at a time: {len(marks)} values of the residual "
                 f"stream and outputs, the first to depart {first!r}, then the {len(region)} nodes it is "
                 "computed from that no agreeing one is")
-    upstream = [i["name"] for i in loc.inputs if i["kind"] == "value" and i["name"] in got and i["name"] in good
-                and divergence(got[i["name"]], good[i["name"]], dtype)[0]]
-    if upstream:  # made before this part, within its limit where the stream first read it
-        loc.note += (f"; its input {upstream[0]} departs already, made outside this part: the cause may lie "
-                     "before it")
+    for k in region:
+        node = model.graph.node[k]
+        out = next((o for o in node.output if o in found and found[o][0]), None)
+        if out is None:
+            continue
+        _, loc.error, loc.scale = found[out]
+        loc.node, loc.op_type, loc.output = node.name, node.op_type, out
+        loc.inputs = [_input_info(i, model, inits, {}, {}, errors, {}, dtype) for i in node.input if i]
+        loc.before = max((i["error"] for i in loc.inputs if i["error"] is not None), default=0.0)
+        upstream = [i["name"] for i in loc.inputs if i["name"] in found and found[i["name"]][0]]
+        if upstream:  # made before this part, within its limit where the stream first read it
+            loc.note += (f"; its input {upstream[0]} departs already, made outside this part: the cause may lie "
+                         "before it")
+        break
     return loc
 
 

@@ -40,9 +40,8 @@ from attnexport import usage as U
 from attnexport.compare import Comparison, Tolerance, compare
 
 # The ops whose output may be a layer's are the residual stream's (`localize.stream_values`): a residual
-# Add, a norm (a post-norm layer ends with one), ONNX Runtime's fused norms (their residual sum is output 3
-# of a Skip*Normalization).
-SKIP, SUM_OUTPUT = L.SKIP, L.SUM_OUTPUT
+# Add, a norm (a post-norm layer ends with one), ONNX Runtime's fused norms (their residual sum is output
+# L.SUM_OUTPUT of an L.SKIP op).
 # A value is taken for a layer's output when it is this near the float64 one, as a fraction of
 # that output's largest magnitude: any layer within its budget is far nearer; a value of another
 # part of the layer (a norm's output, an MLP's) is not near at all.
@@ -151,12 +150,12 @@ def exposing(model: onnx.ModelProto) -> onnx.ModelProto:
     twin = onnx.ModelProto()
     twin.CopyFrom(model)
     for n, node in enumerate(twin.graph.node):
-        if node.op_type in SKIP and (len(node.output) <= SUM_OUTPUT or not node.output[SUM_OUTPUT]):
-            while len(node.output) < SUM_OUTPUT:
+        if node.op_type in L.SKIP and (len(node.output) <= L.SUM_OUTPUT or not node.output[L.SUM_OUTPUT]):
+            while len(node.output) < L.SUM_OUTPUT:
                 node.output.append("")
-            if len(node.output) == SUM_OUTPUT:
+            if len(node.output) == L.SUM_OUTPUT:
                 node.output.append("")
-            node.output[SUM_OUTPUT] = f"attnexport.layers.sum.{n}"
+            node.output[L.SUM_OUTPUT] = f"attnexport.layers.sum.{n}"
     declared = {o.name for o in twin.graph.output}
     for name in L.stream_values(twin):
         if name not in declared:
@@ -218,15 +217,15 @@ def cut(model: onnx.ModelProto, found: Boundaries, dtype: int) -> onnx.ModelProt
         twin.graph.input.append(helper.make_tensor_value_info(fed, dtype, None))
         rename[name] = fed
         node = producers[name]
-        if node.op_type in SKIP and list(node.output).index(name) == SUM_OUTPUT:
+        if node.op_type in L.SKIP and list(node.output).index(name) == L.SUM_OUTPUT:
             zeros = f"{fed}.zeros"
             again = helper.make_node(node.op_type, [fed, zeros, *node.input[2:]],
-                                     [f"{o}.from_input" if o and k != SUM_OUTPUT else ""
+                                     [f"{o}.from_input" if o and k != L.SUM_OUTPUT else ""
                                       for k, o in enumerate(node.output)],
                                      name=f"{node.name}.from_input", domain=node.domain)
             again.attribute.extend(node.attribute)
             for k, o in enumerate(node.output):
-                if o and k != SUM_OUTPUT:
+                if o and k != L.SUM_OUTPUT:
                     rename[o] = f"{o}.from_input"
             extra[index[id(node)]] = [helper.make_node("Sub", [fed, fed], [zeros], name=f"{fed}.zeros"), again]
     nodes = []

@@ -1,14 +1,13 @@
 """GELU's tanh approximation written as its formula, not as ONNX's Gelu(approximate="tanh").
 
 onnxruntime-web's WebGPU kernel for Gelu(approximate="tanh") errs by up to 4.7e-4 against float64
-(at x = -2.7, over [-12, 12], on Chromium's software adapter), while its Tanh errs by 1.3e-7 and
-ONNX Runtime's CPU kernel for the same Gelu by 7e-7 (tests/test_js_runtimes.py pins both). In
-Gemma-3-270M's fp32 step graph that one kernel, 18 nodes, put the logits 0.03-0.04 off on WebGPU
-against budgets of about 2e-4 (the first departing node, named by `localize.locate_bounded`, is the
-first layer's Gelu); written as 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) they are 6.5e-5 off
-the CPU provider's. On the CPU provider the formula's nine ops cost what the kernel does (that
-graph's prefill of 64 tokens 224.8 ms against 224.4, a step after 64 positions 56.0 against 58.5,
-medians of 15 on 2 threads).
+(over [-12, 12], on Chromium's software adapter), while its Tanh errs by 1.3e-7 and ONNX Runtime's
+CPU kernel for the same Gelu by 7e-7 (`python benchmarks/webgpu_ops.py ops`; tests/test_js_runtimes.py
+pins them). In Gemma-3-270M's fp32 step graph that one kernel, 18 nodes, put the logits 0.02-0.04 off
+on WebGPU against budgets of about 2e-4 (the first departing node, named by `localize.locate_bounded`,
+is the first layer's Gelu); written as 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) they are
+1.2e-4 off the CPU provider's, and on the CPU provider the formula's nine ops cost what the kernel
+does (`python benchmarks/webgpu_ops.py model MODEL --webgpu`; docs/language-models.md).
 
 torch's exporter writes the Gelu op only at opset 20 and above: the `attention` flavour's graphs
 (opset 23; a deployment folder's, which transformers.js may run on WebGPU) have it, the `primitives`
